@@ -1,0 +1,249 @@
+"""Agents: a named, versioned Messages API configuration, and the registry that finds them.
+
+A run pins ``name``, ``version``, ``model`` and the fingerprint of the request parameters when
+it starts; a worker that resumes it looks the agent up again by name and version and checks the
+fingerprint, so two processes never disagree silently about what the model was shown.
+
+This module never touches the database: agents are built at import of an app's ``agents.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from durable_agents.tools import Tool
+
+__all__ = ["Agent", "AgentNotFound", "AgentRegistry", "get_agent", "registry"]
+
+# Keys that Agent sets itself; letting ``params`` carry them would make two sources of truth.
+RESERVED_PARAMS = ("messages", "model", "system", "tools", "max_tokens", "thinking", "stream")
+
+# The AgentRun columns that store name, version and model are this long.
+_MAX_LABEL_CHARS = 200
+
+
+class AgentNotFound(LookupError):
+    """No agent is registered under the name (or name and version) asked for."""
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Agent:
+    """A versioned agent: model, system prompt, tools and the other request parameters."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        model: str,
+        system: str | list[dict[str, Any]] = "",
+        tools: Iterable[Tool] = (),
+        max_tokens: int = 4096,
+        thinking: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        max_turns: int = 50,
+        register: bool = True,
+    ) -> None:
+        for label, value in (("name", name), ("version", version), ("model", model)):
+            if not isinstance(value, str) or not value.strip():
+                raise ImproperlyConfigured(
+                    f"Agent {label} must be a non-empty string, got {value!r}"
+                )
+            if len(value) > _MAX_LABEL_CHARS:
+                raise ImproperlyConfigured(
+                    f"Agent {label} {value[:40]!r}... is longer than {_MAX_LABEL_CHARS} characters"
+                )
+        where = f"agent {name}@{version}"
+
+        if not isinstance(system, str | list):
+            raise ImproperlyConfigured(
+                f"{where}: system must be a string or a list of text blocks, got {system!r}"
+            )
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ImproperlyConfigured(
+                f"{where}: max_tokens must be a positive integer, got {max_tokens!r}"
+            )
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ImproperlyConfigured(f"{where}: max_turns must be at least 1, got {max_turns!r}")
+        if thinking is not None:
+            if not isinstance(thinking, dict):
+                raise ImproperlyConfigured(f"{where}: thinking must be a dict, got {thinking!r}")
+            budget = thinking.get("budget_tokens")
+            # The API refuses this on every call; better to fail at import than on each run.
+            if isinstance(budget, int) and budget >= max_tokens:
+                raise ImproperlyConfigured(
+                    f"{where}: thinking budget_tokens ({budget}) must be less than "
+                    f"max_tokens ({max_tokens})"
+                )
+
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise ImproperlyConfigured(f"{where}: params must be a dict, got {params!r}")
+        reserved = [key for key in params if key in RESERVED_PARAMS]
+        if reserved:
+            raise ImproperlyConfigured(
+                f"{where}: params must not contain {', '.join(map(repr, reserved))}; "
+                "pass model, system, tools, max_tokens and thinking as Agent arguments "
+                "(messages and stream are set by the runtime)"
+            )
+
+        tools = list(tools)
+        tools_by_name: dict[str, Tool] = {}
+        for item in tools:
+            if not isinstance(item, Tool):
+                shown = getattr(item, "__qualname__", None) or repr(item)
+                raise ImproperlyConfigured(
+                    f"{where}: {shown} is not a tool; decorate it with @tool(effect=...)"
+                )
+            if item.name in tools_by_name:
+                raise ImproperlyConfigured(
+                    f"{where}: two tools are named {item.name!r} "
+                    f"({tools_by_name[item.name]!r} and {item!r}); tool names must be unique"
+                )
+            tools_by_name[item.name] = item
+
+        self.name = name
+        self.version = version
+        self.model = model
+        # Private copies: the fingerprint must not drift because a caller mutated a dict later.
+        self.system = copy.deepcopy(system)
+        self.tools: tuple[Tool, ...] = tuple(tools)
+        self.tools_by_name = tools_by_name
+        self.max_tokens = max_tokens
+        self.thinking = copy.deepcopy(thinking)
+        self.params = copy.deepcopy(params)
+        self.max_turns = max_turns
+
+        try:
+            self.fingerprint()
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"{where}: the request parameters are not JSON-serialisable: {exc}"
+            ) from exc
+
+        if register:
+            registry.register(self)
+
+    @property
+    def label(self) -> str:
+        """``name@version``, as runs and messages show it."""
+        return f"{self.name}@{self.version}"
+
+    def request_params(self, model: str | None = None) -> dict[str, Any]:
+        """Everything sent on a Messages API call except ``messages``, in a fixed key order."""
+        out: dict[str, Any] = {"model": model or self.model, "max_tokens": self.max_tokens}
+        # An empty system prompt is left out rather than sent as "".
+        if self.system:
+            out["system"] = copy.deepcopy(self.system)
+        if self.tools:
+            out["tools"] = [t.definition() for t in self.tools]
+        if self.thinking is not None:
+            out["thinking"] = copy.deepcopy(self.thinking)
+        out.update(copy.deepcopy(self.params))
+        return out
+
+    def fingerprint(self, model: str | None = None) -> str:
+        """sha256 of the canonical JSON of ``request_params(model)``."""
+        return hashlib.sha256(_canonical_json(self.request_params(model)).encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.label} model={self.model} tools={len(self.tools)}>"
+
+
+class AgentRegistry:
+    """Agents by name and version, filled as apps' ``agents.py`` modules are imported."""
+
+    def __init__(self) -> None:
+        # name -> version -> agent; dicts keep registration order, which ``get`` relies on.
+        self._agents: dict[str, dict[str, Agent]] = {}
+        self._lock = threading.RLock()
+
+    def register(self, agent: Agent) -> Agent:
+        fingerprint = agent.fingerprint()
+        with self._lock:
+            versions = self._agents.setdefault(agent.name, {})
+            existing = versions.get(agent.version)
+            if (
+                existing is not None
+                and existing is not agent
+                and existing.fingerprint() != fingerprint
+            ):
+                raise ImproperlyConfigured(
+                    f"two agents are registered as {agent.label} with different "
+                    f"definitions (fingerprints {existing.fingerprint()[:12]} and "
+                    f"{fingerprint[:12]}); give the changed agent a new version, because "
+                    "runs started on the old one must resume with exactly what they began with"
+                )
+            # Same fingerprint: the module was imported twice; replacing keeps the old position.
+            versions[agent.version] = agent
+        return agent
+
+    def get(self, name: str, version: str | None = None) -> Agent:
+        """The agent ``name`` at ``version``, or its most recently registered version."""
+        with self._lock:
+            versions = self._agents.get(name)
+            if not versions:
+                known = ", ".join(sorted(self._agents)) or "none"
+                asked = f" (version {version!r})" if version is not None else ""
+                raise AgentNotFound(
+                    f"no agent named {name!r}{asked} is registered; registered agents: {known}. "
+                    "Is it defined in the agents.py of an app in INSTALLED_APPS?"
+                )
+            if version is None:
+                return next(reversed(versions.values()))
+            agent = versions.get(version)
+            if agent is None:
+                raise AgentNotFound(
+                    f"agent {name!r} has no version {version!r}; registered versions: "
+                    f"{', '.join(versions)}. Keep an old version registered until its runs end."
+                )
+            return agent
+
+    def versions(self, name: str) -> list[str]:
+        """The registered versions of ``name`` in registration order ([] if none)."""
+        with self._lock:
+            return list(self._agents.get(name, {}))
+
+    def all(self) -> list[Agent]:
+        with self._lock:
+            return [agent for versions in self._agents.values() for agent in versions.values()]
+
+    def unregister(self, name: str, version: str) -> None:
+        """Forget one agent version; a no-op when it is not registered (handy in cleanups)."""
+        with self._lock:
+            versions = self._agents.get(name)
+            if versions is not None:
+                versions.pop(version, None)
+                if not versions:
+                    del self._agents[name]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._agents.clear()
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, tuple) and len(key) == 2:
+            with self._lock:
+                return key[1] in self._agents.get(key[0], {})
+        return False
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._agents.values())
+
+
+registry = AgentRegistry()
+
+
+def get_agent(name: str, version: str | None = None) -> Agent:
+    return registry.get(name, version)

@@ -1,0 +1,166 @@
+"""The operations on runs and intents. The admin, the demo and user code all go through
+these functions; none of them re-implements a transition."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models.functions import Now
+
+from durable_agents import effects
+from durable_agents.agents import registry
+from durable_agents.history import rebuild_messages
+from durable_agents.models import (
+    CANCELLABLE_STATUSES,
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
+from durable_agents.runner import format_result
+
+APPROVE_PERMISSION = "durable_agents.approve_toolintent"
+
+
+def start_run(
+    agent: str, task: str, *, version: str | None = None, model: str | None = None
+) -> AgentRun:
+    """Create a pending run pinned to the agent's version, model and fingerprint, with its
+    task as step 0. Raises ``AgentNotFound`` for an unknown agent or version."""
+    if not isinstance(task, str) or not task.strip():
+        raise ValueError("a run needs a non-empty task")
+    definition = registry.get(agent, version)
+    pinned_model = model or definition.model
+    with transaction.atomic():
+        run = AgentRun.objects.create(
+            id=uuid.uuid4(),
+            agent=definition.name,
+            prompt_version=definition.version,
+            model=pinned_model,
+            fingerprint=definition.fingerprint(pinned_model),
+            task=task,
+        )
+        AgentStep.objects.create(
+            run=run, seq=0, kind=StepKind.TASK, payload=json.dumps(task, ensure_ascii=False)
+        )
+    run.refresh_from_db()
+    return run
+
+
+def cancel_run(run_id: Any) -> bool:
+    """Cancel a pending, running or waiting run. A worker holding it notices through its
+    heartbeat and its fence refuses any further step. False if the run was already over."""
+    return bool(
+        AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES).update(
+            status=RunStatus.CANCELLED,
+            lease_owner=None,
+            lease_until=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+    )
+
+
+def requeue_run(run_id: Any) -> bool:
+    """Send a dead run back to pending with a fresh no-progress count; its error stays as
+    history until the run progresses."""
+    return bool(
+        AgentRun.objects.filter(pk=run_id, status=RunStatus.DEAD).update(
+            status=RunStatus.PENDING,
+            stalled_claims=0,
+            lease_owner=None,
+            lease_until=None,
+            finished_at=None,
+            updated_at=Now(),
+        )
+    )
+
+
+def messages_for(run_id: Any) -> list[dict[str, Any]]:
+    return rebuild_messages(run_id)
+
+
+def _check_permission(user: Any) -> None:
+    if user is None or not user.has_perm(APPROVE_PERMISSION):
+        raise PermissionDenied(f"deciding tool intents needs the {APPROVE_PERMISSION} permission")
+
+
+def _wake_run(intent: ToolIntent) -> None:
+    AgentRun.objects.filter(pk=intent.run_id, status=RunStatus.WAITING).update(
+        status=RunStatus.PENDING, updated_at=Now()
+    )
+
+
+def _decide(intent_id: Any, user: Any, from_status: str, to_status: str, reason: str) -> ToolIntent:
+    _check_permission(user)
+    with transaction.atomic():
+        intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
+        if intent.status == from_status:
+            intent.status = to_status
+            intent.decided_by = user
+            intent.decided_at = Now()
+            intent.reason = reason
+            intent.updated_at = Now()
+            intent.save(
+                update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"]
+            )
+            _wake_run(intent)
+    intent.refresh_from_db()
+    return intent
+
+
+def approve_intent(intent_id: Any, user: Any) -> ToolIntent:
+    """Allow a pending irreversible call to run; the run becomes claimable. Deciding an
+    intent that was already decided changes nothing."""
+    return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
+
+
+def reject_intent(intent_id: Any, user: Any, reason: str = "") -> ToolIntent:
+    """Refuse a pending call; the model receives an error result naming who and why."""
+    return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
+
+
+def resolve_intent(
+    intent_id: Any, user: Any, *, happened: bool, result: Any = None, reason: str = ""
+) -> ToolIntent:
+    """Settle an intent whose outcome is unknown (its worker died while the tool ran).
+
+    ``happened=True``: the call took place; ``result`` becomes its recorded result and the
+    run goes on with it. ``happened=False``: it did not; the call runs again.
+    """
+    _check_permission(user)
+    with transaction.atomic():
+        intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
+        if intent.status != IntentStatus.UNKNOWN:
+            return intent
+        intent.decided_by = user
+        intent.decided_at = Now()
+        intent.reason = reason
+        if happened:
+            text, is_error = format_result("" if result is None else result)
+            effects.record_effect(
+                ToolEffect(
+                    key=intent.key,
+                    run_id=intent.run_id,
+                    seq=intent.seq,
+                    call_index=intent.call_index,
+                    tool=intent.tool,
+                    result=text,
+                    is_error=is_error,
+                )
+            )
+            intent.status = IntentStatus.DONE
+        else:
+            intent.status = IntentStatus.APPROVED
+        intent.updated_at = Now()
+        intent.save(update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"])
+        _wake_run(intent)
+    intent.refresh_from_db()
+    return intent

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class DurableAgentsConfig(AppConfig):
+    name = "durable_agents"
+    verbose_name = "Durable agents"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from durable_agents import logging as run_logging
+
+        run_logging.install_record_factory()
+        # Like admin.py: every installed app's agents.py registers its agents on import.
+        autodiscover_modules("agents")

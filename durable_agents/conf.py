@@ -1,0 +1,41 @@
+"""Settings of durable_agents, read from ``settings.DURABLE_AGENTS`` with defaults.
+
+Read on every access (not cached at import) so that ``override_settings`` in tests and
+per-process configuration both work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    "LEASE_SECONDS": 60,
+    "HEARTBEAT_SECONDS": 20,
+    "MAX_ATTEMPTS": 8,
+    "POLL_INTERVAL": 1.0,
+    "CLIENT_FACTORY": "durable_agents.llm.default_client",
+    "OFFLINE": False,
+    "BETAS": [],
+    # Retries of one model call inside one claim (429, 529, 5xx, connection errors).
+    "MODEL_RETRIES": 8,
+    # Longest pause between two retries when the server gives no retry-after.
+    "MAX_BACKOFF_SECONDS": 60.0,
+    # Tool results longer than this (in characters) are cut before the model sees them; the
+    # tool_effect ledger keeps the whole result.
+    "MAX_RESULT_CHARS": 1_000_000,
+    # HTTP timeout of one model call, in seconds.
+    "MODEL_TIMEOUT": 600.0,
+}
+
+
+class DurableAgentsSettings:
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"durable_agents has no setting {name!r}")
+        user = getattr(django_settings, "DURABLE_AGENTS", None) or {}
+        return user.get(name, DEFAULTS[name])
+
+
+app_settings = DurableAgentsSettings()

@@ -1,0 +1,39 @@
+"""The message list, rebuilt from the step log exactly as it was sent before.
+
+Payloads are parsed with plain ``json.loads``: Python dicts keep the order of the text, and the
+SDK sends plain dicts as they are, so the rebuilt request body equals the original one (thinking
+signatures bind values *and* key order). Nothing here normalises, strips or merges anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from durable_agents.models import AgentStep, StepKind
+
+
+def message_for_step(kind: str, payload: str) -> dict[str, Any]:
+    data = json.loads(payload)
+    if kind == StepKind.MODEL_TURN:
+        # The provider's whole response body is stored; only its content is sent back.
+        return {"role": "assistant", "content": data["content"]}
+    return {"role": "user", "content": data}
+
+
+def messages_from_steps(steps: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """``steps``: (kind, payload) pairs in seq order, starting with the task."""
+    return [message_for_step(kind, payload) for kind, payload in steps]
+
+
+def load_steps(run_id: Any, after_seq: int = -1) -> list[AgentStep]:
+    return list(
+        AgentStep.objects.filter(run_id=run_id, seq__gt=after_seq)
+        .only("seq", "kind", "payload")
+        .order_by("seq")
+    )
+
+
+def rebuild_messages(run_id: Any) -> list[dict[str, Any]]:
+    return messages_from_steps((s.kind, s.payload) for s in load_steps(run_id))

@@ -1,0 +1,233 @@
+"""Every statement that locks or fences a run row lives here.
+
+A worker *claims* a run (``claim_runs``), keeps it by renewing a short lease
+(``renew_lease``), and changes it only through fenced statements: each one matches the run on
+(id, lease_owner, attempt, status='running'). A claim increments ``attempt``, so a worker whose
+lease expired and was taken over can never commit anything again, even if it wakes up later.
+
+Lease times come from the database clock (``now()``), never from a worker's clock.
+
+``append_step`` is the hot path: on PostgreSQL it is one statement (one round trip) that checks
+the fence, renews the lease, inserts the step and records the tool effects that go with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+
+from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F
+from django.db.models.functions import Greatest, Now
+
+from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A run leased to one worker for one attempt; the (owner, attempt) pair is the fence."""
+
+    run: AgentRun
+    owner: str
+    attempt: int
+    lease_seconds: float
+
+    @property
+    def run_id(self):  # noqa: ANN201 - a UUID
+        return self.run.pk
+
+
+def _lease_expiry(seconds: float) -> ExpressionWrapper:
+    return ExpressionWrapper(
+        Now() + datetime.timedelta(seconds=seconds), output_field=DateTimeField()
+    )
+
+
+def _fenced(claim: Claim):  # noqa: ANN202 - a QuerySet
+    return AgentRun.objects.filter(
+        pk=claim.run_id,
+        lease_owner=claim.owner,
+        attempt=claim.attempt,
+        status=RunStatus.RUNNING,
+    )
+
+
+def claim_runs(owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
+    """Lease up to ``limit`` claimable runs, oldest first, skipping rows others hold.
+
+    FOR NO KEY UPDATE (``no_key=True``) rather than FOR UPDATE: the latter would conflict with
+    the FOR KEY SHARE lock that inserting a step takes on its run through the foreign key.
+    On SQLite the IMMEDIATE transaction mode makes the whole claim exclusive instead.
+    """
+    with transaction.atomic():
+        ids = list(
+            AgentRun.objects.claimable()
+            .select_for_update(skip_locked=True, no_key=True)
+            .order_by("created_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        if not ids:
+            return []
+        AgentRun.objects.filter(pk__in=ids).update(
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_until=_lease_expiry(lease_seconds),
+            attempt=F("attempt") + 1,
+            stalled_claims=F("stalled_claims") + 1,
+            updated_at=Now(),
+        )
+        runs = list(AgentRun.objects.filter(pk__in=ids).order_by("created_at"))
+    return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+
+
+def renew_lease(claim: Claim) -> bool:
+    """Extend the lease; False when the run was cancelled or taken over (stop working on it)."""
+    return bool(
+        _fenced(claim).update(lease_until=_lease_expiry(claim.lease_seconds), updated_at=Now())
+    )
+
+
+_APPEND_SQL = """
+WITH fence AS (
+    UPDATE agent_run
+       SET last_seq = %(seq)s,
+           stalled_claims = 0,
+           lease_until = now() + make_interval(secs => %(lease)s),
+           updated_at = now()
+     WHERE id = %(run_id)s
+       AND lease_owner = %(owner)s
+       AND attempt = %(attempt)s
+       AND status = 'running'
+       AND last_seq = %(seq)s - 1
+ RETURNING id
+){effects_cte}
+INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker)
+SELECT id, %(seq)s, %(kind)s, %(payload)s, %(request_id)s, %(attempt)s, %(owner)s FROM fence
+"""
+
+_EFFECTS_CTE = """,
+recorded AS (
+    INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
+    VALUES {rows}
+    ON CONFLICT (key) DO NOTHING
+)"""
+
+
+def append_step(
+    claim: Claim,
+    seq: int,
+    kind: str,
+    payload: str,
+    request_id: str | None = None,
+    effects: Sequence[ToolEffect] = (),
+) -> bool:
+    """Commit one step if, and only if, this claim still holds the run. This is where a step
+    gets committed. Renews the lease and resets the no-progress count in the same statement.
+
+    ``effects`` are recorded whatever the fence says: they describe calls that happened, and a
+    recorded call never runs again. Returns False when the fence failed (nothing appended).
+    """
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        params: dict[str, object] = {
+            "run_id": claim.run_id,
+            "owner": claim.owner,
+            "attempt": claim.attempt,
+            "lease": float(claim.lease_seconds),
+            "seq": seq,
+            "kind": kind,
+            "payload": payload,
+            "request_id": request_id,
+        }
+        effects_cte = ""
+        if effects:
+            rows = []
+            for i, effect in enumerate(effects):
+                rows.append(
+                    f"(%(k{i})s, %(run_id)s, %(s{i})s, %(c{i})s, %(t{i})s, %(r{i})s, %(e{i})s)"
+                )
+                params.update(
+                    {
+                        f"k{i}": effect.key,
+                        f"s{i}": effect.seq,
+                        f"c{i}": effect.call_index,
+                        f"t{i}": effect.tool,
+                        f"r{i}": effect.result,
+                        f"e{i}": effect.is_error,
+                    }
+                )
+            effects_cte = _EFFECTS_CTE.format(rows=", ".join(rows))
+        with connection.cursor() as cursor:
+            cursor.execute(_APPEND_SQL.format(effects_cte=effects_cte), params)
+            return cursor.rowcount == 1
+
+    # Portable path (SQLite, or a caller's open transaction): the same checks, in one
+    # transaction. On SQLite the IMMEDIATE mode makes check-then-insert atomic.
+    with transaction.atomic():
+        if effects:
+            ToolEffect.objects.bulk_create(effects, ignore_conflicts=True)
+        fenced = _fenced(claim).filter(last_seq=seq - 1)
+        if not fenced.update(
+            last_seq=seq,
+            stalled_claims=0,
+            lease_until=_lease_expiry(claim.lease_seconds),
+            updated_at=Now(),
+        ):
+            return False
+        AgentStep.objects.create(
+            run_id=claim.run_id,
+            seq=seq,
+            kind=kind,
+            payload=payload,
+            request_id=request_id,
+            attempt=claim.attempt,
+            worker=claim.owner,
+        )
+    return True
+
+
+def finish_run(claim: Claim, status: str, *, result: str | None = None, error: str = "") -> bool:
+    """End the run (succeeded, failed or dead) and free its lease; fenced."""
+    return bool(
+        _fenced(claim).update(
+            status=status,
+            result=result,
+            error=error,
+            lease_owner=None,
+            lease_until=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+    )
+
+
+def wait_for_person(claim: Claim, intent: ToolIntent | None = None) -> bool:
+    """Park the run as ``waiting`` (not claimable, lease freed), writing ``intent`` with it."""
+    with transaction.atomic():
+        if not _fenced(claim).update(
+            status=RunStatus.WAITING, lease_owner=None, lease_until=None, updated_at=Now()
+        ):
+            return False
+        if intent is not None:
+            intent.save(force_insert=True)
+    return True
+
+
+def release_lease(claim: Claim, *, error: str | None = None, count_claim: bool = True) -> bool:
+    """Hand the run back (pending, claimable at once). ``count_claim=False`` takes back the
+    no-progress count of this claim: a shutdown is not the run's fault."""
+    changes: dict[str, object] = {
+        "status": RunStatus.PENDING,
+        "lease_owner": None,
+        "lease_until": None,
+        "updated_at": Now(),
+    }
+    if error is not None:
+        changes["error"] = error
+    if not count_claim:
+        changes["stalled_claims"] = Greatest(F("stalled_claims") - 1, 0)
+    return bool(_fenced(claim).update(**changes))
+
+
+def current_status(run_id) -> str | None:  # noqa: ANN001 - a UUID or str
+    return AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()

@@ -1,0 +1,218 @@
+"""Model calls: the client factory, one call, retries that keep the lease, error classes.
+
+Every call goes through the official ``anthropic`` SDK with ``with_raw_response`` so that the
+provider's body is stored byte for byte. The SDK's own retries are switched off: it would sleep
+for any ``retry-after`` in the calling thread, blind to cancellation. Here the wait is on an
+event that the heartbeat sets when the run is cancelled or its lease is lost, while the
+heartbeat thread keeps renewing the lease, so a long retry-after never lets the run be stolen.
+Nothing here knows about Django models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+from django.utils.module_loading import import_string
+
+from durable_agents.conf import app_settings
+
+logger = logging.getLogger("durable_agents.llm")
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
+class ModelError(Exception):
+    """A model call that did not produce a turn."""
+
+    def __init__(self, message: str, *, status: int | None = None, request_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.request_id = request_id
+
+
+class PermanentModelError(ModelError):
+    """Retrying cannot help (400, 404 retired model, 413, 422): the run goes to the dead letter."""
+
+
+class TransientModelError(ModelError):
+    """Retries inside this claim ran out (rate limits, overload, outages, auth)."""
+
+
+class ModelCallInterrupted(ModelError):
+    """The run was cancelled, its lease lost, or the worker is stopping."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTurn:
+    body: str  # the response body, verbatim
+    request_id: str | None
+    message: dict[str, Any]  # json.loads(body)
+    elapsed_ms: float
+    retries: int
+
+
+def default_client() -> anthropic.Anthropic:
+    """``anthropic.Anthropic()`` (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or the offline model."""
+    if app_settings.OFFLINE:
+        from durable_agents.offline import offline_client
+
+        return offline_client()
+    return anthropic.Anthropic()
+
+
+_clients: dict[tuple[str, bool], anthropic.Anthropic] = {}
+_clients_lock = threading.Lock()
+
+
+def get_client() -> anthropic.Anthropic:
+    """One client per (factory, OFFLINE) per process; the SDK client is thread-safe."""
+    cache_key = (app_settings.CLIENT_FACTORY, bool(app_settings.OFFLINE))
+    with _clients_lock:
+        client = _clients.get(cache_key)
+        if client is None:
+            factory: Callable[[], anthropic.Anthropic] = import_string(cache_key[0])
+            client = factory()
+            _clients[cache_key] = client
+        return client
+
+
+def reset_clients() -> None:
+    with _clients_lock:
+        _clients.clear()
+
+
+def _error_message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return f"{error.get('type', 'error')}: {error['message']}"
+    return str(exc.message)
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds the server asked us to wait (retry-after-ms, retry-after seconds or date)."""
+    if headers is None:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(0.0, float(value) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def _backoff(retry: int) -> float:
+    base = min(app_settings.MAX_BACKOFF_SECONDS, 0.5 * 2**retry)
+    return base * (0.75 + random.random() / 2)
+
+
+def classify(exc: Exception, model: str) -> ModelError:
+    """Map an SDK exception to what the runner does with it."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        message = _error_message(exc)
+        request_id = exc.request_id
+        should_retry = exc.response.headers.get("x-should-retry") if exc.response else None
+        if should_retry == "true" or (
+            should_retry != "false" and (status in RETRYABLE_STATUSES or status >= 500)
+        ):
+            return TransientModelError(message, status=status, request_id=request_id)
+        if status == 404:
+            return PermanentModelError(
+                f"model {model!r} is not available (retired or unknown): {message}",
+                status=status,
+                request_id=request_id,
+            )
+        if status in (401, 403):
+            # Not the run's fault and not fixable by retrying now: hand the run back; the
+            # no-progress count dead-letters it if the key stays wrong.
+            return TransientModelError(
+                f"authentication failed ({status}): {message}", status=status, request_id=request_id
+            )
+        return PermanentModelError(
+            f"the API rejected the request ({status}): {message}",
+            status=status,
+            request_id=request_id,
+        )
+    if isinstance(exc, anthropic.APIConnectionError):
+        return TransientModelError(f"{type(exc).__name__}: {exc}")
+    return TransientModelError(f"{type(exc).__name__}: {exc}")
+
+
+def create_turn(
+    params: dict[str, Any],
+    messages: list[dict[str, Any]],
+    *,
+    interrupt: threading.Event,
+    client: anthropic.Anthropic | None = None,
+) -> ModelTurn:
+    """Call the Messages API until it answers, retrying what may be retried.
+
+    ``params`` is the pinned request (model, max_tokens, system, tools, ...). Waits between
+    retries end early when ``interrupt`` is set. Raises a ``ModelError`` subclass otherwise.
+    """
+    client = (client or get_client()).with_options(
+        max_retries=0, timeout=app_settings.MODEL_TIMEOUT
+    )
+    extra_headers = {}
+    if app_settings.BETAS:
+        extra_headers["anthropic-beta"] = ",".join(app_settings.BETAS)
+    model = str(params.get("model"))
+    retries = app_settings.MODEL_RETRIES
+    for retry in range(retries + 1):
+        if interrupt.is_set():
+            raise ModelCallInterrupted("interrupted before the model call")
+        started = time.monotonic()
+        try:
+            raw = client.messages.with_raw_response.create(
+                messages=messages, extra_headers=extra_headers or None, **params
+            )
+            body = raw.http_response.content.decode("utf-8")
+            return ModelTurn(
+                body=body,
+                request_id=raw.request_id,
+                message=json.loads(body),
+                elapsed_ms=(time.monotonic() - started) * 1000,
+                retries=retry,
+            )
+        except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
+            error = classify(exc, model)
+            if isinstance(error, PermanentModelError) or error.status in (401, 403):
+                raise error from exc
+            if retry == retries:
+                raise error from exc
+            headers = exc.response.headers if isinstance(exc, anthropic.APIStatusError) else None
+            delay = _retry_after(headers)
+            if delay is None:
+                delay = _backoff(retry)
+            logger.warning(
+                "model call failed (%s), retry %d/%d in %.1fs",
+                error.message,
+                retry + 1,
+                retries,
+                delay,
+            )
+            if interrupt.wait(delay):
+                raise ModelCallInterrupted("interrupted while waiting to retry") from exc
+        except ValueError as exc:  # an undecodable body
+            raise TransientModelError(f"unreadable response: {exc}") from exc
+    raise AssertionError("unreachable")

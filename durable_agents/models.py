@@ -1,0 +1,206 @@
+"""The four tables of durable_agents: runs, their append-only step log, the effect ledger and
+intents of irreversible tool calls. Locking statements live in ``leases.py``, not here."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    WAITING = "waiting", "Waiting for a person"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    DEAD = "dead", "Dead letter"
+
+
+# A worker may claim a run in these statuses (when its lease is free or expired).
+CLAIMABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
+# A person may cancel a run in these statuses.
+CANCELLABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class AgentRunQuerySet(models.QuerySet["AgentRun"]):
+    def claimable(self) -> AgentRunQuerySet:
+        """Runs a worker may take now; served by the partial index ``agent_run_claim``."""
+        return self.filter(status__in=CLAIMABLE_STATUSES).filter(
+            models.Q(lease_until__isnull=True) | models.Q(lease_until__lt=Now())
+        )
+
+    def active(self) -> AgentRunQuerySet:
+        return self.filter(status__in=(*CLAIMABLE_STATUSES, RunStatus.WAITING))
+
+    def dead(self) -> AgentRunQuerySet:
+        return self.filter(status=RunStatus.DEAD)
+
+
+class AgentRun(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=200)
+    prompt_version = models.CharField(max_length=200)
+    # sha256 of everything sent besides the messages (model, parameters, system, tools):
+    # checked before every model call, because a drifted prompt breaks thinking signatures.
+    fingerprint = models.CharField(max_length=64)
+    model = models.CharField(max_length=200)
+    task = models.TextField()
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # Claims so far. Also the fencing token: a claim increments it, and a step commits only
+    # while the run still carries the attempt that its worker claimed.
+    attempt = models.PositiveIntegerField(default=0)
+    # Claims in a row that committed no new step; MAX_ATTEMPTS of them send the run to the
+    # dead letter. A committed step resets it, so a run that progresses is never dead.
+    stalled_claims = models.PositiveIntegerField(default=0)
+    # seq of the newest committed step; the fence also checks it, so the log has no gaps.
+    last_seq = models.IntegerField(default=0)
+    result = models.TextField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AgentRunQuerySet.as_manager()
+
+    class Meta:
+        db_table = "agent_run"
+        ordering = ["-created_at"]
+        indexes = [
+            # The claim query scans only active runs in creation order. lease_until is left
+            # out on purpose: heartbeats then touch no indexed column and stay HOT updates.
+            models.Index(
+                fields=["created_at"],
+                name="agent_run_claim",
+                condition=models.Q(status__in=["pending", "running"]),
+            ),
+            models.Index(fields=["status", "created_at"], name="agent_run_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent}@{self.prompt_version} {self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+class StepKind(models.TextChoices):
+    TASK = "task", "Task"
+    MODEL_TURN = "model_turn", "Model turn"
+    TOOL_RESULT = "tool_result", "Tool result"
+
+
+class AgentStep(models.Model):
+    """One entry of a run's append-only log. Never updated.
+
+    ``payload`` holds JSON text, verbatim: for a model turn the provider's response body byte
+    for byte (a text column, because jsonb reorders keys and thinking signatures bind them);
+    for the task and tool results the exact content that was sent.
+    """
+
+    pk = models.CompositePrimaryKey("run_id", "seq")
+    # The primary key (run_id, seq) already indexes run_id.
+    run = models.ForeignKey(
+        AgentRun, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
+    seq = models.IntegerField()
+    kind = models.CharField(max_length=16, choices=StepKind.choices)
+    payload = models.TextField()
+    request_id = models.CharField(max_length=200, null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "agent_step"
+        ordering = ["run_id", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind}"
+
+    def data(self) -> Any:
+        return json.loads(self.payload)
+
+
+class ToolEffect(models.Model):
+    """The recorded outcome of one tool call, keyed by its position-derived key."""
+
+    key = models.CharField(max_length=64, primary_key=True)
+    # Indexed by tool_effect_run_seq below.
+    run = models.ForeignKey(
+        AgentRun, on_delete=models.CASCADE, related_name="effects", db_index=False
+    )
+    seq = models.IntegerField(help_text="seq of the model turn that asked for the call")
+    call_index = models.PositiveIntegerField()
+    tool = models.CharField(max_length=200)
+    # The tool_result content as sent to the model (JSON text), and whether it was an error.
+    result = models.TextField()
+    is_error = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "tool_effect"
+        indexes = [models.Index(fields=["run", "seq"], name="tool_effect_run_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.key[:12]}"
+
+
+class IntentStatus(models.TextChoices):
+    PENDING = "pending", "Pending approval"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    EXECUTING = "executing", "Executing"
+    DONE = "done", "Done"
+    UNKNOWN = "unknown", "Outcome unknown"
+
+
+class ToolIntentQuerySet(models.QuerySet["ToolIntent"]):
+    def awaiting_person(self) -> ToolIntentQuerySet:
+        return self.filter(status__in=(IntentStatus.PENDING, IntentStatus.UNKNOWN))
+
+
+class ToolIntent(models.Model):
+    """An irreversible tool call: written before it may run, decided by a person."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="intents")
+    seq = models.IntegerField(help_text="seq of the model turn that asked for the call")
+    call_index = models.PositiveIntegerField()
+    tool = models.CharField(max_length=200)
+    input = models.JSONField()
+    key = models.CharField(max_length=64, unique=True)
+    status = models.CharField(
+        max_length=16, choices=IntentStatus.choices, default=IntentStatus.PENDING
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    objects = ToolIntentQuerySet.as_manager()
+
+    class Meta:
+        db_table = "tool_intent"
+        ordering = ["created_at"]
+        permissions = [("approve_toolintent", "Can approve, reject or resolve tool intents")]
+        indexes = [models.Index(fields=["status", "created_at"], name="tool_intent_status")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} for run {self.run_id} ({self.status})"

@@ -1,0 +1,506 @@
+"""A deterministic, offline, scripted stand-in for the Anthropic Messages API.
+
+``POST /v1/messages`` (non-streaming JSON only). Used behind the real SDK through
+``httpx2.MockTransport`` when no API key is configured (``offline_client()``), and by tests behind
+a real local HTTP server (``OfflineServer``).
+
+The script lives in the task (the text of the first user message). Lines starting with ``@`` are
+plan lines, one per model turn; the calls of one turn are separated by `` && ``::
+
+    Migrate the orders table.
+    @get_schema {"table": "orders"}
+    @get_schema {"table": "orders"} && set_status {"ticket": "T-1", "status": "done"}
+    @@latency 0.25
+
+Turn k (= number of assistant messages already sent) plays plan line k; past the last plan line
+the model ends the run with ``end_turn``.
+
+Thinking signatures are the point of this module: like the real API, a thinking block is only
+accepted back if everything it was produced from (model, system, tools, earlier messages, its
+text) is sent back byte-identical in value and key order. This is what lets tests prove that a
+durable store replays history verbatim. It deliberately imports neither Django nor the database.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anthropic
+import httpx2
+
+__all__ = [
+    "RETIRED_MODELS",
+    "DEFAULT_SECRET",
+    "ScriptedModel",
+    "PlanCall",
+    "Script",
+    "parse_script",
+    "sign",
+    "canonical_bytes",
+    "offline_client",
+    "OfflineServer",
+]
+
+DEFAULT_SECRET = b"durable-agents-offline"
+
+# Real ids the API no longer serves; requests for them get the same 404 the real API gives.
+RETIRED_MODELS = frozenset(
+    {"claude-2.0", "claude-2.1", "claude-instant-1.2", "claude-3-sonnet-20240229"}
+)
+
+MESSAGES_PATH = "/v1/messages"
+SIGNATURE_ERROR = "Invalid `signature` in `thinking` block"
+LATENCY_DIRECTIVE = "latency"
+CALL_SEPARATOR = " && "
+
+Response = tuple[int, dict[str, str], bytes]
+
+
+class _RequestError(Exception):
+    """An error answer; carries what the real API would send."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+def _invalid(message: str) -> _RequestError:
+    return _RequestError(400, "invalid_request_error", message)
+
+
+def _hex24(*parts: object) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        # Length-prefix every part so that ("ab", "c") and ("a", "bc") hash differently.
+        data = part if isinstance(part, bytes) else str(part).encode("utf-8")
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()[:24]
+
+
+def canonical_bytes(obj: Any) -> bytes:
+    """Canonical bytes for signing: compact JSON that keeps key order (no sort_keys), so a
+    reordered dict anywhere in the history counts as a change, as it does for the real API."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def sign(
+    secret: bytes,
+    model: str,
+    system: Any,
+    tools: Any,
+    earlier_messages: list[Any],
+    thinking_text: Any,
+) -> str:
+    """Signature of a thinking block: base64(HMAC-SHA256(secret, canonical([model, system,
+    tools, earlier_messages, thinking_text]))). ``system`` and ``tools`` are as sent (``None``
+    when absent); ``earlier_messages`` are the request's messages before the block's turn."""
+    payload = canonical_bytes([model, system, tools, earlier_messages, thinking_text])
+    return base64.b64encode(hmac.new(secret, payload, hashlib.sha256).digest()).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------------------
+# The script
+
+
+class PlanCall:
+    """One tool call of a plan line: the name as written and the input as written."""
+
+    __slots__ = ("name", "input")
+
+    def __init__(self, name: str, input: Any) -> None:  # noqa: A002 - mirrors the API field
+        self.name = name
+        self.input = input
+
+    def __repr__(self) -> str:
+        return f"PlanCall({self.name!r}, {self.input!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PlanCall) and (self.name, self.input) == (other.name, other.input)
+
+    __hash__ = None  # type: ignore[assignment]  # input may be unhashable
+
+
+class Script:
+    """The parsed task: plan lines (one list of calls per turn), latency, first line."""
+
+    def __init__(self, first_line: str, plan: list[list[PlanCall]], latency: float) -> None:
+        self.first_line = first_line
+        self.plan = plan
+        self.latency = latency
+
+
+def _parse_call_args(text: str) -> tuple[Any, str | None]:
+    """Parse the arguments at the start of ``text`` (what follows a tool name).
+
+    Returns (input, rest): rest is the text after the next `` && ``, or None at the end of the
+    line. A JSON value is read with raw_decode so that a JSON string may itself contain
+    `` && ``; text that is not valid JSON (up to the next separator) becomes ``{"_raw": text}``.
+    """
+    stripped = text.strip()
+    if not stripped:
+        return {}, None
+    if stripped.startswith("&&"):
+        return {}, stripped[2:]
+    try:
+        value, end = json.JSONDecoder().raw_decode(stripped)
+    except ValueError:
+        pass
+    else:
+        tail = stripped[end:]
+        if not tail.strip():
+            return value, None
+        if tail.startswith(CALL_SEPARATOR):
+            return value, tail[len(CALL_SEPARATOR) :]
+    raw, sep, rest = stripped.partition(CALL_SEPARATOR)
+    return {"_raw": raw.strip()}, (rest if sep else None)
+
+
+def _parse_plan_line(line: str, number: int) -> list[PlanCall]:
+    calls: list[PlanCall] = []
+    rest: str | None = line[1:]
+    while rest is not None:
+        rest = rest.lstrip()
+        name_end = next((i for i, ch in enumerate(rest) if ch.isspace()), len(rest))
+        name = rest[:name_end]
+        if not name or name == "&&":
+            raise _invalid(f"offline script: plan line {number} has a call without a tool name")
+        tool_input, rest = _parse_call_args(rest[name_end:])
+        calls.append(PlanCall(name, tool_input))
+    return calls
+
+
+def parse_script(task: str) -> Script:
+    """Parse a task into its script. Raises ValueError on a malformed directive or plan line."""
+    try:
+        return _parse_script(task)
+    except _RequestError as e:
+        raise ValueError(e.message) from None
+
+
+def _parse_script(task: str) -> Script:
+    lines = task.splitlines()
+    first_line = next((ln.strip() for ln in lines if ln.strip()), "")
+    plan: list[list[PlanCall]] = []
+    latency = 0.0
+    for raw_line in lines:
+        line = raw_line.strip()
+        if line.startswith("@@"):
+            directive, _, value = line[2:].partition(" ")
+            if directive != LATENCY_DIRECTIVE:
+                raise _invalid(f"offline script: unknown directive @@{directive}")
+            try:
+                latency = float(value)
+            except ValueError:
+                raise _invalid(f"offline script: @@latency needs seconds, got {value!r}") from None
+            if not latency >= 0:  # also rejects nan
+                raise _invalid("offline script: @@latency must be >= 0")
+        elif line.startswith("@"):
+            plan.append(_parse_plan_line(line, len(plan)))
+    return Script(first_line, plan, latency)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(
+        b["text"]
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
+
+
+def _blocks(content: Any) -> list[Any]:
+    return content if isinstance(content, list) else []
+
+
+class ScriptedModel:
+    """The offline model. ``respond`` is a pure function of the request (plus a sleep when the
+    task asks for latency): the same request bytes always give the same response bytes."""
+
+    def __init__(self, secret: bytes = DEFAULT_SECRET) -> None:
+        self.secret = secret
+
+    # -- transport adapters --------------------------------------------------------------
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        """Handler for ``httpx2.MockTransport``."""
+        status, headers, body = self.respond(
+            request.method, request.url.path, request.headers, request.read()
+        )
+        return httpx2.Response(status, headers=headers, content=body)
+
+    # -- the API -------------------------------------------------------------------------
+
+    def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
+        request_id = "req_offline_" + _hex24("request", method, path, body)
+        try:
+            payload, latency = self._answer(method, path, body, request_id)
+        except _RequestError as e:
+            payload = {
+                "type": "error",
+                "error": {"type": e.error_type, "message": e.message},
+                "request_id": request_id,
+            }
+            return e.status, self._headers(request_id), self._dump(payload)
+        if latency:
+            time.sleep(latency)
+        return 200, self._headers(request_id), self._dump(payload)
+
+    @staticmethod
+    def _headers(request_id: str) -> dict[str, str]:
+        return {"content-type": "application/json", "request-id": request_id}
+
+    @staticmethod
+    def _dump(payload: dict[str, Any]) -> bytes:
+        return json.dumps(payload, ensure_ascii=False, separators=(", ", ": ")).encode("utf-8")
+
+    def _answer(
+        self, method: str, path: str, body: bytes, request_id: str
+    ) -> tuple[dict[str, Any], float]:
+        path = path.split("?", 1)[0]
+        if method.upper() != "POST" or path.rstrip("/") != MESSAGES_PATH:
+            raise _RequestError(404, "not_found_error", f"{method.upper()} {path}: not found")
+        req = self._parse_body(body)
+        model: str = req["model"]
+        if not model.startswith("claude-") or model in RETIRED_MODELS:
+            raise _RequestError(404, "not_found_error", f"model: {model}")
+        messages: list[dict[str, Any]] = req["messages"]
+        self._check_structure(messages)
+        system, tools = req.get("system"), req.get("tools")
+        self._check_signatures(model, system, tools, messages)
+
+        script = _parse_script(_text_of(messages[0]["content"]))
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        thinking = req.get("thinking")
+        thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+
+        content: list[dict[str, Any]] = []
+        if turn < len(script.plan):
+            calls = script.plan[turn]
+            names = ", ".join(c.name for c in calls)
+            thought = f"Turn {turn + 1} of {len(script.plan)}: the plan says to call {names}."
+            text = f"Step {turn + 1}: calling {names}."
+            stop_reason = "tool_use"
+        else:
+            calls = []
+            if script.plan:
+                text = f"Done. {len(script.plan)} planned turns completed."
+            else:
+                text = f"Offline model, no plan in the task: {script.first_line}"
+            thought = f"Turn {turn + 1}: nothing left to call, so the run ends."
+            stop_reason = "end_turn"
+        if thinking_on:
+            content.append(
+                {
+                    "type": "thinking",
+                    "thinking": thought,
+                    "signature": sign(self.secret, model, system, tools, messages, thought),
+                }
+            )
+        content.append({"type": "text", "text": text})
+        task_text = _text_of(messages[0]["content"])
+        for index, call in enumerate(calls):
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": "toolu_" + _hex24("tool_use", model, turn, index, task_text),
+                    "name": call.name,
+                    "input": call.input,
+                }
+            )
+
+        payload = {
+            "id": "msg_offline_" + _hex24("message", body),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(1, len(body) // 4),
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": max(1, len(canonical_bytes(content)) // 4),
+                "service_tier": "standard",
+            },
+            "container": None,
+            # Not modelled by the SDK: lets tests check that the raw body is stored verbatim.
+            "offline_script": {"turn": turn, "plan_lines": len(script.plan)},
+        }
+        return payload, script.latency
+
+    # -- validation ----------------------------------------------------------------------
+
+    @staticmethod
+    def _parse_body(body: bytes) -> dict[str, Any]:
+        try:
+            req = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _invalid(f"request body is not valid JSON: {e}") from None
+        if not isinstance(req, dict):
+            raise _invalid("request body must be a JSON object")
+        if not isinstance(req.get("model"), str):
+            raise _invalid("model: Field required (a string)")
+        max_tokens = req.get("max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise _invalid("max_tokens: Field required (a positive integer)")
+        if not isinstance(req.get("messages"), list) or not req["messages"]:
+            raise _invalid("messages: Field required (a non-empty list)")
+        if req.get("stream"):
+            raise _invalid("stream: streaming is not supported by the offline model yet")
+        return req
+
+    @staticmethod
+    def _check_structure(messages: list[Any]) -> None:
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise _invalid(f"messages.{i}: must be an object")
+            expected = "user" if i % 2 == 0 else "assistant"
+            if m.get("role") != expected:
+                raise _invalid(
+                    f"messages.{i}.role: roles must alternate between `user` and `assistant`, "
+                    f"starting with `user`; expected `{expected}`, got {m.get('role')!r}"
+                )
+            content = m.get("content")
+            if not isinstance(content, str | list):
+                raise _invalid(f"messages.{i}.content: must be a string or a list of blocks")
+            for j, b in enumerate(_blocks(content)):
+                if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+                    raise _invalid(f"messages.{i}.content.{j}: must be a block with a `type`")
+        if messages[-1]["role"] != "user":
+            # The script keys on the number of assistant turns; a prefill would skew it.
+            raise _invalid(
+                f"messages.{len(messages) - 1}: the last message must have role `user` "
+                "(the offline model does not support prefill)"
+            )
+
+        previous_ids: list[str] = []
+        for i, m in enumerate(messages):
+            blocks = _blocks(m["content"])
+            if m["role"] == "assistant":
+                previous_ids = [b.get("id") for b in blocks if b["type"] == "tool_use"]
+                continue
+            answered: set[str] = set()
+            for j, b in enumerate(blocks):
+                if b["type"] != "tool_result":
+                    continue
+                ref = b.get("tool_use_id")
+                if ref not in previous_ids:
+                    raise _invalid(
+                        f"messages.{i}.content.{j}: unexpected `tool_use_id` found in "
+                        f"`tool_result` blocks: {ref}. Each `tool_result` block must have a "
+                        "corresponding `tool_use` block in the previous message."
+                    )
+                answered.add(ref)
+            missing = [t for t in previous_ids if t not in answered]
+            if missing:
+                raise _invalid(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
+                    "must have a corresponding `tool_result` block in the next message."
+                )
+            previous_ids = []
+
+    def _check_signatures(
+        self, model: str, system: Any, tools: Any, messages: list[dict[str, Any]]
+    ) -> None:
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            for j, b in enumerate(_blocks(m["content"])):
+                if b["type"] != "thinking":
+                    continue  # redacted_thinking is opaque and left unchecked
+                given = b.get("signature")
+                expected = sign(self.secret, model, system, tools, messages[:i], b.get("thinking"))
+                if not isinstance(given, str) or not hmac.compare_digest(given, expected):
+                    raise _invalid(f"messages.{i}.content.{j}: {SIGNATURE_ERROR}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ways to put the model behind the real SDK
+
+
+def offline_client(*, scripted: ScriptedModel | None = None, **kwargs: Any) -> anthropic.Anthropic:
+    """A real ``anthropic.Anthropic`` whose HTTP goes to a ``ScriptedModel`` in-process.
+
+    ``kwargs`` go to ``anthropic.Anthropic`` and may override the defaults below."""
+    model = scripted or ScriptedModel()
+    options: dict[str, Any] = {
+        "api_key": "offline",
+        "base_url": "http://offline.invalid",
+        "http_client": httpx2.Client(transport=httpx2.MockTransport(model.handle)),
+    }
+    options.update(kwargs)
+    return anthropic.Anthropic(**options)
+
+
+class OfflineServer:
+    """The scripted model behind a real HTTP server on 127.0.0.1 (a daemon thread).
+
+    ``with OfflineServer() as server: anthropic.Anthropic(api_key="x", base_url=server.base_url)``
+    """
+
+    def __init__(self, scripted: ScriptedModel | None = None, port: int = 0) -> None:
+        self.scripted = scripted or ScriptedModel()
+        scripted_model = self.scripted
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                status, out_headers, out = scripted_model.respond(
+                    self.command, self.path, headers, body
+                )
+                self.send_response(status)
+                for k, v in out_headers.items():
+                    self.send_header(k, v)
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass  # keep test output quiet
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> OfflineServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> OfflineServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

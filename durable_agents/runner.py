@@ -1,0 +1,455 @@
+"""The state machine of one run, top to bottom.
+
+A worker that holds a claim calls ``advance_run``. It rebuilds the conversation from the step
+log, then repeats until the run is parked or over:
+
+    last step is the task or a tool_result -> call the model, commit the turn   (a step)
+    last step is a model turn asking for tools -> run each call by its effect class,
+                                                  commit the results             (a step)
+    last step is a final model turn            -> the run succeeded
+
+Each step is committed by ``leases.append_step`` before the next network call, and only while
+this worker's fence holds. Nothing is kept in memory that the log does not also hold, so a new
+worker that claims the run after a crash continues at the first uncommitted step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from durable_agents import effects, leases, llm, signals
+from durable_agents.agents import Agent, AgentNotFound, registry
+from durable_agents.conf import app_settings
+from durable_agents.history import load_steps, message_for_step
+from durable_agents.leases import Claim
+from durable_agents.logging import bind_run
+from durable_agents.models import (
+    AgentRun,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
+from durable_agents.tools import Tool, ToolInputError
+
+logger = logging.getLogger("durable_agents.runner")
+
+# What became of a run when advance_run returned.
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+DEAD = "dead"
+WAITING = "waiting"
+RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
+CANCELLED = "cancelled"
+LOST = "lost"  # another worker holds it now
+
+
+class Interrupt(threading.Event):
+    """Set by the heartbeat (run cancelled, lease lost) or by a stopping worker."""
+
+    reason: str = ""
+
+    def trigger(self, reason: str) -> None:
+        if not self.is_set():
+            self.reason = reason
+            self.set()
+
+
+@dataclass
+class _Step:
+    seq: int
+    kind: str
+    message: Any  # the parsed payload
+
+
+class _Stop(Exception):
+    """Unwinds the step loop with the run's disposition."""
+
+    def __init__(self, disposition: str):
+        self.disposition = disposition
+
+
+def advance_run(claim: Claim, interrupt: Interrupt | None = None) -> str:
+    """Advance one claimed run until it is parked or over; returns its disposition."""
+    with bind_run(claim.run_id):
+        return RunAdvancer(claim, interrupt or Interrupt()).advance()
+
+
+def text_of(message: dict[str, Any]) -> str:
+    return "\n".join(
+        block.get("text") or ""
+        for block in message.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "text"
+    )
+
+
+def _sanitize(text: str) -> str:
+    # Lone surrogates cannot be encoded as UTF-8 (neither by the database nor the SDK).
+    return (
+        text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        if _has_surrogates(text)
+        else text
+    )
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def format_result(value: Any) -> tuple[str, bool]:
+    """A tool's return value as tool_result text: (text, is_error)."""
+    if isinstance(value, str):
+        return _sanitize(value), False
+    try:
+        return _sanitize(json.dumps(value, ensure_ascii=False)), False
+    except (TypeError, ValueError) as exc:
+        return f"the tool returned a value that is not JSON-serialisable: {exc}", True
+
+
+def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
+    text = effect.result
+    limit = app_settings.MAX_RESULT_CHARS
+    if len(text) > limit:
+        text = (
+            text[:limit] + f"\n[truncated: the result has {len(effect.result)} characters; "
+            f"the first {limit} are shown]"
+        )
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
+    if effect.is_error:
+        block["is_error"] = True
+    return block
+
+
+class RunAdvancer:
+    def __init__(self, claim: Claim, interrupt: Interrupt):
+        self.claim = claim
+        self.run: AgentRun = claim.run
+        self.interrupt = interrupt
+
+    # -- entry -----------------------------------------------------------------------------
+
+    def advance(self) -> str:
+        try:
+            return self._loop()
+        except _Stop as stop:
+            return stop.disposition
+
+    def _loop(self) -> str:
+        run = self.run
+        if run.stalled_claims > app_settings.MAX_ATTEMPTS:
+            self._dead(self._stalled_reason())
+        agent = self._pinned_agent()
+        params = agent.request_params(run.model)
+
+        steps = load_steps(run.pk)
+        if not steps or steps[0].kind != StepKind.TASK:
+            self._dead("the step log has no task step at seq 0")
+        messages = [message_for_step(s.kind, s.payload) for s in steps]
+        turns = sum(1 for s in steps if s.kind == StepKind.MODEL_TURN)
+        last = _Step(steps[-1].seq, steps[-1].kind, json.loads(steps[-1].payload))
+        del steps
+
+        while True:
+            self._check_interrupt()
+            if last.kind != StepKind.MODEL_TURN or last.message.get("stop_reason") == "pause_turn":
+                if turns >= agent.max_turns:
+                    self._finish(FAILED, error=f"max_turns ({agent.max_turns}) reached")
+                turn = self._call_model(params, messages)
+                seq = last.seq + 1
+                self._commit(
+                    seq, StepKind.MODEL_TURN, turn.body, turn.request_id, ms=turn.elapsed_ms
+                )
+                messages.append({"role": "assistant", "content": turn.message["content"]})
+                last = _Step(seq, StepKind.MODEL_TURN, turn.message)
+                turns += 1
+                continue
+
+            stop_reason = last.message.get("stop_reason")
+            if stop_reason == "tool_use":
+                started = time.monotonic()
+                results, final_effect = self._dispatch(agent, last)
+                seq = last.seq + 1
+                payload = json.dumps(results, ensure_ascii=False)
+                self._commit(
+                    seq,
+                    StepKind.TOOL_RESULT,
+                    payload,
+                    None,
+                    effects=[final_effect] if final_effect else [],
+                    ms=(time.monotonic() - started) * 1000,
+                    tool=",".join(
+                        str(b.get("name"))
+                        for b in last.message["content"]
+                        if b.get("type") == "tool_use"
+                    ),
+                )
+                messages.append({"role": "user", "content": results})
+                last = _Step(seq, StepKind.TOOL_RESULT, results)
+            elif stop_reason in ("end_turn", "stop_sequence"):
+                self._finish(SUCCEEDED, result=text_of(last.message))
+            else:
+                self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
+
+    # -- pinning ---------------------------------------------------------------------------
+
+    def _pinned_agent(self) -> Agent:
+        run = self.run
+        try:
+            agent = registry.get(run.agent, run.prompt_version)
+        except AgentNotFound as exc:
+            self._dead(
+                f"prompt version {run.prompt_version!r} of agent {run.agent!r} is not deployed "
+                f"on this worker ({exc}); deploy it again or cancel the run"
+            )
+        current = agent.fingerprint(run.model)
+        if current != run.fingerprint:
+            self._dead(
+                f"prompt drift: agent {run.agent}@{run.prompt_version} on this worker has "
+                f"fingerprint {current[:12]}, the run was started with {run.fingerprint[:12]}; "
+                "its system prompt, tools or parameters changed without a new version, and "
+                "resuming would change the history the model signed"
+            )
+        return agent
+
+    # -- the model -------------------------------------------------------------------------
+
+    def _call_model(self, params: dict[str, Any], messages: list[dict[str, Any]]) -> llm.ModelTurn:
+        try:
+            return llm.create_turn(params, messages, interrupt=self.interrupt)
+        except llm.PermanentModelError as exc:
+            self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
+        except llm.ModelCallInterrupted:
+            self._check_interrupt()
+            raise
+        except llm.TransientModelError as exc:
+            logger.warning(
+                "run %s: model unavailable, handing the run back: %s", self.run.pk, exc.message
+            )
+            leases.release_lease(self.claim, error=f"model call failed: {exc.message}")
+            raise _Stop(RELEASED) from exc
+
+    # -- tools -----------------------------------------------------------------------------
+
+    def _dispatch(
+        self, agent: Agent, turn: _Step
+    ) -> tuple[list[dict[str, Any]], ToolEffect | None]:
+        """Run the calls of one turn in order. Every completed call is recorded at once, but
+        the last, which is committed together with the tool_result step."""
+        calls = [b for b in turn.message.get("content") or [] if b.get("type") == "tool_use"]
+        recorded = effects.recorded_effects(self.run.pk, turn.seq)
+        results: list[dict[str, Any]] = []
+        final_effect: ToolEffect | None = None
+        for index, call in enumerate(calls):
+            name = call.get("name", "")
+            tool_input = call.get("input")
+            key = effects.idempotency_key(self.run.pk, turn.seq, index, name, tool_input)
+            effect = recorded.get(key)
+            if effect is None:
+                effect = self._call_tool(agent, turn.seq, index, name, tool_input, key)
+                if index < len(calls) - 1:
+                    effects.record_effect(effect)
+                else:
+                    final_effect = effect
+            results.append(result_block(call.get("id", ""), effect))
+        return results, final_effect
+
+    def _effect(
+        self, seq: int, index: int, name: str, key: str, text: str, is_error: bool
+    ) -> ToolEffect:
+        return ToolEffect(
+            key=key,
+            run_id=self.run.pk,
+            seq=seq,
+            call_index=index,
+            tool=name[:200],
+            result=text,
+            is_error=is_error,
+        )
+
+    def _call_tool(
+        self, agent: Agent, seq: int, index: int, name: str, tool_input: Any, key: str
+    ) -> ToolEffect:
+        tool = agent.tools_by_name.get(name)
+        if tool is None:
+            known = ", ".join(sorted(agent.tools_by_name)) or "none"
+            return self._effect(
+                seq, index, name, key, f"unknown tool {name!r}; the tools are: {known}", True
+            )
+        try:
+            tool.validate(tool_input)
+        except ToolInputError as exc:
+            return self._effect(seq, index, name, key, f"invalid input for {name}: {exc}", True)
+
+        if tool.effect == "irreversible":
+            return self._irreversible(tool, seq, index, tool_input, key)
+        if tool.effect != "pure" and not leases.renew_lease(self.claim):
+            # Before any side effect: make sure the run is still ours and not cancelled.
+            self._fence_failed()
+        return self._invoke(tool, seq, index, tool_input, key)
+
+    def _invoke(self, tool: Tool, seq: int, index: int, tool_input: Any, key: str) -> ToolEffect:
+        started = time.monotonic()
+        try:
+            value = tool.invoke(tool_input, idempotency_key=key)
+        except Exception as exc:  # the tool's failure is the model's information, not ours
+            logger.warning(
+                "tool %s raised %s: %s", tool.name, type(exc).__name__, exc, exc_info=True
+            )
+            text, is_error = f"{tool.name} raised {type(exc).__name__}: {exc}", True
+        else:
+            text, is_error = format_result(value)
+        logger.info(
+            "run %s tool %s (%s) call %d of turn %d: %s in %.1f ms",
+            self.run.pk,
+            tool.name,
+            tool.effect,
+            index,
+            seq,
+            "error" if is_error else "ok",
+            (time.monotonic() - started) * 1000,
+        )
+        return self._effect(seq, index, tool.name, key, _sanitize(text), is_error)
+
+    def _irreversible(
+        self, tool: Tool, seq: int, index: int, tool_input: Any, key: str
+    ) -> ToolEffect:
+        intent = effects.intent_for_key(key)
+        if intent is None:
+            intent = ToolIntent(
+                run_id=self.run.pk,
+                seq=seq,
+                call_index=index,
+                tool=tool.name,
+                input=tool_input,
+                key=key,
+            )
+            self._wait(intent, f"{tool.name} waits for approval")
+        status = intent.status
+        if status in (IntentStatus.PENDING, IntentStatus.UNKNOWN):
+            self._wait(None, f"intent {intent.pk} for {tool.name} is {status}")
+        if status == IntentStatus.REJECTED:
+            who = intent.decided_by.get_username() if intent.decided_by else "a person"
+            reason = intent.reason or "no reason given"
+            return self._effect(
+                seq,
+                index,
+                tool.name,
+                key,
+                f"{tool.name} was not run: rejected by {who}: {reason}",
+                True,
+            )
+        if status == IntentStatus.EXECUTING:
+            # A worker died while this ran, before its outcome was recorded. Only a person can
+            # say whether it happened; never run it again blindly.
+            effects.mark_intent_unknown(intent)
+            self._wait(
+                None,
+                f"intent {intent.pk} for {tool.name}: outcome unknown after a crash",
+                notify=intent,
+            )
+        if status == IntentStatus.APPROVED:
+            if not leases.renew_lease(self.claim) or not effects.mark_intent_executing(intent):
+                self._fence_failed()
+            effect = self._invoke(tool, seq, index, tool_input, key)
+            effects.complete_intent(intent, effect)
+            return effect
+        # done without an effect cannot happen (both are written in one transaction)
+        self._dead(f"intent {intent.pk} is {status} but no effect is recorded for it")
+        raise AssertionError("unreachable")
+
+    def _wait(self, intent: ToolIntent | None, why: str, notify: ToolIntent | None = None) -> None:
+        if not leases.wait_for_person(self.claim, intent):
+            self._fence_failed()
+        logger.info("run %s waits for a person: %s", self.run.pk, why)
+        waiting = intent or notify
+        if waiting is not None:
+            signals.intent_waiting.send(sender=ToolIntent, intent=waiting)
+        raise _Stop(WAITING)
+
+    # -- commits and endings ---------------------------------------------------------------
+
+    def _commit(
+        self,
+        seq: int,
+        kind: str,
+        payload: str,
+        request_id: str | None,
+        *,
+        effects: list[ToolEffect] | None = None,
+        ms: float = 0.0,
+        tool: str | None = None,
+    ) -> None:
+        if not leases.append_step(self.claim, seq, kind, payload, request_id, effects or ()):
+            self._fence_failed()
+        logger.info(
+            "run %s seq %d %s%s committed (%.1f ms)",
+            self.run.pk,
+            seq,
+            kind,
+            f" tool={tool}" if tool else "",
+            ms,
+        )
+
+    def _check_interrupt(self) -> None:
+        if not self.interrupt.is_set():
+            return
+        if self.interrupt.reason == "shutdown":
+            leases.release_lease(self.claim, count_claim=False)
+            raise _Stop(RELEASED)
+        self._fence_failed()
+
+    def _fence_failed(self) -> None:
+        status = leases.current_status(self.run.pk)
+        if status == RunStatus.CANCELLED:
+            logger.info("run %s was cancelled; stopping without committing", self.run.pk)
+            raise _Stop(CANCELLED)
+        logger.warning("run %s: lease lost (status now %s); stopping", self.run.pk, status)
+        raise _Stop(LOST)
+
+    def _finish(self, disposition: str, *, result: str | None = None, error: str = "") -> None:
+        if not leases.finish_run(self.claim, disposition, result=result, error=error):
+            self._fence_failed()
+        log = logger.info if disposition == SUCCEEDED else logger.warning
+        log("run %s %s%s", self.run.pk, disposition, f": {error}" if error else "")
+        signals.run_finished.send(sender=AgentRun, run_id=self.run.pk, status=disposition)
+        raise _Stop(disposition)
+
+    def _dead(self, reason: str) -> None:
+        if not leases.finish_run(self.claim, RunStatus.DEAD, error=reason):
+            self._fence_failed()
+        logger.error("run %s dead-lettered: %s", self.run.pk, reason)
+        signals.run_dead_lettered.send(sender=AgentRun, run_id=self.run.pk, reason=reason)
+        raise _Stop(DEAD)
+
+    def _stalled_reason(self) -> str:
+        run = self.run
+        reason = (
+            f"{run.stalled_claims - 1} claims in a row ended without committing a step "
+            f"(MAX_ATTEMPTS={app_settings.MAX_ATTEMPTS}); last committed step: seq {run.last_seq}"
+        )
+        last = load_steps(run.pk, after_seq=run.last_seq - 1)
+        if last and last[-1].kind == StepKind.MODEL_TURN:
+            calls = [
+                b.get("name")
+                for b in json.loads(last[-1].payload).get("content") or []
+                if b.get("type") == "tool_use"
+            ]
+            if calls:
+                reason += f"; the worker died running tool call(s): {', '.join(map(str, calls))}"
+            else:
+                reason += "; the worker died while finishing the run"
+        else:
+            reason += "; the worker died during the model call"
+        if run.error:
+            reason += f"; last error: {run.error}"
+        return reason

@@ -1,0 +1,531 @@
+"""Tools: plain Python functions the model may call, declared with ``@tool(effect=...)``.
+
+The effect tells the runtime how careful it must be when a step is replayed after a crash:
+
+* ``pure``: reads only; safe to call again at any time.
+* ``idempotent``: writes, but calling it twice with the same input is the same as once.
+* ``non_idempotent``: writes that must not happen twice; the function receives an
+  ``idempotency_key`` (declare a parameter of that name) that it passes to the remote system.
+* ``irreversible``: cannot be undone or deduplicated; needs a human approval before it runs.
+
+This module never imports Django models: it is imported by every ``agents.py`` at app loading.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import functools
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jsonschema
+
+__all__ = [
+    "EFFECTS",
+    "Tool",
+    "ToolInputError",
+    "schema_from_signature",
+    "tool",
+]
+
+EFFECTS: tuple[str, ...] = ("pure", "idempotent", "non_idempotent", "irreversible")
+
+# The parameter that receives the runtime's key; it is never part of the model-facing schema.
+IDEMPOTENCY_KEY = "idempotency_key"
+
+# What the Messages API accepts as a tool name.
+_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+
+# Caps on validation messages: they go back to the model, which needs the gist, not a dump.
+_MAX_ERRORS = 20
+_MAX_ERROR_CHARS = 300
+_MAX_MESSAGE_CHARS = 4000
+
+_ARGS_HEADERS = ("Args:", "Arguments:")
+_ARG_LINE_RE = re.compile(r"^\*{0,2}(?P<name>\w+)\s*(?:\([^)]*\))?\s*:\s*(?P<text>.*)$")
+
+
+class ToolInputError(ValueError):
+    """The model's input for a tool does not match the tool's schema (the model can retry)."""
+
+
+# --------------------------------------------------------------------------- docstrings
+
+
+def _split_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Return the description without its Google-style ``Args:`` section, and that section.
+
+    The parameter descriptions belong in the schema; keeping them in the tool description too
+    would only spend tokens twice.
+    """
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() in _ARGS_HEADERS), None)
+    if start is None:
+        return "\n".join(lines).strip(), {}
+
+    header_indent = _indent(lines[start])
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > header_indent):
+        end += 1
+
+    params: dict[str, str] = {}
+    entry_indent: int | None = None
+    current: str | None = None
+    for line in lines[start + 1 : end]:
+        if not line.strip():
+            continue
+        indent = _indent(line)
+        if entry_indent is None:
+            entry_indent = indent
+        match = _ARG_LINE_RE.match(line.strip()) if indent <= entry_indent else None
+        if match:
+            current = match.group("name")
+            params[current] = match.group("text").strip()
+        elif current is not None:
+            # A continuation line of the current entry.
+            params[current] = f"{params[current]} {line.strip()}".strip()
+
+    rest = lines[:start] + lines[end:]
+    description = re.sub(r"\n{3,}", "\n\n", "\n".join(rest)).strip()
+    return description, {name: text for name, text in params.items() if text}
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def _json_type(value: Any) -> str | None:
+    # bool before int: True is an int in Python but a boolean in JSON.
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return None
+
+
+def _enum_schema(values: list[Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {}
+    kinds = {_json_type(v) for v in values}
+    if len(kinds) == 1 and None not in kinds:
+        schema["type"] = kinds.pop()
+    schema["enum"] = values
+    return schema
+
+
+def _is_union(origin: Any) -> bool:
+    return origin is typing.Union or origin is types.UnionType
+
+
+def _type_schema(hint: Any, where: str) -> dict[str, Any]:
+    """JSON schema of one type hint; ``where`` names the parameter in error messages."""
+    if hint is inspect.Parameter.empty or hint is Any:
+        return {}
+    if hint is None or hint is type(None):
+        return {"type": "null"}
+    if hint is bool:
+        return {"type": "boolean"}
+    if hint is int:
+        return {"type": "integer"}
+    if hint is float:
+        return {"type": "number"}
+    if hint is str:
+        return {"type": "string"}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum_schema([member.value for member in hint])
+    if hint in (list, tuple):
+        return {"type": "array"}
+    if hint in (set, frozenset):
+        return {"type": "array", "uniqueItems": True}
+    if hint is dict:
+        return {"type": "object"}
+
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Annotated:
+        schema = _type_schema(args[0], where)
+        notes = [a for a in args[1:] if isinstance(a, str)]
+        if notes:
+            schema["description"] = " ".join(notes)
+        return schema
+    if origin is typing.Literal:
+        return _enum_schema([v.value if isinstance(v, enum.Enum) else v for v in args])
+    if _is_union(origin):
+        # Optional[X] and X | None: null goes last, whatever order the union was written in.
+        arms = [a for a in args if a is not type(None)]
+        schemas = [_type_schema(a, where) for a in arms]
+        if len(arms) < len(args):
+            schemas.append({"type": "null"})
+        return {"anyOf": schemas}
+    if origin in (list, set, frozenset, Sequence):
+        schema = {"type": "array"}
+        if args and (items := _type_schema(args[0], where)):
+            schema["items"] = items
+        if origin in (set, frozenset):
+            schema["uniqueItems"] = True
+        return schema
+    if origin is tuple:
+        if not args or args == ((),):
+            return {"type": "array"} if not args else {"type": "array", "maxItems": 0}
+        if len(args) == 2 and args[1] is Ellipsis:
+            items = _type_schema(args[0], where)
+            return {"type": "array", "items": items} if items else {"type": "array"}
+        return {
+            "type": "array",
+            "prefixItems": [_type_schema(a, where) for a in args],
+            "minItems": len(args),
+            "maxItems": len(args),
+        }
+    if origin in (dict, Mapping):
+        schema = {"type": "object"}
+        if args:
+            if args[0] not in (str, Any):
+                # JSON object keys are always strings: the function would not get what it says.
+                raise TypeError(
+                    f"{where}: dict keys must be str in a tool signature, not {args[0]!r}"
+                )
+            if values := _type_schema(args[1], where):
+                schema["additionalProperties"] = values
+        return schema
+    raise TypeError(
+        f"{where}: unsupported type hint {hint!r} for a tool parameter; use str, int, float, "
+        "bool, list, tuple, dict, Literal, an Enum, a union of those, or pass input_schema="
+    )
+
+
+def _qualname(func: Callable[..., Any]) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+
+
+def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
+    signature = inspect.signature(func)
+    for param in signature.parameters.values():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise TypeError(
+                f"unsupported signature for tool {_qualname(func)}: *args and **kwargs cannot "
+                "be described to the model; declare each parameter by name"
+            )
+        if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise TypeError(
+                f"unsupported signature for tool {_qualname(func)}: positional-only parameter "
+                f"{param.name!r}; the model passes arguments by name"
+            )
+    return signature
+
+
+def _hints(func: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(func, include_extras=True)
+    except Exception as exc:  # NameError from an unresolved forward reference, mostly.
+        raise TypeError(f"cannot resolve the type hints of tool {_qualname(func)}: {exc}") from exc
+
+
+def _json_default(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    try:
+        # Round trip so that tuples become lists, exactly as the schema will be serialised.
+        return True, json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        return False, None
+
+
+def schema_from_signature(func: Callable[..., Any]) -> dict[str, Any]:
+    """Derive the tool input JSON schema from ``func``'s parameters and type hints."""
+    signature = _check_signature(func)
+    hints = _hints(func)
+    _, arg_docs = _split_docstring(func.__doc__)
+
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, param in signature.parameters.items():
+        if name == IDEMPOTENCY_KEY:
+            continue
+        where = f"tool {_qualname(func)}, parameter {name!r}"
+        schema = _type_schema(hints.get(name, inspect.Parameter.empty), where)
+        if name in arg_docs and "description" not in schema:
+            schema["description"] = arg_docs[name]
+        if param.default is inspect.Parameter.empty:
+            required.append(name)
+        else:
+            ok, default = _json_default(param.default)
+            if ok:
+                schema["default"] = default
+        properties[name] = schema
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+# --------------------------------------------------------------------------- input coercion
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    """Turn JSON values back into the Python types the hint promises (Enum members, tuples)."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return value if isinstance(value, hint) else hint(value)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _coerce(args[0], value)
+    if _is_union(origin):
+        if value is None:
+            return None
+        enums = [a for a in args if isinstance(a, type) and issubclass(a, enum.Enum)]
+        for cls in enums:
+            try:
+                return cls(value)
+            except ValueError:
+                continue
+        return value
+    if origin is list and args and isinstance(value, list):
+        return [_coerce(args[0], v) for v in value]
+    if origin in (set, frozenset) and isinstance(value, list):
+        return origin(_coerce(args[0], v) for v in value) if args else origin(value)
+    if hint in (set, frozenset) and isinstance(value, list):
+        return hint(value)
+    if (origin is tuple or hint is tuple) and isinstance(value, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v) for v in value)
+        if args and len(args) == len(value):
+            return tuple(_coerce(a, v) for a, v in zip(args, value, strict=True))
+        return tuple(value)
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return {k: _coerce(args[1], v) for k, v in value.items()}
+    return value
+
+
+def _needs_coercion(hint: Any) -> bool:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return True
+    if hint in (tuple, set, frozenset):
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (tuple, set, frozenset):
+        return True
+    return any(_needs_coercion(a) for a in typing.get_args(hint) if a is not Ellipsis)
+
+
+# --------------------------------------------------------------------------- Tool
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    out = "input"
+    for part in error.absolute_path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_]\w*", part):
+            out += f".{part}"
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out
+
+
+def _leaf_errors(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
+    """(path, message) pairs for one error. "Not valid under any of the given schemas" tells
+    the model nothing: use the errors of the one arm whose type matches the value, or list the
+    types when no arm's type matches."""
+    if error.validator not in ("anyOf", "oneOf") or not error.context:
+        return [(_path(error), error.message)]
+    arms: dict[Any, list[jsonschema.ValidationError]] = {}
+    for sub in error.context:
+        arms.setdefault(sub.schema_path[0], []).append(sub)
+    same_path = list(error.absolute_path)
+
+    def type_mismatch(e: jsonschema.ValidationError) -> bool:
+        return e.validator == "type" and list(e.absolute_path) == same_path
+
+    candidates = [errs for errs in arms.values() if not any(map(type_mismatch, errs))]
+    if len(candidates) == 1:
+        return [leaf for sub in candidates[0] for leaf in _leaf_errors(sub)]
+    if not candidates and len(arms) == len(error.validator_value):
+        expected: list[str] = []
+        for errs in arms.values():
+            for e in errs:
+                if type_mismatch(e):
+                    kinds = (
+                        e.validator_value
+                        if isinstance(e.validator_value, list)
+                        else [e.validator_value]
+                    )
+                    expected.extend(k for k in kinds if k not in expected)
+        listed = ", ".join(repr(k) for k in expected)
+        return [(_path(error), f"{error.instance!r} is not of type {listed}")]
+    return [(_path(error), error.message)]
+
+
+def _cap(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Tool:
+    """A function the model may call, with its effect and the JSON schema of its input."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        effect: str,
+        name: str | None = None,
+        description: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+    ) -> None:
+        if not callable(func):
+            raise TypeError(f"@tool decorates a function, not {func!r}")
+        qualname = _qualname(func)
+        if effect not in EFFECTS:
+            raise ValueError(
+                f"tool {qualname}: effect must be one of {', '.join(map(repr, EFFECTS))}, "
+                f"got {effect!r}"
+            )
+        signature = _check_signature(func)
+
+        self.func = func
+        self.effect = effect
+        self.name = name if name is not None else func.__name__
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(
+                f"tool {qualname}: name {self.name!r} must be 1 to 128 letters, digits, "
+                "'_' or '-' (the Messages API rejects anything else)"
+            )
+        doc_description, _ = _split_docstring(func.__doc__)
+        self.description = doc_description if description is None else description
+
+        if input_schema is None:
+            self.input_schema = schema_from_signature(func)
+        else:
+            if not isinstance(input_schema, dict):
+                raise TypeError(f"tool {qualname}: input_schema must be a dict")
+            try:
+                jsonschema.Draft202012Validator.check_schema(input_schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"tool {qualname}: invalid input_schema: {exc.message}") from exc
+            # A private copy: the definition is fingerprinted and must not change under us.
+            self.input_schema = copy.deepcopy(input_schema)
+
+        self.takes_idempotency_key = IDEMPOTENCY_KEY in signature.parameters
+        self._key_has_default = (
+            self.takes_idempotency_key
+            and signature.parameters[IDEMPOTENCY_KEY].default is not inspect.Parameter.empty
+        )
+        self._validator = jsonschema.Draft202012Validator(self.input_schema)
+
+        # Hints only matter for turning JSON back into Enum members and tuples. With an explicit
+        # schema, unresolvable hints are tolerated: the user took over the schema on purpose.
+        try:
+            hints = _hints(func)
+        except TypeError:
+            if input_schema is None:
+                raise
+            hints = {}
+        self._coercions: dict[str, Any] = {
+            n: h for n, h in hints.items() if n in signature.parameters and _needs_coercion(h)
+        }
+        # No __dict__ merge: a function attribute must not shadow name, effect or schema.
+        functools.update_wrapper(self, func, updated=())
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as sent to the Messages API (a fresh copy: callers may mutate it)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": copy.deepcopy(self.input_schema),
+        }
+
+    def validate(self, tool_input: Any) -> None:
+        """Raise ``ToolInputError`` with a model-readable message if the input is invalid."""
+        prefix = f"Invalid input for tool {self.name!r}"
+        if not isinstance(tool_input, dict):
+            raise ToolInputError(
+                f"{prefix}: input must be a JSON object, got {type(tool_input).__name__}"
+            )
+        errors = sorted(
+            leaf for e in self._validator.iter_errors(tool_input) for leaf in _leaf_errors(e)
+        )
+        if not errors:
+            return
+        lines = [_cap(f"{path}: {msg}", _MAX_ERROR_CHARS) for path, msg in errors[:_MAX_ERRORS]]
+        if len(errors) > _MAX_ERRORS:
+            lines.append(f"... and {len(errors) - _MAX_ERRORS} more errors")
+        message = f"{prefix}:\n" + "\n".join(f"- {line}" for line in lines)
+        raise ToolInputError(_cap(message, _MAX_MESSAGE_CHARS))
+
+    def invoke(self, tool_input: dict[str, Any], *, idempotency_key: str | None = None) -> Any:
+        """Validate the model's input, then call the function with it."""
+        self.validate(tool_input)
+        kwargs = dict(tool_input)
+        for name, hint in self._coercions.items():
+            if name in kwargs:
+                try:
+                    kwargs[name] = _coerce(hint, kwargs[name])
+                except ValueError as exc:  # An explicit schema let a bad enum value through.
+                    raise ToolInputError(
+                        f"Invalid input for tool {self.name!r}: input.{name}: {exc}"
+                    ) from exc
+        if self.takes_idempotency_key:
+            if IDEMPOTENCY_KEY in kwargs:
+                raise ToolInputError(
+                    f"Invalid input for tool {self.name!r}: {IDEMPOTENCY_KEY!r} is set by the "
+                    "runtime, not by the model"
+                )
+            if idempotency_key is not None:
+                kwargs[IDEMPOTENCY_KEY] = idempotency_key
+            elif not self._key_has_default:
+                # Calling a non-idempotent tool without a key would make duplicates undetectable.
+                raise TypeError(f"tool {self.name!r} needs an idempotency_key")
+        return self.func(**kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Tool {self.name} effect={self.effect} "
+            f"func={getattr(self.func, '__module__', '?')}.{_qualname(self.func)}>"
+        )
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    effect: str | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    input_schema: dict[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool: ``@tool(effect="pure")`` above a function with type hints."""
+
+    def decorate(f: Callable[..., Any]) -> Tool:
+        if effect is None:
+            raise ValueError(
+                f"tool {_qualname(f)}: missing effect; write @tool(effect=...) with one of "
+                f"{', '.join(map(repr, EFFECTS))}"
+            )
+        return Tool(f, effect=effect, name=name, description=description, input_schema=input_schema)
+
+    if func is not None:
+        # Bare ``@tool``: the effect is never optional, so say how to fix it.
+        if effect is None:
+            decorate(func)
+        raise TypeError("use @tool(effect=...) with keyword arguments, not @tool or tool(func)")
+    return decorate

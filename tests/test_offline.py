@@ -1,0 +1,398 @@
+"""The offline scripted model, driven through the real anthropic SDK (no mocks of our code).
+
+No database: the module must not need Django at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from typing import Any
+
+import anthropic
+import pytest
+
+from durable_agents.offline import (
+    DEFAULT_SECRET,
+    RETIRED_MODELS,
+    OfflineServer,
+    ScriptedModel,
+    offline_client,
+    sign,
+)
+
+MODEL = "claude-sonnet-4-6"
+PHRASE = "Invalid `signature` in `thinking` block"
+THINKING = {"type": "enabled", "budget_tokens": 1024}
+TASK = (
+    "Migrate the orders table.\n"
+    '@get_schema {"table": "orders"}\n'
+    '@get_schema {"table": "orders"} && set_status {"ticket": "T-1", "status": "done"}\n'
+    '@drop_table {"table": "orders_old"}\n'
+)
+TOOLS = [
+    {
+        "name": "get_schema",
+        "description": "Read a table's schema.",
+        "input_schema": {"type": "object", "properties": {"table": {"type": "string"}}},
+    },
+    {
+        "name": "set_status",
+        "description": "Set a ticket's status.",
+        "input_schema": {"type": "object", "properties": {"ticket": {"type": "string"}}},
+    },
+]
+
+
+@pytest.fixture
+def client() -> anthropic.Anthropic:
+    return offline_client(max_retries=0)
+
+
+def call(client: anthropic.Anthropic, messages: list[Any], **params: Any) -> Any:
+    params.setdefault("model", MODEL)
+    params.setdefault("max_tokens", 2048)
+    return client.messages.with_raw_response.create(messages=messages, **params)
+
+
+def tool_results(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"type": "tool_result", "tool_use_id": b["id"], "content": f"ok {b['name']}"}
+        for b in content
+        if b["type"] == "tool_use"
+    ]
+
+
+def run_turns(
+    client: anthropic.Anthropic, task: str, turns: int, **params: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Play ``turns`` model turns, sending back the raw content verbatim as a durable store
+    would. Returns (messages ready for the next request, parsed raw bodies)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    bodies = []
+    for _ in range(turns):
+        body = json.loads(call(client, messages, **params).http_response.text)
+        bodies.append(body)
+        messages.append({"role": "assistant", "content": body["content"]})
+        if body["stop_reason"] != "tool_use":
+            break
+        messages.append({"role": "user", "content": tool_results(body["content"])})
+    return messages, bodies
+
+
+def expect_400(client: anthropic.Anthropic, messages: list[Any], **params: Any) -> Any:
+    with pytest.raises(anthropic.BadRequestError) as info:
+        call(client, messages, **params)
+    e = info.value
+    assert e.status_code == 400
+    assert e.type == "invalid_request_error"
+    assert re.fullmatch(r"req_offline_[0-9a-f]{24}", e.request_id or "")
+    return e
+
+
+# --- the script -------------------------------------------------------------------------
+
+
+def test_three_planned_turns_then_end_turn(client: anthropic.Anthropic) -> None:
+    messages, bodies = run_turns(client, TASK, 10, tools=TOOLS)
+
+    assert [b["stop_reason"] for b in bodies] == ["tool_use"] * 3 + ["end_turn"]
+    assert [b["offline_script"] for b in bodies] == [{"turn": k, "plan_lines": 3} for k in range(4)]
+    names = [[c["name"] for c in b["content"] if c["type"] == "tool_use"] for b in bodies]
+    assert names == [["get_schema"], ["get_schema", "set_status"], ["drop_table"], []]
+    assert bodies[1]["content"][0] == {
+        "type": "text",
+        "text": "Step 2: calling get_schema, set_status.",
+    }
+    assert bodies[1]["content"][2]["input"] == {"ticket": "T-1", "status": "done"}
+    assert bodies[3]["content"] == [{"type": "text", "text": "Done. 3 planned turns completed."}]
+    ids = [c["id"] for b in bodies for c in b["content"] if c["type"] == "tool_use"]
+    assert len(set(ids)) == 4 and all(re.fullmatch(r"toolu_[0-9a-f]{24}", i) for i in ids)
+    assert len(messages) == 8
+
+
+def test_no_plan_lines_answers_with_the_first_line(client: anthropic.Anthropic) -> None:
+    raw = call(client, [{"role": "user", "content": "\nWhat is the capital of France?\nThanks"}])
+    body = json.loads(raw.http_response.text)
+    assert body["stop_reason"] == "end_turn"
+    assert body["offline_script"] == {"turn": 0, "plan_lines": 0}
+    assert "What is the capital of France?" in body["content"][0]["text"]
+
+
+def test_task_from_text_blocks_of_the_first_message(client: anthropic.Anthropic) -> None:
+    content = [{"type": "text", "text": "Do it."}, {"type": "text", "text": "@ping {}"}]
+    body = json.loads(call(client, [{"role": "user", "content": content}]).http_response.text)
+    assert body["stop_reason"] == "tool_use"
+    assert body["content"][1]["name"] == "ping"
+
+
+def test_unknown_tool_and_malformed_arguments_emitted_as_written(
+    client: anthropic.Anthropic,
+) -> None:
+    task = (
+        "Misbehave.\n"
+        "@no_such_tool {not json && get_schema [1, 2]\n"
+        '@get_schema "just a string" && set_status {"ticket": "a && b"}\n'
+    )
+    messages, bodies = run_turns(client, task, 2, tools=TOOLS)
+    uses = [[c for c in b["content"] if c["type"] == "tool_use"] for b in bodies]
+    assert [(u["name"], u["input"]) for u in uses[0]] == [
+        ("no_such_tool", {"_raw": "{not json"}),
+        ("get_schema", [1, 2]),
+    ]
+    assert [(u["name"], u["input"]) for u in uses[1]] == [
+        ("get_schema", "just a string"),
+        ("set_status", {"ticket": "a && b"}),
+    ]
+
+
+def test_latency_directive_sleeps_and_is_not_a_plan_line(client: anthropic.Anthropic) -> None:
+    task = "Slow.\n@@latency 0.25\n@ping\n"
+    started = time.monotonic()
+    body = json.loads(call(client, [{"role": "user", "content": task}]).http_response.text)
+    assert time.monotonic() - started >= 0.2
+    assert body["offline_script"] == {"turn": 0, "plan_lines": 1}
+    assert body["content"][1]["name"] == "ping" and body["content"][1]["input"] == {}
+
+
+def test_unknown_directive_is_rejected(client: anthropic.Anthropic) -> None:
+    e = expect_400(client, [{"role": "user", "content": "x\n@@speed 3"}])
+    assert "@@speed" in (e.api_message or "")
+
+
+# --- determinism and the raw body -------------------------------------------------------
+
+
+def test_same_request_same_bytes_and_request_id(client: anthropic.Anthropic) -> None:
+    messages, _ = run_turns(client, TASK, 1, tools=TOOLS, thinking=THINKING)
+    a = call(client, messages, tools=TOOLS, thinking=THINKING)
+    b = call(offline_client(), messages, tools=TOOLS, thinking=THINKING)  # a fresh model
+    assert a.http_response.content == b.http_response.content
+    assert a.request_id == b.request_id
+    assert re.fullmatch(r"req_offline_[0-9a-f]{24}", a.request_id or "")
+
+    other = call(client, messages, tools=TOOLS, thinking=THINKING, max_tokens=4096)
+    assert other.request_id != a.request_id
+
+
+def test_raw_body_key_order_and_extra_field(client: anthropic.Anthropic) -> None:
+    raw = call(client, [{"role": "user", "content": TASK}], thinking=THINKING)
+    assert raw.http_response.headers["content-type"] == "application/json"
+    body = json.loads(raw.http_response.text)
+    assert list(body) == [
+        "id",
+        "type",
+        "role",
+        "model",
+        "content",
+        "stop_reason",
+        "stop_sequence",
+        "usage",
+        "container",
+        "offline_script",
+    ]
+    assert list(body["usage"]) == [
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+        "service_tier",
+    ]
+    assert re.fullmatch(r"msg_offline_[0-9a-f]{24}", body["id"])
+    assert [c["type"] for c in body["content"]] == ["thinking", "text", "tool_use"]
+    assert list(body["content"][2]) == ["type", "id", "name", "input"]
+    assert '"offline_script": {"turn": 0, "plan_lines": 3}' in raw.http_response.text
+    # The SDK still parses it; the extra field is what only the raw text keeps in order.
+    message = raw.parse()
+    assert message.stop_reason == "tool_use" and message.content[0].type == "thinking"
+
+
+# --- thinking signatures ----------------------------------------------------------------
+
+
+def test_signature_is_sign_over_the_request(client: anthropic.Anthropic) -> None:
+    messages = [{"role": "user", "content": TASK}]
+    body = json.loads(
+        call(client, messages, system="Be careful.", thinking=THINKING).http_response.text
+    )
+    block = body["content"][0]
+    expected = sign(DEFAULT_SECRET, MODEL, "Be careful.", None, messages, block["thinking"])
+    assert block["signature"] == expected
+    assert sign(b"another secret", MODEL, "Be careful.", None, messages, block["thinking"]) != (
+        expected
+    )
+
+
+def test_verbatim_history_with_thinking_is_accepted(client: anthropic.Anthropic) -> None:
+    system = [{"type": "text", "text": "You migrate databases."}]
+    messages, bodies = run_turns(client, TASK, 10, tools=TOOLS, system=system, thinking=THINKING)
+    assert [b["stop_reason"] for b in bodies][-1] == "end_turn"
+    assert all(b["content"][0]["type"] == "thinking" for b in bodies)
+    # The full history, three signed assistant turns and the final one, is accepted again.
+    messages.append({"role": "user", "content": "Anything else?"})
+    assert call(client, messages, tools=TOOLS, system=system, thinking=THINKING).http_response
+
+
+def test_other_secret_rejects_the_history(client: anthropic.Anthropic) -> None:
+    messages, _ = run_turns(client, TASK, 1, thinking=THINKING)
+    other = offline_client(scripted=ScriptedModel(secret=b"someone else"), max_retries=0)
+    e = expect_400(other, messages, thinking=THINKING)
+    assert e.api_message == f"messages.1.content.0: {PHRASE}"
+
+
+def _reverse_keys(block: dict[str, Any]) -> dict[str, Any]:
+    return dict(reversed(list(block.items())))
+
+
+def _edit_thinking(messages: list[Any]) -> None:
+    messages[1]["content"][0]["thinking"] += " "
+
+
+def _drop_signature(messages: list[Any]) -> None:
+    del messages[1]["content"][0]["signature"]
+
+
+def _reorder_tool_use(messages: list[Any]) -> None:
+    content = messages[1]["content"]
+    content[2] = _reverse_keys(content[2])  # same values, other key order
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        (_edit_thinking, "messages.1.content.0"),
+        (_drop_signature, "messages.1.content.0"),
+        # The reordered tool_use is in message 1; the first signature covering it is message 3's.
+        (_reorder_tool_use, "messages.3.content.0"),
+    ],
+)
+def test_changed_history_is_rejected(client: anthropic.Anthropic, mutate: Any, where: str) -> None:
+    messages, _ = run_turns(client, TASK, 2, tools=TOOLS, thinking=THINKING)
+    call(client, messages, tools=TOOLS, thinking=THINKING)  # control: verbatim is accepted
+    changed = copy.deepcopy(messages)
+    mutate(changed)
+    assert changed != messages or list(changed[1]["content"][2]) != list(messages[1]["content"][2])
+    e = expect_400(client, changed, tools=TOOLS, thinking=THINKING)
+    assert e.api_message == f"{where}: {PHRASE}"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"system": "Be reckless."},
+        {"tools": [TOOLS[0], {**TOOLS[1], "description": "Set a ticket's status!"}]},
+        {"tools": [TOOLS[0], _reverse_keys(TOOLS[1])]},
+        {"model": "claude-opus-4-5"},
+    ],
+    ids=["system", "tool-definition", "tool-key-order", "model"],
+)
+def test_changed_context_is_rejected(client: anthropic.Anthropic, change: dict[str, Any]) -> None:
+    params = {"system": "Be careful.", "tools": TOOLS, "thinking": THINKING}
+    messages, _ = run_turns(client, TASK, 1, **params)
+    call(client, messages, **params)  # control: the unchanged context is accepted
+    e = expect_400(client, messages, **{**params, **change})
+    assert e.api_message == f"messages.1.content.0: {PHRASE}"
+
+
+def test_redacted_thinking_is_not_checked(client: anthropic.Anthropic) -> None:
+    messages, _ = run_turns(client, TASK, 1)
+    messages[1]["content"].insert(0, {"type": "redacted_thinking", "data": "opaque"})
+    assert call(client, messages).http_response.status_code == 200
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("model", [*sorted(RETIRED_MODELS), "gpt-4o"])
+def test_retired_or_unknown_model_is_404(client: anthropic.Anthropic, model: str) -> None:
+    with pytest.raises(anthropic.NotFoundError) as info:
+        call(client, [{"role": "user", "content": "hi"}], model=model)
+    e = info.value
+    assert e.status_code == 404
+    assert e.type == "not_found_error"  # APIStatusError.type is body["error"]["type"]
+    assert e.api_message == f"model: {model}"
+    assert e.body == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": f"model: {model}"},
+        "request_id": e.request_id,
+    }
+
+
+def test_tool_use_without_tool_result_is_400(client: anthropic.Anthropic) -> None:
+    messages, _ = run_turns(client, TASK, 2)
+    # Turn 2 called two tools; answer only the first one.
+    messages[-1]["content"] = messages[-1]["content"][:1]
+    e = expect_400(client, messages)
+    assert (e.api_message or "").startswith("messages.4: `tool_use` ids were found without")
+
+
+def test_tool_result_for_unknown_id_is_400(client: anthropic.Anthropic) -> None:
+    messages, _ = run_turns(client, TASK, 1)
+    messages[-1]["content"].append(
+        {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "?"}
+    )
+    e = expect_400(client, messages)
+    assert "messages.2.content.1: unexpected `tool_use_id`" in (e.api_message or "")
+    assert "toolu_nope" in (e.api_message or "")
+
+
+def test_roles_must_alternate_from_user(client: anthropic.Anthropic) -> None:
+    e = expect_400(client, [{"role": "assistant", "content": "hi"}])
+    assert (e.api_message or "").startswith("messages.0.role")
+    e = expect_400(client, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    assert (e.api_message or "").startswith("messages.1.role")
+
+
+def test_stream_is_not_supported_yet(client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(
+            model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    assert "streaming is not supported" in (info.value.api_message or "")
+
+
+def test_other_endpoints_are_404(client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.NotFoundError) as info:
+        client.models.list()
+    assert info.value.type == "not_found_error"
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}', "model"),
+        (b'{"model": "claude-x", "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
+        (b'{"model": "claude-x", "max_tokens": 5, "messages": []}', "messages"),
+    ],
+)
+def test_malformed_request_is_400_with_error_shape(body: bytes, fragment: str) -> None:
+    status, headers, out = ScriptedModel().respond("POST", "/v1/messages", {}, body)
+    assert status == 400
+    assert headers["content-type"] == "application/json"
+    error = json.loads(out)
+    assert list(error) == ["type", "error", "request_id"]
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert fragment in error["error"]["message"]
+    assert error["request_id"] == headers["request-id"]
+
+
+# --- behind a real HTTP server ----------------------------------------------------------
+
+
+def test_real_http_server_gives_the_same_bytes(client: anthropic.Anthropic) -> None:
+    messages = [{"role": "user", "content": TASK}]
+    in_process = call(client, messages, tools=TOOLS, thinking=THINKING)
+    with OfflineServer() as server:
+        remote = anthropic.Anthropic(api_key="x", base_url=server.base_url, max_retries=0)
+        try:
+            over_http = call(remote, messages, tools=TOOLS, thinking=THINKING)
+            with pytest.raises(anthropic.NotFoundError):
+                call(remote, messages, model="gpt-4o")
+        finally:
+            remote.close()
+    assert over_http.http_response.content == in_process.http_response.content
+    assert over_http.request_id == in_process.request_id

@@ -1,0 +1,121 @@
+"""Agents and tools that the test suite drives, one tool per situation a run must survive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from durable_agents import Agent, tool
+from tests.testapp import receiver
+
+
+@tool(effect="pure")
+def lookup(key: str) -> str:
+    """Read a value by key."""
+    return f"value-of-{key}"
+
+
+@tool(effect="idempotent")
+def set_flag(name: str, value: bool) -> str:
+    """Set a flag to a value."""
+    return f"{name}={value}"
+
+
+@tool(effect="non_idempotent")
+def charge(customer: str, cents: int, *, idempotency_key: str) -> dict:
+    """Charge a customer's card."""
+    receiver.touch("charge-started")
+    delay = float(os.environ.get("DA_CHARGE_DELAY", "0"))
+    result = receiver.deliver("charge", idempotency_key, {"customer": customer, "cents": cents})
+    if delay:
+        time.sleep(delay)  # the effect happened; the worker may die before it is recorded
+    return result
+
+
+@tool(effect="irreversible")
+def drop_table(table: str, *, idempotency_key: str) -> str:
+    """Drop a table. Needs a person's approval."""
+    receiver.touch("drop-started")
+    delay = float(os.environ.get("DA_DROP_DELAY", "0"))
+    receiver.deliver("drop", idempotency_key, {"table": table})
+    if delay:
+        time.sleep(delay)
+    return f"dropped {table}"
+
+
+@tool(effect="pure")
+def slow(seconds: float) -> str:
+    """Take a while."""
+    receiver.touch("slow-started")
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@tool(effect="pure")
+def explode(message: str) -> str:
+    """Always fails."""
+    raise RuntimeError(message)
+
+
+@tool(effect="pure")
+def big(chars: int) -> str:
+    """Return a large result."""
+    return "x" * chars
+
+
+@tool(effect="pure")
+def weird(kind: str) -> str:
+    """Return awkward text."""
+    if kind == "nul":
+        return "before\x00after"
+    if kind == "surrogate":
+        return "lone \ud800 surrogate"
+    return "emoji \U0001f600, rtl \u202eabc, combining e\u0301, zero-width \u200b."
+
+
+@tool(effect="pure")
+def not_json() -> object:
+    """Return something that is not JSON."""
+    return object()
+
+
+@tool(effect="pure")
+def poison() -> str:
+    """Kill the worker that runs it, like a segfault in native tool code."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+TOOLS = [lookup, set_flag, charge, drop_table, slow, explode, big, weird, not_json, poison]
+
+tester = Agent(
+    name="tester",
+    version="v1",
+    model="claude-test-1",
+    system="You are the test agent.",
+    tools=TOOLS,
+    max_tokens=1024,
+    max_turns=40,
+)
+
+thinker = Agent(
+    name="thinker",
+    version="v1",
+    model="claude-test-1",
+    system="You are the test agent that thinks first.",
+    tools=TOOLS,
+    max_tokens=2048,
+    thinking={"type": "enabled", "budget_tokens": 1024},
+    max_turns=40,
+)
+
+short = Agent(
+    name="short",
+    version="v1",
+    model="claude-test-1",
+    system="You have few turns.",
+    tools=[lookup],
+    max_tokens=256,
+    max_turns=2,
+)

@@ -1,0 +1,48 @@
+"""A deduplicating receiver of side effects, standing in for a payment API or a database
+that honours idempotency keys. It lives in files so that worker subprocesses and the test
+process see the same ledger: every delivery attempt is logged, an effect is applied once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _directory() -> Path | None:
+    value = os.environ.get("DA_RECEIVER_DIR")
+    return Path(value) if value else None
+
+
+def deliver(kind: str, key: str, payload: Any) -> dict[str, Any]:
+    directory = _directory()
+    if directory is None:
+        return {"kind": kind, "key": key, "applied": True, "receiver": "none"}
+    line = json.dumps({"kind": kind, "key": key, "payload": payload, "pid": os.getpid()})
+    with open(directory / "attempts.log", "a", encoding="utf-8") as log:
+        log.write(line + "\n")
+    try:
+        fd = os.open(directory / f"applied-{key}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return {"kind": kind, "key": key, "applied": False, "duplicate": True}
+    with os.fdopen(fd, "w", encoding="utf-8") as applied:
+        applied.write(line)
+    return {"kind": kind, "key": key, "applied": True}
+
+
+def attempts(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "attempts.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def applied(directory: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(directory.glob("applied-*"))]
+
+
+def touch(name: str) -> None:
+    directory = _directory()
+    if directory is not None:
+        (directory / name).write_text(str(os.getpid()))
