@@ -1,0 +1,186 @@
+"""Shared fixtures: a fake Messages API over HTTP, the side-effect receiver, in-process and
+subprocess workers. PostgreSQL-only tests carry the ``postgres`` marker and are skipped on
+SQLite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from durable_agents import llm
+from durable_agents.worker import Worker
+from tests.fakeserver import FakeAnthropic
+from tests.testapp import receiver as receiver_module
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL; make test does)")
+        for item in items:
+            if "postgres" in item.keywords:
+                item.add_marker(skip)
+
+
+class Receiver:
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def attempts(self, kind: str | None = None) -> list[dict[str, Any]]:
+        rows = receiver_module.attempts(self.directory)
+        return [r for r in rows if kind is None or r["kind"] == kind]
+
+    def applied(self, kind: str | None = None) -> list[dict[str, Any]]:
+        rows = receiver_module.applied(self.directory)
+        return [r for r in rows if kind is None or r["kind"] == kind]
+
+    def marker(self, name: str) -> bool:
+        return (self.directory / name).exists()
+
+
+@pytest.fixture
+def receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Receiver:
+    directory = tmp_path / "receiver"
+    directory.mkdir()
+    monkeypatch.setenv("DA_RECEIVER_DIR", str(directory))
+    return Receiver(directory)
+
+
+@pytest.fixture
+def fake_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropic]:
+    """The real SDK in this process talks HTTP to a fake API (OFFLINE off)."""
+    server = FakeAnthropic()
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-a-real-key")
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "OFFLINE": False}
+    llm.reset_clients()
+    yield server
+    llm.reset_clients()
+    server.close()
+
+
+@pytest.fixture
+def da_settings(settings: Any) -> Callable[..., None]:
+    """Change DURABLE_AGENTS keys for one test: ``da_settings(MAX_ATTEMPTS=2)``."""
+
+    def change(**values: Any) -> None:
+        settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, **values}
+        llm.reset_clients()
+
+    return change
+
+
+def run_worker(**options: Any) -> Worker:
+    """Run an in-process worker in burst mode until nothing is claimable."""
+    options.setdefault("burst", True)
+    options.setdefault("handle_signals", False)
+    worker = Worker(**options)
+    worker.run()
+    return worker
+
+
+def database_url() -> str:
+    """The URL of the database the tests use (the test database), for subprocesses."""
+    s = connection.settings_dict
+    if s["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or "root"
+    host = s.get("HOST") or "127.0.0.1"
+    port = s.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{s['NAME']}"
+
+
+class WorkerProcess:
+    """``manage.py runagents`` as a real subprocess, with its output kept in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runagents", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> int:
+        self.proc.send_signal(signal.SIGKILL)
+        return self.wait()
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def spawn_worker(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker subprocesses against the test database; all are killed at teardown.
+
+    Keyword ``env`` adds variables (e.g. ANTHROPIC_BASE_URL of a ``fake_api``); the
+    receiver directory and the fake API of the test are passed on when those fixtures are
+    in use.
+    """
+    started: list[WorkerProcess] = []
+
+    def spawn(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        full_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DATABASE_URL": database_url(),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        if "fake_api" in request.fixturenames:
+            full_env["DURABLE_AGENTS_OFFLINE"] = "0"
+        worker = WorkerProcess(
+            list(args), full_env, tmp_path / f"worker-{len(started)}.log"
+        )
+        started.append(worker)
+        return worker
+
+    yield spawn
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+        try:
+            worker.wait(10)
+        except Exception:  # noqa: BLE001 - teardown must go on
+            pass
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(interval)

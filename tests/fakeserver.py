@@ -1,0 +1,112 @@
+"""A fake Messages API over real HTTP for tests: the offline scripted model behind a
+ThreadingHTTPServer, recording every request body and able to inject faults.
+
+Worker subprocesses reach it through ANTHROPIC_BASE_URL, so the SDK's whole HTTP path is
+exercised, and the test process sees every body the workers sent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from durable_agents.offline import ScriptedModel
+
+Fault = tuple[int, dict[str, str], bytes]
+
+
+@dataclass
+class Recorded:
+    body: bytes
+    headers: dict[str, str]
+    status: int
+    at: float = field(default_factory=time.monotonic)
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.body)
+
+    @property
+    def turn(self) -> int:
+        """How many assistant turns the request already carries."""
+        return sum(1 for m in self.json()["messages"] if m["role"] == "assistant")
+
+
+def api_error(status: int, error_type: str, message: str, **headers: str) -> Fault:
+    body = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
+    return status, {"content-type": "application/json", "request-id": "req_fault", **headers}, (
+        body.encode()
+    )
+
+
+class FakeAnthropic:
+    def __init__(self) -> None:
+        self.model = ScriptedModel()
+        self.requests: list[Recorded] = []
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        # Called with the request body before answering; may block (to hold a worker mid-call).
+        self.before_answer: Callable[[dict[str, Any]], None] | None = None
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                status, out_headers, out = fake._answer(self.command, self.path, headers, body)
+                self.send_response(status)
+                for key, value in out_headers.items():
+                    self.send_header(key, value)
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def fail_next(self, fault: Fault, times: int = 1) -> None:
+        with self._lock:
+            self._faults.extend([fault] * times)
+
+    def _answer(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Fault:
+        with self._lock:
+            fault = self._faults.pop(0) if self._faults else None
+        if fault is None and self.before_answer is not None:
+            try:
+                self.before_answer(json.loads(body))
+            except ValueError:
+                pass
+        status, out_headers, out = fault or self.model.respond(method, path, headers, body)
+        with self._lock:
+            self.requests.append(Recorded(body, headers, status))
+        return status, out_headers, out
+
+    def ok_requests(self) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if r.status == 200]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,227 @@
+"""The locking statements: claims, fencing, append-only commits, leases on the DB clock."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models.functions import Now
+
+import durable_agents
+from durable_agents import leases
+from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _runs(count: int) -> list[AgentRun]:
+    return [durable_agents.start_run("tester", f"task {i}") for i in range(count)]
+
+
+def _expire(run_id: object) -> None:
+    AgentRun.objects.filter(pk=run_id).update(
+        lease_until=Now() - datetime.timedelta(seconds=1)
+    )
+
+
+def test_claim_takes_oldest_first_and_sets_the_fence() -> None:
+    first, second = _runs(2)
+    [claim] = leases.claim_runs("w1", 30)
+    assert claim.run_id == first.id
+    run = AgentRun.objects.get(pk=first.id)
+    assert (run.status, run.lease_owner, run.attempt, run.stalled_claims) == (
+        RunStatus.RUNNING, "w1", 1, 1,
+    )
+    assert claim.attempt == 1
+    [other] = leases.claim_runs("w2", 30)
+    assert other.run_id == second.id
+    assert leases.claim_runs("w3", 30) == []
+
+
+def test_lease_expiry_comes_from_the_database_clock() -> None:
+    _runs(1)
+    [claim] = leases.claim_runs("w1", 120)
+    run = AgentRun.objects.get(pk=claim.run_id)
+    db_now = AgentRun.objects.annotate(db_now=Now()).values_list("db_now", flat=True).first()
+    remaining = (run.lease_until - db_now).total_seconds()
+    assert 110 < remaining <= 120
+
+
+def test_waiting_finished_and_leased_runs_are_not_claimable() -> None:
+    waiting, done, leased, expired = _runs(4)
+    AgentRun.objects.filter(pk=waiting.id).update(status=RunStatus.WAITING)
+    AgentRun.objects.filter(pk=done.id).update(status=RunStatus.SUCCEEDED)
+    assert [c.run_id for c in leases.claim_runs("w1", 30, limit=2)] == [leased.id, expired.id]
+    _expire(expired.id)
+    [again] = leases.claim_runs("w2", 30, limit=5)
+    assert again.run_id == expired.id
+    assert again.attempt == 2
+
+
+def test_fencing_a_worker_whose_lease_was_taken_over_cannot_commit() -> None:
+    run = _runs(1)[0]
+    [stale] = leases.claim_runs("slow-worker", 30)
+    assert leases.append_step(stale, 1, StepKind.MODEL_TURN, '{"content": []}')
+    _expire(run.id)
+    [fresh] = leases.claim_runs("new-worker", 30)
+    assert fresh.attempt == stale.attempt + 1
+
+    effect = ToolEffect(key="k" * 64, run_id=run.id, seq=1, call_index=0, tool="t", result="r")
+    assert not leases.append_step(stale, 2, StepKind.TOOL_RESULT, "[]", effects=[effect])
+    assert not leases.renew_lease(stale)
+    assert not leases.finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
+    assert not leases.release_lease(stale)
+    assert not leases.wait_for_person(stale)
+    # The effect happened, so it is recorded even though the step was refused.
+    assert ToolEffect.objects.filter(key="k" * 64).exists()
+    assert list(AgentStep.objects.filter(run_id=run.id).values_list("seq", flat=True)) == [0, 1]
+
+    assert leases.append_step(fresh, 2, StepKind.TOOL_RESULT, "[]")
+    step = AgentStep.objects.get(run_id=run.id, seq=2)
+    assert (step.worker, step.attempt) == ("new-worker", 2)
+    assert AgentRun.objects.get(pk=run.id).status == RunStatus.RUNNING
+
+
+def test_append_refuses_gaps_duplicates_and_cancelled_runs() -> None:
+    run = _runs(1)[0]
+    [claim] = leases.claim_runs("w1", 30)
+    assert not leases.append_step(claim, 2, StepKind.MODEL_TURN, "{}")  # gap: seq 1 missing
+    assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
+    assert not leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")  # seq 1 again
+    assert AgentRun.objects.get(pk=run.id).last_seq == 1
+    durable_agents.cancel_run(run.id)
+    assert not leases.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")
+    assert AgentStep.objects.filter(run_id=run.id).count() == 2
+
+
+def test_the_primary_key_forbids_a_second_step_at_the_same_seq() -> None:
+    run = _runs(1)[0]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        AgentStep.objects.create(run_id=run.id, seq=0, kind=StepKind.TASK, payload='"again"')
+
+
+def test_committing_a_step_resets_the_no_progress_count_and_renews() -> None:
+    run = _runs(1)[0]
+    for attempt in range(3):
+        [claim] = leases.claim_runs("w", 30)
+        assert claim.attempt == attempt + 1
+        _expire(run.id)
+    assert AgentRun.objects.get(pk=run.id).stalled_claims == 3
+    [claim] = leases.claim_runs("w", 30)
+    assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
+    assert AgentRun.objects.get(pk=run.id).stalled_claims == 0
+
+
+def test_release_without_counting_the_claim() -> None:
+    run = _runs(1)[0]
+    [claim] = leases.claim_runs("w", 30)
+    assert leases.release_lease(claim, count_claim=False)
+    run.refresh_from_db()
+    assert (run.status, run.lease_owner, run.lease_until, run.stalled_claims) == (
+        RunStatus.PENDING, None, None, 0,
+    )
+    [again] = leases.claim_runs("w2", 30)  # claimable at once, no expiry to wait for
+    assert again.run_id == run.id
+
+
+@pytest.mark.postgres
+def test_concurrent_claimers_never_share_a_run() -> None:
+    _runs(60)
+    claimed: dict[str, list] = {}
+    barrier = threading.Barrier(6)
+
+    def claimer(name: str) -> None:
+        barrier.wait()
+        mine = []
+        try:
+            while batch := leases.claim_runs(name, 30, limit=2):
+                mine.extend(c.run_id for c in batch)
+        finally:
+            connections.close_all()
+        claimed[name] = mine
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    everything = [run_id for ids in claimed.values() for run_id in ids]
+    assert len(everything) == 60
+    assert len(set(everything)) == 60
+    assert AgentRun.objects.filter(attempt=1).count() == 60
+
+
+@pytest.mark.postgres
+def test_claim_skips_a_row_locked_by_another_transaction_without_waiting() -> None:
+    locked, free = _runs(2)
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold_lock() -> None:
+        with transaction.atomic():
+            list(AgentRun.objects.select_for_update().filter(pk=locked.id))
+            holding.set()
+            done.wait(10)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    assert holding.wait(10)
+    try:
+        [claim] = leases.claim_runs("w", 30)
+        assert claim.run_id == free.id
+    finally:
+        done.set()
+        holder.join()
+
+
+@pytest.mark.postgres
+def test_claim_is_not_blocked_by_a_step_insert_in_flight() -> None:
+    """Inserting a step takes FOR KEY SHARE on its run (the foreign key). The claim locks FOR
+    NO KEY UPDATE, which does not conflict with it; a plain FOR UPDATE would skip the run."""
+    run = _runs(1)[0]
+    inserted = threading.Event()
+    done = threading.Event()
+
+    def insert_step() -> None:
+        with transaction.atomic():
+            AgentStep.objects.create(run_id=run.id, seq=5, kind=StepKind.TOOL_RESULT, payload="[]")
+            inserted.set()
+            done.wait(10)
+            transaction.set_rollback(True)
+        connections.close_all()
+
+    inserter = threading.Thread(target=insert_step)
+    inserter.start()
+    assert inserted.wait(10)
+    try:
+        claims = leases.claim_runs("w", 30)
+        assert [c.run_id for c in claims] == [run.id]
+    finally:
+        done.set()
+        inserter.join()
+
+
+@pytest.mark.postgres
+def test_the_claim_query_can_use_the_partial_index() -> None:
+    _runs(3)
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        query = (
+            AgentRun.objects.claimable().order_by("created_at").values_list("pk", flat=True)[:1]
+        )
+        sql, params = query.query.sql_with_params()
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "agent_run_claim" in plan
+
+
+@pytest.mark.postgres
+def test_agent_run_keeps_free_space_for_hot_updates() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'agent_run'")
+        (options,) = cursor.fetchone()
+    assert "fillfactor=70" in (options or [])
