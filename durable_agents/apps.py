@@ -9,7 +9,12 @@ class DurableAgentsConfig(AppConfig):
 
     def ready(self) -> None:
         from durable_agents import logging as run_logging
+        from durable_agents import notifications, signals
 
         run_logging.install_record_factory()
+        signals.intent_waiting.connect(notifications.on_intent_waiting, dispatch_uid="da-intent")
+        signals.run_dead_lettered.connect(
+            notifications.on_run_dead_lettered, dispatch_uid="da-dead"
+        )
         # Like admin.py: every installed app's agents.py registers its agents on import.
         autodiscover_modules("agents")

@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESULT_CHARS": 1_000_000,
     # HTTP timeout of one model call, in seconds.
     "MODEL_TIMEOUT": 600.0,
+    # E-mail staff when an intent waits or a run is dead-lettered (see notifications.py).
+    "NOTIFY": True,
 }
 
 

@@ -20,6 +20,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from durable_agents import leases
 from durable_agents.conf import app_settings
 from durable_agents.leases import Claim
+from durable_agents.logging import bind_run
 from durable_agents.models import RunStatus
 from durable_agents.runner import Interrupt, advance_run
 
@@ -174,6 +175,10 @@ class Worker:
             self.stats.claims -= 1
 
     def _work(self, claim: Claim) -> None:
+        with bind_run(claim.run_id):
+            self._advance(claim)
+
+    def _advance(self, claim: Claim) -> None:
         held = _Held(claim)
         with self._lock:
             self._held[claim.run_id] = held

@@ -6,7 +6,16 @@ from pathlib import Path
 
 from project.settings import DATABASES, INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+INSTALLED_APPS = [*INSTALLED_APPS, "django_q", "tests.testapp"]
+
+# django-q2 runs notification tasks inline in tests, so the async path itself is exercised.
+Q_CLUSTER = {
+    "name": "durable_agents_tests",
+    "orm": "default",
+    "sync": True,
+    "timeout": 60,
+    "retry": 120,
+}
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so that worker threads and subprocesses share the test database.
@@ -20,5 +29,8 @@ DURABLE_AGENTS = {
     "HEARTBEAT_SECONDS": 1,
     "POLL_INTERVAL": 0.05,
 }
+# Lets a test give its worker subprocesses a small dead-letter threshold (test_crash.py).
+if os.environ.get("DURABLE_AGENTS_MAX_ATTEMPTS"):
+    DURABLE_AGENTS["MAX_ATTEMPTS"] = int(os.environ["DURABLE_AGENTS_MAX_ATTEMPTS"])
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -21,9 +21,7 @@ def _runs(count: int) -> list[AgentRun]:
 
 
 def _expire(run_id: object) -> None:
-    AgentRun.objects.filter(pk=run_id).update(
-        lease_until=Now() - datetime.timedelta(seconds=1)
-    )
+    AgentRun.objects.filter(pk=run_id).update(lease_until=Now() - datetime.timedelta(seconds=1))
 
 
 def test_claim_takes_oldest_first_and_sets_the_fence() -> None:
@@ -32,7 +30,10 @@ def test_claim_takes_oldest_first_and_sets_the_fence() -> None:
     assert claim.run_id == first.id
     run = AgentRun.objects.get(pk=first.id)
     assert (run.status, run.lease_owner, run.attempt, run.stalled_claims) == (
-        RunStatus.RUNNING, "w1", 1, 1,
+        RunStatus.RUNNING,
+        "w1",
+        1,
+        1,
     )
     assert claim.attempt == 1
     [other] = leases.claim_runs("w2", 30)
@@ -120,7 +121,10 @@ def test_release_without_counting_the_claim() -> None:
     assert leases.release_lease(claim, count_claim=False)
     run.refresh_from_db()
     assert (run.status, run.lease_owner, run.lease_until, run.stalled_claims) == (
-        RunStatus.PENDING, None, None, 0,
+        RunStatus.PENDING,
+        None,
+        None,
+        0,
     )
     [again] = leases.claim_runs("w2", 30)  # claimable at once, no expiry to wait for
     assert again.run_id == run.id
@@ -209,9 +213,7 @@ def test_the_claim_query_can_use_the_partial_index() -> None:
     _runs(3)
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
-        query = (
-            AgentRun.objects.claimable().order_by("created_at").values_list("pk", flat=True)[:1]
-        )
+        query = AgentRun.objects.claimable().order_by("created_at").values_list("pk", flat=True)[:1]
         sql, params = query.query.sql_with_params()
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
