@@ -8,8 +8,8 @@ class DurableAgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from durable_agents import checks, notifications, signals  # noqa: F401 - registers
         from durable_agents import logging as run_logging
-        from durable_agents import notifications, signals
 
         run_logging.install_record_factory()
         signals.intent_waiting.connect(notifications.on_intent_waiting, dispatch_uid="da-intent")

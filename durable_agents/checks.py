@@ -1,0 +1,142 @@
+"""System checks (``manage.py check``) for configuration mistakes that would otherwise show up
+only when a worker meets them, hours later."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from durable_agents.conf import DEFAULTS, app_settings
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    user = getattr(settings, "DURABLE_AGENTS", None) or {}
+    if not isinstance(user, dict):
+        return [Error("DURABLE_AGENTS must be a dict.", id="durable_agents.E001")]
+    for key in sorted(set(user) - set(DEFAULTS)):
+        messages.append(
+            Error(
+                f"DURABLE_AGENTS has an unknown key {key!r}.",
+                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                id="durable_agents.E002",
+            )
+        )
+    for key in (
+        "LEASE_SECONDS",
+        "HEARTBEAT_SECONDS",
+        "POLL_INTERVAL",
+        "MAX_BACKOFF_SECONDS",
+        "MODEL_TIMEOUT",
+    ):
+        value = getattr(app_settings, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS[{key!r}] must be a positive number, not {value!r}.",
+                    id="durable_agents.E003",
+                )
+            )
+    for key in ("MAX_ATTEMPTS", "MAX_RESULT_CHARS"):
+        value = getattr(app_settings, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS[{key!r}] must be a whole number of at least 1, not {value!r}.",
+                    id="durable_agents.E004",
+                )
+            )
+    retries = app_settings.MODEL_RETRIES
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        messages.append(
+            Error(
+                f"DURABLE_AGENTS['MODEL_RETRIES'] must be a whole number >= 0, not {retries!r}.",
+                id="durable_agents.E004",
+            )
+        )
+    lease, beat = app_settings.LEASE_SECONDS, app_settings.HEARTBEAT_SECONDS
+    if not messages and beat * 2 > lease:
+        messages.append(
+            Warning(
+                f"HEARTBEAT_SECONDS ({beat}) is more than half of LEASE_SECONDS ({lease}).",
+                hint="Workers renew at most every third of the lease; keep the heartbeat "
+                "well below it so that one slow renewal does not lose the run.",
+                id="durable_agents.W001",
+            )
+        )
+    betas = app_settings.BETAS
+    if not isinstance(betas, (list, tuple)) or not all(isinstance(b, str) for b in betas):
+        messages.append(
+            Error("DURABLE_AGENTS['BETAS'] must be a list of strings.", id="durable_agents.E005")
+        )
+    try:
+        import_string(app_settings.CLIENT_FACTORY)
+    except ImportError as exc:
+        messages.append(
+            Error(
+                f"DURABLE_AGENTS['CLIENT_FACTORY'] cannot be imported: {exc}",
+                id="durable_agents.E006",
+            )
+        )
+    if (
+        not app_settings.OFFLINE
+        and app_settings.CLIENT_FACTORY == DEFAULTS["CLIENT_FACTORY"]
+        and not os.environ.get("ANTHROPIC_API_KEY")
+        and not os.environ.get("ANTHROPIC_AUTH_TOKEN")
+    ):
+        messages.append(
+            Warning(
+                "ANTHROPIC_API_KEY is not set and OFFLINE is off: every model call will fail "
+                "to authenticate.",
+                hint="Set ANTHROPIC_API_KEY for the workers, or DURABLE_AGENTS['OFFLINE'] = "
+                "True for the offline scripted model.",
+                id="durable_agents.W002",
+            )
+        )
+    return messages
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    if settings.DEBUG or "default" not in settings.DATABASES:
+        return []
+    if connections["default"].vendor == "sqlite":
+        return [
+            Warning(
+                "durable_agents runs on SQLite with DEBUG off.",
+                hint="SQLite is for a single host and one worker process. Production "
+                "deployments need PostgreSQL; on SQLite, run `runagents --concurrency 1`.",
+                id="durable_agents.W003",
+            )
+        ]
+    return []
+
+
+@register()
+def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from durable_agents.agents import registry
+
+    messages: list[CheckMessage] = []
+    for agent in registry.all():
+        for tool in agent.tools:
+            if tool.effect == "non_idempotent" and not tool.takes_idempotency_key:
+                messages.append(
+                    Error(
+                        f"Tool {tool.name!r} of agent {agent.name}@{agent.version} is "
+                        "non_idempotent but takes no idempotency_key parameter.",
+                        hint="Add a keyword parameter `idempotency_key: str` and pass it to the "
+                        "system the tool writes to, so that a retried call is deduplicated; "
+                        "or classify the tool correctly.",
+                        obj=tool.func,
+                        id="durable_agents.E010",
+                    )
+                )
+    return messages
