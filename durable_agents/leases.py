@@ -69,15 +69,33 @@ def claim_runs(owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
         )
         if not ids:
             return []
-        AgentRun.objects.filter(pk__in=ids).update(
-            status=RunStatus.RUNNING,
-            lease_owner=owner,
-            lease_until=_lease_expiry(lease_seconds),
-            attempt=F("attempt") + 1,
-            stalled_claims=F("stalled_claims") + 1,
-            updated_at=Now(),
+        return _take(ids, owner, lease_seconds)
+
+
+def claim_run(run_id: object, owner: str, lease_seconds: float) -> Claim | None:
+    """Lease one given run if it is claimable now (tests, "run now" operations)."""
+    with transaction.atomic():
+        ids = list(
+            AgentRun.objects.claimable()
+            .filter(pk=run_id)
+            .select_for_update(skip_locked=True, no_key=True)
+            .values_list("pk", flat=True)
         )
-        runs = list(AgentRun.objects.filter(pk__in=ids).order_by("created_at"))
+        if not ids:
+            return None
+        return _take(ids, owner, lease_seconds)[0]
+
+
+def _take(ids: list[object], owner: str, lease_seconds: float) -> list[Claim]:
+    AgentRun.objects.filter(pk__in=ids).update(
+        status=RunStatus.RUNNING,
+        lease_owner=owner,
+        lease_until=_lease_expiry(lease_seconds),
+        attempt=F("attempt") + 1,
+        stalled_claims=F("stalled_claims") + 1,
+        updated_at=Now(),
+    )
+    runs = AgentRun.objects.filter(pk__in=ids).order_by("created_at")
     return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
 
