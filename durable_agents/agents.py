@@ -13,7 +13,7 @@ import copy
 import hashlib
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -52,6 +52,10 @@ class Agent:
         thinking: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
         max_turns: int = 50,
+        max_total_tokens: int | None = None,
+        max_wall_seconds: float | None = None,
+        stream: bool = False,
+        on_text: Callable[[Any, str], None] | None = None,
         register: bool = True,
     ) -> None:
         for label, value in (("name", name), ("version", version), ("model", model)):
@@ -75,6 +79,16 @@ class Agent:
             )
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ImproperlyConfigured(f"{where}: max_turns must be at least 1, got {max_turns!r}")
+        for label, value in (
+            ("max_total_tokens", max_total_tokens),
+            ("max_wall_seconds", max_wall_seconds),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
+                raise ImproperlyConfigured(f"{where}: {label} must be positive, got {value!r}")
+        if on_text is not None and not callable(on_text):
+            raise ImproperlyConfigured(f"{where}: on_text must be callable, got {on_text!r}")
         if thinking is not None:
             if not isinstance(thinking, dict):
                 raise ImproperlyConfigured(f"{where}: thinking must be a dict, got {thinking!r}")
@@ -123,6 +137,12 @@ class Agent:
         self.thinking = copy.deepcopy(thinking)
         self.params = copy.deepcopy(params)
         self.max_turns = max_turns
+        # Budgets and delivery are checked or used by the worker between and during steps;
+        # they are not part of the request, so they are left out of the fingerprint.
+        self.max_total_tokens = max_total_tokens
+        self.max_wall_seconds = max_wall_seconds
+        self.stream = bool(stream)
+        self.on_text = on_text
 
         try:
             self.fingerprint()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F
-from django.db.models.functions import Greatest, Now
+from django.db.models.functions import Coalesce, Greatest, Now
 
 from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
 
@@ -93,6 +93,7 @@ def _take(ids: list[object], owner: str, lease_seconds: float) -> list[Claim]:
         lease_until=_lease_expiry(lease_seconds),
         attempt=F("attempt") + 1,
         stalled_claims=F("stalled_claims") + 1,
+        started_at=Coalesce(F("started_at"), Now()),
         updated_at=Now(),
     )
     runs = AgentRun.objects.filter(pk__in=ids).order_by("created_at")

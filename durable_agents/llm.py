@@ -21,9 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 import anthropic
+import httpx2
 from django.utils.module_loading import import_string
 
 from durable_agents.conf import app_settings
+from durable_agents.interrupt import Interrupt
 
 logger = logging.getLogger("durable_agents.llm")
 
@@ -162,13 +164,17 @@ def create_turn(
     params: dict[str, Any],
     messages: list[dict[str, Any]],
     *,
-    interrupt: threading.Event,
+    interrupt: Interrupt,
     client: anthropic.Anthropic | None = None,
+    stream: bool = False,
+    on_text: Callable[[str], None] | None = None,
 ) -> ModelTurn:
     """Call the Messages API until it answers, retrying what may be retried.
 
-    ``params`` is the pinned request (model, max_tokens, system, tools, ...). Waits between
-    retries end early when ``interrupt`` is set. Raises a ``ModelError`` subclass otherwise.
+    ``params`` is the pinned request (model, max_tokens, system, tools, ...). The call runs in
+    its own thread so that an interrupt (cancellation, lost lease, shutdown) returns control at
+    once; an abandoned stream is closed at its next event, so the model stops generating.
+    Waits between retries end early on an interrupt too. Raises a ``ModelError`` subclass.
     """
     client = (client or get_client()).with_options(
         max_retries=0, timeout=app_settings.MODEL_TIMEOUT
@@ -182,21 +188,29 @@ def create_turn(
         if interrupt.is_set():
             raise ModelCallInterrupted("interrupted before the model call")
         started = time.monotonic()
-        try:
+
+        def call(abort: threading.Event) -> tuple[str, str | None]:
+            if stream:
+                return _streamed(client, params, messages, extra_headers, abort, on_text)
             raw = client.messages.with_raw_response.create(
                 messages=messages, extra_headers=extra_headers or None, **params
             )
-            body = raw.http_response.content.decode("utf-8")
+            return raw.http_response.content.decode("utf-8"), raw.request_id
+
+        try:
+            body, request_id = _abortable(call, interrupt)
             return ModelTurn(
                 body=body,
-                request_id=raw.request_id,
+                request_id=request_id,
                 message=json.loads(body),
                 elapsed_ms=(time.monotonic() - started) * 1000,
                 retries=retry,
             )
-        except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
-            error = classify(exc, model)
-            if isinstance(error, PermanentModelError) or error.status in (401, 403):
+        except ModelCallInterrupted:
+            raise
+        except (anthropic.APIStatusError, anthropic.APIConnectionError, ModelError) as exc:
+            error = exc if isinstance(exc, ModelError) else classify(exc, model)
+            if not isinstance(error, TransientModelError) or error.status in (401, 403):
                 raise error from exc
             if retry == retries:
                 raise error from exc
@@ -213,6 +227,144 @@ def create_turn(
             )
             if interrupt.wait(delay):
                 raise ModelCallInterrupted("interrupted while waiting to retry") from exc
-        except ValueError as exc:  # an undecodable body
-            raise TransientModelError(f"unreadable response: {exc}") from exc
+        except (httpx2.HTTPError, ValueError) as exc:  # a cut connection, an undecodable body
+            error = TransientModelError(f"{type(exc).__name__}: {exc}")
+            if retry == retries:
+                raise error from exc
+            delay = _backoff(retry)
+            logger.warning(
+                "model call failed (%s), retry %d/%d in %.1fs",
+                error.message,
+                retry + 1,
+                retries,
+                delay,
+            )
+            if interrupt.wait(delay):
+                raise ModelCallInterrupted("interrupted while waiting to retry") from exc
     raise AssertionError("unreachable")
+
+
+def _abortable(
+    call: Callable[[threading.Event], tuple[str, str | None]], interrupt: Interrupt
+) -> tuple[str, str | None]:
+    """Run ``call`` in a thread; return its result, or raise ModelCallInterrupted as soon as
+    ``interrupt`` triggers (the thread is told to abort and left to finish on its own)."""
+    outcome: dict[str, Any] = {}
+    wake = threading.Event()
+    abort = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["value"] = call(abort)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            wake.set()
+
+    interrupt.wakes(wake)
+    try:
+        thread = threading.Thread(target=target, name="da-model-call", daemon=True)
+        thread.start()
+        wake.wait()
+    finally:
+        interrupt.forget(wake)
+    if "value" in outcome:
+        return outcome["value"]
+    if "error" in outcome:
+        raise outcome["error"]
+    abort.set()
+    raise ModelCallInterrupted(f"model call abandoned: {interrupt.reason or 'interrupted'}")
+
+
+def _streamed(
+    client: anthropic.Anthropic,
+    params: dict[str, Any],
+    messages: list[dict[str, Any]],
+    extra_headers: dict[str, str],
+    abort: threading.Event,
+    on_text: Callable[[str], None] | None,
+) -> tuple[str, str | None]:
+    """Stream one turn and assemble it from the raw events, keeping every field the server sent
+    (the SDK's accumulator drops extras on deltas). Nothing is returned unless message_stop
+    arrived: a cut stream raises and the caller retries; no partial turn is ever committed."""
+    with client.messages.with_streaming_response.create(
+        messages=messages, stream=True, extra_headers=extra_headers or None, **params
+    ) as response:
+        request_id = response.request_id
+        message: dict[str, Any] | None = None
+        partial_json: dict[int, str] = {}
+        for event in anthropic.Stream.raw_events(response.http_response):
+            if abort.is_set():
+                raise ModelCallInterrupted("stream closed: the run was interrupted")
+            if not event.data:
+                continue
+            data = json.loads(event.data)
+            kind = data.get("type") or event.event
+            if kind == "message_start":
+                message = data["message"]
+            elif kind == "content_block_start":
+                assert message is not None
+                message["content"].append(data["content_block"])
+            elif kind == "content_block_delta":
+                assert message is not None
+                _apply_delta(
+                    message["content"][data["index"]],
+                    data["index"],
+                    data["delta"],
+                    partial_json,
+                    on_text,
+                )
+            elif kind == "content_block_stop":
+                assert message is not None
+                index = data["index"]
+                if index in partial_json:
+                    text = partial_json.pop(index)
+                    message["content"][index]["input"] = json.loads(text) if text else {}
+            elif kind == "message_delta":
+                assert message is not None
+                for key, value in (data.get("delta") or {}).items():
+                    message[key] = value
+                if "usage" in data:
+                    message.setdefault("usage", {}).update(data["usage"])
+            elif kind == "message_stop":
+                if message is None:
+                    raise TransientModelError("stream ended without message_start")
+                return json.dumps(message, ensure_ascii=False), request_id
+            elif kind == "error":
+                error = data.get("error") or {}
+                text = f"{error.get('type', 'error')}: {error.get('message', '')}"
+                if error.get("type") in ("overloaded_error", "api_error", "rate_limit_error"):
+                    raise TransientModelError(f"error event in the stream: {text}")
+                raise PermanentModelError(f"error event in the stream: {text}")
+        raise TransientModelError("the stream ended before message_stop; nothing was committed")
+
+
+def _apply_delta(
+    block: dict[str, Any],
+    index: int,
+    delta: dict[str, Any],
+    partial_json: dict[int, str],
+    on_text: Callable[[str], None] | None,
+) -> None:
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + delta["text"]
+        logger.debug("partial text: %r", delta["text"])
+        if on_text is not None:
+            try:
+                on_text(delta["text"])
+            except Exception:  # a UI callback must not break the turn
+                logger.exception("on_text callback failed")
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + delta["thinking"]
+    elif kind == "signature_delta":
+        block["signature"] = delta["signature"]  # replaces, never appends
+    elif kind == "input_json_delta":
+        partial_json[index] = partial_json.get(index, "") + delta["partial_json"]
+    elif kind == "citations_delta":
+        block.setdefault("citations", []).append(delta["citation"])
+    else:
+        # An unknown delta: keep its fields rather than lose them.
+        for key, value in delta.items():
+            if key != "type":
+                block[key] = value

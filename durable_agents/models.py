@@ -67,6 +67,7 @@ class AgentRun(models.Model):
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="first claim")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = AgentRunQuerySet.as_manager()

@@ -1,6 +1,6 @@
 """A deterministic, offline, scripted stand-in for the Anthropic Messages API.
 
-``POST /v1/messages`` (non-streaming JSON only). Used behind the real SDK through
+``POST /v1/messages``, as JSON or, with ``"stream": true``, as server-sent events. Used behind the real SDK through
 ``httpx2.MockTransport`` when no API key is configured (``offline_client()``), and by tests behind
 a real local HTTP server (``OfflineServer``).
 
@@ -10,7 +10,8 @@ plan lines, one per model turn; the calls of one turn are separated by `` && ``:
     Migrate the orders table.
     @get_schema {"table": "orders"}
     @get_schema {"table": "orders"} && set_status {"ticket": "T-1", "status": "done"}
-    @@latency 0.25
+    @@latency 0.25          (seconds before each answer)
+    @@chunk_latency 0.1     (seconds between the events of a streamed answer)
 
 Turn k (= number of assistant messages already sent) plays plan line k; past the last plan line
 the model ends the run with ``end_turn``.
@@ -29,7 +30,7 @@ import hmac
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -59,6 +60,8 @@ RETIRED_MODELS = frozenset(
 MESSAGES_PATH = "/v1/messages"
 SIGNATURE_ERROR = "Invalid `signature` in `thinking` block"
 LATENCY_DIRECTIVE = "latency"
+# Seconds between two events of a streamed answer (``@@chunk_latency 0.2``).
+CHUNK_LATENCY_DIRECTIVE = "chunk_latency"
 CALL_SEPARATOR = " && "
 
 Response = tuple[int, dict[str, str], bytes]
@@ -134,10 +137,17 @@ class PlanCall:
 class Script:
     """The parsed task: plan lines (one list of calls per turn), latency, first line."""
 
-    def __init__(self, first_line: str, plan: list[list[PlanCall]], latency: float) -> None:
+    def __init__(
+        self,
+        first_line: str,
+        plan: list[list[PlanCall]],
+        latency: float,
+        chunk_latency: float = 0.0,
+    ) -> None:
         self.first_line = first_line
         self.plan = plan
         self.latency = latency
+        self.chunk_latency = chunk_latency
 
 
 def _parse_call_args(text: str) -> tuple[Any, str | None]:
@@ -192,22 +202,25 @@ def _parse_script(task: str) -> Script:
     lines = task.splitlines()
     first_line = next((ln.strip() for ln in lines if ln.strip()), "")
     plan: list[list[PlanCall]] = []
-    latency = 0.0
+    delays = {LATENCY_DIRECTIVE: 0.0, CHUNK_LATENCY_DIRECTIVE: 0.0}
     for raw_line in lines:
         line = raw_line.strip()
         if line.startswith("@@"):
             directive, _, value = line[2:].partition(" ")
-            if directive != LATENCY_DIRECTIVE:
+            if directive not in delays:
                 raise _invalid(f"offline script: unknown directive @@{directive}")
             try:
-                latency = float(value)
+                seconds = float(value)
             except ValueError:
-                raise _invalid(f"offline script: @@latency needs seconds, got {value!r}") from None
-            if not latency >= 0:  # also rejects nan
-                raise _invalid("offline script: @@latency must be >= 0")
+                raise _invalid(
+                    f"offline script: @@{directive} needs seconds, got {value!r}"
+                ) from None
+            if not seconds >= 0:  # also rejects nan
+                raise _invalid(f"offline script: @@{directive} must be >= 0")
+            delays[directive] = seconds
         elif line.startswith("@"):
             plan.append(_parse_plan_line(line, len(plan)))
-    return Script(first_line, plan, latency)
+    return Script(first_line, plan, delays[LATENCY_DIRECTIVE], delays[CHUNK_LATENCY_DIRECTIVE])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,18 +251,48 @@ class ScriptedModel:
     # -- transport adapters --------------------------------------------------------------
 
     def handle(self, request: httpx2.Request) -> httpx2.Response:
-        """Handler for ``httpx2.MockTransport``."""
-        status, headers, body = self.respond(
+        """Handler for ``httpx2.MockTransport``; streamed requests get a streamed body."""
+        status, headers, chunks = self.respond_stream(
             request.method, request.url.path, request.headers, request.read()
         )
-        return httpx2.Response(status, headers=headers, content=body)
+        return httpx2.Response(status, headers=headers, content=chunks)
+
+    def respond_stream(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], Iterator[bytes]]:
+        """Like ``respond``, but a request with ``"stream": true`` is answered with server-sent
+        events (``@@chunk_latency`` seconds apart) that assemble into exactly the message
+        ``respond`` would have returned."""
+        try:
+            streamed = json.loads(body).get("stream") is True
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            streamed = False
+        if not streamed:
+            status, out_headers, out = self.respond(method, path, headers, body)
+            return status, out_headers, iter([out])
+        request_id = "req_offline_" + _hex24("request", method, path, body)
+        try:
+            payload, latency, chunk_latency = self._answer(
+                method, path, body, request_id, streamed=True
+            )
+        except _RequestError as e:
+            error = {
+                "type": "error",
+                "error": {"type": e.error_type, "message": e.message},
+                "request_id": request_id,
+            }
+            return e.status, self._headers(request_id), iter([self._dump(error)])
+        if latency:
+            time.sleep(latency)
+        sse_headers = {"content-type": "text/event-stream", "request-id": request_id}
+        return 200, sse_headers, _sse_events(payload, chunk_latency)
 
     # -- the API -------------------------------------------------------------------------
 
     def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
         request_id = "req_offline_" + _hex24("request", method, path, body)
         try:
-            payload, latency = self._answer(method, path, body, request_id)
+            payload, latency, _ = self._answer(method, path, body, request_id)
         except _RequestError as e:
             payload = {
                 "type": "error",
@@ -270,12 +313,12 @@ class ScriptedModel:
         return json.dumps(payload, ensure_ascii=False, separators=(", ", ": ")).encode("utf-8")
 
     def _answer(
-        self, method: str, path: str, body: bytes, request_id: str
-    ) -> tuple[dict[str, Any], float]:
+        self, method: str, path: str, body: bytes, request_id: str, streamed: bool = False
+    ) -> tuple[dict[str, Any], float, float]:
         path = path.split("?", 1)[0]
         if method.upper() != "POST" or path.rstrip("/") != MESSAGES_PATH:
             raise _RequestError(404, "not_found_error", f"{method.upper()} {path}: not found")
-        req = self._parse_body(body)
+        req = self._parse_body(body, streamed)
         model: str = req["model"]
         if not model.startswith("claude-") or model in RETIRED_MODELS:
             raise _RequestError(404, "not_found_error", f"model: {model}")
@@ -343,12 +386,12 @@ class ScriptedModel:
             # Not modelled by the SDK: lets tests check that the raw body is stored verbatim.
             "offline_script": {"turn": turn, "plan_lines": len(script.plan)},
         }
-        return payload, script.latency
+        return payload, script.latency, script.chunk_latency
 
     # -- validation ----------------------------------------------------------------------
 
     @staticmethod
-    def _parse_body(body: bytes) -> dict[str, Any]:
+    def _parse_body(body: bytes, streamed: bool = False) -> dict[str, Any]:
         try:
             req = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
@@ -362,8 +405,8 @@ class ScriptedModel:
             raise _invalid("max_tokens: Field required (a positive integer)")
         if not isinstance(req.get("messages"), list) or not req["messages"]:
             raise _invalid("messages: Field required (a non-empty list)")
-        if req.get("stream"):
-            raise _invalid("stream: streaming is not supported by the offline model yet")
+        if req.get("stream") and not streamed:
+            raise _invalid("stream: use respond_stream for streamed requests")
         return req
 
     @staticmethod
@@ -448,6 +491,72 @@ def offline_client(*, scripted: ScriptedModel | None = None, **kwargs: Any) -> a
     }
     options.update(kwargs)
     return anthropic.Anthropic(**options)
+
+
+def _chunks(text: str, size: int = 12) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _sse_events(payload: dict[str, Any], chunk_latency: float) -> Iterator[bytes]:
+    """The message as the streaming API sends it: start, blocks as deltas, delta, stop."""
+    start = {key: value for key, value in payload.items()}
+    start["content"] = []
+    start["stop_reason"] = None
+    start["usage"] = {**payload["usage"], "output_tokens": 1}
+    events: list[bytes] = [
+        _sse("message_start", {"type": "message_start", "message": start}),
+        _sse("ping", {"type": "ping"}),
+    ]
+    for index, block in enumerate(payload["content"]):
+        kind = block["type"]
+        if kind == "thinking":
+            opening = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": part} for part in _chunks(block["thinking"])
+            ]
+            deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        elif kind == "text":
+            opening = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": part} for part in _chunks(block["text"])]
+        else:  # tool_use
+            opening = {key: ({} if key == "input" else value) for key, value in block.items()}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": part}
+                for part in _chunks(json.dumps(block["input"], ensure_ascii=False), 16)
+            ]
+        events.append(
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": opening},
+            )
+        )
+        events.extend(
+            _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+            for delta in deltas
+        )
+        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": payload["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": payload["usage"]["output_tokens"]},
+            },
+        )
+    )
+    events.append(_sse("message_stop", {"type": "message_stop"}))
+    for number, event in enumerate(events):
+        if chunk_latency and number:
+            time.sleep(chunk_latency)
+        yield event
 
 
 class OfflineServer:

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from django.utils import timezone
 
 from durable_agents import effects, leases, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.history import load_steps, message_for_step
+from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
 from durable_agents.models import (
@@ -48,17 +50,6 @@ WAITING = "waiting"
 RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
 CANCELLED = "cancelled"
 LOST = "lost"  # another worker holds it now
-
-
-class Interrupt(threading.Event):
-    """Set by the heartbeat (run cancelled, lease lost) or by a stopping worker."""
-
-    reason: str = ""
-
-    def trigger(self, reason: str) -> None:
-        if not self.is_set():
-            self.reason = reason
-            self.set()
 
 
 @dataclass
@@ -86,6 +77,20 @@ def text_of(message: dict[str, Any]) -> str:
         block.get("text") or ""
         for block in message.get("content") or []
         if isinstance(block, dict) and block.get("type") == "text"
+    )
+
+
+def tokens_of(message: dict[str, Any]) -> int:
+    """Tokens billed for one turn: input (cached or not) plus output."""
+    usage = message.get("usage") or {}
+    return sum(
+        int(usage.get(key) or 0)
+        for key in (
+            "input_tokens",
+            "cache_creation_input_tokens",
+            "cache_read_input_tokens",
+            "output_tokens",
+        )
     )
 
 
@@ -155,16 +160,21 @@ class RunAdvancer:
         if not steps or steps[0].kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
         messages = [message_for_step(s.kind, s.payload) for s in steps]
-        turns = sum(1 for s in steps if s.kind == StepKind.MODEL_TURN)
+        turns = 0
+        self.tokens = 0
+        for step in steps:
+            if step.kind == StepKind.MODEL_TURN:
+                turns += 1
+                self.tokens += tokens_of(json.loads(step.payload))
         last = _Step(steps[-1].seq, steps[-1].kind, json.loads(steps[-1].payload))
         del steps
 
         while True:
             self._check_interrupt()
             if last.kind != StepKind.MODEL_TURN or last.message.get("stop_reason") == "pause_turn":
-                if turns >= agent.max_turns:
-                    self._finish(FAILED, error=f"max_turns ({agent.max_turns}) reached")
-                turn = self._call_model(params, messages)
+                self._check_budgets(agent, turns)
+                turn = self._call_model(agent, params, messages)
+                self.tokens += tokens_of(turn.message)
                 seq = last.seq + 1
                 self._commit(
                     seq, StepKind.MODEL_TURN, turn.body, turn.request_id, ms=turn.elapsed_ms
@@ -223,9 +233,39 @@ class RunAdvancer:
 
     # -- the model -------------------------------------------------------------------------
 
-    def _call_model(self, params: dict[str, Any], messages: list[dict[str, Any]]) -> llm.ModelTurn:
+    def _check_budgets(self, agent: Agent, turns: int) -> None:
+        """Between steps: a run over one of its agent's budgets fails with the figure."""
+        if turns >= agent.max_turns:
+            self._finish(FAILED, error=f"budget exceeded: max_turns ({agent.max_turns}) reached")
+        if agent.max_total_tokens is not None and self.tokens >= agent.max_total_tokens:
+            self._finish(
+                FAILED,
+                error=f"budget exceeded: {self.tokens} tokens used, max_total_tokens is "
+                f"{agent.max_total_tokens}",
+            )
+        if agent.max_wall_seconds is not None and self.run.started_at is not None:
+            elapsed = (timezone.now() - self.run.started_at).total_seconds()
+            if elapsed >= agent.max_wall_seconds:
+                self._finish(
+                    FAILED,
+                    error=f"budget exceeded: {elapsed:.1f}s since the run started, "
+                    f"max_wall_seconds is {agent.max_wall_seconds}",
+                )
+
+    def _call_model(
+        self, agent: Agent, params: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> llm.ModelTurn:
+        on_text = None
+        if agent.on_text is not None:
+            callback, run_id = agent.on_text, self.run.pk
+
+            def on_text(text: str) -> None:
+                callback(run_id, text)
+
         try:
-            return llm.create_turn(params, messages, interrupt=self.interrupt)
+            return llm.create_turn(
+                params, messages, interrupt=self.interrupt, stream=agent.stream, on_text=on_text
+            )
         except llm.PermanentModelError as exc:
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
         except llm.ModelCallInterrupted:

@@ -7,6 +7,7 @@ exercised, and the test process sees every body the workers sent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -27,6 +28,9 @@ class Recorded:
     headers: dict[str, str]
     status: int
     at: float = field(default_factory=time.monotonic)
+    events_sent: int = 0
+    cut: bool = False
+    client_closed: bool = False
 
     def json(self) -> dict[str, Any]:
         return json.loads(self.body)
@@ -39,8 +43,10 @@ class Recorded:
 
 def api_error(status: int, error_type: str, message: str, **headers: str) -> Fault:
     body = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
-    return status, {"content-type": "application/json", "request-id": "req_fault", **headers}, (
-        body.encode()
+    return (
+        status,
+        {"content-type": "application/json", "request-id": "req_fault", **headers},
+        (body.encode()),
     )
 
 
@@ -49,6 +55,7 @@ class FakeAnthropic:
         self.model = ScriptedModel()
         self.requests: list[Recorded] = []
         self._faults: list[Fault] = []
+        self._cuts: list[int] = []
         self._lock = threading.Lock()
         # Called with the request body before answering; may block (to hold a worker mid-call).
         self.before_answer: Callable[[dict[str, Any]], None] | None = None
@@ -65,6 +72,9 @@ class FakeAnthropic:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                if fake._is_stream(body):
+                    fake._stream(self, headers, body)
+                    return
                 status, out_headers, out = fake._answer(self.command, self.path, headers, body)
                 self.send_response(status)
                 for key, value in out_headers.items():
@@ -86,6 +96,52 @@ class FakeAnthropic:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
+    def cut_next_stream(self, after_events: int, times: int = 1) -> None:
+        """The next streamed answer stops after that many events and the connection drops."""
+        with self._lock:
+            self._cuts.extend([after_events] * times)
+
+    @staticmethod
+    def _is_stream(body: bytes) -> bool:
+        try:
+            return json.loads(body).get("stream") is True
+        except (ValueError, AttributeError):
+            return False
+
+    def _stream(
+        self, handler: BaseHTTPRequestHandler, headers: dict[str, str], body: bytes
+    ) -> None:
+        with self._lock:
+            cut = self._cuts.pop(0) if self._cuts else None
+        status, out_headers, chunks = self.model.respond_stream("POST", handler.path, headers, body)
+        record = Recorded(body, headers, status)
+        with self._lock:
+            self.requests.append(record)
+        handler.send_response(status)
+        for key, value in out_headers.items():
+            handler.send_header(key, value)
+        if status != 200:
+            out = b"".join(chunks)
+            handler.send_header("content-length", str(len(out)))
+            handler.end_headers()
+            handler.wfile.write(out)
+            return
+        handler.send_header("connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        try:
+            for number, chunk in enumerate(chunks):
+                if cut is not None and number >= cut:
+                    record.events_sent = number
+                    record.cut = True
+                    handler.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                handler.wfile.write(chunk)
+                handler.wfile.flush()
+                record.events_sent = number + 1
+        except OSError:
+            record.client_closed = True  # the worker hung up: the stream was aborted
+
     def fail_next(self, fault: Fault, times: int = 1) -> None:
         with self._lock:
             self._faults.extend([fault] * times)
@@ -94,10 +150,8 @@ class FakeAnthropic:
         with self._lock:
             fault = self._faults.pop(0) if self._faults else None
         if fault is None and self.before_answer is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 self.before_answer(json.loads(body))
-            except ValueError:
-                pass
         status, out_headers, out = fault or self.model.respond(method, path, headers, body)
         with self._lock:
             self.requests.append(Recorded(body, headers, status))

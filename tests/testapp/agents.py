@@ -119,3 +119,44 @@ short = Agent(
     max_tokens=256,
     max_turns=2,
 )
+
+
+# Text deltas seen by the streaming agent's callback: (run id, text).
+STREAMED_TEXT: list[tuple[str, str]] = []
+
+
+def collect_text(run_id: object, text: str) -> None:
+    STREAMED_TEXT.append((str(run_id), text))
+
+
+streamer = Agent(
+    name="streamer",
+    version="v1",
+    model="claude-test-1",
+    system="You stream your answers.",
+    tools=TOOLS,
+    max_tokens=2048,
+    thinking={"type": "enabled", "budget_tokens": 1024},
+    stream=True,
+    on_text=collect_text,
+)
+
+token_capped = Agent(
+    name="token_capped",
+    version="v1",
+    model="claude-test-1",
+    system="You have a token budget.",
+    tools=[lookup],
+    max_tokens=256,
+    max_total_tokens=400,
+)
+
+time_capped = Agent(
+    name="time_capped",
+    version="v1",
+    model="claude-test-1",
+    system="You have a time budget.",
+    tools=[slow],
+    max_tokens=256,
+    max_wall_seconds=1.0,
+)
