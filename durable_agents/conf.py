@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESULT_CHARS": 1_000_000,
     # HTTP timeout of one model call, in seconds.
     "MODEL_TIMEOUT": 600.0,
+    # After SIGTERM, steps in flight get this long to finish and commit before they are
+    # abandoned (uncommitted) and the worker exits. A second signal abandons them at once.
+    "SHUTDOWN_GRACE_SECONDS": 10.0,
     # E-mail staff when an intent waits or a run is dead-lettered (see notifications.py).
     "NOTIFY": True,
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,10 +67,15 @@ class _Stop(Exception):
         self.disposition = disposition
 
 
-def advance_run(claim: Claim, interrupt: Interrupt | None = None) -> str:
-    """Advance one claimed run until it is parked or over; returns its disposition."""
+def advance_run(
+    claim: Claim, interrupt: Interrupt | None = None, drain: threading.Event | None = None
+) -> str:
+    """Advance one claimed run until it is parked or over; returns its disposition.
+
+    ``interrupt`` aborts what is in flight (cancelled, lease lost, shutdown now); ``drain``
+    only stops before the next step (a worker shutting down gracefully)."""
     with bind_run(claim.run_id):
-        return RunAdvancer(claim, interrupt or Interrupt()).advance()
+        return RunAdvancer(claim, interrupt or Interrupt(), drain).advance()
 
 
 def text_of(message: dict[str, Any]) -> str:
@@ -136,10 +142,11 @@ def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
 
 
 class RunAdvancer:
-    def __init__(self, claim: Claim, interrupt: Interrupt):
+    def __init__(self, claim: Claim, interrupt: Interrupt, drain: threading.Event | None = None):
         self.claim = claim
         self.run: AgentRun = claim.run
         self.interrupt = interrupt
+        self.drain = drain
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -441,6 +448,11 @@ class RunAdvancer:
         )
 
     def _check_interrupt(self) -> None:
+        if self.drain is not None and self.drain.is_set() and not self.interrupt.is_set():
+            # The worker is draining: the last step is committed; hand the run back now.
+            leases.release_lease(self.claim, count_claim=False)
+            logger.info("run %s handed back: the worker is shutting down", self.run.pk)
+            raise _Stop(RELEASED)
         if not self.interrupt.is_set():
             return
         if self.interrupt.reason == "shutdown":

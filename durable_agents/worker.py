@@ -56,6 +56,7 @@ class Worker:
         poll_interval: float | None = None,
         heartbeat_seconds: float | None = None,
         handle_signals: bool = True,
+        grace_seconds: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -72,7 +73,13 @@ class Worker:
             float(heartbeat_seconds or app_settings.HEARTBEAT_SECONDS), self.lease_seconds / 3
         )
         self.handle_signals = handle_signals
+        self.grace_seconds = float(
+            app_settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
+        )
+        # Set by the first signal: claim nothing new, stop each run after its current step.
         self.stopping = threading.Event()
+        # Set by a second signal (or the end of the grace period): abandon what is in flight.
+        self.abandon = threading.Event()
         self.stats = WorkerStats()
         self._held: dict[object, _Held] = {}
         self._lock = threading.Lock()
@@ -104,7 +111,7 @@ class Worker:
             if self.stopping.wait(0.1):
                 break
         if self.stopping.is_set():
-            self._release_all()
+            self._drain(slots)
         self.stopping.set()
         logger.info(
             "worker %s stopped after %d claims: %s",
@@ -118,8 +125,26 @@ class Worker:
         self.stopping.set()
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        logger.info("worker %s got signal %d: releasing leases", self.worker_id, signum)
+        if self.stopping.is_set():
+            logger.info("worker %s: second signal, abandoning the steps in flight", self.worker_id)
+            self.abandon.set()
+            return
+        logger.info(
+            "worker %s got signal %d: draining (steps in flight get %.1fs to commit)",
+            self.worker_id,
+            signum,
+            self.grace_seconds,
+        )
         self.stopping.set()
+
+    def _drain(self, slots: list[threading.Thread]) -> None:
+        """Let steps in flight finish within the grace period, then abandon the rest."""
+        deadline = time.monotonic() + self.grace_seconds
+        while any(slot.is_alive() for slot in slots):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.abandon.wait(min(0.05, remaining)):
+                break
+        self._release_all()
 
     def _release_all(self) -> None:
         """Hand every held run back at once, uncounted: the next worker claims it directly.
@@ -184,7 +209,7 @@ class Worker:
             self._held[claim.run_id] = held
         logger.info("claimed run %s (attempt %d)", claim.run_id, claim.attempt)
         try:
-            disposition = advance_run(claim, held.interrupt)
+            disposition = advance_run(claim, held.interrupt, drain=self.stopping)
         except Exception as exc:  # a bug or a database outage: never take the worker down
             disposition = "error"
             logger.exception("run %s: unexpected error", claim.run_id)

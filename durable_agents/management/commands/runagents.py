@@ -25,6 +25,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--lease-seconds", type=float, default=None)
         parser.add_argument("--poll-interval", type=float, default=None)
+        parser.add_argument(
+            "--grace-seconds",
+            type=float,
+            default=None,
+            help="after SIGTERM, how long steps in flight may take to commit (default: the "
+            "SHUTDOWN_GRACE_SECONDS setting); 0 abandons them at once",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         _ensure_console_logging()
@@ -35,6 +42,7 @@ class Command(BaseCommand):
             max_runs=options["max_runs"],
             lease_seconds=options["lease_seconds"],
             poll_interval=options["poll_interval"],
+            grace_seconds=options["grace_seconds"],
         )
         worker.run()
 
