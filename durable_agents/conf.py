@@ -30,6 +30,14 @@ DEFAULTS: dict[str, Any] = {
     # After SIGTERM, steps in flight get this long to finish and commit before they are
     # abandoned (uncommitted) and the worker exits. A second signal abandons them at once.
     "SHUTDOWN_GRACE_SECONDS": 10.0,
+    # Housekeeping (see housekeeping.py): runs pinned to these models go to the dead letter.
+    "RETIRED_MODELS": [],
+    # Finished runs older than this many days are deleted (None: kept forever).
+    "RETENTION_DAYS": None,
+    "RETENTION_BATCH": 1000,
+    # Dotted path of a callable that receives each batch (a QuerySet of runs) before deletion.
+    "ARCHIVER": None,
+    "METRICS_KEEP_DAYS": 30,
     # E-mail staff when an intent waits or a run is dead-lettered (see notifications.py).
     "NOTIFY": True,
 }

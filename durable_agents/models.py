@@ -205,3 +205,18 @@ class ToolIntent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} for run {self.run_id} ({self.status})"
+
+
+class MetricsSnapshot(models.Model):
+    """The figures of the operations page at one moment (``housekeeping.snapshot_metrics``)."""
+
+    taken_at = models.DateTimeField(db_default=Now(), db_index=True)
+    data = models.JSONField()
+
+    class Meta:
+        db_table = "agent_metrics"
+        ordering = ["-taken_at"]
+        get_latest_by = "taken_at"
+
+    def __str__(self) -> str:
+        return f"metrics at {self.taken_at:%Y-%m-%d %H:%M}"

@@ -1,0 +1,122 @@
+"""Periodic housekeeping: the retired-model / undeployed-prompt sweep, retention, metrics.
+
+Each task is a plain function: django-q2 schedules them (``manage.py durable_agents_schedules``),
+and ``manage.py durable_agents_housekeeping`` runs them from cron or a Kubernetes CronJob
+instead. The worker never depends on them to be correct: it refuses a drifted or missing
+prompt by itself when it meets one; the sweep only makes those runs visible sooner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from durable_agents import metrics, signals
+from durable_agents.agents import registry
+from durable_agents.conf import app_settings
+from durable_agents.models import FINISHED_STATUSES, AgentRun, MetricsSnapshot, RunStatus
+
+logger = logging.getLogger("durable_agents.housekeeping")
+
+
+def _not_leased() -> Q:
+    """Runs no worker holds right now: a held run is left to its worker, which checks the
+    same things before its next model call."""
+    return (
+        Q(status__in=(RunStatus.PENDING, RunStatus.WAITING))
+        | Q(status=RunStatus.RUNNING, lease_until__lt=Now())
+        | Q(status=RunStatus.RUNNING, lease_until__isnull=True)
+    )
+
+
+def _dead_letter(queryset: Any, reason: str) -> int:
+    moved = 0
+    for run_id in list(queryset.values_list("pk", flat=True)):
+        changed = AgentRun.objects.filter(_not_leased(), pk=run_id).update(
+            status=RunStatus.DEAD,
+            error=reason,
+            lease_owner=None,
+            lease_until=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        if changed:
+            moved += 1
+            logger.warning("run %s dead-lettered by the sweep: %s", run_id, reason)
+            signals.run_dead_lettered.send(sender=AgentRun, run_id=run_id, reason=reason)
+    return moved
+
+
+def sweep() -> dict[str, int]:
+    """Dead-letter active runs pinned to a retired model or to a prompt version that is no
+    longer deployed, with a reason a person can act on."""
+    active = AgentRun.objects.filter(_not_leased())
+    moved = {"retired_model": 0, "undeployed_prompt": 0}
+    for model in app_settings.RETIRED_MODELS:
+        moved["retired_model"] += _dead_letter(
+            active.filter(model=model),
+            f"model {model!r} is retired (DURABLE_AGENTS['RETIRED_MODELS']); its thinking "
+            "blocks cannot be continued by another model. Cancel the run, or start it again.",
+        )
+    pinned = active.order_by().values_list("agent", "prompt_version").distinct()
+    deployed = {(a.name, a.version) for a in registry.all()}
+    for agent, version in pinned:
+        if (agent, version) not in deployed:
+            moved["undeployed_prompt"] += _dead_letter(
+                active.filter(agent=agent, prompt_version=version),
+                f"prompt version {version!r} of agent {agent!r} is no longer deployed; deploy "
+                "it again to resume the run, or cancel it",
+            )
+    return moved
+
+
+def apply_retention(now: datetime.datetime | None = None) -> int:
+    """Delete (after archiving, if an archiver is set) finished runs older than
+    RETENTION_DAYS, in batches. Their steps, effects and intents go with them: an effect's
+    key belongs to its run, so no other run can ever need it. Dead runs are kept: they
+    wait for a person."""
+    days = app_settings.RETENTION_DAYS
+    if days is None:
+        return 0
+    cutoff = (now or timezone.now()) - datetime.timedelta(days=days)
+    archiver = import_string(app_settings.ARCHIVER) if app_settings.ARCHIVER else None
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            batch = list(
+                AgentRun.objects.filter(status__in=FINISHED_STATUSES, finished_at__lt=cutoff)
+                .order_by("finished_at")
+                .values_list("pk", flat=True)[: app_settings.RETENTION_BATCH]
+            )
+            if not batch:
+                break
+            if archiver is not None:
+                archiver(AgentRun.objects.filter(pk__in=batch))
+            AgentRun.objects.filter(pk__in=batch).delete()
+        deleted += len(batch)
+    if deleted:
+        logger.info("retention deleted %d finished runs older than %s", deleted, cutoff)
+    return deleted
+
+
+def snapshot_metrics() -> int:
+    snapshot = MetricsSnapshot.objects.create(data=metrics.collect())
+    MetricsSnapshot.objects.filter(
+        taken_at__lt=timezone.now() - datetime.timedelta(days=app_settings.METRICS_KEEP_DAYS)
+    ).delete()
+    return snapshot.pk
+
+
+# The django-q2 schedules: (name, function path, minutes between runs).
+SCHEDULES = [
+    ("durable_agents: sweep", "durable_agents.housekeeping.sweep", 5),
+    ("durable_agents: retention", "durable_agents.housekeeping.apply_retention", 60),
+    ("durable_agents: metrics", "durable_agents.housekeeping.snapshot_metrics", 5),
+]

@@ -1,0 +1,28 @@
+"""Run durable_agents' housekeeping once: the cron alternative to the django-q2 schedules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from durable_agents import housekeeping
+
+
+class Command(BaseCommand):
+    help = "Sweep runs pinned to retired models or undeployed prompts, apply retention, and "
+    help += "store a metrics snapshot. With no flag, all three."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--sweep", action="store_true")
+        parser.add_argument("--retention", action="store_true")
+        parser.add_argument("--metrics", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        everything = not (options["sweep"] or options["retention"] or options["metrics"])
+        if everything or options["sweep"]:
+            self.stdout.write(f"sweep: {housekeeping.sweep()}")
+        if everything or options["retention"]:
+            self.stdout.write(f"retention: {housekeeping.apply_retention()} runs deleted")
+        if everything or options["metrics"]:
+            self.stdout.write(f"metrics: snapshot {housekeeping.snapshot_metrics()} stored")

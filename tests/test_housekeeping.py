@@ -1,0 +1,160 @@
+"""django-q2 schedules, the sweep, retention and metrics snapshots."""
+
+from __future__ import annotations
+
+import datetime
+import io
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db.models.functions import Now
+from django.utils import timezone
+
+import durable_agents
+from durable_agents import housekeeping, leases, metrics, signals
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    MetricsSnapshot,
+    RunStatus,
+    ToolEffect,
+)
+from tests.conftest import run_worker
+
+pytestmark = pytest.mark.django_db
+
+
+def test_schedules_are_installed_once() -> None:
+    from django_q.models import Schedule
+
+    out = io.StringIO()
+    call_command("durable_agents_schedules", stdout=out)
+    call_command("durable_agents_schedules", stdout=out)
+    rows = {s.name: (s.func, s.schedule_type, s.minutes, s.repeats) for s in Schedule.objects.all()}
+    assert rows == {
+        "durable_agents: sweep": ("durable_agents.housekeeping.sweep", "I", 5, -1),
+        "durable_agents: retention": ("durable_agents.housekeeping.apply_retention", "I", 60, -1),
+        "durable_agents: metrics": ("durable_agents.housekeeping.snapshot_metrics", "I", 5, -1),
+    }
+    assert out.getvalue().count("created schedule") == 3
+    assert out.getvalue().count("updated schedule") == 3
+
+
+def test_the_scheduled_functions_run_through_django_q() -> None:
+    from django_q.tasks import async_task, result
+
+    durable_agents.start_run("tester", "hello", model="claude-gone-1")
+    task_id = async_task("durable_agents.housekeeping.snapshot_metrics")  # sync in tests
+    assert MetricsSnapshot.objects.filter(pk=result(task_id)).exists()
+
+
+def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: Any) -> None:
+    da_settings(RETIRED_MODELS=["claude-gone-1"])
+    retired = durable_agents.start_run("tester", "a", model="claude-gone-1")
+    retired_waiting = durable_agents.start_run("tester", "b", model="claude-gone-1")
+    AgentRun.objects.filter(pk=retired_waiting.pk).update(status=RunStatus.WAITING)
+    held = durable_agents.start_run("tester", "c", model="claude-gone-1")
+    assert leases.claim_run(held.pk, "busy-worker", 60) is not None
+    undeployed = durable_agents.start_run("tester", "d")
+    AgentRun.objects.filter(pk=undeployed.pk).update(prompt_version="v0")
+    healthy = durable_agents.start_run("tester", "e")
+    finished = durable_agents.start_run("tester", "f", model="claude-gone-1")
+    AgentRun.objects.filter(pk=finished.pk).update(status=RunStatus.SUCCEEDED)
+
+    heard: list[Any] = []
+
+    def listener(sender: Any, run_id: Any, reason: str, **kwargs: Any) -> None:
+        heard.append(run_id)
+
+    signals.run_dead_lettered.connect(listener)
+    try:
+        assert housekeeping.sweep() == {"retired_model": 2, "undeployed_prompt": 1}
+    finally:
+        signals.run_dead_lettered.disconnect(listener)
+
+    status = dict(AgentRun.objects.values_list("pk", "status"))
+    assert status[retired.pk] == status[retired_waiting.pk] == RunStatus.DEAD
+    assert status[undeployed.pk] == RunStatus.DEAD
+    assert status[held.pk] == RunStatus.RUNNING  # its worker decides
+    assert status[healthy.pk] == RunStatus.PENDING
+    assert status[finished.pk] == RunStatus.SUCCEEDED
+    assert "model 'claude-gone-1' is retired" in AgentRun.objects.get(pk=retired.pk).error
+    assert "prompt version 'v0' of agent 'tester' is no longer deployed" in (
+        AgentRun.objects.get(pk=undeployed.pk).error
+    )
+    assert sorted(heard) == sorted([retired.pk, retired_waiting.pk, undeployed.pk])
+
+
+ARCHIVED: list[list[Any]] = []
+
+
+def archive(runs: Any) -> None:
+    ARCHIVED.append(sorted(runs.values_list("pk", flat=True)))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_deletes_only_old_finished_runs_in_batches(da_settings: Any) -> None:
+    da_settings(RETENTION_DAYS=30, RETENTION_BATCH=2, ARCHIVER="tests.test_housekeeping.archive")
+    ARCHIVED.clear()
+    old = [
+        durable_agents.start_run("tester", f'old {i}\n@lookup {{"key": "{i}"}}') for i in range(5)
+    ]
+    run_worker()
+    keep_recent = durable_agents.start_run("tester", "recent")
+    keep_dead = durable_agents.start_run("tester", "dead")
+    keep_pending = durable_agents.start_run("tester", "pending")
+    long_ago = timezone.now() - datetime.timedelta(days=31)
+    AgentRun.objects.filter(pk__in=[r.pk for r in old]).update(finished_at=long_ago)
+    AgentRun.objects.filter(pk=keep_recent.pk).update(status=RunStatus.SUCCEEDED, finished_at=Now())
+    AgentRun.objects.filter(pk=keep_dead.pk).update(status=RunStatus.DEAD, finished_at=long_ago)
+    AgentRun.objects.filter(pk=keep_pending.pk).update(created_at=long_ago)
+    assert ToolEffect.objects.count() == 5
+
+    assert housekeeping.apply_retention() == 5
+    assert [len(batch) for batch in ARCHIVED] == [2, 2, 1]
+    assert sorted(pk for batch in ARCHIVED for pk in batch) == sorted(r.pk for r in old)
+    assert set(AgentRun.objects.values_list("pk", flat=True)) == {
+        keep_recent.pk,
+        keep_dead.pk,
+        keep_pending.pk,
+    }
+    assert not AgentStep.objects.filter(run_id__in=[r.pk for r in old]).exists()
+    assert ToolEffect.objects.count() == 0
+    assert housekeeping.apply_retention() == 0
+
+
+def test_retention_is_off_by_default() -> None:
+    run = durable_agents.start_run("tester", "x")
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.SUCCEEDED, finished_at=timezone.now() - datetime.timedelta(days=3650)
+    )
+    assert housekeeping.apply_retention() == 0
+    assert AgentRun.objects.filter(pk=run.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_and_snapshots() -> None:
+    runs = [
+        durable_agents.start_run("tester", 'm\n@lookup {"key": "a"}'),
+        durable_agents.start_run("tester", 'm\n@lookup {"key": "a"}\n@lookup {"key": "b"}'),
+        durable_agents.start_run("tester", 'drop\n@drop_table {"table": "t"}'),
+    ]
+    run_worker()
+    durable_agents.start_run("tester", "still pending")
+    figures = metrics.collect()
+    assert figures["runs_by_status"]["succeeded"] == 2
+    assert figures["runs_by_status"]["waiting"] == 1
+    assert figures["runs_by_status"]["pending"] == 1
+    assert figures["steps_per_run_p50"] == 5.0  # 4 and 6 steps
+    assert figures["steps_per_run_p95"] == pytest.approx(5.9)
+    assert figures["attempts_distribution"] == {"1": 2}
+    assert figures["intents_waiting"] == 1
+    assert figures["finished_per_hour"][-1] == 2 and sum(figures["finished_per_hour"]) == 2
+    assert figures["oldest_pending_age_seconds"] is not None
+    out = io.StringIO()
+    call_command("durable_agents_housekeeping", "--metrics", stdout=out)
+    snapshot = MetricsSnapshot.objects.latest()
+    assert snapshot.data["runs_by_status"] == figures["runs_by_status"]
+    assert f"snapshot {snapshot.pk} stored" in out.getvalue()
+    assert len(runs) == 3
