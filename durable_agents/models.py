@@ -24,8 +24,8 @@ class RunStatus(models.TextChoices):
 
 # A worker may claim a run in these statuses (when its lease is free or expired).
 CLAIMABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
-# A person may cancel a run in these statuses.
-CANCELLABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+# A person may cancel a run in these statuses (a dead run too: closing it is triage).
+CANCELLABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.DEAD)
 FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
@@ -124,6 +124,14 @@ class AgentStep(models.Model):
     class Meta:
         db_table = "agent_step"
         ordering = ["run_id", "seq"]
+        indexes = [
+            # Support tickets quote the provider's request id; only model turns have one.
+            models.Index(
+                fields=["request_id"],
+                name="agent_step_request_id",
+                condition=models.Q(request_id__isnull=False),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.kind}"

@@ -1,8 +1,8 @@
 """A deterministic, offline, scripted stand-in for the Anthropic Messages API.
 
-``POST /v1/messages``, as JSON or, with ``"stream": true``, as server-sent events. Used behind the real SDK through
-``httpx2.MockTransport`` when no API key is configured (``offline_client()``), and by tests behind
-a real local HTTP server (``OfflineServer``).
+``POST /v1/messages``, as JSON or, with ``"stream": true``, as server-sent events. Used behind
+the real SDK through ``httpx2.MockTransport`` when no API key is configured
+(``offline_client()``), and by tests behind a real local HTTP server (``OfflineServer``).
 
 The script lives in the task (the text of the first user message). Lines starting with ``@`` are
 plan lines, one per model turn; the calls of one turn are separated by `` && ``::

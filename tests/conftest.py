@@ -4,6 +4,7 @@ SQLite."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -169,10 +170,8 @@ def spawn_worker(
     for worker in started:
         if worker.proc.poll() is None:
             worker.proc.kill()
-        try:
+        with contextlib.suppress(Exception):  # teardown must go on
             worker.wait(10)
-        except Exception:  # noqa: BLE001 - teardown must go on
-            pass
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.02) -> Any:

@@ -1,0 +1,654 @@
+"""The admin: read-only pages, actions and decision views that change state only through the
+api, permissions, CSRF, escaping of untrusted text and bounded query counts."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+import durable_agents
+from durable_agents import api
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
+from tests.conftest import run_worker
+
+SCRIPT = "<script>alert(1)</script>"
+ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+DROP_TASK = 'Drop the old table.\n@drop_table {"table": "t1"}'
+
+
+def runs_url(suffix: str = "") -> str:
+    return reverse("admin:durable_agents_agentrun_changelist") + suffix
+
+
+def run_url(run: AgentRun) -> str:
+    return reverse("admin:durable_agents_agentrun_change", args=[run.pk])
+
+
+def intent_url(intent: ToolIntent, view: str = "change") -> str:
+    return reverse(f"admin:durable_agents_toolintent_{view}", args=[intent.pk])
+
+
+def intents_url() -> str:
+    return reverse("admin:durable_agents_toolintent_changelist")
+
+
+@pytest.fixture
+def superuser(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
+
+
+@pytest.fixture
+def admin_client(superuser: Any) -> Client:
+    client = Client()
+    client.force_login(superuser)
+    return client
+
+
+@pytest.fixture
+def viewer(django_user_model: Any) -> Any:
+    """Staff who may look at runs and intents but neither operate nor decide."""
+    user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_agentrun", "view_toolintent"])
+    )
+    return django_user_model.objects.get(pk=user.pk)
+
+
+@pytest.fixture
+def viewer_client(viewer: Any) -> Client:
+    client = Client()
+    client.force_login(viewer)
+    return client
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[tuple[Any, ...]]]:
+    """Record the calls the admin makes to one api function (and still make them)."""
+
+    def watch(name: str) -> list[tuple[Any, ...]]:
+        calls: list[tuple[Any, ...]] = []
+        real = getattr(api, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(api, name, wrapper)
+        return calls
+
+    return watch
+
+
+def waiting_run(task: str = DROP_TASK, agent: str = "tester") -> tuple[AgentRun, ToolIntent]:
+    """A run parked on a pending drop_table intent, reached by a real worker."""
+    run = durable_agents.start_run(agent, task)
+    run_worker()
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING, run.error
+    return run, ToolIntent.objects.get(run=run)
+
+
+def parked_intent(status: str = IntentStatus.PENDING, table: str = "t1") -> ToolIntent:
+    """A run and an intent written directly (no worker): for tests that only read or decide."""
+    run = durable_agents.start_run("tester", f'Drop.\n@drop_table {{"table": "{table}"}}')
+    turn = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test-1",
+        "content": [
+            {"type": "text", "text": "I will drop the table."},
+            {"type": "tool_use", "id": "toolu_1", "name": "drop_table", "input": {"table": table}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    AgentStep.objects.create(
+        run=run, seq=1, kind=StepKind.MODEL_TURN, payload=json.dumps(turn), request_id="req_1"
+    )
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, last_seq=1)
+    return ToolIntent.objects.create(
+        run=run,
+        seq=1,
+        call_index=0,
+        tool="drop_table",
+        input={"table": table},
+        key=uuid.uuid4().hex,
+        status=status,
+    )
+
+
+def make_runs(count: int, status: str = RunStatus.SUCCEEDED, error: str = "") -> list[AgentRun]:
+    runs = [durable_agents.start_run("tester", f"task {i}") for i in range(count)]
+    AgentRun.objects.filter(pk__in=[r.pk for r in runs]).update(status=status, error=error)
+    return runs
+
+
+def messages_of(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages
+
+
+@pytest.mark.django_db
+def test_app_index_links_operations_and_dead_letter(admin_client: Client) -> None:
+    response = admin_client.get(reverse("admin:app_list", args=["durable_agents"]))
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert reverse("admin:durable_agents_agentrun_operations") in content
+    assert reverse("admin:durable_agents_agentrun_dead_letter") in content
+
+
+@pytest.mark.django_db
+def test_run_list_columns_and_filters(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "first line of the task\nsecond line")
+    AgentRun.objects.filter(pk=run.pk).update(last_seq=4, attempt=2, error="boom\nmore")
+    response = admin_client.get(runs_url("?status__exact=pending&agent=tester"))
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert 'class="da-badge"' in content
+    assert "first line of the task" in content and "second line" not in content
+    assert ">5<" in content  # steps = last_seq + 1
+    assert "boom" in content
+
+
+@pytest.mark.django_db
+def test_search_by_uuid_request_id_and_task(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "find the needle")
+    other = durable_agents.start_run("tester", f"mentions {run.pk} in its text")
+    for seq in (1, 2):
+        AgentStep.objects.create(
+            run=run, seq=seq, kind=StepKind.MODEL_TURN, payload="{}", request_id=f"req_{seq}"
+        )
+
+    def found(query: str) -> list[Any]:
+        response = admin_client.get(runs_url(), {"q": query})
+        assert response.status_code == 200
+        return [r.pk for r in response.context["cl"].result_list]
+
+    assert found(str(run.pk)) == [run.pk]  # exact id, not the run that mentions it
+    assert found("req_2") == [run.pk]  # through steps, one row
+    assert found("needle") == [run.pk]
+    assert found("mentions") == [other.pk]
+    assert found("req_404") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_page_shows_the_transcript(admin_client: Client) -> None:
+    task = 'Look it up.\n@lookup {"key": "k1"} && explode {"message": "kaput"}'
+    run = durable_agents.start_run("thinker", task)
+    run_worker()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    turn = AgentStep.objects.get(run=run, seq=1)
+
+    response = admin_client.get(run_url(run))
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "<details><summary>Thinking</summary>" in content
+    assert "Step 1: calling lookup, explode." in content
+    assert "{\n  &quot;key&quot;: &quot;k1&quot;\n}" in content  # pretty JSON, escaped
+    assert turn.request_id in content
+    assert "stop_reason <strong>tool_use</strong>" in content
+    assert "value-of-k1" in content
+    assert "explode raised RuntimeError: kaput" in content
+    assert 'class="da-error-label">error' in content
+    assert "effect recorded" in content
+    stored_id = run.pk.hex if connection.vendor == "sqlite" else str(run.pk)
+    assert f"FROM agent_step WHERE run_id = &#x27;{stored_id}&#x27; ORDER BY seq;" in content
+    assert 'value="Save' not in content  # read-only: no submit row
+    assert "Cancel this run" not in content  # finished: no operation applies
+
+
+@pytest.mark.django_db
+def test_run_change_form_cannot_be_posted(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "hands off")
+    response = admin_client.post(run_url(run), {"status": "succeeded", "task": "edited"})
+    assert response.status_code == 403
+    run.refresh_from_db()
+    assert (run.status, run.task) == (RunStatus.PENDING, "hands off")
+
+
+@pytest.mark.django_db
+def test_run_cannot_be_deleted(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "keep me")
+    url = reverse("admin:durable_agents_agentrun_delete", args=[run.pk])
+    assert admin_client.post(url, {"post": "yes"}).status_code == 403
+    assert AgentRun.objects.filter(pk=run.pk).exists()
+
+
+@pytest.mark.django_db
+def test_start_a_run_from_the_admin(admin_client: Client, spy: Any) -> None:
+    calls = spy("start_run")
+    add_url = reverse("admin:durable_agents_agentrun_add")
+    page = admin_client.get(add_url)
+    assert page.status_code == 200 and "tester @ v1" in page.content.decode()
+    response = admin_client.post(
+        add_url, {"agent": json.dumps(["tester", "v1"]), "task": "do the thing", "model": ""}
+    )
+    run = AgentRun.objects.get()
+    assert response.status_code == 302 and response.url == run_url(run)
+    assert (run.agent, run.prompt_version, run.task) == ("tester", "v1", "do the thing")
+    assert calls == [("tester", "do the thing")]
+    assert AgentStep.objects.filter(run=run, seq=0, kind=StepKind.TASK).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Escaping
+
+
+@pytest.mark.django_db(transaction=True)
+def test_untrusted_text_is_escaped_everywhere(admin_client: Client) -> None:
+    task = f'{SCRIPT} please\n@lookup {{"key": "{SCRIPT}"}}\n@drop_table {{"table": "{SCRIPT}"}}'
+    run, intent = waiting_run(task)
+    AgentRun.objects.filter(pk=run.pk).update(error=f"{SCRIPT} went wrong")
+    assert SCRIPT in ToolEffect.objects.get(run=run).result
+
+    pages = {
+        "run page": run_url(run),
+        "run list": runs_url(),
+        "intent page": intent_url(intent),
+        "intent list": intents_url(),
+    }
+    for name, url in pages.items():
+        content = admin_client.get(url).content.decode()
+        assert SCRIPT not in content, name
+        if name != "intent list":  # the list shows no model or tool text
+            assert ESCAPED in content or "&lt;script&gt;" in content, name
+
+
+# ---------------------------------------------------------------------------------------------
+# Intents
+
+
+@pytest.mark.django_db(transaction=True)
+def test_intent_page_shows_call_and_reasoning(admin_client: Client) -> None:
+    _, intent = waiting_run(agent="thinker")
+    response = admin_client.get(intent_url(intent))
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "{\n  &quot;table&quot;: &quot;t1&quot;\n}" in content
+    assert "the plan says to call drop_table" in content  # thinking
+    assert "Step 1: calling drop_table." in content  # the assistant's words
+    assert run_url(intent.run) in content
+    assert intent_url(intent, "approve") in content
+    assert intent_url(intent, "reject") in content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_approve_runs_the_call_once(admin_client: Client, superuser: Any, spy: Any) -> None:
+    calls = spy("approve_intent")
+    run, intent = waiting_run()
+    response = admin_client.post(intent_url(intent, "approve"), follow=True)
+    assert response.status_code == 200
+    assert any("Approved intent" in m for m in messages_of(response))
+    intent.refresh_from_db()
+    run.refresh_from_db()
+    assert (intent.status, intent.decided_by_id) == (IntentStatus.APPROVED, superuser.pk)
+    assert run.status == RunStatus.PENDING
+    assert len(calls) == 1
+    entry = LogEntry.objects.get(object_id=str(intent.pk))
+    assert entry.action_flag == CHANGE and entry.user_id == superuser.pk
+    assert "Approved" in entry.get_change_message()
+
+    # A second decision changes nothing and says so.
+    again = admin_client.post(intent_url(intent, "reject"), {"reason": "late"}, follow=True)
+    assert any("already decided" in m for m in messages_of(again))
+    intent.refresh_from_db()
+    assert (intent.status, intent.reason) == (IntentStatus.APPROVED, "")
+    assert LogEntry.objects.filter(object_id=str(intent.pk)).count() == 1
+
+    run_worker()
+    run.refresh_from_db()
+    intent.refresh_from_db()
+    assert (run.status, intent.status) == (RunStatus.SUCCEEDED, IntentStatus.DONE)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reject_with_a_reason_reaches_the_model(admin_client: Client, superuser: Any) -> None:
+    run, intent = waiting_run()
+    admin_client.post(intent_url(intent, "reject"), {"reason": "not on a Friday"})
+    intent.refresh_from_db()
+    assert (intent.status, intent.reason) == (IntentStatus.REJECTED, "not on a Friday")
+    assert intent.decided_by_id == superuser.pk
+    assert "Rejected: not on a Friday" in LogEntry.objects.get().get_change_message()
+
+    run_worker()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    result = AgentStep.objects.get(run=run, seq=2).data()[0]
+    assert result["is_error"] is True and "not on a Friday" in result["content"]
+
+
+@pytest.mark.django_db
+def test_resolve_unknown_intent_as_happened(admin_client: Client, spy: Any) -> None:
+    calls = spy("resolve_intent")
+    intent = parked_intent(IntentStatus.UNKNOWN)
+    page = admin_client.get(intent_url(intent)).content.decode()
+    assert "It happened" in page and 'value="Approve"' not in page
+    admin_client.post(
+        intent_url(intent, "resolve"), {"happened": "yes", "result": "dropped by hand"}
+    )
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.DONE
+    assert ToolEffect.objects.get(key=intent.key).result == "dropped by hand"
+    assert AgentRun.objects.get(pk=intent.run_id).status == RunStatus.PENDING
+    assert len(calls) == 1
+    assert "it happened" in LogEntry.objects.get().get_change_message()
+
+
+@pytest.mark.django_db
+def test_resolve_unknown_intent_as_not_happened(admin_client: Client) -> None:
+    intent = parked_intent(IntentStatus.UNKNOWN)
+    admin_client.post(intent_url(intent, "resolve"), {"happened": "no"})
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.APPROVED
+    assert not ToolEffect.objects.filter(key=intent.key).exists()
+    # Resolving twice is harmless.
+    response = admin_client.post(intent_url(intent, "resolve"), {"happened": "yes"}, follow=True)
+    assert any("already decided" in m for m in messages_of(response))
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.APPROVED
+
+
+@pytest.mark.django_db
+def test_viewer_sees_no_buttons_and_forged_posts_are_refused(
+    viewer_client: Client, spy: Any
+) -> None:
+    calls = spy("approve_intent")
+    intent = parked_intent()
+    page = viewer_client.get(intent_url(intent))
+    assert page.status_code == 200
+    content = page.content.decode()
+    assert intent_url(intent, "approve") not in content
+    assert intent_url(intent, "reject") not in content
+
+    for view, data in (
+        ("approve", {}),
+        ("reject", {"reason": "x"}),
+        ("resolve", {"happened": "yes"}),
+    ):
+        assert viewer_client.post(intent_url(intent, view), data).status_code == 403
+    # The list action is not offered, and posting it anyway does nothing.
+    listing = viewer_client.get(intents_url())
+    assert "approve_intents" not in listing.content.decode()
+    viewer_client.post(
+        intents_url(),
+        {"action": "approve_intents", "_selected_action": [intent.pk], "post": "yes"},
+    )
+    intent.refresh_from_db()
+    assert (intent.status, intent.decided_by_id) == (IntentStatus.PENDING, None)
+    assert calls == []
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_viewer_cannot_cancel_or_requeue(viewer_client: Client) -> None:
+    run = make_runs(1, RunStatus.DEAD)[0]
+    page = viewer_client.get(run_url(run)).content.decode()
+    assert "Requeue this run" not in page
+    url = reverse("admin:durable_agents_agentrun_requeue", args=[run.pk])
+    assert viewer_client.post(url).status_code == 403
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.DEAD
+
+
+@pytest.mark.django_db
+def test_decision_views_need_csrf_and_post(superuser: Any) -> None:
+    intent = parked_intent()
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(superuser)
+    assert client.post(intent_url(intent, "approve")).status_code == 403
+    cancel = reverse("admin:durable_agents_agentrun_cancel", args=[intent.run_id])
+    assert client.post(cancel).status_code == 403
+    # GET never changes state.
+    assert client.get(intent_url(intent, "approve")).status_code == 405
+    assert client.get(cancel).status_code == 405
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.PENDING
+    assert AgentRun.objects.get(pk=intent.run_id).status == RunStatus.WAITING
+
+    # With the token from the page, the same POST works.
+    client.get(intent_url(intent))
+    token = client.cookies["csrftoken"].value
+    response = client.post(intent_url(intent, "approve"), {"csrfmiddlewaretoken": token})
+    assert response.status_code == 302
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.APPROVED
+
+
+@pytest.mark.django_db
+def test_intents_list_puts_waiting_ones_first(admin_client: Client) -> None:
+    done = parked_intent(IntentStatus.DONE, "a")
+    pending = parked_intent(IntentStatus.PENDING, "b")
+    rejected = parked_intent(IntentStatus.REJECTED, "c")
+    unknown = parked_intent(IntentStatus.UNKNOWN, "d")
+    response = admin_client.get(intents_url())
+    order = [i.pk for i in response.context["cl"].result_list]
+    assert set(order[:2]) == {pending.pk, unknown.pk}
+    assert set(order[2:]) == {done.pk, rejected.pk}
+
+
+@pytest.mark.django_db
+def test_bulk_approve_and_reject_actions(admin_client: Client, superuser: Any) -> None:
+    a, b = parked_intent(table="a"), parked_intent(table="b")
+    done = parked_intent(IntentStatus.DONE, "c")
+    data = {"action": "reject_intents", "_selected_action": [a.pk, b.pk, done.pk]}
+    confirm = admin_client.post(intents_url(), {**data, "index": 0})
+    assert confirm.status_code == 200
+    content = confirm.content.decode()
+    assert 'name="reason"' in content and "will be skipped" in content
+
+    response = admin_client.post(
+        intents_url(), {**data, "post": "yes", "reason": "no"}, follow=True
+    )
+    assert any("Rejected 2 intent(s); 1 skipped" in m for m in messages_of(response))
+    statuses = dict(ToolIntent.objects.values_list("pk", "status"))
+    assert statuses == {a.pk: "rejected", b.pk: "rejected", done.pk: "done"}
+    assert LogEntry.objects.filter(user=superuser).count() == 2
+
+    c = parked_intent(table="e")
+    admin_client.post(
+        intents_url(), {"action": "approve_intents", "_selected_action": [c.pk], "post": "yes"}
+    )
+    c.refresh_from_db()
+    assert c.status == IntentStatus.APPROVED
+
+
+# ---------------------------------------------------------------------------------------------
+# Run operations
+
+
+@pytest.mark.django_db
+def test_cancel_action_confirms_then_cancels_only_active_runs(
+    admin_client: Client, spy: Any
+) -> None:
+    calls = spy("cancel_run")
+    pending = make_runs(2, RunStatus.PENDING)
+    waiting = make_runs(1, RunStatus.WAITING)
+    finished = make_runs(1, RunStatus.SUCCEEDED)
+    selected = [str(r.pk) for r in pending + waiting + finished]
+    data = {"action": "cancel_runs", "_selected_action": selected}
+
+    confirm = admin_client.post(runs_url(), {**data, "index": 0})
+    assert confirm.status_code == 200
+    content = confirm.content.decode()
+    assert "<strong>3</strong> agent runs will change" in content
+    assert "<strong>1</strong> selected will be skipped" in content
+    assert not calls and not AgentRun.objects.filter(status=RunStatus.CANCELLED).exists()
+
+    response = admin_client.post(runs_url(), {**data, "post": "yes"}, follow=True)
+    assert any("Cancelled 3 run(s); 1 skipped" in m for m in messages_of(response))
+    assert len(calls) == 3
+    statuses = dict(AgentRun.objects.values_list("pk", "status"))
+    assert {statuses[r.pk] for r in pending + waiting} == {RunStatus.CANCELLED}
+    assert statuses[finished[0].pk] == RunStatus.SUCCEEDED
+    assert LogEntry.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_requeue_action_sends_dead_runs_back(admin_client: Client, spy: Any) -> None:
+    calls = spy("requeue_run")
+    dead = make_runs(2, RunStatus.DEAD, error="model gone")
+    failed = make_runs(1, RunStatus.FAILED)
+    data = {
+        "action": "requeue_runs",
+        "_selected_action": [str(r.pk) for r in dead + failed],
+        "post": "yes",
+    }
+    response = admin_client.post(runs_url(), data, follow=True)
+    assert any("Requeued 2 run(s); 1 skipped" in m for m in messages_of(response))
+    assert len(calls) == 2
+    statuses = dict(AgentRun.objects.values_list("pk", "status"))
+    assert [statuses[r.pk] for r in dead] == [RunStatus.PENDING] * 2
+    assert statuses[failed[0].pk] == RunStatus.FAILED
+
+
+@pytest.mark.django_db
+def test_select_across_acts_on_every_run_matching_the_filters(admin_client: Client) -> None:
+    boom = make_runs(5, RunStatus.DEAD, error="boom: the model is gone\ndetails")
+    other = make_runs(3, RunStatus.DEAD, error="prompt drift")
+    make_runs(2, RunStatus.SUCCEEDED)
+    url = runs_url("?status__exact=dead&error__startswith=boom")
+    assert admin_client.get(url).context["cl"].result_count == 5
+
+    # The changelist posts the runs of the page it shows (here one) plus select_across=1.
+    data = {
+        "action": "requeue_runs",
+        "select_across": "1",
+        "_selected_action": [str(boom[0].pk)],
+    }
+    confirm = admin_client.post(url, {**data, "index": 0})
+    assert confirm.status_code == 200
+    content = confirm.content.decode()
+    assert 'name="select_across" value="1"' in content
+    assert "every one matching the current filters" in content
+    assert "<strong>5</strong> agent runs will change" in content
+    assert f'action="{url.replace("&", "&amp;")}"' in content  # filters kept
+
+    admin_client.post(url, {**data, "post": "yes"})
+    statuses = dict(AgentRun.objects.values_list("pk", "status"))
+    assert {statuses[r.pk] for r in boom} == {RunStatus.PENDING}
+    assert {statuses[r.pk] for r in other} == {RunStatus.DEAD}
+
+
+@pytest.mark.django_db
+def test_run_page_cancel_and_requeue_buttons(admin_client: Client, superuser: Any) -> None:
+    intent = parked_intent()
+    run = intent.run
+    page = admin_client.get(run_url(run)).content.decode()
+    cancel = reverse("admin:durable_agents_agentrun_cancel", args=[run.pk])
+    assert f'action="{cancel}"' in page and "csrfmiddlewaretoken" in page
+    assert admin_client.post(cancel).status_code == 302
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert "Cancelled" in LogEntry.objects.get(object_id=str(run.pk)).get_change_message()
+    # Nothing left to cancel: harmless, says so.
+    response = admin_client.post(cancel, follow=True)
+    assert any("Nothing changed" in m for m in messages_of(response))
+
+    dead = make_runs(1, RunStatus.DEAD, error="x")[0]
+    requeue = reverse("admin:durable_agents_agentrun_requeue", args=[dead.pk])
+    assert f'action="{requeue}"' in admin_client.get(run_url(dead)).content.decode()
+    admin_client.post(requeue)
+    assert AgentRun.objects.get(pk=dead.pk).status == RunStatus.PENDING
+
+
+# ---------------------------------------------------------------------------------------------
+# Dead letter and operations
+
+
+@pytest.mark.django_db
+def test_dead_letter_groups_reasons(admin_client: Client) -> None:
+    make_runs(3, RunStatus.DEAD, error="model claude-x: not found\nrequest id 1")
+    make_runs(1, RunStatus.DEAD, error="model claude-x: not found\nrequest id 2")
+    make_runs(2, RunStatus.DEAD, error=f"{SCRIPT} drift")
+    make_runs(2, RunStatus.FAILED, error="not dead")
+    response = admin_client.get(reverse("admin:durable_agents_agentrun_dead_letter"))
+    assert response.status_code == 200
+    reasons = {r.reason: r.count for r in response.context["reasons"]}
+    assert reasons == {"model claude-x: not found": 4, f"{SCRIPT} drift": 2}
+    content = response.content.decode()
+    assert SCRIPT not in content
+    link = "?status__exact=dead&amp;error__startswith=model%20claude-x%3A%20not%20found"
+    assert link in content
+    filtered = admin_client.get(runs_url(link.replace("&amp;", "&")))
+    assert filtered.context["cl"].result_count == 4
+
+
+@pytest.mark.django_db
+def test_operations_page_empty(admin_client: Client) -> None:
+    response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "No finished runs yet." in content
+    assert "<svg" in content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operations_page_with_data(admin_client: Client) -> None:
+    waiting_run()
+    for i in range(3):
+        durable_agents.start_run("tester", f'Look.\n@lookup {{"key": "k{i}"}}')
+    run_worker()
+    durable_agents.start_run("tester", "still pending")
+    response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
+    assert response.status_code == 200
+    ctx = response.context
+    assert ctx["total_runs"] == 5
+    assert ctx["oldest_pending"].task == "still pending"
+    assert ctx["steps_sample"] == 3 and ctx["steps_p50"] == 4.0 and ctx["steps_p95"] == 4.0
+    assert ctx["intents_waiting"] == 1
+    assert ctx["hour_total"] == 3
+    content = response.content.decode()
+    assert "<rect" in content and "Intents waiting for a person" in content
+
+
+# ---------------------------------------------------------------------------------------------
+# Query counts
+
+
+def _count_queries(client: Client, url: str) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url)
+    assert response.status_code == 200
+    return len(ctx)
+
+
+@pytest.mark.django_db
+def test_list_pages_run_a_bounded_number_of_queries(
+    admin_client: Client, superuser: Any, django_assert_max_num_queries: Any
+) -> None:
+    for intent in [parked_intent(table=f"t{i}") for i in range(10)]:
+        AgentRun.objects.filter(pk=intent.run_id).update(lease_owner="w1", error="e")
+    small = {url: _count_queries(admin_client, url) for url in (runs_url(), intents_url())}
+
+    for intent in [parked_intent(table=f"u{i}") for i in range(90)]:
+        api.approve_intent(intent.pk, superuser)  # decided_by on every row
+    large = {url: _count_queries(admin_client, url) for url in (runs_url(), intents_url())}
+    assert small == large, (small, large)
+    with django_assert_max_num_queries(10):
+        admin_client.get(runs_url())
+    with django_assert_max_num_queries(6):
+        admin_client.get(intents_url())
+    with django_assert_max_num_queries(10):
+        admin_client.get(runs_url("?q=req_1"))
