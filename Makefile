@@ -16,6 +16,7 @@ venv: $(VENV)/.installed
 
 ## make run: the demo on SQLite with the offline model (no API key needed)
 run: venv
+	rm -f demo.sqlite3
 	$(PY) manage.py migrate --verbosity 0
 	$(PY) manage.py demo
 

@@ -133,6 +133,9 @@ recorded AS (
 )"""
 
 
+_RESULT_FIELD = ToolEffect._meta.get_field("result")
+
+
 def append_step(
     claim: Claim,
     seq: int,
@@ -171,7 +174,7 @@ def append_step(
                         f"s{i}": effect.seq,
                         f"c{i}": effect.call_index,
                         f"t{i}": effect.tool,
-                        f"r{i}": effect.result,
+                        f"r{i}": _RESULT_FIELD.get_prep_value(effect.result),
                         f"e{i}": effect.is_error,
                     }
                 )

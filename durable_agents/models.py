@@ -12,6 +12,22 @@ from django.db import models
 from django.db.models.functions import Now
 
 
+class JSONTextField(models.TextField):
+    """Any JSON value, stored as JSON text in a text column.
+
+    Unlike ``jsonb`` it keeps key order and accepts ``\u0000`` (escaped, so PostgreSQL's text
+    never sees a NUL byte); unlike a plain text column it round-trips any string exactly."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+    def to_python(self, value: Any) -> Any:
+        return value
+
+    def get_prep_value(self, value: Any) -> Any:
+        return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
 class RunStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
@@ -151,8 +167,8 @@ class ToolEffect(models.Model):
     seq = models.IntegerField(help_text="seq of the model turn that asked for the call")
     call_index = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
-    # The tool_result content as sent to the model (JSON text), and whether it was an error.
-    result = models.TextField()
+    # The whole tool_result content (before any cut for the model), and whether it was an error.
+    result = JSONTextField()
     is_error = models.BooleanField(default=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
@@ -186,7 +202,7 @@ class ToolIntent(models.Model):
     seq = models.IntegerField(help_text="seq of the model turn that asked for the call")
     call_index = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
-    input = models.JSONField()
+    input = JSONTextField()
     key = models.CharField(max_length=64, unique=True)
     status = models.CharField(
         max_length=16, choices=IntentStatus.choices, default=IntentStatus.PENDING

@@ -335,7 +335,7 @@ class RunAdvancer:
         try:
             tool.validate(tool_input)
         except ToolInputError as exc:
-            return self._effect(seq, index, name, key, f"invalid input for {name}: {exc}", True)
+            return self._effect(seq, index, name, key, str(exc), True)
 
         if tool.effect == "irreversible":
             return self._irreversible(tool, seq, index, tool_input, key)
@@ -497,11 +497,11 @@ class RunAdvancer:
                 if b.get("type") == "tool_use"
             ]
             if calls:
-                reason += f"; the worker died running tool call(s): {', '.join(map(str, calls))}"
+                reason += f"; the step in flight ran tool call(s): {', '.join(map(str, calls))}"
             else:
-                reason += "; the worker died while finishing the run"
+                reason += "; the step in flight was finishing the run"
         else:
-            reason += "; the worker died during the model call"
+            reason += "; the step in flight was a model call"
         if run.error:
             reason += f"; last error: {run.error}"
         return reason

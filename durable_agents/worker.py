@@ -153,13 +153,14 @@ class Worker:
             held = list(self._held.values())
         for item in held:
             item.interrupt.trigger("shutdown")
-            try:
-                if leases.release_lease(item.claim, count_claim=False):
-                    logger.info("released run %s", item.claim.run_id)
-            except DatabaseError:
-                logger.exception(
-                    "could not release run %s; its lease will expire", item.claim.run_id
-                )
+            with bind_run(item.claim.run_id):
+                try:
+                    if leases.release_lease(item.claim, count_claim=False):
+                        logger.info("released run %s", item.claim.run_id)
+                except DatabaseError:
+                    logger.exception(
+                        "could not release run %s; its lease will expire", item.claim.run_id
+                    )
         connection.close()
 
     # -- slots -----------------------------------------------------------------------------
@@ -227,6 +228,20 @@ class Worker:
 
     # -- heartbeat -------------------------------------------------------------------------
 
+    def _beat(self, item: _Held) -> None:
+        try:
+            close_old_connections()
+            if leases.renew_lease(item.claim):
+                return
+            status = leases.current_status(item.claim.run_id)
+        except DatabaseError:
+            logger.exception("heartbeat failed for run %s", item.claim.run_id)
+            connection.close()
+            return
+        reason = "cancelled" if status == RunStatus.CANCELLED else "lost"
+        logger.warning("run %s: %s (noticed by the heartbeat)", item.claim.run_id, reason)
+        item.interrupt.trigger(reason)
+
     def _heartbeat(self) -> None:
         """Renew every held lease; tell a run's slot when it was cancelled or taken over."""
         while not self.stopping.wait(self.heartbeat_seconds):
@@ -235,16 +250,6 @@ class Worker:
             for item in held:
                 if item.interrupt.is_set():
                     continue
-                try:
-                    close_old_connections()
-                    if leases.renew_lease(item.claim):
-                        continue
-                    status = leases.current_status(item.claim.run_id)
-                except DatabaseError:
-                    logger.exception("heartbeat failed for run %s", item.claim.run_id)
-                    connection.close()
-                    continue
-                reason = "cancelled" if status == RunStatus.CANCELLED else "lost"
-                logger.warning("run %s: %s (noticed by the heartbeat)", item.claim.run_id, reason)
-                item.interrupt.trigger(reason)
+                with bind_run(item.claim.run_id):
+                    self._beat(item)
         connection.close()
