@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run test test-postgres test-sqlite lint venv clean
+.PHONY: run test test-postgres test-sqlite test-django6 check-wheel lint venv clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,33 @@ test-postgres: venv
 test-sqlite: venv
 	DATABASE_URL=sqlite:///$(CURDIR)/test-suite.sqlite3 $(PY) -m pytest -q -m "not postgres"
 
+## make test-django6: the PostgreSQL suite on Django 6.x (needs Python 3.12+)
+PY6 ?= $(shell ./scripts/find-python.sh 3.13 || ./scripts/find-python.sh 3.12)
+VENV6 := .venv-django6
+$(VENV6)/.installed: requirements.txt pyproject.toml
+	@test -n "$(PY6)" || (echo "no python3.12 or python3.13 here" >&2; exit 1)
+	$(PY6) -m venv $(VENV6)
+	$(VENV6)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV6)/bin/python -m pip install --quiet -r requirements.txt "Django>=6,<7"
+	touch $@
+
+test-django6: $(VENV6)/.installed
+	./scripts/ensure-postgres.sh
+	DATABASE_URL=$(PG_URL)_dj6 $(VENV6)/bin/python -m pytest -q -m "not browser"
+
+## make check-wheel: build the wheel and use it from a fresh venv and a minimal project
+check-wheel: venv
+	./scripts/check-wheel.sh
+
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
 clean:
-	rm -rf $(VENV) demo.sqlite3 test-*.sqlite3
+	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3
+
+## make bench: the benchmarks (bench/), writes docs/benchmarks.md and docs/img/bench_*.png
+bench: venv
+	./scripts/ensure-postgres.sh
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	$(PY) -m bench.run_all $(BENCH_ARGS)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Build the wheel, install it into a fresh venv outside the repository, and use it from a
+# minimal Django project: checks, migrations, the admin templates, a run to its end offline.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$repo/.venv/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$repo"
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install --quiet "$work"/dist/*.whl
+mkdir -p "$work/site/shop"
+touch "$work/site/shop/__init__.py"
+cat > "$work/site/shop/agents.py" <<'PY'
+from durable_agents import Agent, tool
+
+@tool(effect="pure")
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return key.upper()
+
+helper = Agent(name="helper", version="1", model="claude-x-1", system="Help.", tools=[lookup])
+PY
+cat > "$work/site/settings.py" <<'PY'
+SECRET_KEY = "wheel-check"
+INSTALLED_APPS = ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+                  "django.contrib.sessions", "django.contrib.messages", "durable_agents", "shop"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3",
+                         "OPTIONS": {"transaction_mode": "IMMEDIATE"}}}
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
+              "OPTIONS": {"context_processors": ["django.contrib.auth.context_processors.auth",
+                          "django.contrib.messages.context_processors.messages",
+                          "django.template.context_processors.request"]}}]
+MIDDLEWARE = ["django.contrib.sessions.middleware.SessionMiddleware",
+              "django.contrib.auth.middleware.AuthenticationMiddleware",
+              "django.contrib.messages.middleware.MessageMiddleware"]
+ROOT_URLCONF = "urls"
+USE_TZ = True
+DEBUG = True
+DURABLE_AGENTS = {"OFFLINE": True}
+PY
+cat > "$work/site/urls.py" <<'PY'
+from django.contrib import admin
+from django.urls import path
+urlpatterns = [path("admin/", admin.site.urls)]
+PY
+cd "$work/site"
+export DJANGO_SETTINGS_MODULE=settings PYTHONPATH="$work/site"
+py="$work/venv/bin/python"
+"$py" -c "import durable_agents, sys; assert '$repo' not in durable_agents.__file__, durable_agents.__file__; print('installed at', durable_agents.__file__)"
+"$work/venv/bin/django-admin" check --fail-level WARNING
+"$work/venv/bin/django-admin" migrate --verbosity 0
+"$py" - <<'PY'
+import django
+django.setup()
+import durable_agents
+from django.core.management import call_command
+from django.template.loader import get_template
+get_template("admin/durable_agents/agentrun/change_form.html")
+run = durable_agents.start_run("helper", 'Look.\n@lookup {"key": "abc"}')
+call_command("runagents", "--burst")
+run.refresh_from_db()
+assert run.status == "succeeded", (run.status, run.error)
+print("wheel check: run", run.id, run.status)
+PY
