@@ -25,6 +25,15 @@ from tests.testapp import receiver as receiver_module
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The users' plugin: loaded by its entry point when the package is pip-installed, and
+    registered here for a plain checkout."""
+    import durable_agents.pytest_plugin as plugin
+
+    if not config.pluginmanager.is_registered(plugin):
+        config.pluginmanager.register(plugin, "durable_agents")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
 

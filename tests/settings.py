@@ -1,9 +1,9 @@
 """Test settings: PostgreSQL when DATABASE_URL is set (make test sets it), else SQLite."""
 
-from project.settings import *  # noqa: F403
 import os
 from pathlib import Path
 
+from project.settings import *  # noqa: F403
 from project.settings import DATABASES, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "django_q", "tests.testapp"]

@@ -346,12 +346,22 @@ def test_roles_must_alternate_from_user(client: anthropic.Anthropic) -> None:
     assert (e.api_message or "").startswith("messages.1.role")
 
 
-def test_stream_is_not_supported_yet(client: anthropic.Anthropic) -> None:
-    with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(
-            model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True
-        )
-    assert "streaming is not supported" in (info.value.api_message or "")
+def test_a_streamed_answer_assembles_into_the_plain_one(client: anthropic.Anthropic) -> None:
+    request = {
+        "model": MODEL,
+        "max_tokens": 512,
+        "thinking": {"type": "enabled", "budget_tokens": 256},
+        "messages": [{"role": "user", "content": 'Go.\n@lookup {"key": "k", "n": [1, 2]}'}],
+    }
+    plain = client.messages.create(**request)
+    with client.messages.stream(**request) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_delta" in kinds
+    assert [b.to_dict() for b in final.content] == [b.to_dict() for b in plain.content]
+    assert final.stop_reason == plain.stop_reason == "tool_use"
+    assert final.usage.output_tokens == plain.usage.output_tokens
 
 
 def test_other_endpoints_are_404(client: anthropic.Anthropic) -> None:

@@ -7,8 +7,6 @@ from typing import Any
 from durable_agents.effects import idempotency_key
 from durable_agents.models import IntentStatus, RunStatus
 
-pytest_plugins = ["durable_agents.pytest_plugin"]
-
 
 def test_the_demo_migrator_end_to_end(agent_runner: Any, durable_plan: Any) -> None:
     task = durable_plan(
