@@ -58,6 +58,9 @@ class _Step:
     seq: int
     kind: str
     message: Any  # the parsed payload
+    # Committed by this claim just now: no call of this turn can have run yet, so the
+    # effect ledger need not be read for it.
+    fresh: bool = False
 
 
 class _Stop(Exception):
@@ -187,7 +190,7 @@ class RunAdvancer:
                     seq, StepKind.MODEL_TURN, turn.body, turn.request_id, ms=turn.elapsed_ms
                 )
                 messages.append({"role": "assistant", "content": turn.message["content"]})
-                last = _Step(seq, StepKind.MODEL_TURN, turn.message)
+                last = _Step(seq, StepKind.MODEL_TURN, turn.message, fresh=True)
                 turns += 1
                 continue
 
@@ -293,7 +296,7 @@ class RunAdvancer:
         """Run the calls of one turn in order. Every completed call is recorded at once, but
         the last, which is committed together with the tool_result step."""
         calls = [b for b in turn.message.get("content") or [] if b.get("type") == "tool_use"]
-        recorded = effects.recorded_effects(self.run.pk, turn.seq)
+        recorded = {} if turn.fresh else effects.recorded_effects(self.run.pk, turn.seq)
         results: list[dict[str, Any]] = []
         final_effect: ToolEffect | None = None
         for index, call in enumerate(calls):

@@ -7,6 +7,7 @@ task's ``@`` lines are the model's turns, so each test reads as its own script.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -18,10 +19,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db.models.functions import Now
 
-from durable_agents import effects, leases
+from durable_agents import effects, leases, llm
 from durable_agents.agents import Agent, registry
 from durable_agents.api import approve_intent, cancel_run, messages_for, requeue_run, start_run
+from durable_agents.interrupt import Interrupt
 from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
 from durable_agents.tools import tool
 from durable_agents.worker import Worker
@@ -401,7 +404,16 @@ def test_a_recorded_call_in_the_middle_of_a_turn_is_not_run_again(
         '@lookup {"key": "a"} && charge {"customer": "cus_9", "cents": 300} '
         '&& charge {"customer": "cus_9", "cents": 301}',
     )
-    # The model turn will be seq 1; its middle call already happened in an earlier attempt.
+    # An earlier worker committed the model turn (seq 1), completed the turn's middle call,
+    # and died before the turn's results were committed; its lease then expired.
+    crashed = leases.claim_run(run.pk, "crashed-worker", 30)
+    assert crashed is not None
+    turn = llm.create_turn(
+        registry.get("tester").request_params(run.model),
+        messages_for(run.pk),
+        interrupt=Interrupt(),
+    )
+    assert leases.append_step(crashed, 1, "model_turn", turn.body, turn.request_id)
     key = effects.idempotency_key(run.pk, 1, 1, "charge", charge_input)
     ToolEffect.objects.create(
         key=key,
@@ -412,6 +424,7 @@ def test_a_recorded_call_in_the_middle_of_a_turn_is_not_run_again(
         result='{"recorded": "earlier"}',
         is_error=False,
     )
+    AgentRun.objects.filter(pk=run.pk).update(lease_until=Now() - datetime.timedelta(seconds=1))
     run_worker()
     run = reload(run)
     assert run.status == "succeeded"
