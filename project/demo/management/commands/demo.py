@@ -1,97 +1,154 @@
-"""``python manage.py demo``: start the migration agent on a few tasks and run them to the end.
+"""``python manage.py demo``: the migration story, end to end, with a real crash in the middle.
 
-Uses whatever model the settings give: the offline scripted model when no API key is set.
-The irreversible ``drop_table`` call parks its run until a person approves; the demo plays
-that person (a staff user ``demo-operator`` with the approve permission) so that every run
-finishes, then prints what happened.
+1. Start the migration agent on a migration task and on a few smaller ones.
+2. Run a worker process; once the migration run has committed step 6, while the worker waits
+   on the model for step 7, SIGKILL it (the pod was rescheduled).
+3. Start a fresh worker: it claims the run once the dead worker's lease expires, rebuilds the
+   conversation from the step log and goes on at step 8. Nothing committed is redone.
+4. The agent asks to drop a table: the run waits until a person approves. The demo plays that
+   person (a staff user ``demo-operator``); in production it is the admin's Approve button.
+5. Print what happened: statuses, steps per second, and the transcript with the attempt that
+   wrote each step.
+
+Uses the offline scripted model unless an API key is set (the tasks carry the plan it plays).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import connection
 from django.db.models import Count
 
 import durable_agents
-from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolIntent
+from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.worker import Worker
 
-MIGRATION = """Migrate the orders table: add a note column, then retire orders_old.
+MIGRATION = """Migrate the orders table: add a note column, backfill it, retire orders_old.
+@@latency 0.15
 @get_schema {"table": "orders"}
 @apply_migration_step {"statement": "ALTER TABLE orders ADD COLUMN note text"}
 @record_progress {"ticket": "MIG-42", "status": "column added"}
+@apply_migration_step {"statement": "UPDATE orders SET note = '' WHERE note IS NULL"}
 @get_schema {"table": "orders_old"}
 @drop_table {"table": "orders_old"}
 @record_progress {"ticket": "MIG-42", "status": "done"}
 """
 
-INSPECTION = """Check that the orders table has what the report needs.
+SMALLER = [
+    """Check that the orders table has what the report needs.
 @get_schema {"table": "orders"} && get_schema {"table": "customers"}
 @record_progress {"ticket": "REP-7", "status": "schema checked"}
-"""
-
-BACKFILL = """Backfill the note column in two batches.
+""",
+    """Backfill the note column in two batches.
 @apply_migration_step {"statement": "UPDATE orders SET note = '' WHERE id < 1000"}
 @apply_migration_step {"statement": "UPDATE orders SET note = '' WHERE id >= 1000"}
 @record_progress {"ticket": "MIG-43", "status": "backfilled"}
-"""
+""",
+]
+
+KILL_AFTER_SEQ = 6
+LEASE_SECONDS = "3"
 
 
 class Command(BaseCommand):
-    help = "Run the durable_agents demo: a migration agent, offline unless an API key is set."
+    help = "The durable_agents demo: a migration agent killed at step 7 and resumed."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--runs", type=int, default=6, help="how many demo runs to start")
+        parser.add_argument("--extra-runs", type=int, default=4, help="smaller runs to add")
+        parser.add_argument(
+            "--speed-runs", type=int, default=30, help="runs for the closing throughput figure"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tasks = [MIGRATION, INSPECTION, BACKFILL]
-        runs = [
-            durable_agents.start_run("migrator", tasks[i % len(tasks)])
-            for i in range(options["runs"])
+        migration = durable_agents.start_run("migrator", MIGRATION)
+        extra = [
+            durable_agents.start_run("migrator", SMALLER[i % len(SMALLER)])
+            for i in range(options["extra_runs"])
         ]
-        self.stdout.write(f"started {len(runs)} runs of migrator; running a worker\n")
-
+        runs = [migration, *extra]
+        self._say(
+            f"started {len(runs)} runs of migrator@{migration.prompt_version}; "
+            f"the migration run is {migration.pk}"
+        )
         started = time.monotonic()
-        steps_before = AgentStep.objects.count()
-        Worker(burst=True).run()
+
+        self._say(
+            "worker 1 starts; it will be SIGKILLed while it waits on the model for step "
+            f"{KILL_AFTER_SEQ + 1} of the migration"
+        )
+        first = self._worker("demo-worker-1")
+        while AgentRun.objects.get(pk=migration.pk).last_seq < KILL_AFTER_SEQ:
+            if first.poll() is not None:
+                break
+            time.sleep(0.02)
+        if first.poll() is None:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            run = AgentRun.objects.get(pk=migration.pk)
+            self._say(
+                f"worker 1 killed (SIGKILL) with the migration at step {run.last_seq}: "
+                f"status {run.status}, lease held by a dead worker until it expires"
+            )
+
+        self._say(
+            f"waiting for the dead worker's {LEASE_SECONDS}s lease to expire (on the database "
+            "clock); no supervisor is involved"
+        )
+        while not AgentRun.objects.claimable().filter(pk=migration.pk).exists():
+            if AgentRun.objects.get(pk=migration.pk).is_finished:
+                break
+            time.sleep(0.1)
+        self._say(
+            "worker 2 starts: it rebuilds the conversation from the step log and goes on at "
+            "the first uncommitted step"
+        )
+        self._worker("demo-worker-2", "--burst").wait()
 
         pending = list(ToolIntent.objects.filter(status=IntentStatus.PENDING))
         if pending:
             operator = self._operator()
-            self.stdout.write(
-                f"\n{len(pending)} irreversible call(s) wait for approval; "
-                f"approving as {operator.get_username()} (in production: the admin)\n"
+            self._say(
+                f"{len(pending)} irreversible call(s) wait for a person; approving as "
+                f"{operator.get_username()} (in production: the admin's Approve button)"
             )
             for intent in pending:
-                self.stdout.write(f"  approve #{intent.pk}: {intent.tool}({intent.input})\n")
+                self._say(f"  approve intent #{intent.pk}: {intent.tool}({intent.input})")
                 durable_agents.approve_intent(intent.pk, operator)
-            Worker(burst=True).run()
-        elapsed = time.monotonic() - started
-        steps = AgentStep.objects.count() - steps_before
+            self._worker("demo-worker-3", "--burst").wait()
 
-        counts = dict(
-            AgentRun.objects.filter(pk__in=[r.pk for r in runs])
-            .values_list("status")
-            .annotate(n=Count("pk"))
-            .values_list("status", "n")
-        )
-        self.stdout.write(f"\nruns by status: {counts}")
-        self.stdout.write(
-            f"{steps} steps committed in {elapsed:.2f}s ({steps / elapsed:.0f} steps/s, "
-            "approval pause included)"
-        )
-        sample = runs[0]
-        self.stdout.write(f"\ntranscript of run {sample.pk}:")
-        for step in AgentStep.objects.filter(run_id=sample.pk).order_by("seq"):
-            self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {_summary(step)}")
-        self.stdout.write(
-            "\nOpen the admin (python manage.py createsuperuser; python manage.py runserver) "
-            "to read every transcript."
-        )
+        elapsed = time.monotonic() - started
+        self._report(runs, migration, elapsed)
+        self._speed(options["speed_runs"])
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _worker(self, name: str, *flags: str) -> subprocess.Popen:
+        command = [
+            sys.executable,
+            str(Path(settings.BASE_DIR) / "manage.py"),
+            "runagents",
+            "--worker-id",
+            name,
+            "--lease-seconds",
+            LEASE_SECONDS,
+            "--poll-interval",
+            "0.2",
+            *flags,
+        ]
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"]}
+        return subprocess.Popen(command, env=env)
 
     def _operator(self) -> Any:
         user_model = get_user_model()
@@ -99,21 +156,70 @@ class Command(BaseCommand):
             username="demo-operator", defaults={"is_staff": True}
         )
         user.user_permissions.add(Permission.objects.get(codename="approve_toolintent"))
-        return user_model.objects.get(pk=user.pk)  # fresh permission cache
+        return user_model.objects.get(pk=user.pk)  # a fresh permission cache
+
+    def _say(self, text: str) -> None:
+        self.stdout.write(self.style.SUCCESS(f"\n==> {text}"))
+
+    def _speed(self, count: int) -> None:
+        """Throughput without the story's pauses: short runs, one in-process worker."""
+        if count < 1:
+            return
+        quick = [durable_agents.start_run("migrator", SMALLER[1]) for _ in range(count)]
+        before = AgentStep.objects.filter(run_id__in=[r.pk for r in quick]).count()
+        started = time.monotonic()
+        logging.getLogger("durable_agents").setLevel(logging.WARNING)  # no progress lines here
+        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        elapsed = time.monotonic() - started
+        steps = AgentStep.objects.filter(run_id__in=[r.pk for r in quick]).count() - before
+        self._say(
+            f"throughput without pauses: {count} runs, {steps} durable steps in {elapsed:.2f}s "
+            f"= {steps / elapsed:.0f} steps/s (one worker, {connection.vendor}, offline model)"
+        )
+
+    def _report(self, runs: list[AgentRun], migration: AgentRun, elapsed: float) -> None:
+        ids = [r.pk for r in runs]
+        counts = dict(
+            AgentRun.objects.filter(pk__in=ids)
+            .order_by()
+            .values_list("status")
+            .annotate(n=Count("pk"))
+            .values_list("status", "n")
+        )
+        steps = AgentStep.objects.filter(run_id__in=ids).count()
+        self._say(f"runs by status: {counts}")
+        self.stdout.write(f"{steps} steps committed in {elapsed:.1f}s, crash and approval included")
+        effects = ToolEffect.objects.filter(run_id__in=ids)
+        self.stdout.write(
+            f"{effects.count()} tool calls recorded, each once (one row per idempotency key); "
+            f"{effects.filter(tool='apply_migration_step').count()} migration statements "
+            "applied, none twice"
+        )
+        self._say(f"transcript of the migration run {migration.pk}:")
+        for step in AgentStep.objects.filter(run_id=migration.pk).order_by("seq"):
+            who = f"attempt {step.attempt} {step.worker or '(start_run)'}"
+            self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {who:<28} {_summary(step)}")
+        self.stdout.write(
+            "\nRead every transcript in the admin: python manage.py createsuperuser, then "
+            "python manage.py runserver and open http://127.0.0.1:8000/admin/"
+        )
 
 
 def _summary(step: AgentStep) -> str:
     data = step.data()
     if step.kind == "task":
-        return data.splitlines()[0]
+        return data.splitlines()[0][:60]
     if step.kind == "model_turn":
-        parts = []
-        for block in data.get("content", []):
-            if block.get("type") == "tool_use":
-                parts.append(f"calls {block['name']}")
-            elif block.get("type") == "text":
-                parts.append(repr(block["text"][:60]))
-        return f"[{data.get('stop_reason')}] " + ", ".join(parts)
+        calls = [b["name"] for b in data.get("content", []) if b.get("type") == "tool_use"]
+        return f"[{data.get('stop_reason')}] " + (
+            f"calls {', '.join(calls)}" if calls else repr(_text(data)[:50])
+        )
     return "; ".join(
-        ("ERROR " if b.get("is_error") else "") + str(b.get("content"))[:70] for b in data
+        ("ERROR " if b.get("is_error") else "") + str(b.get("content"))[:60] for b in data
+    )
+
+
+def _text(message: dict[str, Any]) -> str:
+    return " ".join(
+        b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"
     )
