@@ -208,7 +208,8 @@ def create_turn(
             )
         except ModelCallInterrupted:
             raise
-        except (anthropic.APIStatusError, anthropic.APIConnectionError, ModelError) as exc:
+        except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:
+            # ValueError: an undecodable body; httpx2.HTTPError: a stream cut mid-way.
             error = exc if isinstance(exc, ModelError) else classify(exc, model)
             if not isinstance(error, TransientModelError) or error.status in (401, 403):
                 raise error from exc
@@ -218,20 +219,6 @@ def create_turn(
             delay = _retry_after(headers)
             if delay is None:
                 delay = _backoff(retry)
-            logger.warning(
-                "model call failed (%s), retry %d/%d in %.1fs",
-                error.message,
-                retry + 1,
-                retries,
-                delay,
-            )
-            if interrupt.wait(delay):
-                raise ModelCallInterrupted("interrupted while waiting to retry") from exc
-        except (httpx2.HTTPError, ValueError) as exc:  # a cut connection, an undecodable body
-            error = TransientModelError(f"{type(exc).__name__}: {exc}")
-            if retry == retries:
-                raise error from exc
-            delay = _backoff(retry)
             logger.warning(
                 "model call failed (%s), retry %d/%d in %.1fs",
                 error.message,
