@@ -14,6 +14,7 @@ import dataclasses
 import email.utils
 import json
 import logging
+import queue
 import random
 import threading
 import time
@@ -231,16 +232,40 @@ def create_turn(
     raise AssertionError("unreachable")
 
 
+class _Caller:
+    """A thread that makes model calls for one worker slot, so that the slot itself can stop
+    waiting the moment its run is interrupted. Reused across calls (starting a thread per call
+    costs more than a local round trip); replaced when a call is abandoned."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.abandoned = False
+        threading.Thread(target=self._serve, name="da-model-call", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+            if self.abandoned:
+                return  # its slot has a new caller; this thread was only finishing a call
+
+
+_callers = threading.local()
+
+
 def _abortable(
     call: Callable[[threading.Event], tuple[str, str | None]], interrupt: Interrupt
 ) -> tuple[str, str | None]:
-    """Run ``call`` in a thread; return its result, or raise ModelCallInterrupted as soon as
-    ``interrupt`` triggers (the thread is told to abort and left to finish on its own)."""
+    """Run ``call`` on the slot's caller thread; return its result, or raise
+    ModelCallInterrupted as soon as ``interrupt`` triggers (the call is told to abort and left
+    to finish on its own)."""
+    caller: _Caller | None = getattr(_callers, "caller", None)
+    if caller is None:
+        caller = _callers.caller = _Caller()
     outcome: dict[str, Any] = {}
     wake = threading.Event()
     abort = threading.Event()
 
-    def target() -> None:
+    def job() -> None:
         try:
             outcome["value"] = call(abort)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
@@ -250,8 +275,7 @@ def _abortable(
 
     interrupt.wakes(wake)
     try:
-        thread = threading.Thread(target=target, name="da-model-call", daemon=True)
-        thread.start()
+        caller.jobs.put(job)
         wake.wait()
     finally:
         interrupt.forget(wake)
@@ -260,6 +284,9 @@ def _abortable(
     if "error" in outcome:
         raise outcome["error"]
     abort.set()
+    caller.abandoned = True
+    caller.jobs.put(None)  # ends the thread even if its call finished in the meantime
+    _callers.caller = None
     raise ModelCallInterrupted(f"model call abandoned: {interrupt.reason or 'interrupted'}")
 
 
