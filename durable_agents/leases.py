@@ -53,13 +53,42 @@ def _fenced(claim: Claim):  # noqa: ANN202 - a QuerySet
     )
 
 
+# The PostgreSQL claim: the subquery is ``AgentRun.objects.claimable()`` locked with
+# select_for_update(skip_locked=True, no_key=True), as in the portable path below; written out
+# so that lock, lease and counters are taken in a single statement. The predicate on status
+# matches the partial index agent_run_claim.
+_CLAIM_SQL = """
+UPDATE agent_run AS run
+   SET status = 'running',
+       lease_owner = %(owner)s,
+       lease_until = now() + make_interval(secs => %(lease)s),
+       attempt = run.attempt + 1,
+       stalled_claims = run.stalled_claims + 1,
+       started_at = coalesce(run.started_at, now()),
+       updated_at = now()
+ WHERE run.id IN (
+           SELECT id FROM agent_run
+            WHERE status IN ('pending', 'running')
+              AND (lease_until IS NULL OR lease_until < now())
+            ORDER BY created_at
+            LIMIT %(limit)s
+              FOR NO KEY UPDATE SKIP LOCKED)
+RETURNING run.*
+"""
+
+
 def claim_runs(owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
     """Lease up to ``limit`` claimable runs, oldest first, skipping rows others hold.
 
     FOR NO KEY UPDATE (``no_key=True``) rather than FOR UPDATE: the latter would conflict with
     the FOR KEY SHARE lock that inserting a step takes on its run through the foreign key.
-    On SQLite the IMMEDIATE transaction mode makes the whole claim exclusive instead.
+    On PostgreSQL the claim is one statement (one round trip); on SQLite the IMMEDIATE
+    transaction mode makes the whole claim exclusive instead.
     """
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        params = {"owner": owner, "lease": float(lease_seconds), "limit": limit}
+        runs = sorted(AgentRun.objects.raw(_CLAIM_SQL, params), key=lambda run: run.created_at)
+        return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
     with transaction.atomic():
         ids = list(
             AgentRun.objects.claimable()
