@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models.functions import Now
 
-from durable_agents import effects
+from durable_agents import effects, signals
 from durable_agents.agents import registry
 from durable_agents.history import rebuild_messages
 from durable_agents.models import (
@@ -57,15 +57,16 @@ def start_run(
 def cancel_run(run_id: Any) -> bool:
     """Cancel a pending, running or waiting run. A worker holding it notices through its
     heartbeat and its fence refuses any further step. False if the run was already over."""
-    return bool(
-        AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES).update(
-            status=RunStatus.CANCELLED,
-            lease_owner=None,
-            lease_until=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
+    cancelled = AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES).update(
+        status=RunStatus.CANCELLED,
+        lease_owner=None,
+        lease_until=None,
+        finished_at=Now(),
+        updated_at=Now(),
     )
+    if cancelled:
+        signals.run_finished.send(sender=AgentRun, run_id=run_id, status=RunStatus.CANCELLED)
+    return bool(cancelled)
 
 
 def requeue_run(run_id: Any) -> bool:

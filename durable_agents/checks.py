@@ -60,6 +60,60 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agents.E004",
             )
         )
+    for key in ("SHUTDOWN_GRACE_SECONDS", "UNDEPLOYED_RETRY_SECONDS"):
+        value = getattr(app_settings, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS[{key!r}] must be a number >= 0, not {value!r}.",
+                    id="durable_agents.E003",
+                )
+            )
+    for key in ("RETENTION_BATCH", "METRICS_KEEP_DAYS"):
+        value = getattr(app_settings, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS[{key!r}] must be a whole number of at least 1, not {value!r}.",
+                    id="durable_agents.E004",
+                )
+            )
+    days = app_settings.RETENTION_DAYS
+    if days is not None and (
+        isinstance(days, bool) or not isinstance(days, (int, float)) or days <= 0
+    ):
+        messages.append(
+            Error(
+                f"DURABLE_AGENTS['RETENTION_DAYS'] must be None or a positive number, not "
+                f"{days!r}.",
+                id="durable_agents.E003",
+            )
+        )
+    for key in ("OFFLINE", "NOTIFY"):
+        if not isinstance(getattr(app_settings, key), bool):
+            messages.append(
+                Error(f"DURABLE_AGENTS[{key!r}] must be True or False.", id="durable_agents.E007")
+            )
+    retired = app_settings.RETIRED_MODELS
+    if not isinstance(retired, (list, tuple, set, frozenset)) or not all(
+        isinstance(m, str) for m in retired
+    ):
+        messages.append(
+            Error(
+                "DURABLE_AGENTS['RETIRED_MODELS'] must be a list of model ids.",
+                id="durable_agents.E005",
+            )
+        )
+    if app_settings.ARCHIVER:
+        try:
+            import_string(app_settings.ARCHIVER)
+        except ImportError as exc:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS['ARCHIVER'] cannot be imported: {exc}",
+                    id="durable_agents.E006",
+                )
+            )
     lease, beat = app_settings.LEASE_SECONDS, app_settings.HEARTBEAT_SECONDS
     if not messages and beat * 2 > lease:
         messages.append(

@@ -27,6 +27,10 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESULT_CHARS": 1_000_000,
     # HTTP timeout of one model call, in seconds.
     "MODEL_TIMEOUT": 600.0,
+    # A worker that lacks a run's prompt version (a rolling deploy: the code that started the
+    # run is newer than this worker) hands the run back for this long, for another worker.
+    # MAX_ATTEMPTS such claims in a row send it to the dead letter.
+    "UNDEPLOYED_RETRY_SECONDS": 30.0,
     # After SIGTERM, steps in flight get this long to finish and commit before they are
     # abandoned (uncommitted) and the worker exits. A second signal abandons them at once.
     "SHUTDOWN_GRACE_SECONDS": 10.0,

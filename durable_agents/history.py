@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from durable_agents.models import AgentStep, StepKind
 
@@ -27,12 +27,21 @@ def messages_from_steps(steps: Iterable[tuple[str, str]]) -> list[dict[str, Any]
     return [message_for_step(kind, payload) for kind, payload in steps]
 
 
-def load_steps(run_id: Any, after_seq: int = -1) -> list[AgentStep]:
-    return list(
+class StepRow(NamedTuple):
+    seq: int
+    kind: str
+    payload: str
+
+
+def load_steps(run_id: Any, after_seq: int = -1) -> list[StepRow]:
+    """The log of a run from ``after_seq`` on, as plain rows (no model instances: a resume of a
+    long run reads thousands of them)."""
+    rows = (
         AgentStep.objects.filter(run_id=run_id, seq__gt=after_seq)
-        .only("seq", "kind", "payload")
         .order_by("seq")
+        .values_list("seq", "kind", "payload")
     )
+    return [StepRow(*row) for row in rows]
 
 
 def rebuild_messages(run_id: Any) -> list[dict[str, Any]]:

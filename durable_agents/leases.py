@@ -280,5 +280,20 @@ def release_lease(claim: Claim, *, error: str | None = None, count_claim: bool =
     return bool(_fenced(claim).update(**changes))
 
 
+def defer_run(claim: Claim, seconds: float, error: str) -> bool:
+    """Hand the run back, claimable by nobody for ``seconds`` (the lease column doubles as a
+    not-before time), with the reason kept in ``error``. The claim still counts as one without
+    progress."""
+    return bool(
+        _fenced(claim).update(
+            status=RunStatus.PENDING,
+            lease_owner=None,
+            lease_until=_lease_expiry(seconds),
+            error=error,
+            updated_at=Now(),
+        )
+    )
+
+
 def current_status(run_id) -> str | None:  # noqa: ANN001 - a UUID or str
     return AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()

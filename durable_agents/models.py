@@ -64,7 +64,8 @@ class AgentRun(models.Model):
     agent = models.CharField(max_length=200)
     prompt_version = models.CharField(max_length=200)
     # sha256 of everything sent besides the messages (model, parameters, system, tools):
-    # checked before every model call, because a drifted prompt breaks thinking signatures.
+    # checked whenever a worker takes the run, before its first model call, because a drifted
+    # prompt breaks thinking signatures.
     fingerprint = models.CharField(max_length=64)
     model = models.CharField(max_length=200)
     task = models.TextField()

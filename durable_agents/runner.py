@@ -227,10 +227,16 @@ class RunAdvancer:
         try:
             agent = registry.get(run.agent, run.prompt_version)
         except AgentNotFound as exc:
-            self._dead(
+            # Most likely a rolling deploy: the run was started by newer code than this
+            # worker's. Another worker may have the version; after MAX_ATTEMPTS such claims
+            # the run goes to the dead letter with this reason.
+            reason = (
                 f"prompt version {run.prompt_version!r} of agent {run.agent!r} is not deployed "
-                f"on this worker ({exc}); deploy it again or cancel the run"
+                f"on worker {self.claim.owner} ({exc}); deploy it again or cancel the run"
             )
+            logger.warning("run %s handed back: %s", run.pk, reason)
+            leases.defer_run(self.claim, app_settings.UNDEPLOYED_RETRY_SECONDS, reason)
+            raise _Stop(RELEASED) from exc
         current = agent.fingerprint(run.model)
         if current != run.fingerprint:
             self._dead(

@@ -32,6 +32,12 @@ def test_the_test_settings_pass() -> None:
         ({"BETAS": "a-beta"}, ["durable_agents.E005"]),
         ({"CLIENT_FACTORY": "nowhere.factory"}, ["durable_agents.E006"]),
         ({"LEASE_SECONDS": 10, "HEARTBEAT_SECONDS": 8}, ["durable_agents.W001"]),
+        ({"SHUTDOWN_GRACE_SECONDS": -1}, ["durable_agents.E003"]),
+        ({"RETENTION_DAYS": 0}, ["durable_agents.E003"]),
+        ({"RETENTION_BATCH": 0}, ["durable_agents.E004"]),
+        ({"OFFLINE": "yes"}, ["durable_agents.E007"]),
+        ({"RETIRED_MODELS": "claude-2.1"}, ["durable_agents.E005"]),
+        ({"ARCHIVER": "nowhere.archive"}, ["durable_agents.E006"]),
     ],
 )
 def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: list[str]) -> None:

@@ -517,16 +517,30 @@ def test_run_moved_to_another_version_is_dead_lettered(
     assert fake_api.requests == []
 
 
-def test_undeployed_prompt_version_is_dead_lettered(fake_api: FakeAnthropic) -> None:
+def test_undeployed_prompt_version_is_handed_back_then_dead_lettered(
+    fake_api: FakeAnthropic, da_settings: Any
+) -> None:
+    """A worker without the run's version (a rolling deploy) hands it back for a while, for a
+    worker that has it; MAX_ATTEMPTS claims in a row without one send it to the dead letter."""
+    da_settings(MAX_ATTEMPTS=2, UNDEPLOYED_RETRY_SECONDS=30)
     run = start_run("tester", '@lookup {"key": "a"}')
     AgentRun.objects.filter(pk=run.pk).update(prompt_version="v0-gone")
-    run_worker()
+    run_worker(worker_id="old-worker")
     run = reload(run)
-    assert run.status == "dead"
+    assert (run.status, run.lease_owner, run.stalled_claims) == ("pending", None, 1)
     assert run.error.startswith(
-        "prompt version 'v0-gone' of agent 'tester' is not deployed on this worker ("
+        "prompt version 'v0-gone' of agent 'tester' is not deployed on worker old-worker ("
     )
     assert run.error.endswith("); deploy it again or cancel the run")
+    assert leases.claim_runs("eager-worker", 5) == []  # not claimable during the pause
+    da_settings(MAX_ATTEMPTS=2, UNDEPLOYED_RETRY_SECONDS=0)
+    for _ in range(3):
+        AgentRun.objects.filter(pk=run.pk).update(lease_until=None)
+        run_worker()
+    run = reload(run)
+    assert run.status == "dead"
+    assert run.error.startswith("2 claims in a row ended without committing a step")
+    assert "is not deployed on worker" in run.error
     assert fake_api.requests == []
 
 

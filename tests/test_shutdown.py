@@ -81,7 +81,7 @@ def test_a_second_signal_abandons_at_once(spawn_worker: Any, receiver: Any) -> N
     started = time.monotonic()
     worker.terminate()
     assert worker.wait(10) == 0
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # neither the 5 s tool nor the 30 s grace
     run.refresh_from_db()
     assert (run.status, run.lease_owner, run.stalled_claims) == (RunStatus.PENDING, None, 0)
     assert _steps(run) == [(0, 0), (1, 1)]

@@ -21,7 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="exit 0 once no run is claimable")
         parser.add_argument("--max-runs", type=int, default=None, help="stop after K claims")
         parser.add_argument(
-            "--worker-id", default=None, help="lease owner name (default: host:pid)"
+            "--worker-id", default=None, help="lease owner name (default: host:pid:random)"
         )
         parser.add_argument("--lease-seconds", type=float, default=None)
         parser.add_argument("--poll-interval", type=float, default=None)
