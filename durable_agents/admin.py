@@ -27,7 +27,6 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
-from django.utils.timesince import timesince
 from django.views.decorators.http import require_POST
 
 from durable_agents import admin_views as views
@@ -123,6 +122,8 @@ class _OperationsMixin:
 # Runs
 
 TASK_HEAD_CHARS = 80
+LAST_ERROR_CHARS = 60
+LAST_ERROR_TITLE_CHARS = 500
 
 
 class RunChangeList(ChangeList):
@@ -153,20 +154,39 @@ class StartRunForm(forms.Form):
         ]
 
 
+def _time_field(field_name: str, description: str) -> Callable[[Any, Any], str]:
+    """A read-only field or column printing ``field_name`` as ``views.TIME_FORMAT``.
+
+    Django prints datetimes in the locale's format ("Dec. 2, 2026, 4:51 p.m."); the transcript
+    prints them as ISO-like times, and so does every page of the admin through these.
+    """
+
+    @admin.display(description=description, ordering=field_name)
+    def show(self: admin.ModelAdmin, obj: Any) -> str:
+        return views.format_time(getattr(obj, field_name)) or self.get_empty_value_display()
+
+    show.__name__ = f"{field_name}_display"
+    return show
+
+
+CLAIMS_HELP = (
+    "how many times a worker took this run (after a crash, a deploy or a person's decision)"
+)
+
+
 @admin.register(AgentRun)
 class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
+    # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
+    # the run id, the model under the agent, the error (truncated) under the task, one lease
+    # column and short headers; admin.css sets the widths.
     list_display = (
         "short_id",
-        "status_badge",
+        "status_short",
         "agent_version",
         "task_excerpt",
-        "model",
         "steps",
-        "attempt",
-        "lease_owner",
-        "lease_until",
-        "age",
-        "last_error",
+        "claims",
+        "lease",
     )
     list_filter = ("status", "agent", "model", "created_at")
     search_fields = ("task",)  # plus ids and request ids: see get_search_results
@@ -187,11 +207,11 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
                     "attempt",
                     "stalled_claims",
                     "lease_owner",
-                    "lease_until",
-                    "created_at",
-                    "started_at",
-                    "updated_at",
-                    "finished_at",
+                    "lease_until_display",
+                    "created_at_display",
+                    "started_at_display",
+                    "updated_at_display",
+                    "finished_at_display",
                 )
             },
         ),
@@ -209,47 +229,87 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         "attempt",
         "stalled_claims",
         "lease_owner",
-        "lease_until",
-        "created_at",
-        "started_at",
-        "updated_at",
-        "finished_at",
+        "lease_until_display",
+        "created_at_display",
+        "started_at_display",
+        "updated_at_display",
+        "finished_at_display",
         "result",
         "error",
         "fingerprint",
     )
+    # Labels and help of read-only fields come from the form's Meta (see get_form).
+    field_labels = {"attempt": "claims"}
+    field_help_texts = {"attempt": CLAIMS_HELP, "started_at_display": "first claim"}
+
+    lease_until_display = _time_field("lease_until", "lease until")
+    created_at_display = _time_field("created_at", "created at")
+    started_at_display = _time_field("started_at", "started at")
+    updated_at_display = _time_field("updated_at", "updated at")
+    finished_at_display = _time_field("finished_at", "finished at")
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm]:
+        kwargs.setdefault("labels", self.field_labels)
+        kwargs.setdefault("help_texts", self.field_help_texts)
+        return super().get_form(request, obj, change, **kwargs)
 
     # -- columns ---------------------------------------------------------------------------
 
-    @admin.display(description="run", ordering="id")
-    def short_id(self, obj: AgentRun) -> str:
-        return str(obj.pk)[:8]
+    @admin.display(description="run", ordering="created_at")
+    def short_id(self, obj: AgentRun) -> SafeString:
+        """The id's first 8 characters, and the run's age under it (sorts by creation)."""
+        if not obj.created_at:
+            return format_html("{}", str(obj.pk)[:8])
+        return format_html(
+            '{}<br><span class="da-meta" title="created {}">{} ago</span>',
+            str(obj.pk)[:8],
+            views.format_time(obj.created_at),
+            views.compact_age(obj.created_at),
+        )
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: AgentRun) -> SafeString:
         return views.badge(obj.status, obj.get_status_display(), views.RUN_COLORS)
 
+    @admin.display(description="status", ordering="status")
+    def status_short(self, obj: AgentRun) -> SafeString:
+        label = views.RUN_SHORT_LABELS.get(obj.status, obj.get_status_display())
+        return views.badge(obj.status, label, views.RUN_COLORS, title=obj.get_status_display())
+
     @admin.display(description="agent", ordering="agent")
-    def agent_version(self, obj: AgentRun) -> str:
-        return f"{obj.agent} @ {obj.prompt_version}"
+    def agent_version(self, obj: AgentRun) -> SafeString:
+        return format_html(
+            '{} @ {}<br><span class="da-meta">{}</span>', obj.agent, obj.prompt_version, obj.model
+        )
 
     @admin.display(description="task")
-    def task_excerpt(self, obj: AgentRun) -> str:
+    def task_excerpt(self, obj: AgentRun) -> SafeString:
+        """The task's first line, and under it the start of the error if there is one."""
         head = getattr(obj, "task_head", None) or obj.task
         first_line = next((line for line in head.splitlines() if line.strip()), "")
-        return Truncator(first_line).chars(60)
+        task = Truncator(first_line).chars(60)
+        if not obj.error:
+            return format_html("{}", task)
+        return format_html(
+            '{}<br><span class="da-list-error" title="{}">{}</span>',
+            task,
+            Truncator(obj.error).chars(LAST_ERROR_TITLE_CHARS),
+            Truncator(obj.error).chars(LAST_ERROR_CHARS),
+        )
 
     @admin.display(description="steps", ordering="last_seq")
     def steps(self, obj: AgentRun) -> int:
         return obj.last_seq + 1  # seq 0 is the task; no per-row query
 
-    @admin.display(description="age", ordering="created_at")
-    def age(self, obj: AgentRun) -> str:
-        return timesince(obj.created_at) if obj.created_at else ""
+    @admin.display(description="claims", ordering="attempt")
+    def claims(self, obj: AgentRun) -> int:
+        return obj.attempt
 
-    @admin.display(description="last error")
-    def last_error(self, obj: AgentRun) -> str:
-        return Truncator(obj.error).chars(80) if obj.error else ""
+    @admin.display(description="lease", ordering="lease_until")
+    def lease(self, obj: AgentRun) -> SafeString | None:
+        return views.lease_summary(obj.lease_owner, obj.lease_until)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RunChangeList
@@ -509,9 +569,9 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         "tool",
         "run_link",
         "status_badge",
-        "created_at",
+        "created_at_display",
         "decided_by",
-        "decided_at",
+        "decided_at_display",
     )
     list_display_links = ("id", "tool")
     list_filter = ("status", "tool")
@@ -522,8 +582,8 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
     actions = ("approve_intents", "reject_intents")
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "tool", "run", "seq", "call_index", "key")}),
-        ("Decision", {"fields": ("decided_by", "decided_at", "reason")}),
-        ("Timestamps", {"fields": ("created_at", "updated_at")}),
+        ("Decision", {"fields": ("decided_by", "decided_at_display", "reason")}),
+        ("Timestamps", {"fields": ("created_at_display", "updated_at_display")}),
     )
     readonly_fields = (
         "id",
@@ -534,11 +594,15 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         "call_index",
         "key",
         "decided_by",
-        "decided_at",
+        "decided_at_display",
         "reason",
-        "created_at",
-        "updated_at",
+        "created_at_display",
+        "updated_at_display",
     )
+
+    created_at_display = _time_field("created_at", "created at")
+    decided_at_display = _time_field("decided_at", "decided at")
+    updated_at_display = _time_field("updated_at", "updated at")
 
     # -- columns ---------------------------------------------------------------------------
 

@@ -18,9 +18,10 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count, Max
 from django.db.models.functions import TruncHour
-from django.utils import timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils import dateformat, timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import Truncator
 
 from durable_agents.models import (
     FINISHED_STATUSES,
@@ -58,13 +59,76 @@ PERCENTILE_SAMPLE = 10_000
 # How many dead runs the dead-letter page groups (errors are folded in Python).
 DEAD_LETTER_SAMPLE = 10_000
 REASON_CHARS = 120
+HOUR_CHART_HEIGHT = 100
 
 
-def badge(status: str, label: str, colors: dict[str, str]) -> SafeString:
+# Short labels for the runs list, where "Waiting for a person" would widen the column.
+RUN_SHORT_LABELS = {
+    RunStatus.PENDING: "Pending",
+    RunStatus.RUNNING: "Running",
+    RunStatus.WAITING: "Waiting",
+    RunStatus.SUCCEEDED: "Succeeded",
+    RunStatus.FAILED: "Failed",
+    RunStatus.CANCELLED: "Cancelled",
+    RunStatus.DEAD: "Dead",
+}
+
+# One format for every time the admin prints: fields, columns and the transcript.
+TIME_FORMAT = "Y-m-d H:i:s"
+
+
+def badge(status: str, label: str, colors: dict[str, str], title: str = "") -> SafeString:
+    if title:
+        return format_html(
+            '<span class="da-badge" style="background-color:{}" title="{}">{}</span>',
+            colors.get(status, "#57606a"),
+            title,
+            label,
+        )
     return format_html(
         '<span class="da-badge" style="background-color:{}">{}</span>',
         colors.get(status, "#57606a"),
         label,
+    )
+
+
+def format_time(value: datetime.datetime | None, fmt: str = TIME_FORMAT) -> str:
+    """A datetime in the current time zone as ``fmt`` (a ``date`` filter format)."""
+    if value is None:
+        return ""
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return dateformat.format(value, fmt)
+
+
+def compact_age(since: datetime.datetime, now: datetime.datetime | None = None) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: the list's age column in a few characters."""
+    seconds = max(int(((now or timezone.now()) - since).total_seconds()), 0)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def lease_summary(
+    owner: str | None, until: datetime.datetime | None, now: datetime.datetime | None = None
+) -> SafeString | None:
+    """The list's lease column: the owner, then "until HH:MM:SS" or "expired"; None if free."""
+    if not owner and until is None:
+        return None
+    if until is None:
+        state = ""
+    elif until > (now or timezone.now()):
+        state = f"until {format_time(until, 'H:i:s')}"
+    else:
+        state = "expired"
+    # Worker ids read host:pid:suffix; a narrow column may break them after a colon only.
+    shown = Truncator(owner or "—").chars(24).split(":")
+    return format_html(
+        '<span class="da-lease" title="{}">{}</span>{}',
+        owner or "",
+        format_html_join(mark_safe(":<wbr>"), "{}", ((part,) for part in shown)),
+        format_html('<br><span class="da-meta">{}</span>', state) if state else "",
     )
 
 
@@ -102,12 +166,54 @@ def sql_hint(run: AgentRun) -> str:
 
 
 @dataclass
+class IntentLine:
+    """What a person decided about an irreversible call, and then what became of the call.
+
+    Kept apart so that "approved by operator" never reads as "operator ran it".
+    """
+
+    decision: str  # "approved", "rejected" or "awaiting a decision"
+    by: str = ""
+    at: str = ""
+    reason: str = ""
+    outcome: str = ""  # "done", "running", "not run yet", "outcome unknown", "not run"
+    action: str = ""  # what a person should do on the intent page, if anything
+    state: str = ""  # the intent status, for the CSS class
+
+
+INTENT_OUTCOMES = {
+    IntentStatus.APPROVED: "not run yet",
+    IntentStatus.EXECUTING: "running",
+    IntentStatus.DONE: "done",
+    IntentStatus.UNKNOWN: "outcome unknown",
+    IntentStatus.REJECTED: "not run",
+}
+
+
+def describe_intent(intent: ToolIntent) -> IntentLine:
+    """The transcript's intent line (uses ``decided_by``: select it with the intent)."""
+    if intent.status == IntentStatus.PENDING:
+        return IntentLine("awaiting a decision", action="decide it", state=intent.status)
+    decided_by = intent.decided_by
+    return IntentLine(
+        decision="rejected" if intent.status == IntentStatus.REJECTED else "approved",
+        by=decided_by.get_username() if decided_by is not None else "",
+        at=format_time(intent.decided_at),
+        reason=intent.reason,
+        outcome=INTENT_OUTCOMES.get(intent.status, intent.get_status_display().lower()),
+        action="resolve it" if intent.status == IntentStatus.UNKNOWN else "",
+        state=intent.status,
+    )
+
+
+@dataclass
 class ToolCall:
     id: str
     name: str
     input_json: str
     effect: ToolEffect | None = None
     intent: ToolIntent | None = None
+    intent_line: IntentLine | None = None
 
 
 @dataclass
@@ -198,6 +304,8 @@ def build_transcript(run: AgentRun) -> list[TranscriptStep]:
             for index, call in enumerate(entry.calls):
                 call.effect = effects.get((step.seq, index))
                 call.intent = intents.get((step.seq, index))
+                if call.intent is not None:
+                    call.intent_line = describe_intent(call.intent)
                 names_by_call_id[call.id] = call.name
         elif step.kind == StepKind.TOOL_RESULT and isinstance(data, list):
             for block in data:
@@ -286,6 +394,7 @@ class Bar:
     height: int = 0
     color: str = "#417690"
     link: str = ""
+    axis_label: str = ""  # printed under the bar (vertical charts), empty for most bars
 
 
 def horizontal_bars(
@@ -366,6 +475,11 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
             per_hour_utc[hour.astimezone(datetime.UTC).replace(tzinfo=None)] += n
     hours = [since.astimezone(datetime.UTC) + datetime.timedelta(hours=h) for h in range(24)]
     hour_items = [(h.strftime("%H:00"), per_hour_utc.get(h.replace(tzinfo=None), 0)) for h in hours]
+    hour_bars = vertical_bars(hour_items, height=HOUR_CHART_HEIGHT)
+    # Every third hour counted back from the current one, which reads "now".
+    for back, bar in enumerate(reversed(hour_bars)):
+        if back % 3 == 0:
+            bar.axis_label = "now" if back == 0 else bar.label
 
     return {
         "total_runs": sum(by_status.values()),
@@ -383,7 +497,9 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "intents_waiting": waiting_count,
         "oldest_intent": oldest_intent,
         "oldest_intent_age": (now - oldest_intent.created_at) if oldest_intent else None,
-        "hour_bars": vertical_bars(hour_items),
+        "hour_bars": hour_bars,
         "hour_total": sum(v for _, v in hour_items),
         "hour_chart_width": 24 * 20,
+        # The bars stand on this line (they are drawn 12 units down, under their value).
+        "hour_baseline_y": HOUR_CHART_HEIGHT + 12,
     }

@@ -3,7 +3,9 @@ api, permissions, CSRF, escaping of untrusted text and bounded query counts."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +17,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 import durable_agents
 from durable_agents import api
@@ -162,14 +165,31 @@ def test_app_index_links_operations_and_dead_letter(admin_client: Client) -> Non
 @pytest.mark.django_db
 def test_run_list_columns_and_filters(admin_client: Client) -> None:
     run = durable_agents.start_run("tester", "first line of the task\nsecond line")
-    AgentRun.objects.filter(pk=run.pk).update(last_seq=4, attempt=2, error="boom\nmore")
+    AgentRun.objects.filter(pk=run.pk).update(
+        last_seq=4,
+        attempt=2,
+        error="boom " + "x" * 200,
+        lease_owner="host-1:4242:abc",
+        lease_until=timezone.now() + datetime.timedelta(minutes=5),
+    )
     response = admin_client.get(runs_url("?status__exact=pending&agent=tester"))
     assert response.status_code == 200
     content = response.content.decode()
     assert 'class="da-badge"' in content
     assert "first line of the task" in content and "second line" not in content
     assert ">5<" in content  # steps = last_seq + 1
-    assert "boom" in content
+    assert ">2<" in content  # claims
+    # Short headers; one lease column; the error truncated under the task.
+    for header in ("column-claims", "column-lease"):
+        assert header in content
+    for gone in ("attempt", "lease_owner", "lease_until", "age", "last_error"):
+        assert not re.search(rf'column-{gone}[ "]', content), gone
+    assert '<span class="da-list-error" title="boom xxx' in content
+    assert "boom " + "x" * 54 + "…</span>" in content  # 60 characters
+    assert "host-1:<wbr>4242:<wbr>abc" in content and "until " in content
+    assert " ago</span>" in content  # the age, under the run id
+    AgentRun.objects.filter(pk=run.pk).update(lease_until=timezone.now())
+    assert "expired" in admin_client.get(runs_url()).content.decode()
 
 
 @pytest.mark.django_db
@@ -218,6 +238,14 @@ def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     assert f"FROM agent_step WHERE run_id = &#x27;{stored_id}&#x27; ORDER BY seq;" in content
     assert 'value="Save' not in content  # read-only: no submit row
     assert "Cancel this run" not in content  # finished: no operation applies
+    # One time format, for the fields and the transcript.
+    created = run.created_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert f'<div class="readonly">{created}</div>' in content
+    assert turn.created_at.strftime("%Y-%m-%d %H:%M:%S") + "\n" in content
+    assert " p.m." not in content and " a.m." not in content
+    # The claim count is called so, with what it counts.
+    assert ">Claims:</label>" in content and "Attempt:" not in content
+    assert "how many times a worker took this run" in content
 
 
 @pytest.mark.django_db
@@ -261,7 +289,9 @@ def test_start_a_run_from_the_admin(admin_client: Client, spy: Any) -> None:
 def test_untrusted_text_is_escaped_everywhere(admin_client: Client) -> None:
     task = f'{SCRIPT} please\n@lookup {{"key": "{SCRIPT}"}}\n@drop_table {{"table": "{SCRIPT}"}}'
     run, intent = waiting_run(task)
-    AgentRun.objects.filter(pk=run.pk).update(error=f"{SCRIPT} went wrong")
+    AgentRun.objects.filter(pk=run.pk).update(
+        error=f"{SCRIPT} went wrong", lease_owner=SCRIPT, lease_until=timezone.now()
+    )
     assert SCRIPT in ToolEffect.objects.get(run=run).result
 
     pages = {
@@ -323,6 +353,13 @@ def test_approve_runs_the_call_once(admin_client: Client, superuser: Any, spy: A
     intent.refresh_from_db()
     assert (run.status, intent.status) == (RunStatus.SUCCEEDED, IntentStatus.DONE)
 
+    # The transcript tells the decision (a person's) from the outcome (the worker's).
+    content = admin_client.get(run_url(run)).content.decode()
+    decided = intent.decided_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert f"<strong>approved</strong> by boss at {decided} ·" in content
+    assert '<span class="da-outcome">done</span>' in content
+    assert "Done by" not in content
+
 
 @pytest.mark.django_db(transaction=True)
 def test_reject_with_a_reason_reaches_the_model(admin_client: Client, superuser: Any) -> None:
@@ -338,6 +375,22 @@ def test_reject_with_a_reason_reaches_the_model(admin_client: Client, superuser:
     assert run.status == RunStatus.SUCCEEDED
     result = AgentStep.objects.get(run=run, seq=2).data()[0]
     assert result["is_error"] is True and "not on a Friday" in result["content"]
+    content = admin_client.get(run_url(run)).content.decode()
+    assert "<strong>rejected</strong> by boss at " in content
+    assert ': “not on a Friday” · <span class="da-outcome">not run</span>' in content
+
+
+@pytest.mark.django_db
+def test_transcript_sends_a_person_to_undecided_intents(admin_client: Client) -> None:
+    intent = parked_intent()
+    content = admin_client.get(run_url(intent.run)).content.decode()
+    assert "<strong>awaiting a decision</strong>" in content
+    assert f'<a href="{intent_url(intent)}">decide it</a>' in content
+
+    ToolIntent.objects.filter(pk=intent.pk).update(status=IntentStatus.UNKNOWN)
+    content = admin_client.get(run_url(intent.run)).content.decode()
+    assert '<span class="da-outcome">outcome unknown</span>' in content
+    assert f'<a href="{intent_url(intent)}">resolve it</a>' in content
 
 
 @pytest.mark.django_db
@@ -621,6 +674,13 @@ def test_operations_page_with_data(admin_client: Client) -> None:
     assert ctx["hour_total"] == 3
     content = response.content.decode()
     assert "<rect" in content and "Intents waiting for a person" in content
+    # The hours stand on a baseline; the labels count back from the current hour, "now".
+    assert '<line class="da-baseline"' in content
+    labels = [b.axis_label for b in ctx["hour_bars"]]
+    assert labels[-1] == "now" and [i for i, label in enumerate(labels) if label] == list(
+        range(2, 24, 3)
+    )
+    assert "Claims per run" in content and "1 claim<" in content
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,12 +26,14 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.urls import reverse
+from django.utils import timezone
 
 import durable_agents
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, ToolIntent
@@ -157,6 +159,28 @@ def waiting_run(task: str, agent: str = "thinker") -> tuple[AgentRun, ToolIntent
     return run, ToolIntent.objects.get(run=run, status=IntentStatus.PENDING)
 
 
+def assert_apart(page: Page, first: str, second: str) -> None:
+    """The two elements are on screen and their boxes do not intersect."""
+    a, b = page.locator(first).bounding_box(), page.locator(second).bounding_box()
+    assert a and b, (first, a, second, b)
+    apart = (
+        a["x"] + a["width"] <= b["x"]
+        or b["x"] + b["width"] <= a["x"]
+        or a["y"] + a["height"] <= b["y"]
+        or b["y"] + b["height"] <= a["y"]
+    )
+    assert apart, f"{first} {a} overlaps {second} {b}"
+
+
+def assert_object_tools_clear_of(page: Page, *boxes: str) -> None:
+    """Django's HISTORY button (floated up with a negative margin) overlaps none of the boxes,
+    and the boxes' forms are not nested in the read-only change form."""
+    expect(page.locator(".object-tools a").first).to_be_visible()
+    for box in boxes:
+        assert_apart(page, ".object-tools", box)
+        assert page.locator(f"form {box}").count() == 0, f"{box} is inside a form"
+
+
 def success_message(page: Page) -> Any:
     return page.locator("ul.messagelist li.success")
 
@@ -196,6 +220,10 @@ def test_approve_from_the_intent_page(page: Page, live_server: Any, operator: An
     page.goto(intent_url(base, intent))
     expect(page.locator("#intent-input")).to_contain_text('"table": "legacy_orders"')
     expect(page.locator("#intent-summary details summary").first).to_have_text("Thinking")
+    assert_object_tools_clear_of(page, "#intent-summary", "#intent-decision")
+    expect(page.locator(".field-created_at_display")).to_contain_text(
+        intent.created_at.strftime("%Y-%m-%d %H:%M:%S")
+    )
     screenshot(page, "admin-intent", docs=True)
 
     page.get_by_role("button", name="Approve", exact=True).click()
@@ -216,7 +244,25 @@ def test_approve_from_the_intent_page(page: Page, live_server: Any, operator: An
     transcript = page.locator("#transcript")
     expect(transcript).to_contain_text("calls drop_table")
     expect(transcript).to_contain_text("dropped legacy_orders")
-    expect(transcript).to_contain_text(f"Done by {operator.username}")
+    # The decision and the outcome, apart: the operator approved; the worker ran the call.
+    line = transcript.locator(".da-intent")
+    expect(line).to_have_count(1)
+    expect(line).to_contain_text(f"Intent #{intent.pk} approved by {operator.username} at 20")
+    expect(line).to_contain_text("· done")
+    expect(line).not_to_contain_text("Done by")
+    # One time format for fields and transcript, and "claims" for the claim count.
+    expect(page.locator(".field-created_at_display .readonly")).to_have_text(
+        run.created_at.strftime("%Y-%m-%d %H:%M:%S")
+    )
+    claims = page.locator(".field-attempt")
+    expect(claims).to_contain_text("Claims:")
+    expect(claims).to_contain_text("how many times a worker took this run")
+    # Thinking, the intent line and the call headers use the step's font size.
+    sizes = transcript.evaluate(
+        """t => [".da-step summary", ".da-intent", ".da-call > strong", ".da-step"].map(
+            s => getComputedStyle(t.querySelector(s)).fontSize)"""
+    )
+    assert len(set(sizes)) == 1, sizes
     expect(page.get_by_role("button", name="Cancel this run")).to_have_count(0)
     # Thinking folds open in the browser.
     first_thought = transcript.locator("details").first
@@ -239,6 +285,10 @@ def test_reject_with_a_reason_reaches_the_model(
     page.goto(run_url(base, run))
     expect(page.locator(".field-status_badge")).to_contain_text("Waiting", ignore_case=True)
     expect(page.get_by_role("button", name="Cancel this run")).to_be_visible()
+    assert_object_tools_clear_of(page, "#run-operations")
+    expect(page.locator("#transcript .da-intent")).to_contain_text(
+        f"Intent #{intent.pk} awaiting a decision — decide it"
+    )
     screenshot(page, "admin-run-waiting")
 
     page.goto(intent_url(base, intent))
@@ -254,7 +304,10 @@ def test_reject_with_a_reason_reaches_the_model(
     transcript = page.locator("#transcript")
     expected = f"drop_table was not run: rejected by {operator.username}: not on a Friday"
     expect(transcript).to_contain_text(expected)
-    expect(transcript).to_contain_text("“not on a Friday”")
+    expect(transcript.locator(".da-intent")).to_contain_text(
+        f"Intent #{intent.pk} rejected by {operator.username} at "
+    )
+    expect(transcript.locator(".da-intent")).to_contain_text(": “not on a Friday” · not run")
     result = AgentStep.objects.get(run=run, seq=2).data()[0]
     assert result["is_error"] is True and expected in result["content"]
 
@@ -384,8 +437,40 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
     for chart in page.locator("svg.da-chart").all():
         box = chart.bounding_box()
         assert box and box["width"] > 100 and box["height"] > 20, box
+    hours = page.locator("#finished-per-hour svg")
+    expect(hours.locator("line.da-baseline")).to_have_count(1)
+    expect(hours.locator("text.da-axis").last).to_have_text("now")
     screenshot(page, "admin-operations", docs=True)
 
-    page.goto(base + reverse("admin:durable_agents_agentrun_changelist"))
-    expect(page.locator("#result_list tbody tr")).to_have_count(10)
-    screenshot(page, "admin-runs")
+    # The runs list fits a 1280 px screen with the sidebar and the filters: no column needs
+    # horizontal scrolling, and the task is not squeezed to a word per line.
+    AgentRun.objects.filter(pk=dead.pk).update(
+        error="model claude-x: not found (HTTP 404 from the provider); " + "details " * 30
+    )
+    AgentRun.objects.filter(status=RunStatus.PENDING).update(
+        lease_owner="worker-host-with-a-long-name:31726:5c4f87", lease_until=timezone.now()
+    )
+    AgentRun.objects.filter(status=RunStatus.WAITING).update(
+        lease_owner="vm:31726:5c4f87", lease_until=timezone.now() + timedelta(minutes=5)
+    )
+    for width in (1280, 1440):
+        page.set_viewport_size({"width": width, "height": 800})
+        page.goto(base + reverse("admin:durable_agents_agentrun_changelist"))
+        expect(page.locator("#result_list tbody tr")).to_have_count(10)
+        results = page.locator("#changelist .results")
+        scroll, client = results.evaluate("r => [r.scrollWidth, r.clientWidth]")
+        assert scroll <= client, f"{width}px: table {scroll}px in {client}px"
+        task = page.locator("#result_list th.column-task_excerpt").bounding_box()
+        assert task and task["width"] >= 150, (width, task)
+        headers = page.locator("#result_list thead th").all_inner_texts()
+        assert [h.strip().lower() for h in headers[1:]] == [
+            *("run", "status", "agent", "task", "steps", "claims", "lease")
+        ], headers
+        dead_row = page.locator("#result_list tbody tr", has_text=str(dead.pk)[:8])
+        expect(dead_row.locator(".da-list-error")).to_contain_text("model claude-x: not found")
+        error = dead_row.locator(".da-list-error").inner_text()
+        assert len(error) <= 60, error  # truncated; the whole error is on the run page
+        expect(page.locator("#result_list")).to_contain_text("expired")
+        expect(page.locator("#result_list")).to_contain_text("until ")
+        if width == 1280:
+            screenshot(page, "admin-runs")
