@@ -15,7 +15,11 @@ from durable_agents.models import AgentStep, StepKind
 
 
 def message_for_step(kind: str, payload: str) -> dict[str, Any]:
-    data = json.loads(payload)
+    return message_for(kind, json.loads(payload))
+
+
+def message_for(kind: str, data: Any) -> dict[str, Any]:
+    """The message a step contributes, from its parsed payload."""
     if kind == StepKind.MODEL_TURN:
         # The provider's whole response body is stored; only its content is sent back.
         return {"role": "assistant", "content": data["content"]}

@@ -27,7 +27,7 @@ from django.utils import timezone
 from durable_agents import effects, leases, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
-from durable_agents.history import load_steps, message_for_step
+from durable_agents.history import load_steps, message_for
 from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
@@ -169,14 +169,18 @@ class RunAdvancer:
         steps = load_steps(run.pk)
         if not steps or steps[0].kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
-        messages = [message_for_step(s.kind, s.payload) for s in steps]
+        # The conversation, rebuilt from the log verbatim; kept in memory (and appended to)
+        # while this claim lasts, so the log is read once per claim, not once per step.
+        messages: list[dict[str, Any]] = []
         turns = 0
         self.tokens = 0
         for step in steps:
+            data = json.loads(step.payload)
+            messages.append(message_for(step.kind, data))
             if step.kind == StepKind.MODEL_TURN:
                 turns += 1
-                self.tokens += tokens_of(json.loads(step.payload))
-        last = _Step(steps[-1].seq, steps[-1].kind, json.loads(steps[-1].payload))
+                self.tokens += tokens_of(data)
+        last = _Step(steps[-1].seq, steps[-1].kind, data)
         del steps
 
         while True:
