@@ -45,7 +45,7 @@ $(VENV6)/.installed: requirements.txt pyproject.toml
 
 test-django6: $(VENV6)/.installed
 	./scripts/ensure-postgres.sh
-	DATABASE_URL=$(PG_URL)_dj6 $(VENV6)/bin/python -m pytest -q -m "not browser"
+	DATABASE_URL=$(PG_URL)_dj6 $(VENV6)/bin/python -m pytest -q -m "not browser and not slow"
 
 ## make check-wheel: build the wheel and use it from a fresh venv and a minimal project
 check-wheel: venv
@@ -59,6 +59,7 @@ clean:
 	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3
 
 ## make bench: the benchmarks (bench/), writes docs/benchmarks.md and docs/img/bench_*.png
+.PHONY: bench
 bench: venv
 	./scripts/ensure-postgres.sh
 	$(PY) -m pip install --quiet -r bench/requirements.txt

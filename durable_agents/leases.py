@@ -154,6 +154,8 @@ INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker)
 SELECT id, %(seq)s, %(kind)s, %(payload)s, %(request_id)s, %(attempt)s, %(owner)s FROM fence
 """
 
+_APPEND_SQL_PLAIN = _APPEND_SQL.format(effects_cte="")
+
 _EFFECTS_CTE = """,
 recorded AS (
     INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
@@ -208,8 +210,16 @@ def append_step(
                     }
                 )
             effects_cte = _EFFECTS_CTE.format(rows=", ".join(rows))
-        with connection.cursor() as cursor:
-            cursor.execute(_APPEND_SQL.format(effects_cte=effects_cte), params)
+        sql = _APPEND_SQL_PLAIN if not effects else _APPEND_SQL.format(effects_cte=effects_cte)
+        # A server-side-binding cursor of the driver (Django's binds on the client), so that
+        # psycopg can prepare this statement once the database OPTIONS set a
+        # prepare_threshold: that saves the parse and plan of every step. Django leaves it off
+        # by default for poolers that cannot keep prepared statements. Errors stay Django's.
+        import psycopg  # only on PostgreSQL: SQLite installs need not have it
+
+        connection.ensure_connection()
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params)
             return cursor.rowcount == 1
 
     # Portable path (SQLite, or a caller's open transaction): the same checks, in one

@@ -78,15 +78,24 @@ _clients_lock = threading.Lock()
 
 
 def get_client() -> anthropic.Anthropic:
-    """One client per (factory, OFFLINE) per process; the SDK client is thread-safe."""
-    cache_key = (app_settings.CLIENT_FACTORY, bool(app_settings.OFFLINE))
+    """One client per (factory, OFFLINE, timeout) per process, with the SDK's own retries off
+    (see ``create_turn``); the SDK client is thread-safe."""
+    cache_key = (
+        app_settings.CLIENT_FACTORY,
+        bool(app_settings.OFFLINE),
+        app_settings.MODEL_TIMEOUT,
+    )
     with _clients_lock:
         client = _clients.get(cache_key)
         if client is None:
             factory: Callable[[], anthropic.Anthropic] = import_string(cache_key[0])
-            client = factory()
+            client = _configured(factory())
             _clients[cache_key] = client
         return client
+
+
+def _configured(client: anthropic.Anthropic) -> anthropic.Anthropic:
+    return client.with_options(max_retries=0, timeout=app_settings.MODEL_TIMEOUT)
 
 
 def reset_clients() -> None:
@@ -177,9 +186,8 @@ def create_turn(
     once; an abandoned stream is closed at its next event, so the model stops generating.
     Waits between retries end early on an interrupt too. Raises a ``ModelError`` subclass.
     """
-    client = (client or get_client()).with_options(
-        max_retries=0, timeout=app_settings.MODEL_TIMEOUT
-    )
+    # Copying a client costs about half a millisecond: the cached one is configured already.
+    client = get_client() if client is None else _configured(client)
     extra_headers = {}
     if app_settings.BETAS:
         extra_headers["anthropic-beta"] = ",".join(app_settings.BETAS)

@@ -238,7 +238,12 @@ class Worker:
             logger.exception("heartbeat failed for run %s", item.claim.run_id)
             connection.close()
             return
-        reason = "cancelled" if status == RunStatus.CANCELLED else "lost"
+        if status == RunStatus.CANCELLED:
+            reason = "cancelled"
+        elif status == RunStatus.RUNNING:
+            reason = "lost"  # another worker holds it now
+        else:
+            return  # its slot just finished, parked or released it: nothing to interrupt
         logger.warning("run %s: %s (noticed by the heartbeat)", item.claim.run_id, reason)
         item.interrupt.trigger(reason)
 

@@ -227,3 +227,30 @@ def test_agent_run_keeps_free_space_for_hot_updates() -> None:
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'agent_run'")
         (options,) = cursor.fetchone()
     assert "fillfactor=70" in (options or [])
+
+
+def _prepared_appends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%INSERT INTO agent_step%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("threshold", [None, 0])
+def test_the_step_commit_is_prepared_when_the_database_options_allow(threshold: int | None) -> None:
+    """Django's default (prepare_threshold None) prepares nothing, for poolers; a project that
+    sets OPTIONS["prepare_threshold"] gets the step commit prepared."""
+    run = _runs(1)[0]
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = threshold
+    try:
+        [claim] = leases.claim_runs("w", 30)
+        for seq in range(1, 9):
+            assert leases.append_step(claim, seq, StepKind.MODEL_TURN, "{}")
+        assert _prepared_appends() == (0 if threshold is None else 1)
+    finally:
+        connection.connection.prepare_threshold = None
+    assert AgentRun.objects.get(pk=run.id).last_seq == 8

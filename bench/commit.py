@@ -1,0 +1,194 @@
+"""Target 3, commit floor: one ``append_step`` vs a raw psycopg transaction (INSERT + UPDATE).
+
+All against the same tables of one bench database, synchronous_commit on, one connection each,
+interleaved in rounds so that background noise hits both alike. Also measured, to split the
+cost: a ``SELECT 1`` round trip, the append_step SQL through raw psycopg (Django's share), and
+append_step with synchronous_commit off (the WAL flush's share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from typing import Any
+
+from bench import common
+from bench.common import log
+
+DB = "da_bench_commit"
+
+# A model turn's body as the fake API sends it (~700 bytes), stored verbatim by append_step.
+PAYLOAD = json.dumps(
+    {
+        "id": "msg_offline_0123456789abcdef01234567",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-bench-1",
+        "content": [
+            {"type": "text", "text": "Step 3: calling noop."},
+            {
+                "type": "tool_use",
+                "id": "toolu_0123456789abcdef01234567",
+                "name": "noop",
+                "input": {"key": "k1-2"},
+            },
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 400, "output_tokens": 40, "service_tier": "standard"},
+        "container": None,
+    }
+)
+
+
+def _new_claim(owner: str) -> Any:
+    import durable_agents
+    from durable_agents import leases
+
+    run = durable_agents.start_run("bench", "commit floor")
+    claims = leases.claim_runs(owner, 3600, 1)
+    assert claims and claims[0].run_id == run.pk, "claimed another run"
+    return claims[0]
+
+
+def run(n: int, rounds: int) -> dict[str, Any]:
+    import psycopg
+
+    url = common.fresh_db(DB)
+    common.setup_django(url)
+    from django.db import connection
+
+    from durable_agents import leases
+
+    claim = _new_claim("bench-commit")
+    cte_run = _new_claim("bench-commit-cte")
+    async_claim = _new_claim("bench-commit-async")
+    raw_run = uuid.uuid4()
+    raw = psycopg.connect(url)  # not autocommit: a transaction per commit()
+    raw_auto = psycopg.connect(url, autocommit=True)
+    with raw_auto.cursor() as cur:
+        cur.execute(
+            "INSERT INTO agent_run (id, agent, prompt_version, fingerprint, model, task, status,"
+            " attempt, stalled_claims, last_seq, error, created_at, updated_at)"
+            " VALUES (%s, 'bench', '1', '', 'm', 't', 'running', 1, 0, 0, '', now(), now())",
+            (raw_run,),
+        )
+
+    seq = {"da": 0, "raw": 0, "cte": 0, "async": 0}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("append_step", "raw_tx", "raw_cte", "append_step_async", "select1")
+    }
+
+    def da_once() -> None:
+        seq["da"] += 1
+        t = time.perf_counter()
+        ok = leases.append_step(claim, seq["da"], "model_turn", PAYLOAD, "req_x")
+        times["append_step"].append(time.perf_counter() - t)
+        assert ok
+
+    def raw_once() -> None:
+        seq["raw"] += 1
+        t = time.perf_counter()
+        with raw.cursor() as cur:
+            cur.execute(
+                "INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker,"
+                " created_at) VALUES (%s, %s, 'model_turn', %s, 'req_x', 1, 'w', now())",
+                (raw_run, seq["raw"], PAYLOAD),
+            )
+            cur.execute(
+                "UPDATE agent_run SET last_seq = %s, lease_until = now() + interval '60 s',"
+                " updated_at = now() WHERE id = %s",
+                (seq["raw"], raw_run),
+            )
+        raw.commit()
+        times["raw_tx"].append(time.perf_counter() - t)
+
+    sql = leases._APPEND_SQL.format(effects_cte="")
+
+    def cte_once() -> None:
+        seq["cte"] += 1
+        params = {
+            "run_id": cte_run.run_id,
+            "owner": cte_run.owner,
+            "attempt": cte_run.attempt,
+            "lease": 3600.0,
+            "seq": seq["cte"],
+            "kind": "model_turn",
+            "payload": PAYLOAD,
+            "request_id": "req_x",
+        }
+        t = time.perf_counter()
+        with raw_auto.cursor() as cur:
+            cur.execute(sql, params)
+            assert cur.rowcount == 1
+        times["raw_cte"].append(time.perf_counter() - t)
+
+    def async_once() -> None:
+        seq["async"] += 1
+        with connection.cursor() as cur:
+            cur.execute("SET synchronous_commit = off")
+        t = time.perf_counter()
+        ok = leases.append_step(async_claim, seq["async"], "model_turn", PAYLOAD, "req_x")
+        times["append_step_async"].append(time.perf_counter() - t)
+        with connection.cursor() as cur:
+            cur.execute("SET synchronous_commit = on")
+        assert ok
+
+    def select1_once() -> None:
+        t = time.perf_counter()
+        raw_auto.execute("SELECT 1").fetchone()
+        times["select1"].append(time.perf_counter() - t)
+
+    for _ in range(50):  # warm-up
+        da_once(), raw_once(), cte_once(), async_once(), select1_once()
+    for k in times:
+        times[k].clear()
+    for _ in range(rounds):
+        for _ in range(n // rounds):
+            da_once()
+        for _ in range(n // rounds):
+            raw_once()
+        for _ in range(n // rounds):
+            cte_once()
+        for _ in range(n // rounds):
+            async_once()
+        for _ in range(n // rounds):
+            select1_once()
+    raw.close()
+    raw_auto.close()
+    connection.close()
+    res: dict[str, Any] = {k: common.summary_ms(v) for k, v in times.items()}
+    a, r = res["append_step"]["p50_ms"], res["raw_tx"]["p50_ms"]
+    res["ratio_p50"] = a / r
+    res["ratio_mean"] = res["append_step"]["mean_ms"] / res["raw_tx"]["mean_ms"]
+    res["target"] = "append_step / raw INSERT+UPDATE transaction <= 2"
+    res["met"] = res["ratio_p50"] <= 2
+    res["n"] = n
+    log(
+        f"[commit] append_step p50 {a:.3f} ms (mean {res['append_step']['mean_ms']:.3f}), raw tx "
+        f"p50 {r:.3f} ms (mean {res['raw_tx']['mean_ms']:.3f}): ratio {res['ratio_p50']:.2f} -> "
+        f"{common.verdict(res['met'])} (<= 2)"
+    )
+    log(
+        f"[commit] split: same SQL via raw psycopg {res['raw_cte']['p50_ms']:.3f} ms, "
+        f"synchronous_commit=off {res['append_step_async']['p50_ms']:.3f} ms, "
+        f"SELECT 1 {res['select1']['p50_ms']:.3f} ms"
+    )
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=10)
+    a = p.parse_args(argv)
+    res = run(a.n, a.rounds)
+    common.write_result("commit", res)
+    common.drop_db(DB)
+    return res
+
+
+if __name__ == "__main__":
+    main()

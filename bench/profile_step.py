@@ -1,0 +1,292 @@
+"""Where the time of a durable step goes.
+
+Runs the standard workload in this process, one run at a time, the way a worker slot does
+(``leases.claim_runs`` then ``runner.advance_run``), with:
+  * wall-clock buckets around claim, step-log load, pinning (fingerprint), model call (SDK +
+    HTTP + fake server), tool dispatch (effect lookup + the tool), commit (``append_step``),
+    finish; the rest of ``advance_run`` is "runner overhead";
+  * the exact number of client/server round trips per run and per step, counted from libpq's
+    protocol trace (each Query or Sync message from the client is one round trip);
+  * cProfile of the whole, top functions by cumulative and by own time;
+  * the cost of the INFO log line per step (the default level outside the benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import logging
+import os
+import pstats
+import re
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+from bench import common
+from bench.common import log
+
+DB = "da_bench_profile"
+
+
+class Buckets:
+    def __init__(self) -> None:
+        self.t: dict[str, float] = defaultdict(float)
+        self.n: dict[str, int] = defaultdict(int)
+
+    def wrap(self, name: str, fn: Any) -> Any:
+        def wrapped(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.t[name] += time.perf_counter() - t
+                self.n[name] += 1
+
+        wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapped
+
+
+def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
+    from durable_agents import effects, leases, llm, runner
+
+    undo = []
+
+    def patch(obj: Any, attr: str, name: str) -> None:
+        orig = getattr(obj, attr)
+        undo.append((obj, attr, orig))
+        setattr(obj, attr, buckets.wrap(name, orig))
+
+    patch(leases, "claim_runs", "claim")
+    patch(runner, "load_steps", "load_steps")
+    patch(llm, "create_turn", "model_call")
+    patch(leases, "append_step", "commit")
+    patch(leases, "finish_run", "finish")
+    patch(effects, "recorded_effects", "tool:recorded_effects")
+    patch(runner.RunAdvancer, "_call_tool", "tool:call")
+    patch(runner.RunAdvancer, "_pinned_agent", "pin+fingerprint")
+    patch(runner, "advance_run", "advance_run")
+    return undo
+
+
+def _unpatch(undo: list[tuple[Any, str, Any]]) -> None:
+    for obj, attr, orig in reversed(undo):
+        setattr(obj, attr, orig)
+
+
+def _drain(owner: str) -> int:
+    from durable_agents import leases, runner
+
+    done = 0
+    while True:
+        claims = leases.claim_runs(owner, 60, 1)
+        if not claims:
+            return done
+        disposition = runner.advance_run(claims[0])
+        assert disposition == "succeeded", disposition
+        done += 1
+
+
+def _ts(text: str) -> float:
+    hms = text.split(" ")[-1]
+    h, m, sec = hms.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+def parse_trace(text: str) -> tuple[int, dict[str, int], dict[str, float]]:
+    """libpq trace -> (round trips, round trips by statement, server+network ms by statement).
+    A round trip starts at a client Query or Sync and ends at the server's ReadyForQuery."""
+    count: dict[str, int] = defaultdict(int)
+    ms: dict[str, float] = defaultdict(float)
+    total = 0
+    last_sql = ""
+    pending: tuple[float, str] | None = None
+    records: list[str] = []
+    for line in text.splitlines():
+        if re.match(r"\d{4}-\d\d-\d\d ", line) or not records:
+            records.append(line)
+        else:  # a multi-line statement continues the previous record
+            records[-1] += " " + line
+    for line in records:
+        parts = line.split("\t", 4)
+        if len(parts) < 4:
+            continue
+        ts, direction, _length, msg = parts[:4]
+        rest = parts[4] if len(parts) > 4 else ""
+        if direction == "F" and msg in ("Query", "Parse"):
+            last_sql = " ".join(rest.strip().strip('"').split())
+        if direction == "F" and msg in ("Query", "Sync"):
+            total += 1
+            kind = _classify(last_sql)
+            count[kind] += 1
+            pending = (_ts(ts), kind)
+        elif direction == "B" and msg == "ReadyForQuery" and pending:
+            ms[pending[1]] += (_ts(ts) - pending[0]) * 1000
+            pending = None
+    return total, dict(count), dict(ms)
+
+
+def count_round_trips(runs: int) -> dict[str, Any]:
+    """Trace libpq on the Django connection while ``runs`` runs execute."""
+    from django.db import connection
+
+    common.start_runs(runs)
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    fd, path = tempfile.mkstemp(prefix="da_bench_trace")
+    try:
+        pgconn.trace(fd)
+        _drain("bench-trace")
+        pgconn.untrace()
+        os.close(fd)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    finally:
+        os.unlink(path)
+    total, kinds, ms = parse_trace(text)
+    steps = runs * (2 * common.TURNS - 1)
+    return {
+        "runs": runs,
+        "round_trips": total,
+        "per_run": total / runs,
+        "per_step": total / steps,
+        "by_statement_per_run": {
+            k: v / runs for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])
+        },
+        "db_ms_per_run_by_statement": {
+            k: v / runs for k, v in sorted(ms.items(), key=lambda kv: -kv[1])
+        },
+        "db_ms_per_run": sum(ms.values()) / runs,
+    }
+
+
+def _classify(sql: str) -> str:
+    s = sql.upper()
+    if s.startswith("BEGIN"):
+        return "BEGIN"
+    if s.startswith("COMMIT"):
+        return "COMMIT"
+    if "WITH FENCE" in s:
+        return "append_step (CTE)"
+    if "FOR NO KEY UPDATE" in s or ("SELECT" in s and "SKIP LOCKED" in s):
+        return "claim (... FOR NO KEY UPDATE SKIP LOCKED)"
+    if s.startswith("SET "):
+        return "SET"
+    if s.startswith('SELECT "AGENT_STEP"'):
+        return "load_steps SELECT"
+    if s.startswith('SELECT "AGENT_RUN"'):
+        return "SELECT agent_run"
+    if s.startswith('SELECT "TOOL_EFFECT"'):
+        return "recorded_effects SELECT"
+    if s.startswith('UPDATE "AGENT_RUN"'):
+        return "UPDATE agent_run (finish_run, renew, release)"
+    if s.startswith('UPDATE "AGENT_RUN"') or s.startswith("UPDATE AGENT_RUN"):
+        return "UPDATE agent_run"
+    return sql[:50]
+
+
+def run(runs: int) -> dict[str, Any]:
+    url = common.fresh_db(DB)
+    with common.fake_api() as base_url:
+        common.setup_django(url, base_url)
+        common.start_runs(3)
+        _drain("warm")  # imports, connection, SDK client
+
+        # 1. buckets
+        buckets = Buckets()
+        common.start_runs(runs)
+        undo = _patch(buckets)
+        t = time.perf_counter()
+        _drain("bench-buckets")
+        wall = time.perf_counter() - t
+        _unpatch(undo)
+
+        # 2. round trips
+        trips = count_round_trips(max(5, runs // 10))
+
+        # 3. cProfile
+        common.start_runs(runs)
+        prof = cProfile.Profile()
+        prof.enable()
+        _drain("bench-cprofile")
+        prof.disable()
+        out = io.StringIO()
+        st = pstats.Stats(prof, stream=out)
+        st.sort_stats("cumulative").print_stats(40)
+        out.write("\n---- by own time ----\n")
+        st.sort_stats("tottime").print_stats(25)
+        (common.OUT / "profile_step.txt").parent.mkdir(parents=True, exist_ok=True)
+        (common.OUT / "profile_step.txt").write_text(out.getvalue())
+
+        # 4. logging at INFO (to a null handler-less stream) vs WARNING
+        da_logger = logging.getLogger("durable_agents")
+        devnull = open(os.devnull, "w")  # noqa: SIM115 - closed below
+        handler = logging.StreamHandler(devnull)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s [run=%(run_id)s] %(name)s: %(message)s")
+        )
+        from durable_agents.logging import RunIdFilter
+
+        handler.addFilter(RunIdFilter())
+        timings = {}
+        for level in ("WARNING", "INFO", "WARNING", "INFO"):
+            common.start_runs(runs)
+            da_logger.setLevel(level)
+            saved = da_logger.handlers[:]
+            da_logger.handlers = [handler]
+            da_logger.propagate = False
+            t = time.perf_counter()
+            _drain(f"bench-log-{level}")
+            timings.setdefault(level, []).append(time.perf_counter() - t)
+            da_logger.handlers = saved
+            da_logger.propagate = True
+        da_logger.setLevel("WARNING")
+        devnull.close()
+
+    steps = runs * (2 * common.TURNS - 1)
+    total_ms = wall * 1000
+    named = {k: v * 1000 for k, v in buckets.t.items()}
+    inner = sum(v for k, v in named.items() if k not in ("advance_run", "claim"))
+    per_step = {k: named[k] / steps for k in named if k != "advance_run"}
+    per_step["runner overhead (rest of advance_run)"] = (named["advance_run"] - inner) / steps
+    per_step["outside advance_run (loop)"] = (
+        total_ms - named["advance_run"] - named["claim"]
+    ) / steps
+    res = {
+        "runs": runs,
+        "steps": steps,
+        "wall_ms_per_run": total_ms / runs,
+        "wall_ms_per_step": total_ms / steps,
+        "ms_per_step": dict(sorted(per_step.items(), key=lambda kv: -kv[1])),
+        "ms_per_run": {k: v / runs for k, v in named.items()},
+        "calls_per_run": {k: v / runs for k, v in buckets.n.items()},
+        "round_trips": trips,
+        "log_info_ms_per_step": (min(timings["INFO"]) - min(timings["WARNING"])) * 1000 / steps,
+        "log_runs_s": timings,
+    }
+    log(f"[profile] {res['wall_ms_per_run']:.2f} ms/run, {res['wall_ms_per_step']:.3f} ms/step:")
+    for k, v in res["ms_per_step"].items():
+        log(f"    {k:42s} {v:7.3f} ms/step")
+    log(f"  round trips: {trips['per_run']:.1f}/run, {trips['per_step']:.2f}/step")
+    for k, v in trips["by_statement_per_run"].items():
+        log(
+            f"    {k:50s} {v:5.1f}/run  {trips['db_ms_per_run_by_statement'].get(k, 0):7.2f} ms/run"
+        )
+    log(f"  INFO logging adds {res['log_info_ms_per_step']:.3f} ms/step")
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=100)
+    a = p.parse_args(argv)
+    res = run(a.runs)
+    common.write_result("profile_step", res)
+    common.drop_db(DB)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Settings of the benchmarks: the demo project plus the bench app, against the fake API over HTTP.
+
+DATABASE_URL must name a PostgreSQL database whose name starts with ``da_bench``.
+"""
+
+import os
+
+from project.settings import *  # noqa: F403
+from project.settings import DATABASES, INSTALLED_APPS, LOGGING
+
+INSTALLED_APPS = [*INSTALLED_APPS, "django_q", "bench.benchapp"]
+
+# Direct connections (no transaction pooler in between): let psycopg prepare the statements it
+# runs often, the step commit first of all (docs/operating.md, "Connection pooling").
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+DEBUG = False  # DEBUG=True makes Django keep every query in memory
+
+DURABLE_AGENTS = {
+    "OFFLINE": False,  # the fake API over HTTP answers, through the real SDK
+    "LEASE_SECONDS": 60,
+    "HEARTBEAT_SECONDS": 20,
+    "POLL_INTERVAL": 0.05,
+    "MODEL_RETRIES": 2,
+    "NOTIFY": False,
+}
+
+Q_CLUSTER = {
+    "name": "da_bench",
+    "orm": "default",
+    "workers": int(os.environ.get("BENCH_Q_WORKERS", "1")),
+    "poll": 0.05,
+    "timeout": 60,
+    "retry": 120,
+    "save_limit": 0,  # keep every result: the benchmark counts them
+    "ack_failures": True,
+    "catch_up": False,
+    "log_level": "WARNING",
+}
+
+# The worker logs a line per committed step at INFO; the benchmarks measure the hot path with
+# WARNING unless BENCH_LOG_LEVEL says otherwise (bench/profile_step.py measures the INFO cost).
+LOGGING = {
+    **LOGGING,
+    "loggers": {
+        **LOGGING["loggers"],
+        "durable_agents": {"level": os.environ.get("BENCH_LOG_LEVEL", "WARNING")},
+    },
+}
+
+_name = DATABASES["default"].get("NAME") or ""
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not str(_name).startswith(
+    "da_bench"
+):
+    raise RuntimeError(f"bench.settings needs a PostgreSQL database named da_bench*, got {_name!r}")

@@ -1,0 +1,208 @@
+"""Target 5, workers: throughput with 1, 2, 4 and 8 workers, as processes (``runagents``
+each) and as ``--concurrency`` slots of one process, on this machine's cores.
+
+The worker processes (``runagents --concurrency C``, not burst) are started first and left to
+connect; then all the runs are inserted in one transaction, and the workers are stopped with
+SIGTERM once every run succeeded. Throughput is taken from the database clock: committed
+worker steps over the span from the first worker-committed step to the last finished run, so
+process start-up (several seconds of CPU for 8 processes on 2 cores) is not counted. While
+the workers run, a sampler polls pg_stat_activity and pg_locks every few milliseconds and
+records every backend of the bench database that waits on a lock (wait_event_type = 'Lock'),
+by statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from bench import common
+from bench.common import log
+
+DB = "da_bench_workers"
+CONFIGS = [(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (1, 8)]
+
+
+class LockSampler(threading.Thread):
+    def __init__(self, url: str, interval: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.interval = interval
+        self.stop = threading.Event()
+        self.samples = 0
+        self.active = 0
+        self.lock_waits: Counter[str] = Counter()
+        self.ungranted = 0
+        self.wait_events: Counter[str] = Counter()
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                rows = conn.execute(
+                    "SELECT state, wait_event_type, wait_event, left(query, 70) "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                ).fetchall()
+                ungranted = conn.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                    "WHERE d.datname = current_database() AND NOT l.granted"
+                ).fetchone()[0]
+                self.samples += 1
+                self.ungranted += ungranted
+                for state, wtype, wevent, query in rows:
+                    if state == "active":
+                        self.active += 1
+                        if wtype:
+                            self.wait_events[f"{wtype}:{wevent}"] += 1
+                    if wtype == "Lock":
+                        self.lock_waits[" ".join((query or "").split())[:70]] += 1
+                time.sleep(self.interval)
+
+
+def _backends(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchone()[0]
+
+
+def one_config(url: str, base_url: str, procs: int, conc: int, runs: int) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE agent_run CASCADE")
+    workers = [
+        subprocess.Popen(
+            [
+                common.PY,
+                "manage.py",
+                "runagents",
+                "--concurrency",
+                str(conc),
+                "--poll-interval",
+                "0.05",
+            ],
+            cwd=common.ROOT,
+            env=common.bench_env(url, base_url),
+        )
+        for _ in range(procs)
+    ]
+    try:
+        deadline = time.perf_counter() + 60
+        while _backends(url) < procs * conc and time.perf_counter() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        sampler = LockSampler(url)
+        sampler.start()
+        t = time.perf_counter()
+        common.bulk_insert_runs(url, runs)
+        with psycopg.connect(url, autocommit=True) as conn:
+            while conn.execute(
+                "SELECT count(*) FROM agent_run WHERE status NOT IN"
+                " ('succeeded', 'failed', 'dead', 'cancelled')"
+            ).fetchone()[0]:
+                if time.perf_counter() - t > 300:
+                    raise RuntimeError("workers did not finish in 300 s")
+                time.sleep(0.02)
+        wall = time.perf_counter() - t
+        sampler.stop.set()
+        sampler.join()
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        codes = [w.wait() for w in workers]
+    if any(codes):
+        raise RuntimeError(f"worker exit codes {codes}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        bad, steps, span = conn.execute(
+            "SELECT (SELECT count(*) FROM agent_run WHERE status <> 'succeeded'),"
+            " (SELECT count(*) FROM agent_step WHERE seq > 0),"
+            " EXTRACT(EPOCH FROM (SELECT max(finished_at) FROM agent_run)"
+            "  - (SELECT min(created_at) FROM agent_step WHERE seq > 0))"
+        ).fetchone()
+    if bad:
+        raise RuntimeError(f"{bad} runs did not succeed")
+    return {
+        "procs": procs,
+        "concurrency": conc,
+        "workers": procs * conc,
+        "runs": runs,
+        "steps": steps,
+        "span_s": float(span),
+        "wall_s": wall,
+        "steps_per_s": steps / float(span),
+        "steps_per_s_wall": steps / wall,
+        "lock_samples": sampler.samples,
+        "lock_wait_samples": sum(sampler.lock_waits.values()),
+        "lock_waits_by_query": dict(sampler.lock_waits.most_common(5)),
+        "ungranted_lock_samples": sampler.ungranted,
+        "active_backend_samples": sampler.active,
+        "wait_events": dict(sampler.wait_events.most_common(6)),
+        "claim_waited_on_lock": any(
+            "SKIP LOCKED" in q.upper() or "FOR NO KEY" in q.upper() for q in sampler.lock_waits
+        ),
+    }
+
+
+def run(runs: int) -> dict[str, Any]:
+    url = common.fresh_db(DB)
+    results = []
+    with common.fake_api() as base_url:
+        common.setup_django(url, base_url)
+        for procs, conc in CONFIGS:
+            r = one_config(url, base_url, procs, conc, runs)
+            results.append(r)
+            log(
+                f"  {procs} proc x {conc} slot: {r['steps_per_s']:.0f} steps/s "
+                f"(insert-to-done wall {r['steps_per_s_wall']:.0f}/s); lock-wait samples "
+                f"{r['lock_wait_samples']}/{r['lock_samples']}, "
+                f"ungranted {r['ungranted_lock_samples']}"
+            )
+    base = results[0]["steps_per_s"]
+    for r in results:
+        r["speedup"] = r["steps_per_s"] / base
+    best8 = max(r["speedup"] for r in results if r["workers"] == 8)
+    res = {
+        "cpus": os.cpu_count(),
+        "configs": results,
+        "speedup_8_procs": next(r["speedup"] for r in results if r["procs"] == 8),
+        "speedup_8_slots": next(r["speedup"] for r in results if r["concurrency"] == 8),
+        "best_speedup_8": best8,
+        "target": "8 workers >= 1.6x one worker",
+        "met": best8 >= 1.6,
+        "any_claim_lock_wait": any(r["claim_waited_on_lock"] for r in results),
+        "any_lock_wait": any(r["lock_wait_samples"] for r in results),
+    }
+    log(
+        f"[workers] 8 processes {res['speedup_8_procs']:.2f}x, 8 slots "
+        f"{res['speedup_8_slots']:.2f}x one worker on {res['cpus']} CPUs -> "
+        f"{common.verdict(res['met'])} (>= 1.6x); claims waited on a lock: "
+        f"{'yes' if res['any_claim_lock_wait'] else 'no'}; any lock wait seen: "
+        f"{'yes' if res['any_lock_wait'] else 'no'}"
+    )
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=100)
+    a = p.parse_args(argv)
+    res = run(a.runs)
+    common.write_result("workers", res)
+    common.drop_db(DB)
+    return res
+
+
+if __name__ == "__main__":
+    main()
