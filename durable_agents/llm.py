@@ -260,6 +260,14 @@ class _Caller:
 _callers = threading.local()
 
 
+def close_caller() -> None:
+    """End this thread's caller thread (a worker slot calls it when it stops)."""
+    caller: _Caller | None = getattr(_callers, "caller", None)
+    if caller is not None:
+        caller.jobs.put(None)
+        _callers.caller = None
+
+
 def _abortable(
     call: Callable[[threading.Event], tuple[str, str | None]], interrupt: Interrupt
 ) -> tuple[str, str | None]:

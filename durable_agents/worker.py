@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from durable_agents import leases
+from durable_agents import leases, llm
 from durable_agents.conf import app_settings
 from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
@@ -194,6 +194,7 @@ class Worker:
                     continue
                 self._work(claims[0])
         finally:
+            llm.close_caller()
             connection.close()
 
     def _forget_ticket(self) -> None:
