@@ -141,7 +141,7 @@ WITH fence AS (
     UPDATE agent_run
        SET last_seq = %(seq)s,
            stalled_claims = 0,
-           lease_until = now() + make_interval(secs => %(lease)s),
+           {run_changes}
            updated_at = now()
      WHERE id = %(run_id)s
        AND lease_owner = %(owner)s
@@ -154,7 +154,17 @@ INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker)
 SELECT id, %(seq)s, %(kind)s, %(payload)s, %(request_id)s, %(attempt)s, %(owner)s FROM fence
 """
 
-_APPEND_SQL_PLAIN = _APPEND_SQL.format(effects_cte="")
+# A step that keeps the run going renews the lease; the last step of a run ends it in the same
+# statement (one round trip less per run).
+_RENEW = "lease_until = now() + make_interval(secs => %(lease)s),"
+_FINISH = """status = %(status)s,
+           result = %(result)s,
+           error = '',
+           lease_owner = NULL,
+           lease_until = NULL,
+           finished_at = now(),"""
+_APPEND_SQL_PLAIN = _APPEND_SQL.format(run_changes=_RENEW, effects_cte="")
+_APPEND_SQL_FINISH = _APPEND_SQL.format(run_changes=_FINISH, effects_cte="")
 
 _EFFECTS_CTE = """,
 recorded AS (
@@ -174,9 +184,11 @@ def append_step(
     payload: str,
     request_id: str | None = None,
     effects: Sequence[ToolEffect] = (),
+    finish: tuple[str, str | None] | None = None,
 ) -> bool:
     """Commit one step if, and only if, this claim still holds the run. This is where a step
-    gets committed. Renews the lease and resets the no-progress count in the same statement.
+    gets committed. Renews the lease and resets the no-progress count in the same statement;
+    with ``finish=(status, result)`` it ends the run instead of renewing (its last step).
 
     ``effects`` are recorded whatever the fence says: they describe calls that happened, and a
     recorded call never runs again. Returns False when the fence failed (nothing appended).
@@ -210,7 +222,14 @@ def append_step(
                     }
                 )
             effects_cte = _EFFECTS_CTE.format(rows=", ".join(rows))
-        sql = _APPEND_SQL_PLAIN if not effects else _APPEND_SQL.format(effects_cte=effects_cte)
+        if finish is not None:
+            params["status"], params["result"] = finish
+        if effects:
+            sql = _APPEND_SQL.format(
+                run_changes=_RENEW if finish is None else _FINISH, effects_cte=effects_cte
+            )
+        else:
+            sql = _APPEND_SQL_PLAIN if finish is None else _APPEND_SQL_FINISH
         # A server-side-binding cursor of the driver (Django's binds on the client), so that
         # psycopg can prepare this statement once the database OPTIONS set a
         # prepare_threshold: that saves the parse and plan of every step. Django leaves it off
@@ -228,12 +247,17 @@ def append_step(
         if effects:
             ToolEffect.objects.bulk_create(effects, ignore_conflicts=True)
         fenced = _fenced(claim).filter(last_seq=seq - 1)
-        if not fenced.update(
-            last_seq=seq,
-            stalled_claims=0,
-            lease_until=_lease_expiry(claim.lease_seconds),
-            updated_at=Now(),
-        ):
+        changes: dict[str, object] = {"lease_until": _lease_expiry(claim.lease_seconds)}
+        if finish is not None:
+            changes = {
+                "status": finish[0],
+                "result": finish[1],
+                "error": "",
+                "lease_owner": None,
+                "lease_until": None,
+                "finished_at": Now(),
+            }
+        if not fenced.update(last_seq=seq, stalled_claims=0, updated_at=Now(), **changes):
             return False
         AgentStep.objects.create(
             run_id=claim.run_id,

@@ -81,6 +81,10 @@ def advance_run(
         return RunAdvancer(claim, interrupt or Interrupt(), drain).advance()
 
 
+# A turn with one of these stop reasons ends the run successfully.
+FINAL_STOP_REASONS = ("end_turn", "stop_sequence")
+
+
 def text_of(message: dict[str, Any]) -> str:
     return "\n".join(
         block.get("text") or ""
@@ -190,6 +194,18 @@ class RunAdvancer:
                 turn = self._call_model(agent, params, messages)
                 self.tokens += tokens_of(turn.message)
                 seq = last.seq + 1
+                if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
+                    # The last turn: commit it and end the run in one statement.
+                    result = text_of(turn.message)
+                    self._commit(
+                        seq,
+                        StepKind.MODEL_TURN,
+                        turn.body,
+                        turn.request_id,
+                        ms=turn.elapsed_ms,
+                        finish=(SUCCEEDED, result),
+                    )
+                    self._finished(SUCCEEDED)
                 self._commit(
                     seq, StepKind.MODEL_TURN, turn.body, turn.request_id, ms=turn.elapsed_ms
                 )
@@ -219,7 +235,7 @@ class RunAdvancer:
                 )
                 messages.append({"role": "user", "content": results})
                 last = _Step(seq, StepKind.TOOL_RESULT, results)
-            elif stop_reason in ("end_turn", "stop_sequence"):
+            elif stop_reason in FINAL_STOP_REASONS:  # committed by an earlier claim
                 self._finish(SUCCEEDED, result=text_of(last.message))
             else:
                 self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
@@ -448,8 +464,11 @@ class RunAdvancer:
         effects: list[ToolEffect] | None = None,
         ms: float = 0.0,
         tool: str | None = None,
+        finish: tuple[str, str | None] | None = None,
     ) -> None:
-        if not leases.append_step(self.claim, seq, kind, payload, request_id, effects or ()):
+        if not leases.append_step(
+            self.claim, seq, kind, payload, request_id, effects or (), finish=finish
+        ):
             self._fence_failed()
         logger.info(
             "run %s seq %d %s%s committed (%.1f ms)",
@@ -484,6 +503,9 @@ class RunAdvancer:
     def _finish(self, disposition: str, *, result: str | None = None, error: str = "") -> None:
         if not leases.finish_run(self.claim, disposition, result=result, error=error):
             self._fence_failed()
+        self._finished(disposition, error)
+
+    def _finished(self, disposition: str, error: str = "") -> None:
         log = logger.info if disposition == SUCCEEDED else logger.warning
         log("run %s %s%s", self.run.pk, disposition, f": {error}" if error else "")
         signals.run_finished.send(sender=AgentRun, run_id=self.run.pk, status=disposition)

@@ -254,3 +254,23 @@ def test_the_step_commit_is_prepared_when_the_database_options_allow(threshold: 
     finally:
         connection.connection.prepare_threshold = None
     assert AgentRun.objects.get(pk=run.id).last_seq == 8
+
+
+def test_the_last_step_ends_the_run_in_the_same_statement() -> None:
+    run = _runs(1)[0]
+    [stale] = leases.claim_runs("slow-worker", 30)
+    _expire(run.id)
+    [claim] = leases.claim_runs("w", 30)
+    assert not leases.append_step(stale, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "x"))
+    assert AgentRun.objects.get(pk=run.id).status == RunStatus.RUNNING
+    assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "done"))
+    run.refresh_from_db()
+    assert (run.status, run.result, run.last_seq, run.lease_owner, run.lease_until) == (
+        RunStatus.SUCCEEDED,
+        "done",
+        1,
+        None,
+        None,
+    )
+    assert run.finished_at is not None
+    assert not leases.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")  # over: nothing more
