@@ -137,6 +137,7 @@ class Agent:
         self.thinking = copy.deepcopy(thinking)
         self.params = copy.deepcopy(params)
         self.max_turns = max_turns
+        self._fingerprints: dict[str, str] = {}
         # Budgets and delivery are checked or used by the worker between and during steps;
         # they are not part of the request, so they are left out of the fingerprint.
         self.max_total_tokens = max_total_tokens
@@ -173,8 +174,15 @@ class Agent:
         return out
 
     def fingerprint(self, model: str | None = None) -> str:
-        """sha256 of the canonical JSON of ``request_params(model)``."""
-        return hashlib.sha256(_canonical_json(self.request_params(model)).encode()).hexdigest()
+        """sha256 of the canonical JSON of ``request_params(model)``. Memoised per model: an
+        agent's definition is a private copy that nothing changes after construction, and
+        the worker checks the fingerprint on every claim."""
+        key = model or self.model
+        cached = self._fingerprints.get(key)
+        if cached is None:
+            canonical = _canonical_json(self.request_params(key))
+            cached = self._fingerprints[key] = hashlib.sha256(canonical.encode()).hexdigest()
+        return cached
 
     def __repr__(self) -> str:
         return f"<Agent {self.label} model={self.model} tools={len(self.tools)}>"
