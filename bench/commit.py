@@ -105,7 +105,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
         raw.commit()
         times["raw_tx"].append(time.perf_counter() - t)
 
-    sql = leases._APPEND_SQL.format(effects_cte="")
+    sql = leases._APPEND_SQL_PLAIN
 
     def cte_once() -> None:
         seq["cte"] += 1
