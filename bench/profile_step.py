@@ -102,6 +102,7 @@ def parse_trace(text: str) -> tuple[int, dict[str, int], dict[str, float]]:
     ms: dict[str, float] = defaultdict(float)
     total = 0
     last_sql = ""
+    prepared: dict[str, str] = {}
     pending: tuple[float, str] | None = None
     records: list[str] = []
     for line in text.splitlines():
@@ -115,8 +116,20 @@ def parse_trace(text: str) -> tuple[int, dict[str, int], dict[str, float]]:
             continue
         ts, direction, _length, msg = parts[:4]
         rest = parts[4] if len(parts) > 4 else ""
-        if direction == "F" and msg in ("Query", "Parse"):
+        if direction == "F" and msg == "Query":
             last_sql = " ".join(rest.strip().strip('"').split())
+        elif direction == "F" and msg == "Parse":
+            # Parse "name" "query" ...: a prepared statement is parsed once, then only bound.
+            found = re.match(r'\s*"([^"]*)"\s+"(.*)', rest)
+            if found:
+                last_sql = " ".join(found.group(2).split())
+                prepared[found.group(1)] = last_sql
+        elif direction == "F" and msg == "Bind":
+            found = re.match(r'\s*"[^"]*"\s+"([^"]*)"', rest)
+            if found and found.group(1):
+                # Prepared before the trace began (warm-up): only the step commit runs on a
+                # preparing cursor; every other statement goes through Django's cursor.
+                last_sql = prepared.get(found.group(1), "WITH fence (prepared earlier)")
         if direction == "F" and msg in ("Query", "Sync"):
             total += 1
             kind = _classify(last_sql)
