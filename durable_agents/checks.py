@@ -14,6 +14,24 @@ from django.utils.module_loading import import_string
 from durable_agents.conf import DEFAULTS, app_settings
 
 
+# key: (whole number or any number, minimum, minimum allowed, None allowed)
+NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
+    "LEASE_SECONDS": ("number", 0, False, False),
+    "HEARTBEAT_SECONDS": ("number", 0, False, False),
+    "POLL_INTERVAL": ("number", 0, False, False),
+    "MAX_BACKOFF_SECONDS": ("number", 0, False, False),
+    "MODEL_TIMEOUT": ("number", 0, False, False),
+    "SHUTDOWN_GRACE_SECONDS": ("number", 0, True, False),
+    "UNDEPLOYED_RETRY_SECONDS": ("number", 0, True, False),
+    "RETENTION_DAYS": ("number", 0, False, True),
+    "MAX_ATTEMPTS": ("whole", 1, True, False),
+    "MAX_RESULT_CHARS": ("whole", 1, True, False),
+    "RETENTION_BATCH": ("whole", 1, True, False),
+    "METRICS_KEEP_DAYS": ("whole", 1, True, False),
+    "MODEL_RETRIES": ("whole", 0, True, False),
+}
+
+
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
@@ -28,67 +46,24 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agents.E002",
             )
         )
-    for key in (
-        "LEASE_SECONDS",
-        "HEARTBEAT_SECONDS",
-        "POLL_INTERVAL",
-        "MAX_BACKOFF_SECONDS",
-        "MODEL_TIMEOUT",
-    ):
+    for key, (kind, minimum, inclusive, nullable) in NUMBER_RULES.items():
         value = getattr(app_settings, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if value is None and nullable:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int if kind == "whole" else (int, float))
+            or value < minimum
+            or (value == minimum and not inclusive)
+        ):
+            bound = f">= {minimum}" if inclusive else f"> {minimum}"
             messages.append(
                 Error(
-                    f"DURABLE_AGENTS[{key!r}] must be a positive number, not {value!r}.",
-                    id="durable_agents.E003",
+                    f"DURABLE_AGENTS[{key!r}] must be {'None or ' if nullable else ''}a "
+                    f"{'whole ' if kind == 'whole' else ''}number {bound}, not {value!r}.",
+                    id="durable_agents.E004" if kind == "whole" else "durable_agents.E003",
                 )
             )
-    for key in ("MAX_ATTEMPTS", "MAX_RESULT_CHARS"):
-        value = getattr(app_settings, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            messages.append(
-                Error(
-                    f"DURABLE_AGENTS[{key!r}] must be a whole number of at least 1, not {value!r}.",
-                    id="durable_agents.E004",
-                )
-            )
-    retries = app_settings.MODEL_RETRIES
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        messages.append(
-            Error(
-                f"DURABLE_AGENTS['MODEL_RETRIES'] must be a whole number >= 0, not {retries!r}.",
-                id="durable_agents.E004",
-            )
-        )
-    for key in ("SHUTDOWN_GRACE_SECONDS", "UNDEPLOYED_RETRY_SECONDS"):
-        value = getattr(app_settings, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            messages.append(
-                Error(
-                    f"DURABLE_AGENTS[{key!r}] must be a number >= 0, not {value!r}.",
-                    id="durable_agents.E003",
-                )
-            )
-    for key in ("RETENTION_BATCH", "METRICS_KEEP_DAYS"):
-        value = getattr(app_settings, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            messages.append(
-                Error(
-                    f"DURABLE_AGENTS[{key!r}] must be a whole number of at least 1, not {value!r}.",
-                    id="durable_agents.E004",
-                )
-            )
-    days = app_settings.RETENTION_DAYS
-    if days is not None and (
-        isinstance(days, bool) or not isinstance(days, (int, float)) or days <= 0
-    ):
-        messages.append(
-            Error(
-                f"DURABLE_AGENTS['RETENTION_DAYS'] must be None or a positive number, not "
-                f"{days!r}.",
-                id="durable_agents.E003",
-            )
-        )
     for key in ("OFFLINE", "NOTIFY"):
         if not isinstance(getattr(app_settings, key), bool):
             messages.append(

@@ -3,7 +3,8 @@
 What the Django test client cannot show: the login form, buttons found by their visible text,
 the action select and its confirmation page, messages after redirects, and that untrusted text
 does not run as script. The run, intent and operations pages are also captured as full-page
-screenshots into ``tests/artifacts/`` (git-ignored) and copied to ``docs/img/`` for the README.
+screenshots into ``tests/artifacts/`` (git-ignored); with DA_UPDATE_DOCS_IMAGES=1 three of them are
+copied to ``docs/img/`` for the README.
 
 Needs the ``playwright`` Python package and a Chromium binary (``/usr/bin/chromium``, or
 ``DA_CHROMIUM``); Playwright's own browser download is never used. ``scripts/install-browser.sh``
@@ -190,7 +191,8 @@ def screenshot(page: Page, name: str, docs: bool = False) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.evaluate("window.scrollTo(0, 0)")  # the admin's sticky sidebar follows the scroll
     page.screenshot(path=str(path), full_page=True)
-    if docs:
+    # The README's copies change only when asked: DA_UPDATE_DOCS_IMAGES=1 make test.
+    if docs and os.environ.get("DA_UPDATE_DOCS_IMAGES") == "1":
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / f"{name}.png")
     return path
