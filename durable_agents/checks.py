@@ -13,7 +13,6 @@ from django.utils.module_loading import import_string
 
 from durable_agents.conf import DEFAULTS, app_settings
 
-
 # key: (whole number or any number, minimum, minimum allowed, None allowed)
 NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
     "LEASE_SECONDS": ("number", 0, False, False),

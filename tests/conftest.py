@@ -169,9 +169,7 @@ def spawn_worker(
         }
         if "fake_api" in request.fixturenames:
             full_env["DURABLE_AGENTS_OFFLINE"] = "0"
-        worker = WorkerProcess(
-            list(args), full_env, tmp_path / f"worker-{len(started)}.log"
-        )
+        worker = WorkerProcess(list(args), full_env, tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker
 
