@@ -173,12 +173,17 @@ class Worker:
             return True
 
     def _slot(self) -> None:
+        idle = True
         try:
             while not self.stopping.is_set():
                 if not self._take_ticket():
                     return
                 try:
-                    close_old_connections()
+                    if idle:
+                        # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests. Not
+                        # between two runs of a busy slot: a health check is a round trip, and
+                        # a dead connection fails the claim, which reconnects below.
+                        close_old_connections()
                     claims = leases.claim_runs(self.worker_id, self.lease_seconds, 1)
                 except DatabaseError:
                     logger.exception("claim failed; retrying in %.1fs", self.poll_interval)
@@ -186,6 +191,7 @@ class Worker:
                     connection.close()
                     self.stopping.wait(max(self.poll_interval, 0.5))
                     continue
+                idle = not claims
                 if not claims:
                     self._forget_ticket()
                     if self.burst:
