@@ -138,6 +138,7 @@ class Agent:
         self.params = copy.deepcopy(params)
         self.max_turns = max_turns
         self._fingerprints: dict[str, str] = {}
+        self._requests: dict[str, dict[str, Any]] = {}
         # Budgets and delivery are checked or used by the worker between and during steps;
         # they are not part of the request, so they are left out of the fingerprint.
         self.max_total_tokens = max_total_tokens
@@ -172,6 +173,15 @@ class Agent:
             out["thinking"] = copy.deepcopy(self.thinking)
         out.update(copy.deepcopy(self.params))
         return out
+
+    def request_for(self, model: str | None = None) -> dict[str, Any]:
+        """``request_params(model)``, built once per model and shared: the worker reads it on
+        every claim and never changes it. Callers must not mutate it either."""
+        key = model or self.model
+        cached = self._requests.get(key)
+        if cached is None:
+            cached = self._requests[key] = self.request_params(key)
+        return cached
 
     def fingerprint(self, model: str | None = None) -> str:
         """sha256 of the canonical JSON of ``request_params(model)``. Memoised per model: an

@@ -168,7 +168,7 @@ class RunAdvancer:
         if run.stalled_claims > app_settings.MAX_ATTEMPTS:
             self._dead(self._stalled_reason())
         agent = self._pinned_agent()
-        params = agent.request_params(run.model)
+        params = agent.request_for(run.model)
 
         steps = load_steps(run.pk)
         if not steps or steps[0].kind != StepKind.TASK:
