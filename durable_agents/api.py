@@ -24,7 +24,6 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.runner import format_result
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 
@@ -145,7 +144,7 @@ def resolve_intent(
         intent.decided_at = Now()
         intent.reason = reason
         if happened:
-            text, is_error = format_result("" if result is None else result)
+            text, is_error = effects.format_result("" if result is None else result)
             effects.record_effect(
                 ToolEffect(
                     key=intent.key,

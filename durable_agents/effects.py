@@ -26,6 +26,30 @@ def idempotency_key(run_id: Any, seq: int, call_index: int, tool: str, arguments
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _sanitize(text: str) -> str:
+    # Lone surrogates cannot be encoded as UTF-8 (neither by the database nor the SDK).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def format_result(value: Any) -> tuple[str, bool]:
+    """A tool's return value as tool_result text: (text, is_error)."""
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            return f"the tool returned a value that is not JSON-serialisable: {exc}", True
+    return _sanitize(value), False
+
+
+def error_text(message: str) -> tuple[str, bool]:
+    """An error result for the model (exception messages may carry any text)."""
+    return _sanitize(message), True
+
+
 def recorded_effects(run_id: Any, seq: int) -> dict[str, ToolEffect]:
     """The calls of one turn that already completed, by key (one query per turn)."""
     return {e.key: e for e in ToolEffect.objects.filter(run_id=run_id, seq=seq)}

@@ -18,7 +18,7 @@ import datetime
 from collections.abc import Sequence
 
 from django.db import connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F
+from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
@@ -89,44 +89,35 @@ def claim_runs(owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
         params = {"owner": owner, "lease": float(lease_seconds), "limit": limit}
         runs = sorted(AgentRun.objects.raw(_CLAIM_SQL, params), key=lambda run: run.created_at)
         return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
-    with transaction.atomic():
-        ids = list(
-            AgentRun.objects.claimable()
-            .select_for_update(skip_locked=True, no_key=True)
-            .order_by("created_at")
-            .values_list("pk", flat=True)[:limit]
-        )
-        if not ids:
-            return []
-        return _take(ids, owner, lease_seconds)
+    return _lock_and_take(
+        AgentRun.objects.claimable().order_by("created_at")[:limit], owner, lease_seconds
+    )
 
 
 def claim_run(run_id: object, owner: str, lease_seconds: float) -> Claim | None:
     """Lease one given run if it is claimable now (tests, "run now" operations)."""
+    claims = _lock_and_take(AgentRun.objects.claimable().filter(pk=run_id), owner, lease_seconds)
+    return claims[0] if claims else None
+
+
+def _lock_and_take(candidates: QuerySet, owner: str, lease_seconds: float) -> list[Claim]:
     with transaction.atomic():
         ids = list(
-            AgentRun.objects.claimable()
-            .filter(pk=run_id)
-            .select_for_update(skip_locked=True, no_key=True)
-            .values_list("pk", flat=True)
+            candidates.select_for_update(skip_locked=True, no_key=True).values_list("pk", flat=True)
         )
         if not ids:
-            return None
-        return _take(ids, owner, lease_seconds)[0]
-
-
-def _take(ids: list[object], owner: str, lease_seconds: float) -> list[Claim]:
-    AgentRun.objects.filter(pk__in=ids).update(
-        status=RunStatus.RUNNING,
-        lease_owner=owner,
-        lease_until=_lease_expiry(lease_seconds),
-        attempt=F("attempt") + 1,
-        stalled_claims=F("stalled_claims") + 1,
-        started_at=Coalesce(F("started_at"), Now()),
-        updated_at=Now(),
-    )
-    runs = AgentRun.objects.filter(pk__in=ids).order_by("created_at")
-    return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+            return []
+        AgentRun.objects.filter(pk__in=ids).update(
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_until=_lease_expiry(lease_seconds),
+            attempt=F("attempt") + 1,
+            stalled_claims=F("stalled_claims") + 1,
+            started_at=Coalesce(F("started_at"), Now()),
+            updated_at=Now(),
+        )
+        runs = AgentRun.objects.filter(pk__in=ids).order_by("created_at")
+        return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
 
 def renew_lease(claim: Claim) -> bool:
@@ -249,14 +240,7 @@ def append_step(
         fenced = _fenced(claim).filter(last_seq=seq - 1)
         changes: dict[str, object] = {"lease_until": _lease_expiry(claim.lease_seconds)}
         if finish is not None:
-            changes = {
-                "status": finish[0],
-                "result": finish[1],
-                "error": "",
-                "lease_owner": None,
-                "lease_until": None,
-                "finished_at": Now(),
-            }
+            changes = _ending(finish[0], finish[1], "")
         if not fenced.update(last_seq=seq, stalled_claims=0, updated_at=Now(), **changes):
             return False
         AgentStep.objects.create(
@@ -271,19 +255,21 @@ def append_step(
     return True
 
 
+def _ending(status: str, result: str | None, error: str) -> dict[str, object]:
+    """The columns a run's end sets (``_FINISH`` is the same in SQL)."""
+    return {
+        "status": status,
+        "result": result,
+        "error": error,
+        "lease_owner": None,
+        "lease_until": None,
+        "finished_at": Now(),
+    }
+
+
 def finish_run(claim: Claim, status: str, *, result: str | None = None, error: str = "") -> bool:
     """End the run (succeeded, failed or dead) and free its lease; fenced."""
-    return bool(
-        _fenced(claim).update(
-            status=status,
-            result=result,
-            error=error,
-            lease_owner=None,
-            lease_until=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-    )
+    return bool(_fenced(claim).update(updated_at=Now(), **_ending(status, result, error)))
 
 
 def wait_for_person(claim: Claim, intent: ToolIntent | None = None) -> bool:
@@ -298,13 +284,21 @@ def wait_for_person(claim: Claim, intent: ToolIntent | None = None) -> bool:
     return True
 
 
-def release_lease(claim: Claim, *, error: str | None = None, count_claim: bool = True) -> bool:
-    """Hand the run back (pending, claimable at once). ``count_claim=False`` takes back the
-    no-progress count of this claim: a shutdown is not the run's fault."""
+def release_lease(
+    claim: Claim,
+    *,
+    error: str | None = None,
+    count_claim: bool = True,
+    hold_seconds: float | None = None,
+) -> bool:
+    """Hand the run back (pending). ``count_claim=False`` takes back the no-progress count of
+    this claim: a shutdown is not the run's fault. ``hold_seconds`` keeps it claimable by
+    nobody for that long (the lease column doubles as a not-before time); otherwise it is
+    claimable at once."""
     changes: dict[str, object] = {
         "status": RunStatus.PENDING,
         "lease_owner": None,
-        "lease_until": None,
+        "lease_until": None if hold_seconds is None else _lease_expiry(hold_seconds),
         "updated_at": Now(),
     }
     if error is not None:
@@ -312,21 +306,6 @@ def release_lease(claim: Claim, *, error: str | None = None, count_claim: bool =
     if not count_claim:
         changes["stalled_claims"] = Greatest(F("stalled_claims") - 1, 0)
     return bool(_fenced(claim).update(**changes))
-
-
-def defer_run(claim: Claim, seconds: float, error: str) -> bool:
-    """Hand the run back, claimable by nobody for ``seconds`` (the lease column doubles as a
-    not-before time), with the reason kept in ``error``. The claim still counts as one without
-    progress."""
-    return bool(
-        _fenced(claim).update(
-            status=RunStatus.PENDING,
-            lease_owner=None,
-            lease_until=_lease_expiry(seconds),
-            error=error,
-            updated_at=Now(),
-        )
-    )
 
 
 def current_status(run_id) -> str | None:  # noqa: ANN001 - a UUID or str

@@ -107,33 +107,6 @@ def tokens_of(message: dict[str, Any]) -> int:
     )
 
 
-def _sanitize(text: str) -> str:
-    # Lone surrogates cannot be encoded as UTF-8 (neither by the database nor the SDK).
-    return (
-        text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-        if _has_surrogates(text)
-        else text
-    )
-
-
-def _has_surrogates(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def format_result(value: Any) -> tuple[str, bool]:
-    """A tool's return value as tool_result text: (text, is_error)."""
-    if isinstance(value, str):
-        return _sanitize(value), False
-    try:
-        return _sanitize(json.dumps(value, ensure_ascii=False)), False
-    except (TypeError, ValueError) as exc:
-        return f"the tool returned a value that is not JSON-serialisable: {exc}", True
-
-
 def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
     text = effect.result
     limit = app_settings.MAX_RESULT_CHARS
@@ -255,7 +228,9 @@ class RunAdvancer:
                 f"on worker {self.claim.owner} ({exc}); deploy it again or cancel the run"
             )
             logger.warning("run %s handed back: %s", run.pk, reason)
-            leases.defer_run(self.claim, app_settings.UNDEPLOYED_RETRY_SECONDS, reason)
+            leases.release_lease(
+                self.claim, error=reason, hold_seconds=app_settings.UNDEPLOYED_RETRY_SECONDS
+            )
             raise _Stop(RELEASED) from exc
         current = agent.fingerprint(run.model)
         if current != run.fingerprint:
@@ -381,9 +356,9 @@ class RunAdvancer:
             logger.warning(
                 "tool %s raised %s: %s", tool.name, type(exc).__name__, exc, exc_info=True
             )
-            text, is_error = f"{tool.name} raised {type(exc).__name__}: {exc}", True
+            text, is_error = effects.error_text(f"{tool.name} raised {type(exc).__name__}: {exc}")
         else:
-            text, is_error = format_result(value)
+            text, is_error = effects.format_result(value)
         logger.info(
             "run %s tool %s (%s) call %d of turn %d: %s in %.1f ms",
             self.run.pk,
@@ -394,7 +369,7 @@ class RunAdvancer:
             "error" if is_error else "ok",
             (time.monotonic() - started) * 1000,
         )
-        return self._effect(seq, index, tool.name, key, _sanitize(text), is_error)
+        return self._effect(seq, index, tool.name, key, text, is_error)
 
     def _irreversible(
         self, tool: Tool, seq: int, index: int, tool_input: Any, key: str
