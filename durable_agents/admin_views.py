@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Max
-from django.db.models.functions import TruncHour
 from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
+from durable_agents import metrics
 from durable_agents.models import (
-    FINISHED_STATUSES,
     AgentRun,
     AgentStep,
     IntentStatus,
@@ -53,9 +51,6 @@ INTENT_COLORS = {
     IntentStatus.UNKNOWN: "#6f2da8",
 }
 
-# How many finished runs the steps percentiles look at: bounded so that the page stays cheap
-# on a table of millions, and portable (no percentile_cont on SQLite).
-PERCENTILE_SAMPLE = 10_000
 # How many dead runs the dead-letter page groups (errors are folded in Python).
 DEAD_LETTER_SAMPLE = 10_000
 REASON_CHARS = 120
@@ -422,59 +417,16 @@ def vertical_bars(items: Sequence[tuple[str, int]], height: int = 100, step: int
     return bars
 
 
-def percentile(sorted_values: Sequence[int], fraction: float) -> float | None:
-    """Linear interpolation between closest ranks, as PostgreSQL's percentile_cont does."""
-    if not sorted_values:
-        return None
-    position = (len(sorted_values) - 1) * fraction
-    low, high = math.floor(position), math.ceil(position)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
-def _bucket_attempts(rows: Iterable[tuple[int, int]], cap: int = 10) -> list[tuple[str, int]]:
-    buckets: Counter[int] = Counter()
-    for attempt, n in rows:
-        buckets[min(attempt, cap)] += n
-    return [(f"{k}+" if k == cap else str(k), buckets[k]) for k in sorted(buckets)]
-
-
 def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
-    """Every number of the operations page; a fixed, small number of queries."""
+    """Every number of the operations page (from ``metrics``), shaped for its charts."""
     now = now or timezone.now()
-    by_status = dict(AgentRun.objects.order_by().values_list("status").annotate(n=Count("pk")))
-    status_items = [(s.value, by_status.get(s.value, 0)) for s in RunStatus]
-    oldest_pending = (
-        AgentRun.objects.filter(status=RunStatus.PENDING).order_by("created_at").first()
-    )
-    # steps = last_seq + 1 (seq 0 is the task).
-    finished_steps = sorted(
-        s + 1
-        for s in AgentRun.objects.filter(status__in=FINISHED_STATUSES)
-        .order_by("-finished_at")
-        .values_list("last_seq", flat=True)[:PERCENTILE_SAMPLE]
-    )
-    attempts = _bucket_attempts(
-        AgentRun.objects.order_by().values_list("attempt").annotate(n=Count("pk"))
-    )
-    waiting = ToolIntent.objects.awaiting_person()
-    waiting_count = waiting.count()
-    oldest_intent = waiting.order_by("created_at").select_related("run").first()
-
-    since = (now - datetime.timedelta(hours=23)).replace(minute=0, second=0, microsecond=0)
-    per_hour = dict(
-        AgentRun.objects.filter(finished_at__gte=since)
-        .annotate(hour=TruncHour("finished_at", tzinfo=datetime.UTC))
-        .order_by()
-        .values_list("hour")
-        .annotate(n=Count("pk"))
-    )
-    # Keyed by naive UTC hours so that the backends' aware/naive results compare equal.
-    per_hour_utc: Counter[datetime.datetime] = Counter()
-    for hour, n in per_hour.items():
-        if hour is not None:
-            per_hour_utc[hour.astimezone(datetime.UTC).replace(tzinfo=None)] += n
-    hours = [since.astimezone(datetime.UTC) + datetime.timedelta(hours=h) for h in range(24)]
-    hour_items = [(h.strftime("%H:00"), per_hour_utc.get(h.replace(tzinfo=None), 0)) for h in hours]
+    by_status = metrics.runs_by_status()
+    status_items = list(by_status.items())
+    oldest_pending = metrics.oldest_pending()
+    finished_steps = metrics.steps_of_recent_finished_runs()
+    attempts = metrics.attempts_distribution(AgentRun.objects.all())
+    waiting_count, oldest_intent = metrics.waiting_intents()
+    hour_items = [(h.strftime("%H:00"), n) for h, n in metrics.finished_per_hour(now)]
     hour_bars = vertical_bars(hour_items, height=HOUR_CHART_HEIGHT)
     # Every third hour counted back from the current one, which reads "now".
     for back, bar in enumerate(reversed(hour_bars)):
@@ -488,10 +440,10 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "oldest_pending": oldest_pending,
         "oldest_pending_age": (now - oldest_pending.created_at) if oldest_pending else None,
         "steps_sample": len(finished_steps),
-        "steps_p50": percentile(finished_steps, 0.5),
-        "steps_p95": percentile(finished_steps, 0.95),
+        "steps_p50": metrics.percentile(finished_steps, 0.5),
+        "steps_p95": metrics.percentile(finished_steps, 0.95),
         "steps_max": finished_steps[-1] if finished_steps else None,
-        "percentile_sample_limit": PERCENTILE_SAMPLE,
+        "percentile_sample_limit": metrics.PERCENTILE_SAMPLE,
         "attempt_bars": horizontal_bars(attempts),
         "attempt_chart_height": max(len(attempts), 1) * 22,
         "intents_waiting": waiting_count,
