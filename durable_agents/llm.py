@@ -61,7 +61,6 @@ class ModelTurn:
     request_id: str | None
     message: dict[str, Any]  # json.loads(body)
     elapsed_ms: float
-    retries: int
 
 
 def default_client() -> anthropic.Anthropic:
@@ -213,7 +212,6 @@ def create_turn(
                 request_id=request_id,
                 message=json.loads(body),
                 elapsed_ms=(time.monotonic() - started) * 1000,
-                retries=retry,
             )
         except ModelCallInterrupted:
             raise

@@ -11,7 +11,7 @@ The pytest fixtures around it live in ``durable_agents.pytest_plugin``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,7 +234,3 @@ class offline_model(override_settings):  # noqa: N801 - used like override_setti
     def disable(self) -> None:
         super().disable()
         llm.reset_clients()
-
-
-def effects_of(results: Iterable[RunResult]) -> list[ToolEffect]:
-    return [e for r in results for e in r.effects]

@@ -41,7 +41,6 @@ class _Held:
 class WorkerStats:
     claims: int = 0
     dispositions: dict[str, int] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
 
 
 class Worker:
