@@ -1,6 +1,6 @@
 """Target 6, long runs: time per step at step ~2,000 vs step ~10 of one run, and the cold
-rebuild of a 2,000-step run (``history.load_steps`` + ``messages_from_steps``) vs a raw
-psycopg SELECT of its rows.
+rebuild of a 2,000-step run (``history.load_log``, up to the request-ready messages text) vs a
+raw psycopg SELECT of its rows.
 
 One run of the ``bench_long`` agent (1,000 tool turns then a final turn: 2,001 worker steps)
 is advanced in this process with the commit and the model call timed at every step. A step's
@@ -37,7 +37,7 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
     with common.fake_api() as base_url:
         common.setup_django(url, base_url)
         from durable_agents import leases, llm, runner
-        from durable_agents.history import load_steps, messages_from_steps
+        from durable_agents.history import load_log
 
         common.start_runs(1, agent="bench_long", turns=5)  # warm-up run (SDK, connections)
         warm = leases.claim_runs("longrun-warm", 3600, 1)[0]
@@ -110,9 +110,10 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
             connection.close()
             connection.ensure_connection()
             t = time.perf_counter()
-            msgs = messages_from_steps((s.kind, s.payload) for s in load_steps(run_id))
+            rebuilt = load_log(run_id)
+            rebuilt.conversation.json()
             rebuild.append(time.perf_counter() - t)
-            assert len(msgs) == steps + 1
+            assert rebuilt.steps == len(rebuilt.conversation) == steps + 1
             with psycopg.connect(url) as conn:
                 t = time.perf_counter()
                 rows = conn.execute(

@@ -60,7 +60,7 @@ def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
         setattr(obj, attr, buckets.wrap(name, orig))
 
     patch(leases, "claim_runs", "claim")
-    patch(runner, "load_steps", "load_steps")
+    patch(runner, "load_log", "load_log")
     patch(llm, "create_turn", "model_call")
     patch(leases, "append_step", "commit")
     patch(leases, "finish_run", "finish")
@@ -187,8 +187,8 @@ def _classify(sql: str) -> str:
         return "claim (... FOR NO KEY UPDATE SKIP LOCKED)"
     if s.startswith("SET "):
         return "SET"
-    if s.startswith('SELECT "AGENT_STEP"'):
-        return "load_steps SELECT"
+    if "STRING_AGG" in s or s.startswith('SELECT "AGENT_STEP"'):
+        return "load_log SELECT"
     if s.startswith('SELECT "AGENT_RUN"'):
         return "SELECT agent_run"
     if s.startswith('SELECT "TOOL_EFFECT"'):

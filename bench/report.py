@@ -470,7 +470,7 @@ def render() -> Path:
             "the durable part is the step minus its model call: commit + tool + runner."
         )
         w(
-            f"Cold rebuild of {lr['steps'] + 1} steps: `load_steps` + `messages_from_steps` p50 "
+            f"Cold rebuild of {lr['steps'] + 1} steps: `load_log` p50 "
             f"{lr['rebuild']['p50_ms']:.1f} ms (min {lr['rebuild']['min_ms']:.1f}); raw psycopg SELECT p50 {lr['raw_select']['p50_ms']:.1f} ms (min {lr['raw_select']['min_ms']:.1f}); "
             f"raw SELECT + json.loads of every payload p50 "
             f"{lr['raw_select_plus_json_loads']['p50_ms']:.1f} ms."

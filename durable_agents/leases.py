@@ -132,6 +132,7 @@ WITH fence AS (
     UPDATE agent_run
        SET last_seq = %(seq)s,
            stalled_claims = 0,
+           tokens_used = tokens_used + %(tokens)s,
            {run_changes}
            updated_at = now()
      WHERE id = %(run_id)s
@@ -141,8 +142,11 @@ WITH fence AS (
        AND last_seq = %(seq)s - 1
  RETURNING id
 ){effects_cte}
-INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(request_id)s, %(attempt)s, %(owner)s FROM fence
+INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
+                        attempt, worker)
+SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
+       %(attempt)s, %(owner)s
+  FROM fence
 """
 
 # A step that keeps the run going renews the lease; the last step of a run ends it in the same
@@ -176,10 +180,13 @@ def append_step(
     request_id: str | None = None,
     effects: Sequence[ToolEffect] = (),
     finish: tuple[str, str | None] | None = None,
+    content_span: tuple[int, int] | None = None,
+    tokens: int = 0,
 ) -> bool:
     """Commit one step if, and only if, this claim still holds the run. This is where a step
     gets committed. Renews the lease and resets the no-progress count in the same statement;
     with ``finish=(status, result)`` it ends the run instead of renewing (its last step).
+    A model turn brings the span of its content in ``payload`` and the tokens it billed.
 
     ``effects`` are recorded whatever the fence says: they describe calls that happened, and a
     recorded call never runs again. Returns False when the fence failed (nothing appended).
@@ -193,7 +200,10 @@ def append_step(
             "seq": seq,
             "kind": kind,
             "payload": payload,
+            "content_start": content_span[0] if content_span else None,
+            "content_end": content_span[1] if content_span else None,
             "request_id": request_id,
+            "tokens": tokens,
         }
         effects_cte = ""
         if effects:
@@ -241,13 +251,21 @@ def append_step(
         changes: dict[str, object] = {"lease_until": _lease_expiry(claim.lease_seconds)}
         if finish is not None:
             changes = _ending(finish[0], finish[1], "")
-        if not fenced.update(last_seq=seq, stalled_claims=0, updated_at=Now(), **changes):
+        if not fenced.update(
+            last_seq=seq,
+            stalled_claims=0,
+            tokens_used=F("tokens_used") + tokens,
+            updated_at=Now(),
+            **changes,
+        ):
             return False
         AgentStep.objects.create(
             run_id=claim.run_id,
             seq=seq,
             kind=kind,
             payload=payload,
+            content_start=content_span[0] if content_span else None,
+            content_end=content_span[1] if content_span else None,
             request_id=request_id,
             attempt=claim.attempt,
             worker=claim.owner,

@@ -1,24 +1,31 @@
 """Model calls: the client factory, one call, retries that keep the lease, error classes.
 
-Every call goes through the official ``anthropic`` SDK with ``with_raw_response`` so that the
-provider's body is stored byte for byte. The SDK's own retries are switched off: it would sleep
-for any ``retry-after`` in the calling thread, blind to cancellation. Here the wait is on an
-event that the heartbeat sets when the run is cancelled or its lease is lost, while the
-heartbeat thread keeps renewing the lease, so a long retry-after never lets the run be stolen.
+Every call goes through the official ``anthropic`` SDK. The request body is built here as JSON
+text (the pinned parameters, then the run's messages exactly as history.Conversation keeps
+them) and handed to ``client.post(..., content=...)``: the SDK would otherwise walk and
+re-serialise the whole history on every call, which grows with the run. The response is read
+raw, so the provider's body is stored byte for byte.
+
+The SDK's own retries are switched off: it would sleep for any ``retry-after`` in the calling
+thread, blind to cancellation. Here the wait is on an event that the heartbeat sets when the
+run is cancelled or its lease is lost, while the heartbeat thread keeps renewing the lease, so
+a long retry-after never lets the run be stolen.
 Nothing here knows about Django models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import email.utils
 import json
 import logging
 import queue
 import random
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -61,6 +68,49 @@ class ModelTurn:
     request_id: str | None
     message: dict[str, Any]  # json.loads(body)
     elapsed_ms: float
+    content_span: tuple[int, int] | None = None  # of the message's content in body
+
+
+MESSAGES_PATH = "/v1/messages"
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_decoder = json.JSONDecoder()
+
+
+def content_span(body: str) -> tuple[int, int] | None:
+    """Where the value of the top-level ``content`` key lies in ``body``, a JSON object, as
+    character offsets; None if it has none. Scans the top level only (each value once, by the
+    C decoder); with duplicate keys the last wins, as for ``json.loads``."""
+    try:
+        i = _WHITESPACE.match(body, 0).end()  # type: ignore[union-attr]
+        if body[i : i + 1] != "{":
+            return None
+        found = None
+        i = _WHITESPACE.match(body, i + 1).end()  # type: ignore[union-attr]
+        while body[i : i + 1] == '"':
+            key, i = json.decoder.scanstring(body, i + 1)  # type: ignore[attr-defined]
+            i = _WHITESPACE.match(body, i).end()  # type: ignore[union-attr]
+            if body[i : i + 1] != ":":
+                return None
+            i = _WHITESPACE.match(body, i + 1).end()  # type: ignore[union-attr]
+            end = _decoder.raw_decode(body, i)[1]
+            if key == "content":
+                found = (i, end)
+            i = _WHITESPACE.match(body, end).end()  # type: ignore[union-attr]
+            if body[i : i + 1] != ",":
+                break
+            i = _WHITESPACE.match(body, i + 1).end()  # type: ignore[union-attr]
+        return found
+    except ValueError:
+        return None
+
+
+def request_body(params: dict[str, Any], messages: bytes, *, stream: bool = False) -> bytes:
+    """The JSON body of a Messages API call: the pinned ``params``, then ``messages`` (a JSON
+    array, as sent before: never re-serialised here)."""
+    members = json.dumps(params, ensure_ascii=False, separators=(",", ":"))[1:-1].encode()
+    if stream:
+        members += b',"stream":true' if members else b'"stream":true'
+    return b"{" + members + (b"," if members else b"") + b'"messages":' + messages + b"}"
 
 
 def default_client() -> anthropic.Anthropic:
@@ -171,7 +221,7 @@ def classify(exc: Exception, model: str) -> ModelError:
 
 def create_turn(
     params: dict[str, Any],
-    messages: list[dict[str, Any]],
+    messages: bytes | list[dict[str, Any]],
     *,
     interrupt: Interrupt,
     client: anthropic.Anthropic | None = None,
@@ -180,9 +230,10 @@ def create_turn(
 ) -> ModelTurn:
     """Call the Messages API until it answers, retrying what may be retried.
 
-    ``params`` is the pinned request (model, max_tokens, system, tools, ...). The call runs in
-    its own thread so that an interrupt (cancellation, lost lease, shutdown) returns control at
-    once; an abandoned stream is closed at its next event, so the model stops generating.
+    ``params`` is the pinned request (model, max_tokens, system, tools, ...); ``messages`` the
+    JSON text of the messages (a list is encoded first, for tests and one-off calls). The call
+    runs in its own thread so that an interrupt (cancellation, lost lease, shutdown) returns
+    control at once; an abandoned stream is closed at its next event, so the model stops generating.
     Waits between retries end early on an interrupt too. Raises a ``ModelError`` subclass.
     """
     # Copying a client costs about half a millisecond: the cached one is configured already.
@@ -191,6 +242,9 @@ def create_turn(
     if app_settings.BETAS:
         extra_headers["anthropic-beta"] = ",".join(app_settings.BETAS)
     model = str(params.get("model"))
+    if not isinstance(messages, bytes):
+        messages = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
+    body = request_body(params, messages, stream=stream)
     retries = app_settings.MODEL_RETRIES
     for retry in range(retries + 1):
         if interrupt.is_set():
@@ -199,19 +253,17 @@ def create_turn(
 
         def call(abort: threading.Event) -> tuple[str, str | None]:
             if stream:
-                return _streamed(client, params, messages, extra_headers, abort, on_text)
-            raw = client.messages.with_raw_response.create(
-                messages=messages, extra_headers=extra_headers or None, **params
-            )
-            return raw.http_response.content.decode("utf-8"), raw.request_id
+                return _streamed(client, body, extra_headers, abort, on_text)
+            return _posted(client, body, extra_headers)
 
         try:
-            body, request_id = _abortable(call, interrupt)
+            text, request_id = _abortable(call, interrupt)
             return ModelTurn(
-                body=body,
+                body=text,
                 request_id=request_id,
-                message=json.loads(body),
+                message=json.loads(text),
                 elapsed_ms=(time.monotonic() - started) * 1000,
+                content_span=content_span(text),
             )
         except ModelCallInterrupted:
             raise
@@ -304,10 +356,62 @@ def _abortable(
     raise ModelCallInterrupted(f"model call abandoned: {interrupt.reason or 'interrupted'}")
 
 
+def _sends_raw_bodies(client: anthropic.Anthropic) -> bool:
+    # The first-party client posts a body as given. Other clients (Bedrock, Vertex) rewrite
+    # the path and body from the parsed parameters, so they get them parsed.
+    return isinstance(client, anthropic.Anthropic)
+
+
+def _posted(
+    client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]
+) -> tuple[str, str | None]:
+    """One non-streamed call; the response body verbatim and the provider's request id."""
+    if not _sends_raw_bodies(client):
+        raw = client.messages.with_raw_response.create(
+            **json.loads(body), extra_headers=extra_headers or None
+        )
+        return raw.http_response.content.decode("utf-8"), raw.request_id
+    # Errors raise the SDK's APIStatusError subclasses, as messages.create would.
+    response = client.post(
+        MESSAGES_PATH,
+        cast_to=httpx2.Response,
+        content=body,
+        options={"headers": extra_headers} if extra_headers else {},
+    )
+    return response.content.decode("utf-8"), response.headers.get("request-id")
+
+
+@contextlib.contextmanager
+def _event_stream(
+    client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]
+) -> Iterator[tuple[httpx2.Response, str | None]]:
+    if not _sends_raw_bodies(client):
+        params = json.loads(body)
+        with client.messages.with_streaming_response.create(
+            **params, extra_headers=extra_headers or None
+        ) as response:
+            yield response.http_response, response.request_id
+        return
+    # With cast_to=httpx2.Response the SDK hands back the response unread (stream=True).
+    response: Any = client.post(
+        MESSAGES_PATH,
+        cast_to=httpx2.Response,
+        content=body,
+        options={"headers": extra_headers} if extra_headers else {},
+        stream=True,
+        stream_cls=anthropic.Stream[object],
+    )
+    if isinstance(response, anthropic.Stream):
+        response = response.response
+    try:
+        yield response, response.headers.get("request-id")
+    finally:
+        response.close()
+
+
 def _streamed(
     client: anthropic.Anthropic,
-    params: dict[str, Any],
-    messages: list[dict[str, Any]],
+    body: bytes,
     extra_headers: dict[str, str],
     abort: threading.Event,
     on_text: Callable[[str], None] | None,
@@ -315,13 +419,10 @@ def _streamed(
     """Stream one turn and assemble it from the raw events, keeping every field the server sent
     (the SDK's accumulator drops extras on deltas). Nothing is returned unless message_stop
     arrived: a cut stream raises and the caller retries; no partial turn is ever committed."""
-    with client.messages.with_streaming_response.create(
-        messages=messages, stream=True, extra_headers=extra_headers or None, **params
-    ) as response:
-        request_id = response.request_id
+    with _event_stream(client, body, extra_headers) as (http_response, request_id):
         message: dict[str, Any] | None = None
         partial_json: dict[int, str] = {}
-        for event in anthropic.Stream.raw_events(response.http_response):
+        for event in anthropic.Stream.raw_events(http_response):
             if abort.is_set():
                 raise ModelCallInterrupted("stream closed: the run was interrupted")
             if not event.data:

@@ -80,6 +80,9 @@ class AgentRun(models.Model):
     stalled_claims = models.PositiveIntegerField(default=0)
     # seq of the newest committed step; the fence also checks it, so the log has no gaps.
     last_seq = models.IntegerField(default=0)
+    # Tokens billed so far (input, cache and output, from each turn's usage); kept by the
+    # statement that commits a turn, so a token budget needs no pass over the log.
+    tokens_used = models.BigIntegerField(default=0, db_default=0)
     result = models.TextField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)
@@ -133,6 +136,10 @@ class AgentStep(models.Model):
     seq = models.IntegerField()
     kind = models.CharField(max_length=16, choices=StepKind.choices)
     payload = models.TextField()
+    # Model turns: where the response's ``content`` array lies in ``payload`` (character
+    # offsets), so that a resume sends that text back as received without parsing the turn.
+    content_start = models.IntegerField(null=True, blank=True)
+    content_end = models.IntegerField(null=True, blank=True)
     request_id = models.CharField(max_length=200, null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True, default="")
@@ -155,6 +162,12 @@ class AgentStep(models.Model):
 
     def data(self) -> Any:
         return json.loads(self.payload)
+
+    @property
+    def content_span(self) -> tuple[int, int] | None:
+        if self.content_start is None or self.content_end is None:
+            return None
+        return self.content_start, self.content_end
 
 
 class ToolEffect(models.Model):

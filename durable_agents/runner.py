@@ -27,7 +27,7 @@ from django.utils import timezone
 from durable_agents import effects, leases, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
-from durable_agents.history import load_steps, message_for
+from durable_agents.history import assistant_message, load_log, load_steps, user_message
 from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
@@ -143,29 +143,24 @@ class RunAdvancer:
         agent = self._pinned_agent()
         params = agent.request_for(run.model)
 
-        steps = load_steps(run.pk)
-        if not steps or steps[0].kind != StepKind.TASK:
+        log = load_log(run.pk)
+        if log.last is None or log.first_kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
         # The conversation, rebuilt from the log verbatim; kept in memory (and appended to)
         # while this claim lasts, so the log is read once per claim, not once per step.
-        messages: list[dict[str, Any]] = []
-        turns = 0
-        self.tokens = 0
-        for step in steps:
-            data = json.loads(step.payload)
-            messages.append(message_for(step.kind, data))
-            if step.kind == StepKind.MODEL_TURN:
-                turns += 1
-                self.tokens += tokens_of(data)
-        last = _Step(steps[-1].seq, steps[-1].kind, data)
-        del steps
+        conversation = log.conversation
+        turns = log.turns
+        self.tokens = run.tokens_used
+        last = _Step(log.last.seq, log.last.kind, json.loads(log.last.payload))
+        del log
 
         while True:
             self._check_interrupt()
             if last.kind != StepKind.MODEL_TURN or last.message.get("stop_reason") == "pause_turn":
                 self._check_budgets(agent, turns)
-                turn = self._call_model(agent, params, messages)
-                self.tokens += tokens_of(turn.message)
+                turn = self._call_model(agent, params, conversation.json())
+                turn_tokens = tokens_of(turn.message)
+                self.tokens += turn_tokens
                 seq = last.seq + 1
                 if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
                     # The last turn: commit it and end the run in one statement.
@@ -177,12 +172,20 @@ class RunAdvancer:
                         turn.request_id,
                         ms=turn.elapsed_ms,
                         finish=(SUCCEEDED, result),
+                        content_span=turn.content_span,
+                        tokens=turn_tokens,
                     )
                     self._finished(SUCCEEDED)
                 self._commit(
-                    seq, StepKind.MODEL_TURN, turn.body, turn.request_id, ms=turn.elapsed_ms
+                    seq,
+                    StepKind.MODEL_TURN,
+                    turn.body,
+                    turn.request_id,
+                    ms=turn.elapsed_ms,
+                    content_span=turn.content_span,
+                    tokens=turn_tokens,
                 )
-                messages.append({"role": "assistant", "content": turn.message["content"]})
+                conversation.append(assistant_message(turn.body, turn.content_span))
                 last = _Step(seq, StepKind.MODEL_TURN, turn.message, fresh=True)
                 turns += 1
                 continue
@@ -206,7 +209,7 @@ class RunAdvancer:
                         if b.get("type") == "tool_use"
                     ),
                 )
-                messages.append({"role": "user", "content": results})
+                conversation.append(user_message(payload))
                 last = _Step(seq, StepKind.TOOL_RESULT, results)
             elif stop_reason in FINAL_STOP_REASONS:  # committed by an earlier claim
                 self._finish(SUCCEEDED, result=text_of(last.message))
@@ -263,9 +266,7 @@ class RunAdvancer:
                     f"max_wall_seconds is {agent.max_wall_seconds}",
                 )
 
-    def _call_model(
-        self, agent: Agent, params: dict[str, Any], messages: list[dict[str, Any]]
-    ) -> llm.ModelTurn:
+    def _call_model(self, agent: Agent, params: dict[str, Any], messages: bytes) -> llm.ModelTurn:
         on_text = None
         if agent.on_text is not None:
             callback, run_id = agent.on_text, self.run.pk
@@ -440,9 +441,19 @@ class RunAdvancer:
         ms: float = 0.0,
         tool: str | None = None,
         finish: tuple[str, str | None] | None = None,
+        content_span: tuple[int, int] | None = None,
+        tokens: int = 0,
     ) -> None:
         if not leases.append_step(
-            self.claim, seq, kind, payload, request_id, effects or (), finish=finish
+            self.claim,
+            seq,
+            kind,
+            payload,
+            request_id,
+            effects or (),
+            finish=finish,
+            content_span=content_span,
+            tokens=tokens,
         ):
             self._fence_failed()
         logger.info(

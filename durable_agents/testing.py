@@ -20,7 +20,7 @@ from django.test import override_settings
 
 from durable_agents import api, leases, llm
 from durable_agents.conf import app_settings
-from durable_agents.history import messages_from_steps
+from durable_agents.history import Conversation, step_message
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -78,7 +78,10 @@ class RunResult:
         return self.run.error
 
     def messages(self) -> list[dict[str, Any]]:
-        return messages_from_steps((s.kind, s.payload) for s in self.steps)
+        conversation = Conversation()
+        for step in self.steps:
+            conversation.append(step_message(step.kind, step.payload, step.content_span))
+        return conversation.messages()
 
     def tool_calls(self) -> list[ToolCall]:
         """Every call the model made, in order, with the recorded outcome."""
