@@ -117,7 +117,10 @@ def run(n: int, rounds: int) -> dict[str, Any]:
             "seq": seq["cte"],
             "kind": "model_turn",
             "payload": PAYLOAD,
+            "content_start": None,
+            "content_end": None,
             "request_id": "req_x",
+            "tokens": 0,
         }
         t = time.perf_counter()
         with raw_auto.cursor() as cur:

@@ -63,7 +63,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="durable_agents.E004" if kind == "whole" else "durable_agents.E003",
                 )
             )
-    for key in ("OFFLINE", "NOTIFY"):
+    for key in ("OFFLINE", "NOTIFY", "OVERLAP_SAFE_COMMITS"):
         if not isinstance(getattr(app_settings, key), bool):
             messages.append(
                 Error(f"DURABLE_AGENTS[{key!r}] must be True or False.", id="durable_agents.E007")

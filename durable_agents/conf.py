@@ -25,6 +25,10 @@ DEFAULTS: dict[str, Any] = {
     # Tool results longer than this (in characters) are cut before the model sees them; the
     # tool_effect ledger keeps the whole result.
     "MAX_RESULT_CHARS": 1_000_000,
+    # Commit the results of pure and idempotent calls while the next model call is already
+    # on its way (one flushed commit per turn in the step's path instead of two). False: every
+    # step is committed before the next call goes out, whatever its tools.
+    "OVERLAP_SAFE_COMMITS": True,
     # HTTP timeout of one model call, in seconds.
     "MODEL_TIMEOUT": 600.0,
     # A worker that lacks a run's prompt version (a rolling deploy: the code that started the

@@ -48,20 +48,22 @@ def step_message(kind: str, payload: str, span: tuple[int, int] | None = None) -
 class Conversation:
     """The ``messages`` array of a run's next request, as JSON text that only grows.
 
-    ``parts`` are comma-separated chunks of the array: one per message appended in this
-    process, or one for many messages when PostgreSQL assembled the rebuilt log in one value.
+    Appending copies only the new message; ``json()`` copies the array once per call.
     """
 
-    def __init__(self, parts: list[bytes] | None = None, count: int = 0) -> None:
-        self.parts: list[bytes] = parts or []
+    def __init__(self, chunk: bytes = b"", count: int = 0) -> None:
+        # Comma-separated messages: ``chunk`` holds ``count`` of them already (a rebuild).
+        self.buffer = bytearray(chunk)
         self.count = count
 
     def append(self, message: bytes) -> None:
-        self.parts.append(message)
+        if self.count:
+            self.buffer += b","
+        self.buffer += message
         self.count += 1
 
     def json(self) -> bytes:
-        return b"[" + b",".join(self.parts) + b"]"
+        return b"".join((b"[", self.buffer, b"]"))
 
     def messages(self) -> list[dict[str, Any]]:
         """Parsed, for reading (the API, tests); requests are built from ``json()``."""
@@ -131,9 +133,9 @@ def load_log(run_id: Any) -> RunLog:
             texts.append(_USER_OPEN_TEXT + payload + "}")
         if seq == 0:
             first_kind = kind
-    parts = [",".join(texts).encode("utf-8")] if texts else []
     last = StepRow(*row[:3]) if row is not None else None
-    return RunLog(Conversation(parts, len(texts)), turns, len(texts), first_kind, last)
+    conversation = Conversation(",".join(texts).encode("utf-8"), len(texts))
+    return RunLog(conversation, turns, len(texts), first_kind, last)
 
 
 def rebuild_messages(run_id: Any) -> list[dict[str, Any]]:

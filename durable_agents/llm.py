@@ -110,7 +110,8 @@ def request_body(params: dict[str, Any], messages: bytes, *, stream: bool = Fals
     members = json.dumps(params, ensure_ascii=False, separators=(",", ":"))[1:-1].encode()
     if stream:
         members += b',"stream":true' if members else b'"stream":true'
-    return b"{" + members + (b"," if members else b"") + b'"messages":' + messages + b"}"
+    # One copy of the (possibly large) messages text.
+    return b"".join((b"{", members, b"," if members else b"", b'"messages":', messages, b"}"))
 
 
 def default_client() -> anthropic.Anthropic:
@@ -227,14 +228,20 @@ def create_turn(
     client: anthropic.Anthropic | None = None,
     stream: bool = False,
     on_text: Callable[[str], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> ModelTurn:
     """Call the Messages API until it answers, retrying what may be retried.
 
     ``params`` is the pinned request (model, max_tokens, system, tools, ...); ``messages`` the
     JSON text of the messages (a list is encoded first, for tests and one-off calls). The call
     runs in its own thread so that an interrupt (cancellation, lost lease, shutdown) returns
-    control at once; an abandoned stream is closed at its next event, so the model stops generating.
-    Waits between retries end early on an interrupt too. Raises a ``ModelError`` subclass.
+    control at once; an abandoned stream is closed at its next event, so the model stops
+    generating. Waits between retries end early on an interrupt too. Raises a ``ModelError``
+    subclass.
+
+    ``meanwhile`` (the commit of the previous step) runs exactly once on this thread: while the
+    first attempt is in flight, or before anything is raised. If it raises, the call is
+    abandoned and its exception propagates.
     """
     # Copying a client costs about half a millisecond: the cached one is configured already.
     client = get_client() if client is None else _configured(client)
@@ -245,6 +252,35 @@ def create_turn(
     if not isinstance(messages, bytes):
         messages = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
     body = request_body(params, messages, stream=stream)
+    once = _Once(meanwhile) if meanwhile is not None else None
+    try:
+        return _create_turn(client, body, model, extra_headers, interrupt, stream, on_text, once)
+    except BaseException:
+        if once is not None:
+            once()  # no-op if it ran; else the call never went out (an interrupt came first)
+        raise
+
+
+class _Once:
+    def __init__(self, func: Callable[[], None]) -> None:
+        self.func: Callable[[], None] | None = func
+
+    def __call__(self) -> None:
+        func, self.func = self.func, None
+        if func is not None:
+            func()
+
+
+def _create_turn(
+    client: anthropic.Anthropic,
+    body: bytes,
+    model: str,
+    extra_headers: dict[str, str],
+    interrupt: Interrupt,
+    stream: bool,
+    on_text: Callable[[str], None] | None,
+    meanwhile: _Once | None,
+) -> ModelTurn:
     retries = app_settings.MODEL_RETRIES
     for retry in range(retries + 1):
         if interrupt.is_set():
@@ -257,7 +293,7 @@ def create_turn(
             return _posted(client, body, extra_headers)
 
         try:
-            text, request_id = _abortable(call, interrupt)
+            text, request_id = _abortable(call, interrupt, meanwhile if retry == 0 else None)
             return ModelTurn(
                 body=text,
                 request_id=request_id,
@@ -319,11 +355,13 @@ def close_caller() -> None:
 
 
 def _abortable(
-    call: Callable[[threading.Event], tuple[str, str | None]], interrupt: Interrupt
+    call: Callable[[threading.Event], tuple[str, str | None]],
+    interrupt: Interrupt,
+    meanwhile: Callable[[], None] | None = None,
 ) -> tuple[str, str | None]:
     """Run ``call`` on the slot's caller thread; return its result, or raise
     ModelCallInterrupted as soon as ``interrupt`` triggers (the call is told to abort and left
-    to finish on its own)."""
+    to finish on its own). ``meanwhile`` runs here while the call is in flight."""
     caller: _Caller | None = getattr(_callers, "caller", None)
     if caller is None:
         caller = _callers.caller = _Caller()
@@ -339,9 +377,21 @@ def _abortable(
         finally:
             wake.set()
 
+    def abandon() -> None:
+        abort.set()
+        caller.abandoned = True
+        caller.jobs.put(None)  # ends the thread even if its call finished in the meantime
+        _callers.caller = None
+
     interrupt.wakes(wake)
     try:
         caller.jobs.put(job)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                abandon()
+                raise
         wake.wait()
     finally:
         interrupt.forget(wake)
@@ -349,10 +399,7 @@ def _abortable(
         return outcome["value"]
     if "error" in outcome:
         raise outcome["error"]
-    abort.set()
-    caller.abandoned = True
-    caller.jobs.put(None)  # ends the thread even if its call finished in the meantime
-    _callers.caller = None
+    abandon()
     raise ModelCallInterrupted(f"model call abandoned: {interrupt.reason or 'interrupted'}")
 
 

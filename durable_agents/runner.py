@@ -8,17 +8,22 @@ log, then repeats until the run is parked or over:
                                                   commit the results             (a step)
     last step is a final model turn            -> the run succeeded
 
-Each step is committed by ``leases.append_step`` before the next network call, and only while
-this worker's fence holds. Nothing is kept in memory that the log does not also hold, so a new
-worker that claims the run after a crash continues at the first uncommitted step.
+Each step is committed by ``leases.append_step``, only while this worker's fence holds, and in
+seq order: a model turn before any of its calls runs; tool results before the next model call
+goes out, except that results of pure and idempotent calls are committed while that call is in
+flight (OVERLAP_SAFE_COMMITS; always before the turn it returns). Nothing is kept in memory that
+the log does not also hold, so a new worker that claims the run after a crash continues at the
+first uncommitted step.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,11 +159,16 @@ class RunAdvancer:
         last = _Step(log.last.seq, log.last.kind, json.loads(log.last.payload))
         del log
 
+        # Tool results whose commit goes out with the next model call (see the tool branch).
+        pending: Callable[[], None] | None = None
         while True:
-            self._check_interrupt()
+            if pending is None:
+                self._check_interrupt()
             if last.kind != StepKind.MODEL_TURN or last.message.get("stop_reason") == "pause_turn":
-                self._check_budgets(agent, turns)
-                turn = self._call_model(agent, params, conversation.json())
+                if pending is None:
+                    self._check_budgets(agent, turns)
+                turn = self._call_model(agent, params, conversation.json(), pending)
+                pending = None
                 turn_tokens = tokens_of(turn.message)
                 self.tokens += turn_tokens
                 seq = last.seq + 1
@@ -192,11 +202,13 @@ class RunAdvancer:
 
             stop_reason = last.message.get("stop_reason")
             if stop_reason == "tool_use":
+                last_turn = last
                 started = time.monotonic()
                 results, final_effect = self._dispatch(agent, last)
                 seq = last.seq + 1
                 payload = json.dumps(results, ensure_ascii=False)
-                self._commit(
+                commit = functools.partial(
+                    self._commit,
                     seq,
                     StepKind.TOOL_RESULT,
                     payload,
@@ -211,6 +223,21 @@ class RunAdvancer:
                 )
                 conversation.append(user_message(payload))
                 last = _Step(seq, StepKind.TOOL_RESULT, results)
+                if (
+                    app_settings.OVERLAP_SAFE_COMMITS
+                    and self._rerun_is_free(agent, last_turn)
+                    and self._between_steps_reason(agent, turns) is None
+                ):
+                    # Only pure and idempotent calls, and nothing stops the run before its
+                    # next model call: that call goes out while this step commits. Its turn
+                    # is committed only after this step (the fence checks the seq), and a
+                    # failed commit abandons it. A crash leaves the log as it would without
+                    # the overlap; at worst these calls run again, which costs nothing.
+                    # Results of non-idempotent and irreversible calls are always committed
+                    # before the next call goes out.
+                    pending = commit
+                else:
+                    commit()
             elif stop_reason in FINAL_STOP_REASONS:  # committed by an earlier claim
                 self._finish(SUCCEEDED, result=text_of(last.message))
             else:
@@ -249,24 +276,52 @@ class RunAdvancer:
 
     def _check_budgets(self, agent: Agent, turns: int) -> None:
         """Between steps: a run over one of its agent's budgets fails with the figure."""
+        exceeded = self._budget_exceeded(agent, turns)
+        if exceeded is not None:
+            self._finish(FAILED, error=f"budget exceeded: {exceeded}")
+
+    def _budget_exceeded(self, agent: Agent, turns: int) -> str | None:
         if turns >= agent.max_turns:
-            self._finish(FAILED, error=f"budget exceeded: max_turns ({agent.max_turns}) reached")
+            return f"max_turns ({agent.max_turns}) reached"
         if agent.max_total_tokens is not None and self.tokens >= agent.max_total_tokens:
-            self._finish(
-                FAILED,
-                error=f"budget exceeded: {self.tokens} tokens used, max_total_tokens is "
-                f"{agent.max_total_tokens}",
-            )
+            return f"{self.tokens} tokens used, max_total_tokens is {agent.max_total_tokens}"
         if agent.max_wall_seconds is not None and self.run.started_at is not None:
             elapsed = (timezone.now() - self.run.started_at).total_seconds()
             if elapsed >= agent.max_wall_seconds:
-                self._finish(
-                    FAILED,
-                    error=f"budget exceeded: {elapsed:.1f}s since the run started, "
-                    f"max_wall_seconds is {agent.max_wall_seconds}",
+                return (
+                    f"{elapsed:.1f}s since the run started, "
+                    f"max_wall_seconds is {agent.max_wall_seconds}"
                 )
+        return None
 
-    def _call_model(self, agent: Agent, params: dict[str, Any], messages: bytes) -> llm.ModelTurn:
+    @staticmethod
+    def _rerun_is_free(agent: Agent, turn: _Step) -> bool:
+        """Whether running the turn's calls again could not repeat a side effect: every call
+        is to a pure or idempotent tool (or to no tool at all: an error result)."""
+        for block in turn.message.get("content") or []:
+            if block.get("type") != "tool_use":
+                continue
+            tool = agent.tools_by_name.get(block.get("name", ""))
+            if tool is not None and tool.effect not in ("pure", "idempotent"):
+                return False
+        return True
+
+    def _between_steps_reason(self, agent: Agent, turns: int) -> str | None:
+        """Why the run would stop before its next step (what _check_interrupt and
+        _check_budgets act on), or None."""
+        if self.drain is not None and self.drain.is_set():
+            return "draining"
+        if self.interrupt.is_set():
+            return self.interrupt.reason or "interrupted"
+        return self._budget_exceeded(agent, turns)
+
+    def _call_model(
+        self,
+        agent: Agent,
+        params: dict[str, Any],
+        messages: bytes,
+        pending: Callable[[], None] | None = None,
+    ) -> llm.ModelTurn:
         on_text = None
         if agent.on_text is not None:
             callback, run_id = agent.on_text, self.run.pk
@@ -276,7 +331,12 @@ class RunAdvancer:
 
         try:
             return llm.create_turn(
-                params, messages, interrupt=self.interrupt, stream=agent.stream, on_text=on_text
+                params,
+                messages,
+                interrupt=self.interrupt,
+                stream=agent.stream,
+                on_text=on_text,
+                meanwhile=pending,
             )
         except llm.PermanentModelError as exc:
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))

@@ -171,15 +171,17 @@ def test_a_claim_rebuilds_from_the_log_and_sends_the_same_bytes(
     monkeypatch.setattr(leases, "append_step", drain_after_the_tool_results)
     first = leases.claim_run(run.pk, "w1", 30)
     assert first is not None
+    # Seq 2 commits while the second call is in flight: the claim ends after that turn.
     assert advance_run(first, drain=drain) == "released"
-    assert len(fake_api.requests) == 1
+    assert len(fake_api.requests) == 2
+    assert AgentRun.objects.get(pk=run.pk).last_seq == 3
     second = leases.claim_run(run.pk, "w2", 30)
     assert second is not None
     assert advance_run(second) == "succeeded"
     steps = steps_of(run.pk)
     params = registry.get("thinker").request_for(run.model)
-    assert fake_api.requests[1].body == llm.request_body(params, conversation_of(steps[:3]).json())
-    assert fake_api.requests[1].body.startswith(fake_api.requests[0].body[: -len(b"]}")])
+    assert fake_api.requests[2].body == llm.request_body(params, conversation_of(steps[:5]).json())
+    assert fake_api.requests[2].body.startswith(fake_api.requests[1].body[: -len(b"]}")])
 
 
 @pytest.mark.django_db
