@@ -204,6 +204,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             {
                 "fields": (
                     "steps",
+                    "tokens_used",
                     "attempt",
                     "stalled_claims",
                     "lease_owner",
@@ -226,6 +227,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         "model",
         "task",
         "steps",
+        "tokens_used",
         "attempt",
         "stalled_claims",
         "lease_owner",
@@ -239,7 +241,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         "fingerprint",
     )
     # Labels and help of read-only fields come from the form's Meta (see get_form).
-    field_labels = {"attempt": "claims"}
+    field_labels = {"attempt": "claims", "tokens_used": "tokens used"}
     field_help_texts = {"attempt": CLAIMS_HELP, "started_at_display": "first claim"}
 
     lease_until_display = _time_field("lease_until", "lease until")

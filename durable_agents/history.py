@@ -138,6 +138,12 @@ def load_log(run_id: Any) -> RunLog:
     return RunLog(conversation, turns, len(texts), first_kind, last)
 
 
+def task_log(payload: str) -> RunLog:
+    """The log of a run whose only step is its task (the claim returned that payload)."""
+    last = StepRow(0, StepKind.TASK, payload)
+    return RunLog(Conversation(user_message(payload), 1), 0, 1, StepKind.TASK, last)
+
+
 def rebuild_messages(run_id: Any) -> list[dict[str, Any]]:
     """The messages the run's next model call will send, parsed."""
     return load_log(run_id).conversation.messages()

@@ -32,6 +32,8 @@ class Claim:
     owner: str
     attempt: int
     lease_seconds: float
+    # The payload of the task step when it is the run's only step (PostgreSQL claims).
+    task_payload: str | None = None
 
     @property
     def run_id(self):  # noqa: ANN201 - a UUID
@@ -57,7 +59,15 @@ def _fenced(claim: Claim):  # noqa: ANN202 - a QuerySet
 # select_for_update(skip_locked=True, no_key=True), as in the portable path below; written out
 # so that lock, lease and counters are taken in a single statement. The predicate on status
 # matches the partial index agent_run_claim.
-_CLAIM_SQL = """
+_CLAIMABLE_SQL = """
+SELECT id FROM agent_run
+ WHERE status IN ('pending', 'running')
+   AND (lease_until IS NULL OR lease_until < now())
+ ORDER BY created_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED"""
+
+_CLAIM_SQL = f"""
 UPDATE agent_run AS run
    SET status = 'running',
        lease_owner = %(owner)s,
@@ -66,14 +76,12 @@ UPDATE agent_run AS run
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
        updated_at = now()
- WHERE run.id IN (
-           SELECT id FROM agent_run
-            WHERE status IN ('pending', 'running')
-              AND (lease_until IS NULL OR lease_until < now())
-            ORDER BY created_at
-            LIMIT %(limit)s
-              FOR NO KEY UPDATE SKIP LOCKED)
-RETURNING run.*
+ WHERE run.id IN ({_CLAIMABLE_SQL})
+RETURNING run.*,
+          -- A run with nothing but its task: its log comes with the claim (no second read).
+          (SELECT payload FROM agent_step
+            WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
+          ) AS task_payload
 """
 
 
@@ -88,7 +96,10 @@ def claim_runs(owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
         params = {"owner": owner, "lease": float(lease_seconds), "limit": limit}
         runs = sorted(AgentRun.objects.raw(_CLAIM_SQL, params), key=lambda run: run.created_at)
-        return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+        return [
+            Claim(run, owner, run.attempt, lease_seconds, getattr(run, "task_payload", None))
+            for run in runs
+        ]
     return _lock_and_take(
         AgentRun.objects.claimable().order_by("created_at")[:limit], owner, lease_seconds
     )

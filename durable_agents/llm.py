@@ -19,10 +19,10 @@ import contextlib
 import dataclasses
 import email.utils
 import json
+import json.scanner
 import logging
 import queue
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,35 +72,41 @@ class ModelTurn:
 
 
 MESSAGES_PATH = "/v1/messages"
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-_decoder = json.JSONDecoder()
+_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
 
 
 def content_span(body: str) -> tuple[int, int] | None:
     """Where the value of the top-level ``content`` key lies in ``body``, a JSON object, as
     character offsets; None if it has none. Scans the top level only (each value once, by the
-    C decoder); with duplicate keys the last wins, as for ``json.loads``."""
+    C scanner); with duplicate keys the last wins, as for ``json.loads``."""
+    scan, scanstring, size = _scan_once, json.decoder.scanstring, len(body)  # type: ignore[attr-defined]
+
+    def skip(i: int) -> int:
+        while i < size and body[i] in " \t\n\r":
+            i += 1
+        return i
+
     try:
-        i = _WHITESPACE.match(body, 0).end()  # type: ignore[union-attr]
+        i = skip(0)
         if body[i : i + 1] != "{":
             return None
         found = None
-        i = _WHITESPACE.match(body, i + 1).end()  # type: ignore[union-attr]
+        i = skip(i + 1)
         while body[i : i + 1] == '"':
-            key, i = json.decoder.scanstring(body, i + 1)  # type: ignore[attr-defined]
-            i = _WHITESPACE.match(body, i).end()  # type: ignore[union-attr]
+            key, i = scanstring(body, i + 1)
+            i = skip(i)
             if body[i : i + 1] != ":":
                 return None
-            i = _WHITESPACE.match(body, i + 1).end()  # type: ignore[union-attr]
-            end = _decoder.raw_decode(body, i)[1]
+            i = skip(i + 1)
+            end = scan(body, i)[1]
             if key == "content":
                 found = (i, end)
-            i = _WHITESPACE.match(body, end).end()  # type: ignore[union-attr]
+            i = skip(end)
             if body[i : i + 1] != ",":
                 break
-            i = _WHITESPACE.match(body, i + 1).end()  # type: ignore[union-attr]
+            i = skip(i + 1)
         return found
-    except ValueError:
+    except (ValueError, StopIteration):
         return None
 
 

@@ -82,7 +82,9 @@ class AgentRun(models.Model):
     last_seq = models.IntegerField(default=0)
     # Tokens billed so far (input, cache and output, from each turn's usage); kept by the
     # statement that commits a turn, so a token budget needs no pass over the log.
-    tokens_used = models.BigIntegerField(default=0, db_default=0)
+    tokens_used = models.BigIntegerField(
+        default=0, db_default=0, help_text="input, cache and output tokens of its turns so far"
+    )
     result = models.TextField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)

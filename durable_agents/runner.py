@@ -32,7 +32,13 @@ from django.utils import timezone
 from durable_agents import effects, leases, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
-from durable_agents.history import assistant_message, load_log, load_steps, user_message
+from durable_agents.history import (
+    assistant_message,
+    load_log,
+    load_steps,
+    task_log,
+    user_message,
+)
 from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
@@ -148,7 +154,10 @@ class RunAdvancer:
         agent = self._pinned_agent()
         params = agent.request_for(run.model)
 
-        log = load_log(run.pk)
+        if self.claim.task_payload is not None:
+            log = task_log(self.claim.task_payload)
+        else:
+            log = load_log(run.pk)
         if log.last is None or log.first_kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
         # The conversation, rebuilt from the log verbatim; kept in memory (and appended to)

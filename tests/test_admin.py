@@ -246,6 +246,10 @@ def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     # The claim count is called so, with what it counts.
     assert ">Claims:</label>" in content and "Attempt:" not in content
     assert "how many times a worker took this run" in content
+    # The run's token count, the sum of its turns' usage.
+    assert run.tokens_used > 0
+    assert ">Tokens used:</label>" in content
+    assert f'<div class="readonly">{run.tokens_used}</div>' in content
 
 
 @pytest.mark.django_db

@@ -17,7 +17,7 @@ from django.apps import apps as django_apps
 from durable_agents import leases, llm
 from durable_agents.agents import registry
 from durable_agents.api import messages_for, start_run
-from durable_agents.history import Conversation, load_log, step_message
+from durable_agents.history import Conversation, load_log, step_message, user_message
 from durable_agents.interrupt import Interrupt
 from durable_agents.models import AgentRun, AgentStep
 from durable_agents.runner import advance_run, tokens_of
@@ -204,3 +204,21 @@ def test_migration_0002_counts_the_tokens_of_open_runs() -> None:
     migration.count_tokens_of_open_runs(django_apps, None)
     assert AgentRun.objects.get(pk=open_run.pk).tokens_used == 44
     assert AgentRun.objects.get(pk=done_run.pk).tokens_used == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_of_a_fresh_run_brings_its_task_step(fake_api: FakeAnthropic) -> None:
+    run = start_run("tester", '@lookup {"key": "a"}')
+    (claim,) = leases.claim_runs("w1", 30, 1)
+    task_step = AgentStep.objects.get(run_id=run.pk, seq=0)
+    assert claim.task_payload == task_step.payload
+    assert load_log(run.pk).conversation.json() == b"[" + user_message(task_step.payload) + b"]"
+    turn = llm.create_turn(
+        registry.get("tester").request_for(run.model), messages_for(run.pk), interrupt=Interrupt()
+    )
+    assert leases.append_step(claim, 1, "model_turn", turn.body, turn.request_id)
+    assert leases.release_lease(claim)
+    (again,) = leases.claim_runs("w2", 30, 1)
+    assert again.run_id == run.pk
+    assert again.task_payload is None  # the log has more than the task: read by load_log

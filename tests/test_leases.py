@@ -211,7 +211,7 @@ def test_claim_is_not_blocked_by_a_step_insert_in_flight() -> None:
 @pytest.mark.postgres
 def test_the_claim_query_can_use_the_partial_index() -> None:
     _runs(3)
-    subquery = leases._CLAIM_SQL.split("IN (", 1)[1].rsplit(")", 1)[0]
+    subquery = leases._CLAIMABLE_SQL
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
         cursor.execute("EXPLAIN " + subquery.replace("%(limit)s", "1"))

@@ -44,7 +44,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="agentrun",
             name="tokens_used",
-            field=models.BigIntegerField(db_default=0, default=0),
+            field=models.BigIntegerField(
+                db_default=0,
+                default=0,
+                help_text="input, cache and output tokens of its turns so far",
+            ),
         ),
         migrations.AddField(
             model_name="agentstep",
