@@ -26,14 +26,14 @@ from typing import Any
 
 from durable_agents.offline import Script, ScriptedModel, parse_script
 
-_MESSAGES = re.compile(r'"messages"\s*:\s*\[\s*')
-_MODEL = re.compile(r'"model"\s*:\s*"([^"\\]*)"')
-_ASSISTANT_TURNS = (b'"role":"assistant"', b'"role": "assistant"')
+_MESSAGES = re.compile(rb'"messages"\s*:\s*\[\s*')
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]*)"')
 _decoder = json.JSONDecoder()
 
 
 class ZeroLatencyModel:
-    """The offline model's answers at a cost that does not grow with the history."""
+    """The offline model's answers at a cost that does not grow with the history: the body is
+    searched as bytes, only the first message is decoded, one pattern is counted."""
 
     def __init__(self) -> None:
         self.scripts: dict[str, Script] = {}
@@ -42,16 +42,28 @@ class ZeroLatencyModel:
     def respond(
         self, method: str, path: str, headers: Any, body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        text = body.decode("utf-8")
-        first, _ = _decoder.raw_decode(text, _MESSAGES.search(text).end())  # type: ignore[union-attr]
-        task = (
-            first["content"] if isinstance(first["content"], str) else first["content"][0]["text"]
-        )
+        start = _MESSAGES.search(body).end()  # type: ignore[union-attr]
+        window = 1 << 16
+        while True:
+            # Decode just enough of the body for the first message (the task).
+            text = body[start : start + window].decode("utf-8", errors="ignore")
+            try:
+                first, _ = _decoder.raw_decode(text)
+                break
+            except ValueError:
+                if start + window >= len(body):
+                    raise
+                window *= 4
+        task = first["content"]
+        if not isinstance(task, str):
+            task = task[0]["text"]
         script = self.scripts.get(task)
         if script is None:
             script = self.scripts[task] = parse_script(task)
-        model = _MODEL.search(text).group(1)  # type: ignore[union-attr]
-        turn = sum(body.count(marker) for marker in _ASSISTANT_TURNS)
+        model = _MODEL.search(body).group(1).decode()  # type: ignore[union-attr]
+        # Every message is serialised alike: count the assistant roles in the first one's style.
+        compact = body.startswith(b'{"role":"', start)
+        turn = body.count(b'"role":"assistant"' if compact else b'"role": "assistant"')
         number = next(self.ids)
         content: list[dict[str, Any]] = []
         if turn < len(script.plan):

@@ -6,7 +6,7 @@ Side by side, because absolute times on a shared machine drift: one long run of 
 ``bench_long`` agent is advanced in slices of 40 steps (each slice a claim of its own, ended
 by the worker's drain flag), and between two slices a fresh 11-turn run is advanced from its
 start. So every stretch of the long run has a fresh run's steps 2-21 timed next to it. The
-figure compares the long run's steps 1,901-2,100 with the fresh runs timed in the same slices.
+figure compares the long run's steps 1,902-2,101 with the fresh runs timed in the same slices.
 
 A step's time is the gap between two consecutive commits of one claim; it is split into the
 model call (building the body, HTTP, the fake API) and the rest (commit, tool, runner:
@@ -28,7 +28,12 @@ from bench.common import log
 DB = "da_bench_longrun"
 SLICE_STEPS = 40
 FRESH_TURNS = 11  # steps 1..21; steps 2..21 are timed (seq 1 opens the claim)
-WINDOW = (1901, 2100)  # "at step ~2,000"
+
+
+def window_for(turns: int) -> tuple[int, int]:
+    """The 200 steps before the last 100 (1,902-2,101 for the default 1,101 turns)."""
+    last = 2 * turns - 1
+    return max(2, last - 299), last - 100
 
 
 def _mean_ms(values: list[float]) -> float:
@@ -107,6 +112,7 @@ def _summary(steps: list[dict[str, float]], prefix: str) -> dict[str, float]:
 def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
     import psycopg
 
+    window = window_for(turns)
     url = common.fresh_db(DB)
     with common.fake_api() as base_url:
         common.setup_django(url, base_url)
@@ -134,8 +140,8 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
 
         steps = AgentRun.objects.get(pk=run_id).last_seq
         curve = {seq: v for sl in slices for seq, v in sl["long"].items()}
-        paired = [sl for sl in slices if any(WINDOW[0] <= q <= WINDOW[1] for q in sl["long"])]
-        end_steps = [v for seq, v in curve.items() if WINDOW[0] <= seq <= WINDOW[1]]
+        paired = [sl for sl in slices if any(window[0] <= q <= window[1] for q in sl["long"])]
+        end_steps = [v for seq, v in curve.items() if window[0] <= seq <= window[1]]
         fresh_paired = [v for sl in paired for v in sl["fresh"].values()]
         first_slices = slices[:5]
         fresh_first = [v for sl in first_slices for v in sl["fresh"].values()]
@@ -206,14 +212,14 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
         connection.close()
 
     inmem_early = [v for seq, v in im.items() if 2 <= seq <= 2 * FRESH_TURNS - 1]
-    inmem_end = [v for seq, v in im.items() if WINDOW[0] <= seq <= WINDOW[1]]
+    inmem_end = [v for seq, v in im.items() if window[0] <= seq <= window[1]]
     res: dict[str, Any] = {
         "turns": turns,
         "steps": steps,
         "run_s": total,
         "slices": len(slices),
         "slice_steps": SLICE_STEPS,
-        "window": list(WINDOW),
+        "window": list(window),
         "fresh_turns": FRESH_TURNS,
         "paired_slices": len(paired),
         "inmemory_run_s": inmem_total,
@@ -248,7 +254,7 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
     res["rebuild_met"] = res["rebuild_ratio"] <= 1.5
     log(
         f"[longrun] step time at ~10 (fresh runs' steps 2-21, in between): "
-        f"{res['step_ms_at_10']:.2f} ms, at steps {WINDOW[0]}-{WINDOW[1]}: "
+        f"{res['step_ms_at_10']:.2f} ms, at steps {window[0]}-{window[1]}: "
         f"{res['step_ms_at_end']:.2f} ms: ratio {res['step_ratio']:.2f} -> "
         f"{common.verdict(res['step_met'])} (<= 1.2); median of the {len(paired)} paired "
         f"slices' ratios {res['slice_ratio_median']:.2f}"

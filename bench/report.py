@@ -193,7 +193,10 @@ def render() -> Path:
     )
     w(
         "- fake Messages API: `bench/fakeapi.py`, a separate process (ThreadingHTTPServer, "
-        "HTTP/1.1 keep-alive, TCP_NODELAY) wrapping `ScriptedModel.respond`; zero latency."
+        "HTTP/1.1 keep-alive, TCP_NODELAY) answering as the offline scripted model does, with "
+        "zero latency: it reads the whole body but decodes only the task and counts the turns "
+        "in the raw bytes, so its own cost does not grow with the history (it does not "
+        "validate requests; the test suite's offline model does)."
     )
     w(
         "- workload unless said otherwise: runs of 10 model turns, one trivial pure tool call per "

@@ -28,7 +28,7 @@ FULL = {
     "scale": ["--large", "1000000", "--claims", "1600", "--blocks", "4"],
     "workers": ["--runs", "50"],
     "profile_step": ["--runs", "40"],
-    "longrun": ["--turns", "1001", "--rebuild-reps", "15"],
+    "longrun": ["--turns", "1101", "--rebuild-reps", "15"],
     "memory": ["--runs", "10000", "--concurrency", "4"],
 }
 QUICK = {
