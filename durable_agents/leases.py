@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
@@ -67,7 +67,7 @@ SELECT id FROM agent_run
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED"""
 
-_CLAIM_SQL = f"""
+_TAKE_SQL = """
 UPDATE agent_run AS run
    SET status = 'running',
        lease_owner = %(owner)s,
@@ -76,13 +76,13 @@ UPDATE agent_run AS run
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
        updated_at = now()
- WHERE run.id IN ({_CLAIMABLE_SQL})
+ WHERE run.id IN ({candidates})
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
-          ) AS task_payload
-"""
+          ) AS task_payload"""
+_CLAIM_SQL = _TAKE_SQL.format(candidates=_CLAIMABLE_SQL)
 
 
 def claim_runs(owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
@@ -138,8 +138,7 @@ def renew_lease(claim: Claim) -> bool:
     )
 
 
-_APPEND_SQL = """
-WITH fence AS (
+_FENCE_SQL = """
     UPDATE agent_run
        SET last_seq = %(seq)s,
            stalled_claims = 0,
@@ -151,14 +150,14 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id
-){effects_cte}
+ RETURNING id"""
+_INSERT_STEP_SQL = """
 INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
                         attempt, worker)
 SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
        %(attempt)s, %(owner)s
-  FROM fence
-"""
+  FROM fence"""
+_APPEND_SQL = "WITH fence AS (" + _FENCE_SQL + "\n){effects_cte}" + _INSERT_STEP_SQL
 
 # A step that keeps the run going renews the lease; the last step of a run ends it in the same
 # statement (one round trip less per run).
@@ -171,6 +170,41 @@ _FINISH = """status = %(status)s,
            finished_at = now(),"""
 _APPEND_SQL_PLAIN = _APPEND_SQL.format(run_changes=_RENEW, effects_cte="")
 _APPEND_SQL_FINISH = _APPEND_SQL.format(run_changes=_FINISH, effects_cte="")
+
+# The last step of a run and the claim of the worker's next run, in one statement: a busy
+# worker saves a round trip and a flushed commit per run. The claim happens only if the fence
+# held (it reads the fence's output); the finished run is not claimable in the statement's
+# snapshot (its lease is still held there). One row: whether the step was appended, then the
+# next run's columns, or NULLs when there was none.
+_FINISH_AND_CLAIM_SQL = (
+    "WITH fence AS ("
+    + _FENCE_SQL.format(run_changes=_FINISH)
+    + "\n), appended AS ("
+    + _INSERT_STEP_SQL
+    + "\n RETURNING run_id\n), taken AS ("
+    + _TAKE_SQL.format(
+        candidates=_CLAIMABLE_SQL.replace(
+            "\n ORDER BY", "\n   AND EXISTS (SELECT 1 FROM fence)\n ORDER BY", 1
+        )
+    )
+    + "\n)\nSELECT (SELECT count(*) FROM appended) AS appended, taken.*"
+    + "\n  FROM (SELECT 1) AS one LEFT JOIN taken ON true"
+)
+
+
+@dataclasses.dataclass
+class NextClaim:
+    """A worker slot's offer to take its next run with the last step of the current one.
+
+    ``take`` reserves the right to claim (False: the slot must not, e.g. it is stopping);
+    ``give_back`` returns it when no run was claimable. ``claim`` is the run taken, if any."""
+
+    owner: str
+    lease_seconds: float
+    take: Callable[[], bool]
+    give_back: Callable[[], None]
+    claim: Claim | None = None
+
 
 _EFFECTS_CTE = """,
 recorded AS (
@@ -193,11 +227,14 @@ def append_step(
     finish: tuple[str, str | None] | None = None,
     content_span: tuple[int, int] | None = None,
     tokens: int = 0,
+    then_claim: NextClaim | None = None,
 ) -> bool:
     """Commit one step if, and only if, this claim still holds the run. This is where a step
     gets committed. Renews the lease and resets the no-progress count in the same statement;
     with ``finish=(status, result)`` it ends the run instead of renewing (its last step).
     A model turn brings the span of its content in ``payload`` and the tokens it billed.
+    With ``finish`` and ``then_claim``, the same statement claims the worker's next run (on
+    PostgreSQL; ``then_claim.claim`` is set, or left None).
 
     ``effects`` are recorded whatever the fence says: they describe calls that happened, and a
     recorded call never runs again. Returns False when the fence failed (nothing appended).
@@ -236,22 +273,15 @@ def append_step(
             effects_cte = _EFFECTS_CTE.format(rows=", ".join(rows))
         if finish is not None:
             params["status"], params["result"] = finish
+        if finish is not None and then_claim is not None and not effects:
+            return _finish_and_claim(params, then_claim)
         if effects:
             sql = _APPEND_SQL.format(
                 run_changes=_RENEW if finish is None else _FINISH, effects_cte=effects_cte
             )
         else:
             sql = _APPEND_SQL_PLAIN if finish is None else _APPEND_SQL_FINISH
-        # A server-side-binding cursor of the driver (Django's binds on the client), so that
-        # psycopg can prepare this statement once the database OPTIONS set a
-        # prepare_threshold: that saves the parse and plan of every step. Django leaves it off
-        # by default for poolers that cannot keep prepared statements. Errors stay Django's.
-        import psycopg  # only on PostgreSQL: SQLite installs need not have it
-
-        connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount == 1
+        return _execute_append(sql, params)
 
     # Portable path (SQLite, or a caller's open transaction): the same checks, in one
     # transaction. On SQLite the IMMEDIATE mode makes check-then-insert atomic.
@@ -282,6 +312,51 @@ def append_step(
             worker=claim.owner,
         )
     return True
+
+
+def _execute_append(sql: str, params: dict[str, object]) -> bool:
+    # A server-side-binding cursor of the driver (Django's binds on the client), so that
+    # psycopg can prepare this statement once the database OPTIONS set a prepare_threshold:
+    # that saves the parse and plan of every step. Django leaves it off by default for poolers
+    # that cannot keep prepared statements. Errors stay Django's.
+    import psycopg  # only on PostgreSQL: SQLite installs need not have it
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def _finish_and_claim(params: dict[str, object], then_claim: NextClaim) -> bool:
+    """``append_step`` of a run's last step that also claims the next run, if the slot may."""
+    import psycopg
+
+    if not then_claim.take():
+        return _execute_append(_APPEND_SQL_FINISH, params)
+    params = {**params, "lease": float(then_claim.lease_seconds), "limit": 1}
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        try:
+            cursor.execute(_FINISH_AND_CLAIM_SQL, params)
+            row = cursor.fetchone()
+        except BaseException:
+            then_claim.give_back()
+            raise
+        names = [column.name for column in cursor.description or ()]
+    assert row is not None
+    appended, taken = bool(row[0]), dict(zip(names[1:], row[1:], strict=True))
+    if taken["id"] is None:
+        then_claim.give_back()
+        return appended
+    task_payload = taken.pop("task_payload")
+    fields = AgentRun._meta.concrete_fields
+    run = AgentRun.from_db(
+        connection.alias, [f.attname for f in fields], [taken[f.column] for f in fields]
+    )
+    then_claim.claim = Claim(
+        run, then_claim.owner, run.attempt, then_claim.lease_seconds, task_payload
+    )
+    return appended
 
 
 def _ending(status: str, result: str | None, error: str) -> dict[str, object]:

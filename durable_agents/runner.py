@@ -82,14 +82,18 @@ class _Stop(Exception):
 
 
 def advance_run(
-    claim: Claim, interrupt: Interrupt | None = None, drain: threading.Event | None = None
+    claim: Claim,
+    interrupt: Interrupt | None = None,
+    drain: threading.Event | None = None,
+    then_claim: leases.NextClaim | None = None,
 ) -> str:
     """Advance one claimed run until it is parked or over; returns its disposition.
 
     ``interrupt`` aborts what is in flight (cancelled, lease lost, shutdown now); ``drain``
-    only stops before the next step (a worker shutting down gracefully)."""
+    only stops before the next step (a worker shutting down gracefully). With ``then_claim``,
+    the statement that commits the run's last turn also claims the worker's next run."""
     with bind_run(claim.run_id):
-        return RunAdvancer(claim, interrupt or Interrupt(), drain).advance()
+        return RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim).advance()
 
 
 # A turn with one of these stop reasons ends the run successfully.
@@ -133,11 +137,18 @@ def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
 
 
 class RunAdvancer:
-    def __init__(self, claim: Claim, interrupt: Interrupt, drain: threading.Event | None = None):
+    def __init__(
+        self,
+        claim: Claim,
+        interrupt: Interrupt,
+        drain: threading.Event | None = None,
+        then_claim: leases.NextClaim | None = None,
+    ):
         self.claim = claim
         self.run: AgentRun = claim.run
         self.interrupt = interrupt
         self.drain = drain
+        self.then_claim = then_claim
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -182,7 +193,8 @@ class RunAdvancer:
                 self.tokens += turn_tokens
                 seq = last.seq + 1
                 if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
-                    # The last turn: commit it and end the run in one statement.
+                    # The last turn: commit it and end the run in one statement (which may
+                    # also claim the worker's next run).
                     result = text_of(turn.message)
                     self._commit(
                         seq,
@@ -193,6 +205,7 @@ class RunAdvancer:
                         finish=(SUCCEEDED, result),
                         content_span=turn.content_span,
                         tokens=turn_tokens,
+                        then_claim=self.then_claim,
                     )
                     self._finished(SUCCEEDED)
                 self._commit(
@@ -512,6 +525,7 @@ class RunAdvancer:
         finish: tuple[str, str | None] | None = None,
         content_span: tuple[int, int] | None = None,
         tokens: int = 0,
+        then_claim: leases.NextClaim | None = None,
     ) -> None:
         if not leases.append_step(
             self.claim,
@@ -523,6 +537,7 @@ class RunAdvancer:
             finish=finish,
             content_span=content_span,
             tokens=tokens,
+            then_claim=then_claim,
         ):
             self._fence_failed()
         logger.info(

@@ -197,7 +197,9 @@ class Worker:
                         return
                     self.stopping.wait(self.poll_interval)
                     continue
-                self._work(claims[0])
+                claim: Claim | None = claims[0]
+                while claim is not None:  # the next run may come with the last step
+                    claim = self._work(claim)
         finally:
             llm.close_caller()
             connection.close()
@@ -206,17 +208,27 @@ class Worker:
         with self._lock:
             self.stats.claims -= 1
 
-    def _work(self, claim: Claim) -> None:
+    def _work(self, claim: Claim) -> Claim | None:
+        """Advance ``claim``; returns the run claimed with its last step, if any."""
+        then_claim = leases.NextClaim(
+            self.worker_id,
+            self.lease_seconds,
+            take=lambda: not self.stopping.is_set() and self._take_ticket(),
+            give_back=self._forget_ticket,
+        )
         with bind_run(claim.run_id):
-            self._advance(claim)
+            self._advance(claim, then_claim)
+        return then_claim.claim
 
-    def _advance(self, claim: Claim) -> None:
+    def _advance(self, claim: Claim, then_claim: leases.NextClaim) -> None:
         held = _Held(claim)
         with self._lock:
             self._held[claim.run_id] = held
         logger.info("claimed run %s (attempt %d)", claim.run_id, claim.attempt)
         try:
-            disposition = advance_run(claim, held.interrupt, drain=self.stopping)
+            disposition = advance_run(
+                claim, held.interrupt, drain=self.stopping, then_claim=then_claim
+            )
         except Exception as exc:  # a bug or a database outage: never take the worker down
             disposition = "error"
             logger.exception("run %s: unexpected error", claim.run_id)

@@ -274,3 +274,79 @@ def test_the_last_step_ends_the_run_in_the_same_statement() -> None:
     )
     assert run.finished_at is not None
     assert not leases.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")  # over: nothing more
+
+
+class Tickets:
+    """What a worker slot offers ``append_step``: the right to claim one more run."""
+
+    def __init__(self, available: bool = True) -> None:
+        self.available = available
+        self.taken = self.given_back = 0
+
+    def offer(self, owner: str = "w1") -> leases.NextClaim:
+        return leases.NextClaim(owner, 30, take=self.take, give_back=self.give_back)
+
+    def take(self) -> bool:
+        self.taken += self.available
+        return self.available
+
+    def give_back(self) -> None:
+        self.given_back += 1
+
+
+@pytest.mark.postgres
+def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
+    first, second = _runs(2)
+    [claim] = leases.claim_runs("w1", 30)
+    tickets = Tickets()
+    then = tickets.offer()
+    assert leases.append_step(
+        claim, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok"), then_claim=then
+    )
+    done = AgentRun.objects.get(pk=first.pk)
+    assert (done.status, done.result, done.lease_owner, done.last_seq) == (
+        "succeeded",
+        "ok",
+        None,
+        1,
+    )
+    # The same statement took the next run, as claim_runs would have.
+    assert then.claim is not None and then.claim.run_id == second.pk
+    taken = AgentRun.objects.get(pk=second.pk)
+    assert (taken.status, taken.lease_owner, taken.attempt) == ("running", "w1", 1)
+    assert taken.lease_until is not None and taken.started_at is not None
+    assert then.claim.attempt == 1 and then.claim.run.status == "running"
+    assert then.claim.run.created_at == taken.created_at
+    assert then.claim.task_payload == AgentStep.objects.get(run_id=second.pk, seq=0).payload
+    assert (tickets.taken, tickets.given_back) == (1, 0)
+    # The claim it returned holds: its steps commit.
+    assert leases.append_step(then.claim, 1, StepKind.MODEL_TURN, "{}")
+
+
+@pytest.mark.postgres
+def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_declines() -> None:
+    first, second = _runs(2)
+    [claim] = leases.claim_runs("w1", 30)
+    tickets = Tickets()
+    stale = leases.Claim(claim.run, "w1", claim.attempt + 1, 30)
+    then = tickets.offer()
+    assert not leases.append_step(
+        stale, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", ""), then_claim=then
+    )
+    assert then.claim is None and (tickets.taken, tickets.given_back) == (1, 1)
+    assert AgentRun.objects.get(pk=second.pk).status == "pending"
+
+    declined = Tickets(available=False).offer()
+    assert leases.append_step(
+        claim, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", ""), then_claim=declined
+    )
+    assert declined.claim is None
+    assert AgentRun.objects.get(pk=second.pk).status == "pending"
+
+    [claim2] = leases.claim_runs("w1", 30)
+    assert claim2.run_id == second.pk
+    then = tickets.offer()
+    assert leases.append_step(
+        claim2, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", ""), then_claim=then
+    )
+    assert then.claim is None and tickets.given_back == 2  # nothing left to claim

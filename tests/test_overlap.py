@@ -69,16 +69,24 @@ def seqs(run_id: Any) -> list[int]:
     )
 
 
-def test_pure_results_commit_while_the_next_call_is_in_flight(
+def second_call_sent_while_results_wait(
     fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[AgentRun, RowLock, threading.Thread]:
+    """A two-turn pure run whose turn-1 results cannot commit (row lock held), once the
+    second model call has reached the fake API all the same."""
     run = start_run("tester", TWO_TURNS_PURE)
     lock = RowLock(monkeypatch, seq=2)
     thread = run_in_background()
     assert lock.taken.wait(10)
-    # The results of turn 1 cannot commit, yet the second model call already went out.
     wait_for(lambda: len(fake_api.requests) == 2, timeout=10)
-    assert AgentRun.objects.get(pk=run.pk).last_seq == 1
+    return run, lock, thread
+
+
+def test_pure_results_commit_while_the_next_call_is_in_flight(
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, lock, thread = second_call_sent_while_results_wait(fake_api, monkeypatch)
+    assert AgentRun.objects.get(pk=run.pk).last_seq == 1  # the results are not committed yet
     lock.release()
     thread.join(30)
     run = AgentRun.objects.get(pk=run.pk)
@@ -116,11 +124,7 @@ def test_results_commit_before_the_next_call_when_overlap_is_not_allowed(
 def test_a_failed_commit_abandons_the_call_in_flight(
     fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = start_run("tester", TWO_TURNS_PURE)
-    lock = RowLock(monkeypatch, seq=2)
-    thread = run_in_background()
-    assert lock.taken.wait(10)
-    wait_for(lambda: len(fake_api.requests) == 2, timeout=10)
+    run, lock, thread = second_call_sent_while_results_wait(fake_api, monkeypatch)
     # A person cancels the run while its results wait to commit: the fence fails, and the
     # turn the in-flight call returned is never committed.
     lock.release(
