@@ -36,6 +36,7 @@ def test_the_test_settings_pass() -> None:
         ({"RETENTION_DAYS": 0}, ["durable_agents.E003"]),
         ({"RETENTION_BATCH": 0}, ["durable_agents.E004"]),
         ({"OFFLINE": "yes"}, ["durable_agents.E007"]),
+        ({"OVERLAP_SAFE_COMMITS": 1}, ["durable_agents.E007"]),
         ({"RETIRED_MODELS": "claude-2.1"}, ["durable_agents.E005"]),
         ({"ARCHIVER": "nowhere.archive"}, ["durable_agents.E006"]),
     ],
