@@ -4,8 +4,8 @@ The messages are kept as JSON text, never re-serialised: a model turn contribute
 provider's own ``content`` text, cut out of the stored body at the span recorded when it was
 committed; the task and tool results contribute their stored payload. So the request body of a
 resumed call is byte for byte the body of the call that was interrupted (thinking signatures
-bind values *and* key order), no turn is parsed again to be sent, and a call costs the same at
-step 2,000 as at step 10 on the client side. Nothing here normalises, strips or merges anything.
+bind values *and* key order), and no turn is parsed or serialised again to be sent: at step 2,000
+only the bytes copied and sent have grown. Nothing here normalises, strips or merges anything.
 """
 
 from __future__ import annotations
@@ -17,32 +17,36 @@ from django.db import connection
 
 from durable_agents.models import AgentRun, AgentStep, StepKind
 
-_USER_OPEN = b'{"role":"user","content":'
-_ASSISTANT_OPEN = b'{"role":"assistant","content":'
-_USER_OPEN_TEXT = _USER_OPEN.decode()
-_ASSISTANT_OPEN_TEXT = _ASSISTANT_OPEN.decode()
+_USER_OPEN = '{"role":"user","content":'
+_ASSISTANT_OPEN = '{"role":"assistant","content":'
+_MODEL_TURN = StepKind.MODEL_TURN.value  # a plain str compares faster than the enum member
 
 
-def user_message(payload: str) -> bytes:
-    """The message of a task or tool_result step: its payload is the content that was sent."""
-    return _USER_OPEN + payload.encode("utf-8") + b"}"
-
-
-def assistant_message(body: str, span: tuple[int, int] | None) -> bytes:
-    """The message of a model turn: the content text of the provider's body, as received."""
-    if span is None:
+def message_text(kind: str, payload: str, start: int | None = None, end: int | None = None) -> str:
+    """The JSON text of the message a step contributes. A task or tool_result payload is the
+    content that was sent; a model turn contributes the content text of the provider's body,
+    as received, cut at its span (``start``, ``end``)."""
+    if kind != _MODEL_TURN:
+        return _USER_OPEN + payload + "}"
+    if start is None:
         # A body stored before spans were recorded (or without a content key): parsed once.
-        content = json.loads(body).get("content", [])
-        text = json.dumps(content, ensure_ascii=False, separators=(",", ":"))
-    else:
-        text = body[span[0] : span[1]]
-    return _ASSISTANT_OPEN + text.encode("utf-8") + b"}"
+        content = json.loads(payload).get("content", [])
+        return (
+            _ASSISTANT_OPEN + json.dumps(content, ensure_ascii=False, separators=(",", ":")) + "}"
+        )
+    return _ASSISTANT_OPEN + payload[start:end] + "}"
 
 
 def step_message(kind: str, payload: str, span: tuple[int, int] | None = None) -> bytes:
-    if kind == StepKind.MODEL_TURN:
-        return assistant_message(payload, span)
-    return user_message(payload)
+    return message_text(kind, payload, *(span or ())).encode("utf-8")
+
+
+def user_message(payload: str) -> bytes:
+    return step_message(StepKind.TOOL_RESULT, payload)
+
+
+def assistant_message(body: str, span: tuple[int, int] | None) -> bytes:
+    return step_message(StepKind.MODEL_TURN, body, span)
 
 
 class Conversation:
@@ -83,9 +87,8 @@ class RunLog(NamedTuple):
     """What a claim needs from the log: the conversation, the number of model turns and the
     last step (the only one parsed)."""
 
-    conversation: Conversation
+    conversation: Conversation  # len() is the number of steps
     turns: int
-    steps: int
     first_kind: str | None
     last: StepRow | None
 
@@ -117,31 +120,20 @@ def load_log(run_id: Any) -> RunLog:
         # Plain SQL: the ORM's row iteration costs more than the rest of the rebuild.
         cursor.execute(_LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
         rows = cursor.fetchall()
-    texts: list[str] = []
-    turns = 0
-    first_kind = None
-    row = None
-    for row in rows:
-        seq, kind, payload, start, end = row
-        if kind == StepKind.MODEL_TURN:
-            turns += 1
-            if start is None:
-                texts.append(assistant_message(payload, None).decode("utf-8"))
-            else:
-                texts.append(_ASSISTANT_OPEN_TEXT + payload[start:end] + "}")
-        else:
-            texts.append(_USER_OPEN_TEXT + payload + "}")
-        if seq == 0:
-            first_kind = kind
-    last = StepRow(*row[:3]) if row is not None else None
-    conversation = Conversation(",".join(texts).encode("utf-8"), len(texts))
-    return RunLog(conversation, turns, len(texts), first_kind, last)
+    texts = [message_text(kind, payload, start, end) for _, kind, payload, start, end in rows]
+    turns = sum(1 for row in rows if row[1] == _MODEL_TURN)
+    first_kind = rows[0][1] if rows and rows[0][0] == 0 else None
+    last = StepRow(*rows[-1][:3]) if rows else None
+    # Encoded once, as one chunk of the array.
+    return RunLog(
+        Conversation(",".join(texts).encode("utf-8"), len(texts)), turns, first_kind, last
+    )
 
 
 def task_log(payload: str) -> RunLog:
     """The log of a run whose only step is its task (the claim returned that payload)."""
     last = StepRow(0, StepKind.TASK, payload)
-    return RunLog(Conversation(user_message(payload), 1), 0, 1, StepKind.TASK, last)
+    return RunLog(Conversation(user_message(payload), 1), 0, StepKind.TASK, last)
 
 
 def rebuild_messages(run_id: Any) -> list[dict[str, Any]]:
