@@ -1,7 +1,7 @@
 """Where the time of a durable step goes.
 
 Runs the standard workload in this process, one run at a time, the way a worker slot does
-(``leases.claim_runs`` then ``runner.advance_run``), with:
+(``leases.claim_runs``, then ``runner.advance_run`` whose last step claims the next run), with:
   * wall-clock buckets around claim, step-log load, pinning (fingerprint), model call (SDK +
     HTTP + fake server), tool dispatch (effect lookup + the tool), commit (``append_step``),
     finish; the rest of ``advance_run`` is "runner overhead";
@@ -80,13 +80,19 @@ def _drain(owner: str) -> int:
     from durable_agents import leases, runner
 
     done = 0
+    claim = None
     while True:
-        claims = leases.claim_runs(owner, 60, 1)
-        if not claims:
-            return done
-        disposition = runner.advance_run(claims[0])
+        if claim is None:
+            claims = leases.claim_runs(owner, 60, 1)
+            if not claims:
+                return done
+            claim = claims[0]
+        # As a worker slot does: the last step of a run may claim the next one.
+        then = leases.NextClaim(owner, 60, take=lambda: True, give_back=lambda: None)
+        disposition = runner.advance_run(claim, then_claim=then)
         assert disposition == "succeeded", disposition
         done += 1
+        claim = then.claim
 
 
 def _ts(text: str) -> float:
@@ -181,6 +187,8 @@ def _classify(sql: str) -> str:
         return "BEGIN"
     if s.startswith("COMMIT"):
         return "COMMIT"
+    if "WITH FENCE" in s and "TAKEN AS" in s:
+        return "append_step of a last step + next claim (CTE)"
     if "WITH FENCE" in s:
         return "append_step (CTE)"
     if "FOR NO KEY UPDATE" in s or ("SELECT" in s and "SKIP LOCKED" in s):
