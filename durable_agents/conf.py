@@ -29,6 +29,14 @@ DEFAULTS: dict[str, Any] = {
     # on its way (one flushed commit per turn in the step's path instead of two). False: every
     # step is committed before the next call goes out, whatever its tools.
     "OVERLAP_SAFE_COMMITS": True,
+    # Seconds one tool call may take at most: the ceiling for ``@tool(timeout=)`` and
+    # ``Agent(tool_timeout=)``, and the timeout of tools that set neither. Past it the call's
+    # result is an error for the model and the worker slot is free again.
+    "TOOL_TIMEOUT": 600.0,
+    # Dotted path of a callable ``(tool_name, exception) -> str`` that writes the error text the
+    # model and the transcript see when a tool raises (to redact secrets from messages).
+    # None: "<tool> raised <Type>: <message>".
+    "TOOL_ERROR_FORMATTER": None,
     # HTTP timeout of one model call, in seconds.
     "MODEL_TIMEOUT": 600.0,
     # A worker that lacks a run's prompt version (a rolling deploy: the code that started the
