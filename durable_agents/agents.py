@@ -56,6 +56,7 @@ class Agent:
         max_wall_seconds: float | None = None,
         stream: bool = False,
         on_text: Callable[[Any, str], None] | None = None,
+        tool_timeout: float | None = None,
         register: bool = True,
     ) -> None:
         for label, value in (("name", name), ("version", version), ("model", model)):
@@ -82,6 +83,7 @@ class Agent:
         for label, value in (
             ("max_total_tokens", max_total_tokens),
             ("max_wall_seconds", max_wall_seconds),
+            ("tool_timeout", tool_timeout),
         ):
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
@@ -145,6 +147,9 @@ class Agent:
         self.max_wall_seconds = max_wall_seconds
         self.stream = bool(stream)
         self.on_text = on_text
+        # Seconds a call of one of its tools may take when the tool sets no timeout of its
+        # own; TOOL_TIMEOUT caps both (see ``timeout_for``).
+        self.tool_timeout = tool_timeout
 
         try:
             self.fingerprint()
@@ -193,6 +198,12 @@ class Agent:
             canonical = _canonical_json(self.request_params(key))
             cached = self._fingerprints[key] = hashlib.sha256(canonical.encode()).hexdigest()
         return cached
+
+    def timeout_for(self, tool: Tool, ceiling: float) -> float:
+        """Seconds one call of ``tool`` may take: its own timeout, else the agent's, else the
+        ``ceiling`` (the TOOL_TIMEOUT setting), and never more than the ceiling."""
+        own = tool.timeout if tool.timeout is not None else self.tool_timeout
+        return ceiling if own is None else min(float(own), ceiling)
 
     def __repr__(self) -> str:
         return f"<Agent {self.label} model={self.model} tools={len(self.tools)}>"

@@ -11,9 +11,10 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models.functions import Now
 
-from durable_agents import effects, signals
+from durable_agents import effects, leases, signals
 from durable_agents.agents import registry
 from durable_agents.history import rebuild_messages
+from durable_agents.leases import MAX_REASON_CHARS
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     AgentRun,
@@ -24,6 +25,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
+from durable_agents.text import storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 
@@ -92,12 +94,6 @@ def _check_permission(user: Any) -> None:
         raise PermissionDenied(f"deciding tool intents needs the {APPROVE_PERMISSION} permission")
 
 
-def _wake_run(intent: ToolIntent) -> None:
-    AgentRun.objects.filter(pk=intent.run_id, status=RunStatus.WAITING).update(
-        status=RunStatus.PENDING, updated_at=Now()
-    )
-
-
 def _decide(intent_id: Any, user: Any, from_status: str, to_status: str, reason: str) -> ToolIntent:
     _check_permission(user)
     with transaction.atomic():
@@ -106,12 +102,13 @@ def _decide(intent_id: Any, user: Any, from_status: str, to_status: str, reason:
             intent.status = to_status
             intent.decided_by = user
             intent.decided_at = Now()
-            intent.reason = reason
+            intent.reason = storable_text(reason, MAX_REASON_CHARS)
             intent.updated_at = Now()
             intent.save(
                 update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"]
             )
-            _wake_run(intent)
+            # In the transaction that holds the intent's lock: see leases.park_on_intent.
+            leases.wake_run(intent.run_id)
     intent.refresh_from_db()
     return intent
 
@@ -142,7 +139,7 @@ def resolve_intent(
             return intent
         intent.decided_by = user
         intent.decided_at = Now()
-        intent.reason = reason
+        intent.reason = storable_text(reason, MAX_REASON_CHARS)
         if happened:
             text, is_error = effects.format_result("" if result is None else result)
             effects.record_effect(
@@ -161,6 +158,6 @@ def resolve_intent(
             intent.status = IntentStatus.APPROVED
         intent.updated_at = Now()
         intent.save(update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"])
-        _wake_run(intent)
+        leases.wake_run(intent.run_id)
     intent.refresh_from_db()
     return intent

@@ -9,45 +9,66 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
+from django.utils.module_loading import import_string
 
+from durable_agents import leases
+from durable_agents.conf import app_settings
 from durable_agents.models import IntentStatus, ToolEffect, ToolIntent
+from durable_agents.text import Unstorable, json_text, storable_text
+
+logger = logging.getLogger("durable_agents.effects")
 
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def idempotency_key(run_id: Any, seq: int, call_index: int, tool: str, arguments: Any) -> str:
-    material = f"{run_id}:{seq}:{call_index}:{tool}:{canonical_json(arguments)}"
+def idempotency_key(run_id: Any, seq: int, call_index: int, tool: Any, arguments: Any) -> str:
+    try:
+        shown = canonical_json(arguments)
+    except (TypeError, ValueError, RecursionError):
+        # Input too deep (or otherwise unwritable) to canonicalise: it never reaches a tool
+        # (validation refuses it), and the position alone already makes the key unique.
+        shown = "<input that cannot be written as JSON>"
+    material = f"{run_id}:{seq}:{call_index}:{tool}:{shown}"
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _sanitize(text: str) -> str:
-    # Lone surrogates cannot be encoded as UTF-8 (neither by the database nor the SDK).
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
-
-
 def format_result(value: Any) -> tuple[str, bool]:
-    """A tool's return value as tool_result text: (text, is_error)."""
+    """A tool's return value as tool_result text: (text, is_error). Never raises: a value that
+    cannot be written (too deep, not JSON) is an error result that says why."""
     if not isinstance(value, str):
         try:
-            value = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
-            return f"the tool returned a value that is not JSON-serialisable: {exc}", True
-    return _sanitize(value), False
+            value = json_text(value)
+        except Unstorable as exc:
+            return f"the tool returned a value that {exc}", True
+    return storable_text(value), False
 
 
 def error_text(message: str) -> tuple[str, bool]:
     """An error result for the model (exception messages may carry any text)."""
-    return _sanitize(message), True
+    return storable_text(message), True
+
+
+def tool_error_text(tool_name: str, exc: BaseException) -> str:
+    """What the model and the transcript are told when a tool raises: the TOOL_ERROR_FORMATTER
+    setting's text (a project may redact secrets there), by default the type and message."""
+    default = f"{tool_name} raised {type(exc).__name__}: {storable_text(exc, 2000)}"
+    path = app_settings.TOOL_ERROR_FORMATTER
+    if not path:
+        return default
+    try:
+        formatter = path if callable(path) else import_string(path)
+        return storable_text(formatter(tool_name, exc))
+    except Exception:
+        # A broken formatter must not break the run, nor leak what it was meant to hide.
+        logger.exception("TOOL_ERROR_FORMATTER %r failed; only the error type is shown", path)
+        return f"{tool_name} raised {type(exc).__name__}"
 
 
 def recorded_effects(run_id: Any, seq: int) -> dict[str, ToolEffect]:
@@ -64,27 +85,15 @@ def intent_for_key(key: str) -> ToolIntent | None:
     return ToolIntent.objects.filter(key=key).first()
 
 
-def mark_intent_executing(intent: ToolIntent) -> bool:
-    """approved -> executing, committed before the tool runs: after a crash, an ``executing``
-    intent without an effect is how we know the outcome is unknown."""
-    changed = ToolIntent.objects.filter(pk=intent.pk, status=IntentStatus.APPROVED).update(
-        status=IntentStatus.EXECUTING, updated_at=Now()
-    )
-    if changed:
-        intent.status = IntentStatus.EXECUTING
-    return bool(changed)
-
-
 def complete_intent(intent: ToolIntent, effect: ToolEffect) -> None:
-    """Record the effect and mark the intent done, in one transaction."""
+    """The approved call ran: record its effect, mark the intent done and wake the run if it
+    is parked, in one transaction. Not fenced: the call happened whoever holds the run now.
+    If another worker meanwhile found the intent ``executing`` and parked the run on it as
+    ``unknown``, this settles it and wakes the run, which goes on with the recorded effect."""
     with transaction.atomic():
+        if ToolIntent.objects.filter(
+            pk=intent.pk, status__in=(IntentStatus.EXECUTING, IntentStatus.UNKNOWN)
+        ).update(status=IntentStatus.DONE, updated_at=Now()):
+            leases.wake_run(intent.run_id)
         record_effect(effect)
-        ToolIntent.objects.filter(pk=intent.pk).update(status=IntentStatus.DONE, updated_at=Now())
     intent.status = IntentStatus.DONE
-
-
-def mark_intent_unknown(intent: ToolIntent) -> None:
-    ToolIntent.objects.filter(pk=intent.pk, status=IntentStatus.EXECUTING).update(
-        status=IntentStatus.UNKNOWN, updated_at=Now()
-    )
-    intent.status = IntentStatus.UNKNOWN

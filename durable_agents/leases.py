@@ -15,13 +15,25 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 from collections.abc import Callable, Sequence
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    ToolEffect,
+    ToolIntent,
+)
+from durable_agents.text import storable_text
+
+# A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
+MAX_REASON_CHARS = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +284,8 @@ def append_step(
                 )
             effects_cte = _EFFECTS_CTE.format(rows=", ".join(rows))
         if finish is not None:
-            params["status"], params["result"] = finish
+            params["status"] = finish[0]
+            params["result"] = None if finish[1] is None else storable_text(finish[1])
         if finish is not None and then_claim is not None and not effects:
             return _finish_and_claim(params, then_claim)
         if effects:
@@ -363,8 +376,8 @@ def _ending(status: str, result: str | None, error: str) -> dict[str, object]:
     """The columns a run's end sets (``_FINISH`` is the same in SQL)."""
     return {
         "status": status,
-        "result": result,
-        "error": error,
+        "result": None if result is None else storable_text(result),
+        "error": storable_text(error, MAX_REASON_CHARS),
         "lease_owner": None,
         "lease_until": None,
         "finished_at": Now(),
@@ -376,16 +389,122 @@ def finish_run(claim: Claim, status: str, *, result: str | None = None, error: s
     return bool(_fenced(claim).update(updated_at=Now(), **_ending(status, result, error)))
 
 
-def wait_for_person(claim: Claim, intent: ToolIntent | None = None) -> bool:
-    """Park the run as ``waiting`` (not claimable, lease freed), writing ``intent`` with it."""
+class Parked(enum.Enum):
+    """What ``park_on_intent`` did."""
+
+    PARKED = "parked"  # the run is waiting for a person
+    DECIDED = "decided"  # the intent was decided meanwhile: go on, do not park
+    FENCE_FAILED = "fence_failed"  # the run is no longer this claim's
+
+
+_AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
+
+
+def park_on_intent(
+    claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+) -> Parked:
+    """Park the run as ``waiting`` on ``intent`` (lease freed, not claimable), in one
+    transaction that also writes a ``new`` intent, or, for a ``crashed`` call (the intent was
+    left ``executing`` by a worker that died), marks it ``unknown``.
+
+    An existing intent is locked first and the run is parked only while the intent still
+    waits for a person. Decisions lock the intent and then wake the run in one transaction
+    (``api``), in the same order, so whichever commits first, no interleaving leaves a run
+    waiting on an intent that was already decided."""
     with transaction.atomic():
-        if not _fenced(claim).update(
-            status=RunStatus.WAITING, lease_owner=None, lease_until=None, updated_at=Now()
-        ):
-            return False
-        if intent is not None:
+        if new:
             intent.save(force_insert=True)
-    return True
+        else:
+            status = (
+                ToolIntent.objects.select_for_update()
+                .filter(pk=intent.pk)
+                .values_list("status", flat=True)
+                .first()
+            )
+            if crashed and status == IntentStatus.EXECUTING:
+                ToolIntent.objects.filter(pk=intent.pk).update(
+                    status=IntentStatus.UNKNOWN, updated_at=Now()
+                )
+                status = IntentStatus.UNKNOWN
+            if status not in _AWAITING_PERSON:
+                return Parked.DECIDED
+        # Parking is this claim's outcome, not a stall: the no-progress count starts again.
+        if not _fenced(claim).update(
+            status=RunStatus.WAITING,
+            lease_owner=None,
+            lease_until=None,
+            stalled_claims=0,
+            updated_at=Now(),
+        ):
+            transaction.set_rollback(True)
+            return Parked.FENCE_FAILED
+    return Parked.PARKED
+
+
+# approved -> executing and a renewed lease, only while the run is still this claim's and
+# running: a cancel that committed first makes the fence fail and the call never starts. On
+# PostgreSQL one statement; the run row stays locked until the intent row is updated.
+_START_INTENT_SQL = """
+WITH fence AS (
+    UPDATE agent_run
+       SET lease_until = now() + make_interval(secs => %(lease)s),
+           updated_at = now()
+     WHERE id = %(run_id)s
+       AND lease_owner = %(owner)s
+       AND attempt = %(attempt)s
+       AND status = 'running'
+ RETURNING id
+)
+UPDATE tool_intent
+   SET status = 'executing', updated_at = now()
+ WHERE id = %(intent_id)s
+   AND status = 'approved'
+   AND EXISTS (SELECT 1 FROM fence)
+RETURNING id"""
+
+
+def start_intent_execution(claim: Claim, intent: ToolIntent) -> bool:
+    """Mark an approved intent ``executing`` (committed before the tool runs: after a crash,
+    an ``executing`` intent without an effect is how we know its outcome is unknown), fenced
+    on the run and renewing its lease. False: the run is no longer this claim's (cancelled,
+    taken over) or the intent is no longer approved; the call must not run."""
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        params = {
+            "run_id": claim.run_id,
+            "owner": claim.owner,
+            "attempt": claim.attempt,
+            "lease": float(claim.lease_seconds),
+            "intent_id": intent.pk,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(_START_INTENT_SQL, params)
+            started = cursor.rowcount == 1
+    else:
+        with transaction.atomic():
+            started = bool(
+                _fenced(claim).update(
+                    lease_until=_lease_expiry(claim.lease_seconds), updated_at=Now()
+                )
+            ) and bool(
+                ToolIntent.objects.filter(pk=intent.pk, status=IntentStatus.APPROVED).update(
+                    status=IntentStatus.EXECUTING, updated_at=Now()
+                )
+            )
+            if not started:
+                transaction.set_rollback(True)
+    if started:
+        intent.status = IntentStatus.EXECUTING
+    return started
+
+
+def wake_run(run_id: object) -> bool:
+    """A parked run becomes claimable again (what it waited for was decided). Callers hold
+    the lock of what was decided (the intent row), so a park and a wake never cross."""
+    return bool(
+        AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING).update(
+            status=RunStatus.PENDING, updated_at=Now()
+        )
+    )
 
 
 def release_lease(
@@ -406,7 +525,7 @@ def release_lease(
         "updated_at": Now(),
     }
     if error is not None:
-        changes["error"] = error
+        changes["error"] = storable_text(error, MAX_REASON_CHARS)
     if not count_claim:
         changes["stalled_claims"] = Greatest(F("stalled_claims") - 1, 0)
     return bool(_fenced(claim).update(**changes))

@@ -21,7 +21,6 @@ import email.utils
 import json
 import json.scanner
 import logging
-import queue
 import random
 import threading
 import time
@@ -32,8 +31,10 @@ import anthropic
 import httpx2
 from django.utils.module_loading import import_string
 
+from durable_agents import calls
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
+from durable_agents.text import storable_text
 
 logger = logging.getLogger("durable_agents.llm")
 
@@ -267,6 +268,55 @@ def create_turn(
         raise
 
 
+def _turn(text: str, request_id: str | None, started: float) -> ModelTurn:
+    """The answer as a ModelTurn. Raises ValueError for a body that is not JSON (a proxy's
+    error page: worth a retry) and PermanentModelError for one that cannot be a turn: JSON
+    nested too deep to decode, or not a message. Asking again would pay for another answer
+    that cannot be stored, so the run ends at once."""
+    where = f" (request id {request_id})" if request_id else ""
+    try:
+        message = json.loads(text)
+    except RecursionError:
+        raise PermanentModelError(
+            f"the model's answer{where} nests too deep to decode; it was not stored"
+        ) from None
+    problem = _not_a_turn(message)
+    if problem:
+        raise PermanentModelError(
+            f"the model's answer{where} is not a Messages API message: {problem}; it was not stored"
+        )
+    try:
+        span = content_span(text)
+    except RecursionError:
+        span = None  # the rebuild parses such a turn instead of slicing it
+    return ModelTurn(
+        body=text,
+        request_id=None if request_id is None else storable_text(request_id)[:200],
+        message=message,
+        elapsed_ms=(time.monotonic() - started) * 1000,
+        content_span=span,
+    )
+
+
+def _not_a_turn(message: Any) -> str:
+    """What makes ``message`` unusable as a model turn, or "" (unknown fields and block types
+    are fine: they are stored and sent back as received)."""
+    if not isinstance(message, dict):
+        return f"a JSON {type(message).__name__}, not an object"
+    content = message.get("content")
+    if not isinstance(content, list):
+        return "its content is not a list"
+    for block in content:
+        if not isinstance(block, dict):
+            return "a content block is not an object"
+        if block.get("type") == "tool_use" and not isinstance(block.get("id"), str):
+            return "a tool_use block has no string id"
+    stop_reason = message.get("stop_reason")
+    if stop_reason is not None and not isinstance(stop_reason, str):
+        return "its stop_reason is not a string"
+    return ""
+
+
 class _Once:
     def __init__(self, func: Callable[[], None]) -> None:
         self.func: Callable[[], None] | None = func
@@ -299,14 +349,15 @@ def _create_turn(
             return _posted(client, body, extra_headers)
 
         try:
-            text, request_id = _abortable(call, interrupt, meanwhile if retry == 0 else None)
-            return ModelTurn(
-                body=text,
-                request_id=request_id,
-                message=json.loads(text),
-                elapsed_ms=(time.monotonic() - started) * 1000,
-                content_span=content_span(text),
-            )
+            try:
+                text, request_id = calls.run_abortable(
+                    call, interrupt, meanwhile=meanwhile if retry == 0 else None
+                )
+            except calls.CallInterrupted as exc:
+                raise ModelCallInterrupted(
+                    f"model call abandoned: {interrupt.reason or 'interrupted'}"
+                ) from exc
+            return _turn(text, request_id, started)
         except ModelCallInterrupted:
             raise
         except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:
@@ -330,83 +381,6 @@ def _create_turn(
             if interrupt.wait(delay):
                 raise ModelCallInterrupted("interrupted while waiting to retry") from exc
     raise AssertionError("unreachable")
-
-
-class _Caller:
-    """A thread that makes model calls for one worker slot, so that the slot itself can stop
-    waiting the moment its run is interrupted. Reused across calls (starting a thread per call
-    costs more than a local round trip); replaced when a call is abandoned."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self.abandoned = False
-        threading.Thread(target=self._serve, name="da-model-call", daemon=True).start()
-
-    def _serve(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            job()
-            if self.abandoned:
-                return  # its slot has a new caller; this thread was only finishing a call
-
-
-_callers = threading.local()
-
-
-def close_caller() -> None:
-    """End this thread's caller thread (a worker slot calls it when it stops)."""
-    caller: _Caller | None = getattr(_callers, "caller", None)
-    if caller is not None:
-        caller.jobs.put(None)
-        _callers.caller = None
-
-
-def _abortable(
-    call: Callable[[threading.Event], tuple[str, str | None]],
-    interrupt: Interrupt,
-    meanwhile: Callable[[], None] | None = None,
-) -> tuple[str, str | None]:
-    """Run ``call`` on the slot's caller thread; return its result, or raise
-    ModelCallInterrupted as soon as ``interrupt`` triggers (the call is told to abort and left
-    to finish on its own). ``meanwhile`` runs here while the call is in flight."""
-    caller: _Caller | None = getattr(_callers, "caller", None)
-    if caller is None:
-        caller = _callers.caller = _Caller()
-    outcome: dict[str, Any] = {}
-    wake = threading.Event()
-    abort = threading.Event()
-
-    def job() -> None:
-        try:
-            outcome["value"] = call(abort)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            outcome["error"] = exc
-        finally:
-            wake.set()
-
-    def abandon() -> None:
-        abort.set()
-        caller.abandoned = True
-        caller.jobs.put(None)  # ends the thread even if its call finished in the meantime
-        _callers.caller = None
-
-    interrupt.wakes(wake)
-    try:
-        caller.jobs.put(job)
-        if meanwhile is not None:
-            try:
-                meanwhile()
-            except BaseException:
-                abandon()
-                raise
-        wake.wait()
-    finally:
-        interrupt.forget(wake)
-    if "value" in outcome:
-        return outcome["value"]
-    if "error" in outcome:
-        raise outcome["error"]
-    abandon()
-    raise ModelCallInterrupted(f"model call abandoned: {interrupt.reason or 'interrupted'}")
 
 
 def _sends_raw_bodies(client: anthropic.Anthropic) -> bool:

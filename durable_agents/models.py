@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
+from durable_agents.text import json_text
+
 
 class JSONTextField(models.TextField):
     """Any JSON value, stored as JSON text in a text column.
@@ -25,7 +27,9 @@ class JSONTextField(models.TextField):
         return value
 
     def get_prep_value(self, value: Any) -> Any:
-        return None if value is None else json.dumps(value, ensure_ascii=False)
+        # Lone surrogates are written as escapes, so the value round-trips exactly (a person
+        # approves the input the tool will get) and the database can encode the text.
+        return None if value is None else json_text(value)
 
 
 class RunStatus(models.TextChoices):

@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
+from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import effects, leases, llm, signals
+from durable_agents import calls, effects, leases, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.history import (
@@ -50,6 +51,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
+from durable_agents.text import Unstorable, check_depth, json_text, storable_text
 from durable_agents.tools import Tool, ToolInputError
 
 logger = logging.getLogger("durable_agents.runner")
@@ -72,6 +74,13 @@ class _Step:
     # Committed by this claim just now: no call of this turn can have run yet, so the
     # effect ledger need not be read for it.
     fresh: bool = False
+
+
+@dataclass(frozen=True)
+class _ToolOutcome:
+    text: str
+    is_error: bool
+    timed_out: bool = False
 
 
 class _Stop(Exception):
@@ -102,9 +111,11 @@ FINAL_STOP_REASONS = ("end_turn", "stop_sequence")
 
 def text_of(message: dict[str, Any]) -> str:
     return "\n".join(
-        block.get("text") or ""
+        block["text"]
         for block in message.get("content") or []
-        if isinstance(block, dict) and block.get("type") == "text"
+        if isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
     )
 
 
@@ -161,7 +172,15 @@ class RunAdvancer:
     def _loop(self) -> str:
         run = self.run
         if run.stalled_claims > app_settings.MAX_ATTEMPTS:
-            self._dead(self._stalled_reason())
+            try:
+                reason = self._stalled_reason()
+            except Exception as exc:  # noqa: BLE001 - the run must end whatever the log holds
+                reason = (
+                    f"{run.stalled_claims - 1} claims in a row ended without committing a step "
+                    f"(MAX_ATTEMPTS={app_settings.MAX_ATTEMPTS}); describing the step in "
+                    f"flight failed: {type(exc).__name__}"
+                )
+            self._dead(reason)
         agent = self._pinned_agent()
         params = agent.request_for(run.model)
 
@@ -228,7 +247,9 @@ class RunAdvancer:
                 started = time.monotonic()
                 results, final_effect = self._dispatch(agent, last)
                 seq = last.seq + 1
-                payload = json.dumps(results, ensure_ascii=False)
+                # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is
+                # storable and decodes to exactly what the model sent.
+                payload = json_text(results)
                 commit = functools.partial(
                     self._commit,
                     seq,
@@ -237,10 +258,13 @@ class RunAdvancer:
                     None,
                     effects=[final_effect] if final_effect else [],
                     ms=(time.monotonic() - started) * 1000,
-                    tool=",".join(
-                        str(b.get("name"))
-                        for b in last.message["content"]
-                        if b.get("type") == "tool_use"
+                    tool=storable_text(
+                        ",".join(
+                            str(b.get("name"))
+                            for b in last.message["content"]
+                            if b.get("type") == "tool_use"
+                        ),
+                        200,
                     ),
                 )
                 conversation.append(user_message(payload))
@@ -398,48 +422,89 @@ class RunAdvancer:
         return results, final_effect
 
     def _effect(
-        self, seq: int, index: int, name: str, key: str, text: str, is_error: bool
+        self, seq: int, index: int, name: Any, key: str, text: str, is_error: bool
     ) -> ToolEffect:
+        # Names and texts come from the model and from tool code: made storable here, the one
+        # place every recorded call passes through.
         return ToolEffect(
             key=key,
             run_id=self.run.pk,
             seq=seq,
             call_index=index,
-            tool=name[:200],
-            result=text,
+            tool=storable_text(name)[:200],
+            result=storable_text(text),
             is_error=is_error,
         )
 
     def _call_tool(
-        self, agent: Agent, seq: int, index: int, name: str, tool_input: Any, key: str
+        self, agent: Agent, seq: int, index: int, name: Any, tool_input: Any, key: str
     ) -> ToolEffect:
-        tool = agent.tools_by_name.get(name)
+        tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
         if tool is None:
             known = ", ".join(sorted(agent.tools_by_name)) or "none"
+            shown = storable_text(repr(name), 300)
             return self._effect(
-                seq, index, name, key, f"unknown tool {name!r}; the tools are: {known}", True
+                seq, index, name, key, f"unknown tool {shown}; the tools are: {known}", True
             )
+        try:
+            check_depth(tool_input)
+        except Unstorable as exc:
+            message = f"Invalid input for tool {name!r}: the input {exc}"
+            return self._effect(seq, index, name, key, message, True)
         try:
             tool.validate(tool_input)
         except ToolInputError as exc:
             return self._effect(seq, index, name, key, str(exc), True)
 
         if tool.effect == "irreversible":
-            return self._irreversible(tool, seq, index, tool_input, key)
+            return self._irreversible(agent, tool, seq, index, tool_input, key)
         if tool.effect != "pure" and not leases.renew_lease(self.claim):
             # Before any side effect: make sure the run is still ours and not cancelled.
             self._fence_failed()
-        return self._invoke(tool, seq, index, tool_input, key)
+        return self._invoke(agent, tool, seq, index, tool_input, key)
 
-    def _invoke(self, tool: Tool, seq: int, index: int, tool_input: Any, key: str) -> ToolEffect:
+    def _invoke(
+        self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
+    ) -> ToolEffect:
+        outcome = self._run_tool(agent, tool, seq, index, tool_input, key)
+        return self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
+
+    def _run_tool(
+        self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
+    ) -> _ToolOutcome:
+        """Call the tool on the slot's caller thread, bounded by its timeout; whatever it
+        raises (``SystemExit`` included) or returns becomes the call's result. An interrupt
+        (cancelled, lease lost, shutdown) walks away from the call and stops the run."""
         started = time.monotonic()
+        timeout = agent.timeout_for(tool, float(app_settings.TOOL_TIMEOUT))
+        timed_out = False
+
+        def call(abort: threading.Event) -> Any:
+            return tool.invoke(tool_input, idempotency_key=key)
+
         try:
-            value = tool.invoke(tool_input, idempotency_key=key)
-        except Exception as exc:  # the tool's failure is the model's information, not ours
+            value = calls.run_abortable(call, self.interrupt, timeout=timeout)
+        except calls.CallInterrupted:
             logger.warning(
-                "tool %s raised %s: %s", tool.name, type(exc).__name__, exc, exc_info=True
+                "run %s: tool %s abandoned (%s)", self.run.pk, tool.name, self.interrupt.reason
             )
-            text, is_error = effects.error_text(f"{tool.name} raised {type(exc).__name__}: {exc}")
+            self._check_interrupt()
+            raise
+        except calls.CallTimedOut:
+            timed_out, is_error = True, True
+            text = (
+                f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
+                "finish in the background"
+            )
+        except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's news
+            logger.warning(
+                "tool %s raised %s: %s",
+                tool.name,
+                type(exc).__name__,
+                storable_text(exc, 2000),
+                exc_info=True,
+            )
+            text, is_error = effects.error_text(effects.tool_error_text(tool.name, exc))
         else:
             text, is_error = effects.format_result(value)
         logger.info(
@@ -449,13 +514,13 @@ class RunAdvancer:
             tool.effect,
             index,
             seq,
-            "error" if is_error else "ok",
+            "timed out" if timed_out else "error" if is_error else "ok",
             (time.monotonic() - started) * 1000,
         )
-        return self._effect(seq, index, tool.name, key, text, is_error)
+        return _ToolOutcome(text, is_error, timed_out)
 
     def _irreversible(
-        self, tool: Tool, seq: int, index: int, tool_input: Any, key: str
+        self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
     ) -> ToolEffect:
         intent = effects.intent_for_key(key)
         if intent is None:
@@ -467,47 +532,71 @@ class RunAdvancer:
                 input=tool_input,
                 key=key,
             )
-            self._wait(intent, f"{tool.name} waits for approval")
-        status = intent.status
-        if status in (IntentStatus.PENDING, IntentStatus.UNKNOWN):
-            self._wait(None, f"intent {intent.pk} for {tool.name} is {status}")
-        if status == IntentStatus.REJECTED:
-            who = intent.decided_by.get_username() if intent.decided_by else "a person"
-            reason = intent.reason or "no reason given"
-            return self._effect(
-                seq,
-                index,
-                tool.name,
-                key,
-                f"{tool.name} was not run: rejected by {who}: {reason}",
-                True,
-            )
-        if status == IntentStatus.EXECUTING:
-            # A worker died while this ran, before its outcome was recorded. Only a person can
-            # say whether it happened; never run it again blindly.
-            effects.mark_intent_unknown(intent)
-            self._wait(
-                None,
-                f"intent {intent.pk} for {tool.name}: outcome unknown after a crash",
-                notify=intent,
-            )
-        if status == IntentStatus.APPROVED:
-            if not leases.renew_lease(self.claim) or not effects.mark_intent_executing(intent):
-                self._fence_failed()
-            effect = self._invoke(tool, seq, index, tool_input, key)
-            effects.complete_intent(intent, effect)
-            return effect
-        # done without an effect cannot happen (both are written in one transaction)
-        self._dead(f"intent {intent.pk} is {status} but no effect is recorded for it")
-        raise AssertionError("unreachable")
+            self._park(intent, f"{tool.name} waits for approval", new=True)
+        while True:
+            status = intent.status
+            if status in (IntentStatus.PENDING, IntentStatus.UNKNOWN):
+                self._park(intent, f"intent {intent.pk} for {tool.name} is {status}")
+            elif status == IntentStatus.EXECUTING:
+                # A worker died while this ran, before its outcome was recorded. Only a person
+                # can say whether it happened; never run it again blindly.
+                self._park(
+                    intent,
+                    f"intent {intent.pk} for {tool.name}: outcome unknown after a crash",
+                    crashed=True,
+                )
+            elif status == IntentStatus.REJECTED:
+                who = intent.decided_by.get_username() if intent.decided_by else "a person"
+                reason = intent.reason or "no reason given"
+                return self._effect(
+                    seq,
+                    index,
+                    tool.name,
+                    key,
+                    f"{tool.name} was not run: rejected by {who}: {reason}",
+                    True,
+                )
+            elif status == IntentStatus.DONE:
+                # Its call completed (or a person said it happened) after this claim read the
+                # ledger: the effect is recorded by now, in the intent's transaction.
+                recorded = effects.recorded_effects(self.run.pk, seq).get(key)
+                if recorded is None:
+                    self._dead(f"intent {intent.pk} is done but no effect is recorded for it")
+                return recorded
+            elif status == IntentStatus.APPROVED:
+                if not leases.start_intent_execution(self.claim, intent):
+                    intent.refresh_from_db()
+                    if intent.status == IntentStatus.APPROVED:
+                        self._fence_failed()  # cancelled or taken over: the call never starts
+                    continue
+                outcome = self._run_tool(agent, tool, seq, index, tool_input, key)
+                if outcome.timed_out:
+                    # Abandoned while it may still be running: whether it happened is now for
+                    # a person to say, exactly as after a crash.
+                    self._park(
+                        intent,
+                        f"intent {intent.pk} for {tool.name}: timed out, outcome unknown",
+                        crashed=True,
+                    )
+                    continue
+                effect = self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
+                effects.complete_intent(intent, effect)
+                return effect
+            intent.refresh_from_db()
 
-    def _wait(self, intent: ToolIntent | None, why: str, notify: ToolIntent | None = None) -> None:
-        if not leases.wait_for_person(self.claim, intent):
+    def _park(
+        self, intent: ToolIntent, why: str, *, new: bool = False, crashed: bool = False
+    ) -> None:
+        """Park the run on ``intent`` and stop (raises ``_Stop``), or return when the intent
+        was decided meanwhile (``intent`` is re-read: the caller goes on with it)."""
+        outcome = leases.park_on_intent(self.claim, intent, new=new, crashed=crashed)
+        if outcome is leases.Parked.FENCE_FAILED:
             self._fence_failed()
+        if outcome is leases.Parked.DECIDED:
+            intent.refresh_from_db()
+            return
         logger.info("run %s waits for a person: %s", self.run.pk, why)
-        waiting = intent or notify
-        if waiting is not None:
-            signals.intent_waiting.send(sender=ToolIntent, intent=waiting)
+        signals.intent_waiting.send(sender=ToolIntent, intent=intent)
         raise _Stop(WAITING)
 
     # -- commits and endings ---------------------------------------------------------------
@@ -527,18 +616,27 @@ class RunAdvancer:
         tokens: int = 0,
         then_claim: leases.NextClaim | None = None,
     ) -> None:
-        if not leases.append_step(
-            self.claim,
-            seq,
-            kind,
-            payload,
-            request_id,
-            effects or (),
-            finish=finish,
-            content_span=content_span,
-            tokens=tokens,
-            then_claim=then_claim,
-        ):
+        try:
+            committed = leases.append_step(
+                self.claim,
+                seq,
+                kind,
+                payload,
+                request_id,
+                effects or (),
+                finish=finish,
+                content_span=content_span,
+                tokens=tokens,
+                then_claim=then_claim,
+            )
+        except DataError as exc:
+            # The database refuses what was to be stored (the statement wrote nothing). Trying
+            # again would pay for the same answer and fail the same way: end the run now.
+            self._dead(
+                f"step {seq} ({kind}) could not be stored: {storable_text(exc, 500)}; "
+                "requeue the run to try the step again"
+            )
+        if not committed:
             self._fence_failed()
         logger.info(
             "run %s seq %d %s%s committed (%.1f ms)",
@@ -562,7 +660,7 @@ class RunAdvancer:
             raise _Stop(RELEASED)
         self._fence_failed()
 
-    def _fence_failed(self) -> None:
+    def _fence_failed(self) -> NoReturn:
         status = leases.current_status(self.run.pk)
         if status == RunStatus.CANCELLED:
             logger.info("run %s was cancelled; stopping without committing", self.run.pk)
@@ -570,19 +668,33 @@ class RunAdvancer:
         logger.warning("run %s: lease lost (status now %s); stopping", self.run.pk, status)
         raise _Stop(LOST)
 
-    def _finish(self, disposition: str, *, result: str | None = None, error: str = "") -> None:
+    def _finish(
+        self, disposition: str, *, result: str | None = None, error: str = ""
+    ) -> NoReturn:
         if not leases.finish_run(self.claim, disposition, result=result, error=error):
             self._fence_failed()
         self._finished(disposition, error)
 
-    def _finished(self, disposition: str, error: str = "") -> None:
+    def _finished(self, disposition: str, error: str = "") -> NoReturn:
         log = logger.info if disposition == SUCCEEDED else logger.warning
         log("run %s %s%s", self.run.pk, disposition, f": {error}" if error else "")
         signals.run_finished.send(sender=AgentRun, run_id=self.run.pk, status=disposition)
         raise _Stop(disposition)
 
-    def _dead(self, reason: str) -> None:
-        if not leases.finish_run(self.claim, RunStatus.DEAD, error=reason):
+    def _dead(self, reason: str) -> NoReturn:
+        reason = storable_text(reason, leases.MAX_REASON_CHARS)
+        try:
+            ended = leases.finish_run(self.claim, RunStatus.DEAD, error=reason)
+        except DatabaseError as exc:
+            # Whatever the reason holds, the run must end: a poison run that cannot even be
+            # dead-lettered would be claimed again forever.
+            logger.error("run %s: storing the dead-letter reason failed: %s", self.run.pk, exc)
+            reason = (
+                f"dead-lettered; the reason could not be stored ({type(exc).__name__}); "
+                "see the worker's log for this run id"
+            )
+            ended = leases.finish_run(self.claim, RunStatus.DEAD, error=reason)
+        if not ended:
             self._fence_failed()
         logger.error("run %s dead-lettered: %s", self.run.pk, reason)
         signals.run_dead_lettered.send(sender=AgentRun, run_id=self.run.pk, reason=reason)

@@ -31,7 +31,8 @@ _UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")
 
 
 class Unstorable(ValueError):
-    """A value from outside that cannot be stored or sent as it is; the message says why."""
+    """A value from outside that cannot be stored or sent as it is. The message completes
+    "the value ...": "nests deeper than 100 levels", "is not JSON-serialisable: ..."."""
 
 
 def has_unstorable(text: str) -> bool:
@@ -73,7 +74,7 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
         else:
             continue
         if depth > limit:
-            raise Unstorable(f"the value nests deeper than {limit} levels")
+            raise Unstorable(f"nests deeper than {limit} levels")
         stack.extend((child, depth + 1) for child in children)
 
 
@@ -93,7 +94,7 @@ def _clean(value: Any) -> Any:
         return [_clean(v) for v in value]
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    raise Unstorable(f"a {type(value).__name__} is not a JSON value")
+    raise Unstorable(f"holds a {type(value).__name__}, which is not a JSON value")
 
 
 def json_text(value: Any, limit: int = MAX_DEPTH) -> str:
@@ -106,5 +107,5 @@ def json_text(value: Any, limit: int = MAX_DEPTH) -> str:
         if not text.isascii() and has_unstorable(text):
             text = json.dumps(value, ensure_ascii=True)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise Unstorable(f"not JSON-serialisable: {storable_text(exc, 300)}") from exc
+        raise Unstorable(f"is not JSON-serialisable: {storable_text(exc, 300)}") from exc
     return text

@@ -388,6 +388,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         input_schema: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
         if not callable(func):
             raise TypeError(f"@tool decorates a function, not {func!r}")
@@ -398,8 +399,14 @@ class Tool:
                 f"got {effect!r}"
             )
         signature = _check_signature(func)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise ValueError(f"tool {qualname}: timeout must be a positive number of seconds")
 
         self.func = func
+        # Seconds one call may take (None: the agent's tool_timeout, else TOOL_TIMEOUT).
+        self.timeout = timeout
         self.effect = effect
         self.name = name if name is not None else func.__name__
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -512,6 +519,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     input_schema: dict[str, Any] | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Declare a tool: ``@tool(effect="pure")`` above a function with type hints."""
 
@@ -521,7 +529,14 @@ def tool(
                 f"tool {_qualname(f)}: missing effect; write @tool(effect=...) with one of "
                 f"{', '.join(map(repr, EFFECTS))}"
             )
-        return Tool(f, effect=effect, name=name, description=description, input_schema=input_schema)
+        return Tool(
+            f,
+            effect=effect,
+            name=name,
+            description=description,
+            input_schema=input_schema,
+            timeout=timeout,
+        )
 
     if func is not None:
         # Bare ``@tool``: the effect is never optional, so say how to fix it.

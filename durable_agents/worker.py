@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from durable_agents import leases, llm
+from durable_agents import calls, leases
 from durable_agents.conf import app_settings
 from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
@@ -82,11 +82,15 @@ class Worker:
         self.stats = WorkerStats()
         self._held: dict[object, _Held] = {}
         self._lock = threading.Lock()
+        # Set when a slot thread ended by an exception: the worker stops and exits non-zero,
+        # so that its supervisor restarts it instead of leaving it running short of a slot.
+        self.slot_died = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until burst-empty, max_runs, or a signal. Returns the exit code (0)."""
+        """Work until burst-empty, max_runs, or a signal. Returns the exit code: 0, or 1 when
+        a slot died of an unexpected error (the worker stopped because of it)."""
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
@@ -118,6 +122,9 @@ class Worker:
             self.stats.claims,
             self.stats.dispositions,
         )
+        if self.slot_died.is_set():
+            logger.critical("worker %s exits with status 1: a slot died", self.worker_id)
+            return 1
         return 0
 
     def stop(self) -> None:
@@ -200,8 +207,14 @@ class Worker:
                 claim: Claim | None = claims[0]
                 while claim is not None:  # the next run may come with the last step
                     claim = self._work(claim)
+        except BaseException:
+            # Only a bug in this app gets here (a run's own errors are handled in _advance):
+            # stop the whole worker, loudly, rather than go on a slot short.
+            logger.critical("worker slot %s died", threading.current_thread().name, exc_info=True)
+            self.slot_died.set()
+            self.stopping.set()
         finally:
-            llm.close_caller()
+            calls.close_caller()
             connection.close()
 
     def _forget_ticket(self) -> None:
@@ -225,12 +238,12 @@ class Worker:
         with self._lock:
             self._held[claim.run_id] = held
         logger.info("claimed run %s (attempt %d)", claim.run_id, claim.attempt)
+        disposition = "error"
         try:
             disposition = advance_run(
                 claim, held.interrupt, drain=self.stopping, then_claim=then_claim
             )
         except Exception as exc:  # a bug or a database outage: never take the worker down
-            disposition = "error"
             logger.exception("run %s: unexpected error", claim.run_id)
             try:
                 connection.close()

@@ -11,7 +11,14 @@ from django.db.models.functions import Now
 
 import durable_agents
 from durable_agents import leases
-from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,7 +81,9 @@ def test_fencing_a_worker_whose_lease_was_taken_over_cannot_commit() -> None:
     assert not leases.renew_lease(stale)
     assert not leases.finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
     assert not leases.release_lease(stale)
-    assert not leases.wait_for_person(stale)
+    intent = ToolIntent(run_id=run.id, seq=1, call_index=0, tool="t", input={}, key="i" * 64)
+    assert leases.park_on_intent(stale, intent, new=True) is leases.Parked.FENCE_FAILED
+    assert not ToolIntent.objects.filter(key="i" * 64).exists()  # rolled back with the park
     # The effect happened, so it is recorded even though the step was refused.
     assert ToolEffect.objects.filter(key="k" * 64).exists()
     assert list(AgentStep.objects.filter(run_id=run.id).values_list("seq", flat=True)) == [0, 1]
