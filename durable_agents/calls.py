@@ -89,6 +89,9 @@ def run_abortable(
     after ``timeout`` seconds; either way ``abort`` is set and the call is left to finish on
     its own. ``meanwhile`` runs on this thread while the call is in flight; if it raises, the
     call is walked away from and its exception propagates."""
+    if interrupt.is_set():
+        # Not even started: a call handed over now would begin while nobody waits for it.
+        raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
     caller: _Caller | None = getattr(_callers, "caller", None)
     if caller is None:
         caller = _callers.caller = _Caller()
