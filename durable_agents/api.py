@@ -25,7 +25,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 
@@ -37,6 +37,10 @@ def start_run(
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version."""
     if not isinstance(task, str) or not task.strip():
         raise ValueError("a run needs a non-empty task")
+    if has_unstorable(task):
+        # The database cannot store NUL, nor UTF-8 encode a lone surrogate: say so now rather
+        # than fail inside the INSERT.
+        raise ValueError("a task cannot contain NUL characters or lone surrogates")
     definition = registry.get(agent, version)
     pinned_model = model or definition.model
     with transaction.atomic():

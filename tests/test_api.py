@@ -123,6 +123,14 @@ def test_start_run_needs_a_non_empty_task(task: Any) -> None:
     assert AgentRun.objects.count() == 0
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("task", ["drop\x00everything", "lone \ud800 surrogate"])
+def test_start_run_refuses_a_task_the_database_cannot_store(task: str) -> None:
+    with pytest.raises(ValueError, match="NUL characters or lone surrogates"):
+        start_run("tester", task)
+    assert AgentRun.objects.count() == 0
+
+
 # --------------------------------------------------------------------------- cancel / requeue
 
 
