@@ -8,14 +8,16 @@ templates as plain strings (autoescaped there), never marked safe.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
-from collections import Counter
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Max
+from django.db.models import TextField
+from django.db.models.functions import Substr
 from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -31,6 +33,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
+from durable_agents.text import storable_text
 
 # Fixed colours per status: the only values interpolated into a style attribute.
 RUN_COLORS = {
@@ -51,9 +54,6 @@ INTENT_COLORS = {
     IntentStatus.UNKNOWN: "#6f2da8",
 }
 
-# How many dead runs the dead-letter page groups (errors are folded in Python).
-DEAD_LETTER_SAMPLE = 10_000
-REASON_CHARS = 120
 HOUR_CHART_HEIGHT = 100
 
 
@@ -128,13 +128,46 @@ def lease_summary(
 
 
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    """``value`` as indented JSON; a value nested too deep for the indenting encoder (it
+    recurses per level) is printed compact, and one that cannot be printed says so."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        pass
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError) as exc:
+        return f"[a JSON value that cannot be shown: {type(exc).__name__}]"
 
 
-def error_reason(error: str) -> str:
-    """The first line of a run's error, cut to REASON_CHARS: the dead-letter grouping key."""
-    first = (error or "").strip().splitlines()[0] if (error or "").strip() else ""
-    return first[:REASON_CHARS]
+def load_json(text: str) -> Any:
+    """``json.loads``, with nesting too deep to decode reported as the ValueError of any
+    other text that is not JSON (a page then shows the text as it is)."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("nested too deep to decode") from exc
+
+
+def shown_json(value: Any) -> str:
+    """``pretty_json`` that a page can always encode (lone surrogates and NUL marked)."""
+    return storable_text(pretty_json(value))
+
+
+def intent_fingerprint(intent: ToolIntent) -> str:
+    """What a person saw when asked to approve ``intent``: its id, run, tool and input.
+
+    The approving POST carries this back; the view approves only when it still matches, so
+    what is approved is exactly what was shown. ASCII JSON, so that any value (lone
+    surrogates included) has one text and one hash.
+    """
+    canonical = json.dumps(
+        [intent.pk, str(intent.run_id), intent.tool, intent.input],
+        ensure_ascii=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def sql_literal_id(run_id: Any) -> str:
@@ -157,6 +190,46 @@ def sql_hint(run: AgentRun) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Text shown on a page: never crashes the encoder, never unbounded
+
+# A text longer than this is cut on the run page, with a link to the whole (a model turn or
+# a tool result can be megabytes; the page must stay small whatever the run did).
+TEXT_SHOWN_CHARS = 4_000
+
+
+@dataclass
+class Text:
+    """A string for a template: storable (encodable), cut to a bound, with where the whole is."""
+
+    text: str
+    length: int  # of the whole text
+    url: str = ""  # the whole text, when there is a view for it
+    cut: bool = False
+
+
+def shown_text(value: Any, url: str = "", limit: int = TEXT_SHOWN_CHARS) -> Text:
+    """``value`` as a ``Text``: NUL and lone surrogates marked (``storable_text``), cut to
+    ``limit`` characters. The cut happens before the markers, so a huge text is never copied
+    whole."""
+    text = value if isinstance(value, str) else storable_text(value)
+    if len(text) > limit:
+        return Text(storable_text(text[:limit]), len(text), url, cut=True)
+    return Text(storable_text(text), len(text), url)
+
+
+def cut_at_word(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with an ellipsis;
+    and whether it was cut. A single word longer than the limit is cut where it must be."""
+    if len(text) <= limit:
+        return text, False
+    head = text[: limit + 1]
+    space = max(head.rfind(" "), head.rfind("\t"))
+    # A space in the second half: cut there; otherwise one long word, cut where we must.
+    head = head[:space] if space > limit // 2 else head[:limit]
+    return head.rstrip() + "…", True
+
+
+# ---------------------------------------------------------------------------------------------
 # The transcript of a run
 
 
@@ -171,9 +244,10 @@ class IntentLine:
     by: str = ""
     at: str = ""
     reason: str = ""
-    outcome: str = ""  # "done", "running", "not run yet", "outcome unknown", "not run"
+    outcome: str = ""  # "done", "done: the tool raised", "running", "not run yet", ...
     action: str = ""  # what a person should do on the intent page, if anything
     state: str = ""  # the intent status, for the CSS class
+    raised: bool = False  # done, but the tool raised: the outcome is an error
 
 
 INTENT_OUTCOMES = {
@@ -183,21 +257,57 @@ INTENT_OUTCOMES = {
     IntentStatus.UNKNOWN: "outcome unknown",
     IntentStatus.REJECTED: "not run",
 }
+# A done intent whose tool raised: not a success, whatever the status says.
+RAISED_LABEL = "done: the tool raised"
+RAISED_COLOR = "#c2410c"
 
 
-def describe_intent(intent: ToolIntent) -> IntentLine:
+# Short labels for the intents list, where "Pending approval" would widen the column.
+INTENT_SHORT_LABELS = {
+    IntentStatus.PENDING: "Pending",
+    IntentStatus.UNKNOWN: "Unknown",
+}
+
+
+def intent_badge(intent: ToolIntent, raised: bool | None = None, short: bool = False) -> SafeString:
+    """The status badge of an intent; a done intent whose effect is an error reads so.
+
+    ``raised`` defaults to the ``_raised`` annotation of the admin's queryset.
+    """
+    if raised is None:
+        raised = bool(getattr(intent, "_raised", False))
+    if intent.status == IntentStatus.DONE and raised:
+        return format_html(
+            '<span class="da-badge da-raised" style="background-color:{}" title="{}">{}</span>',
+            RAISED_COLOR,
+            "the call ran and the tool raised: the model received an error result",
+            RAISED_LABEL,
+        )
+    label = intent.get_status_display()
+    if short:
+        return badge(
+            intent.status, INTENT_SHORT_LABELS.get(intent.status, label), INTENT_COLORS, label
+        )
+    return badge(intent.status, label, INTENT_COLORS)
+
+
+def describe_intent(intent: ToolIntent, effect: ToolEffect | None = None) -> IntentLine:
     """The transcript's intent line (uses ``decided_by``: select it with the intent)."""
     if intent.status == IntentStatus.PENDING:
         return IntentLine("awaiting a decision", action="decide it", state=intent.status)
     decided_by = intent.decided_by
+    raised = intent.status == IntentStatus.DONE and effect is not None and effect.is_error
     return IntentLine(
         decision="rejected" if intent.status == IntentStatus.REJECTED else "approved",
-        by=decided_by.get_username() if decided_by is not None else "",
+        by=storable_text(decided_by.get_username()) if decided_by is not None else "",
         at=format_time(intent.decided_at),
-        reason=intent.reason,
-        outcome=INTENT_OUTCOMES.get(intent.status, intent.get_status_display().lower()),
+        reason=storable_text(intent.reason),
+        outcome=RAISED_LABEL
+        if raised
+        else INTENT_OUTCOMES.get(intent.status, intent.get_status_display().lower()),
         action="resolve it" if intent.status == IntentStatus.UNKNOWN else "",
         state=intent.status,
+        raised=raised,
     )
 
 
@@ -205,8 +315,9 @@ def describe_intent(intent: ToolIntent) -> IntentLine:
 class ToolCall:
     id: str
     name: str
-    input_json: str
+    input: Text
     effect: ToolEffect | None = None
+    effect_url: str = ""
     intent: ToolIntent | None = None
     intent_line: IntentLine | None = None
 
@@ -215,7 +326,7 @@ class ToolCall:
 class ToolResult:
     tool_use_id: str
     tool_name: str
-    content: str
+    content: Text
     is_error: bool
 
 
@@ -223,16 +334,26 @@ class ToolResult:
 class TranscriptStep:
     step: AgentStep
     kind: str
-    task: str = ""
-    texts: list[str] = field(default_factory=list)
-    thinking: list[str] = field(default_factory=list)
+    task: Text | None = None
+    texts: list[Text] = field(default_factory=list)
+    thinking: list[Text] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
-    other_blocks: list[str] = field(default_factory=list)
+    other_blocks: list[Text] = field(default_factory=list)
     results: list[ToolResult] = field(default_factory=list)
     stop_reason: str = ""
     usage_json: str = ""
     model: str = ""
-    unparsed: str = ""
+    unparsed: Text | None = None
+    request_id: str = ""
+    worker: str = ""
+
+
+# Builds the address of the whole text of one step (block None: the whole step) or effect.
+StepUrl = Callable[[int, int | None], str]
+
+
+def _no_url(seq: int, block: int | None = None) -> str:
+    return ""
 
 
 def _content_text(content: Any) -> str:
@@ -245,84 +366,226 @@ def _content_text(content: Any) -> str:
     return pretty_json(content)
 
 
-def describe_model_turn(entry: TranscriptStep, data: dict[str, Any]) -> None:
+def block_text(kind: str, data: Any, block: int | None) -> str | None:
+    """The whole text of one part of a step, as the run page shows it cut; None if absent.
+
+    ``block`` is an index into a model turn's ``content`` or into a tool result step's
+    list; None means the whole step (a task's text, or any other step's payload).
+    """
+    if block is None:
+        if kind == StepKind.TASK:
+            return _content_text(data)
+        return pretty_json(data)
+    if kind == StepKind.MODEL_TURN and isinstance(data, dict):
+        blocks = data.get("content")
+    elif kind == StepKind.TOOL_RESULT:
+        blocks = data
+    else:
+        return None
+    if not isinstance(blocks, list) or not 0 <= block < len(blocks):
+        return None
+    item = blocks[block]
+    if not isinstance(item, dict):
+        return pretty_json(item)
+    if kind == StepKind.TOOL_RESULT:
+        return _content_text(item.get("content", ""))
+    item_kind = item.get("type")
+    if item_kind == "text":
+        return str(item.get("text", ""))
+    if item_kind == "thinking":
+        return str(item.get("thinking", ""))
+    if item_kind == "tool_use":
+        return pretty_json(item.get("input"))
+    return pretty_json(item)
+
+
+def describe_model_turn(
+    entry: TranscriptStep, data: dict[str, Any], step_url: StepUrl = _no_url
+) -> None:
     """Split a provider response body into the parts a person reads."""
-    for block in data.get("content") or []:
+    seq = entry.step.seq
+    content = data.get("content")
+    for index, block in enumerate(content if isinstance(content, list) else []):
         kind = block.get("type") if isinstance(block, dict) else None
+        url = step_url(seq, index)
         if kind == "text":
-            entry.texts.append(str(block.get("text", "")))
+            entry.texts.append(shown_text(str(block.get("text", "")), url))
         elif kind == "thinking":
-            entry.thinking.append(str(block.get("thinking", "")))
+            entry.thinking.append(shown_text(str(block.get("thinking", "")), url))
         elif kind == "redacted_thinking":
-            entry.thinking.append("[redacted thinking]")
+            entry.thinking.append(shown_text("[redacted thinking]"))
         elif kind == "tool_use":
             entry.calls.append(
                 ToolCall(
-                    id=str(block.get("id", "")),
-                    name=str(block.get("name", "")),
-                    input_json=pretty_json(block.get("input")),
+                    id=storable_text(block.get("id", ""), 200),
+                    name=storable_text(block.get("name", ""), 200),
+                    input=shown_text(pretty_json(block.get("input")), url),
                 )
             )
         else:
-            entry.other_blocks.append(pretty_json(block))
-    entry.stop_reason = str(data.get("stop_reason") or "")
-    entry.model = str(data.get("model") or "")
+            entry.other_blocks.append(shown_text(pretty_json(block), url))
+    entry.stop_reason = storable_text(data.get("stop_reason") or "", 200)
+    entry.model = storable_text(data.get("model") or "", 200)
     if data.get("usage") is not None:
-        entry.usage_json = pretty_json(data["usage"])
+        entry.usage_json = shown_json(data["usage"])[:TEXT_SHOWN_CHARS]
 
 
-def build_transcript(run: AgentRun) -> list[TranscriptStep]:
-    """The run's steps in seq order, with the effects and intents of each tool call.
+def _call_names(step: AgentStep) -> dict[str, str]:
+    """tool_use id -> tool name of one model turn (to name the results of the next step)."""
+    try:
+        data = load_json(step.payload)
+    except ValueError:
+        return {}
+    content = data.get("content") if isinstance(data, dict) else None
+    return {
+        str(b.get("id", "")): storable_text(b.get("name", ""), 200)
+        for b in (content if isinstance(content, list) else [])
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    }
 
-    Three queries whatever the length of the run: steps, effects, intents.
+
+# Steps per page of the transcript: a run of thousands of steps renders one page at a time.
+TRANSCRIPT_PAGE_STEPS = 50
+# The columns of tool_effect that the run page reads: never ``result`` (it can be megabytes
+# per call and is only shown on its own page, through the effect's link).
+EFFECT_COLUMNS = ("key", "run_id", "seq", "call_index", "tool", "is_error", "created_at")
+
+
+@dataclass
+class Transcript:
+    entries: list[TranscriptStep]
+    total: int  # steps in the run
+    number: int  # this page, 1 = the newest steps
+    num_pages: int
+
+    @property
+    def newer(self) -> int | None:
+        return self.number - 1 if self.number > 1 else None
+
+    @property
+    def older(self) -> int | None:
+        return self.number + 1 if self.number < self.num_pages else None
+
+    @property
+    def first_seq(self) -> int | None:
+        return self.entries[0].step.seq if self.entries else None
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.entries[-1].step.seq if self.entries else None
+
+
+def transcript_page_number(page: Any, seq: Any, total: int, run: AgentRun) -> int:
+    """The page to show: the one holding step ``seq`` when asked, else ``page`` (1 = newest);
+    anything malformed reads as the first page."""
+    size = TRANSCRIPT_PAGE_STEPS
+    num_pages = max(1, -(-total // size))
+    number = 1
+    if seq not in (None, ""):
+        try:
+            wanted = int(seq)
+        except (TypeError, ValueError):
+            wanted = None
+        if wanted is not None:
+            newer = AgentStep.objects.filter(run_id=run.pk, seq__gt=wanted).count()
+            number = newer // size + 1
+    elif page not in (None, ""):
+        try:
+            number = int(page)
+        except (TypeError, ValueError):
+            number = 1
+    return min(max(number, 1), num_pages)
+
+
+def build_transcript(
+    run: AgentRun,
+    page: Any = None,
+    seq: Any = None,
+    *,
+    step_url: StepUrl = _no_url,
+    effect_url: Callable[[str], str] = lambda key: "",
+) -> Transcript:
+    """One page of the run's steps in seq order, with the effects and intents of their calls.
+
+    The first page holds the newest steps. Five queries whatever the length of the run: the
+    step count, the page's steps (plus the one before, which names the tools whose results
+    open the page), and the effects (without their results) and intents of the page.
     """
-    steps = list(AgentStep.objects.filter(run_id=run.pk).order_by("seq"))
-    effects = {(e.seq, e.call_index): e for e in ToolEffect.objects.filter(run_id=run.pk)}
+    steps = AgentStep.objects.filter(run_id=run.pk)
+    total = steps.count()
+    size = TRANSCRIPT_PAGE_STEPS
+    number = transcript_page_number(page, seq, total, run)
+    offset = (number - 1) * size
+    rows = list(steps.order_by("-seq")[offset : offset + size + 1])
+    before = rows[size] if len(rows) > size else None
+    shown = rows[:size]
+    shown.reverse()
+    transcript = Transcript([], total, number, max(1, -(-total // size)))
+    if not shown:
+        return transcript
+
+    low, high = shown[0].seq, shown[-1].seq
+    effects = {
+        (e.seq, e.call_index): e
+        for e in ToolEffect.objects.filter(run_id=run.pk, seq__range=(low, high)).only(
+            *EFFECT_COLUMNS
+        )
+    }
     intents = {
         (i.seq, i.call_index): i
-        for i in ToolIntent.objects.filter(run_id=run.pk).select_related("decided_by")
+        for i in ToolIntent.objects.filter(run_id=run.pk, seq__range=(low, high))
+        .defer("input")
+        .select_related("decided_by")
     }
     names_by_call_id: dict[str, str] = {}
-    transcript: list[TranscriptStep] = []
-    for step in steps:
-        entry = TranscriptStep(step=step, kind=step.kind)
+    if before is not None and before.kind == StepKind.MODEL_TURN:
+        names_by_call_id = _call_names(before)
+    for step in shown:
+        entry = TranscriptStep(
+            step=step,
+            kind=step.kind,
+            request_id=storable_text(step.request_id or "", 200),
+            worker=storable_text(step.worker, 200),
+        )
+        transcript.entries.append(entry)
         try:
-            data = json.loads(step.payload)
+            data = load_json(step.payload)
         except ValueError:
-            entry.unparsed = step.payload
-            transcript.append(entry)
+            entry.unparsed = shown_text(step.payload, step_url(step.seq, None))
             continue
         if step.kind == StepKind.TASK:
-            entry.task = _content_text(data)
+            entry.task = shown_text(_content_text(data), step_url(step.seq, None))
         elif step.kind == StepKind.MODEL_TURN and isinstance(data, dict):
-            describe_model_turn(entry, data)
+            describe_model_turn(entry, data, step_url)
             for index, call in enumerate(entry.calls):
                 call.effect = effects.get((step.seq, index))
+                if call.effect is not None:
+                    call.effect_url = effect_url(call.effect.key)
                 call.intent = intents.get((step.seq, index))
                 if call.intent is not None:
-                    call.intent_line = describe_intent(call.intent)
+                    call.intent_line = describe_intent(call.intent, call.effect)
                 names_by_call_id[call.id] = call.name
         elif step.kind == StepKind.TOOL_RESULT and isinstance(data, list):
-            for block in data:
+            for index, block in enumerate(data):
+                url = step_url(step.seq, index)
                 if not isinstance(block, dict):
-                    entry.other_blocks.append(pretty_json(block))
+                    entry.other_blocks.append(shown_text(pretty_json(block), url))
                     continue
-                tool_use_id = str(block.get("tool_use_id", ""))
+                tool_use_id = storable_text(block.get("tool_use_id", ""), 200)
                 entry.results.append(
                     ToolResult(
                         tool_use_id=tool_use_id,
                         tool_name=names_by_call_id.get(tool_use_id, ""),
-                        content=_content_text(block.get("content", "")),
+                        content=shown_text(_content_text(block.get("content", "")), url),
                         is_error=bool(block.get("is_error")),
                     )
                 )
         else:
-            entry.unparsed = pretty_json(data)
-        transcript.append(entry)
+            entry.unparsed = shown_text(pretty_json(data), step_url(step.seq, None))
     return transcript
 
 
-def model_turn_for_intent(intent: ToolIntent) -> TranscriptStep | None:
+def model_turn_for_intent(intent: ToolIntent, step_url: StepUrl = _no_url) -> TranscriptStep | None:
     """The model turn that asked for the intent's call (one query)."""
     step = AgentStep.objects.filter(
         run_id=intent.run_id, seq=intent.seq, kind=StepKind.MODEL_TURN
@@ -331,47 +594,140 @@ def model_turn_for_intent(intent: ToolIntent) -> TranscriptStep | None:
         return None
     entry = TranscriptStep(step=step, kind=step.kind)
     try:
-        data = json.loads(step.payload)
+        data = load_json(step.payload)
     except ValueError:
-        entry.unparsed = step.payload
+        entry.unparsed = shown_text(step.payload, step_url(step.seq, None))
         return entry
     if isinstance(data, dict):
-        describe_model_turn(entry, data)
+        describe_model_turn(entry, data, step_url)
     return entry
 
 
 # ---------------------------------------------------------------------------------------------
 # Dead letter
 
+# Variable parts of an error, replaced by placeholders so that two runs that died of the same
+# cause share one group. Order matters: ids before hex, hex before plain numbers.
+_CAUSE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # "request id req_011CX...", "request-id: 7f3a...": whatever follows the label.
+    (re.compile(r"(request[ _-]?id\b[\s:=]*)[^\s,;)\]}'\"]+", re.IGNORECASE), r"\1<id>"),
+    # Provider ids: req_..., msg_..., toolu_..., srvtoolu_...
+    (re.compile(r"\b(req|msg|toolu|srvtoolu|call|run|chatcmpl)_[A-Za-z0-9_-]+"), r"\1_<id>"),
+    (
+        re.compile(
+            r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE
+        ),
+        "<uuid>",
+    ),
+    (
+        re.compile(
+            r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?\b"
+        ),
+        "<time>",
+    ),
+    # Hex ids and fingerprints: six or more hex digits with at least one digit ("decade" stays).
+    (re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{6,}\b", re.IGNORECASE), "<hex>"),
+    # Numbers standing alone (counts, seqs, pids, durations); not those inside a name such as
+    # claude-3-5 or v1. HTTP statuses are kept by _number below: they are causes of their own.
+    (
+        re.compile(r"(?<![\w.<-])(\(?)(\d+(?:\.\d+)?)(ms|s|KB|MB|GB)?(\)?)(?![\w.>])"),
+        "",
+    ),
+    (re.compile(r"\s+"), " "),
+)
+
+
+_HTTP_STATUS_BEFORE = re.compile(r"(?:HTTP|status|code)[\s:=]*$", re.IGNORECASE)
+
+
+def _number(match: re.Match[str]) -> str:
+    opening, number, unit, closing = match.groups()
+    before = match.string[: match.start()]
+    is_status = len(number) == 3 and number[0] in "12345" and not unit
+    if is_status and ((opening and closing) or _HTTP_STATUS_BEFORE.search(before[-12:])):
+        return match.group()
+    return f"{opening}<n>{closing}"
+
+
+def dead_cause(reason: str) -> str:
+    """The cause of a dead run: its reason with the variable parts (request ids, UUIDs, hex
+    ids, timestamps, numbers) replaced by placeholders, so that runs that died of the same
+    cause group together on the dead-letter page."""
+    cause = storable_text(reason).strip()
+    for pattern, placeholder in _CAUSE_RULES:
+        cause = pattern.sub(placeholder or _number, cause)
+    return cause.strip()
+
+
+def error_reason(error: str) -> str:
+    """The first non-empty line of a run's error: what the dead letter groups on."""
+    return next((line.strip() for line in (error or "").splitlines() if line.strip()), "")
+
+
+# How many dead runs the dead-letter page groups, newest first (errors are folded in Python).
+DEAD_LETTER_SAMPLE = 10_000
+# Characters of each error read for grouping: reasons are one line; the rest is detail.
+DEAD_ERROR_HEAD_CHARS = 2_000
+# The example reason of a group is cut here, at a word boundary.
+EXAMPLE_REASON_CHARS = 300
+
 
 @dataclass
-class DeadReason:
-    reason: str
+class DeadGroup:
+    cause: str  # normalised reason (placeholders); the grouping key
+    key: str  # a short hash of the cause, to name the group in a URL
     count: int
     newest: datetime.datetime | None
+    example: str  # the newest run's reason, cut at a word boundary
+    example_cut: bool
+    example_run_id: Any
+    run_ids: list[Any] = field(default_factory=list)  # newest first
+
+    @property
+    def cause_shown(self) -> str:
+        return cut_at_word(self.cause, EXAMPLE_REASON_CHARS)[0]
 
 
-def dead_letter_reasons() -> tuple[list[DeadReason], int]:
-    """Dead runs grouped by the first line of their error, most frequent first.
+def cause_key(cause: str) -> str:
+    return hashlib.sha256(cause.encode("utf-8", "replace")).hexdigest()[:16]
 
-    Grouping by the whole error in SQL first keeps the rows fetched down to the distinct
-    errors; folding to the first line happens in Python because that is not portable SQL.
+
+def dead_letter_groups() -> tuple[list[DeadGroup], int, int]:
+    """Dead runs grouped by ``dead_cause`` of their reason, most frequent first.
+
+    Returns the groups, how many dead runs were grouped and how many there are in all (more
+    than the first when the dead letter holds over DEAD_LETTER_SAMPLE runs). Reads the head
+    of each error only, never the whole text.
     """
     rows = (
         AgentRun.objects.dead()
-        .values("error")
-        .annotate(n=Count("pk"), newest=Max("created_at"))
-        .order_by()[:DEAD_LETTER_SAMPLE]
+        .order_by("-created_at")
+        .annotate(error_head=Substr("error", 1, DEAD_ERROR_HEAD_CHARS, output_field=TextField()))
+        .values_list("pk", "created_at", "error_head")[:DEAD_LETTER_SAMPLE]
     )
-    counts: Counter[str] = Counter()
-    newest: dict[str, datetime.datetime] = {}
-    for row in rows:
-        reason = error_reason(row["error"])
-        counts[reason] += row["n"]
-        if row["newest"] is not None and (reason not in newest or row["newest"] > newest[reason]):
-            newest[reason] = row["newest"]
-    reasons = [DeadReason(r, n, newest.get(r)) for r, n in counts.most_common()]
-    return reasons, sum(counts.values())
+    groups: dict[str, DeadGroup] = {}
+    grouped = 0
+    for pk, created_at, error in rows:
+        grouped += 1
+        reason = error_reason(error)
+        cause = dead_cause(reason)
+        group = groups.get(cause)
+        if group is None:
+            example, cut = cut_at_word(storable_text(reason), EXAMPLE_REASON_CHARS)
+            group = groups[cause] = DeadGroup(
+                cause=cause,
+                key=cause_key(cause),
+                count=0,
+                newest=created_at,
+                example=example,
+                example_cut=cut,
+                example_run_id=pk,
+            )
+        group.count += 1
+        group.run_ids.append(pk)
+    total = grouped if grouped < DEAD_LETTER_SAMPLE else AgentRun.objects.dead().count()
+    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.cause))
+    return ordered, grouped, total
 
 
 # ---------------------------------------------------------------------------------------------

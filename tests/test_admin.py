@@ -149,6 +149,25 @@ def messages_of(response: Any) -> list[str]:
     return [str(m) for m in response.context["messages"]] if response.context else []
 
 
+HIDDEN_INPUT = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
+
+
+def hidden_fields(response: Any) -> dict[str, list[str]]:
+    """The hidden inputs of a confirmation page (csrf token aside): what its "Yes" posts."""
+    fields: dict[str, list[str]] = {}
+    for name, value in HIDDEN_INPUT.findall(response.content.decode()):
+        if name != "csrfmiddlewaretoken":
+            fields.setdefault(name, []).append(value)
+    return fields
+
+
+def approve(client: Client, intent: ToolIntent, follow: bool = False) -> Any:
+    """Approve as a person does: open the confirmation page, post what it shows."""
+    page = client.get(intent_url(intent, "approve"))
+    assert page.status_code == 200
+    return client.post(intent_url(intent, "approve"), hidden_fields(page), follow=follow)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pages
 
@@ -333,7 +352,7 @@ def test_intent_page_shows_call_and_reasoning(admin_client: Client) -> None:
 def test_approve_runs_the_call_once(admin_client: Client, superuser: Any, spy: Any) -> None:
     calls = spy("approve_intent")
     run, intent = waiting_run()
-    response = admin_client.post(intent_url(intent, "approve"), follow=True)
+    response = approve(admin_client, intent, follow=True)
     assert response.status_code == 200
     assert any("Approved intent" in m for m in messages_of(response))
     intent.refresh_from_db()
@@ -477,17 +496,19 @@ def test_decision_views_need_csrf_and_post(superuser: Any) -> None:
     assert client.post(intent_url(intent, "approve")).status_code == 403
     cancel = reverse("admin:durable_agents_agentrun_cancel", args=[intent.run_id])
     assert client.post(cancel).status_code == 403
-    # GET never changes state.
-    assert client.get(intent_url(intent, "approve")).status_code == 405
+    # GET never changes state: approve shows its confirmation, cancel refuses.
+    page = client.get(intent_url(intent, "approve"))
+    assert page.status_code == 200 and "Yes, approve this call" in page.content.decode()
     assert client.get(cancel).status_code == 405
     intent.refresh_from_db()
     assert intent.status == IntentStatus.PENDING
     assert AgentRun.objects.get(pk=intent.run_id).status == RunStatus.WAITING
 
     # With the token from the page, the same POST works.
-    client.get(intent_url(intent))
     token = client.cookies["csrftoken"].value
-    response = client.post(intent_url(intent, "approve"), {"csrfmiddlewaretoken": token})
+    response = client.post(
+        intent_url(intent, "approve"), {"csrfmiddlewaretoken": token, **hidden_fields(page)}
+    )
     assert response.status_code == 302
     intent.refresh_from_db()
     assert intent.status == IntentStatus.APPROVED
@@ -524,9 +545,10 @@ def test_bulk_approve_and_reject_actions(admin_client: Client, superuser: Any) -
     assert LogEntry.objects.filter(user=superuser).count() == 2
 
     c = parked_intent(table="e")
-    admin_client.post(
-        intents_url(), {"action": "approve_intents", "_selected_action": [c.pk], "post": "yes"}
-    )
+    data = {"action": "approve_intents", "_selected_action": [c.pk]}
+    confirm = admin_client.post(intents_url(), {**data, "index": 0})
+    assert "{\n  &quot;table&quot;: &quot;e&quot;\n}" in confirm.content.decode()  # the input
+    admin_client.post(intents_url(), hidden_fields(confirm))
     c.refresh_from_db()
     assert c.status == IntentStatus.APPROVED
 
@@ -597,12 +619,15 @@ def test_select_across_acts_on_every_run_matching_the_filters(admin_client: Clie
     confirm = admin_client.post(url, {**data, "index": 0})
     assert confirm.status_code == 200
     content = confirm.content.decode()
-    assert 'name="select_across" value="1"' in content
-    assert "every one matching the current filters" in content
+    # The confirmation lists every matching run and posts exactly their ids.
+    assert 'name="select_across" value="0"' in content
+    assert "of those matching the current filters" in content
     assert "<strong>5</strong> agent runs will change" in content
     assert f'action="{url.replace("&", "&amp;")}"' in content  # filters kept
+    fields = hidden_fields(confirm)
+    assert sorted(fields["_selected_action"]) == sorted(str(r.pk) for r in boom)
 
-    admin_client.post(url, {**data, "post": "yes"})
+    admin_client.post(url, fields)
     statuses = dict(AgentRun.objects.values_list("pk", "status"))
     assert {statuses[r.pk] for r in boom} == {RunStatus.PENDING}
     assert {statuses[r.pk] for r in other} == {RunStatus.DEAD}
@@ -642,14 +667,20 @@ def test_dead_letter_groups_reasons(admin_client: Client) -> None:
     make_runs(2, RunStatus.FAILED, error="not dead")
     response = admin_client.get(reverse("admin:durable_agents_agentrun_dead_letter"))
     assert response.status_code == 200
-    reasons = {r.reason: r.count for r in response.context["reasons"]}
-    assert reasons == {"model claude-x: not found": 4, f"{SCRIPT} drift": 2}
+    groups = {g.example: g.count for g in response.context["groups"]}
+    assert groups == {"model claude-x: not found": 4, f"{SCRIPT} drift": 2}
     content = response.content.decode()
     assert SCRIPT not in content
-    link = "?status__exact=dead&amp;error__startswith=model%20claude-x%3A%20not%20found"
-    assert link in content
-    filtered = admin_client.get(runs_url(link.replace("&amp;", "&")))
-    assert filtered.context["cl"].result_count == 4
+    # Each group offers its requeue and cancel, through a confirmation listing its runs.
+    group = next(g for g in response.context["groups"] if g.count == 4)
+    confirm_url = reverse(
+        "admin:durable_agents_agentrun_dead_letter_confirm", args=[group.key, "requeue_runs"]
+    )
+    assert confirm_url in content
+    confirm = admin_client.get(confirm_url)
+    assert "<strong>4</strong> agent runs will change" in confirm.content.decode()
+    admin_client.post(runs_url("?status__exact=dead"), hidden_fields(confirm))
+    assert AgentRun.objects.filter(status=RunStatus.PENDING).count() == 4
 
 
 @pytest.mark.django_db

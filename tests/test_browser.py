@@ -228,10 +228,13 @@ def test_approve_from_the_intent_page(page: Page, live_server: Any, operator: An
     )
     screenshot(page, "admin-intent", docs=True)
 
-    page.get_by_role("button", name="Approve", exact=True).click()
+    page.get_by_role("link", name="Approve…", exact=True).click()
+    # The confirmation step shows the exact input; its button approves what it shows.
+    expect(page.locator("#decision-input")).to_contain_text('"table": "legacy_orders"')
+    page.get_by_role("button", name="Yes, approve this call", exact=True).click()
     expect(success_message(page)).to_have_text(f"Approved intent {intent.pk}.")
     # Decided: the page no longer offers the decision.
-    expect(page.get_by_role("button", name="Approve", exact=True)).to_have_count(0)
+    expect(page.get_by_role("link", name="Approve…", exact=True)).to_have_count(0)
     expect(page.locator(".field-decided_by")).to_contain_text(operator.username)
     intent.refresh_from_db()
     assert (intent.status, intent.decided_by_id) == (IntentStatus.APPROVED, operator.pk)
@@ -371,6 +374,7 @@ def test_viewer_sees_the_intent_without_decision_buttons(page: Page, live_server
     expect(page.locator("#intent-decision")).to_have_count(0)
     for name in ("Approve", "Reject"):
         expect(page.get_by_role("button", name=name, exact=True)).to_have_count(0)
+    expect(page.get_by_role("link", name="Approve…", exact=True)).to_have_count(0)
     expect(page.locator("textarea")).to_have_count(0)
 
 
@@ -401,7 +405,7 @@ def test_script_in_task_and_tool_result_does_not_run(
         expect(page.locator("#content")).to_contain_text(PWNED)
 
     page.goto(run_url(base, run))
-    expect(page.locator(".field-task")).to_contain_text(f"{PWNED} summarise")
+    expect(page.locator(".field-task_text")).to_contain_text(f"{PWNED} summarise")
     expect(page.locator("#transcript")).to_contain_text(f"value-of-{PWNED}")  # a tool result
     assert page.evaluate("window.__pwned") is None
 
