@@ -1,9 +1,14 @@
 """System checks (``manage.py check``) for configuration mistakes that would otherwise show up
-only when a worker meets them, hours later."""
+only when a worker meets them, hours later.
+
+One id per problem; docs/settings.md lists them all. Ids are never reused for another problem:
+a silenced id (``SILENCED_SYSTEM_CHECKS``) must keep silencing the same thing.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -13,6 +18,9 @@ from django.utils.module_loading import import_string
 
 from durable_agents.conf import DEFAULTS, app_settings
 
+# Referred to by runagents, whose --allow-offline lets this one check pass.
+OFFLINE_WITHOUT_DEBUG = "durable_agents.E011"
+
 # key: (whole number or any number, minimum, minimum allowed, None allowed)
 NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
     "LEASE_SECONDS": ("number", 0, False, False),
@@ -20,6 +28,7 @@ NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
     "POLL_INTERVAL": ("number", 0, False, False),
     "MAX_BACKOFF_SECONDS": ("number", 0, False, False),
     "MODEL_TIMEOUT": ("number", 0, False, False),
+    "TOOL_TIMEOUT": ("number", 0, False, False),
     "SHUTDOWN_GRACE_SECONDS": ("number", 0, True, False),
     "UNDEPLOYED_RETRY_SECONDS": ("number", 0, True, False),
     "RETENTION_DAYS": ("number", 0, False, True),
@@ -75,7 +84,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         messages.append(
             Error(
                 "DURABLE_AGENTS['RETIRED_MODELS'] must be a list of model ids.",
-                id="durable_agents.E005",
+                id="durable_agents.E008",
             )
         )
     if app_settings.ARCHIVER:
@@ -85,9 +94,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             messages.append(
                 Error(
                     f"DURABLE_AGENTS['ARCHIVER'] cannot be imported: {exc}",
-                    id="durable_agents.E006",
+                    id="durable_agents.E009",
                 )
             )
+    formatter_problem = _formatter_problem(app_settings.TOOL_ERROR_FORMATTER)
+    if formatter_problem:
+        messages.append(
+            Error(
+                f"DURABLE_AGENTS['TOOL_ERROR_FORMATTER'] {formatter_problem}.",
+                hint="Give the dotted path of a callable (tool_name, exception) -> str, or "
+                "None for the default text.",
+                id="durable_agents.E012",
+            )
+        )
     lease, beat = app_settings.LEASE_SECONDS, app_settings.HEARTBEAT_SECONDS
     if not messages and beat * 2 > lease:
         messages.append(
@@ -112,6 +131,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agents.E006",
             )
         )
+    if app_settings.OFFLINE is True and not settings.DEBUG:
+        messages.append(
+            Error(
+                "DURABLE_AGENTS['OFFLINE'] is on while DEBUG is off: the offline scripted model "
+                "plays the '@tool {...}' lines written in a run's task, so whoever writes a "
+                "task decides which tools run, for real.",
+                hint="In production, turn OFFLINE off and give the workers ANTHROPIC_API_KEY; "
+                "never derive OFFLINE from a missing key. For a deliberate offline deployment "
+                "(a staging copy, CI), start workers with `runagents --allow-offline`, or add "
+                f"{OFFLINE_WITHOUT_DEBUG!r} to SILENCED_SYSTEM_CHECKS.",
+                id=OFFLINE_WITHOUT_DEBUG,
+            )
+        )
     if (
         not app_settings.OFFLINE
         and app_settings.CLIENT_FACTORY == DEFAULTS["CLIENT_FACTORY"]
@@ -122,12 +154,38 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             Warning(
                 "ANTHROPIC_API_KEY is not set and OFFLINE is off: every model call will fail "
                 "to authenticate.",
-                hint="Set ANTHROPIC_API_KEY for the workers, or DURABLE_AGENTS['OFFLINE'] = "
-                "True for the offline scripted model.",
+                hint="Set ANTHROPIC_API_KEY (or CLIENT_FACTORY) for the workers; web servers "
+                "do not need it. On a development machine without a key, turn OFFLINE on "
+                "explicitly (with DEBUG on) for the offline scripted model.",
                 id="durable_agents.W002",
             )
         )
     return messages
+
+
+def _formatter_problem(path: Any) -> str | None:
+    """What is wrong with a TOOL_ERROR_FORMATTER value, or None when it is usable."""
+    if path is None:
+        return None
+    if not isinstance(path, str):
+        return f"must be None or a dotted path (a string), not {path!r}"
+    try:
+        formatter: Callable[..., Any] = import_string(path)
+    except ImportError as exc:
+        return f"cannot be imported: {exc}"
+    if not callable(formatter):
+        return f"{path!r} is not callable"
+    return None
+
+
+def _dotted_path(func: Any) -> str:
+    """``module.qualname`` of a function: the check message names it where the default
+    ``str()`` would print ``<function ... at 0x...>``."""
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if not qualname:
+        return repr(func)
+    return f"{module}.{qualname}" if module else qualname
 
 
 @register(Tags.database)
@@ -163,7 +221,7 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                         hint="Add a keyword parameter `idempotency_key: str` and pass it to the "
                         "system the tool writes to, so that a retried call is deduplicated; "
                         "or classify the tool correctly.",
-                        obj=tool.func,
+                        obj=_dotted_path(tool.func),
                         id="durable_agents.E010",
                     )
                 )

@@ -9,6 +9,8 @@ and connect your own receivers to the signals instead.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from django.apps import apps
@@ -20,6 +22,17 @@ from django.db.models import Q
 from durable_agents.conf import app_settings
 
 logger = logging.getLogger("durable_agents.notifications")
+
+# A project without a mail server fails every notification the same way. The first failure of
+# a kind is a warning; identical ones (same exception type and message) are logged at DEBUG for
+# this long, then warned about again with how many there were in between, so that an outage
+# stays visible in a long-lived worker without a line per event.
+REPEAT_WARNING_SECONDS = 3600.0
+# Kinds remembered at most (exception messages may vary, e.g. with a recipient in them).
+_MAX_KINDS = 256
+_failures: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (last warned, quiet since)
+_failures_lock = threading.Lock()
+_clock = time.monotonic  # replaced by tests
 
 
 def recipients() -> list[str]:
@@ -62,8 +75,47 @@ def notify(subject: str, body: str) -> None:
             async_task("durable_agents.notifications.send_notification", subject, body)
         else:
             send_notification(subject, body)
-    except Exception:  # a notification must never take a worker down
-        logger.exception("could not send the notification %r", subject)
+    except Exception as exc:  # a notification must never take a worker down
+        _log_failure(subject, exc)
+
+
+def _log_failure(subject: str, exc: Exception) -> None:
+    """One line per failure, with the exception; the traceback only at DEBUG level."""
+    kind = (f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc))
+    now = _clock()
+    with _failures_lock:
+        last = _failures.get(kind)
+        warn = last is None or now - last[0] >= REPEAT_WARNING_SECONDS
+        if warn:
+            if last is None and len(_failures) >= _MAX_KINDS:
+                _failures.clear()
+            quiet = last[1] if last is not None else 0
+            _failures[kind] = (now, 0)
+        else:
+            _failures[kind] = (last[0], last[1] + 1)
+    suffix = ""
+    if warn:
+        if quiet:
+            suffix = f" ({quiet} identical failures since the last warning)"
+        suffix += (
+            f"; identical failures in the next {REPEAT_WARNING_SECONDS / 60:.0f} minutes are "
+            "logged at DEBUG level"
+        )
+    logger.log(
+        logging.WARNING if warn else logging.DEBUG,
+        "could not send the notification %r: %s: %s%s",
+        subject,
+        type(exc).__name__,
+        exc,
+        suffix,
+        exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None,
+    )
+
+
+def reset_failures() -> None:
+    """Forget the failures already reported (tests; a process that fixed its mail setup)."""
+    with _failures_lock:
+        _failures.clear()
 
 
 def on_intent_waiting(sender: Any, intent: Any, **kwargs: Any) -> None:

@@ -1,4 +1,5 @@
-"""Settings of the demo project: SQLite unless DATABASE_URL is set, offline model without a key."""
+"""Settings of the demo project: SQLite unless DATABASE_URL is set; the offline model while
+DEBUG is on, unless DURABLE_AGENTS_OFFLINE says otherwise."""
 
 from __future__ import annotations
 
@@ -74,8 +75,12 @@ TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 
 DURABLE_AGENTS = {
-    # The built-in offline scripted model answers when no API key is configured.
-    "OFFLINE": not os.environ.get("ANTHROPIC_API_KEY"),
+    # The built-in offline scripted model plays the tool calls written in a run's task text, so
+    # it is switched on explicitly (DURABLE_AGENTS_OFFLINE=1 or 0) and by default only with
+    # DEBUG on. Never derive it from a missing API key: a worker host without the key would
+    # then run whatever tool calls a task names. With DEBUG off it is a system check error
+    # (durable_agents.E011) and `runagents` refuses to start without --allow-offline.
+    "OFFLINE": os.environ.get("DURABLE_AGENTS_OFFLINE", "1" if DEBUG else "0") == "1",
 }
 
 LOGGING = {

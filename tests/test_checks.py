@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 
 from durable_agents import checks as da_checks
 from durable_agents.agents import Agent, registry
@@ -14,6 +16,21 @@ from durable_agents.tools import tool
 
 def ids(messages: list[checks.CheckMessage]) -> list[str]:
     return sorted(m.id for m in messages)
+
+
+def redact(tool_name: str, exc: BaseException) -> str:
+    """A valid TOOL_ERROR_FORMATTER."""
+    return f"{tool_name} failed"
+
+
+NOT_CALLABLE = "a module attribute that is not callable"
+
+
+@pytest.fixture(autouse=True)
+def development(settings: Any) -> None:
+    """pytest-django turns DEBUG off; the test settings (OFFLINE on) are development settings
+    and are checked as such. The tests about DEBUG off turn it off themselves."""
+    settings.DEBUG = True
 
 
 def test_the_test_settings_pass() -> None:
@@ -37,8 +54,16 @@ def test_the_test_settings_pass() -> None:
         ({"RETENTION_BATCH": 0}, ["durable_agents.E004"]),
         ({"OFFLINE": "yes"}, ["durable_agents.E007"]),
         ({"OVERLAP_SAFE_COMMITS": 1}, ["durable_agents.E007"]),
-        ({"RETIRED_MODELS": "claude-2.1"}, ["durable_agents.E005"]),
-        ({"ARCHIVER": "nowhere.archive"}, ["durable_agents.E006"]),
+        # Each problem has its own id: E005 and E006 used to name these too.
+        ({"RETIRED_MODELS": "claude-2.1"}, ["durable_agents.E008"]),
+        ({"ARCHIVER": "nowhere.archive"}, ["durable_agents.E009"]),
+        ({"TOOL_TIMEOUT": 0}, ["durable_agents.E003"]),
+        ({"TOOL_TIMEOUT": -5.0}, ["durable_agents.E003"]),
+        ({"TOOL_TIMEOUT": "600"}, ["durable_agents.E003"]),
+        ({"TOOL_TIMEOUT": None}, ["durable_agents.E003"]),
+        ({"TOOL_ERROR_FORMATTER": "nowhere.format_error"}, ["durable_agents.E012"]),
+        ({"TOOL_ERROR_FORMATTER": "tests.test_checks.NOT_CALLABLE"}, ["durable_agents.E012"]),
+        ({"TOOL_ERROR_FORMATTER": redact}, ["durable_agents.E012"]),  # a path, not the function
     ],
 )
 def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: list[str]) -> None:
@@ -46,9 +71,53 @@ def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: li
     assert ids(da_checks.check_settings()) == expected
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"TOOL_TIMEOUT": 0.5},
+        {"TOOL_TIMEOUT": 30},
+        {"TOOL_ERROR_FORMATTER": None},
+        {"TOOL_ERROR_FORMATTER": "tests.test_checks.redact"},
+        {"RETIRED_MODELS": ["claude-2.1"]},
+    ],
+)
+def test_valid_settings(da_settings: Any, values: dict[str, Any]) -> None:
+    da_settings(**values)
+    assert da_checks.check_settings() == []
+
+
+def test_the_formatter_message_says_what_is_wrong(da_settings: Any) -> None:
+    da_settings(TOOL_ERROR_FORMATTER="tests.test_checks.NOT_CALLABLE")
+    [message] = da_checks.check_settings()
+    assert "is not callable" in message.msg
+    da_settings(TOOL_ERROR_FORMATTER="nowhere.format_error")
+    [message] = da_checks.check_settings()
+    assert "cannot be imported" in message.msg
+
+
 def test_settings_that_are_not_a_dict(settings: Any) -> None:
     settings.DURABLE_AGENTS = ["LEASE_SECONDS", 5]
     assert ids(da_checks.check_settings()) == ["durable_agents.E001"]
+
+
+def test_offline_without_debug_is_an_error(
+    settings: Any, da_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-x")
+    da_settings(OFFLINE=True)
+    settings.DEBUG = False
+    [message] = da_checks.check_settings()
+    assert message.id == "durable_agents.E011" == da_checks.OFFLINE_WITHOUT_DEBUG
+    assert message.is_serious()
+    assert "--allow-offline" in message.hint
+    # `manage.py check` fails on it (it said nothing before).
+    with pytest.raises(SystemCheckError, match="durable_agents.E011"):
+        call_command("check")
+    settings.DEBUG = True
+    assert da_checks.check_settings() == []
+    settings.DEBUG = False
+    da_settings(OFFLINE=False)
+    assert da_checks.check_settings() == []
 
 
 def test_missing_api_key_warns_only_when_online(
@@ -89,6 +158,12 @@ def test_non_idempotent_tool_without_a_key() -> None:
         messages = da_checks.check_agents()
         assert ids(messages) == ["durable_agents.E010"]
         assert "send_email" in messages[0].msg
+        # The object is named by its dotted path, not `<function ... at 0x...>`.
+        printed = str(messages[0])
+        assert printed.startswith(
+            "tests.test_checks.test_non_idempotent_tool_without_a_key.<locals>.send_email: "
+        ), printed
+        assert " at 0x" not in printed
     finally:
         registry.unregister(agent.name, agent.version)
     assert da_checks.check_agents() == []

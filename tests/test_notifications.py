@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 from typing import Any
 
 import pytest
@@ -15,6 +17,27 @@ from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_failure_memory() -> Any:
+    notifications.reset_failures()
+    yield
+    notifications.reset_failures()
+
+
+@pytest.fixture
+def no_mail_server(settings: Any, monkeypatch: pytest.MonkeyPatch) -> int:
+    """A fresh project's mail setup: SMTP on localhost, where nothing listens; sent inline."""
+    with socket.socket() as probe:  # a port that was just free: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST = "127.0.0.1"
+    settings.EMAIL_PORT = port
+    settings.EMAIL_TIMEOUT = 5
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q")
+    return port
 
 
 @pytest.fixture
@@ -83,3 +106,70 @@ def test_notifications_can_be_switched_off(
     durable_agents.start_run("tester", "hello", model="claude-2.1")
     run_worker()
     assert mailoutbox == []
+
+
+def test_a_failing_notification_is_one_warning_line_then_quiet(
+    staff: dict[str, Any], no_mail_server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="durable_agents.notifications")
+    for i in range(5):
+        notifications.notify(f"[durable_agents] event {i}", "body")
+    [record] = caplog.records  # not one traceback per event
+    assert record.levelno == logging.WARNING
+    assert record.exc_info is None  # no traceback at INFO
+    line = record.getMessage()
+    assert "\n" not in line
+    assert "event 0" in line
+    assert "ConnectionRefusedError" in line and "refused" in line.lower()
+
+
+def test_at_debug_level_the_traceback_and_the_repeats_are_logged(
+    staff: dict[str, Any], no_mail_server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="durable_agents.notifications")
+    for i in range(3):
+        notifications.notify(f"event {i}", "body")
+    levels = [r.levelno for r in caplog.records]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert all(r.exc_info is not None for r in caplog.records)
+
+
+def test_a_lasting_failure_is_warned_about_again_with_a_count(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(notifications, "_clock", lambda: clock[0])
+
+    def refuse(subject: str, body: str) -> int:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q")
+    monkeypatch.setattr(notifications, "send_notification", refuse)
+    caplog.set_level(logging.INFO, logger="durable_agents.notifications")
+    for _ in range(4):
+        notifications.notify("s", "b")
+    clock[0] += notifications.REPEAT_WARNING_SECONDS
+    notifications.notify("s", "b")
+    first, again = caplog.records
+    assert (first.levelno, again.levelno) == (logging.WARNING, logging.WARNING)
+    assert "3 identical failures since the last warning" in again.getMessage()
+
+
+def test_different_failures_each_get_their_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    errors = iter([OSError("disk full"), TimeoutError("timed out"), OSError("disk full")])
+
+    def fail(subject: str, body: str) -> int:
+        raise next(errors)
+
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q")
+    monkeypatch.setattr(notifications, "send_notification", fail)
+    caplog.set_level(logging.INFO, logger="durable_agents.notifications")
+    for _ in range(3):
+        notifications.notify("s", "b")
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "OSError: disk full; identical failures in the next 60 minutes are logged at DEBUG level",
+        "TimeoutError: timed out; identical failures in the next 60 minutes are logged at DEBUG "
+        "level",
+    ]

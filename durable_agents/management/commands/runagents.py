@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
 
+from durable_agents.agents import registry
+from durable_agents.checks import OFFLINE_WITHOUT_DEBUG
+from durable_agents.conf import app_settings
 from durable_agents.worker import Worker
+
+logger = logging.getLogger("durable_agents.worker")
 
 
 class Command(BaseCommand):
@@ -23,8 +32,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--worker-id", default=None, help="lease owner name (default: host:pid:random)"
         )
-        parser.add_argument("--lease-seconds", type=float, default=None)
-        parser.add_argument("--poll-interval", type=float, default=None)
+        parser.add_argument(
+            "--lease-seconds",
+            type=float,
+            default=None,
+            help="how long a claim lasts without renewal; after a SIGKILL its runs wait this "
+            "long (default: the LEASE_SECONDS setting)",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=float,
+            default=None,
+            help="seconds an idle slot waits between claim attempts (default: the "
+            "POLL_INTERVAL setting)",
+        )
         parser.add_argument(
             "--grace-seconds",
             type=float,
@@ -32,9 +53,44 @@ class Command(BaseCommand):
             help="after SIGTERM, how long steps in flight may take to commit (default: the "
             "SHUTDOWN_GRACE_SECONDS setting); 0 abandons them at once",
         )
+        parser.add_argument(
+            "--allow-offline",
+            action="store_true",
+            help="start even though OFFLINE is on and DEBUG is off (the offline model then "
+            f"runs the tool calls written in task texts; system check {OFFLINE_WITHOUT_DEBUG})",
+        )
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # BaseCommand.execute runs the system checks before handle(); remember the flag so
+        # that check() below can let the one check it answers pass.
+        self._allow_offline = bool(options.get("allow_offline"))
+        return super().execute(*args, **options)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        if not getattr(self, "_allow_offline", False):
+            return super().check(*args, **kwargs)
+        # --allow-offline is the operator's explicit answer to that one error: silence it for
+        # this run through the documented mechanism, and nothing else. No thread runs yet.
+        silenced = settings.SILENCED_SYSTEM_CHECKS
+        settings.SILENCED_SYSTEM_CHECKS = [*silenced, OFFLINE_WITHOUT_DEBUG]
+        try:
+            return super().check(*args, **kwargs)
+        finally:
+            settings.SILENCED_SYSTEM_CHECKS = silenced
 
     def handle(self, *args: Any, **options: Any) -> None:
         _ensure_console_logging()
+        self._refuse_offline_in_production(options["allow_offline"])
+        _ensure_database_ready(DEFAULT_DB_ALIAS)
+        if not registry.all():
+            # Not fatal (a worker may be started before the code that registers agents is
+            # deployed), but it cannot advance anything: every run it claims is handed back
+            # as undeployed and counts towards MAX_ATTEMPTS.
+            logger.warning(
+                "no agents are registered in this process: durable_agents imports the "
+                "agents.py module of every app in INSTALLED_APPS at startup, and none of them "
+                "defined an Agent. This worker will hand back every run it claims."
+            )
         worker = Worker(
             worker_id=options["worker_id"],
             concurrency=options["concurrency"],
@@ -44,7 +100,62 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             grace_seconds=options["grace_seconds"],
         )
-        worker.run()
+        code = worker.run()
+        if code:
+            # A slot died of a bug: a non-zero status tells the supervisor to restart us.
+            sys.exit(code)
+
+    def _refuse_offline_in_production(self, allowed: bool) -> None:
+        """The system check already stops a plain start; this also covers --skip-checks and
+        call_command (which skips checks by default)."""
+        if not (app_settings.OFFLINE is True and not settings.DEBUG):
+            return
+        if not allowed:
+            raise CommandError(
+                "refusing to start: DURABLE_AGENTS['OFFLINE'] is on and DEBUG is off, so the "
+                "offline scripted model would run the tool calls written in task texts. Turn "
+                "OFFLINE off (and set ANTHROPIC_API_KEY), or pass --allow-offline if this is "
+                "deliberate."
+            )
+        logger.warning(
+            "OFFLINE is on with DEBUG off (--allow-offline): the offline scripted model answers "
+            "every model call, and the '@tool {...}' lines of a run's task text run those "
+            "tools for real. Never do this where untrusted people can start runs."
+        )
+
+
+def _ensure_database_ready(alias: str) -> None:
+    """Stop with one line when the database cannot be reached or lacks durable_agents'
+    migrations, instead of a worker logging the same traceback at every poll forever."""
+    connection = connections[alias]
+    try:
+        connection.ensure_connection()
+        executor = MigrationExecutor(connection)
+        targets = executor.loader.graph.leaf_nodes("durable_agents")
+        plan = executor.migration_plan(targets)
+    except DatabaseError as exc:
+        # Driver messages span lines (psycopg adds a hint); keep the log line one line.
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise CommandError(
+            f"cannot reach the database {alias!r} ({connection.vendor}): {reason}"
+        ) from exc
+    finally:
+        # The worker's threads open their own connections; do not keep this one idle for
+        # the worker's lifetime (unless a caller's transaction is using it).
+        if not connection.in_atomic_block:
+            connection.close()
+    if plan:
+        unapplied = [f"{m.app_label}.{m.name}" for m, _backwards in plan]
+        ours = [name for name in unapplied if name.startswith("durable_agents.")]
+        what = (
+            "has no durable_agents tables"
+            if "durable_agents.0001_initial" in ours
+            else f"lacks the migration {(ours or unapplied)[0]}"
+        )
+        raise CommandError(
+            f"the database {alias!r} {what} ({len(unapplied)} unapplied migration(s) that "
+            "durable_agents needs): run `manage.py migrate` first."
+        )
 
 
 def _ensure_console_logging() -> None:

@@ -10,7 +10,9 @@
 5. Print what happened: statuses, steps per second, and the transcript with the attempt that
    wrote each step.
 
-Uses the offline scripted model unless an API key is set (the tasks carry the plan it plays).
+Uses the offline scripted model (the tasks carry the plan it plays): the demo settings turn
+it on while DEBUG is on, as in ``make run``; ``DURABLE_AGENTS_OFFLINE=0`` sends the tasks to
+the real API instead. The offline model is never tied to a missing API key.
 """
 
 from __future__ import annotations
