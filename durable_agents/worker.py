@@ -180,6 +180,7 @@ class Worker:
 
     def _slot(self) -> None:
         idle = True
+        failed_claims = 0  # in a row: the database is unreachable or refusing
         try:
             while not self.stopping.is_set():
                 if not self._take_ticket():
@@ -191,12 +192,24 @@ class Worker:
                         # a dead connection fails the claim, which reconnects below.
                         close_old_connections()
                     claims = leases.claim_runs(self.worker_id, self.lease_seconds, 1)
-                except DatabaseError:
-                    logger.exception("claim failed; retrying in %.1fs", self.poll_interval)
+                except DatabaseError as exc:
+                    # One line when the database goes away, not a traceback every poll.
+                    failed_claims += 1
+                    log = logger.error if failed_claims == 1 else logger.debug
+                    log(
+                        "claim failed (%s: %s); retrying every %.1fs until the database answers",
+                        type(exc).__name__,
+                        " ".join(str(exc).split()),
+                        max(self.poll_interval, 0.5),
+                        exc_info=logger.isEnabledFor(logging.DEBUG),
+                    )
                     self._forget_ticket()
                     connection.close()
                     self.stopping.wait(max(self.poll_interval, 0.5))
                     continue
+                if failed_claims:
+                    logger.info("claims work again after %d failed attempts", failed_claims)
+                    failed_claims = 0
                 idle = not claims
                 if not claims:
                     self._forget_ticket()

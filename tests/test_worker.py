@@ -78,3 +78,42 @@ def test_progress_lines_and_a_killed_database_connection(spawn_worker: Any, rece
     seqs = sorted({int(m.group(1)) for m in line.finditer(output)})
     assert seqs == [1, 2, 3, 4, 5]
     assert f"[run={run.id}]" in output
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_database_that_goes_away_is_one_error_line_not_a_traceback_per_poll(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import threading
+
+    from durable_agents.worker import Worker
+
+    worker = Worker(handle_signals=False, poll_interval=0.05)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE agent_run RENAME TO agent_run_away")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="durable_agents.worker"):
+            thread = threading.Thread(target=worker.run, daemon=True)
+            thread.start()
+
+            def failures() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.getMessage().startswith("claim failed")]
+
+            wait_for(lambda: len(failures()) >= 3, timeout=30)
+            with connection.cursor() as cursor:
+                cursor.execute("ALTER TABLE agent_run_away RENAME TO agent_run")
+            wait_for(
+                lambda: any("claims work again" in r.getMessage() for r in caplog.records),
+                timeout=30,
+            )
+            worker.stop()
+            thread.join(30)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE IF EXISTS agent_run_away RENAME TO agent_run")
+    assert not thread.is_alive()
+    errors = [r for r in failures() if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert "agent_run" in errors[0].getMessage()
