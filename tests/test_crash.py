@@ -217,7 +217,7 @@ def test_sigkill_between_steps_resumes_byte_identically(
             "w1",
             env={**env, "DA_CHARGE_DELAY": "60"},
         )
-        wait_for(lambda: receiver.attempts("charge"), timeout=30)
+        wait_for(lambda: receiver.applied("charge"), timeout=30)
         killed_after = 3
     # With overlapped commits the results of seq 2 commit while the held call is in flight:
     # the request can arrive before that commit lands.
@@ -286,7 +286,8 @@ def test_sigkill_while_non_idempotent_tool_runs_reapplies_nothing(
         "--burst", "--lease-seconds", LEASE, "--worker-id", "w1", env={"DA_CHARGE_DELAY": "60"}
     )
     wait_for(lambda: receiver.marker("charge-started"), timeout=30)
-    wait_for(lambda: receiver.attempts("charge"), timeout=10)  # delivered, now sleeping
+    # Applied (not only attempted: the receiver logs the attempt first), now sleeping.
+    wait_for(lambda: receiver.applied("charge"), timeout=10)
     assert first.kill() == SIGKILLED
     run.refresh_from_db()
     assert run.last_seq == 1  # the turn asking for the charge, not its result
