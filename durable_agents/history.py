@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from django.db import connection
 
+from durable_agents.deepjson import loads_deep
 from durable_agents.models import AgentRun, AgentStep, StepKind
 
 _USER_OPEN = '{"role":"user","content":'
@@ -30,7 +31,7 @@ def message_text(kind: str, payload: str, start: int | None = None, end: int | N
         return _USER_OPEN + payload + "}"
     if start is None:
         # A body stored before spans were recorded (or without a content key): parsed once.
-        content = json.loads(payload).get("content", [])
+        content = loads_deep(payload).get("content", [])
         return (
             _ASSISTANT_OPEN + json.dumps(content, ensure_ascii=False, separators=(",", ":")) + "}"
         )
@@ -71,7 +72,7 @@ class Conversation:
 
     def messages(self) -> list[dict[str, Any]]:
         """Parsed, for reading (the API, tests); requests are built from ``json()``."""
-        return json.loads(self.json())
+        return loads_deep(self.json())
 
     def __len__(self) -> int:
         return self.count

@@ -33,6 +33,7 @@ from django.utils.module_loading import import_string
 
 from durable_agents import calls
 from durable_agents.conf import app_settings
+from durable_agents.deepjson import loads_deep, value_end
 from durable_agents.interrupt import Interrupt
 from durable_agents.text import storable_text
 
@@ -99,7 +100,10 @@ def content_span(body: str) -> tuple[int, int] | None:
             if body[i : i + 1] != ":":
                 return None
             i = skip(i + 1)
-            end = scan(body, i)[1]
+            try:
+                end = scan(body, i)[1]
+            except RecursionError:  # nested past the C scanner's limit
+                end = value_end(body, i)
             if key == "content":
                 found = (i, end)
             i = skip(end)
@@ -270,31 +274,23 @@ def create_turn(
 
 def _turn(text: str, request_id: str | None, started: float) -> ModelTurn:
     """The answer as a ModelTurn. Raises ValueError for a body that is not JSON (a proxy's
-    error page: worth a retry) and PermanentModelError for one that cannot be a turn: JSON
-    nested too deep to decode, or not a message. Asking again would pay for another answer
-    that cannot be stored, so the run ends at once."""
+    error page: worth a retry) and PermanentModelError for JSON that is not a message: asking
+    again would pay for another answer that cannot be used, so the run ends at once."""
     where = f" (request id {request_id})" if request_id else ""
-    try:
-        message = json.loads(text)
-    except RecursionError:
-        raise PermanentModelError(
-            f"the model's answer{where} nests too deep to decode; it was not stored"
-        ) from None
+    # At any depth: a tool input nested past Python's recursion limit is the model's mistake,
+    # which it is told about like any invalid input (runner), not a reason to end the run.
+    message = loads_deep(text)
     problem = _not_a_turn(message)
     if problem:
         raise PermanentModelError(
             f"the model's answer{where} is not a Messages API message: {problem}; it was not stored"
         )
-    try:
-        span = content_span(text)
-    except RecursionError:
-        span = None  # the rebuild parses such a turn instead of slicing it
     return ModelTurn(
         body=text,
         request_id=None if request_id is None else storable_text(request_id)[:200],
         message=message,
         elapsed_ms=(time.monotonic() - started) * 1000,
-        content_span=span,
+        content_span=content_span(text),
     )
 
 

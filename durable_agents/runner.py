@@ -19,7 +19,6 @@ first uncommitted step.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -33,6 +32,7 @@ from django.utils import timezone
 from durable_agents import calls, effects, leases, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
+from durable_agents.deepjson import loads_deep
 from durable_agents.history import (
     assistant_message,
     load_log,
@@ -195,7 +195,7 @@ class RunAdvancer:
         conversation = log.conversation
         turns = log.turns
         self.tokens = run.tokens_used
-        last = _Step(log.last.seq, log.last.kind, json.loads(log.last.payload))
+        last = _Step(log.last.seq, log.last.kind, loads_deep(log.last.payload))
         del log
 
         # Tool results whose commit goes out with the next model call (see the tool branch).
@@ -668,9 +668,7 @@ class RunAdvancer:
         logger.warning("run %s: lease lost (status now %s); stopping", self.run.pk, status)
         raise _Stop(LOST)
 
-    def _finish(
-        self, disposition: str, *, result: str | None = None, error: str = ""
-    ) -> NoReturn:
+    def _finish(self, disposition: str, *, result: str | None = None, error: str = "") -> NoReturn:
         if not leases.finish_run(self.claim, disposition, result=result, error=error):
             self._fence_failed()
         self._finished(disposition, error)
@@ -710,7 +708,7 @@ class RunAdvancer:
         if last and last[-1].kind == StepKind.MODEL_TURN:
             calls = [
                 b.get("name")
-                for b in json.loads(last[-1].payload).get("content") or []
+                for b in loads_deep(last[-1].payload).get("content") or []
                 if b.get("type") == "tool_use"
             ]
             if calls:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from durable_agents.deepjson import loads_deep
 from durable_agents.offline import ScriptedModel
 
 Fault = tuple[int, dict[str, str], bytes]
@@ -104,7 +105,7 @@ class FakeAnthropic:
     @staticmethod
     def _is_stream(body: bytes) -> bool:
         try:
-            return json.loads(body).get("stream") is True
+            return loads_deep(body).get("stream") is True
         except (ValueError, AttributeError):
             return False
 
@@ -151,7 +152,7 @@ class FakeAnthropic:
             fault = self._faults.pop(0) if self._faults else None
         if fault is None and self.before_answer is not None:
             with contextlib.suppress(ValueError):
-                self.before_answer(json.loads(body))
+                self.before_answer(loads_deep(body))
         status, out_headers, out = fault or self.model.respond(method, path, headers, body)
         with self._lock:
             self.requests.append(Recorded(body, headers, status))

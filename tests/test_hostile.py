@@ -367,9 +367,12 @@ def test_a_step_the_database_refuses_ends_the_run_at_once(
     assert len(fake_api.requests) == 1
 
 
-def test_a_model_answer_too_deep_to_decode_ends_the_run_without_asking_again(
+def test_a_model_answer_nested_deeper_than_python_decodes_is_stored_and_answered(
     fake_api: FakeAnthropic,
 ) -> None:
+    """3,000 levels: past the json module's recursion limit. The turn is stored byte for byte
+    and the model is told its input is too deep; the run goes on (it used to cost
+    MAX_ATTEMPTS paid calls, then a cryptic dead letter)."""
     deep = "[" * 3000 + "]" * 3000
     body = (
         '{"id":"msg_deep","type":"message","role":"assistant","model":"claude-test-1",'
@@ -382,9 +385,16 @@ def test_a_model_answer_too_deep_to_decode_ends_the_run_without_asking_again(
     run = start_run("hostile", "@hang {}")
     worker = run_worker(max_runs=5)
     run = reload(run)
-    assert (worker.stats.claims, run.status) == (1, "dead")
-    assert "(request id req_deep) nests too deep to decode" in run.error
-    assert len(fake_api.requests) == 1
+    assert (worker.stats.claims, run.status) == (1, "succeeded")
+    assert AgentStep.objects.get(run_id=run.pk, seq=1).payload == body
+    [block] = results_sent(run)
+    assert block["is_error"] is True
+    assert (
+        block["content"] == "Invalid input for tool 'hang': the input nests deeper than 100 levels"
+    )
+    assert not STARTED.is_set()  # the tool never ran
+    # The next request carried the deep turn back as received.
+    assert deep in fake_api.requests[1].body.decode()
 
 
 # -- 4. lost wake-ups ---------------------------------------------------------------------------
