@@ -16,6 +16,20 @@ plan lines, one per model turn; the calls of one turn are separated by `` && ``:
 Turn k (= number of assistant messages already sent) plays plan line k; past the last plan line
 the model ends the run with ``end_turn``.
 
+Two directives let a script play a hostile provider, whatever the names, inputs and texts (the
+values are JSON, so NUL and lone surrogates are written as the escapes ``\u0000``, ``\ud800``)::
+
+    @@turn [{"name": "lookup", "input": {"key": "a\u0000"}}, {"name": "\ud800", "input": []}]
+    @@final "Done \u0000 \udfff"
+
+``@@turn`` is a plan line (one turn, in order with the ``@`` lines) whose calls are a JSON array
+of objects with a string ``name`` and any JSON ``input`` (``{}`` when left out). ``@@final``
+sets the text of the final (``end_turn``) turn; the last one given wins. ``turn_directive`` and
+``final_directive`` write these lines. Inputs may nest deeper than Python's recursion limit
+(``loads_deep`` / ``dumps_deep`` handle any depth), and a response whose values hold lone
+surrogates is sent with those escaped (``\ud800``), as valid UTF-8 JSON text: what a real
+hostile provider response would contain.
+
 Thinking signatures are the point of this module: like the real API, a thinking block is only
 accepted back if everything it was produced from (model, system, tools, earlier messages, its
 text) is sent back byte-identical in value and key order. This is what lets tests prove that a
@@ -37,6 +51,8 @@ from typing import Any
 import anthropic
 import httpx2
 
+from durable_agents.deepjson import dumps_deep, loads_deep, raw_decode_deep
+
 __all__ = [
     "RETIRED_MODELS",
     "DEFAULT_SECRET",
@@ -48,6 +64,10 @@ __all__ = [
     "canonical_bytes",
     "offline_client",
     "OfflineServer",
+    "turn_directive",
+    "final_directive",
+    "loads_deep",
+    "dumps_deep",
 ]
 
 DEFAULT_SECRET = b"durable-agents-offline"
@@ -62,6 +82,9 @@ SIGNATURE_ERROR = "Invalid `signature` in `thinking` block"
 LATENCY_DIRECTIVE = "latency"
 # Seconds between two events of a streamed answer (``@@chunk_latency 0.2``).
 CHUNK_LATENCY_DIRECTIVE = "chunk_latency"
+# A plan line given as JSON (``@@turn [{"name": ..., "input": ...}]``) and the final text.
+TURN_DIRECTIVE = "turn"
+FINAL_DIRECTIVE = "final"
 CALL_SEPARATOR = " && "
 
 Response = tuple[int, dict[str, str], bytes]
@@ -85,7 +108,8 @@ def _hex24(*parts: object) -> str:
     h = hashlib.sha256()
     for part in parts:
         # Length-prefix every part so that ("ab", "c") and ("a", "bc") hash differently.
-        data = part if isinstance(part, bytes) else str(part).encode("utf-8")
+        # surrogatepass: a hostile name or text may hold a lone surrogate; still hashable.
+        data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
         h.update(len(data).to_bytes(8, "big"))
         h.update(data)
     return h.hexdigest()[:24]
@@ -94,7 +118,13 @@ def _hex24(*parts: object) -> str:
 def canonical_bytes(obj: Any) -> bytes:
     """Canonical bytes for signing: compact JSON that keeps key order (no sort_keys), so a
     reordered dict anywhere in the history counts as a change, as it does for the real API."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        # Deeper than the json module can walk (a hostile input): same value, same bytes.
+        text = dumps_deep(obj, separators=(",", ":"))
+    # surrogatepass: a lone surrogate still signs (deterministically) instead of crashing.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def sign(
@@ -110,6 +140,33 @@ def sign(
     when absent); ``earlier_messages`` are the request's messages before the block's turn."""
     payload = canonical_bytes([model, system, tools, earlier_messages, thinking_text])
     return base64.b64encode(hmac.new(secret, payload, hashlib.sha256).digest()).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON of any depth. A hostile provider may nest a tool input thousands of levels deep; the
+# json module recurses and gives up past ``sys.getrecursionlimit()``. These walk with an explicit
+# stack, and are used only when the json module cannot (the common case stays on its C code).
+
+
+def _json_bytes(value: Any, separators: tuple[str, str] = (", ", ": ")) -> bytes:
+    """JSON text as UTF-8 bytes; when a value holds a lone surrogate (which UTF-8 cannot
+    encode) or nests too deep for the json module, the text is all ASCII, escapes included."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=separators).encode("utf-8")
+    except (RecursionError, UnicodeEncodeError):
+        return dumps_deep(value, separators=separators).encode("ascii")
+
+
+def turn_directive(calls: list[tuple[str, Any]]) -> str:
+    """The ``@@turn`` line of one turn making ``calls`` ((name, input) pairs), all ASCII."""
+    return f"@@{TURN_DIRECTIVE} " + dumps_deep(
+        [{"name": name, "input": tool_input} for name, tool_input in calls]
+    )
+
+
+def final_directive(text: str) -> str:
+    """The ``@@final`` line that makes ``text`` the final turn's text, all ASCII."""
+    return f"@@{FINAL_DIRECTIVE} " + dumps_deep(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +192,8 @@ class PlanCall:
 
 
 class Script:
-    """The parsed task: plan lines (one list of calls per turn), latency, first line."""
+    """The parsed task: plan lines (one list of calls per turn), latency, first line, and the
+    final turn's text when ``@@final`` sets it."""
 
     def __init__(
         self,
@@ -143,11 +201,13 @@ class Script:
         plan: list[list[PlanCall]],
         latency: float,
         chunk_latency: float = 0.0,
+        final_text: str | None = None,
     ) -> None:
         self.first_line = first_line
         self.plan = plan
         self.latency = latency
         self.chunk_latency = chunk_latency
+        self.final_text = final_text
 
 
 def _parse_call_args(text: str) -> tuple[Any, str | None]:
@@ -163,7 +223,7 @@ def _parse_call_args(text: str) -> tuple[Any, str | None]:
     if stripped.startswith("&&"):
         return {}, stripped[2:]
     try:
-        value, end = json.JSONDecoder().raw_decode(stripped)
+        value, end = raw_decode_deep(stripped)  # at any depth
     except ValueError:
         pass
     else:
@@ -198,15 +258,49 @@ def parse_script(task: str) -> Script:
         raise ValueError(e.message) from None
 
 
+def _parse_turn_directive(value: str, number: int) -> list[PlanCall]:
+    """The calls of a ``@@turn`` line: a JSON array of {"name": str, "input": any}."""
+    where = f"offline script: @@{TURN_DIRECTIVE} (plan line {number})"
+    try:
+        calls = loads_deep(value)
+    except ValueError as e:
+        raise _invalid(f"{where} needs a JSON array of calls: {e}") from None
+    if not isinstance(calls, list) or not calls:
+        raise _invalid(f"{where} needs a non-empty JSON array of calls")
+    plan_calls = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise _invalid(f"{where}: each call is an object with a string `name`")
+        plan_calls.append(PlanCall(call["name"], call.get("input", {})))
+    return plan_calls
+
+
+def _parse_final_directive(value: str) -> str:
+    try:
+        text = loads_deep(value)
+    except ValueError as e:
+        raise _invalid(f"offline script: @@{FINAL_DIRECTIVE} needs a JSON string: {e}") from None
+    if not isinstance(text, str):
+        raise _invalid(f"offline script: @@{FINAL_DIRECTIVE} needs a JSON string")
+    return text
+
+
 def _parse_script(task: str) -> Script:
     lines = task.splitlines()
     first_line = next((ln.strip() for ln in lines if ln.strip()), "")
     plan: list[list[PlanCall]] = []
     delays = {LATENCY_DIRECTIVE: 0.0, CHUNK_LATENCY_DIRECTIVE: 0.0}
+    final_text: str | None = None
     for raw_line in lines:
         line = raw_line.strip()
         if line.startswith("@@"):
             directive, _, value = line[2:].partition(" ")
+            if directive == TURN_DIRECTIVE:
+                plan.append(_parse_turn_directive(value, len(plan)))
+                continue
+            if directive == FINAL_DIRECTIVE:
+                final_text = _parse_final_directive(value)
+                continue
             if directive not in delays:
                 raise _invalid(f"offline script: unknown directive @@{directive}")
             try:
@@ -220,7 +314,13 @@ def _parse_script(task: str) -> Script:
             delays[directive] = seconds
         elif line.startswith("@"):
             plan.append(_parse_plan_line(line, len(plan)))
-    return Script(first_line, plan, delays[LATENCY_DIRECTIVE], delays[CHUNK_LATENCY_DIRECTIVE])
+    return Script(
+        first_line,
+        plan,
+        delays[LATENCY_DIRECTIVE],
+        delays[CHUNK_LATENCY_DIRECTIVE],
+        final_text,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +364,7 @@ class ScriptedModel:
         events (``@@chunk_latency`` seconds apart) that assemble into exactly the message
         ``respond`` would have returned."""
         try:
-            streamed = json.loads(body).get("stream") is True
+            streamed = loads_deep(body).get("stream") is True
         except (ValueError, AttributeError, UnicodeDecodeError):
             streamed = False
         if not streamed:
@@ -310,7 +410,7 @@ class ScriptedModel:
 
     @staticmethod
     def _dump(payload: dict[str, Any]) -> bytes:
-        return json.dumps(payload, ensure_ascii=False, separators=(", ", ": ")).encode("utf-8")
+        return _json_bytes(payload, separators=(", ", ": "))
 
     def _answer(
         self, method: str, path: str, body: bytes, request_id: str, streamed: bool = False
@@ -341,7 +441,9 @@ class ScriptedModel:
             stop_reason = "tool_use"
         else:
             calls = []
-            if script.plan:
+            if script.final_text is not None:
+                text = script.final_text
+            elif script.plan:
                 text = f"Done. {len(script.plan)} planned turns completed."
             else:
                 text = f"Offline model, no plan in the task: {script.first_line}"
@@ -393,7 +495,7 @@ class ScriptedModel:
     @staticmethod
     def _parse_body(body: bytes, streamed: bool = False) -> dict[str, Any]:
         try:
-            req = json.loads(body)
+            req = loads_deep(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise _invalid(f"request body is not valid JSON: {e}") from None
         if not isinstance(req, dict):
@@ -498,7 +600,7 @@ def _chunks(text: str, size: int = 12) -> list[str]:
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return b"event: %s\ndata: %s\n\n" % (event.encode(), _json_bytes(data, (", ", ": ")))
 
 
 def _sse_events(payload: dict[str, Any], chunk_latency: float) -> Iterator[bytes]:
@@ -526,7 +628,7 @@ def _sse_events(payload: dict[str, Any], chunk_latency: float) -> Iterator[bytes
             opening = {key: ({} if key == "input" else value) for key, value in block.items()}
             deltas = [
                 {"type": "input_json_delta", "partial_json": part}
-                for part in _chunks(json.dumps(block["input"], ensure_ascii=False), 16)
+                for part in _chunks(_json_bytes(block["input"]).decode("utf-8"), 16)
             ]
         events.append(
             _sse(

@@ -19,8 +19,12 @@ from durable_agents.offline import (
     RETIRED_MODELS,
     OfflineServer,
     ScriptedModel,
+    dumps_deep,
+    final_directive,
+    loads_deep,
     offline_client,
     sign,
+    turn_directive,
 )
 
 MODEL = "claude-sonnet-4-6"
@@ -406,3 +410,148 @@ def test_real_http_server_gives_the_same_bytes(client: anthropic.Anthropic) -> N
             remote.close()
     assert over_http.http_response.content == in_process.http_response.content
     assert over_http.request_id == in_process.request_id
+
+
+# --- hostile turns: @@turn, @@final, any depth (the fuzz suite, issue 9) -----------------
+
+
+def respond_raw(task: str, messages: list[Any] | None = None, **params: Any) -> tuple[int, bytes]:
+    """One answer of the model as bytes, without the SDK (which would recurse on deep JSON)."""
+    request = {"model": MODEL, "max_tokens": 64, **params}
+    request["messages"] = messages or [{"role": "user", "content": task}]
+    status, _, out = ScriptedModel().respond(
+        "POST", "/v1/messages", {}, dumps_deep(request).encode()
+    )
+    return status, out
+
+
+def deep_list(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_turn_directive_plays_any_name_and_input_as_valid_utf8_json(
+    client: anthropic.Anthropic,
+) -> None:
+    calls = [("get\x00schema", {"table": "a\ud800b"}), ("\udfff", [1, "x"]), ("", "str")]
+    task = "Be hostile.\n" + turn_directive(calls) + "\n@get_schema {}"
+    assert task.isascii()  # escapes only: the task itself is plain text
+    raw = call(client, [{"role": "user", "content": task}], tools=TOOLS).http_response.content
+    text = raw.decode("utf-8")  # valid UTF-8: the lone surrogate is the escape \ud800
+    assert "\\ud800" in text and "\\u0000" in text
+    first = json.loads(text)
+    uses = [c for c in first["content"] if c["type"] == "tool_use"]
+    assert [(u["name"], u["input"]) for u in uses] == calls
+    # The next turn plays the @ line after it (the SDK cannot encode a lone surrogate in a
+    # request, so the hostile history goes back as bytes).
+    results = [{"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]
+    messages = [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": results},
+    ]
+    status, out = respond_raw(task, messages, tools=TOOLS)
+    assert status == 200
+    second = json.loads(out)
+    assert [c["name"] for c in second["content"] if c["type"] == "tool_use"] == ["get_schema"]
+
+
+def test_final_directive_sets_the_final_text(client: anthropic.Anthropic) -> None:
+    task = "Finish.\n" + final_directive("first") + "\n" + final_directive("end \x00 \ud800 done")
+    body = json.loads(call(client, [{"role": "user", "content": task}]).http_response.text)
+    assert body["stop_reason"] == "end_turn"
+    assert body["content"] == [{"type": "text", "text": "end \x00 \ud800 done"}]  # the last wins
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        ("@@turn not json", "@@turn (plan line 0) needs a JSON array"),
+        ("@@turn []", "non-empty JSON array"),
+        ('@@turn [{"input": {}}]', "string `name`"),
+        ("@@final 42", "@@final needs a JSON string"),
+        ("@@final", "@@final needs a JSON string"),
+    ],
+)
+def test_malformed_directives_are_400(
+    client: anthropic.Anthropic, line: str, fragment: str
+) -> None:
+    e = expect_400(client, [{"role": "user", "content": f"Bad.\n{line}"}])
+    assert fragment in e.message
+
+
+def test_inputs_deeper_than_the_recursion_limit() -> None:
+    deep = deep_list(3000, "\ud800")
+    task = "Deep.\n" + turn_directive([("get_schema", {"v": deep})]) + "\n@get_schema [[[1]]]"
+    status, out = respond_raw(task)
+    assert status == 200
+    first = loads_deep(out.decode("utf-8"))
+    use = [c for c in first["content"] if c["type"] == "tool_use"][0]
+    assert dumps_deep(use["input"]) == dumps_deep({"v": deep})
+    # The turn goes back verbatim in the next request (with thinking: signed and checked).
+    messages = [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"]}]},
+    ]
+    status, out = respond_raw(task, messages)
+    assert status == 200
+    assert loads_deep(out)["offline_script"] == {"turn": 1, "plan_lines": 2}
+
+
+def test_deep_plan_line_and_signed_deep_history() -> None:
+    deep = deep_list(2000, 0)
+    task = "Deep.\n@get_schema " + dumps_deep({"v": deep}, separators=(",", ":"))
+    status, out = respond_raw(task, thinking=THINKING)
+    assert status == 200
+    first = loads_deep(out)
+    use = first["content"][-1]
+    messages = [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"]}]},
+    ]
+    status, out = respond_raw(task, messages, thinking=THINKING)
+    assert status == 200, out[:300]
+    assert loads_deep(out)["stop_reason"] == "end_turn"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": [1, 2.5, None, True, False, "x\x00\ud800\U0001f600"], "": {}},
+        [[], {}, "", -0.0, 10**30, 1e-7],
+        "\udfff",
+    ],
+)
+def test_loads_deep_and_dumps_deep_agree_with_json(value: Any) -> None:
+    assert dumps_deep(value) == json.dumps(value)
+    assert loads_deep(dumps_deep(value)) == value
+    deep = deep_list(5000, value)
+    text = dumps_deep(deep)
+    assert text.isascii()
+    assert text == "[" * 5000 + json.dumps(value) + "]" * 5000
+    assert dumps_deep(loads_deep(text)) == text
+    assert dumps_deep({"b": 1, "a": deep_list(3000, 2)}, sort_keys=True).startswith('{"a": [')
+
+
+@pytest.mark.parametrize(
+    "text", ["[1,]", '{"a" 1}', "[1] x", '{"a": [1, 2}', "", '"\\ud800', "[" * 2000]
+)
+def test_loads_deep_rejects_what_json_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        loads_deep(text)
+
+
+def test_a_streamed_hostile_answer_is_valid_utf8(client: anthropic.Anthropic) -> None:
+    task = "Stream.\n" + turn_directive([("n\ud800", {"t": "\x00\udfff"})]) + "\n"
+    task += final_directive("\ud800")
+    messages = [{"role": "user", "content": task}]
+    with client.messages.with_streaming_response.create(
+        model=MODEL, max_tokens=64, messages=messages, stream=True
+    ) as response:
+        raw = b"".join(response.http_response.iter_bytes())
+    text = raw.decode("utf-8")
+    assert "n\\ud800" in text and "message_stop" in text

@@ -160,3 +160,5 @@ time_capped = Agent(
     max_tokens=256,
     max_wall_seconds=1.0,
 )
+
+from tests.testapp import fuzz_agents  # noqa: E402, F401 - the fuzz suite's agents (issue 9)
