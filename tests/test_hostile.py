@@ -137,6 +137,13 @@ def approver() -> Any:
     return get_user_model().objects.create_superuser("boss", "boss@example.com", "pw")
 
 
+def parked_drop() -> tuple[AgentRun, ToolIntent]:
+    """A run parked on the pending intent of its ``drop`` call."""
+    run = start_run("hostile", '@drop {"table": "orders"}')
+    run_worker()
+    return run, ToolIntent.objects.get(run_id=run.pk)
+
+
 def wait_until(condition: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -403,9 +410,7 @@ def test_a_model_answer_nested_deeper_than_python_decodes_is_stored_and_answered
 def test_a_late_completion_settles_an_unknown_intent_and_wakes_the_run(
     fake_api: FakeAnthropic,
 ) -> None:
-    run = start_run("hostile", '@drop {"table": "orders"}')
-    run_worker()
-    intent = ToolIntent.objects.get(run_id=run.pk)
+    run, intent = parked_drop()
     approve_intent(intent.pk, approver())
     # Worker A claimed the run, marked the intent executing and called the tool; its lease
     # expired while the tool ran (the run is claimable again).
@@ -440,9 +445,7 @@ def test_a_late_completion_settles_an_unknown_intent_and_wakes_the_run(
 def test_an_approval_between_reading_the_intent_and_parking_does_not_strand_the_run(
     fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = start_run("hostile", '@drop {"table": "orders"}')
-    run_worker()
-    intent = ToolIntent.objects.get(run_id=run.pk)
+    run, intent = parked_drop()
     # A requeued run: claimable while its intent is still pending.
     AgentRun.objects.filter(pk=run.pk).update(status="pending")
     user = approver()
@@ -477,9 +480,7 @@ def _backend_waits_on_lock(query_part: str) -> bool:
 def test_a_cancel_cannot_land_between_the_fence_and_an_approved_irreversible_call(
     fake_api: FakeAnthropic,
 ) -> None:
-    run = start_run("hostile", '@drop {"table": "orders"}')
-    run_worker()
-    intent = ToolIntent.objects.get(run_id=run.pk)
+    run, intent = parked_drop()
     approve_intent(intent.pk, approver())
 
     # Stop the worker where it marks the intent executing: hold the intent's row lock.
@@ -515,9 +516,7 @@ def test_a_cancel_cannot_land_between_the_fence_and_an_approved_irreversible_cal
 def test_a_cancel_that_commits_first_means_the_approved_call_never_starts(
     fake_api: FakeAnthropic,
 ) -> None:
-    run = start_run("hostile", '@drop {"table": "orders"}')
-    run_worker()
-    intent = ToolIntent.objects.get(run_id=run.pk)
+    run, intent = parked_drop()
     approve_intent(intent.pk, approver())
     AgentRun.objects.filter(pk=run.pk).update(status="pending")
     claim = leases.claim_run(run.pk, "w", 30)
