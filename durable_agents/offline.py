@@ -1,4 +1,4 @@
-"""A deterministic, offline, scripted stand-in for the Anthropic Messages API.
+r"""A deterministic, offline, scripted stand-in for the Anthropic Messages API.
 
 ``POST /v1/messages``, as JSON or, with ``"stream": true``, as server-sent events. Used behind
 the real SDK through ``httpx2.MockTransport`` when no API key is configured
