@@ -168,8 +168,11 @@ class _OperationsMixin:
             return HttpResponseRedirect(request.path)
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-        # Django filters pk__in=<posted ids>: a malformed id would be a 500 there.
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet, **kwargs: Any
+    ) -> HttpResponse | None:
+        # Django filters pk__in=<posted ids>: a malformed id would be a 500 there. (Django 6
+        # passes action_location too: keywords are handed on as they come.)
         try:
             for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
                 _clean_pk(self.model, value)
@@ -178,7 +181,7 @@ class _OperationsMixin:
                 request, "Malformed ids were posted; nothing was changed.", messages.ERROR
             )
             return HttpResponseRedirect(request.get_full_path())
-        return super().response_action(request, queryset)  # type: ignore[misc]
+        return super().response_action(request, queryset, **kwargs)  # type: ignore[misc]
 
     @staticmethod
     def _confirmed(request: HttpRequest) -> bool:
