@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import Client
 
 from durable_agents import llm
 from durable_agents.worker import Worker
@@ -90,6 +91,19 @@ def da_settings(settings: Any) -> Callable[..., None]:
         llm.reset_clients()
 
     return change
+
+
+@pytest.fixture
+def superuser(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
+
+
+@pytest.fixture
+def admin_client(superuser: Any) -> Client:
+    """The test client, logged in as a superuser (admin pages)."""
+    client = Client()
+    client.force_login(superuser)
+    return client
 
 
 def run_worker(**options: Any) -> Worker:

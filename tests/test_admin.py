@@ -54,18 +54,6 @@ def intents_url() -> str:
 
 
 @pytest.fixture
-def superuser(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
-
-
-@pytest.fixture
-def admin_client(superuser: Any) -> Client:
-    client = Client()
-    client.force_login(superuser)
-    return client
-
-
-@pytest.fixture
 def viewer(django_user_model: Any) -> Any:
     """Staff who may look at runs and intents but neither operate nor decide."""
     user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
