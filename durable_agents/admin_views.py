@@ -24,6 +24,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from durable_agents import metrics
+from durable_agents.deepjson import dumps_deep, loads_deep
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -129,24 +130,22 @@ def lease_summary(
 
 def pretty_json(value: Any) -> str:
     """``value`` as indented JSON; a value nested too deep for the indenting encoder (it
-    recurses per level) is printed compact, and one that cannot be printed says so."""
+    recurses per level) is printed compact at any depth, and one that cannot be printed
+    says so."""
     try:
         return json.dumps(value, indent=2, ensure_ascii=False, default=str)
     except (RecursionError, ValueError):
         pass
     try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (RecursionError, ValueError) as exc:
+        return dumps_deep(value)
+    except (TypeError, ValueError) as exc:
         return f"[a JSON value that cannot be shown: {type(exc).__name__}]"
 
 
 def load_json(text: str) -> Any:
-    """``json.loads``, with nesting too deep to decode reported as the ValueError of any
-    other text that is not JSON (a page then shows the text as it is)."""
-    try:
-        return json.loads(text)
-    except RecursionError as exc:
-        raise ValueError("nested too deep to decode") from exc
+    """``json.loads`` at any depth (``deepjson``); text that is not JSON raises ValueError
+    (a page then shows the text as it is)."""
+    return loads_deep(text)
 
 
 def shown_json(value: Any) -> str:

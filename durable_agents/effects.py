@@ -50,11 +50,6 @@ def format_result(value: Any) -> tuple[str, bool]:
     return storable_text(value), False
 
 
-def error_text(message: str) -> tuple[str, bool]:
-    """An error result for the model (exception messages may carry any text)."""
-    return storable_text(message), True
-
-
 def tool_error_text(tool_name: str, exc: BaseException) -> str:
     """What the model and the transcript are told when a tool raises: the TOOL_ERROR_FORMATTER
     setting's text (a project may redact secrets there), by default the type and message."""

@@ -504,7 +504,7 @@ class RunAdvancer:
                 storable_text(exc, 2000),
                 exc_info=True,
             )
-            text, is_error = effects.error_text(effects.tool_error_text(tool.name, exc))
+            text, is_error = effects.tool_error_text(tool.name, exc), True
         else:
             text, is_error = effects.format_result(value)
         logger.info(
