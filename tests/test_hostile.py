@@ -229,7 +229,6 @@ def test_cancel_frees_the_slot_of_a_hung_tool(fake_api: FakeAnthropic) -> None:
     assert not thread.is_alive(), "the slot stayed in the hung tool"
     assert worker.stats.dispositions == {"cancelled": 1}
     assert not ToolEffect.objects.filter(run_id=run.pk).exists()
-    assert RELEASE.is_set() is False  # the tool was walked away from, not finished
 
 
 # -- 6. tool code that exits; a slot that dies -------------------------------------------------
