@@ -1,0 +1,95 @@
+"""The SDK client and the plain (non-streamed) call.
+
+Every call goes through the official ``anthropic`` SDK: one client per process, built by the
+``CLIENT_FACTORY`` setting, with the SDK's own retries switched off (``retries`` does them
+instead). The first-party client is sent the request body as given and its answer is read raw,
+so the provider's body is stored byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+
+import anthropic
+import httpx2
+from django.utils.module_loading import import_string
+
+from durable_agents.conf import app_settings
+
+MESSAGES_PATH = "/v1/messages"
+
+
+def default_client() -> anthropic.Anthropic:
+    """An ``anthropic.Anthropic`` (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or the offline model."""
+    if app_settings.OFFLINE:
+        from durable_agents.offline import offline_client
+
+        return offline_client()
+    # The SDK's own pool keeps 100 idle connections (and opens at most 1,000): with more calls
+    # in flight than that, each connection past the hundredth would be closed after its call
+    # and opened again for the next one. The worker's concurrency already bounds how many
+    # calls are in flight, so the pool is not bounded again, and keeps up to 1,000 of them
+    # open. DefaultHttpxClient keeps the SDK's other defaults (timeouts, redirects, TCP
+    # keep-alive, proxies from the environment).
+    return anthropic.Anthropic(
+        http_client=anthropic.DefaultHttpxClient(
+            limits=httpx2.Limits(max_connections=None, max_keepalive_connections=1000)
+        )
+    )
+
+
+_clients: dict[tuple[str, bool, float], anthropic.Anthropic] = {}
+_clients_lock = threading.Lock()
+
+
+def get_client() -> anthropic.Anthropic:
+    """One client per (factory, OFFLINE, timeout) per process, with the SDK's own retries off
+    (see ``create_turn``); the SDK client is thread-safe."""
+    cache_key = (
+        app_settings.CLIENT_FACTORY,
+        bool(app_settings.OFFLINE),
+        app_settings.MODEL_TIMEOUT,
+    )
+    with _clients_lock:
+        client = _clients.get(cache_key)
+        if client is None:
+            factory: Callable[[], anthropic.Anthropic] = import_string(cache_key[0])
+            client = _configured(factory())
+            _clients[cache_key] = client
+        return client
+
+
+def _configured(client: anthropic.Anthropic) -> anthropic.Anthropic:
+    return client.with_options(max_retries=0, timeout=app_settings.MODEL_TIMEOUT)
+
+
+def reset_clients() -> None:
+    with _clients_lock:
+        _clients.clear()
+
+
+def _sends_raw_bodies(client: anthropic.Anthropic) -> bool:
+    # The first-party client posts a body as given. Other clients (Bedrock, Vertex) rewrite
+    # the path and body from the parsed parameters, so they get them parsed.
+    return isinstance(client, anthropic.Anthropic)
+
+
+def _posted(
+    client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]
+) -> tuple[str, str | None]:
+    """One non-streamed call; the response body verbatim and the provider's request id."""
+    if not _sends_raw_bodies(client):
+        raw = client.messages.with_raw_response.create(
+            **json.loads(body), extra_headers=extra_headers or None
+        )
+        return raw.http_response.content.decode("utf-8"), raw.request_id
+    # Errors raise the SDK's APIStatusError subclasses, as messages.create would.
+    response = client.post(
+        MESSAGES_PATH,
+        cast_to=httpx2.Response,
+        content=body,
+        options={"headers": extra_headers} if extra_headers else {},
+    )
+    return response.content.decode("utf-8"), response.headers.get("request-id")

@@ -1,0 +1,225 @@
+"""One model call, retried until it answers: ``create_turn``.
+
+The SDK's own retries are switched off: it would sleep for any ``retry-after`` in the calling
+thread, blind to cancellation. Here the wait is on an event that the heartbeat sets when the
+run is cancelled or its lease is lost, while the heartbeat thread keeps renewing the lease, so
+a long retry-after never lets the run be stolen. ``classify`` sorts what the SDK raises into
+what may be retried and what may not.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import httpx2
+
+from durable_agents import calls
+from durable_agents.conf import app_settings
+from durable_agents.interrupt import Interrupt
+from durable_agents.llm.body import _turn, request_body
+from durable_agents.llm.client import _configured, _posted, get_client
+from durable_agents.llm.errors import (
+    ModelCallInterrupted,
+    ModelError,
+    ModelTurn,
+    PermanentModelError,
+    TransientModelError,
+)
+from durable_agents.llm.sse import _streamed
+
+logger = logging.getLogger("durable_agents.llm")
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
+def _error_message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return f"{error.get('type', 'error')}: {error['message']}"
+    return str(exc.message)
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds the server asked us to wait (retry-after-ms, retry-after seconds or date)."""
+    if headers is None:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(0.0, float(value) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def _backoff(retry: int) -> float:
+    base = min(app_settings.MAX_BACKOFF_SECONDS, 0.5 * 2**retry)
+    return base * (0.75 + random.random() / 2)
+
+
+def classify(exc: Exception, model: str) -> ModelError:
+    """Map an SDK exception to what the runner does with it."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        message = _error_message(exc)
+        request_id = exc.request_id
+        should_retry = exc.response.headers.get("x-should-retry") if exc.response else None
+        if should_retry == "true" or (
+            should_retry != "false" and (status in RETRYABLE_STATUSES or status >= 500)
+        ):
+            return TransientModelError(message, status=status, request_id=request_id)
+        if status == 404:
+            return PermanentModelError(
+                f"model {model!r} is not available (retired or unknown): {message}",
+                status=status,
+                request_id=request_id,
+            )
+        if status in (401, 403):
+            # Not the run's fault and not fixable by retrying now: hand the run back; the
+            # no-progress count dead-letters it if the key stays wrong.
+            return TransientModelError(
+                f"authentication failed ({status}): {message}", status=status, request_id=request_id
+            )
+        return PermanentModelError(
+            f"the API rejected the request ({status}): {message}",
+            status=status,
+            request_id=request_id,
+        )
+    if isinstance(exc, anthropic.APIConnectionError):
+        return TransientModelError(f"{type(exc).__name__}: {exc}")
+    return TransientModelError(f"{type(exc).__name__}: {exc}")
+
+
+def create_turn(
+    params: dict[str, Any],
+    messages: bytes | list[dict[str, Any]],
+    *,
+    interrupt: Interrupt,
+    client: anthropic.Anthropic | None = None,
+    stream: bool = False,
+    on_text: Callable[[str], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
+) -> ModelTurn:
+    """Call the Messages API until it answers, retrying what may be retried.
+
+    ``params`` is the pinned request (model, max_tokens, system, tools, ...); ``messages`` the
+    JSON text of the messages (a list is encoded first, for tests and one-off calls). The call
+    runs in its own thread so that an interrupt (cancellation, lost lease, shutdown) returns
+    control at once; an abandoned stream is closed at its next event, so the model stops
+    generating. Waits between retries end early on an interrupt too. Raises a ``ModelError``
+    subclass.
+
+    ``meanwhile`` (the commit of the previous step) runs exactly once on this thread: while the
+    first attempt is in flight, or before anything is raised. If it raises, the call is
+    abandoned and its exception propagates.
+    """
+    # Copying a client costs about half a millisecond: the cached one is configured already.
+    client = get_client() if client is None else _configured(client)
+    extra_headers = {}
+    if app_settings.BETAS:
+        extra_headers["anthropic-beta"] = ",".join(app_settings.BETAS)
+    model = str(params.get("model"))
+    if not isinstance(messages, bytes):
+        messages = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
+    body = request_body(params, messages, stream=stream)
+    once = _Once(meanwhile) if meanwhile is not None else None
+    try:
+        return _create_turn(client, body, model, extra_headers, interrupt, stream, on_text, once)
+    except BaseException:
+        if once is not None:
+            once()  # no-op if it ran; else the call never went out (an interrupt came first)
+        raise
+
+
+class _Once:
+    def __init__(self, func: Callable[[], None]) -> None:
+        self.func: Callable[[], None] | None = func
+
+    def __call__(self) -> None:
+        func, self.func = self.func, None
+        if func is not None:
+            func()
+
+
+def _create_turn(
+    client: anthropic.Anthropic,
+    body: bytes,
+    model: str,
+    extra_headers: dict[str, str],
+    interrupt: Interrupt,
+    stream: bool,
+    on_text: Callable[[str], None] | None,
+    meanwhile: _Once | None,
+) -> ModelTurn:
+    def call(abort: threading.Event) -> tuple[str, str | None]:
+        if stream:
+            return _streamed(client, body, extra_headers, abort, on_text)
+        return _posted(client, body, extra_headers)
+
+    retries = app_settings.MODEL_RETRIES
+    for retry in range(retries):
+        try:
+            return _attempt(call, model, interrupt, meanwhile)
+        except TransientModelError as error:
+            if error.status in (401, 403):
+                raise
+            exc = error.__cause__
+            headers = exc.response.headers if isinstance(exc, anthropic.APIStatusError) else None
+            delay = _retry_after(headers)
+            if delay is None:
+                delay = _backoff(retry)
+            logger.warning(
+                "model call failed (%s), retry %d/%d in %.1fs",
+                error.message,
+                retry + 1,
+                retries,
+                delay,
+            )
+            if interrupt.wait(delay):
+                raise ModelCallInterrupted("interrupted while waiting to retry") from exc
+        meanwhile = None  # it goes with the first attempt only
+    # The last attempt: whatever it raises is what the call raises.
+    return _attempt(call, model, interrupt, meanwhile)
+
+
+def _attempt(
+    call: Callable[[threading.Event], tuple[str, str | None]],
+    model: str,
+    interrupt: Interrupt,
+    meanwhile: _Once | None,
+) -> ModelTurn:
+    """One call: the turn, or a ``ModelError`` whose ``__cause__`` is what went wrong."""
+    if interrupt.is_set():
+        raise ModelCallInterrupted("interrupted before the model call")
+    started = time.monotonic()
+    try:
+        try:
+            text, request_id = calls.run_abortable(call, interrupt, meanwhile=meanwhile)
+        except calls.CallInterrupted as exc:
+            raise ModelCallInterrupted(
+                f"model call abandoned: {interrupt.reason or 'interrupted'}"
+            ) from exc
+        return _turn(text, request_id, started)
+    except ModelCallInterrupted:
+        raise
+    except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:
+        # ValueError: an undecodable body; httpx2.HTTPError: a stream cut mid-way.
+        error = exc if isinstance(exc, ModelError) else classify(exc, model)
+        raise error from exc
