@@ -10,17 +10,27 @@ heartbeat, whatever the call is doing.
 The caller thread is reused across calls (starting a thread per call costs more than a local
 round trip). Whatever the call raises, ``BaseException`` included, is handed to the slot:
 ``SystemExit`` in tool code ends neither the caller thread silently nor the worker.
+
+Before waiting, the slot gives its database connection back to the pool (``db.release``): a
+connection is never held across a model or tool call. Plain ``def`` tools take one of
+``TOOL_THREADS`` permits for as long as they really run (an abandoned call keeps its permit
+until it ends), and the caller thread gives back whatever connection the tool's ORM code
+took. ``async def`` tools are awaited on one event loop thread (``await_abortable``); walking
+away from one cancels it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextvars
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from durable_agents import db
 from durable_agents.interrupt import Interrupt
 
 logger = logging.getLogger("durable_agents.calls")
@@ -50,6 +60,9 @@ class _Caller:
         try:
             while (job := self.jobs.get()) is not None:
                 job()
+                # Tool code may have used the ORM: its connection goes back to the pool now,
+                # not when this thread next runs a tool.
+                db.release()
                 if self.abandoned:
                     return  # its slot has a new caller; this thread was only finishing a call
         finally:
@@ -83,14 +96,21 @@ def run_abortable(
     *,
     timeout: float | None = None,
     meanwhile: Callable[[], None] | None = None,
+    permits: threading.Semaphore | None = None,
 ) -> T:
     """Run ``call(abort)`` on this thread's caller thread and return its value or raise what it
     raised. Raises ``CallInterrupted`` as soon as ``interrupt`` triggers and ``CallTimedOut``
     after ``timeout`` seconds; either way ``abort`` is set and the call is left to finish on
     its own. ``meanwhile`` runs on this thread while the call is in flight; if it raises, the
-    call is walked away from and its exception propagates."""
+    call is walked away from and its exception propagates. With ``permits``, the call starts
+    once it holds one (waiting is interruptible) and gives it back when it really ends."""
+    db.release()
+    if permits is not None:
+        _acquire(permits, interrupt)
     if interrupt.is_set():
         # Not even started: a call handed over now would begin while nobody waits for it.
+        if permits is not None:
+            permits.release()
         raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
     caller: _Caller | None = getattr(_callers, "caller", None)
     if caller is None:
@@ -108,6 +128,8 @@ def run_abortable(
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             outcome["error"] = exc
         finally:
+            if permits is not None:
+                permits.release()
             wake.set()
 
     def abandon() -> None:
@@ -125,6 +147,8 @@ def run_abortable(
             except BaseException:
                 abandon()
                 raise
+            # The commit that ran meanwhile took a connection: not kept across the wait.
+            db.release()
         finished = wake.wait(timeout)
     finally:
         interrupt.forget(wake)
@@ -133,6 +157,91 @@ def run_abortable(
     if "error" in outcome:
         raise outcome["error"]
     abandon()
+    if not finished:
+        raise CallTimedOut(timeout or 0.0)
+    raise CallInterrupted(f"call abandoned: {interrupt.reason or 'interrupted'}")
+
+
+def _acquire(permits: threading.Semaphore, interrupt: Interrupt) -> None:
+    """Take a permit, or raise ``CallInterrupted`` if the run is interrupted first."""
+    while not permits.acquire(timeout=0.25):
+        if interrupt.is_set():
+            raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
+
+
+_tool_permits: threading.BoundedSemaphore | None = None
+_tool_permits_size = 0
+_permits_lock = threading.Lock()
+
+
+def tool_permits() -> threading.Semaphore:
+    """The process's permits for plain tool calls: ``TOOL_THREADS`` of them."""
+    global _tool_permits, _tool_permits_size
+    from durable_agents.conf import app_settings
+
+    size = max(1, int(app_settings.TOOL_THREADS))
+    with _permits_lock:
+        if _tool_permits is None or size != _tool_permits_size:
+            _tool_permits, _tool_permits_size = threading.BoundedSemaphore(size), size
+        return _tool_permits
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop for ``async def`` tools, on its own daemon thread."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="da-async-tools", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def await_abortable(
+    make: Callable[[], Awaitable[T]],
+    interrupt: Interrupt,
+    *,
+    timeout: float | None = None,
+) -> T:
+    """Await ``make()`` on the event loop thread and return its value or raise what it raised;
+    ``CallInterrupted`` / ``CallTimedOut`` as ``run_abortable``, after cancelling it. The
+    coroutine is created in this thread's context (the run id bound for logging)."""
+    if interrupt.is_set():
+        raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
+    db.release()
+    loop = event_loop()
+    wake = threading.Event()
+
+    async def call() -> tuple[bool, Any]:
+        # Whatever the tool raises is handed over: a SystemExit escaping a task would stop
+        # the loop and every async tool call of the worker with it.
+        try:
+            return True, await make()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            return False, exc
+
+    # run_coroutine_threadsafe schedules in a copy of this thread's context.
+    future: concurrent.futures.Future[tuple[bool, Any]] = asyncio.run_coroutine_threadsafe(
+        call(), loop
+    )
+    future.add_done_callback(lambda _: wake.set())
+    interrupt.wakes(wake)
+    try:
+        finished = wake.wait(timeout)
+    finally:
+        interrupt.forget(wake)
+    if future.done() and not future.cancelled():
+        ok, value = future.result()
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
+    future.cancel()
     if not finished:
         raise CallTimedOut(timeout or 0.0)
     raise CallInterrupted(f"call abandoned: {interrupt.reason or 'interrupted'}")

@@ -37,6 +37,8 @@ NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
     "RETENTION_BATCH": ("whole", 1, True, False),
     "METRICS_KEEP_DAYS": ("whole", 1, True, False),
     "MODEL_RETRIES": ("whole", 0, True, False),
+    "DB_POOL_SIZE": ("whole", 1, True, False),
+    "TOOL_THREADS": ("whole", 1, True, False),
 }
 
 
@@ -77,6 +79,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             messages.append(
                 Error(f"DURABLE_AGENTS[{key!r}] must be True or False.", id="durable_agents.E007")
             )
+    listen = app_settings.LISTEN
+    if not isinstance(listen, (bool, dict)) or (
+        isinstance(listen, dict) and not all(isinstance(k, str) and k.isupper() for k in listen)
+    ):
+        messages.append(
+            Error(
+                "DURABLE_AGENTS['LISTEN'] must be True, False, or a dict of DATABASES keys.",
+                hint='For example {"HOST": "db.internal", "PORT": 5432}: the listener '
+                "connects there instead (around a transaction pooler, which cannot LISTEN).",
+                id="durable_agents.E013",
+            )
+        )
     retired = app_settings.RETIRED_MODELS
     if not isinstance(retired, (list, tuple, set, frozenset)) or not all(
         isinstance(m, str) for m in retired

@@ -15,6 +15,18 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_SECONDS": 20,
     "MAX_ATTEMPTS": 8,
     "POLL_INTERVAL": 1.0,
+    # PostgreSQL: the most connections one worker process's pool holds. A connection is held
+    # only while the worker talks to the database, never across a model or tool call, so a
+    # worker with 1,000 runs in flight needs this many plus two (heartbeat, listener).
+    "DB_POOL_SIZE": 8,
+    # PostgreSQL: LISTEN for new runs, wake-ups and cancellations (polling stays the fallback).
+    # True: on the database's own settings; False: poll only; a dict: overrides of the
+    # DATABASES entry for this one connection, e.g. {"PORT": 5432} to go around a
+    # transaction pooler, which cannot LISTEN.
+    "LISTEN": True,
+    # Plain ``def`` tools run on threads, each with its own database connection: at most this
+    # many tool calls of one worker run at once (the others wait their turn).
+    "TOOL_THREADS": 32,
     "CLIENT_FACTORY": "durable_agents.llm.default_client",
     "OFFLINE": False,
     "BETAS": [],

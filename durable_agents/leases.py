@@ -143,6 +143,84 @@ def _lock_and_take(candidates: QuerySet, owner: str, lease_seconds: float) -> li
         return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
 
+# The heartbeat of a whole worker: one statement renews every lease it holds, whatever their
+# number, and names the runs it held that are no longer its own (the outer SELECT reads the
+# statement's snapshot, from before the UPDATE: the status a run had when its renewal failed).
+_RENEW_ALL_SQL = """
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS held(id, attempt)
+), renewed AS (
+    UPDATE agent_run AS run
+       SET lease_until = now() + make_interval(secs => %(lease)s),
+           updated_at = now()
+      FROM held
+     WHERE run.id = held.id
+       AND run.attempt = held.attempt
+       AND run.lease_owner = %(owner)s
+       AND run.status = 'running'
+ RETURNING run.id
+)
+SELECT held.id, run.status
+  FROM held LEFT JOIN agent_run AS run ON run.id = held.id
+ WHERE held.id NOT IN (SELECT id FROM renewed)"""
+
+
+class LeaseLoss(enum.Enum):
+    """Why a held run was not renewed and its work must stop."""
+
+    CANCELLED = "cancelled"
+    LOST = "lost"  # another worker holds it now (or it was handed back)
+
+
+def renew_leases(
+    owner: str, claims: Sequence[Claim], lease_seconds: float, using: object = None
+) -> dict[object, LeaseLoss]:
+    """Renew the leases of ``claims`` (all of one worker, ``owner``) and return the runs whose
+    work must stop: cancelled, or no longer this worker's. A run that was not renewed because
+    its own slot just finished, parked or released it is not in the answer.
+
+    On PostgreSQL this is one statement, on ``using`` (a connection wrapper) if given."""
+    if not claims:
+        return {}
+    conn = using or connection
+    if conn.vendor == "postgresql":
+        params = {
+            "ids": [c.run_id for c in claims],
+            "attempts": [c.attempt for c in claims],
+            "owner": owner,
+            "lease": float(lease_seconds),
+        }
+        with conn.cursor() as cursor:
+            cursor.execute(_RENEW_ALL_SQL, params)
+            missed = cursor.fetchall()
+    else:
+        # SQLite: the same outcome in one IMMEDIATE transaction (a single writer anyway).
+        with transaction.atomic():
+            by_id = {c.run_id: c for c in claims}
+            rows = list(
+                AgentRun.objects.filter(pk__in=list(by_id)).values_list(
+                    "pk", "status", "lease_owner", "attempt"
+                )
+            )
+            ours, missed = [], []
+            for run_id, status, lease_owner, attempt in rows:
+                mine = lease_owner == owner and attempt == by_id[run_id].attempt
+                if mine and status == RunStatus.RUNNING:
+                    ours.append(run_id)
+                else:
+                    missed.append((run_id, status))
+            AgentRun.objects.filter(pk__in=ours).update(
+                lease_until=_lease_expiry(lease_seconds), updated_at=Now()
+            )
+    lost: dict[object, LeaseLoss] = {}
+    for run_id, status in missed:
+        if status == RunStatus.CANCELLED:
+            lost[run_id] = LeaseLoss.CANCELLED
+        elif status == RunStatus.RUNNING:
+            lost[run_id] = LeaseLoss.LOST
+    return lost
+
+
 def renew_lease(claim: Claim) -> bool:
     """Extend the lease; False when the run was cancelled or taken over (stop working on it)."""
     return bool(

@@ -18,6 +18,7 @@ first uncommitted step.
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import threading
@@ -52,18 +53,31 @@ from durable_agents.models import (
     ToolIntent,
 )
 from durable_agents.text import Unstorable, check_depth, json_text, storable_text
-from durable_agents.tools import Tool, ToolInputError
+from durable_agents.tools import EffectClass, Tool, ToolInputError
 
 logger = logging.getLogger("durable_agents.runner")
 
-# What became of a run when advance_run returned.
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-DEAD = "dead"
-WAITING = "waiting"
-RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
-CANCELLED = "cancelled"
-LOST = "lost"  # another worker holds it now
+
+class Disposition(enum.StrEnum):
+    """What became of a run when ``advance_run`` returned."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD = "dead"
+    WAITING = "waiting"  # parked on a person's decision; no worker holds it
+    RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
+    CANCELLED = "cancelled"
+    LOST = "lost"  # another worker holds it now
+    ERROR = "error"  # an unexpected error in this app (the worker handed the run back)
+
+
+SUCCEEDED = Disposition.SUCCEEDED
+FAILED = Disposition.FAILED
+DEAD = Disposition.DEAD
+WAITING = Disposition.WAITING
+RELEASED = Disposition.RELEASED
+CANCELLED = Disposition.CANCELLED
+LOST = Disposition.LOST
 
 
 @dataclass
@@ -86,7 +100,7 @@ class _ToolOutcome:
 class _Stop(Exception):
     """Unwinds the step loop with the run's disposition."""
 
-    def __init__(self, disposition: str):
+    def __init__(self, disposition: Disposition):
         self.disposition = disposition
 
 
@@ -95,7 +109,7 @@ def advance_run(
     interrupt: Interrupt | None = None,
     drain: threading.Event | None = None,
     then_claim: leases.NextClaim | None = None,
-) -> str:
+) -> Disposition:
     """Advance one claimed run until it is parked or over; returns its disposition.
 
     ``interrupt`` aborts what is in flight (cancelled, lease lost, shutdown now); ``drain``
@@ -104,6 +118,9 @@ def advance_run(
     with bind_run(claim.run_id):
         return RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim).advance()
 
+
+# The interrupt reason of a worker that stops for good (second signal, or its grace is over).
+SHUTDOWN = "shutdown"
 
 # A turn with one of these stop reasons ends the run successfully.
 FINAL_STOP_REASONS = ("end_turn", "stop_sequence")
@@ -163,13 +180,13 @@ class RunAdvancer:
 
     # -- entry -----------------------------------------------------------------------------
 
-    def advance(self) -> str:
+    def advance(self) -> Disposition:
         try:
             return self._loop()
         except _Stop as stop:
             return stop.disposition
 
-    def _loop(self) -> str:
+    def _loop(self) -> NoReturn:
         run = self.run
         if run.stalled_claims > app_settings.MAX_ATTEMPTS:
             try:
@@ -348,7 +365,7 @@ class RunAdvancer:
             if block.get("type") != "tool_use":
                 continue
             tool = agent.tools_by_name.get(block.get("name", ""))
-            if tool is not None and tool.effect not in ("pure", "idempotent"):
+            if tool is not None and not tool.effect.rerun_is_free:
                 return False
         return True
 
@@ -456,9 +473,9 @@ class RunAdvancer:
         except ToolInputError as exc:
             return self._effect(seq, index, name, key, str(exc), True)
 
-        if tool.effect == "irreversible":
+        if tool.effect is EffectClass.IRREVERSIBLE:
             return self._irreversible(agent, tool, seq, index, tool_input, key)
-        if tool.effect != "pure" and not leases.renew_lease(self.claim):
+        if tool.effect is not EffectClass.PURE and not leases.renew_lease(self.claim):
             # Before any side effect: make sure the run is still ours and not cancelled.
             self._fence_failed()
         return self._invoke(agent, tool, seq, index, tool_input, key)
@@ -472,18 +489,47 @@ class RunAdvancer:
     def _run_tool(
         self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
     ) -> _ToolOutcome:
-        """Call the tool on the slot's caller thread, bounded by its timeout; whatever it
-        raises (``SystemExit`` included) or returns becomes the call's result. An interrupt
-        (cancelled, lease lost, shutdown) walks away from the call and stops the run."""
-        started = time.monotonic()
+        """Call the tool on the slot's caller thread (``async def`` tools: on the event loop),
+        bounded by its timeout; whatever it raises (``SystemExit`` included) or returns becomes
+        the call's result. An interrupt walks away from the call and stops the run."""
         timeout = agent.timeout_for(tool, float(app_settings.TOOL_TIMEOUT))
+        # A pure call is walked away from on any interrupt. A call with a side effect started
+        # behind the fence: a cancellation or a lost lease lets it finish (within its timeout)
+        # so that what it did is recorded; only a worker that stops for good abandons it.
+        interrupt = (
+            self.interrupt if tool.effect is EffectClass.PURE else self.interrupt.narrowed(SHUTDOWN)
+        )
+        try:
+            return self._await_tool(tool, tool_input, key, interrupt, timeout, index, seq)
+        finally:
+            if interrupt is not self.interrupt:
+                self.interrupt.drop(interrupt)
+
+    def _await_tool(
+        self,
+        tool: Tool,
+        tool_input: Any,
+        key: str,
+        interrupt: Interrupt,
+        timeout: float,
+        index: int,
+        seq: int,
+    ) -> _ToolOutcome:
+        started = time.monotonic()
         timed_out = False
 
         def call(abort: threading.Event) -> Any:
             return tool.invoke(tool_input, idempotency_key=key)
 
         try:
-            value = calls.run_abortable(call, self.interrupt, timeout=timeout)
+            if tool.is_async:
+                value = calls.await_abortable(
+                    lambda: tool.invoke(tool_input, idempotency_key=key), interrupt, timeout=timeout
+                )
+            else:
+                value = calls.run_abortable(
+                    call, interrupt, timeout=timeout, permits=calls.tool_permits()
+                )
         except calls.CallInterrupted:
             logger.warning(
                 "run %s: tool %s abandoned (%s)", self.run.pk, tool.name, self.interrupt.reason
@@ -655,7 +701,7 @@ class RunAdvancer:
             raise _Stop(RELEASED)
         if not self.interrupt.is_set():
             return
-        if self.interrupt.reason == "shutdown":
+        if self.interrupt.reason == SHUTDOWN:
             leases.release_lease(self.claim, count_claim=False)
             raise _Stop(RELEASED)
         self._fence_failed()
@@ -668,12 +714,14 @@ class RunAdvancer:
         logger.warning("run %s: lease lost (status now %s); stopping", self.run.pk, status)
         raise _Stop(LOST)
 
-    def _finish(self, disposition: str, *, result: str | None = None, error: str = "") -> NoReturn:
+    def _finish(
+        self, disposition: Disposition, *, result: str | None = None, error: str = ""
+    ) -> NoReturn:
         if not leases.finish_run(self.claim, disposition, result=result, error=error):
             self._fence_failed()
         self._finished(disposition, error)
 
-    def _finished(self, disposition: str, error: str = "") -> NoReturn:
+    def _finished(self, disposition: Disposition, error: str = "") -> NoReturn:
         log = logger.info if disposition == SUCCEEDED else logger.warning
         log("run %s %s%s", self.run.pk, disposition, f": {error}" if error else "")
         signals.run_finished.send(sender=AgentRun, run_id=self.run.pk, status=disposition)

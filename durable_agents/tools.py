@@ -28,13 +28,30 @@ import jsonschema
 
 __all__ = [
     "EFFECTS",
+    "EffectClass",
     "Tool",
     "ToolInputError",
     "schema_from_signature",
     "tool",
 ]
 
-EFFECTS: tuple[str, ...] = ("pure", "idempotent", "non_idempotent", "irreversible")
+
+class EffectClass(enum.StrEnum):
+    """What running a tool again would do: nothing (pure), the same (idempotent, or
+    non-idempotent given the same idempotency key), or something only a person may allow."""
+
+    PURE = "pure"
+    IDEMPOTENT = "idempotent"
+    NON_IDEMPOTENT = "non_idempotent"
+    IRREVERSIBLE = "irreversible"
+
+    @property
+    def rerun_is_free(self) -> bool:
+        """Running the call again cannot repeat a side effect."""
+        return self in (EffectClass.PURE, EffectClass.IDEMPOTENT)
+
+
+EFFECTS: tuple[str, ...] = tuple(e.value for e in EffectClass)
 
 # The parameter that receives the runtime's key; it is never part of the model-facing schema.
 IDEMPOTENCY_KEY = "idempotency_key"
@@ -407,7 +424,9 @@ class Tool:
         self.func = func
         # Seconds one call may take (None: the agent's tool_timeout, else TOOL_TIMEOUT).
         self.timeout = timeout
-        self.effect = effect
+        self.effect = EffectClass(effect)
+        # ``async def`` tools are awaited on the worker's event loop, not run on a thread.
+        self.is_async = inspect.iscoroutinefunction(func)
         self.name = name if name is not None else func.__name__
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
             raise ValueError(

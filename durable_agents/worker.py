@@ -1,13 +1,27 @@
-"""The worker process: a loop of claims per slot, a heartbeat thread, signal handling.
+"""The worker process: one claimer, many slots, one heartbeat, one listener.
 
 The state machine of a run is in ``runner.py``; this module only decides *which* run a slot
-works on and keeps the leases of the runs it holds alive.
+works on and keeps the leases of the runs it holds alive. The whole flow:
+
+    claimer (the main thread)  claims up to as many runs as slots are free, in one statement,
+                               whenever LISTEN says a run became claimable, a slot frees up
+                               while runs wait, or POLL_INTERVAL passes; queues the claims
+    slots (``concurrency``)    each advances one run at a time (``runner.advance_run``); the
+                               statement that commits a run's last step may claim its next run
+    heartbeat                  one statement per beat renews every lease the worker holds and
+                               names the runs that were cancelled or taken over: their slots
+                               are interrupted
+    listener (PostgreSQL)      LISTEN: wakes the claimer, interrupts a cancelled run at once
+
+A slot holds a database connection only while it talks to the database (``db.release``), so
+on PostgreSQL a worker with a thousand runs in flight shares ``DB_POOL_SIZE`` connections.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -17,12 +31,11 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from durable_agents import calls, leases
+from durable_agents import calls, db, leases
 from durable_agents.conf import app_settings
-from durable_agents.leases import Claim
+from durable_agents.leases import Claim, LeaseLoss
 from durable_agents.logging import bind_run
-from durable_agents.models import RunStatus
-from durable_agents.runner import Interrupt, advance_run
+from durable_agents.runner import SHUTDOWN, Disposition, Interrupt, advance_run
 
 logger = logging.getLogger("durable_agents.worker")
 
@@ -43,6 +56,11 @@ class WorkerStats:
     dispositions: dict[str, int] = field(default_factory=dict)
 
 
+# Most runs one claim statement takes: a worker starting with a thousand free slots fills
+# them in a few statements, none of which holds row locks for long.
+MAX_CLAIM_BATCH = 100
+
+
 class Worker:
     def __init__(
         self,
@@ -56,6 +74,7 @@ class Worker:
         heartbeat_seconds: float | None = None,
         handle_signals: bool = True,
         grace_seconds: float | None = None,
+        listen: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -75,6 +94,7 @@ class Worker:
         self.grace_seconds = float(
             app_settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
         )
+        self.listen = bool(app_settings.LISTEN) if listen is None else listen
         # Set by the first signal: claim nothing new, stop each run after its current step.
         self.stopping = threading.Event()
         # Set by a second signal (or the end of the grace period): abandon what is in flight.
@@ -85,6 +105,15 @@ class Worker:
         # Set when a slot thread ended by an exception: the worker stops and exits non-zero,
         # so that its supervisor restarts it instead of leaving it running short of a slot.
         self.slot_died = threading.Event()
+        # Claims waiting for a slot (None tells a slot to end).
+        self._claims: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
+        # Slots working on a run, plus claims queued for one.
+        self._busy = 0
+        # Wakes the claimer: a notification, or a slot freed while runs may be waiting.
+        self._wake = threading.Event()
+        # The last claim filled every free slot: more runs may be claimable right now.
+        self._backlog = False
+        self.listener: db.Listener | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -95,27 +124,39 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
         logger.info(
-            "worker %s started: concurrency=%d lease=%.1fs heartbeat=%.1fs burst=%s",
+            "worker %s started: concurrency=%d lease=%.1fs heartbeat=%.1fs burst=%s%s",
             self.worker_id,
             self.concurrency,
             self.lease_seconds,
             self.heartbeat_seconds,
             self.burst,
+            f" pool={app_settings.DB_POOL_SIZE}" if db.pooled() else "",
         )
-        heartbeat = threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True)
-        heartbeat.start()
+        threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True).start()
+        self._start_listener()
         slots = [
             threading.Thread(target=self._slot, name=f"da-slot-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
         for slot in slots:
             slot.start()
-        while any(slot.is_alive() for slot in slots):
-            if self.stopping.wait(0.1):
-                break
+        try:
+            self._claim_loop()
+        except BaseException:
+            logger.critical("worker %s: the claimer died", self.worker_id, exc_info=True)
+            self.slot_died.set()
+            self.stopping.set()
         if self.stopping.is_set():
             self._drain(slots)
         self.stopping.set()
+        for _ in slots:
+            self._claims.put(None)
+        # Slots are idle by now (or were abandoned by the drain): let them close their
+        # connections, within a bound a hung tool cannot stretch.
+        deadline = time.monotonic() + 2.0
+        for slot in slots:
+            slot.join(timeout=max(0.0, deadline - time.monotonic()))
+        connection.close()
         logger.info(
             "worker %s stopped after %d claims: %s",
             self.worker_id,
@@ -129,6 +170,7 @@ class Worker:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.stopping.is_set():
@@ -141,10 +183,12 @@ class Worker:
             signum,
             self.grace_seconds,
         )
-        self.stopping.set()
+        self.stop()
 
     def _drain(self, slots: list[threading.Thread]) -> None:
         """Let steps in flight finish within the grace period, then abandon the rest."""
+        for _ in slots:
+            self._claims.put(None)  # after any queued claim: it is handed back unstarted
         deadline = time.monotonic() + self.grace_seconds
         while any(slot.is_alive() for slot in slots):
             remaining = deadline - time.monotonic()
@@ -158,7 +202,7 @@ class Worker:
         with self._lock:
             held = list(self._held.values())
         for item in held:
-            item.interrupt.trigger("shutdown")
+            item.interrupt.trigger(SHUTDOWN)
             with bind_run(item.claim.run_id):
                 try:
                     if leases.release_lease(item.claim, count_claim=False):
@@ -167,72 +211,132 @@ class Worker:
                     logger.exception(
                         "could not release run %s; its lease will expire", item.claim.run_id
                     )
+        # Claims still queued for a slot never started: hand them back too.
+        while True:
+            try:
+                claim = self._claims.get_nowait()
+            except queue.Empty:
+                break
+            if claim is None:
+                continue
+            try:
+                leases.release_lease(claim, count_claim=False)
+            except DatabaseError:
+                logger.warning("could not release run %s; its lease will expire", claim.run_id)
         connection.close()
+
+    # -- the claimer -----------------------------------------------------------------------
+
+    def _take_tickets(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` claims under ``max_runs``; returns how many."""
+        with self._lock:
+            if self.max_runs is not None:
+                wanted = min(wanted, self.max_runs - self.stats.claims)
+            wanted = max(wanted, 0)
+            self.stats.claims += wanted
+            return wanted
+
+    def _take_ticket(self) -> bool:
+        return self._take_tickets(1) == 1
+
+    def _forget_tickets(self, count: int = 1) -> None:
+        with self._lock:
+            self.stats.claims -= count
+
+    def _forget_ticket(self) -> None:
+        self._forget_tickets(1)
+
+    def _claim_loop(self) -> None:
+        """Claim runs for free slots until stopping (or, in burst mode, until nothing is
+        claimable and no slot is busy; with max_runs, until that many were claimed and done)."""
+        failed_claims = 0  # in a row: the database is unreachable or refusing
+        idle = True
+        while not self.stopping.is_set():
+            with self._lock:
+                free = self.concurrency - self._busy
+                busy = self._busy
+            if free <= 0:
+                # Every slot is busy: a slot that frees up wakes us (runs may be waiting).
+                self._backlog = True
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+                continue
+            wanted = self._take_tickets(min(free, MAX_CLAIM_BATCH))
+            if wanted == 0:  # max_runs reached: end once the last run is done
+                if busy == 0:
+                    return
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+                continue
+            # Cleared before the claim: a notification during it wakes the wait below at once.
+            self._wake.clear()
+            try:
+                if idle:
+                    # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests.
+                    close_old_connections()
+                claims = leases.claim_runs(self.worker_id, self.lease_seconds, wanted)
+            except DatabaseError as exc:
+                self._forget_tickets(wanted)
+                failed_claims += 1
+                # One line when the database goes away, not a traceback every poll.
+                log = logger.error if failed_claims == 1 else logger.debug
+                log(
+                    "claim failed (%s: %s); retrying every %.1fs until the database answers",
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                    max(self.poll_interval, 0.5),
+                    exc_info=logger.isEnabledFor(logging.DEBUG),
+                )
+                connection.close()
+                self.stopping.wait(max(self.poll_interval, 0.5))
+                continue
+            finally:
+                db.release()
+            if failed_claims:
+                logger.info("claims work again after %d failed attempts", failed_claims)
+                failed_claims = 0
+            self._forget_tickets(wanted - len(claims))
+            if claims:
+                with self._lock:
+                    self._busy += len(claims)
+                for claim in claims:
+                    self._claims.put(claim)
+            idle = not claims
+            self._backlog = len(claims) == wanted
+            if self._backlog:
+                continue  # more may be claimable: fill the remaining slots now
+            if self.burst:
+                with self._lock:
+                    if self._busy == 0:
+                        return
+            self._wake.wait(self.poll_interval)
+
+    def _slot_freed(self) -> None:
+        with self._lock:
+            self._busy -= 1
+        if self._backlog or self.burst or self.max_runs is not None:
+            self._wake.set()
 
     # -- slots -----------------------------------------------------------------------------
 
-    def _take_ticket(self) -> bool:
-        with self._lock:
-            if self.max_runs is not None and self.stats.claims >= self.max_runs:
-                return False
-            self.stats.claims += 1
-            return True
-
     def _slot(self) -> None:
-        idle = True
-        failed_claims = 0  # in a row: the database is unreachable or refusing
         try:
-            while not self.stopping.is_set():
-                if not self._take_ticket():
-                    return
+            while (claim := self._claims.get()) is not None:
                 try:
-                    if idle:
-                        # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests. Not
-                        # between two runs of a busy slot: a health check is a round trip, and
-                        # a dead connection fails the claim, which reconnects below.
-                        close_old_connections()
-                    claims = leases.claim_runs(self.worker_id, self.lease_seconds, 1)
-                except DatabaseError as exc:
-                    # One line when the database goes away, not a traceback every poll.
-                    failed_claims += 1
-                    log = logger.error if failed_claims == 1 else logger.debug
-                    log(
-                        "claim failed (%s: %s); retrying every %.1fs until the database answers",
-                        type(exc).__name__,
-                        " ".join(str(exc).split()),
-                        max(self.poll_interval, 0.5),
-                        exc_info=logger.isEnabledFor(logging.DEBUG),
-                    )
-                    self._forget_ticket()
-                    connection.close()
-                    self.stopping.wait(max(self.poll_interval, 0.5))
-                    continue
-                if failed_claims:
-                    logger.info("claims work again after %d failed attempts", failed_claims)
-                    failed_claims = 0
-                idle = not claims
-                if not claims:
-                    self._forget_ticket()
-                    if self.burst:
-                        return
-                    self.stopping.wait(self.poll_interval)
-                    continue
-                claim: Claim | None = claims[0]
-                while claim is not None:  # the next run may come with the last step
-                    claim = self._work(claim)
+                    while claim is not None:  # the next run may come with the last step
+                        claim = self._work(claim)
+                finally:
+                    db.release()
+                    self._slot_freed()
         except BaseException:
             # Only a bug in this app gets here (a run's own errors are handled in _advance):
             # stop the whole worker, loudly, rather than go on a slot short.
             logger.critical("worker slot %s died", threading.current_thread().name, exc_info=True)
             self.slot_died.set()
-            self.stopping.set()
+            self.stop()
         finally:
             calls.close_caller()
             connection.close()
-
-    def _forget_ticket(self) -> None:
-        with self._lock:
-            self.stats.claims -= 1
 
     def _work(self, claim: Claim) -> Claim | None:
         """Advance ``claim``; returns the run claimed with its last step, if any."""
@@ -251,7 +355,7 @@ class Worker:
         with self._lock:
             self._held[claim.run_id] = held
         logger.info("claimed run %s (attempt %d)", claim.run_id, claim.attempt)
-        disposition = "error"
+        disposition = Disposition.ERROR
         try:
             disposition = advance_run(
                 claim, held.interrupt, drain=self.stopping, then_claim=then_claim
@@ -270,35 +374,73 @@ class Worker:
                     self.stats.dispositions.get(disposition, 0) + 1
                 )
 
-    # -- heartbeat -------------------------------------------------------------------------
-
-    def _beat(self, item: _Held) -> None:
-        try:
-            close_old_connections()
-            if leases.renew_lease(item.claim):
-                return
-            status = leases.current_status(item.claim.run_id)
-        except DatabaseError:
-            logger.exception("heartbeat failed for run %s", item.claim.run_id)
-            connection.close()
-            return
-        if status == RunStatus.CANCELLED:
-            reason = "cancelled"
-        elif status == RunStatus.RUNNING:
-            reason = "lost"  # another worker holds it now
-        else:
-            return  # its slot just finished, parked or released it: nothing to interrupt
-        logger.warning("run %s: %s (noticed by the heartbeat)", item.claim.run_id, reason)
-        item.interrupt.trigger(reason)
+    # -- heartbeat and listener ------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        """Renew every held lease; tell a run's slot when it was cancelled or taken over."""
-        while not self.stopping.wait(self.heartbeat_seconds):
-            with self._lock:
-                held = list(self._held.values())
-            for item in held:
-                if item.interrupt.is_set():
-                    continue
-                with bind_run(item.claim.run_id):
-                    self._beat(item)
-        connection.close()
+        """Renew every held lease in one statement per beat; interrupt the slots of runs that
+        were cancelled or taken over. On PostgreSQL on its own connection, outside the pool:
+        slow tool code holding every pooled connection never delays a renewal."""
+        own = db.dedicated() if connection.vendor == "postgresql" else None
+        try:
+            while not self.stopping.wait(self.heartbeat_seconds):
+                self.beat(own)
+        finally:
+            if own is not None:
+                own.close()
+            connection.close()
+
+    def beat(self, using: object = None) -> dict[object, LeaseLoss]:
+        """One heartbeat: renew every lease held; returns the runs that were interrupted."""
+        with self._lock:
+            held = {
+                item.claim.run_id: item
+                for item in self._held.values()
+                if not item.interrupt.is_set()
+            }
+        if not held:
+            return {}
+        try:
+            if using is None:
+                close_old_connections()
+            lost = leases.renew_leases(
+                self.worker_id, [item.claim for item in held.values()], self.lease_seconds, using
+            )
+        except DatabaseError as exc:
+            logger.error(
+                "heartbeat failed for %d runs (%s: %s); retrying at the next beat",
+                len(held),
+                type(exc).__name__,
+                " ".join(str(exc).split()),
+            )
+            (using or connection).close()  # type: ignore[attr-defined]
+            return {}
+        for run_id, loss in lost.items():
+            item = held[run_id]
+            with bind_run(run_id):
+                logger.warning("run %s: %s (noticed by the heartbeat)", run_id, loss.value)
+            item.interrupt.trigger(loss.value)
+        return lost
+
+    def _start_listener(self) -> None:
+        if not self.listen or connection.vendor != "postgresql":
+            return
+        setting = app_settings.LISTEN
+        overrides = setting if isinstance(setting, dict) else {}
+        self.listener = db.Listener(
+            on_run=self._wake.set,
+            on_cancel=self._cancelled,
+            stopping=self.stopping,
+            overrides=overrides,
+        )
+        threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
+
+    def _cancelled(self, run_id: str) -> None:
+        """A cancellation notified by the database: interrupt its slot now, not at the next
+        heartbeat (the run's fence already refuses any further step)."""
+        with self._lock:
+            item = next((i for key, i in self._held.items() if str(key) == run_id), None)
+        if item is None:
+            return
+        with bind_run(item.claim.run_id):
+            logger.info("run %s was cancelled (notified)", run_id)
+        item.interrupt.trigger(LeaseLoss.CANCELLED.value)

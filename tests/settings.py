@@ -1,5 +1,6 @@
 """Test settings: PostgreSQL when DATABASE_URL is set (make test sets it), else SQLite."""
 
+import json
 import os
 from pathlib import Path
 
@@ -32,5 +33,16 @@ DURABLE_AGENTS = {
 # Lets a test give its worker subprocesses a small dead-letter threshold (test_crash.py).
 if os.environ.get("DURABLE_AGENTS_MAX_ATTEMPTS"):
     DURABLE_AGENTS["MAX_ATTEMPTS"] = int(os.environ["DURABLE_AGENTS_MAX_ATTEMPTS"])
+
+# Worker subprocesses of the in-flight and PgBouncer tests (issue 10).
+if os.environ.get("DA_DB_POOL_SIZE"):
+    DURABLE_AGENTS["DB_POOL_SIZE"] = int(os.environ["DA_DB_POOL_SIZE"])
+if os.environ.get("DA_POLL_INTERVAL"):
+    DURABLE_AGENTS["POLL_INTERVAL"] = float(os.environ["DA_POLL_INTERVAL"])
+# "0": poll only; a JSON object: DATABASES overrides for the listener (around PgBouncer).
+if os.environ.get("DA_LISTEN"):
+    DURABLE_AGENTS["LISTEN"] = (
+        False if os.environ["DA_LISTEN"] == "0" else json.loads(os.environ["DA_LISTEN"])
+    )
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

