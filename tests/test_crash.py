@@ -4,6 +4,10 @@ across a crash, the dead letter, and a graceful SIGTERM.
 Every test here runs ``manage.py runagents`` as subprocesses against the test database, so
 all data a worker must see is committed (``transaction=True``). Workers get short leases so a
 killed worker's run becomes claimable again within ~2 s.
+
+The tests marked with ``ROUTES`` run twice: their worker subprocesses connect to PostgreSQL
+``direct``, then through a private PgBouncer in transaction pooling mode (``pgbouncer``; see
+tests/pgbouncer.py). The test process itself always connects directly.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import json
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 
 import durable_agents
 from durable_agents import effects
@@ -29,8 +34,9 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from tests.conftest import Receiver, WorkerProcess, run_worker, wait_for
+from tests.conftest import Receiver, WorkerProcess, database_url, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, Recorded
+from tests.pgbouncer import PgBouncer, running_pgbouncer
 
 pytestmark = [
     pytest.mark.postgres,
@@ -41,6 +47,59 @@ pytestmark = [
 Spawn = Callable[..., WorkerProcess]
 SIGKILLED = -9
 LEASE = "2"  # seconds: how long a killed worker's run stays unclaimable
+
+
+# --------------------------------------------------------------------------- routes
+
+# Runs a test with its worker subprocesses connected directly, then through PgBouncer.
+ROUTES = pytest.mark.parametrize("route", ["direct", "pgbouncer"], indirect=True)
+
+
+@pytest.fixture(scope="module")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A private PgBouncer (transaction pooling) in front of the test database's server.
+
+    Module-scoped, so it is stopped, and its server connections closed, before pytest-django
+    drops the test database at the end of the session. Skips the ``pgbouncer`` variants when
+    the binary is missing (fails them with DA_REQUIRE_PGBOUNCER=1).
+    """
+    s = connection.settings_dict
+    with running_pgbouncer(s.get("HOST") or "127.0.0.1", int(s.get("PORT") or 5432)) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def route(request: pytest.FixtureRequest) -> str:
+    """How worker subprocesses reach the database: ``direct`` unless a test says ``ROUTES``."""
+    return getattr(request, "param", "direct")
+
+
+@pytest.fixture
+def spawn_worker(
+    spawn_worker: Spawn, route: str, request: pytest.FixtureRequest
+) -> Iterator[Spawn]:
+    """conftest's ``spawn_worker``, with DATABASE_URL pointed at PgBouncer on that route.
+
+    On the ``pgbouncer`` route the test also fails unless the workers' transactions really
+    went through PgBouncer (its own count of transactions for the test database grew).
+    """
+    if route == "direct":
+        yield spawn_worker
+        return
+    bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+    s = connection.settings_dict
+    dbname = s["NAME"]
+    before = bouncer.transactions(dbname)
+    # LISTEN cannot go through transaction pooling: the worker's one listener connection goes
+    # around PgBouncer, as docs/operating.md advises (read by tests/settings.py, if it does).
+    listen = {"HOST": s.get("HOST") or "127.0.0.1", "PORT": int(s.get("PORT") or 5432)}
+    routed = {"DATABASE_URL": bouncer.url(database_url()), "DA_LISTEN": json.dumps(listen)}
+
+    def spawn(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        return spawn_worker(*args, env={**routed, **(env or {})})
+
+    yield spawn
+    assert bouncer.transactions(dbname) > before, "no worker transaction went through PgBouncer"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -123,6 +182,7 @@ def assert_resent_bodies_identical(requests: list[Recorded]) -> None:
 # --------------------------------------------------------------------------- 1. contention
 
 
+@ROUTES
 def test_many_workers_advance_200_runs_each_exactly_once(spawn_worker: Spawn) -> None:
     runs = [
         durable_agents.start_run(
@@ -187,6 +247,7 @@ KILL_PLAN_CHARGES = 4
 KILL_PLAN_LAST_SEQ = 13
 
 
+@ROUTES
 @pytest.mark.parametrize("point", ["model-call", "tool-call"])
 def test_sigkill_between_steps_resumes_byte_identically(
     point: str, receiver: Receiver, fake_api: FakeAnthropic, spawn_worker: Spawn
@@ -400,6 +461,7 @@ def test_intent_rejected_tells_the_model_who_and_why(receiver: Receiver) -> None
     ]
 
 
+@ROUTES
 @pytest.mark.parametrize("happened", [True, False])
 def test_crash_while_irreversible_tool_runs_asks_a_person(
     happened: bool, receiver: Receiver, fake_api: FakeAnthropic, spawn_worker: Spawn
@@ -502,6 +564,7 @@ def test_poison_run_is_dead_lettered_and_healthy_runs_finish(spawn_worker: Spawn
 # --------------------------------------------------------------------------- 7. SIGTERM
 
 
+@ROUTES
 @pytest.mark.parametrize("grace", ["0.5", "10"])
 def test_sigterm_during_a_model_call_hands_the_run_back_at_once(
     grace: str, fake_api: FakeAnthropic, spawn_worker: Spawn
@@ -560,3 +623,43 @@ def test_sigterm_during_a_model_call_hands_the_run_back_at_once(
     assert {r.status for r in fake_api.requests} == {200}
     assert_resent_bodies_identical(requests)
     assert Counter(r.turn for r in requests) == {0: 2 if abandon else 1, 1: 1, 2: 1}
+
+
+# --------------------------------------------------------------------------- 8. PgBouncer
+
+
+@pytest.mark.parametrize("route", ["pgbouncer"], indirect=True)
+def test_pgbouncer_route_reaches_postgres_only_through_pgbouncer(
+    route: str, pgbouncer: PgBouncer, spawn_worker: Spawn
+) -> None:
+    """What the ``pgbouncer`` variants rely on: the worker is PgBouncer's client, and every
+    PostgreSQL backend of the test database, except this test's own, is one of PgBouncer's
+    server connections (``SHOW SERVERS`` gives their backend pids). A LISTEN connection is
+    allowed to go around the pooler (``DURABLE_AGENTS["LISTEN"]`` overrides)."""
+    dbname = connection.settings_dict["NAME"]
+    run = durable_agents.start_run("tester", 'via the pooler\n@lookup {"key": "a"}')
+    worker = spawn_worker("--lease-seconds", LEASE, "--concurrency", "2", "--worker-id", "w1")
+    wait_for(lambda: AgentRun.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED, timeout=30)
+
+    def clients() -> list[dict[str, Any]]:
+        return [c for c in pgbouncer.show("CLIENTS") if c["database"] == dbname]
+
+    assert wait_for(clients, timeout=10), worker.output()
+
+    def backends_outside_pgbouncer() -> set[int] | None:
+        servers = {s["remote_pid"] for s in pgbouncer.show("SERVERS") if s["database"] == dbname}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s"
+                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                " AND query NOT ILIKE 'LISTEN %%'",
+                [dbname],
+            )
+            backends = {pid for (pid,) in cursor.fetchall()}
+        # Backends of earlier tests' killed workers may take a moment to go away.
+        return None if servers and not backends - servers else backends - servers
+
+    assert wait_for(lambda: backends_outside_pgbouncer() is None, timeout=10)
+    worker.terminate()
+    finish(worker, timeout=20)
+    assert [s.worker for s in steps_of(run.pk)[1:]] == ["w1"] * 3
