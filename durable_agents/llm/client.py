@@ -8,6 +8,7 @@ so the provider's body is stored byte for byte.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Callable
@@ -30,8 +31,8 @@ def default_client() -> anthropic.Anthropic:
     # The SDK's own pool keeps 100 idle connections (and opens at most 1,000): with more calls
     # in flight than that, each connection past the hundredth would be closed after its call
     # and opened again for the next one. The worker's concurrency already bounds how many
-    # calls are in flight, so the pool is not bounded again, and keeps up to 1,000 of them
-    # open. DefaultHttpxClient keeps the SDK's other defaults (timeouts, redirects, TCP
+    # calls are in flight (and get_client spreads them over several clients), so the pool is
+    # not bounded again. DefaultHttpxClient keeps the SDK's other defaults (timeouts, redirects, TCP
     # keep-alive, proxies from the environment).
     return anthropic.Anthropic(
         http_client=anthropic.DefaultHttpxClient(
@@ -40,17 +41,32 @@ def default_client() -> anthropic.Anthropic:
     )
 
 
-_clients: dict[tuple[str, bool, float], anthropic.Anthropic] = {}
+_clients: dict[tuple[str, bool, float, int], anthropic.Anthropic] = {}
 _clients_lock = threading.Lock()
+
+# The connection pool under the SDK (httpcore) scans every connection it holds, and probes
+# the socket of each idle one, on every request and every response. One client carrying a
+# thousand calls in flight spends more CPU in that scan than in the calls. So the threads of
+# a worker share clients by groups of THREADS_PER_CLIENT (at most MAX_CLIENTS of them): a
+# worker with up to 64 calls in flight has one client, as before.
+THREADS_PER_CLIENT = 64
+MAX_CLIENTS = 16
+_thread_order = itertools.count()
+_local = threading.local()
 
 
 def get_client() -> anthropic.Anthropic:
-    """One client per (factory, OFFLINE, timeout) per process, with the SDK's own retries off
-    (see ``create_turn``); the SDK client is thread-safe."""
+    """This thread's client: one per (factory, OFFLINE, timeout, group of threads) per
+    process, with the SDK's own retries off (see ``create_turn``). SDK clients are
+    thread-safe; the groups only keep each connection pool small."""
+    group = getattr(_local, "group", None)
+    if group is None:
+        group = _local.group = next(_thread_order) // THREADS_PER_CLIENT % MAX_CLIENTS
     cache_key = (
         app_settings.CLIENT_FACTORY,
         bool(app_settings.OFFLINE),
         app_settings.MODEL_TIMEOUT,
+        group,
     )
     with _clients_lock:
         client = _clients.get(cache_key)
