@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import common
 
@@ -151,6 +151,46 @@ def _plots(r: dict[str, Any]) -> list[str]:
         fig.savefig(IMG / "bench_memory.png", dpi=110)
         plt.close(fig)
         made.append("bench_memory.png")
+    inflight = r.get("inflight")
+    if inflight and inflight.get("sizes"):
+        sizes = inflight["sizes"]
+        xs = [s["inflight"] for s in sizes]
+        sides = [x for x in ("app", "loop", "prototype") if any(x in s["sides"] for s in sizes)]
+        labels = {
+            "app": "durable_agents worker",
+            "loop": "asyncio loop (seed)",
+            "prototype": "async prototype",
+        }
+        styles = {"app": "o-", "loop": "s--", "prototype": "^-."}
+
+        def series(side: str, key: str) -> tuple[list[int], list[float]]:
+            pts = [
+                (s["inflight"], s["sides"][side].get(key))
+                for s in sizes
+                if side in s["sides"] and s["sides"][side].get(key) is not None
+            ]
+            return [p[0] for p in pts], [p[1] for p in pts]
+
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        for side in sides:
+            ax1.plot(*series(side, "wall_s"), styles[side], label=labels[side])
+        ax1.plot(xs, [s["ideal_s"] for s in sizes], ":", color="#777", label="ideal")
+        ax1.set_xlabel("runs in flight (slots / tasks)")
+        ax1.set_ylabel(f"wall time (s); runs = {inflight['runs_factor']:g} x in flight")
+        ax1.set_ylim(bottom=0)
+        ax1.legend(fontsize=8)
+        ax1.set_title("wall time vs runs in flight")
+        for side in sides:
+            ax2.plot(*series(side, "peak_pg_connections"), styles[side], label=labels[side])
+        ax2.set_xlabel("runs in flight (slots / tasks)")
+        ax2.set_ylabel("peak PostgreSQL connections")
+        ax2.set_ylim(bottom=0)
+        ax2.legend(fontsize=8)
+        ax2.set_title("database connections vs runs in flight")
+        fig.tight_layout()
+        fig.savefig(IMG / "bench_inflight.png", dpi=110)
+        plt.close(fig)
+        made.append("bench_inflight.png")
     return made
 
 
@@ -165,6 +205,7 @@ def render() -> Path:
         "profile_step",
         "longrun",
         "memory",
+        "inflight",
     ]
     r = {n: d for n in names if (d := _load(n)) is not None}
     m = r.get("machine", {})
@@ -220,70 +261,12 @@ def render() -> Path:
     w("")
     w("| # | target | durable_agents | reference | ratio | goal | verdict |")
     w("| --- | --- | --- | --- | --- | --- | --- |")
-    loop = r.get("loop")
-    if loop:
-        w(
-            f"| 1 | loop overhead vs in-memory loop | {loop['durable_ms_per_run']:.1f} ms/run "
-            f"| {loop['inmemory_ms_per_run']:.1f} ms/run | {loop['ratio']:.2f} | <= 1.5 "
-            f"| {_v(loop['met'])} |"
-        )
-    peers = r.get("peers")
-    if peers:
-        w(
-            f"| 2a | speed vs DBOS Transact | {peers['durable_steps_per_s']:.0f} steps/s "
-            f"| {peers['dbos_steps_per_s']:.0f} steps/s | {peers['dbos_speedup']:.2f}x "
-            f"| >= 2x | {_v(peers['dbos_met'])} |"
-        )
-        w(
-            f"| 2b | one-step throughput vs django-q2 | {peers['durable_one_step_runs_per_s']:.1f} "
-            f"runs/s | {peers['q2_tasks_per_s']:.1f} tasks/s | {peers['q2_speedup']:.2f}x | >= 3x "
-            f"| {_v(peers['q2_met'])} |"
-        )
-    c = r.get("commit")
-    if c:
-        w(
-            f"| 3 | commit floor: append_step vs raw INSERT+UPDATE tx (p50) "
-            f"| {c['append_step']['p50_ms']:.3f} ms | {c['raw_tx']['p50_ms']:.3f} ms "
-            f"| {c['ratio_p50']:.2f} | <= 2 | {_v(c['met'])} |"
-        )
-    s = r.get("scale")
-    if s:
-        w(
-            f"| 4 | claim p99, {s['finished_large']:,} vs 1,000 finished runs "
-            f"| {s['large']['p99_ms']:.2f} ms | {s['small']['p99_ms']:.2f} ms "
-            f"| {s['p99_ratio']:.2f} | <= 1.2 | {_v(s['met'])} |"
-        )
-    wk = r.get("workers")
-    if wk:
-        best = max((x for x in wk["configs"] if x["workers"] == 8), key=lambda x: x["speedup"])
-        w(
-            f"| 5 | 8 workers vs 1 ({wk['cpus']} CPUs), best of processes/slots "
-            f"| {best['steps_per_s']:.0f} steps/s ({best['procs']}x{best['concurrency']}) "
-            f"| {best.get('baseline_steps_per_s', wk['configs'][0]['steps_per_s']):.0f} steps/s "
-            f"| {wk['best_speedup_8']:.2f}x "
-            f"| >= 1.6x | {_v(wk['met'])} |"
-        )
-    lr = r.get("longrun")
-    if lr:
-        w(
-            f"| 6a | time per step at steps {'-'.join(map(str, lr.get('window', [lr['steps']])))} "
-            f"vs 2-21 | {lr['step_ms_at_end']:.2f} ms "
-            f"| {lr['step_ms_at_10']:.2f} ms | {lr['step_ratio']:.2f} | <= 1.2 "
-            f"| {_v(lr['step_met'])} |"
-        )
-        w(
-            f"| 6b | cold rebuild of a {lr['steps'] + 1}-step run vs raw SELECT (p50) "
-            f"| {lr['rebuild']['p50_ms']:.1f} ms | {lr['raw_select']['p50_ms']:.1f} ms "
-            f"| {lr['rebuild_ratio']:.2f} | <= 1.5 | {_v(lr['rebuild_met'])} |"
-        )
-    mem = r.get("memory")
-    if mem:
-        w(
-            f"| 7 | worker RSS growth over {mem['runs']:,} runs | {mem['rss_end_kb'] / 1024:.1f} MB "
-            f"| {mem['rss_warm_kb'] / 1024:.1f} MB (after {mem['rss_warm_at_runs']} runs) "
-            f"| {mem['growth_from_warm'] * 100:+.1f} % | <= 10 % | {_v(mem['met'])} |"
-        )
+    for row in target_rows(r):
+        w("| " + " | ".join(row) + " |")
+    loop, peers, c = r.get("loop"), r.get("peers"), r.get("commit")
+    s, wk, lr, mem = r.get("scale"), r.get("workers"), r.get("longrun"), r.get("memory")
     w("")
+    _before_after(w, r, m)
     for img in made:
         w(f"![{img}](img/{img})")
         w("")
@@ -528,17 +511,340 @@ def render() -> Path:
             f"{mem['rss_end_kb'] / 1024:.1f} MB at the end (max {mem['rss_max_kb'] / 1024:.1f} MB)."
         )
         w("")
+    inf = r.get("inflight")
+    if inf:
+        _inflight_section(w, inf)
     w("## Reproduce")
     w("")
     w("```")
-    w("make bench                       # full sizes (under 10 minutes on 2 cores)")
-    w(".venv/bin/python -m bench.run_all --quick")
+    w("make bench                       # full sizes (about 20 minutes on 2 cores)")
+    w(".venv/bin/python -m bench.run_all --quick                 # about 6 minutes")
+    w('make bench BENCH_ARGS="--before 14be984"   # also measure 14be984 first (twice as long)')
     w(".venv/bin/python -m bench.loop --runs 100   # any single benchmark")
     w("```")
     w("")
     out = DOCS / "benchmarks.md"
     out.write_text("\n".join(L))
     return out
+
+
+def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
+    lat = inf["latency_s"]
+    pool = inf.get("pool_size")
+    w("## In flight")
+    w("")
+    w(
+        f"`bench/inflight.py`: runs of {inf['turns']} model turns (one pure tool call per turn "
+        f"but the last) against `bench/slowapi.py`, a fake Messages API (one asyncio process) "
+        f"that answers every call after a uniform random {lat[0]:g}-{lat[1]:g} s delay (mean "
+        f"{inf['mean_latency_s']:g} s, the same seeded sequence for every side). At each size "
+        f"N, {inf['runs_factor']:g} x N runs: **app** is `runagents --concurrency N --burst` "
+        "over bulk-inserted runs, timed max(finished_at) - min(started_at) in the database; "
+        "**loop** is the seed's agent loop as N asyncio tasks on one `AsyncAnthropic` client "
+        "(no database), first request to last finish; **prototype** (if present) is "
+        "`bench/prototype_async.py`, timed like app. Ideal: runs x turns x mean latency / N. "
+        "Peaks sampled every 50 ms: connections to the bench database (pg_stat_activity), the "
+        "worker's threads (/proc), its peak RSS (the child's ru_maxrss; the loop's is the bench "
+        f"process's VmRSS). Worker pool: DB_POOL_SIZE {pool if pool is not None else 'default'}."
+    )
+    w("")
+    w(
+        "| in flight | side | wall s | ideal s | ratio to loop | ratio to ideal "
+        "| peak PG connections | peak threads | peak RSS MB |"
+    )
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def f2(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    for s in inf.get("sizes", []):
+        for side, x in s["sides"].items():
+            w(
+                f"| {s['inflight']} | {side}{' **(FAILED)**' if x.get('error') else ''} "
+                f"| {f2(x.get('wall_s'))} | {s['ideal_s']:.2f} | {f2(x.get('ratio_to_loop'))} "
+                f"| {f2(x.get('ratio_to_ideal'))} | {x['peak_pg_connections']} "
+                f"| {x['peak_threads']} | {x['peak_rss_kb'] / 1024:.0f} |"
+            )
+    w("")
+    walls = [
+        f"{s['inflight']}: {x['process_wall_s']:.1f} s"
+        for s in inf.get("sizes", [])
+        for side, x in s["sides"].items()
+        if side == "app" and "process_wall_s" in x
+    ]
+    if walls:
+        w(
+            "`runagents` launch-to-exit wall (interpreter and Django start-up, burst exit "
+            f"included): {', '.join(walls)}."
+        )
+        w("")
+    errors = [
+        f"{side} at {s['inflight']}: {x['error']}"
+        for s in inf.get("sizes", [])
+        for side, x in s["sides"].items()
+        if x.get("error")
+    ]
+    for e in errors:
+        w(f"- **failed**: {e}")
+    if errors:
+        w("")
+    pk = inf.get("pickup")
+    if pk:
+        w(
+            f"Pickup: an idle `runagents --concurrency 10 --poll-interval "
+            f"{pk['poll_interval_s']:g}` and the fake at zero latency; {pk['runs']} `start_run` "
+            f"{pk['interval_s'] * 1000:.0f} ms apart (after {pk.get('warmup_runs', 0)} uncounted "
+            f"warm-up run). From start_run's return (its commit) to the run's first model "
+            f"request: **p50 {pk['p50_ms']:.0f} ms, p95 {pk['p95_ms']:.0f} ms**, max "
+            f"{pk['max_ms']:.0f} ms ({pk['picked_up']}/{pk['runs']} seen)"
+            + (f"; **{pk['error']}**" if pk.get("error") else "")
+            + ". A pickup well under the poll interval means the worker was woken by the "
+            "commit, not by its polling."
+        )
+        w("")
+    fl = inf.get("fleet")
+    if fl:
+        w(
+            f"Fleet: {fl['procs']} x `runagents --concurrency {fl['concurrency']} --burst` over "
+            f"{fl['runs']:,} runs in one database: {f2(fl.get('wall_s'))} s (ideal "
+            f"{fl['ideal_s']:.2f} s, ratio {f2(fl.get('ratio_to_ideal'))}); peak PostgreSQL "
+            f"connections **{fl['peak_pg_connections']}** (target <= {fl['procs']} x "
+            f"(DB_POOL_SIZE {fl['pool_size']} + 2) = {fl['pg_connection_limit']}: {_v(fl['met'])}); "
+            f"peak RSS per process {fl['peak_rss_kb'] / 1024:.0f} MB"
+            + (f"; **failed: {fl['error']}**" if fl.get("error") else "")
+            + "."
+        )
+        w("")
+
+
+class Row(NamedTuple):
+    """One line of the Targets table, as rendered text."""
+
+    id: str
+    name: str
+    value: str
+    reference: str
+    ratio: str
+    goal: str
+    verdict: str
+
+
+def _row_1(r: dict[str, Any]) -> list[Row]:
+    loop = r["loop"]
+    return [
+        Row(
+            "1",
+            "loop overhead vs in-memory loop",
+            f"{loop['durable_ms_per_run']:.1f} ms/run",
+            f"{loop['inmemory_ms_per_run']:.1f} ms/run",
+            f"{loop['ratio']:.2f}",
+            "<= 1.5",
+            _v(loop["met"]),
+        )
+    ]
+
+
+def _row_2a(r: dict[str, Any]) -> list[Row]:
+    peers = r["peers"]
+    return [
+        Row(
+            "2a",
+            "speed vs DBOS Transact",
+            f"{peers['durable_steps_per_s']:.0f} steps/s",
+            f"{peers['dbos_steps_per_s']:.0f} steps/s",
+            f"{peers['dbos_speedup']:.2f}x",
+            ">= 2x",
+            _v(peers["dbos_met"]),
+        )
+    ]
+
+
+def _row_2b(r: dict[str, Any]) -> list[Row]:
+    peers = r["peers"]
+    return [
+        Row(
+            "2b",
+            "one-step throughput vs django-q2",
+            f"{peers['durable_one_step_runs_per_s']:.1f} runs/s",
+            f"{peers['q2_tasks_per_s']:.1f} tasks/s",
+            f"{peers['q2_speedup']:.2f}x",
+            ">= 3x",
+            _v(peers["q2_met"]),
+        )
+    ]
+
+
+def _row_3(r: dict[str, Any]) -> list[Row]:
+    c = r["commit"]
+    return [
+        Row(
+            "3",
+            "commit floor: append_step vs raw INSERT+UPDATE tx (p50)",
+            f"{c['append_step']['p50_ms']:.3f} ms",
+            f"{c['raw_tx']['p50_ms']:.3f} ms",
+            f"{c['ratio_p50']:.2f}",
+            "<= 2",
+            _v(c["met"]),
+        )
+    ]
+
+
+def _row_4(r: dict[str, Any]) -> list[Row]:
+    s = r["scale"]
+    return [
+        Row(
+            "4",
+            f"claim p99, {s['finished_large']:,} vs 1,000 finished runs",
+            f"{s['large']['p99_ms']:.2f} ms",
+            f"{s['small']['p99_ms']:.2f} ms",
+            f"{s['p99_ratio']:.2f}",
+            "<= 1.2",
+            _v(s["met"]),
+        )
+    ]
+
+
+def _row_5(r: dict[str, Any]) -> list[Row]:
+    wk = r["workers"]
+    best = max((x for x in wk["configs"] if x["workers"] == 8), key=lambda x: x["speedup"])
+    return [
+        Row(
+            "5",
+            f"8 workers vs 1 ({wk['cpus']} CPUs), best of processes/slots",
+            f"{best['steps_per_s']:.0f} steps/s ({best['procs']}x{best['concurrency']})",
+            f"{best.get('baseline_steps_per_s', wk['configs'][0]['steps_per_s']):.0f} steps/s",
+            f"{wk['best_speedup_8']:.2f}x",
+            ">= 1.6x",
+            _v(wk["met"]),
+        )
+    ]
+
+
+def _row_6a(r: dict[str, Any]) -> list[Row]:
+    lr = r["longrun"]
+    return [
+        Row(
+            "6a",
+            f"time per step at steps {'-'.join(map(str, lr.get('window', [lr['steps']])))} vs 2-21",
+            f"{lr['step_ms_at_end']:.2f} ms",
+            f"{lr['step_ms_at_10']:.2f} ms",
+            f"{lr['step_ratio']:.2f}",
+            "<= 1.2",
+            _v(lr["step_met"]),
+        )
+    ]
+
+
+def _row_6b(r: dict[str, Any]) -> list[Row]:
+    lr = r["longrun"]
+    return [
+        Row(
+            "6b",
+            f"cold rebuild of a {lr['steps'] + 1}-step run vs raw SELECT (p50)",
+            f"{lr['rebuild']['p50_ms']:.1f} ms",
+            f"{lr['raw_select']['p50_ms']:.1f} ms",
+            f"{lr['rebuild_ratio']:.2f}",
+            "<= 1.5",
+            _v(lr["rebuild_met"]),
+        )
+    ]
+
+
+def _row_7(r: dict[str, Any]) -> list[Row]:
+    mem = r["memory"]
+    return [
+        Row(
+            "7",
+            f"worker RSS growth over {mem['runs']:,} runs",
+            f"{mem['rss_end_kb'] / 1024:.1f} MB",
+            f"{mem['rss_warm_kb'] / 1024:.1f} MB (after {mem['rss_warm_at_runs']} runs)",
+            f"{mem['growth_from_warm'] * 100:+.1f} %",
+            "<= 10 %",
+            _v(mem["met"]),
+        )
+    ]
+
+
+_ROWS = (
+    ("loop", _row_1),
+    ("peers", _row_2a),
+    ("peers", _row_2b),
+    ("commit", _row_3),
+    ("scale", _row_4),
+    ("workers", _row_5),
+    ("longrun", _row_6a),
+    ("longrun", _row_6b),
+    ("memory", _row_7),
+)
+
+
+def target_rows(r: dict[str, Any], lenient: bool = False) -> list[Row]:
+    """The Targets table's rows for the results ``r`` (benchmark name -> its JSON), in order.
+
+    A benchmark without results gives no row. ``lenient`` skips a row whose figures are
+    missing or malformed (results written by an older bench) instead of raising.
+    """
+    rows: list[Row] = []
+    for name, build in _ROWS:
+        if not r.get(name):
+            continue
+        try:
+            rows += build(r)
+        except (KeyError, TypeError, ValueError, IndexError):
+            if not lenient:
+                raise
+    return rows
+
+
+def _before_after(w: Any, r: dict[str, Any], m: dict[str, Any]) -> None:
+    """The "Before and after" section, if bench/out/before/ holds results."""
+    before_dir = common.OUT / "before"
+    if not before_dir.is_dir():
+        return
+    b = {f.stem: json.loads(f.read_text()) for f in sorted(before_dir.glob("*.json"))}
+    ref = b.pop("ref", {})
+    b.pop("machine", None)
+    if not b:
+        return
+    after = {row.id: row for row in target_rows(r)}
+    pairs = [(row, after[row.id]) for row in target_rows(b, lenient=True) if row.id in after]
+    if not pairs:
+        return
+    g = m.get("git") or {}
+    dirty = g.get("durable_agents_dirty") or []
+    w("## Before and after (issue 10)")
+    w("")
+    w(
+        f"Before: git {ref.get('ref', '?')} ({ref.get('short_sha', '?')}), measured by that "
+        f"commit's own bench code in a temporary worktree; after: git {g.get('head', '?')}"
+        + (" plus uncommitted changes to durable_agents/" if dirty else "")
+        + ", this tree."
+        + (" **The before run failed: its column is partial.**" if ref.get("failed") else "")
+    )
+    w("")
+    if ref.get("invocation") and ref.get("invocation") == m.get("invocation"):
+        w(
+            "Each column's ratios were measured side by side within its own run; both columns "
+            "come from the same `make bench` invocation, minutes apart (before first)."
+        )
+    else:
+        w(
+            "Each column's ratios were measured side by side within its own run; **the before "
+            f"column comes from an earlier invocation ({ref.get('date', 'date unknown')})**, "
+            "not from the one that measured the after column."
+        )
+    w("")
+    w(
+        "| # | target | goal | before: ratio (value) | after: ratio (value) "
+        "| before verdict | after verdict |"
+    )
+    w("| --- | --- | --- | --- | --- | --- | --- |")
+    for old, new in pairs:
+        w(
+            f"| {new.id} | {new.name} | {new.goal} | {old.ratio} ({old.value}) "
+            f"| {new.ratio} ({new.value}) | {old.verdict} | {new.verdict} |"
+        )
+    w("")
 
 
 def _la(v: Any) -> str:

@@ -1,11 +1,21 @@
 """Run every benchmark and write docs/benchmarks.md and docs/img/*.png.
 
-    python -m bench.run_all            # full sizes, under 10 minutes on 2 cores
-    python -m bench.run_all --quick    # small sizes, about 3 minutes
+    python -m bench.run_all            # full sizes: about 20 minutes (in flight alone ~10)
+    python -m bench.run_all --quick    # small sizes: about 6 minutes
     python -m bench.run_all --only loop,commit
+    python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
 
 Each benchmark runs in its own process (each configures Django for its own da_bench_*
 database) and leaves its figures in bench/out/<name>.json; bench/report.py renders them.
+
+--before REF measures REF first, then the current tree, in the same invocation: REF is
+checked out with `git worktree add --detach /tmp/da-bench-before-<sha> REF`, and that
+checkout's own `python -m bench.run_all` (same --quick/--only, never the in-flight
+benchmark, which older refs lack) runs inside it with this interpreter, so its bench code
+and durable_agents are REF's. Its bench/out/*.json are copied to bench/out/before/ (emptied
+first) with bench/out/before/ref.json naming REF, and the worktree is removed. If that run
+fails, it says so loudly and the current tree is measured anyway. The report then adds a
+"Before and after" table of targets 1-7. The before run roughly doubles the time.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +41,7 @@ FULL = {
     "profile_step": ["--runs", "40"],
     "longrun": ["--turns", "1101", "--rebuild-reps", "15"],
     "memory": ["--runs", "10000", "--concurrency", "4"],
+    "inflight": ["--inflight", "100,500,1000"],
 }
 QUICK = {
     "loop": ["--runs", "20", "--reps", "2"],
@@ -40,6 +52,7 @@ QUICK = {
     "profile_step": ["--runs", "20"],
     "longrun": ["--turns", "201", "--rebuild-reps", "5"],
     "memory": ["--runs", "2000", "--concurrency", "4"],
+    "inflight": ["--quick", "--inflight", "100,300"],
 }
 
 
@@ -102,19 +115,130 @@ def _git() -> dict[str, object]:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    dirty = [ln[3:] for ln in out("status", "--porcelain", "--", "durable_agents").splitlines()]
+    # Not out(): its strip() would eat the first line's leading status column.
+    try:
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "durable_agents"],
+            cwd=common.ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        status = ""
+    dirty = [ln[3:] for ln in status.splitlines() if ln.strip()]
     return {"head": out("rev-parse", "--short", "HEAD"), "durable_agents_dirty": dirty}
+
+
+BEFORE = common.OUT / "before"
+# Benchmarks never run for --before: the in-flight one did not exist before the rewrite.
+NOT_BEFORE = {"inflight"}
+
+
+def _loud(msg: str) -> None:
+    bar = "!" * 78
+    print(f"{bar}\n!! {msg}\n{bar}", file=sys.stderr, flush=True)
+
+
+def _git_out(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=common.ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _remove_worktree(path: Path) -> None:
+    subprocess.run(
+        ["git", "worktree", "remove", "--force", str(path)], cwd=common.ROOT, check=False
+    )
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=common.ROOT, check=False)
+
+
+def run_before(ref: str, quick: bool, names: list[str], invocation: str) -> dict[str, object]:
+    """Measure git ``ref`` in a temporary worktree; results go to bench/out/before/."""
+    if BEFORE.exists():
+        shutil.rmtree(BEFORE)
+    BEFORE.mkdir(parents=True)
+    names = [n for n in names if n not in NOT_BEFORE]
+    result: dict[str, object] = {
+        "ref": ref,
+        "invocation": invocation,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "names": names,
+    }
+    if not names:
+        _loud(f"--before {ref}: nothing to run (only {sorted(NOT_BEFORE)} selected)")
+        shutil.rmtree(BEFORE)
+        return {**result, "error": "nothing to run"}
+    try:
+        sha = _git_out("rev-parse", "--verify", f"{ref}^{{commit}}")
+        short = _git_out("rev-parse", "--short", sha)
+    except (OSError, subprocess.CalledProcessError) as e:
+        _loud(f"--before {ref}: not a git commit here ({e}); measuring the current tree only")
+        shutil.rmtree(BEFORE)
+        return {**result, "error": f"cannot resolve {ref}"}
+    result.update(sha=sha, short_sha=short)
+    wt = Path(f"/tmp/da-bench-before-{short}")
+    if wt.exists():
+        _remove_worktree(wt)
+    t = time.perf_counter()
+    rc: int | None = None
+    try:
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(wt), sha], cwd=common.ROOT, check=True
+        )
+        args = ["--only", ",".join(names)] + (["--quick"] if quick else [])
+        print(f"== before: {ref} ({short}) in {wt}: bench.run_all {' '.join(args)}", flush=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.run_all", *args],
+            cwd=wt,
+            env={**os.environ, "PYTHONPATH": str(wt)},
+        )
+        rc = proc.returncode
+        copied = []
+        for f in sorted((wt / "bench" / "out").glob("*.json")):
+            shutil.copy2(f, BEFORE / f.name)
+            copied.append(f.stem)
+        result["copied"] = copied
+    except (OSError, subprocess.CalledProcessError) as e:
+        result["error"] = str(e)
+    finally:
+        _remove_worktree(wt)
+    result.update(returncode=rc, seconds=time.perf_counter() - t)
+    missing = [n for n in names if n not in result.get("copied", [])]
+    result["failed"] = bool(result.get("error") or rc or missing)
+    (BEFORE / "ref.json").write_text(json.dumps(result, indent=2))
+    if result["failed"]:
+        _loud(
+            f"--before {ref} ({short}) FAILED: exit code {rc}, error {result.get('error')}, "
+            f"missing results {missing}; going on with the current tree"
+        )
+    else:
+        print(f"== before: {ref} ({short}) done in {result['seconds']:.0f}s", flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", default="")
+    p.add_argument(
+        "--before",
+        metavar="REF",
+        default="",
+        help="first measure git REF in a temporary worktree (bench/out/before/)",
+    )
     a = p.parse_args(argv)
     sizes = QUICK if a.quick else FULL
     names = [n for n in sizes if not a.only or n in a.only.split(",")]
     common.OUT.mkdir(parents=True, exist_ok=True)
+    invocation = time.strftime("%Y-%m-%dT%H:%M:%S") + f"-{os.getpid()}"
+    before = run_before(a.before, a.quick, names, invocation) if a.before else None
     info = machine()
+    info["invocation"] = invocation
+    if before is not None:
+        info["before"] = before
     info["mode"] = "quick" if a.quick else "full"
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
@@ -134,6 +258,11 @@ def main(argv: list[str] | None = None) -> None:
     info["bench_seconds"] = timings
     info["total_seconds"] = time.perf_counter() - t_all
     info["loadavg_end"] = os.getloadavg()
+    if before is not None and (
+        before.get("failed") or before.get("error") not in (None, "nothing to run")
+    ):
+        failures["before"] = f"--before {a.before}: see bench/out/before/ref.json"
+        _loud(f"the --before {a.before} run failed; its column is partial or missing")
     info["failures"] = failures
     info["ran"] = names
     (common.OUT / "machine.json").write_text(json.dumps(info, indent=2, default=str))

@@ -23,6 +23,10 @@ DURABLE_AGENTS = {
     "MODEL_RETRIES": 2,
     "NOTIFY": False,
 }
+# bench/inflight.py varies the worker's connection pool (set only when asked: a worker without
+# the pool does not know the key).
+if os.environ.get("DA_BENCH_POOL_SIZE"):
+    DURABLE_AGENTS["DB_POOL_SIZE"] = int(os.environ["DA_BENCH_POOL_SIZE"])
 
 Q_CLUSTER = {
     "name": "da_bench",
