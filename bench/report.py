@@ -609,7 +609,7 @@ def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
             f"{fl['runs']:,} runs in one database: {f2(fl.get('wall_s'))} s (ideal "
             f"{fl['ideal_s']:.2f} s, ratio {f2(fl.get('ratio_to_ideal'))}); peak PostgreSQL "
             f"connections **{fl['peak_pg_connections']}** (target <= {fl['procs']} x "
-            f"(DB_POOL_SIZE {fl['pool_size']} + 2) = {fl['pg_connection_limit']}: {_v(fl['met'])}); "
+            f"DB_POOL_SIZE {fl['pool_size']} = {fl['pg_connection_limit']}: {_v(fl['met'])}); "
             f"peak RSS per process {fl['peak_rss_kb'] / 1024:.0f} MB"
             + (f"; **failed: {fl['error']}**" if fl.get("error") else "")
             + "."

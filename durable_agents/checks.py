@@ -37,7 +37,8 @@ NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
     "RETENTION_BATCH": ("whole", 1, True, False),
     "METRICS_KEEP_DAYS": ("whole", 1, True, False),
     "MODEL_RETRIES": ("whole", 0, True, False),
-    "DB_POOL_SIZE": ("whole", 1, True, False),
+    # The heartbeat, the listener and a pool of at least one.
+    "DB_POOL_SIZE": ("whole", 3, True, False),
     "TOOL_THREADS": ("whole", 1, True, False),
 }
 

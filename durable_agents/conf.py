@@ -15,9 +15,10 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_SECONDS": 20,
     "MAX_ATTEMPTS": 8,
     "POLL_INTERVAL": 1.0,
-    # PostgreSQL: the most connections one worker process's pool holds. A connection is held
-    # only while the worker talks to the database, never across a model or tool call, so a
-    # worker with 1,000 runs in flight needs this many plus two (heartbeat, listener).
+    # PostgreSQL: the most connections one worker process holds, all told: its heartbeat's,
+    # its listener's and its pool's. A pooled connection is held only while the worker talks
+    # to the database, never across a model or tool call, so this does not grow with the
+    # runs in flight.
     "DB_POOL_SIZE": 8,
     # PostgreSQL: LISTEN for new runs, wake-ups and cancellations (polling stays the fallback).
     # True: on the database's own settings; False: poll only; a dict: overrides of the

@@ -6,11 +6,11 @@ keeps a connection across a model or tool call: ``release()`` hands the thread's
 back to the pool before every such wait, and the next statement takes one again. On
 PostgreSQL ``runagents`` turns on Django's own connection pool (``OPTIONS["pool"]``, psycopg's
 ``ConnectionPool``) with at most ``DB_POOL_SIZE`` connections, so one process holding a
-thousand runs in flight uses about ten connections in all:
+thousand runs in flight uses at most ``DB_POOL_SIZE`` (default 8) connections in all:
 
-    the pool (DB_POOL_SIZE, default 8)   claims, step commits, tool code's ORM queries
     the heartbeat (1)                    one statement per beat for every run held
     the listener (1)                     LISTEN for new runs, wake-ups and cancellations
+    the pool (the rest: 6 by default)    claims, step commits, tool code's ORM queries
 
 The heartbeat has its own connection so that a pool drained by slow tool code can never
 delay the renewal of the leases. Without a pool (SQLite, or a worker inside a test's process)
@@ -36,6 +36,12 @@ def pooled(alias: str = DEFAULT_DB_ALIAS) -> bool:
     return connections[alias].vendor == "postgresql" and bool(
         connections.settings[alias].get("OPTIONS", {}).get("pool")
     )
+
+
+def statement_pool_size(total: int, listening: bool) -> int:
+    """The pool's share of a worker's ``total`` connections: what the heartbeat and the
+    listener do not hold (at least one)."""
+    return max(1, total - 1 - (1 if listening else 0))
 
 
 def use_pool(size: int, alias: str = DEFAULT_DB_ALIAS) -> bool:

@@ -93,8 +93,9 @@ class Command(BaseCommand):
                 "defined an Agent. This worker will hand back every run it claims."
             )
         # Every thread of this process shares one small pool (PostgreSQL): a connection is
-        # held only while a slot talks to the database, not for a run's whole life.
-        db.use_pool(app_settings.DB_POOL_SIZE)
+        # held only while a slot talks to the database, not for a run's whole life. The
+        # heartbeat's and the listener's own connections count towards DB_POOL_SIZE too.
+        db.use_pool(db.statement_pool_size(app_settings.DB_POOL_SIZE, bool(app_settings.LISTEN)))
         _raise_open_files_limit(options["concurrency"])
         _limit_malloc_arenas()
         worker = Worker(
