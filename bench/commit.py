@@ -61,6 +61,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
     from django.db import connection
 
     from durable_agents import leases
+    from durable_agents.store.postgres import APPEND_STEP_SQL
 
     claim = _new_claim("bench-commit")
     cte_run = _new_claim("bench-commit-cte")
@@ -105,7 +106,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
         raw.commit()
         times["raw_tx"].append(time.perf_counter() - t)
 
-    sql = leases._APPEND_SQL_PLAIN
+    sql = APPEND_STEP_SQL
 
     def cte_once() -> None:
         seq["cte"] += 1

@@ -48,10 +48,12 @@ class _Timer:
     """Wraps append_step and create_turn to time every commit of the claim in progress."""
 
     def __init__(self) -> None:
-        from durable_agents import leases, llm
+        from durable_agents import llm, store
 
-        self.leases, self.llm = leases, llm
-        self.orig_append, self.orig_create = leases.append_step, llm.create_turn
+        # The runner commits through the chosen store (an instance attribute shadows the
+        # method for that instance only).
+        self.store, self.llm = store.current(), llm
+        self.orig_append, self.orig_create = self.store.append_step, llm.create_turn
         self.commits: dict[int, tuple[float, float, float]] = {}  # seq -> (end, commit, model)
         self.model_s = 0.0
         self.limit = 0
@@ -74,11 +76,12 @@ class _Timer:
         return out
 
     def __enter__(self) -> _Timer:
-        self.leases.append_step, self.llm.create_turn = self.append, self.create
+        self.store.append_step, self.llm.create_turn = self.append, self.create  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.leases.append_step, self.llm.create_turn = self.orig_append, self.orig_create
+        del self.store.append_step  # type: ignore[attr-defined]
+        self.llm.create_turn = self.orig_create
 
     def advance(self, run_id: Any, limit: int) -> tuple[str, dict[int, dict[str, float]]]:
         """One claim of ``run_id``, stopped after ``limit`` commits; the timed steps."""

@@ -50,7 +50,7 @@ class Buckets:
 
 
 def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
-    from durable_agents import effects, leases, llm, runner
+    from durable_agents import leases, llm, runner, store
 
     undo = []
 
@@ -62,9 +62,11 @@ def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
     patch(leases, "claim_runs", "claim")
     patch(runner, "load_log", "load_log")
     patch(llm, "create_turn", "model_call")
-    patch(leases, "append_step", "commit")
-    patch(leases, "finish_run", "finish")
-    patch(effects, "recorded_effects", "tool:recorded_effects")
+    # The runner commits and reads through the chosen store's methods.
+    chosen = store.current()
+    patch(chosen, "append_step", "commit")
+    patch(chosen, "finish_run", "finish")
+    patch(chosen, "recorded_effects", "tool:recorded_effects")
     patch(runner.RunAdvancer, "_call_tool", "tool:call")
     patch(runner.RunAdvancer, "_pinned_agent", "pin+fingerprint")
     patch(runner, "advance_run", "advance_run")

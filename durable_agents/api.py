@@ -1,5 +1,6 @@
 """The operations on runs and intents. The admin, the demo and user code all go through
-these functions; none of them re-implements a transition."""
+these functions; none of them re-implements a transition. The transitions themselves are
+the store's (``durable_agents.store``); signals and permission checks are here."""
 
 from __future__ import annotations
 
@@ -8,24 +9,13 @@ import uuid
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
-from django.db.models.functions import Now
 
-from durable_agents import effects, leases, signals
+from durable_agents import effects, signals
 from durable_agents.agents import registry
 from durable_agents.history import rebuild_messages
-from durable_agents.leases import MAX_REASON_CHARS
-from durable_agents.models import (
-    CANCELLABLE_STATUSES,
-    AgentRun,
-    AgentStep,
-    IntentStatus,
-    RunStatus,
-    StepKind,
-    ToolEffect,
-    ToolIntent,
-)
-from durable_agents.text import has_unstorable, storable_text
+from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent
+from durable_agents.store import current
+from durable_agents.text import has_unstorable
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 
@@ -43,50 +33,30 @@ def start_run(
         raise ValueError("a task cannot contain NUL characters or lone surrogates")
     definition = registry.get(agent, version)
     pinned_model = model or definition.model
-    with transaction.atomic():
-        run = AgentRun.objects.create(
-            id=uuid.uuid4(),
-            agent=definition.name,
-            prompt_version=definition.version,
-            model=pinned_model,
-            fingerprint=definition.fingerprint(pinned_model),
-            task=task,
-        )
-        AgentStep.objects.create(
-            run=run, seq=0, kind=StepKind.TASK, payload=json.dumps(task, ensure_ascii=False)
-        )
-    run.refresh_from_db()
-    return run
+    run = AgentRun(
+        id=uuid.uuid4(),
+        agent=definition.name,
+        prompt_version=definition.version,
+        model=pinned_model,
+        fingerprint=definition.fingerprint(pinned_model),
+        task=task,
+    )
+    return current().create_run(run, json.dumps(task, ensure_ascii=False))
 
 
 def cancel_run(run_id: Any) -> bool:
     """Cancel a pending, running or waiting run. A worker holding it notices through its
     heartbeat and its fence refuses any further step. False if the run was already over."""
-    cancelled = AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES).update(
-        status=RunStatus.CANCELLED,
-        lease_owner=None,
-        lease_until=None,
-        finished_at=Now(),
-        updated_at=Now(),
-    )
+    cancelled = current().cancel_run(run_id)
     if cancelled:
         signals.run_finished.send(sender=AgentRun, run_id=run_id, status=RunStatus.CANCELLED)
-    return bool(cancelled)
+    return cancelled
 
 
 def requeue_run(run_id: Any) -> bool:
     """Send a dead run back to pending with a fresh no-progress count; its error stays as
     history until the run progresses."""
-    return bool(
-        AgentRun.objects.filter(pk=run_id, status=RunStatus.DEAD).update(
-            status=RunStatus.PENDING,
-            stalled_claims=0,
-            lease_owner=None,
-            lease_until=None,
-            finished_at=None,
-            updated_at=Now(),
-        )
-    )
+    return current().requeue_run(run_id)
 
 
 def messages_for(run_id: Any) -> list[dict[str, Any]]:
@@ -100,21 +70,7 @@ def _check_permission(user: Any) -> None:
 
 def _decide(intent_id: Any, user: Any, from_status: str, to_status: str, reason: str) -> ToolIntent:
     _check_permission(user)
-    with transaction.atomic():
-        intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
-        if intent.status == from_status:
-            intent.status = to_status
-            intent.decided_by = user
-            intent.decided_at = Now()
-            intent.reason = storable_text(reason, MAX_REASON_CHARS)
-            intent.updated_at = Now()
-            intent.save(
-                update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"]
-            )
-            # In the transaction that holds the intent's lock: see leases.park_on_intent.
-            leases.wake_run(intent.run_id)
-    intent.refresh_from_db()
-    return intent
+    return current().decide_intent(intent_id, user, from_status, to_status, reason)
 
 
 def approve_intent(intent_id: Any, user: Any) -> ToolIntent:
@@ -137,31 +93,5 @@ def resolve_intent(
     run goes on with it. ``happened=False``: it did not; the call runs again.
     """
     _check_permission(user)
-    with transaction.atomic():
-        intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
-        if intent.status != IntentStatus.UNKNOWN:
-            return intent
-        intent.decided_by = user
-        intent.decided_at = Now()
-        intent.reason = storable_text(reason, MAX_REASON_CHARS)
-        if happened:
-            text, is_error = effects.format_result("" if result is None else result)
-            effects.record_effect(
-                ToolEffect(
-                    key=intent.key,
-                    run_id=intent.run_id,
-                    seq=intent.seq,
-                    call_index=intent.call_index,
-                    tool=intent.tool,
-                    result=text,
-                    is_error=is_error,
-                )
-            )
-            intent.status = IntentStatus.DONE
-        else:
-            intent.status = IntentStatus.APPROVED
-        intent.updated_at = Now()
-        intent.save(update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"])
-        leases.wake_run(intent.run_id)
-    intent.refresh_from_db()
-    return intent
+    outcome = effects.format_result("" if result is None else result) if happened else None
+    return current().resolve_intent(intent_id, user, outcome=outcome, reason=reason)

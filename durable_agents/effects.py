@@ -1,4 +1,5 @@
-"""Idempotency keys, the tool_effect ledger and the transitions of tool intents.
+"""Idempotency keys, tool results as text, and the tool_effect ledger and intents of a run
+(read and written through the store: ``durable_agents.store``).
 
 A key is derived from the call's *position* in the run (run id, seq of the model turn, index
 of the call in that turn), the tool and its canonical arguments: two attempts at the same call
@@ -12,13 +13,11 @@ import json
 import logging
 from typing import Any
 
-from django.db import transaction
-from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
-from durable_agents import leases
 from durable_agents.conf import app_settings
-from durable_agents.models import IntentStatus, ToolEffect, ToolIntent
+from durable_agents.models import ToolEffect, ToolIntent
+from durable_agents.store import Store, current
 from durable_agents.text import Unstorable, json_text, storable_text
 
 logger = logging.getLogger("durable_agents.effects")
@@ -66,29 +65,22 @@ def tool_error_text(tool_name: str, exc: BaseException) -> str:
         return f"{tool_name} raised {type(exc).__name__}"
 
 
-def recorded_effects(run_id: Any, seq: int) -> dict[str, ToolEffect]:
+def recorded_effects(run_id: Any, seq: int, store: Store | None = None) -> dict[str, ToolEffect]:
     """The calls of one turn that already completed, by key (one query per turn)."""
-    return {e.key: e for e in ToolEffect.objects.filter(run_id=run_id, seq=seq)}
+    return (store or current()).recorded_effects(run_id, seq)
 
 
-def record_effect(effect: ToolEffect) -> None:
+def record_effect(effect: ToolEffect, store: Store | None = None) -> None:
     """Commit one completed call. A second recording of the same key changes nothing."""
-    ToolEffect.objects.bulk_create([effect], ignore_conflicts=True)
+    (store or current()).record_effect(effect)
 
 
-def intent_for_key(key: str) -> ToolIntent | None:
-    return ToolIntent.objects.filter(key=key).first()
+def intent_for_key(key: str, store: Store | None = None) -> ToolIntent | None:
+    return (store or current()).intent_for_key(key)
 
 
-def complete_intent(intent: ToolIntent, effect: ToolEffect) -> None:
+def complete_intent(intent: ToolIntent, effect: ToolEffect, store: Store | None = None) -> None:
     """The approved call ran: record its effect, mark the intent done and wake the run if it
-    is parked, in one transaction. Not fenced: the call happened whoever holds the run now.
-    If another worker meanwhile found the intent ``executing`` and parked the run on it as
-    ``unknown``, this settles it and wakes the run, which goes on with the recorded effect."""
-    with transaction.atomic():
-        if ToolIntent.objects.filter(
-            pk=intent.pk, status__in=(IntentStatus.EXECUTING, IntentStatus.UNKNOWN)
-        ).update(status=IntentStatus.DONE, updated_at=Now()):
-            leases.wake_run(intent.run_id)
-        record_effect(effect)
-    intent.status = IntentStatus.DONE
+    is parked, in one transaction (``Store.complete_intent``). Not fenced: the call happened
+    whoever holds the run now."""
+    (store or current()).complete_intent(intent, effect)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from django.db import connection
-
 from durable_agents.deepjson import loads_deep
-from durable_agents.models import AgentRun, AgentStep, StepKind
+from durable_agents.models import StepKind
+from durable_agents.store import Store, current
 
 _USER_OPEN = '{"role":"user","content":'
 _ASSISTANT_OPEN = '{"role":"assistant","content":'
@@ -94,33 +93,19 @@ class RunLog(NamedTuple):
     last: StepRow | None
 
 
-def load_steps(run_id: Any, after_seq: int = -1) -> list[StepRow]:
+def load_steps(run_id: Any, after_seq: int = -1, store: Store | None = None) -> list[StepRow]:
     """The log of a run from ``after_seq`` on, as plain rows (no model instances)."""
-    rows = (
-        AgentStep.objects.filter(run_id=run_id, seq__gt=after_seq)
-        .order_by("seq")
-        .values_list("seq", "kind", "payload")
-    )
-    return [StepRow(*row) for row in rows]
+    return [StepRow(*row) for row in (store or current()).load_steps(run_id, after_seq)]
 
 
-_LOG_SQL = (
-    "SELECT seq, kind, payload, content_start, content_end FROM agent_step"
-    " WHERE run_id = %s ORDER BY seq"
-)
-
-
-def load_log(run_id: Any) -> RunLog:
+def load_log(run_id: Any, store: Store | None = None) -> RunLog:
     """Rebuild a run's conversation from its log (a claim does this once, then appends).
 
-    One SELECT; each turn's content is cut out of its body at the recorded span, never parsed,
-    and the messages are encoded as one chunk of the array (measured: the rows plus this loop
-    cost about 1.3x the bare SELECT of them at 2,000 steps; assembling the text in SQL was
-    slower)."""
-    with connection.cursor() as cursor:
-        # Plain SQL: the ORM's row iteration costs more than the rest of the rebuild.
-        cursor.execute(_LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
-        rows = cursor.fetchall()
+    One SELECT (``Store.load_log_rows``); each turn's content is cut out of its body at the
+    recorded span, never parsed, and the messages are encoded as one chunk of the array
+    (measured: the rows plus this loop cost about 1.3x the bare SELECT of them at 2,000 steps;
+    assembling the text in SQL was slower)."""
+    rows = (store or current()).load_log_rows(run_id)
     texts = [message_text(kind, payload, start, end) for _, kind, payload, start, end in rows]
     turns = sum(1 for row in rows if row[1] == _MODEL_TURN)
     first_kind = rows[0][1] if rows and rows[0][0] == 0 else None

@@ -13,41 +13,25 @@ import logging
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from durable_agents import metrics, signals
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
-from durable_agents.models import FINISHED_STATUSES, AgentRun, MetricsSnapshot, RunStatus
+from durable_agents.models import FINISHED_STATUSES, AgentRun, MetricsSnapshot
+from durable_agents.store import current
 
 logger = logging.getLogger("durable_agents.housekeeping")
 
 
-def _not_leased() -> Q:
-    """Runs no worker holds right now: a held run is left to its worker, which checks the
-    same things before its next model call."""
-    return (
-        Q(status__in=(RunStatus.PENDING, RunStatus.WAITING))
-        | Q(status=RunStatus.RUNNING, lease_until__lt=Now())
-        | Q(status=RunStatus.RUNNING, lease_until__isnull=True)
-    )
-
-
 def _dead_letter(queryset: Any, reason: str) -> int:
+    """Dead-letter the runs of ``queryset`` that no worker holds (``Store.dead_letter``): a
+    held run is left to its worker, which checks the same things before its next model call."""
+    store = current()
     moved = 0
     for run_id in list(queryset.values_list("pk", flat=True)):
-        changed = AgentRun.objects.filter(_not_leased(), pk=run_id).update(
-            status=RunStatus.DEAD,
-            error=reason,
-            lease_owner=None,
-            lease_until=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        if changed:
+        if store.dead_letter(run_id, reason):
             moved += 1
             logger.warning("run %s dead-lettered by the sweep: %s", run_id, reason)
             signals.run_dead_lettered.send(sender=AgentRun, run_id=run_id, reason=reason)
@@ -57,7 +41,7 @@ def _dead_letter(queryset: Any, reason: str) -> int:
 def sweep() -> dict[str, int]:
     """Dead-letter active runs pinned to a retired model or to a prompt version that is no
     longer deployed, with a reason a person can act on."""
-    active = AgentRun.objects.filter(_not_leased())
+    active = AgentRun.objects.not_leased()
     moved = {"retired_model": 0, "undeployed_prompt": 0}
     for model in app_settings.RETIRED_MODELS:
         moved["retired_model"] += _dead_letter(

@@ -1,5 +1,5 @@
 """The four tables of durable_agents: runs, their append-only step log, the effect ledger and
-intents of irreversible tool calls. Locking statements live in ``leases.py``, not here."""
+intents of irreversible tool calls. Status changes live in ``store/``, not here."""
 
 from __future__ import annotations
 
@@ -54,6 +54,15 @@ class AgentRunQuerySet(models.QuerySet["AgentRun"]):
         """Runs a worker may take now; served by the partial index ``agent_run_claim``."""
         return self.filter(status__in=CLAIMABLE_STATUSES).filter(
             models.Q(lease_until__isnull=True) | models.Q(lease_until__lt=Now())
+        )
+
+    def not_leased(self) -> AgentRunQuerySet:
+        """Active runs no worker holds right now (pending, waiting, or running with a lease
+        that is missing or expired): what housekeeping may dead-letter."""
+        return self.filter(
+            models.Q(status__in=(RunStatus.PENDING, RunStatus.WAITING))
+            | models.Q(status=RunStatus.RUNNING, lease_until__lt=Now())
+            | models.Q(status=RunStatus.RUNNING, lease_until__isnull=True)
         )
 
     def active(self) -> AgentRunQuerySet:

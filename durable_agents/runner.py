@@ -8,7 +8,7 @@ log, then repeats until the run is parked or over:
                                                   commit the results             (a step)
     last step is a final model turn            -> the run succeeded
 
-Each step is committed by ``leases.append_step``, only while this worker's fence holds, and in
+Each step is committed by ``Store.append_step``, only while this worker's fence holds, and in
 seq order: a model turn before any of its calls runs; tool results before the next model call
 goes out, except that results of pure and idempotent calls are committed while that call is in
 flight (OVERLAP_SAFE_COMMITS; always before the turn it returns). Nothing is kept in memory that
@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import calls, effects, leases, llm, signals
+from durable_agents import calls, effects, llm, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
@@ -42,7 +42,6 @@ from durable_agents.history import (
     user_message,
 )
 from durable_agents.interrupt import Interrupt
-from durable_agents.leases import Claim
 from durable_agents.logging import bind_run
 from durable_agents.models import (
     AgentRun,
@@ -52,6 +51,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
+from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Parked, Store, current
 from durable_agents.text import Unstorable, check_depth, json_text, storable_text
 from durable_agents.tools import EffectClass, Tool, ToolInputError
 
@@ -108,15 +108,18 @@ def advance_run(
     claim: Claim,
     interrupt: Interrupt | None = None,
     drain: threading.Event | None = None,
-    then_claim: leases.NextClaim | None = None,
+    then_claim: NextClaim | None = None,
+    store: Store | None = None,
 ) -> Disposition:
     """Advance one claimed run until it is parked or over; returns its disposition.
 
     ``interrupt`` aborts what is in flight (cancelled, lease lost, shutdown now); ``drain``
     only stops before the next step (a worker shutting down gracefully). With ``then_claim``,
-    the statement that commits the run's last turn also claims the worker's next run."""
+    the statement that commits the run's last turn also claims the worker's next run.
+    ``store``: where the run lives (default: ``store.current()``, chosen now for the whole
+    claim); unit tests pass an ``InMemoryStore``."""
     with bind_run(claim.run_id):
-        return RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim).advance()
+        return RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store).advance()
 
 
 # The interrupt reason of a worker that stops for good (second signal, or its grace is over).
@@ -170,8 +173,11 @@ class RunAdvancer:
         claim: Claim,
         interrupt: Interrupt,
         drain: threading.Event | None = None,
-        then_claim: leases.NextClaim | None = None,
-    ):
+        then_claim: NextClaim | None = None,
+        store: Store | None = None,
+    ) -> None:
+        # Every read and write of the run goes through this store.
+        self.store: Store = store or current()
         self.claim = claim
         self.run: AgentRun = claim.run
         self.interrupt = interrupt
@@ -204,7 +210,7 @@ class RunAdvancer:
         if self.claim.task_payload is not None:
             log = task_log(self.claim.task_payload)
         else:
-            log = load_log(run.pk)
+            log = load_log(run.pk, store=self.store)
         if log.last is None or log.first_kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
         # The conversation, rebuilt from the log verbatim; kept in memory (and appended to)
@@ -321,7 +327,7 @@ class RunAdvancer:
                 f"on worker {self.claim.owner} ({exc}); deploy it again or cancel the run"
             )
             logger.warning("run %s handed back: %s", run.pk, reason)
-            leases.release_lease(
+            self.store.release_lease(
                 self.claim, error=reason, hold_seconds=app_settings.UNDEPLOYED_RETRY_SECONDS
             )
             raise _Stop(RELEASED) from exc
@@ -410,7 +416,7 @@ class RunAdvancer:
             logger.warning(
                 "run %s: model unavailable, handing the run back: %s", self.run.pk, exc.message
             )
-            leases.release_lease(self.claim, error=f"model call failed: {exc.message}")
+            self.store.release_lease(self.claim, error=f"model call failed: {exc.message}")
             raise _Stop(RELEASED) from exc
 
     # -- tools -----------------------------------------------------------------------------
@@ -421,7 +427,7 @@ class RunAdvancer:
         """Run the calls of one turn in order. Every completed call is recorded at once, but
         the last, which is committed together with the tool_result step."""
         calls = [b for b in turn.message.get("content") or [] if b.get("type") == "tool_use"]
-        recorded = {} if turn.fresh else effects.recorded_effects(self.run.pk, turn.seq)
+        recorded = {} if turn.fresh else self.store.recorded_effects(self.run.pk, turn.seq)
         results: list[dict[str, Any]] = []
         final_effect: ToolEffect | None = None
         for index, call in enumerate(calls):
@@ -432,7 +438,7 @@ class RunAdvancer:
             if effect is None:
                 effect = self._call_tool(agent, turn.seq, index, name, tool_input, key)
                 if index < len(calls) - 1:
-                    effects.record_effect(effect)
+                    self.store.record_effect(effect)
                 else:
                     final_effect = effect
             results.append(result_block(call.get("id", ""), effect))
@@ -475,7 +481,7 @@ class RunAdvancer:
 
         if tool.effect is EffectClass.IRREVERSIBLE:
             return self._irreversible(agent, tool, seq, index, tool_input, key)
-        if tool.effect is not EffectClass.PURE and not leases.renew_lease(self.claim):
+        if tool.effect is not EffectClass.PURE and not self.store.renew_lease(self.claim):
             # Before any side effect: make sure the run is still ours and not cancelled.
             self._fence_failed()
         return self._invoke(agent, tool, seq, index, tool_input, key)
@@ -568,7 +574,7 @@ class RunAdvancer:
     def _irreversible(
         self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
     ) -> ToolEffect:
-        intent = effects.intent_for_key(key)
+        intent = self.store.intent_for_key(key)
         if intent is None:
             intent = ToolIntent(
                 run_id=self.run.pk,
@@ -605,13 +611,13 @@ class RunAdvancer:
             elif status == IntentStatus.DONE:
                 # Its call completed (or a person said it happened) after this claim read the
                 # ledger: the effect is recorded by now, in the intent's transaction.
-                recorded = effects.recorded_effects(self.run.pk, seq).get(key)
+                recorded = self.store.recorded_effects(self.run.pk, seq).get(key)
                 if recorded is None:
                     self._dead(f"intent {intent.pk} is done but no effect is recorded for it")
                 return recorded
             elif status == IntentStatus.APPROVED:
-                if not leases.start_intent_execution(self.claim, intent):
-                    intent.refresh_from_db()
+                if not self.store.start_intent_execution(self.claim, intent):
+                    self.store.reload_intent(intent)
                     if intent.status == IntentStatus.APPROVED:
                         self._fence_failed()  # cancelled or taken over: the call never starts
                     continue
@@ -626,20 +632,20 @@ class RunAdvancer:
                     )
                     continue
                 effect = self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
-                effects.complete_intent(intent, effect)
+                self.store.complete_intent(intent, effect)
                 return effect
-            intent.refresh_from_db()
+            self.store.reload_intent(intent)
 
     def _park(
         self, intent: ToolIntent, why: str, *, new: bool = False, crashed: bool = False
     ) -> None:
         """Park the run on ``intent`` and stop (raises ``_Stop``), or return when the intent
         was decided meanwhile (``intent`` is re-read: the caller goes on with it)."""
-        outcome = leases.park_on_intent(self.claim, intent, new=new, crashed=crashed)
-        if outcome is leases.Parked.FENCE_FAILED:
+        outcome = self.store.park_on_intent(self.claim, intent, new=new, crashed=crashed)
+        if outcome is Parked.FENCE_FAILED:
             self._fence_failed()
-        if outcome is leases.Parked.DECIDED:
-            intent.refresh_from_db()
+        if outcome is Parked.DECIDED:
+            self.store.reload_intent(intent)
             return
         logger.info("run %s waits for a person: %s", self.run.pk, why)
         signals.intent_waiting.send(sender=ToolIntent, intent=intent)
@@ -660,10 +666,10 @@ class RunAdvancer:
         finish: tuple[str, str | None] | None = None,
         content_span: tuple[int, int] | None = None,
         tokens: int = 0,
-        then_claim: leases.NextClaim | None = None,
+        then_claim: NextClaim | None = None,
     ) -> None:
         try:
-            committed = leases.append_step(
+            committed = self.store.append_step(
                 self.claim,
                 seq,
                 kind,
@@ -696,18 +702,18 @@ class RunAdvancer:
     def _check_interrupt(self) -> None:
         if self.drain is not None and self.drain.is_set() and not self.interrupt.is_set():
             # The worker is draining: the last step is committed; hand the run back now.
-            leases.release_lease(self.claim, count_claim=False)
+            self.store.release_lease(self.claim, count_claim=False)
             logger.info("run %s handed back: the worker is shutting down", self.run.pk)
             raise _Stop(RELEASED)
         if not self.interrupt.is_set():
             return
         if self.interrupt.reason == SHUTDOWN:
-            leases.release_lease(self.claim, count_claim=False)
+            self.store.release_lease(self.claim, count_claim=False)
             raise _Stop(RELEASED)
         self._fence_failed()
 
     def _fence_failed(self) -> NoReturn:
-        status = leases.current_status(self.run.pk)
+        status = self.store.current_status(self.run.pk)
         if status == RunStatus.CANCELLED:
             logger.info("run %s was cancelled; stopping without committing", self.run.pk)
             raise _Stop(CANCELLED)
@@ -717,7 +723,7 @@ class RunAdvancer:
     def _finish(
         self, disposition: Disposition, *, result: str | None = None, error: str = ""
     ) -> NoReturn:
-        if not leases.finish_run(self.claim, disposition, result=result, error=error):
+        if not self.store.finish_run(self.claim, disposition, result=result, error=error):
             self._fence_failed()
         self._finished(disposition, error)
 
@@ -728,9 +734,9 @@ class RunAdvancer:
         raise _Stop(disposition)
 
     def _dead(self, reason: str) -> NoReturn:
-        reason = storable_text(reason, leases.MAX_REASON_CHARS)
+        reason = storable_text(reason, MAX_REASON_CHARS)
         try:
-            ended = leases.finish_run(self.claim, RunStatus.DEAD, error=reason)
+            ended = self.store.finish_run(self.claim, RunStatus.DEAD, error=reason)
         except DatabaseError as exc:
             # Whatever the reason holds, the run must end: a poison run that cannot even be
             # dead-lettered would be claimed again forever.
@@ -739,7 +745,7 @@ class RunAdvancer:
                 f"dead-lettered; the reason could not be stored ({type(exc).__name__}); "
                 "see the worker's log for this run id"
             )
-            ended = leases.finish_run(self.claim, RunStatus.DEAD, error=reason)
+            ended = self.store.finish_run(self.claim, RunStatus.DEAD, error=reason)
         if not ended:
             self._fence_failed()
         logger.error("run %s dead-lettered: %s", self.run.pk, reason)
@@ -752,7 +758,7 @@ class RunAdvancer:
             f"{run.stalled_claims - 1} claims in a row ended without committing a step "
             f"(MAX_ATTEMPTS={app_settings.MAX_ATTEMPTS}); last committed step: seq {run.last_seq}"
         )
-        last = load_steps(run.pk, after_seq=run.last_seq - 1)
+        last = load_steps(run.pk, after_seq=run.last_seq - 1, store=self.store)
         if last and last[-1].kind == StepKind.MODEL_TURN:
             calls = [
                 b.get("name")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.apps import apps as django_apps
 
-from durable_agents import leases, llm
+from durable_agents import leases, llm, store
 from durable_agents.agents import registry
 from durable_agents.api import messages_for, start_run
 from durable_agents.history import Conversation, load_log, step_message, user_message
@@ -162,14 +162,15 @@ def test_a_claim_rebuilds_from_the_log_and_sends_the_same_bytes(
     # it sends must extend the first claim's last request by exactly the committed steps.
     run = start_run("thinker", THREE_TURNS)
     drain = threading.Event()
-    append_step = leases.append_step
+    chosen = store.current()  # the runner commits through the chosen store
+    append_step = chosen.append_step
 
     def drain_after_the_tool_results(claim: Any, seq: int, *args: Any, **kwargs: Any) -> bool:
         if seq == 2:
             drain.set()  # the worker stops before its next step
         return append_step(claim, seq, *args, **kwargs)
 
-    monkeypatch.setattr(leases, "append_step", drain_after_the_tool_results)
+    monkeypatch.setattr(chosen, "append_step", drain_after_the_tool_results)
     first = leases.claim_run(run.pk, "w1", 30)
     assert first is not None
     # Seq 2 commits while the second call is in flight: the claim ends after that turn.

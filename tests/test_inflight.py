@@ -90,6 +90,53 @@ def test_one_heartbeat_statement_renews_every_lease_and_names_the_runs_to_stop()
     assert AgentRun.objects.get(pk=stolen).lease_owner == "worker-b"
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_run_finished_while_the_heartbeat_waits_for_its_row_is_not_called_lost() -> None:
+    import psycopg
+
+    from tests.conftest import database_url
+
+    run = start("Finish me.")
+    claim = leases.claim_run(run.pk, "worker-a", 60)
+    assert claim is not None
+    worker = Worker(worker_id="worker-a", lease_seconds=60, handle_signals=False)
+    worker._held[run.pk] = _Held(claim)
+    # The run's slot ends it, in a transaction that commits only after the heartbeat's
+    # statement has started and is waiting for the row.
+    ending = psycopg.connect(database_url())
+    ending.execute(
+        "UPDATE agent_run SET status = 'succeeded', lease_owner = NULL, lease_until = NULL "
+        "WHERE id = %s",
+        (run.pk,),
+    )
+    outcome: dict[str, Any] = {}
+    beat = threading.Thread(target=lambda: outcome.setdefault("lost", worker.beat()))
+    beat.start()
+    try:
+        wait_for(lambda: _waits_on_a_lock("unnest"))
+    finally:
+        ending.commit()
+        ending.close()
+    beat.join(30)
+    assert outcome["lost"] == {}
+    assert not worker._held[run.pk].interrupt.is_set()
+
+
+def _waits_on_a_lock(query_part: str) -> bool:
+    import psycopg
+
+    from tests.conftest import database_url
+
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s",
+            (f"%{query_part}%",),
+        ).fetchone()
+    return bool(row and row[0])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_heartbeat_with_nothing_held_sends_nothing() -> None:
     worker = Worker(worker_id="idle", handle_signals=False)

@@ -1,0 +1,76 @@
+"""The store: one interface (``base.Store``) for every status transition of runs and intents,
+with one implementation per database, chosen once.
+
+    base.py       the flow (create -> claim -> renew -> append_step -> finish/release/park ->
+                  wake) and the abstract ``Store``; ``Claim``, ``NextClaim``, ``Parked``, ...
+    postgres.py   ``PostgresStore``: one statement per claim, step, finish-and-claim, heartbeat
+    portable.py   ``PortableStore``: the Django ORM (SQLite; a caller's transaction)
+    memory.py     ``InMemoryStore``: dicts under a lock, for unit tests without a database
+
+``store_for(connection)`` picks the implementation: by the connection's vendor (one cached
+instance per class), except inside a caller's open transaction (``in_atomic_block``), where
+the portable store runs each operation in a savepoint of that transaction. ``current()`` is
+``store_for`` of the default connection. ``durable_agents.leases`` keeps module-level
+functions that delegate to ``current()``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.db import connection as default_connection
+
+from durable_agents.store.base import (
+    MAX_REASON_CHARS,
+    Claim,
+    LeaseLoss,
+    NextClaim,
+    Parked,
+    Store,
+)
+from durable_agents.store.memory import InMemoryStore
+from durable_agents.store.portable import PortableStore
+from durable_agents.store.postgres import PostgresStore
+
+__all__ = [
+    "MAX_REASON_CHARS",
+    "Claim",
+    "DIALECTS",
+    "InMemoryStore",
+    "LeaseLoss",
+    "NextClaim",
+    "Parked",
+    "PortableStore",
+    "PostgresStore",
+    "Store",
+    "current",
+    "dialect_store",
+    "store_for",
+]
+
+# The store of each database vendor; any other vendor gets the portable one.
+DIALECTS: dict[str, type[Store]] = {"postgresql": PostgresStore}
+
+
+@functools.cache
+def _instance(cls: type[Store]) -> Store:
+    return cls()
+
+
+def dialect_store(vendor: str) -> Store:
+    """The store written for ``vendor`` (one instance per process)."""
+    return _instance(DIALECTS.get(vendor, PortableStore))
+
+
+def store_for(connection: Any) -> Store:
+    """The store to use on ``connection`` (a Django ``DatabaseWrapper``) now: the portable
+    one inside a caller's open transaction, the vendor's otherwise."""
+    if connection.in_atomic_block:
+        return _instance(PortableStore)
+    return dialect_store(connection.vendor)
+
+
+def current() -> Store:
+    """The store of this thread's default connection."""
+    return store_for(default_connection)

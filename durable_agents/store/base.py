@@ -1,0 +1,305 @@
+"""The store: every statement that changes the status of a run or of a tool intent.
+
+A run travels through these operations, in this order; each is one method of ``Store``::
+
+    create_run        -> agent_run (pending) + agent_step seq 0 (the task)
+    claim_runs        -> pending (or running with an expired lease) -> running, leased to one
+                         worker; ``attempt`` + 1 (the fence), ``stalled_claims`` + 1
+    renew_leases      -> the heartbeat: every lease one worker holds, in one statement
+    append_step       -> the next step, FENCED: only while (owner, attempt, status running,
+                         last_seq = seq - 1) still hold; renews the lease, resets
+                         ``stalled_claims``; with ``finish`` it also ends the run (its last
+                         step) and may claim the worker's next run in the same statement
+    finish_run        -> succeeded / failed / dead, lease freed (fenced)
+    release_lease     -> running -> pending, handed back (fenced)
+    park_on_intent    -> running -> waiting on a person's decision (fenced)
+    decide_intent / resolve_intent / complete_intent
+                      -> the intent is decided or done, and wake_run: waiting -> pending
+    cancel_run, requeue_run, dead_letter
+                      -> a person's or the housekeeping's operations on any run
+
+The fence is the invariant: a worker changes a run only while the run still carries the
+(owner, attempt) of its claim and is running. A claim increments ``attempt``, so a worker whose
+lease expired and was taken over never commits again, even if it wakes up later. A step commits
+only as seq ``last_seq + 1``, so the log has no gaps.
+
+Implementations (``store_for`` in ``durable_agents.store`` picks one, once per vendor):
+
+- ``PostgresStore`` (``postgres.py``): the claim, the step commit, the finish-and-claim and the
+  heartbeat are each one statement, on the database clock;
+- ``PortableStore`` (``portable.py``): the Django ORM, one transaction per operation, for
+  SQLite and for a caller's open transaction on PostgreSQL;
+- ``InMemoryStore`` (``memory.py``): dicts under a lock, the same semantics, for unit tests of
+  the state machine without a database.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+from durable_agents.models import AgentRun, RunStatus, ToolEffect, ToolIntent
+from durable_agents.text import storable_text
+
+# A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
+MAX_REASON_CHARS = 20_000
+
+# A run's id: a UUID (or its text).
+RunId: TypeAlias = Any
+# One row of a run's log as the rebuild reads it: seq, kind, payload, content_start, content_end.
+LogRow: TypeAlias = tuple[int, str, str, int | None, int | None]
+# One row of ``load_steps``: seq, kind, payload.
+StepTuple: TypeAlias = tuple[int, str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A run leased to one worker for one attempt; the (owner, attempt) pair is the fence."""
+
+    run: AgentRun
+    owner: str
+    attempt: int
+    lease_seconds: float
+    # The payload of the task step when it is the run's only step (PostgreSQL claims).
+    task_payload: str | None = None
+
+    @property
+    def run_id(self) -> RunId:
+        return self.run.pk
+
+
+@dataclasses.dataclass
+class NextClaim:
+    """A worker slot's offer to take its next run with the last step of the current one.
+
+    ``take`` reserves the right to claim (False: the slot must not, e.g. it is stopping);
+    ``give_back`` returns it when no run was claimable. ``claim`` is the run taken, if any."""
+
+    owner: str
+    lease_seconds: float
+    take: Callable[[], bool]
+    give_back: Callable[[], None]
+    claim: Claim | None = None
+
+
+class LeaseLoss(enum.Enum):
+    """Why a held run was not renewed and its work must stop."""
+
+    CANCELLED = "cancelled"
+    LOST = "lost"  # another worker holds it now (or it was handed back)
+
+
+class Parked(enum.Enum):
+    """What ``park_on_intent`` did."""
+
+    PARKED = "parked"  # the run is waiting for a person
+    DECIDED = "decided"  # the intent was decided meanwhile: go on, do not park
+    FENCE_FAILED = "fence_failed"  # the run is no longer this claim's
+
+
+def ended(status: str, result: str | None, error: str) -> dict[str, Any]:
+    """The columns a run's end sets, but ``finished_at`` (each store writes its own clock's
+    now). PostgreSQL's ``APPEND_LAST_STEP_SQL`` sets the same columns in SQL, with error ''."""
+    return {
+        "status": status,
+        "result": None if result is None else storable_text(result),
+        "error": storable_text(error, MAX_REASON_CHARS),
+        "lease_owner": None,
+        "lease_until": None,
+    }
+
+
+def lease_losses(missed: Sequence[tuple[RunId, str | None]]) -> dict[RunId, LeaseLoss]:
+    """``renew_leases``'s answer from the runs it did not renew, with the status each had: a
+    run that its own slot just finished, parked or released is not a loss."""
+    lost: dict[RunId, LeaseLoss] = {}
+    for run_id, status in missed:
+        if status == RunStatus.CANCELLED:
+            lost[run_id] = LeaseLoss.CANCELLED
+        elif status == RunStatus.RUNNING:
+            lost[run_id] = LeaseLoss.LOST
+    return lost
+
+
+class Store(abc.ABC):
+    """Every operation that changes a run's or an intent's status, and the reads the state
+    machine needs. See the module docstring for the flow; each method names its place in it."""
+
+    # -- create --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
+        """Start of the flow: insert ``run`` (an unsaved, pending AgentRun) and its task as
+        step 0, together; returns the run as stored (database defaults filled in)."""
+
+    # -- claim and renew -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
+        """Claim: lease up to ``limit`` claimable runs (pending, or running with an expired
+        lease), oldest ``created_at`` first, skipping rows others hold. Each becomes running,
+        owned by ``owner`` until now + ``lease_seconds``, with ``attempt`` and
+        ``stalled_claims`` incremented."""
+
+    @abc.abstractmethod
+    def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
+        """Claim one given run if it is claimable now (tests, "run now" operations)."""
+
+    @abc.abstractmethod
+    def renew_leases(
+        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+    ) -> dict[RunId, LeaseLoss]:
+        """Renew: the heartbeat of a whole worker. Renews the leases of ``claims`` (all of
+        ``owner``) that still hold, and returns the runs whose work must stop: cancelled, or
+        no longer this worker's. ``using``: a connection wrapper (database stores)."""
+
+    @abc.abstractmethod
+    def renew_lease(self, claim: Claim) -> bool:
+        """Renew one lease, fenced; False when the run was cancelled or taken over."""
+
+    # -- commit --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def append_step(
+        self,
+        claim: Claim,
+        seq: int,
+        kind: str,
+        payload: str,
+        request_id: str | None = None,
+        effects: Sequence[ToolEffect] = (),
+        finish: tuple[str, str | None] | None = None,
+        content_span: tuple[int, int] | None = None,
+        tokens: int = 0,
+        then_claim: NextClaim | None = None,
+    ) -> bool:
+        """Append a step (fenced): commit step ``seq`` if, and only if, this claim still holds
+        the run and ``seq`` is ``last_seq + 1``. Renews the lease, resets ``stalled_claims``
+        and adds ``tokens``; with ``finish=(status, result)`` it ends the run instead of
+        renewing (its last step), and with ``then_claim`` as well it may claim the worker's
+        next run (``then_claim.claim`` is set, or left None).
+
+        ``effects`` are recorded whatever the fence says (a recorded call never runs again);
+        a key already recorded is left as it was. False: the fence failed, nothing appended."""
+
+    # -- end, hand back, park ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def finish_run(
+        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+    ) -> bool:
+        """Finish: end the run (succeeded, failed or dead) and free its lease; fenced."""
+
+    @abc.abstractmethod
+    def release_lease(
+        self,
+        claim: Claim,
+        *,
+        error: str | None = None,
+        count_claim: bool = True,
+        hold_seconds: float | None = None,
+    ) -> bool:
+        """Release: hand the run back (pending); fenced. ``count_claim=False`` takes back the
+        no-progress count of this claim (a shutdown is not the run's fault).
+        ``hold_seconds`` keeps it claimable by nobody for that long (the lease column doubles
+        as a not-before time); otherwise it is claimable at once."""
+
+    @abc.abstractmethod
+    def park_on_intent(
+        self, claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+    ) -> Parked:
+        """Park: the run becomes ``waiting`` on ``intent`` (lease freed, not claimable), in one
+        transaction that also writes a ``new`` intent, or, for a ``crashed`` call (the intent
+        was left ``executing`` by a worker that died), marks it ``unknown``; fenced.
+
+        An existing intent is locked first and the run is parked only while the intent still
+        waits for a person. Decisions lock the intent and then wake the run, in the same
+        order, so whichever commits first, no interleaving leaves a run waiting on an intent
+        that was already decided."""
+
+    @abc.abstractmethod
+    def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
+        """approved -> executing, fenced on the run and renewing its lease, committed before
+        the tool runs (after a crash an ``executing`` intent without an effect is how we know
+        its outcome is unknown). False: the run is no longer this claim's or the intent is
+        no longer approved; the call must not run. Sets ``intent.status`` when started."""
+
+    @abc.abstractmethod
+    def complete_intent(self, intent: ToolIntent, effect: ToolEffect) -> None:
+        """The approved call ran: record its effect, mark the intent done (from executing or
+        unknown) and wake the run if it is parked, together. Not fenced: the call happened
+        whoever holds the run now. Sets ``intent.status``."""
+
+    # -- wake and decide -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def wake_run(self, run_id: RunId) -> bool:
+        """Wake: a parked run (waiting) becomes claimable again (pending). Callers hold the
+        lock of what was decided (the intent), so a park and a wake never cross."""
+
+    @abc.abstractmethod
+    def decide_intent(
+        self, intent_id: Any, user: Any, from_status: str, to_status: str, reason: str
+    ) -> ToolIntent:
+        """A person's decision: ``from_status`` -> ``to_status`` (approve, reject), by
+        ``user``, then wake the run, under the intent's lock. An intent no longer in
+        ``from_status`` is left as it is. Returns the intent as stored."""
+
+    @abc.abstractmethod
+    def resolve_intent(
+        self, intent_id: Any, user: Any, *, outcome: tuple[str, bool] | None, reason: str
+    ) -> ToolIntent:
+        """Settle an ``unknown`` intent: ``outcome`` (text, is_error) of the call that did
+        happen is recorded as its effect and the intent is done; None: it did not happen and
+        the intent is approved again (the call runs again). Then wake the run. An intent that
+        is not unknown is returned unchanged."""
+
+    # -- operations on any run -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def cancel_run(self, run_id: RunId) -> bool:
+        """Cancel a pending, running, waiting or dead run (lease freed, finished now). A
+        worker holding it is refused by its fence from then on. False if it was over."""
+
+    @abc.abstractmethod
+    def requeue_run(self, run_id: RunId) -> bool:
+        """A dead run back to pending, with a fresh no-progress count (its error stays)."""
+
+    @abc.abstractmethod
+    def dead_letter(self, run_id: RunId, reason: str) -> bool:
+        """Send an active run that no worker holds (pending, waiting, or running with its
+        lease expired) to the dead letter with ``reason``: the end of ``finish_run``, but not
+        fenced on a claim. False if the run is held or over."""
+
+    # -- reads ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def current_status(self, run_id: RunId) -> str | None:
+        """The run's status now (None: no such run)."""
+
+    @abc.abstractmethod
+    def load_log_rows(self, run_id: RunId) -> list[LogRow]:
+        """The whole log of a run, in seq order, for the rebuild (``history.load_log``)."""
+
+    @abc.abstractmethod
+    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+        """The log of a run after ``after_seq``, in seq order (``history.load_steps``)."""
+
+    @abc.abstractmethod
+    def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
+        """The calls of one turn that already completed, by key."""
+
+    @abc.abstractmethod
+    def record_effect(self, effect: ToolEffect) -> None:
+        """Commit one completed call. A second recording of the same key changes nothing."""
+
+    @abc.abstractmethod
+    def intent_for_key(self, key: str) -> ToolIntent | None:
+        """The intent of the irreversible call with this idempotency key, if written."""
+
+    @abc.abstractmethod
+    def reload_intent(self, intent: ToolIntent) -> None:
+        """Read ``intent`` again, in place (its status may have been decided meanwhile)."""

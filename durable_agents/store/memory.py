@@ -1,0 +1,524 @@
+"""``InMemoryStore``: the store in dicts under one lock, for unit tests of the state machine.
+
+No database access at all: runs, steps, effects and intents are unsaved model instances
+(``AgentRun(...)``, ``ToolEffect(...)``) kept in dicts; callers get copies, as they would get
+rows. The semantics are the SQL's: the fence (owner, attempt, status running, last_seq =
+seq - 1), claims in ``created_at`` order, leases that expire by the store's own clock (inject
+``now`` to move it), ``stalled_claims`` counted by claims and reset by progress or parking, the
+effect ledger's ``ON CONFLICT DO NOTHING``, and the intents' transitions. Each operation holds
+the lock throughout, as a transaction would.
+
+Modelled on procrastinate's ``InMemoryConnector``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from django.db import IntegrityError
+from django.db.models import Model
+from django.utils import timezone
+
+from durable_agents.models import (
+    CANCELLABLE_STATUSES,
+    CLAIMABLE_STATUSES,
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
+from durable_agents.store.base import (
+    MAX_REASON_CHARS,
+    Claim,
+    LeaseLoss,
+    LogRow,
+    NextClaim,
+    Parked,
+    RunId,
+    StepTuple,
+    Store,
+    ended,
+    lease_losses,
+)
+from durable_agents.text import storable_text
+
+M = TypeVar("M", bound=Model)
+
+_AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
+
+
+def _copy(instance: M) -> M:
+    """A copy of a stored instance (its cached relations too, e.g. ``decided_by``)."""
+    return copy.copy(instance)
+
+
+class ManualClock:
+    """A clock for tests: ``InMemoryStore(now=clock)``; ``clock.advance(seconds)``."""
+
+    def __init__(self, start: datetime.datetime | None = None) -> None:
+        self.time = start or datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+    def __call__(self) -> datetime.datetime:
+        return self.time
+
+    def advance(self, seconds: float) -> None:
+        self.time += datetime.timedelta(seconds=seconds)
+
+
+class InMemoryStore(Store):
+    """Runs, steps, effects and intents in dicts under one lock; ``now`` is its clock."""
+
+    def __init__(self, now: Callable[[], datetime.datetime] | None = None) -> None:
+        self.now: Callable[[], datetime.datetime] = now or timezone.now
+        self.lock = threading.RLock()
+        self.runs: dict[RunId, AgentRun] = {}
+        self.steps: dict[RunId, dict[int, AgentStep]] = {}
+        self.effects: dict[str, ToolEffect] = {}
+        self.intents: dict[int, ToolIntent] = {}
+        self._intent_ids = itertools.count(1)
+
+    # -- inspection (tests) --------------------------------------------------------------
+
+    def run(self, run_id: RunId) -> AgentRun:
+        """A copy of the run as stored now."""
+        with self.lock:
+            return _copy(self.runs[run_id])
+
+    def steps_of(self, run_id: RunId) -> list[AgentStep]:
+        with self.lock:
+            return [_copy(step) for _, step in sorted(self.steps.get(run_id, {}).items())]
+
+    def intents_of(self, run_id: RunId) -> list[ToolIntent]:
+        with self.lock:
+            return [_copy(i) for i in self.intents.values() if i.run_id == run_id]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _fenced(self, claim: Claim) -> AgentRun | None:
+        """The stored run, only while it is still this claim's."""
+        run = self.runs.get(claim.run_id)
+        if (
+            run is None
+            or run.lease_owner != claim.owner
+            or run.attempt != claim.attempt
+            or run.status != RunStatus.RUNNING
+        ):
+            return None
+        return run
+
+    def _expiry(self, seconds: float) -> datetime.datetime:
+        return self.now() + datetime.timedelta(seconds=seconds)
+
+    def _claimable(self, run: AgentRun, now: datetime.datetime) -> bool:
+        return run.status in CLAIMABLE_STATUSES and (
+            run.lease_until is None or run.lease_until < now
+        )
+
+    def _take(self, runs: list[AgentRun], owner: str, lease_seconds: float) -> list[Claim]:
+        now = self.now()
+        claims = []
+        for run in runs:
+            run.status = RunStatus.RUNNING
+            run.lease_owner = owner
+            run.lease_until = now + datetime.timedelta(seconds=lease_seconds)
+            run.attempt += 1
+            run.stalled_claims += 1
+            run.started_at = run.started_at or now
+            run.updated_at = now
+            task = self.steps.get(run.pk, {}).get(0)
+            task_payload = (
+                task.payload
+                if run.last_seq == 0 and task is not None and task.kind == StepKind.TASK
+                else None
+            )
+            claims.append(Claim(_copy(run), owner, run.attempt, lease_seconds, task_payload))
+        return claims
+
+    def _end(self, run: AgentRun, status: str, result: str | None, error: str) -> None:
+        for name, value in ended(status, result, error).items():
+            setattr(run, name, value)
+        run.finished_at = run.updated_at = self.now()
+
+    def _record(self, effect: ToolEffect) -> None:
+        if effect.key not in self.effects:  # ON CONFLICT (key) DO NOTHING
+            stored = _copy(effect)
+            stored.created_at = self.now()
+            self.effects[effect.key] = stored
+
+    def _intent(self, intent_id: Any) -> ToolIntent:
+        try:
+            return self.intents[intent_id]
+        except KeyError:
+            raise ToolIntent.DoesNotExist(f"no intent {intent_id}") from None
+
+    # -- create --------------------------------------------------------------------------
+
+    def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
+        with self.lock:
+            if run.pk in self.runs:
+                raise IntegrityError(f"run {run.pk} exists")
+            now = self.now()
+            run.created_at = run.updated_at = now
+            self.runs[run.pk] = _copy(run)
+            self.steps[run.pk] = {
+                0: AgentStep(
+                    run_id=run.pk, seq=0, kind=StepKind.TASK, payload=task_payload, created_at=now
+                )
+            }
+            return _copy(run)
+
+    # -- claim and renew -----------------------------------------------------------------
+
+    def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
+        with self.lock:
+            now = self.now()
+            candidates = [run for run in self.runs.values() if self._claimable(run, now)]
+            candidates.sort(key=lambda run: run.created_at)  # stable: ties keep insertion order
+            return self._take(candidates[:limit], owner, lease_seconds)
+
+    def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None or not self._claimable(run, self.now()):
+                return None
+            return self._take([run], owner, lease_seconds)[0]
+
+    def renew_leases(
+        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+    ) -> dict[RunId, LeaseLoss]:
+        with self.lock:
+            missed: list[tuple[RunId, str | None]] = []
+            for claim in claims:
+                run = self.runs.get(claim.run_id)
+                if run is None:
+                    continue
+                if (
+                    run.lease_owner == owner
+                    and run.attempt == claim.attempt
+                    and run.status == RunStatus.RUNNING
+                ):
+                    run.lease_until = self._expiry(lease_seconds)
+                    run.updated_at = self.now()
+                else:
+                    missed.append((claim.run_id, run.status))
+            return lease_losses(missed)
+
+    def renew_lease(self, claim: Claim) -> bool:
+        with self.lock:
+            run = self._fenced(claim)
+            if run is None:
+                return False
+            run.lease_until = self._expiry(claim.lease_seconds)
+            run.updated_at = self.now()
+            return True
+
+    # -- commit --------------------------------------------------------------------------
+
+    def append_step(
+        self,
+        claim: Claim,
+        seq: int,
+        kind: str,
+        payload: str,
+        request_id: str | None = None,
+        effects: Sequence[ToolEffect] = (),
+        finish: tuple[str, str | None] | None = None,
+        content_span: tuple[int, int] | None = None,
+        tokens: int = 0,
+        then_claim: NextClaim | None = None,
+    ) -> bool:
+        """This is where a step gets committed in memory (the fence, then the step), with
+        the next run claimed as ``PostgresStore`` does when ``then_claim`` is given."""
+        with self.lock:
+            for effect in effects:  # whatever the fence says
+                self._record(effect)
+            may_claim = (
+                finish is not None and then_claim is not None and not effects and then_claim.take()
+            )
+            run = self._fenced(claim)
+            if run is None or run.last_seq != seq - 1:
+                if may_claim:
+                    assert then_claim is not None
+                    then_claim.give_back()
+                return False
+            now = self.now()
+            run.last_seq = seq
+            run.stalled_claims = 0
+            run.tokens_used += tokens
+            run.updated_at = now
+            if finish is None:
+                run.lease_until = self._expiry(claim.lease_seconds)
+            else:
+                self._end(run, finish[0], finish[1], "")
+            self.steps.setdefault(run.pk, {})[seq] = AgentStep(
+                run_id=run.pk,
+                seq=seq,
+                kind=kind,
+                payload=payload,
+                content_start=content_span[0] if content_span else None,
+                content_end=content_span[1] if content_span else None,
+                request_id=request_id,
+                attempt=claim.attempt,
+                worker=claim.owner,
+                created_at=now,
+            )
+            if may_claim:
+                assert then_claim is not None
+                taken = self.claim_runs(claim.owner, then_claim.lease_seconds, 1)
+                if taken:
+                    next_claim = taken[0]
+                    then_claim.claim = Claim(
+                        next_claim.run,
+                        then_claim.owner,
+                        next_claim.attempt,
+                        then_claim.lease_seconds,
+                        next_claim.task_payload,
+                    )
+                else:
+                    then_claim.give_back()
+            return True
+
+    # -- end, hand back, park ------------------------------------------------------------
+
+    def finish_run(
+        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+    ) -> bool:
+        with self.lock:
+            run = self._fenced(claim)
+            if run is None:
+                return False
+            self._end(run, status, result, error)
+            return True
+
+    def release_lease(
+        self,
+        claim: Claim,
+        *,
+        error: str | None = None,
+        count_claim: bool = True,
+        hold_seconds: float | None = None,
+    ) -> bool:
+        with self.lock:
+            run = self._fenced(claim)
+            if run is None:
+                return False
+            run.status = RunStatus.PENDING
+            run.lease_owner = None
+            run.lease_until = None if hold_seconds is None else self._expiry(hold_seconds)
+            run.updated_at = self.now()
+            if error is not None:
+                run.error = storable_text(error, MAX_REASON_CHARS)
+            if not count_claim:
+                run.stalled_claims = max(run.stalled_claims - 1, 0)
+            return True
+
+    def park_on_intent(
+        self, claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+    ) -> Parked:
+        with self.lock:
+            mark_unknown = False
+            if new:
+                if any(i.key == intent.key for i in self.intents.values()):
+                    raise IntegrityError(f"an intent with key {intent.key} exists")
+            else:
+                status = self._intent(intent.pk).status if intent.pk in self.intents else None
+                if crashed and status == IntentStatus.EXECUTING:
+                    mark_unknown = True
+                    status = IntentStatus.UNKNOWN
+                if status not in _AWAITING_PERSON:
+                    return Parked.DECIDED
+            run = self._fenced(claim)
+            if run is None:
+                return Parked.FENCE_FAILED  # nothing written: the transaction rolls back
+            now = self.now()
+            if new:
+                intent.pk = next(self._intent_ids)
+                intent.created_at = intent.updated_at = now
+                self.intents[intent.pk] = _copy(intent)
+            elif mark_unknown:
+                stored = self.intents[intent.pk]
+                stored.status = IntentStatus.UNKNOWN
+                stored.updated_at = now
+            run.status = RunStatus.WAITING
+            run.lease_owner = None
+            run.lease_until = None
+            run.stalled_claims = 0
+            run.updated_at = now
+            return Parked.PARKED
+
+    def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
+        with self.lock:
+            run = self._fenced(claim)
+            stored = self.intents.get(intent.pk)
+            if run is None or stored is None or stored.status != IntentStatus.APPROVED:
+                return False
+            now = self.now()
+            run.lease_until = self._expiry(claim.lease_seconds)
+            run.updated_at = now
+            stored.status = IntentStatus.EXECUTING
+            stored.updated_at = now
+        intent.status = IntentStatus.EXECUTING
+        return True
+
+    def complete_intent(self, intent: ToolIntent, effect: ToolEffect) -> None:
+        with self.lock:
+            stored = self.intents.get(intent.pk)
+            if stored is not None and stored.status in (
+                IntentStatus.EXECUTING,
+                IntentStatus.UNKNOWN,
+            ):
+                stored.status = IntentStatus.DONE
+                stored.updated_at = self.now()
+                self.wake_run(stored.run_id)
+            self._record(effect)
+        intent.status = IntentStatus.DONE
+
+    # -- wake and decide -----------------------------------------------------------------
+
+    def wake_run(self, run_id: RunId) -> bool:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None or run.status != RunStatus.WAITING:
+                return False
+            run.status = RunStatus.PENDING
+            run.updated_at = self.now()
+            return True
+
+    def _decided(self, intent: ToolIntent, user: Any, reason: str) -> None:
+        now = self.now()
+        intent.decided_by = user
+        intent.decided_at = now
+        intent.reason = storable_text(reason, MAX_REASON_CHARS)
+        intent.updated_at = now
+
+    def decide_intent(
+        self, intent_id: Any, user: Any, from_status: str, to_status: str, reason: str
+    ) -> ToolIntent:
+        with self.lock:
+            intent = self._intent(intent_id)
+            if intent.status == from_status:
+                intent.status = to_status
+                self._decided(intent, user, reason)
+                self.wake_run(intent.run_id)
+            return _copy(intent)
+
+    def resolve_intent(
+        self, intent_id: Any, user: Any, *, outcome: tuple[str, bool] | None, reason: str
+    ) -> ToolIntent:
+        with self.lock:
+            intent = self._intent(intent_id)
+            if intent.status != IntentStatus.UNKNOWN:
+                return _copy(intent)
+            if outcome is not None:
+                self._record(
+                    ToolEffect(
+                        key=intent.key,
+                        run_id=intent.run_id,
+                        seq=intent.seq,
+                        call_index=intent.call_index,
+                        tool=intent.tool,
+                        result=outcome[0],
+                        is_error=outcome[1],
+                    )
+                )
+                intent.status = IntentStatus.DONE
+            else:
+                intent.status = IntentStatus.APPROVED
+            self._decided(intent, user, reason)
+            self.wake_run(intent.run_id)
+            return _copy(intent)
+
+    # -- operations on any run -----------------------------------------------------------
+
+    def cancel_run(self, run_id: RunId) -> bool:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None or run.status not in CANCELLABLE_STATUSES:
+                return False
+            run.status = RunStatus.CANCELLED
+            run.lease_owner = None
+            run.lease_until = None
+            run.finished_at = run.updated_at = self.now()
+            return True
+
+    def requeue_run(self, run_id: RunId) -> bool:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None or run.status != RunStatus.DEAD:
+                return False
+            run.status = RunStatus.PENDING
+            run.stalled_claims = 0
+            run.lease_owner = None
+            run.lease_until = None
+            run.finished_at = None
+            run.updated_at = self.now()
+            return True
+
+    def dead_letter(self, run_id: RunId, reason: str) -> bool:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None:
+                return False
+            now = self.now()
+            not_leased = run.status in (RunStatus.PENDING, RunStatus.WAITING) or (
+                run.status == RunStatus.RUNNING
+                and (run.lease_until is None or run.lease_until < now)
+            )
+            if not not_leased:
+                return False
+            self._end(run, RunStatus.DEAD, None, reason)
+            return True
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def current_status(self, run_id: RunId) -> str | None:
+        with self.lock:
+            run = self.runs.get(run_id)
+            return None if run is None else run.status
+
+    def load_log_rows(self, run_id: RunId) -> list[LogRow]:
+        with self.lock:
+            return [
+                (s.seq, s.kind, s.payload, s.content_start, s.content_end)
+                for _, s in sorted(self.steps.get(run_id, {}).items())
+            ]
+
+    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+        with self.lock:
+            return [
+                (s.seq, s.kind, s.payload)
+                for seq, s in sorted(self.steps.get(run_id, {}).items())
+                if seq > after_seq
+            ]
+
+    def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
+        with self.lock:
+            return {
+                key: _copy(e)
+                for key, e in self.effects.items()
+                if e.run_id == run_id and e.seq == seq
+            }
+
+    def record_effect(self, effect: ToolEffect) -> None:
+        with self.lock:
+            self._record(effect)
+
+    def intent_for_key(self, key: str) -> ToolIntent | None:
+        with self.lock:
+            found = next((i for i in self.intents.values() if i.key == key), None)
+            return None if found is None else _copy(found)
+
+    def reload_intent(self, intent: ToolIntent) -> None:
+        with self.lock:
+            stored = self._intent(intent.pk)
+            for field in ToolIntent._meta.concrete_fields:
+                setattr(intent, field.attname, getattr(stored, field.attname))
+            intent._state.fields_cache = dict(stored._state.fields_cache)

@@ -1,0 +1,422 @@
+"""``PortableStore``: the store through the Django ORM, one transaction per operation.
+
+Used on SQLite, where the IMMEDIATE transaction mode makes each transaction exclusive (so a
+check-then-write is atomic), and on PostgreSQL inside a caller's open transaction
+(``connection.in_atomic_block``): there a one-statement path would neither commit by itself
+nor be undone alone, and an error in it would abort the caller's whole transaction, whereas
+``transaction.atomic()`` here nests as a savepoint. ``PostgresStore`` subclasses it and writes
+the hot paths as single statements; the other operations are the same ORM updates on both.
+
+Lease times come from the database clock (``Now()``), never from a worker's clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
+from django.db.models.functions import Coalesce, Greatest, Now
+
+from durable_agents.models import (
+    CANCELLABLE_STATUSES,
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
+from durable_agents.store.base import (
+    MAX_REASON_CHARS,
+    Claim,
+    LeaseLoss,
+    LogRow,
+    NextClaim,
+    Parked,
+    RunId,
+    StepTuple,
+    Store,
+    ended,
+    lease_losses,
+)
+from durable_agents.text import storable_text
+
+# The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
+# more than the rest of the rebuild.
+LOG_SQL = (
+    "SELECT seq, kind, payload, content_start, content_end FROM agent_step"
+    " WHERE run_id = %s ORDER BY seq"
+)
+
+_AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
+
+
+def lease_expiry(seconds: float) -> ExpressionWrapper:
+    """Now plus ``seconds`` on the database clock."""
+    return ExpressionWrapper(
+        Now() + datetime.timedelta(seconds=seconds), output_field=DateTimeField()
+    )
+
+
+def fenced(claim: Claim) -> QuerySet[AgentRun]:
+    """The run, only while it is still this claim's: (id, owner, attempt, running)."""
+    return AgentRun.objects.filter(
+        pk=claim.run_id,
+        lease_owner=claim.owner,
+        attempt=claim.attempt,
+        status=RunStatus.RUNNING,
+    )
+
+
+def ending(status: str, result: str | None, error: str) -> dict[str, Any]:
+    """The columns a run's end sets, as ORM values (``base.ended`` plus ``finished_at``)."""
+    return {**ended(status, result, error), "finished_at": Now()}
+
+
+class PortableStore(Store):
+    """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
+
+    # -- create --------------------------------------------------------------------------
+
+    def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
+        with transaction.atomic():
+            run.save(force_insert=True)
+            AgentStep.objects.create(run=run, seq=0, kind=StepKind.TASK, payload=task_payload)
+        run.refresh_from_db()
+        return run
+
+    # -- claim and renew -----------------------------------------------------------------
+
+    def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
+        """The claimable runs locked with select_for_update(skip_locked=True, no_key=True):
+        FOR NO KEY UPDATE rather than FOR UPDATE, which would conflict with the FOR KEY SHARE
+        lock that inserting a step takes on its run through the foreign key. On SQLite the
+        IMMEDIATE transaction mode makes the whole claim exclusive instead."""
+        return self._lock_and_take(
+            AgentRun.objects.claimable().order_by("created_at")[:limit], owner, lease_seconds
+        )
+
+    def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
+        claims = self._lock_and_take(
+            AgentRun.objects.claimable().filter(pk=run_id), owner, lease_seconds
+        )
+        return claims[0] if claims else None
+
+    @staticmethod
+    def _lock_and_take(
+        candidates: QuerySet[AgentRun], owner: str, lease_seconds: float
+    ) -> list[Claim]:
+        with transaction.atomic():
+            ids = list(
+                candidates.select_for_update(skip_locked=True, no_key=True).values_list(
+                    "pk", flat=True
+                )
+            )
+            if not ids:
+                return []
+            AgentRun.objects.filter(pk__in=ids).update(
+                status=RunStatus.RUNNING,
+                lease_owner=owner,
+                lease_until=lease_expiry(lease_seconds),
+                attempt=F("attempt") + 1,
+                stalled_claims=F("stalled_claims") + 1,
+                started_at=Coalesce(F("started_at"), Now()),
+                updated_at=Now(),
+            )
+            runs = AgentRun.objects.filter(pk__in=ids).order_by("created_at")
+            return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+
+    def renew_leases(
+        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+    ) -> dict[RunId, LeaseLoss]:
+        """Read, then renew what is still ours, in one IMMEDIATE transaction (SQLite: a single
+        writer, so nothing changes in between). ``using`` is not needed here."""
+        if not claims:
+            return {}
+        with transaction.atomic():
+            by_id = {c.run_id: c for c in claims}
+            rows = list(
+                AgentRun.objects.filter(pk__in=list(by_id)).values_list(
+                    "pk", "status", "lease_owner", "attempt"
+                )
+            )
+            ours: list[RunId] = []
+            missed: list[tuple[RunId, str | None]] = []
+            for run_id, status, lease_owner, attempt in rows:
+                mine = lease_owner == owner and attempt == by_id[run_id].attempt
+                if mine and status == RunStatus.RUNNING:
+                    ours.append(run_id)
+                else:
+                    missed.append((run_id, status))
+            AgentRun.objects.filter(pk__in=ours).update(
+                lease_until=lease_expiry(lease_seconds), updated_at=Now()
+            )
+        return lease_losses(missed)
+
+    def renew_lease(self, claim: Claim) -> bool:
+        return bool(
+            fenced(claim).update(lease_until=lease_expiry(claim.lease_seconds), updated_at=Now())
+        )
+
+    # -- commit --------------------------------------------------------------------------
+
+    def append_step(
+        self,
+        claim: Claim,
+        seq: int,
+        kind: str,
+        payload: str,
+        request_id: str | None = None,
+        effects: Sequence[ToolEffect] = (),
+        finish: tuple[str, str | None] | None = None,
+        content_span: tuple[int, int] | None = None,
+        tokens: int = 0,
+        then_claim: NextClaim | None = None,
+    ) -> bool:
+        """This is where a step gets committed on SQLite (or in a caller's transaction): the
+        fence and the insert in one transaction. ``then_claim`` is never used here (it is
+        left unclaimed; the worker claims its next run by itself)."""
+        with transaction.atomic():
+            if effects:
+                ToolEffect.objects.bulk_create(effects, ignore_conflicts=True)
+            changes: dict[str, Any] = {"lease_until": lease_expiry(claim.lease_seconds)}
+            if finish is not None:
+                changes = ending(finish[0], finish[1], "")
+            if not (
+                fenced(claim)
+                .filter(last_seq=seq - 1)
+                .update(
+                    last_seq=seq,
+                    stalled_claims=0,
+                    tokens_used=F("tokens_used") + tokens,
+                    updated_at=Now(),
+                    **changes,
+                )
+            ):
+                return False
+            AgentStep.objects.create(
+                run_id=claim.run_id,
+                seq=seq,
+                kind=kind,
+                payload=payload,
+                content_start=content_span[0] if content_span else None,
+                content_end=content_span[1] if content_span else None,
+                request_id=request_id,
+                attempt=claim.attempt,
+                worker=claim.owner,
+            )
+        return True
+
+    # -- end, hand back, park ------------------------------------------------------------
+
+    def finish_run(
+        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+    ) -> bool:
+        return bool(fenced(claim).update(updated_at=Now(), **ending(status, result, error)))
+
+    def release_lease(
+        self,
+        claim: Claim,
+        *,
+        error: str | None = None,
+        count_claim: bool = True,
+        hold_seconds: float | None = None,
+    ) -> bool:
+        changes: dict[str, Any] = {
+            "status": RunStatus.PENDING,
+            "lease_owner": None,
+            "lease_until": None if hold_seconds is None else lease_expiry(hold_seconds),
+            "updated_at": Now(),
+        }
+        if error is not None:
+            changes["error"] = storable_text(error, MAX_REASON_CHARS)
+        if not count_claim:
+            changes["stalled_claims"] = Greatest(F("stalled_claims") - 1, 0)
+        return bool(fenced(claim).update(**changes))
+
+    def park_on_intent(
+        self, claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+    ) -> Parked:
+        with transaction.atomic():
+            if new:
+                intent.save(force_insert=True)
+            else:
+                status = (
+                    ToolIntent.objects.select_for_update()
+                    .filter(pk=intent.pk)
+                    .values_list("status", flat=True)
+                    .first()
+                )
+                if crashed and status == IntentStatus.EXECUTING:
+                    ToolIntent.objects.filter(pk=intent.pk).update(
+                        status=IntentStatus.UNKNOWN, updated_at=Now()
+                    )
+                    status = IntentStatus.UNKNOWN
+                if status not in _AWAITING_PERSON:
+                    return Parked.DECIDED
+            # Parking is this claim's outcome, not a stall: the no-progress count starts again.
+            if not fenced(claim).update(
+                status=RunStatus.WAITING,
+                lease_owner=None,
+                lease_until=None,
+                stalled_claims=0,
+                updated_at=Now(),
+            ):
+                transaction.set_rollback(True)
+                return Parked.FENCE_FAILED
+        return Parked.PARKED
+
+    def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
+        with transaction.atomic():
+            started = bool(
+                fenced(claim).update(
+                    lease_until=lease_expiry(claim.lease_seconds), updated_at=Now()
+                )
+            ) and bool(
+                ToolIntent.objects.filter(pk=intent.pk, status=IntentStatus.APPROVED).update(
+                    status=IntentStatus.EXECUTING, updated_at=Now()
+                )
+            )
+            if not started:
+                transaction.set_rollback(True)
+        if started:
+            intent.status = IntentStatus.EXECUTING
+        return started
+
+    def complete_intent(self, intent: ToolIntent, effect: ToolEffect) -> None:
+        """If another worker meanwhile found the intent ``executing`` and parked the run on it
+        as ``unknown``, this settles it and wakes the run, which goes on with the recorded
+        effect."""
+        with transaction.atomic():
+            if ToolIntent.objects.filter(
+                pk=intent.pk, status__in=(IntentStatus.EXECUTING, IntentStatus.UNKNOWN)
+            ).update(status=IntentStatus.DONE, updated_at=Now()):
+                self.wake_run(intent.run_id)
+            self.record_effect(effect)
+        intent.status = IntentStatus.DONE
+
+    # -- wake and decide -----------------------------------------------------------------
+
+    def wake_run(self, run_id: RunId) -> bool:
+        return bool(
+            AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING).update(
+                status=RunStatus.PENDING, updated_at=Now()
+            )
+        )
+
+    def decide_intent(
+        self, intent_id: Any, user: Any, from_status: str, to_status: str, reason: str
+    ) -> ToolIntent:
+        with transaction.atomic():
+            intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
+            if intent.status == from_status:
+                intent.status = to_status
+                intent.decided_by = user
+                intent.decided_at = Now()
+                intent.reason = storable_text(reason, MAX_REASON_CHARS)
+                intent.updated_at = Now()
+                intent.save(
+                    update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"]
+                )
+                # In the transaction that holds the intent's lock: see park_on_intent.
+                self.wake_run(intent.run_id)
+        intent.refresh_from_db()
+        return intent
+
+    def resolve_intent(
+        self, intent_id: Any, user: Any, *, outcome: tuple[str, bool] | None, reason: str
+    ) -> ToolIntent:
+        with transaction.atomic():
+            intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
+            if intent.status != IntentStatus.UNKNOWN:
+                return intent
+            intent.decided_by = user
+            intent.decided_at = Now()
+            intent.reason = storable_text(reason, MAX_REASON_CHARS)
+            if outcome is not None:
+                self.record_effect(
+                    ToolEffect(
+                        key=intent.key,
+                        run_id=intent.run_id,
+                        seq=intent.seq,
+                        call_index=intent.call_index,
+                        tool=intent.tool,
+                        result=outcome[0],
+                        is_error=outcome[1],
+                    )
+                )
+                intent.status = IntentStatus.DONE
+            else:
+                intent.status = IntentStatus.APPROVED
+            intent.updated_at = Now()
+            intent.save(
+                update_fields=["status", "decided_by", "decided_at", "reason", "updated_at"]
+            )
+            self.wake_run(intent.run_id)
+        intent.refresh_from_db()
+        return intent
+
+    # -- operations on any run -----------------------------------------------------------
+
+    def cancel_run(self, run_id: RunId) -> bool:
+        return bool(
+            AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES).update(
+                status=RunStatus.CANCELLED,
+                lease_owner=None,
+                lease_until=None,
+                finished_at=Now(),
+                updated_at=Now(),
+            )
+        )
+
+    def requeue_run(self, run_id: RunId) -> bool:
+        return bool(
+            AgentRun.objects.filter(pk=run_id, status=RunStatus.DEAD).update(
+                status=RunStatus.PENDING,
+                stalled_claims=0,
+                lease_owner=None,
+                lease_until=None,
+                finished_at=None,
+                updated_at=Now(),
+            )
+        )
+
+    def dead_letter(self, run_id: RunId, reason: str) -> bool:
+        return bool(
+            AgentRun.objects.not_leased()
+            .filter(pk=run_id)
+            .update(updated_at=Now(), **ending(RunStatus.DEAD, None, reason))
+        )
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def current_status(self, run_id: RunId) -> str | None:
+        return AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+    def load_log_rows(self, run_id: RunId) -> list[LogRow]:
+        with connection.cursor() as cursor:
+            cursor.execute(LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
+            return cursor.fetchall()
+
+    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+        return list(
+            AgentStep.objects.filter(run_id=run_id, seq__gt=after_seq)
+            .order_by("seq")
+            .values_list("seq", "kind", "payload")
+        )
+
+    def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
+        return {e.key: e for e in ToolEffect.objects.filter(run_id=run_id, seq=seq)}
+
+    def record_effect(self, effect: ToolEffect) -> None:
+        ToolEffect.objects.bulk_create([effect], ignore_conflicts=True)
+
+    def intent_for_key(self, key: str) -> ToolIntent | None:
+        return ToolIntent.objects.filter(key=key).first()
+
+    def reload_intent(self, intent: ToolIntent) -> None:
+        intent.refresh_from_db()

@@ -1,0 +1,299 @@
+"""The state machine of a run (``runner.advance_run``) against an ``InMemoryStore`` and the
+offline scripted model: every branch, no database, a few milliseconds each.
+
+The task's ``@`` lines are the model's turns (see ``durable_agents.offline``). The ``hook``
+tool runs a test's function from inside a run, to change the store while a step is in flight
+(a cancel, another worker's claim)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from durable_agents.agents import Agent, registry
+from durable_agents.models import AgentRun, IntentStatus, RunStatus, StepKind
+from durable_agents.runner import Disposition, advance_run
+from durable_agents.store import Claim, InMemoryStore
+from durable_agents.store.memory import ManualClock
+from durable_agents.tools import tool
+
+HOOKS: dict[str, Callable[[], None]] = {}
+LAUNCHES: list[str] = []
+HOOKED: list[str] = []
+
+
+@tool(effect="pure")
+def lookup(key: str) -> str:
+    """Read a value by key."""
+    return f"value-of-{key}"
+
+
+@tool(effect="pure")
+def hook(name: str) -> str:
+    """Run the test's hook of this name."""
+    HOOKED.append(name)
+    HOOKS[name]()
+    return f"hooked {name}"
+
+
+@tool(effect="irreversible")
+def launch(target: str, *, idempotency_key: str) -> str:
+    """Launch a rocket. Needs a person's approval."""
+    LAUNCHES.append(target)
+    return f"launched to {target}"
+
+
+TOOLS = [lookup, hook, launch]
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, Agent]]:
+    made = {
+        "main": Agent(
+            name="unit-state-machine",
+            version="v1",
+            model="claude-test-1",
+            system="You are the unit test agent.",
+            tools=TOOLS,
+            max_tokens=256,
+            max_turns=10,
+            register=False,
+        ),
+        "short": Agent(
+            name="unit-state-machine-short",
+            version="v1",
+            model="claude-test-1",
+            system="You have one turn.",
+            tools=TOOLS,
+            max_tokens=256,
+            max_turns=1,
+            register=False,
+        ),
+    }
+    for agent in made.values():
+        registry.register(agent)
+    HOOKS.clear()
+    LAUNCHES.clear()
+    HOOKED.clear()
+    yield made
+    for agent in made.values():
+        registry.unregister(agent.name, agent.version)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def store(clock: ManualClock) -> InMemoryStore:
+    return InMemoryStore(now=clock)
+
+
+def start(store: InMemoryStore, agent: Agent, task: str, fingerprint: str | None = None) -> Any:
+    run = AgentRun(
+        id=uuid.uuid4(),
+        agent=agent.name,
+        prompt_version=agent.version,
+        model=agent.model,
+        fingerprint=fingerprint or agent.fingerprint(agent.model),
+        task=task,
+    )
+    return store.create_run(run, json.dumps(task)).pk
+
+
+def claim(store: InMemoryStore, run_id: Any, owner: str = "w1") -> Claim:
+    taken = store.claim_run(run_id, owner, 30)
+    assert taken is not None
+    return taken
+
+
+def kinds(store: InMemoryStore, run_id: Any) -> list[str]:
+    return [step.kind for step in store.steps_of(run_id)]
+
+
+def payload(store: InMemoryStore, run_id: Any, seq: int) -> Any:
+    return json.loads(store.steps_of(run_id)[seq].payload)
+
+
+def test_a_final_turn_succeeds(store: InMemoryStore, agents: dict[str, Agent]) -> None:
+    run_id = start(store, agents["main"], "Say hello.")
+    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    run = store.run(run_id)
+    assert (run.status, run.last_seq, run.lease_owner, run.lease_until) == (
+        RunStatus.SUCCEEDED,
+        1,
+        None,
+        None,
+    )
+    assert run.result and run.finished_at is not None and run.tokens_used > 0
+    assert run.stalled_claims == 0
+    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]
+
+
+def test_a_tool_call_then_a_final_turn(store: InMemoryStore, agents: dict[str, Agent]) -> None:
+    run_id = start(store, agents["main"], 'Look it up.\n@lookup {"key": "a"}')
+    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert kinds(store, run_id) == [
+        StepKind.TASK,
+        StepKind.MODEL_TURN,
+        StepKind.TOOL_RESULT,
+        StepKind.MODEL_TURN,
+    ]
+    [block] = payload(store, run_id, 2)
+    assert block["content"] == "value-of-a" and "is_error" not in block
+    # The call's effect was recorded with the step that carried its result.
+    [effect] = store.recorded_effects(run_id, 1).values()
+    assert (effect.tool, effect.result, effect.is_error) == ("lookup", "value-of-a", False)
+
+
+def test_an_unknown_tool_gets_an_error_result(
+    store: InMemoryStore, agents: dict[str, Agent]
+) -> None:
+    run_id = start(store, agents["main"], "@nope {}")
+    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    [block] = payload(store, run_id, 2)
+    assert block["is_error"] is True
+    assert block["content"] == "unknown tool 'nope'; the tools are: hook, launch, lookup"
+
+
+def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
+    store: InMemoryStore, clock: ManualClock, agents: dict[str, Agent]
+) -> None:
+    run_id = start(store, agents["main"], '@hook {"name": "steal"}')
+    stolen: list[Claim] = []
+
+    def steal() -> None:
+        # The lease expires while the call runs and another worker claims the run.
+        clock.advance(31)
+        stolen.append(claim(store, run_id, "thief"))
+
+    HOOKS["steal"] = steal
+    assert advance_run(claim(store, run_id), store=store) is Disposition.LOST
+    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]  # nothing appended
+    run = store.run(run_id)
+    assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 1)
+    # The call happened: its effect is recorded although the commit was refused ...
+    assert [e.result for e in store.recorded_effects(run_id, 1).values()] == ["hooked steal"]
+    # ... so the new holder continues from the log and does not run it again.
+    assert advance_run(stolen[0], store=store) is Disposition.SUCCEEDED
+    assert HOOKED == ["steal"]
+    assert [step.worker for step in store.steps_of(run_id)][2:] == ["thief", "thief"]
+
+
+def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent]) -> None:
+    run_id = start(store, agents["main"], '@hook {"name": "cancel"}\n@lookup {"key": "b"}')
+    HOOKS["cancel"] = lambda: store.cancel_run(run_id)
+    assert advance_run(claim(store, run_id), store=store) is Disposition.CANCELLED
+    run = store.run(run_id)
+    assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, 1)
+    assert run.finished_at is not None
+    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]
+
+
+def test_a_run_over_its_turn_budget_fails(store: InMemoryStore, agents: dict[str, Agent]) -> None:
+    run_id = start(store, agents["short"], '@lookup {"key": "a"}\n@lookup {"key": "b"}')
+    assert advance_run(claim(store, run_id), store=store) is Disposition.FAILED
+    run = store.run(run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.error == "budget exceeded: max_turns (1) reached"
+    # The results of the one turn were committed before the run ended.
+    assert kinds(store, run_id)[-1] == StepKind.TOOL_RESULT
+
+
+def test_an_irreversible_call_parks_until_approved_then_runs_once(
+    store: InMemoryStore, agents: dict[str, Agent]
+) -> None:
+    run_id = start(store, agents["main"], '@launch {"target": "moon"}')
+    assert advance_run(claim(store, run_id), store=store) is Disposition.WAITING
+    run = store.run(run_id)
+    assert (run.status, run.lease_owner, run.lease_until, run.stalled_claims) == (
+        RunStatus.WAITING,
+        None,
+        None,
+        0,
+    )
+    [intent] = store.intents_of(run_id)
+    assert (intent.status, intent.tool, intent.input) == (
+        IntentStatus.PENDING,
+        "launch",
+        {"target": "moon"},
+    )
+    assert LAUNCHES == []
+    assert store.claim_runs("w2", 30) == []  # a waiting run is not claimable
+
+    person = get_user_model()(username="ada")
+    decided = store.decide_intent(
+        intent.pk, person, IntentStatus.PENDING, IntentStatus.APPROVED, ""
+    )
+    assert decided.status == IntentStatus.APPROVED
+    assert store.run(run_id).status == RunStatus.PENDING  # woken
+
+    assert advance_run(claim(store, run_id, "w2"), store=store) is Disposition.SUCCEEDED
+    assert LAUNCHES == ["moon"]
+    [intent] = store.intents_of(run_id)
+    assert intent.status == IntentStatus.DONE
+    [block] = payload(store, run_id, 2)
+    assert block["content"] == "launched to moon"
+
+
+def test_a_rejected_call_is_an_error_result_naming_the_person(
+    store: InMemoryStore, agents: dict[str, Agent]
+) -> None:
+    run_id = start(store, agents["main"], '@launch {"target": "sun"}')
+    assert advance_run(claim(store, run_id), store=store) is Disposition.WAITING
+    [intent] = store.intents_of(run_id)
+    person = get_user_model()(username="ada")
+    store.decide_intent(intent.pk, person, IntentStatus.PENDING, IntentStatus.REJECTED, "too hot")
+    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert LAUNCHES == []
+    [block] = payload(store, run_id, 2)
+    assert block["is_error"] is True
+    assert block["content"] == "launch was not run: rejected by ada: too hot"
+
+
+def test_claims_that_commit_nothing_send_the_run_to_the_dead_letter(
+    store: InMemoryStore, clock: ManualClock, agents: dict[str, Agent], settings: Any
+) -> None:
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "MAX_ATTEMPTS": 2}
+    run_id = start(store, agents["main"], "Say hello.")
+    for _ in range(2):  # two workers die before committing anything: their leases expire
+        claim(store, run_id)
+        clock.advance(31)
+    last = claim(store, run_id)
+    assert last.run.stalled_claims == 3
+    assert advance_run(last, store=store) is Disposition.DEAD
+    run = store.run(run_id)
+    assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.DEAD, None, 0)
+    assert run.error.startswith("2 claims in a row ended without committing a step")
+    assert "the step in flight was a model call" in run.error
+
+
+def test_prompt_drift_is_dead_lettered_without_a_step(
+    store: InMemoryStore, agents: dict[str, Agent]
+) -> None:
+    run_id = start(store, agents["main"], "Say hello.", fingerprint="0" * 64)
+    assert advance_run(claim(store, run_id), store=store) is Disposition.DEAD
+    run = store.run(run_id)
+    assert run.status == RunStatus.DEAD
+    assert run.error.startswith("prompt drift: agent unit-state-machine@v1")
+    assert kinds(store, run_id) == [StepKind.TASK]
+
+
+def test_the_last_step_claims_the_next_run_in_memory_too(
+    store: InMemoryStore, agents: dict[str, Agent]
+) -> None:
+    from durable_agents.store import NextClaim
+
+    first = start(store, agents["main"], "Say hello.")
+    second = start(store, agents["main"], "Say goodbye.")
+    then = NextClaim("w1", 30, take=lambda: True, give_back=lambda: None)
+    assert advance_run(claim(store, first), store=store, then_claim=then) is Disposition.SUCCEEDED
+    assert then.claim is not None and then.claim.run_id == second
+    assert then.claim.task_payload == json.dumps("Say goodbye.")
+    assert advance_run(then.claim, store=store) is Disposition.SUCCEEDED
