@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What tests/test_browser.py needs: Debian's Chromium and the playwright Python package.
+# What tests/acceptance/test_browser.py needs: Debian's Chromium and the playwright Python package.
 # Playwright's own browser download (`playwright install`) is never used: the tests launch
 # the system binary. Idempotent; safe to call on every CI run.
 #

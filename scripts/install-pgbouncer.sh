@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the PgBouncer variants of tests/test_crash.py need: Debian's pgbouncer binary. The tests
+# What the PgBouncer variants of tests/acceptance/test_crash.py need: Debian's pgbouncer binary. The tests
 # start their own private PgBouncer (tests/pgbouncer.py); the Debian service is never started
 # here. Idempotent; safe to call on every CI run.
 #

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,8 +36,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(plugin, "durable_agents")
 
 
+# The three kinds of test, one folder each: unit (no database; the state machine against the
+# in-memory store), integration (a real database, in-process workers), acceptance (real
+# `runagents` subprocesses, signals, PgBouncer, Chromium). `pytest -m unit` runs a kind.
+KINDS = ("unit", "integration", "acceptance")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
+
+    for item in items:
+        kind = item.path.parent.name
+        if kind in KINDS:
+            item.add_marker(getattr(pytest.mark, kind))
 
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL; make test does)")
@@ -193,6 +205,27 @@ def spawn_worker(
             worker.proc.kill()
         with contextlib.suppress(Exception):  # teardown must go on
             worker.wait(10)
+
+
+@pytest.fixture
+def worker_thread() -> Iterator[Callable[..., Worker]]:
+    """Start in-process workers on threads (``worker_thread(concurrency=4)``); each is stopped
+    and joined at teardown."""
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def launch(**options: Any) -> Worker:
+        options.setdefault("handle_signals", False)
+        worker = Worker(**options)
+        thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield launch
+    for worker, thread in started:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.02) -> Any:

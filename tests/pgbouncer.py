@@ -1,5 +1,5 @@
 """A private PgBouncer in transaction pooling mode, for tests that route worker subprocesses
-through a pooler (tests/test_crash.py).
+through a pooler (tests/acceptance/test_crash.py).
 
 ``running_pgbouncer()`` never assumes one is running: it writes its own ini into a temporary
 directory, starts ``pgbouncer`` in the foreground on a free port of 127.0.0.1, waits until the

@@ -1,6 +1,6 @@
-"""The agent of the fuzz suite (tests/test_fuzz.py): one echo tool per effect class, plus tools
-whose hostile return value (or exception) is chosen by their input, so that a generated model
-turn also decides what the tools give back."""
+"""The agent of the fuzz suite (tests/integration/test_fuzz.py): one echo tool per effect
+class, plus tools whose hostile return value (or exception) is chosen by their input, so that a
+generated model turn also decides what the tools give back."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +47,14 @@ def touch(name: str) -> None:
     directory = _directory()
     if directory is not None:
         (directory / name).write_text(str(os.getpid()))
+
+
+def pause(seconds: float, until: str) -> None:
+    """Sleep ``seconds``, or less once the marker ``until`` exists: a test that is done with a
+    long tool call lets it end instead of leaving a thread asleep."""
+    directory = _directory()
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        if directory is not None and (directory / until).exists():
+            return
+        time.sleep(min(remaining, 0.05))

@@ -31,24 +31,10 @@ def start(task: str, agent: str = "inflight") -> AgentRun:
 
 
 @pytest.fixture
-def background_worker() -> Iterator[Any]:
-    """Start in-process workers on threads; stopped and joined at teardown."""
-    started: list[tuple[Worker, threading.Thread]] = []
-
-    def launch(**options: Any) -> Worker:
-        options.setdefault("handle_signals", False)
-        worker = Worker(**options)
-        thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield launch
-    for worker, thread in started:
-        worker.stop()
-        inflight_agents.GATE.open.set()
-        thread.join(30)
-        assert not thread.is_alive(), "the worker did not stop"
+def background_worker(worker_thread: Any) -> Iterator[Any]:
+    """conftest's ``worker_thread``; the gate is opened at teardown so no tool call hangs."""
+    yield worker_thread
+    inflight_agents.GATE.open.set()
 
 
 # --------------------------------------------------------------------------- heartbeat

@@ -32,7 +32,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from tests.test_admin import (
+from tests.integration.test_admin import (
     SCRIPT,
     hidden_fields,
     intent_url,

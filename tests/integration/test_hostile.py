@@ -21,7 +21,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from durable_agents import Agent, effects, leases, tool
+from durable_agents import Agent, effects, leases, store, tool
 from durable_agents import worker as worker_module
 from durable_agents.api import approve_intent, cancel_run, resolve_intent, start_run
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
@@ -278,7 +278,7 @@ def test_the_default_error_text_names_the_type_and_message(fake_api: FakeAnthrop
 def test_tool_error_formatter_redacts_what_the_model_and_transcript_see(
     fake_api: FakeAnthropic, da_settings
 ) -> None:
-    da_settings(TOOL_ERROR_FORMATTER="tests.test_hostile.redact")
+    da_settings(TOOL_ERROR_FORMATTER="tests.integration.test_hostile.redact")
     run = start_run("hostile", "@leak_secret {}")
     run_worker()
     [block] = results_sent(reload(run))
@@ -288,7 +288,7 @@ def test_tool_error_formatter_redacts_what_the_model_and_transcript_see(
 
 
 def test_a_broken_formatter_shows_only_the_error_type(fake_api: FakeAnthropic, da_settings) -> None:
-    da_settings(TOOL_ERROR_FORMATTER="tests.test_hostile.broken_formatter")
+    da_settings(TOOL_ERROR_FORMATTER="tests.integration.test_hostile.broken_formatter")
     run = start_run("hostile", "@leak_secret {}")
     run_worker()
     [block] = results_sent(reload(run))
@@ -448,14 +448,15 @@ def test_an_approval_between_reading_the_intent_and_parking_does_not_strand_the_
     # A requeued run: claimable while its intent is still pending.
     AgentRun.objects.filter(pk=run.pk).update(status="pending")
     user = approver()
-    read = effects.intent_for_key
+    chosen = store.current()  # the runner reads intents through the chosen store
+    read = chosen.intent_for_key
 
     def read_then_a_person_approves(key: str) -> ToolIntent | None:
         found = read(key)  # the worker sees "pending" ...
         approve_intent(intent.pk, user)  # ... and a person approves right then
         return found
 
-    monkeypatch.setattr(effects, "intent_for_key", read_then_a_person_approves)
+    monkeypatch.setattr(chosen, "intent_for_key", read_then_a_person_approves)
     run_worker()
     assert reload(run).status == "succeeded"
     assert DROPS == ["orders"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -565,16 +564,17 @@ def test_poison_run_is_dead_lettered_and_healthy_runs_finish(spawn_worker: Spawn
 
 
 @ROUTES
-@pytest.mark.parametrize("grace", ["0.5", "10"])
+@pytest.mark.parametrize("grace", ["0.5", "3600"])
 def test_sigterm_during_a_model_call_hands_the_run_back_at_once(
     grace: str, fake_api: FakeAnthropic, spawn_worker: Spawn
 ) -> None:
     """SIGTERM while the first model call is held open by the fake API.
 
-    - grace 0.5 s: the call outlives the grace period and is abandoned: nothing committed.
-    - grace 10 s: the call is answered during the drain: its turn commits, then the run is
-      handed back before the next step.
-    (tests/test_shutdown.py covers the same for a tool in flight.)
+    - grace 0.5 s: the call outlives the grace period and is abandoned: nothing committed;
+      the worker exits while the call is still held.
+    - grace 3600 s: the call is answered during the drain: its turn commits, then the run is
+      handed back before the next step, and the worker exits without waiting out the hour.
+    (tests/acceptance/test_shutdown.py covers the same for a tool in flight.)
     """
     abandon = grace == "0.5"
     run = durable_agents.start_run(
@@ -597,9 +597,10 @@ def test_sigterm_during_a_model_call_hands_the_run_back_at_once(
     if not abandon:
         wait_for(lambda: "draining" in first.output(), timeout=5)
         hold.let_go(fake_api)  # answered within the grace period
-    started = time.monotonic()
-    assert first.wait(10) == 0, first.output()
-    assert time.monotonic() - started < 3
+    assert first.wait(60) == 0, first.output()
+    if abandon:
+        # The worker left while the fake API still held its call: nothing was answered.
+        assert fake_api.requests == []
     run.refresh_from_db()
     assert (run.status, run.lease_owner, run.lease_until) == (RunStatus.PENDING, None, None)
     assert run.stalled_claims == 0

@@ -95,7 +95,9 @@ def archive(runs: Any) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_retention_deletes_only_old_finished_runs_in_batches(da_settings: Any) -> None:
-    da_settings(RETENTION_DAYS=30, RETENTION_BATCH=2, ARCHIVER="tests.test_housekeeping.archive")
+    da_settings(
+        RETENTION_DAYS=30, RETENTION_BATCH=2, ARCHIVER="tests.integration.test_housekeeping.archive"
+    )
     ARCHIVED.clear()
     old = [
         durable_agents.start_run("tester", f'old {i}\n@lookup {{"key": "{i}"}}') for i in range(5)

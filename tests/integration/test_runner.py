@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -605,19 +604,33 @@ def test_retry_after_longer_than_the_lease_keeps_the_run(fake_api: FakeAnthropic
     run = start_run("tester", '@lookup {"key": "a"}')
     worker, thread = background_worker(worker_id="holder", lease_seconds=1.5, heartbeat_seconds=0.3)
     wait_for(lambda: len(fake_api.requests) == 1, timeout=10)
-    failed_at = time.monotonic()
+    # Unless the holder renews it, the lease ends at this moment (on the database's clock).
+    lease_until = reload(run).lease_until
+    assert lease_until is not None
 
+    # Thieves try until the retry goes out, whatever the pace of this machine; some of their
+    # tries come after the lease would have ended, while the holder still waits to retry.
     stolen: list[Any] = []
     thieves = 0
-    while time.monotonic() - failed_at < 3.7 and len(fake_api.requests) == 1:
+    tries_past_the_lease = 0
+
+    def steal() -> bool:
+        nonlocal thieves, tries_past_the_lease
+        past = (
+            AgentRun.objects.filter(pk=run.pk).alias(now=Now()).filter(now__gt=lease_until).exists()
+        )
         stolen.extend(leases.claim_runs("thief", 1.5))
         if thieves % 5 == 0:
             other = run_worker(worker_id="thief-worker", lease_seconds=1.5)
             assert other.stats.claims == 0
         thieves += 1
-        time.sleep(0.2)
+        waiting = len(fake_api.requests) == 1  # the holder had not retried yet
+        tries_past_the_lease += past and waiting
+        return not waiting
+
+    wait_for(steal, timeout=60, interval=0.1)
     assert stolen == []
-    assert thieves >= 10
+    assert tries_past_the_lease >= 1  # else this test could not have caught a theft
 
     thread.join(15)
     assert not thread.is_alive()
@@ -689,14 +702,15 @@ def test_cancelled_pending_run_is_never_claimed(fake_api: FakeAnthropic) -> None
 def test_cancel_while_a_tool_runs_commits_nothing_more(
     fake_api: FakeAnthropic, receiver: Any
 ) -> None:
-    run = start_run("tester", '@slow {"seconds": 2}\n@lookup {"key": "a"}\n@lookup {"key": "b"}')
+    # An hour-long tool: a worker that ends within the minute below walked away from it.
+    run = start_run("tester", '@slow {"seconds": 3600}\n@lookup {"key": "a"}\n@lookup {"key": "b"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     wait_for(lambda: receiver.marker("slow-started"), timeout=10)
     before = len(steps_of(run))
     assert before == 2
     assert cancel_run(run.pk) is True
 
-    thread.join(10)
+    thread.join(60)
     assert not thread.is_alive()
     assert worker.stats.dispositions == {"cancelled": 1}
     run = reload(run)
@@ -712,44 +726,63 @@ def test_cancel_while_a_tool_runs_commits_nothing_more(
     assert run_worker().stats.claims == 0
     assert reload(run).status == "cancelled"
     assert len(steps_of(run)) == before
+    (receiver.directory / "slow-release").touch()  # the abandoned tool may end now
 
 
 def test_cancel_during_a_retry_wait_stops_at_once(fake_api: FakeAnthropic) -> None:
-    fake_api.fail_next(api_error(429, "rate_limit_error", "slow down", **{"retry-after": "30"}))
+    # An hour to wait: a worker that ends within the minute below did not wait it out.
+    fake_api.fail_next(api_error(429, "rate_limit_error", "slow down", **{"retry-after": "3600"}))
     run = start_run("tester", '@lookup {"key": "a"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     wait_for(lambda: len(fake_api.requests) == 1, timeout=10)
     assert cancel_run(run.pk) is True
-    cancelled_at = time.monotonic()
-    thread.join(10)
+    thread.join(60)
     assert not thread.is_alive()
-    assert time.monotonic() - cancelled_at < 2.0
     assert worker.stats.dispositions == {"cancelled": 1}
     assert reload(run).status == "cancelled"
     assert [r.status for r in fake_api.requests] == [429]
     assert len(steps_of(run)) == 1
 
 
-def _cancel_during_model_call(fake_api: FakeAnthropic) -> tuple[AgentRun, Worker, float]:
-    arrived = threading.Event()
-    fake_api.before_answer = lambda body: arrived.set()
-    run = start_run("tester", '@@latency 3\n@lookup {"key": "a"}')
+def _cancel_during_model_call(
+    fake_api: FakeAnthropic,
+) -> tuple[AgentRun, Worker, threading.Event]:
+    """Cancel while the fake API holds the model call; returns once the worker has ended,
+    with the event that lets the fake API answer."""
+    arrived, answer = threading.Event(), threading.Event()
+
+    def hold(body: dict[str, Any]) -> None:
+        arrived.set()
+        answer.wait(60)  # bounded: a failing test must not hang the server thread
+
+    fake_api.before_answer = hold
+    run = start_run("tester", '@lookup {"key": "a"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     assert arrived.wait(10)
     assert len(steps_of(run)) == 1
     assert cancel_run(run.pk) is True
-    cancelled_at = time.monotonic()
-    thread.join(15)
+    thread.join(30)
     assert not thread.is_alive()
-    return run, worker, time.monotonic() - cancelled_at
+    return run, worker, answer
+
+
+def _caller_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "da-caller"}
 
 
 def test_cancel_during_a_model_call_commits_no_turn(fake_api: FakeAnthropic) -> None:
-    run, worker, _ = _cancel_during_model_call(fake_api)
+    earlier = _caller_threads()
+    run, worker, answer = _cancel_during_model_call(fake_api)
     assert worker.stats.dispositions == {"cancelled": 1}
-    # The answer still arrives (the fake API records it once it has slept); nothing commits it.
+    # The thread the worker left its call on: the only one that could still act on the answer.
+    abandoned = _caller_threads() - earlier
+    assert abandoned
+    # The answer still arrives, and that thread ends: nothing has committed it.
+    answer.set()
     wait_for(lambda: len(fake_api.requests) == 1, timeout=10)
-    time.sleep(0.3)
+    for thread in abandoned:
+        thread.join(30)
+        assert not thread.is_alive()
     run = reload(run)
     assert run.status == "cancelled"
     assert len(steps_of(run)) == 1
@@ -758,9 +791,11 @@ def test_cancel_during_a_model_call_commits_no_turn(fake_api: FakeAnthropic) -> 
 
 
 def test_cancel_during_a_model_call_gives_up_promptly(fake_api: FakeAnthropic) -> None:
-    run, worker, elapsed = _cancel_during_model_call(fake_api)
-    # heartbeat 0.3 s + ~1 s to give up, instead of the 3 s the answer takes.
-    assert elapsed < 1.5
+    run, worker, answer = _cancel_during_model_call(fake_api)
+    # The worker ended while the fake API still held the call: it did not wait for the answer.
+    assert fake_api.requests == []
+    answer.set()
+    assert worker.stats.dispositions == {"cancelled": 1}
     assert len(steps_of(run)) == 1
 
 
@@ -834,12 +869,14 @@ def test_heartbeat_records_about_a_run_carry_its_id(
     fake_api: FakeAnthropic, receiver: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="durable_agents")
-    run = start_run("tester", '@slow {"seconds": 1.5}')
+    # An hour-long tool: only the heartbeat can end this run's claim within the test.
+    run = start_run("tester", '@slow {"seconds": 3600}')
     # Not LISTENing: the heartbeat, not a notification, is what notices the cancel here.
     worker, thread = background_worker(heartbeat_seconds=0.3, listen=False)
     wait_for(lambda: receiver.marker("slow-started"), timeout=10)
     cancel_run(run.pk)
-    thread.join(10)
+    thread.join(60)
+    (receiver.directory / "slow-release").touch()  # the abandoned tool may end now
     assert worker.stats.dispositions == {"cancelled": 1}
     noticed = [r for r in caplog.records if "noticed by the heartbeat" in r.getMessage()]
     assert [r.getMessage() for r in noticed] == [

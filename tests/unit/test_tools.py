@@ -172,7 +172,7 @@ def test_repr_names_tool_effect_and_function() -> None:
     def drop_table(table: str) -> None: ...
 
     assert repr(drop_table) == (
-        "<Tool drop_table effect=irreversible func=tests.test_tools."
+        "<Tool drop_table effect=irreversible func=tests.unit.test_tools."
         "test_repr_names_tool_effect_and_function.<locals>.drop_table>"
     )
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.db import connection
 
-from durable_agents import leases
+from durable_agents import store
 from durable_agents.api import start_run
 from durable_agents.models import AgentRun, AgentStep, ToolEffect
 from durable_agents.worker import Worker
@@ -35,7 +36,10 @@ class RowLock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, seq: int) -> None:
         self.conn: psycopg.Connection | None = None
         self.taken = threading.Event()
-        append_step = leases.append_step
+        # The store the worker's runs use (the runner commits through it, not through the
+        # ``leases`` facade).
+        chosen = store.current()
+        append_step = chosen.append_step
 
         def locked_append(claim: Any, step_seq: int, *args: Any, **kwargs: Any) -> bool:
             if step_seq == seq and self.conn is None:
@@ -46,7 +50,7 @@ class RowLock:
                 self.taken.set()
             return append_step(claim, step_seq, *args, **kwargs)
 
-        monkeypatch.setattr(leases, "append_step", locked_append)
+        monkeypatch.setattr(chosen, "append_step", locked_append)
 
     def release(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
         assert self.conn is not None
@@ -61,6 +65,17 @@ def run_in_background() -> threading.Thread:
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return thread
+
+
+def a_statement_waits_for_a_lock() -> bool:
+    """Some session of the test database is blocked on a lock (the worker's commit)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        (waiting,) = cursor.fetchone()
+    return waiting > 0
 
 
 def seqs(run_id: Any) -> list[int]:
@@ -112,13 +127,22 @@ def test_results_commit_before_the_next_call_when_overlap_is_not_allowed(
     lock = RowLock(monkeypatch, seq=2)
     thread = run_in_background()
     assert lock.taken.wait(10)
-    time.sleep(1.0)
-    assert len(fake_api.requests) == 1  # the worker waits for its commit before calling
-    lock.release()
+    # The commit is under way and waits for the lock. A worker that overlapped would have
+    # sent its next call before it began that commit: the call reaches the fake API while
+    # the lock is held.
+    try:
+        wait_for(a_statement_waits_for_a_lock, timeout=30)
+        sent_while_locked = len(fake_api.requests)
+    finally:
+        released_at = time.monotonic()
+        lock.release()  # even on a failure: a held lock would hang the teardown
     thread.join(30)
+    assert sent_while_locked == 1
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
     assert seqs(run.pk) == [0, 1, 2, 3, 4, 5]
+    # The worker waited for its commit before calling: the call came after the lock went.
+    assert fake_api.requests[1].at > released_at
 
 
 def test_a_failed_commit_abandons_the_call_in_flight(

@@ -62,7 +62,7 @@ def test_the_test_settings_pass() -> None:
         ({"TOOL_TIMEOUT": "600"}, ["durable_agents.E003"]),
         ({"TOOL_TIMEOUT": None}, ["durable_agents.E003"]),
         ({"TOOL_ERROR_FORMATTER": "nowhere.format_error"}, ["durable_agents.E012"]),
-        ({"TOOL_ERROR_FORMATTER": "tests.test_checks.NOT_CALLABLE"}, ["durable_agents.E012"]),
+        ({"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.NOT_CALLABLE"}, ["durable_agents.E012"]),
         ({"TOOL_ERROR_FORMATTER": redact}, ["durable_agents.E012"]),  # a path, not the function
     ],
 )
@@ -77,7 +77,7 @@ def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: li
         {"TOOL_TIMEOUT": 0.5},
         {"TOOL_TIMEOUT": 30},
         {"TOOL_ERROR_FORMATTER": None},
-        {"TOOL_ERROR_FORMATTER": "tests.test_checks.redact"},
+        {"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.redact"},
         {"RETIRED_MODELS": ["claude-2.1"]},
     ],
 )
@@ -87,7 +87,7 @@ def test_valid_settings(da_settings: Any, values: dict[str, Any]) -> None:
 
 
 def test_the_formatter_message_says_what_is_wrong(da_settings: Any) -> None:
-    da_settings(TOOL_ERROR_FORMATTER="tests.test_checks.NOT_CALLABLE")
+    da_settings(TOOL_ERROR_FORMATTER="tests.unit.test_checks.NOT_CALLABLE")
     [message] = da_checks.check_settings()
     assert "is not callable" in message.msg
     da_settings(TOOL_ERROR_FORMATTER="nowhere.format_error")
@@ -161,7 +161,7 @@ def test_non_idempotent_tool_without_a_key() -> None:
         # The object is named by its dotted path, not `<function ... at 0x...>`.
         printed = str(messages[0])
         assert printed.startswith(
-            "tests.test_checks.test_non_idempotent_tool_without_a_key.<locals>.send_email: "
+            "tests.unit.test_checks.test_non_idempotent_tool_without_a_key.<locals>.send_email: "
         ), printed
         assert " at 0x" not in printed
     finally:
