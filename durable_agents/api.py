@@ -45,8 +45,9 @@ def start_run(
 
 
 def cancel_run(run_id: Any) -> bool:
-    """Cancel a pending, running or waiting run. A worker holding it notices through its
-    heartbeat and its fence refuses any further step. False if the run was already over."""
+    """Cancel a pending, running or waiting run. A worker holding it hears of it at once
+    (PostgreSQL NOTIFY) or at its next heartbeat, and its fence refuses any further step.
+    False if the run was already over."""
     cancelled = current().cancel_run(run_id)
     if cancelled:
         signals.run_finished.send(sender=AgentRun, run_id=run_id, status=RunStatus.CANCELLED)
