@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from durable_agents import db
+from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
 
 logger = logging.getLogger("durable_agents.calls")
@@ -177,8 +178,6 @@ _permits_lock = threading.Lock()
 def tool_permits() -> threading.Semaphore:
     """The process's permits for plain tool calls: ``TOOL_THREADS`` of them."""
     global _tool_permits, _tool_permits_size
-    from durable_agents.conf import app_settings
-
     size = max(1, int(app_settings.TOOL_THREADS))
     with _permits_lock:
         if _tool_permits is None or size != _tool_permits_size:

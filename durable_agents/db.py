@@ -23,7 +23,7 @@ import logging
 import threading
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 logger = logging.getLogger("durable_agents.db")
 
@@ -81,7 +81,7 @@ def use_pool(size: int, alias: str = DEFAULT_DB_ALIAS) -> bool:
 def release(alias: str = DEFAULT_DB_ALIAS) -> None:
     """Give this thread's connection back to the pool, if there is one and no transaction is
     open on it. Cheap: no round trip."""
-    conn = connections[alias] if alias != DEFAULT_DB_ALIAS else connection
+    conn = connections[alias]
     if conn.connection is None or conn.in_atomic_block:
         return
     if conn.vendor == "postgresql" and conn.settings_dict.get("OPTIONS", {}).get("pool"):

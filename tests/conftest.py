@@ -228,6 +228,20 @@ def worker_thread() -> Iterator[Callable[..., Worker]]:
         assert not thread.is_alive(), "the worker did not stop"
 
 
+def backend_waits_on_lock(query_part: str = "") -> bool:
+    """Some session of the test database is blocked on a lock, running a statement that
+    contains ``query_part`` (read from a connection of its own)."""
+    import psycopg
+
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s",
+            (f"%{query_part}%",),
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while True:

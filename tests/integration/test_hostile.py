@@ -26,7 +26,7 @@ from durable_agents import worker as worker_module
 from durable_agents.api import approve_intent, cancel_run, resolve_intent, start_run
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.worker import Worker
-from tests.conftest import database_url, run_worker
+from tests.conftest import backend_waits_on_lock, database_url, run_worker
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -466,16 +466,6 @@ def test_an_approval_between_reading_the_intent_and_parking_does_not_strand_the_
 # -- 7. a cancel racing the start of an approved irreversible call -----------------------------
 
 
-def _backend_waits_on_lock(query_part: str) -> bool:
-    with psycopg.connect(database_url(), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s",
-            (f"%{query_part}%",),
-        ).fetchone()
-    return bool(row and row[0])
-
-
 @pytest.mark.postgres
 def test_a_cancel_cannot_land_between_the_fence_and_an_approved_irreversible_call(
     fake_api: FakeAnthropic,
@@ -490,12 +480,12 @@ def test_a_cancel_cannot_land_between_the_fence_and_an_approved_irreversible_cal
     worker_thread = threading.Thread(target=worker.run, daemon=True)
     worker_thread.start()
     try:
-        wait_until(lambda: _backend_waits_on_lock("tool_intent"), "the worker to wait")
+        wait_until(lambda: backend_waits_on_lock("tool_intent"), "the worker to wait")
         # A person cancels right now, while the worker is between its fence and the call.
         cancel_thread = threading.Thread(target=cancel_run, args=(run.pk,), daemon=True)
         cancel_thread.start()
         wait_until(
-            lambda: not cancel_thread.is_alive() or _backend_waits_on_lock("agent_run"),
+            lambda: not cancel_thread.is_alive() or backend_waits_on_lock("agent_run"),
             "the cancel to finish or wait",
         )
         # The run row is locked by the worker's fenced statement: the cancel is ordered

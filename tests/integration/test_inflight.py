@@ -22,7 +22,7 @@ from durable_agents import leases
 from durable_agents.leases import LeaseLoss
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
 from durable_agents.worker import Worker, _Held
-from tests.conftest import wait_for
+from tests.conftest import backend_waits_on_lock, wait_for
 from tests.testapp import inflight_agents
 
 
@@ -100,27 +100,13 @@ def test_a_run_finished_while_the_heartbeat_waits_for_its_row_is_not_called_lost
     beat = threading.Thread(target=lambda: outcome.setdefault("lost", worker.beat()))
     beat.start()
     try:
-        wait_for(lambda: _waits_on_a_lock("unnest"))
+        wait_for(lambda: backend_waits_on_lock("unnest"))
     finally:
         ending.commit()
         ending.close()
     beat.join(30)
     assert outcome["lost"] == {}
     assert not worker._held[run.pk].interrupt.is_set()
-
-
-def _waits_on_a_lock(query_part: str) -> bool:
-    import psycopg
-
-    from tests.conftest import database_url
-
-    with psycopg.connect(database_url(), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s",
-            (f"%{query_part}%",),
-        ).fetchone()
-    return bool(row and row[0])
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,13 +13,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
 
 from durable_agents import store
 from durable_agents.api import start_run
 from durable_agents.models import AgentRun, AgentStep, ToolEffect
 from durable_agents.worker import Worker
-from tests.conftest import database_url, wait_for
+from tests.conftest import backend_waits_on_lock, database_url, wait_for
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -65,17 +64,6 @@ def run_in_background() -> threading.Thread:
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return thread
-
-
-def a_statement_waits_for_a_lock() -> bool:
-    """Some session of the test database is blocked on a lock (the worker's commit)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        (waiting,) = cursor.fetchone()
-    return waiting > 0
 
 
 def seqs(run_id: Any) -> list[int]:
@@ -131,7 +119,7 @@ def test_results_commit_before_the_next_call_when_overlap_is_not_allowed(
     # sent its next call before it began that commit: the call reaches the fake API while
     # the lock is held.
     try:
-        wait_for(a_statement_waits_for_a_lock, timeout=30)
+        wait_for(backend_waits_on_lock, timeout=30)
         sent_while_locked = len(fake_api.requests)
     finally:
         released_at = time.monotonic()
