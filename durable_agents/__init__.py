@@ -11,10 +11,16 @@ from typing import Any
 
 from durable_agents.agents import Agent
 from durable_agents.tools import tool
+from durable_agents.waits import Wait, ask_person
 
 __all__ = [
     "Agent",
     "tool",
+    "Wait",
+    "ask_person",
+    "send_event",
+    "spawn_run",
+    "answer_question",
     "start_run",
     "cancel_run",
     "requeue_run",
@@ -25,6 +31,9 @@ __all__ = [
 ]
 
 _API_NAMES = {
+    "send_event",
+    "spawn_run",
+    "answer_question",
     "start_run",
     "cancel_run",
     "requeue_run",

@@ -10,14 +10,25 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 
-from durable_agents import effects, signals
+from durable_agents import effects, signals, waits
 from durable_agents.agents import registry
+from durable_agents.conf import app_settings
 from durable_agents.history import rebuild_messages
-from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent
+from durable_agents.models import (
+    AgentEvent,
+    AgentQuestion,
+    AgentRun,
+    IntentStatus,
+    QuestionStatus,
+    RunStatus,
+    ToolIntent,
+)
 from durable_agents.store import current
-from durable_agents.text import has_unstorable
+from durable_agents.store.base import WaitRefused
+from durable_agents.text import has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
+ANSWER_PERMISSION = "durable_agents.answer_question"
 
 
 def start_run(
@@ -25,6 +36,11 @@ def start_run(
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version."""
+    run = _new_run(agent, task, version, model)
+    return current().create_run(run, json.dumps(task, ensure_ascii=False))
+
+
+def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
     if not isinstance(task, str) or not task.strip():
         raise ValueError("a run needs a non-empty task")
     if has_unstorable(task):
@@ -33,7 +49,7 @@ def start_run(
         raise ValueError("a task cannot contain NUL characters or lone surrogates")
     definition = registry.get(agent, version)
     pinned_model = model or definition.model
-    run = AgentRun(
+    return AgentRun(
         id=uuid.uuid4(),
         agent=definition.name,
         prompt_version=definition.version,
@@ -41,13 +57,88 @@ def start_run(
         fingerprint=definition.fingerprint(pinned_model),
         task=task,
     )
-    return current().create_run(run, json.dumps(task, ensure_ascii=False))
+
+
+def spawn_run(
+    agent: str,
+    task: str,
+    *,
+    key: str,
+    version: str | None = None,
+    model: str | None = None,
+) -> AgentRun:
+    """Start a child run of the run whose tool calls this, once per ``key``: calling it again
+    with the same key (after a crash, or on the call's wake) returns the same run. The child
+    is an ordinary run (pending), linked to its parent; ``raise Wait(runs=[...])`` waits for
+    children to end. Cancelling the parent cancels its unfinished children.
+
+    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH`` or
+    ``MAX_CHILD_RUNS``, or when the parent is over."""
+    call = waits.current_call()
+    if call is None:
+        raise RuntimeError(
+            "spawn_run starts a child of the run whose tool is running; outside tool code, "
+            "use start_run"
+        )
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise ValueError("spawn_run needs a key: a non-empty string of at most 200 characters")
+    depth = call.depth + 1
+    if depth > app_settings.MAX_RUN_DEPTH:
+        raise ValueError(
+            f"a child run would be at depth {depth}; MAX_RUN_DEPTH is {app_settings.MAX_RUN_DEPTH}"
+        )
+    child = _new_run(agent, task, version, model)
+    child.parent_id = call.run_id
+    child.spawn_key = key
+    child.depth = depth
+    try:
+        run, _ = current().spawn_run(
+            child, json.dumps(task, ensure_ascii=False), app_settings.MAX_CHILD_RUNS
+        )
+    except WaitRefused as exc:
+        raise ValueError(str(exc)) from None
+    return run
+
+
+def send_event(name: str, payload: Any = None, *, user: Any = None) -> AgentEvent:
+    """Store the event ``name`` with its JSON ``payload`` and wake every run waiting on it
+    (``Wait(event=name)``). Stored once: a second send of the same name changes nothing and
+    returns the first. A run that starts waiting on it later does not wait at all."""
+    if not isinstance(name, str) or not name or len(name) > waits.MAX_EVENT_NAME:
+        raise ValueError(
+            f"an event needs a non-empty name of at most {waits.MAX_EVENT_NAME} characters"
+        )
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"an event's payload must be JSON: {exc}") from None
+    event, woken = current().send_event(name, payload, user)
+    if woken:
+        signals.event_sent.send(sender=AgentEvent, event=event, woken=woken)
+    return event
+
+
+def answer_question(run_id: Any, user: Any, text: str) -> AgentQuestion:
+    """Answer the open question of a run (asked with the built-in ``ask_person`` tool): the
+    answer, who gave it and when become the tool's result and the run goes on. Needs the
+    permission ``durable_agents.answer_question``. An answered question is returned as it
+    is; a run that asked nothing raises ``AgentQuestion.DoesNotExist``."""
+    if user is None or not user.has_perm(ANSWER_PERMISSION):
+        raise PermissionDenied(f"answering questions needs the {ANSWER_PERMISSION} permission")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("an answer cannot be empty")
+    question = current().answer_question(run_id, user, storable_text(text))
+    if question is None:
+        raise AgentQuestion.DoesNotExist(f"run {run_id} asked no question")
+    if question.status == QuestionStatus.ANSWERED:
+        signals.question_answered.send(sender=AgentQuestion, question=question)
+    return question
 
 
 def cancel_run(run_id: Any) -> bool:
-    """Cancel a pending, running or waiting run. A worker holding it hears of it at once
-    (PostgreSQL NOTIFY) or at its next heartbeat, and its fence refuses any further step.
-    False if the run was already over."""
+    """Cancel a pending, running or waiting run, with its unfinished child runs. A worker
+    holding one hears of it at once (PostgreSQL NOTIFY) or at its next heartbeat, and its
+    fence refuses any further step. False if the run was already over."""
     cancelled = current().cancel_run(run_id)
     if cancelled:
         signals.run_finished.send(sender=AgentRun, run_id=run_id, status=RunStatus.CANCELLED)

@@ -40,6 +40,8 @@ NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
     # The heartbeat, the listener and a pool of at least one.
     "DB_POOL_SIZE": ("whole", 3, True, False),
     "TOOL_THREADS": ("whole", 1, True, False),
+    "MAX_RUN_DEPTH": ("whole", 0, True, False),
+    "MAX_CHILD_RUNS": ("whole", 0, True, False),
 }
 
 

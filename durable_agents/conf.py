@@ -67,6 +67,10 @@ DEFAULTS: dict[str, Any] = {
     # Dotted path of a callable that receives each batch (a QuerySet of runs) before deletion.
     "ARCHIVER": None,
     "METRICS_KEEP_DAYS": 30,
+    # Child runs (spawn_run): how deep runs may nest (a run started by start_run is at depth 0)
+    # and how many children one run may spawn.
+    "MAX_RUN_DEPTH": 5,
+    "MAX_CHILD_RUNS": 100,
     # E-mail staff when an intent waits or a run is dead-lettered (see notifications.py).
     "NOTIFY": True,
 }

@@ -35,7 +35,7 @@ class JSONTextField(models.TextField):
 class RunStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
-    WAITING = "waiting", "Waiting for a person"
+    WAITING = "waiting", "Waiting"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
@@ -47,14 +47,33 @@ CLAIMABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 # A person may cancel a run in these statuses (a dead run too: closing it is triage).
 CANCELLABLE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.DEAD)
 FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+# A run that waits on runs (``Wait(runs=...)``) is woken when each is in one of these: a child's
+# failure, cancellation or dead letter is its parent's information, not its parent's failure.
+ENDED_STATUSES = (*FINISHED_STATUSES, RunStatus.DEAD)
+
+
+class WaitKind(models.TextChoices):
+    """What a ``waiting`` run waits for (``AgentRun.waiting_for``)."""
+
+    INTENT = "intent", "an approval"
+    TIMER = "timer", "a timer"
+    EVENT = "event", "an event"
+    RUNS = "runs", "child runs"
+    QUESTION = "question", "an answer"
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):
     def claimable(self) -> AgentRunQuerySet:
-        """Runs a worker may take now; served by the partial index ``agent_run_claim``."""
+        """Runs a worker may take now but due waits (``due``); served by the partial index
+        ``agent_run_claim``."""
         return self.filter(status__in=CLAIMABLE_STATUSES).filter(
             models.Q(lease_until__isnull=True) | models.Q(lease_until__lt=Now())
         )
+
+    def due(self) -> AgentRunQuerySet:
+        """Waiting runs whose timer or timeout is past: a worker may take them too; served by
+        the partial index ``agent_run_wake``."""
+        return self.filter(status=RunStatus.WAITING, wake_at__lte=Now())
 
     def not_leased(self) -> AgentRunQuerySet:
         """Active runs no worker holds right now (pending, waiting, or running with a lease
@@ -105,6 +124,30 @@ class AgentRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text="first claim")
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # -- waits (API.md section 8). What a waiting run waits for; kept after the wake, as the
+    # record of the last wait, and overwritten by the next.
+    waiting_for = models.CharField(max_length=16, choices=WaitKind.choices, blank=True, default="")
+    waiting_since = models.DateTimeField(null=True, blank=True)
+    # A timer's due time, or the timeout of an event or runs wait: the claim takes a waiting
+    # run once it is past (index agent_run_wake).
+    wake_at = models.DateTimeField(null=True, blank=True)
+    wait_event = models.CharField(max_length=200, null=True, blank=True)
+    # The runs a ``Wait(runs=...)`` waits on (a JSON list of ids).
+    wait_runs = JSONTextField(null=True, blank=True)
+    # The idempotency key of the call that waits: the call that gets ``woken_by``.
+    wait_key = models.CharField(max_length=64, null=True, blank=True)
+    # What ended the wait (JSON), set by the wake; the waiting call gets it when invoked again.
+    woken_by = JSONTextField(null=True, blank=True)
+
+    # -- child runs (``spawn_run``): one per (parent, spawn_key).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    spawn_key = models.CharField(max_length=200, null=True, blank=True)
+    depth = models.PositiveSmallIntegerField(
+        default=0, help_text="0 for a run started by start_run, its parent's + 1 for a child"
+    )
+
     objects = AgentRunQuerySet.as_manager()
 
     class Meta:
@@ -119,6 +162,25 @@ class AgentRun(models.Model):
                 condition=models.Q(status__in=["pending", "running"]),
             ),
             models.Index(fields=["status", "created_at"], name="agent_run_status"),
+            # Timers and timeouts: the claim takes waiting runs that are due in wake_at order.
+            models.Index(
+                fields=["wake_at"],
+                name="agent_run_wake",
+                condition=models.Q(status="waiting", wake_at__isnull=False),
+            ),
+            # send_event wakes the runs waiting on its name.
+            models.Index(
+                fields=["wait_event"],
+                name="agent_run_wait_event",
+                condition=models.Q(status="waiting", wait_event__isnull=False),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["parent", "spawn_key"],
+                name="agent_run_spawn_key",
+                condition=models.Q(spawn_key__isnull=False),
+            )
         ]
 
     def __str__(self) -> str:
@@ -258,6 +320,93 @@ class ToolIntent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} for run {self.run_id} ({self.status})"
+
+
+class AgentEvent(models.Model):
+    """An event by name (``send_event``): stored once; a second send of the name is a no-op.
+
+    A run that waits on a name not sent yet creates the row with ``sent_at`` NULL: the send
+    and the wait then lock the same row, so neither can miss the other."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, unique=True)
+    payload = JSONTextField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    sent_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "agent_event"
+        ordering = ["-created_at"]
+        permissions = [("send_event", "Can send events to waiting runs")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_sent(self) -> bool:
+        return self.sent_at is not None
+
+    def woken_by(self) -> dict[str, Any]:
+        """What a run that waited on this event receives."""
+        return {
+            "event": self.name,
+            "payload": self.payload,
+            "at": self.sent_at.isoformat() if self.sent_at else None,
+        }
+
+
+class QuestionStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    ANSWERED = "answered", "Answered"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class AgentQuestion(models.Model):
+    """A question a run asked a person (the built-in ``ask_person`` tool), and its answer."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="questions")
+    # The idempotency key of the ask_person call: one question per call.
+    key = models.CharField(max_length=64, unique=True)
+    question = models.TextField()
+    status = models.CharField(
+        max_length=16, choices=QuestionStatus.choices, default=QuestionStatus.OPEN
+    )
+    answer = models.TextField(blank=True, default="")
+    answered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    answered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "agent_question"
+        ordering = ["created_at"]
+        permissions = [("answer_question", "Can answer questions that runs ask")]
+        indexes = [models.Index(fields=["status", "created_at"], name="agent_question_status")]
+
+    def __str__(self) -> str:
+        return f"question {self.pk} of run {self.run_id} ({self.status})"
+
+    def woken_by(self) -> dict[str, Any]:
+        """What the asking call receives once answered."""
+        who = self.answered_by.get_username() if self.answered_by is not None else None
+        return {
+            "answer": self.answer,
+            "answered_by": who,
+            "at": self.answered_at.isoformat() if self.answered_at else None,
+        }
 
 
 class MetricsSnapshot(models.Model):

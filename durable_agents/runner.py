@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import calls, effects, llm, signals
+from durable_agents import calls, effects, llm, signals, waits
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
@@ -44,14 +44,17 @@ from durable_agents.history import (
 from durable_agents.interrupt import Interrupt
 from durable_agents.logging import bind_run
 from durable_agents.models import (
+    AgentQuestion,
     AgentRun,
     IntentStatus,
     RunStatus,
     StepKind,
     ToolEffect,
     ToolIntent,
+    WaitKind,
 )
 from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Parked, Store, current
+from durable_agents.store.base import WaitRefused, WaitSpec
 from durable_agents.text import Unstorable, check_depth, json_text, storable_text
 from durable_agents.tools import EffectClass, Tool, ToolInputError
 
@@ -64,7 +67,7 @@ class Disposition(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     DEAD = "dead"
-    WAITING = "waiting"  # parked on a person's decision; no worker holds it
+    WAITING = "waiting"  # parked (a person, a timer, an event, child runs); no worker holds it
     RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
     CANCELLED = "cancelled"
     LOST = "lost"  # another worker holds it now
@@ -95,6 +98,14 @@ class _ToolOutcome:
     text: str
     is_error: bool
     timed_out: bool = False
+
+
+class _WaitRaised(Exception):
+    """The tool raised ``Wait``: carried out of the call to the park."""
+
+    def __init__(self, wait: waits.Wait) -> None:
+        super().__init__(wait.describe())
+        self.wait = wait
 
 
 class _Stop(Exception):
@@ -139,18 +150,33 @@ def text_of(message: dict[str, Any]) -> str:
     )
 
 
+TOKEN_FIELDS = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+)
+
+# Turns with these stop reasons are not the end of anything: the model paused (a long server
+# tool loop, or after a compaction pass with ``pause_after_compaction``) and is called again
+# with the turn appended, exactly as the API documents.
+CONTINUE_STOP_REASONS = ("pause_turn", "compaction")
+
+
 def tokens_of(message: dict[str, Any]) -> int:
-    """Tokens billed for one turn: input (cached or not) plus output."""
+    """Tokens billed for one turn: input (cached or not) plus output. When the server ran more
+    than one pass (a compaction, then the message), ``usage.iterations`` lists each and the
+    top-level figures cover only the last: the passes are summed instead."""
     usage = message.get("usage") or {}
-    return sum(
-        int(usage.get(key) or 0)
-        for key in (
-            "input_tokens",
-            "cache_creation_input_tokens",
-            "cache_read_input_tokens",
-            "output_tokens",
+    iterations = usage.get("iterations")
+    if isinstance(iterations, list) and iterations:
+        return sum(
+            int(item.get(key) or 0)
+            for item in iterations
+            if isinstance(item, dict)
+            for key in TOKEN_FIELDS
         )
-    )
+    return sum(int(usage.get(key) or 0) for key in TOKEN_FIELDS)
 
 
 def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
@@ -226,7 +252,10 @@ class RunAdvancer:
         while True:
             if pending is None:
                 self._check_interrupt()
-            if last.kind != StepKind.MODEL_TURN or last.message.get("stop_reason") == "pause_turn":
+            if (
+                last.kind != StepKind.MODEL_TURN
+                or last.message.get("stop_reason") in CONTINUE_STOP_REASONS
+            ):
                 if pending is None:
                     self._check_budgets(agent, turns)
                 turn = self._call_model(agent, params, conversation.json(), pending)
@@ -489,15 +518,73 @@ class RunAdvancer:
     def _invoke(
         self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
     ) -> ToolEffect:
-        outcome = self._run_tool(agent, tool, seq, index, tool_input, key)
-        return self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
+        """Call the tool; a ``Wait`` it raises parks the run here (``_Stop``), or, when what
+        it waits for is over already, the call is made again at once with ``woken_by``."""
+        woken_by = self._woken_by(key)
+        while True:
+            try:
+                outcome = self._run_tool(agent, tool, seq, index, tool_input, key, woken_by)
+            except _WaitRaised as raised:
+                try:
+                    woken_by = self._park_on_wait(raised.wait, tool, key)
+                    continue
+                except WaitRefused as exc:
+                    outcome = _ToolOutcome(f"{tool.name}: {exc}", True)
+            return self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
+
+    def _woken_by(self, key: str) -> dict[str, Any] | None:
+        """What ended the wait of the call with this key, if this claim follows that wake."""
+        run = self.run
+        if run.wait_key != key or not isinstance(run.woken_by, dict):
+            return None
+        woken_by = dict(run.woken_by)
+        if run.waiting_for == WaitKind.RUNS and "runs" not in woken_by:
+            # A timeout: the runs as they are now.
+            woken_by["runs"] = self.store.run_outcomes(run.wait_runs or [])
+        return woken_by
+
+    def _park_on_wait(self, wait: waits.Wait, tool: Tool, key: str) -> dict[str, Any]:
+        """Park the run on ``wait`` and stop (raises ``_Stop``), or return ``woken_by`` when
+        what it waits for is over already (an event sent, children ended, an answer)."""
+        if isinstance(wait, waits.AskPerson):
+            spec = WaitSpec(WaitKind.QUESTION, key, question=wait.question)
+        elif wait.kind == "timer":
+            spec = WaitSpec(WaitKind.TIMER, key, seconds=wait.seconds, until=wait.until)
+        elif wait.kind == "event":
+            spec = WaitSpec(WaitKind.EVENT, key, seconds=wait.timeout, event=wait.event)
+        else:
+            spec = WaitSpec(WaitKind.RUNS, key, seconds=wait.timeout, runs=wait.runs)
+        outcome, woken_by = self.store.park_on_wait(self.claim, spec)
+        if outcome is Parked.FENCE_FAILED:
+            self._fence_failed()
+        if outcome is Parked.READY:
+            assert woken_by is not None
+            logger.info("run %s: %s is over already; %s goes on", self.run.pk, wait, tool.name)
+            return woken_by
+        logger.info("run %s waits (%s: %s)", self.run.pk, tool.name, wait.describe())
+        signals.run_waiting.send(
+            sender=AgentRun, run_id=self.run.pk, waiting_for=spec.kind, what=wait.describe()
+        )
+        if spec.kind == WaitKind.QUESTION:
+            question = AgentQuestion.objects.filter(key=key).first()
+            if question is not None:
+                signals.question_asked.send(sender=AgentQuestion, question=question)
+        raise _Stop(WAITING)
 
     def _run_tool(
-        self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
+        self,
+        agent: Agent,
+        tool: Tool,
+        seq: int,
+        index: int,
+        tool_input: Any,
+        key: str,
+        woken_by: dict[str, Any] | None = None,
     ) -> _ToolOutcome:
         """Call the tool on the slot's caller thread (``async def`` tools: on the event loop),
         bounded by its timeout; whatever it raises (``SystemExit`` included) or returns becomes
-        the call's result. An interrupt walks away from the call and stops the run."""
+        the call's result, but ``Wait`` (``_WaitRaised``, for tools that may wait). An
+        interrupt walks away from the call and stops the run."""
         timeout = agent.timeout_for(tool, float(app_settings.TOOL_TIMEOUT))
         # A pure call is walked away from on any interrupt. A call with a side effect started
         # behind the fence: a cancellation or a lost lease lets it finish (within its timeout)
@@ -506,7 +593,7 @@ class RunAdvancer:
             self.interrupt if tool.effect is EffectClass.PURE else self.interrupt.narrowed(SHUTDOWN)
         )
         try:
-            return self._await_tool(tool, tool_input, key, interrupt, timeout, index, seq)
+            return self._await_tool(tool, tool_input, key, interrupt, timeout, index, seq, woken_by)
         finally:
             if interrupt is not self.interrupt:
                 self.interrupt.drop(interrupt)
@@ -520,22 +607,36 @@ class RunAdvancer:
         timeout: float,
         index: int,
         seq: int,
+        woken_by: dict[str, Any] | None = None,
     ) -> _ToolOutcome:
         started = time.monotonic()
         timed_out = False
+        # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
+        context = waits.CallContext(self.run.pk, self.run.depth, key)
 
         def call(abort: threading.Event) -> Any:
-            return tool.invoke(tool_input, idempotency_key=key)
+            with waits.calling(context):
+                return tool.invoke(tool_input, idempotency_key=key, woken_by=woken_by)
+
+        async def call_async() -> Any:
+            with waits.calling(context):
+                return await tool.invoke(tool_input, idempotency_key=key, woken_by=woken_by)
 
         try:
             if tool.is_async:
-                value = calls.await_abortable(
-                    lambda: tool.invoke(tool_input, idempotency_key=key), interrupt, timeout=timeout
-                )
+                value = calls.await_abortable(call_async, interrupt, timeout=timeout)
             else:
                 value = calls.run_abortable(
                     call, interrupt, timeout=timeout, permits=calls.tool_permits()
                 )
+        except waits.Wait as wait:
+            if tool.effect is not EffectClass.IRREVERSIBLE:
+                raise _WaitRaised(wait) from None
+            text, is_error = (
+                f"{tool.name} raised Wait, but an irreversible tool may not wait: its approval "
+                "is its wait",
+                True,
+            )
         except calls.CallInterrupted:
             logger.warning(
                 "run %s: tool %s abandoned (%s)", self.run.pk, tool.name, self.interrupt.reason

@@ -11,3 +11,16 @@ run_dead_lettered = Signal()
 
 # sender=AgentRun, run_id=<uuid>, status=<str>: a run reached succeeded, failed or cancelled.
 run_finished = Signal()
+
+# sender=AgentRun, run_id=<uuid>, waiting_for=<WaitKind>, what=<str>: a run parked on a timer,
+# an event, child runs or a question (intents also send intent_waiting).
+run_waiting = Signal()
+
+# sender=AgentQuestion, question=<AgentQuestion>: a run asked a person (ask_person).
+question_asked = Signal()
+
+# sender=AgentQuestion, question=<AgentQuestion>: a person answered it.
+question_answered = Signal()
+
+# sender=AgentEvent, event=<AgentEvent>, woken=<int>: send_event stored an event and woke runs.
+event_sent = Signal()

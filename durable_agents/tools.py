@@ -55,6 +55,11 @@ EFFECTS: tuple[str, ...] = tuple(e.value for e in EffectClass)
 
 # The parameter that receives the runtime's key; it is never part of the model-facing schema.
 IDEMPOTENCY_KEY = "idempotency_key"
+# The parameter that receives what ended a ``Wait`` the call raised (None on the first call);
+# never part of the schema either.
+WOKEN_BY = "woken_by"
+# Parameters the runtime fills in, never the model.
+RUNTIME_PARAMETERS = (IDEMPOTENCY_KEY, WOKEN_BY)
 
 # What the Messages API accepts as a tool name.
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
@@ -272,7 +277,7 @@ def schema_from_signature(func: Callable[..., Any]) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, param in signature.parameters.items():
-        if name == IDEMPOTENCY_KEY:
+        if name in RUNTIME_PARAMETERS:
             continue
         where = f"tool {_qualname(func)}, parameter {name!r}"
         schema = _type_schema(hints.get(name, inspect.Parameter.empty), where)
@@ -453,6 +458,7 @@ class Tool:
             self.takes_idempotency_key
             and signature.parameters[IDEMPOTENCY_KEY].default is not inspect.Parameter.empty
         )
+        self.takes_woken_by = WOKEN_BY in signature.parameters
         self._validator = jsonschema.Draft202012Validator(self.input_schema)
 
         # Hints only matter for turning JSON back into Enum members and tuples. With an explicit
@@ -495,10 +501,24 @@ class Tool:
         message = f"{prefix}:\n" + "\n".join(f"- {line}" for line in lines)
         raise ToolInputError(_cap(message, _MAX_MESSAGE_CHARS))
 
-    def invoke(self, tool_input: dict[str, Any], *, idempotency_key: str | None = None) -> Any:
-        """Validate the model's input, then call the function with it."""
+    def invoke(
+        self,
+        tool_input: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        woken_by: dict[str, Any] | None = None,
+    ) -> Any:
+        """Validate the model's input, then call the function with it (and with the runtime's
+        ``idempotency_key`` and ``woken_by``, for a function that declares them)."""
         self.validate(tool_input)
         kwargs = dict(tool_input)
+        if self.takes_woken_by:
+            if WOKEN_BY in kwargs:
+                raise ToolInputError(
+                    f"Invalid input for tool {self.name!r}: {WOKEN_BY!r} is set by the "
+                    "runtime, not by the model"
+                )
+            kwargs[WOKEN_BY] = woken_by
         for name, hint in self._coercions.items():
             if name in kwargs:
                 try:

@@ -72,6 +72,10 @@ class Receiver:
     def marker(self, name: str) -> bool:
         return (self.directory / name).exists()
 
+    def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
+        """Invocations of the waiting tools (tests/testapp/wait_agents.py), in order."""
+        return receiver_module.calls(self.directory, tool)
+
 
 @pytest.fixture
 def receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Receiver:

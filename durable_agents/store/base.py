@@ -15,8 +15,21 @@ A run travels through these operations, in this order; each is one method of ``S
     park_on_intent    -> running -> waiting on a person's decision (fenced)
     decide_intent / resolve_intent / complete_intent
                       -> the intent is decided or done, and wake_run: waiting -> pending
+    park_on_wait      -> running -> waiting on a timer, an event, child runs or a question
+                         (fenced); or not parked at all when that is over already
+    claim_runs        -> also takes waiting runs whose timer or timeout is due -> running,
+                         ``woken_by`` = {"timer": true} / {"timeout": true}
+    send_event        -> the event stored once; every run waiting on it -> pending (one UPDATE)
+    answer_question   -> the question answered; its run -> pending
+    spawn_run         -> a child run (pending), once per (parent, key)
+    wake_parent       -> after a child ends: its parent -> pending once all it waits on ended
     cancel_run, requeue_run, dead_letter
-                      -> a person's or the housekeeping's operations on any run
+                      -> a person's or the housekeeping's operations on any run (a cancel
+                         takes the run's unfinished descendants with it)
+
+No wake-up is lost: a wait and what ends it lock the same row (the event's row, the run's row
+for a question or for children), so whichever commits second sees the first. A wake changes
+only a run that is still ``waiting``, so a timer and an event that race resume the run once.
 
 The fence is the invariant: a worker changes a run only while the run still carries the
 (owner, attempt) of its claim and is running. A claim increments ``attempt``, so a worker whose
@@ -37,11 +50,21 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import datetime
 import enum
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
-from durable_agents.models import AgentRun, RunStatus, ToolEffect, ToolIntent
+from durable_agents.models import (
+    AgentEvent,
+    AgentQuestion,
+    AgentRun,
+    RunStatus,
+    ToolEffect,
+    ToolIntent,
+    WaitKind,
+)
 from durable_agents.text import storable_text
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
@@ -92,12 +115,43 @@ class LeaseLoss(enum.Enum):
     LOST = "lost"  # another worker holds it now (or it was handed back)
 
 
-class Parked(enum.Enum):
-    """What ``park_on_intent`` did."""
+logger = logging.getLogger("durable_agents.store")
 
-    PARKED = "parked"  # the run is waiting for a person
+
+class Parked(enum.Enum):
+    """What ``park_on_intent`` and ``park_on_wait`` did."""
+
+    PARKED = "parked"  # the run is waiting
     DECIDED = "decided"  # the intent was decided meanwhile: go on, do not park
+    READY = "ready"  # what the wait is for happened already: go on (with ``woken_by``)
     FENCE_FAILED = "fence_failed"  # the run is no longer this claim's
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitSpec:
+    """One wait of one tool call, as the store parks it (built from ``waits.Wait``)."""
+
+    kind: WaitKind
+    key: str  # the idempotency key of the call that waits
+    seconds: float | None = None  # a timer's length, or the timeout of an event/runs wait
+    until: datetime.datetime | None = None  # a timer's due time
+    event: str | None = None
+    runs: tuple[str, ...] = ()
+    question: str | None = None
+
+
+class WaitRefused(Exception):
+    """A wait or a spawn that cannot be done as asked; the message is for the model."""
+
+
+def run_outcome(run: AgentRun) -> dict[str, Any]:
+    """What a run waiting on ``run`` learns of it (``woken_by["runs"][id]``)."""
+    return {"status": run.status, "result": run.result, "error": run.error, "task": run.task}
+
+
+def timer_woken_by(waiting_for: str) -> dict[str, Any]:
+    """What a call gets when its wait ended by time: its timer, or the timeout of the wait."""
+    return {"timer": True} if waiting_for == WaitKind.TIMER else {"timeout": True}
 
 
 def ended(status: str, result: str | None, error: str) -> dict[str, Any]:
@@ -139,10 +193,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
-        """Claim: lease up to ``limit`` claimable runs (pending, or running with an expired
-        lease), oldest ``created_at`` first, skipping rows others hold. Each becomes running,
-        owned by ``owner`` until now + ``lease_seconds``, with ``attempt`` and
-        ``stalled_claims`` incremented."""
+        """Claim: lease up to ``limit`` claimable runs, skipping rows others hold: first
+        waiting runs whose ``wake_at`` is past (due timers and timeouts, in ``wake_at``
+        order; ``woken_by`` becomes ``timer_woken_by``), then pending runs and running runs
+        whose lease expired, oldest ``created_at`` first. Each becomes running, owned by
+        ``owner`` until now + ``lease_seconds``, with ``attempt`` and ``stalled_claims``
+        incremented."""
 
     @abc.abstractmethod
     def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
@@ -257,12 +313,68 @@ class Store(abc.ABC):
         the intent is approved again (the call runs again). Then wake the run. An intent that
         is not unknown is returned unchanged."""
 
+    # -- waits (API.md section 8) ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
+        """Park: the run becomes ``waiting`` on ``spec`` (lease freed, ``stalled_claims`` 0,
+        ``woken_by`` cleared); fenced. Not parked, ``(READY, woken_by)``, when what it waits
+        for is over already: the event was sent, the runs ended, the question was answered.
+        Raises ``WaitRefused`` for runs that this run did not spawn."""
+
+    @abc.abstractmethod
+    def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
+        """Store the event ``name`` once and wake every run waiting on it, in one transaction
+        (the wake is one UPDATE). A second send of the name changes nothing and returns the
+        first. Returns the stored event and the number of runs woken."""
+
+    @abc.abstractmethod
+    def answer_question(self, run_id: RunId, user: Any, text: str) -> AgentQuestion | None:
+        """Answer the run's open question and wake the run. An answered question is returned
+        as it is; None when the run never asked one."""
+
+    @abc.abstractmethod
+    def spawn_run(
+        self, child: AgentRun, task_payload: str, max_children: int
+    ) -> tuple[AgentRun, bool]:
+        """Create ``child`` (unsaved, with ``parent_id`` and ``spawn_key`` set) and its task
+        step, unless the parent already has a child with that key: that one is returned.
+        Refused (``WaitRefused``) when the parent is over or has ``max_children`` already.
+        Returns (run, created)."""
+
+    @abc.abstractmethod
+    def wake_parent(self, parent_id: RunId) -> bool:
+        """After a child ended: wake its parent if it waits on runs that have all ended, with
+        their outcomes as ``woken_by``. Locks the parent before reading the children, as
+        ``park_on_wait`` does, so the last child to end always sees the parent parked."""
+
+    @abc.abstractmethod
+    def stranded_parents(self, limit: int) -> list[RunId]:
+        """Runs waiting on runs (housekeeping checks them with ``wake_parent``: a worker that
+        died between a child's end and the wake leaves its parent here)."""
+
+    @abc.abstractmethod
+    def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
+        """``run_outcome`` of each run, by id text (runs that do not exist are left out)."""
+
+    def child_ended(self, parent_id: RunId | None) -> None:
+        """Called by every end of a run (after its commit): wake its parent if it waits. A
+        failure here is logged; housekeeping's sweep wakes the parent later."""
+        if parent_id is None:
+            return
+        try:
+            self.wake_parent(parent_id)
+        except Exception:  # noqa: BLE001 - the child's end is committed; the sweep repairs
+            logger.exception("waking parent run %s failed; housekeeping will", parent_id)
+
     # -- operations on any run -----------------------------------------------------------
 
     @abc.abstractmethod
     def cancel_run(self, run_id: RunId) -> bool:
-        """Cancel a pending, running, waiting or dead run (lease freed, finished now). A
-        worker holding it is refused by its fence from then on. False if it was over."""
+        """Cancel a pending, running, waiting or dead run (lease freed, finished now), with
+        its unfinished descendants and its open questions. A worker holding one is refused by
+        its fence from then on. Then its parent learns of it (``child_ended``). False if the
+        run was over."""
 
     @abc.abstractmethod
     def requeue_run(self, run_id: RunId) -> bool:

@@ -27,13 +27,18 @@ from django.utils import timezone
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
+    ENDED_STATUSES,
+    AgentEvent,
+    AgentQuestion,
     AgentRun,
     AgentStep,
     IntentStatus,
+    QuestionStatus,
     RunStatus,
     StepKind,
     ToolEffect,
     ToolIntent,
+    WaitKind,
 )
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
@@ -45,8 +50,12 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     Store,
+    WaitRefused,
+    WaitSpec,
     ended,
     lease_losses,
+    run_outcome,
+    timer_woken_by,
 )
 from durable_agents.text import storable_text
 
@@ -84,6 +93,9 @@ class InMemoryStore(Store):
         self.effects: dict[str, ToolEffect] = {}
         self.intents: dict[int, ToolIntent] = {}
         self._intent_ids = itertools.count(1)
+        self.events: dict[str, AgentEvent] = {}
+        self.questions: dict[str, AgentQuestion] = {}  # by the asking call's key
+        self._row_ids = itertools.count(1)
 
     # -- inspection (tests) --------------------------------------------------------------
 
@@ -122,10 +134,17 @@ class InMemoryStore(Store):
             run.lease_until is None or run.lease_until < now
         )
 
+    @staticmethod
+    def _due(run: AgentRun, now: datetime.datetime) -> bool:
+        return run.status == RunStatus.WAITING and run.wake_at is not None and run.wake_at <= now
+
     def _take(self, runs: list[AgentRun], owner: str, lease_seconds: float) -> list[Claim]:
         now = self.now()
         claims = []
         for run in runs:
+            if run.status == RunStatus.WAITING:
+                run.woken_by = timer_woken_by(run.waiting_for)
+            run.wake_at = None
             run.status = RunStatus.RUNNING
             run.lease_owner = owner
             run.lease_until = now + datetime.timedelta(seconds=lease_seconds)
@@ -146,6 +165,20 @@ class InMemoryStore(Store):
         for name, value in ended(status, result, error).items():
             setattr(run, name, value)
         run.finished_at = run.updated_at = self.now()
+        self.child_ended(run.parent_id)
+
+    def _park(self, run: AgentRun, kind: str, key: str, **wait: Any) -> None:
+        run.status = RunStatus.WAITING
+        run.lease_owner = None
+        run.lease_until = None
+        run.stalled_claims = 0
+        run.waiting_for = kind
+        run.waiting_since = run.updated_at = self.now()
+        run.wait_key = key
+        run.woken_by = None
+        run.wake_at = wait.get("wake_at")
+        run.wait_event = wait.get("wait_event")
+        run.wait_runs = wait.get("wait_runs")
 
     def _record(self, effect: ToolEffect) -> None:
         if effect.key not in self.effects:  # ON CONFLICT (key) DO NOTHING
@@ -180,14 +213,17 @@ class InMemoryStore(Store):
     def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
         with self.lock:
             now = self.now()
+            due = [run for run in self.runs.values() if self._due(run, now)]
+            due.sort(key=lambda run: run.wake_at)
             candidates = [run for run in self.runs.values() if self._claimable(run, now)]
             candidates.sort(key=lambda run: run.created_at)  # stable: ties keep insertion order
-            return self._take(candidates[:limit], owner, lease_seconds)
+            return self._take((due + candidates)[:limit], owner, lease_seconds)
 
     def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
         with self.lock:
             run = self.runs.get(run_id)
-            if run is None or not self._claimable(run, self.now()):
+            now = self.now()
+            if run is None or not (self._claimable(run, now) or self._due(run, now)):
                 return None
             return self._take([run], owner, lease_seconds)[0]
 
@@ -347,11 +383,7 @@ class InMemoryStore(Store):
                 stored = self.intents[intent.pk]
                 stored.status = IntentStatus.UNKNOWN
                 stored.updated_at = now
-            run.status = RunStatus.WAITING
-            run.lease_owner = None
-            run.lease_until = None
-            run.stalled_claims = 0
-            run.updated_at = now
+            self._park(run, WaitKind.INTENT, intent.key)
             return Parked.PARKED
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
@@ -443,10 +475,20 @@ class InMemoryStore(Store):
             run = self.runs.get(run_id)
             if run is None or run.status not in CANCELLABLE_STATUSES:
                 return False
-            run.status = RunStatus.CANCELLED
-            run.lease_owner = None
-            run.lease_until = None
-            run.finished_at = run.updated_at = self.now()
+            generation = [run]
+            while generation:
+                for each in generation:
+                    if each.status in CANCELLABLE_STATUSES:
+                        each.status = RunStatus.CANCELLED
+                        each.lease_owner = None
+                        each.lease_until = None
+                        each.finished_at = each.updated_at = self.now()
+                    for question in self.questions.values():
+                        if question.run_id == each.pk and question.status == QuestionStatus.OPEN:
+                            question.status = QuestionStatus.CANCELLED
+                ids = {each.pk for each in generation}
+                generation = [r for r in self.runs.values() if r.parent_id in ids]
+            self.child_ended(run.parent_id)
             return True
 
     def requeue_run(self, run_id: RunId) -> bool:
@@ -476,6 +518,168 @@ class InMemoryStore(Store):
                 return False
             self._end(run, RunStatus.DEAD, None, reason)
             return True
+
+    # -- waits ---------------------------------------------------------------------------
+
+    def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
+        with self.lock:
+            run = self._fenced(claim)
+            if run is None:
+                return Parked.FENCE_FAILED, None
+            wait: dict[str, Any] = {}
+            if spec.seconds is not None:
+                wait["wake_at"] = self._expiry(spec.seconds)
+            if spec.kind == WaitKind.TIMER and spec.until is not None:
+                wait["wake_at"] = spec.until
+            elif spec.kind == WaitKind.EVENT:
+                assert spec.event is not None
+                event = self._event(spec.event)
+                if event.is_sent:
+                    return Parked.READY, event.woken_by()
+                wait["wait_event"] = spec.event
+            elif spec.kind == WaitKind.RUNS:
+                strangers = [
+                    r
+                    for r in spec.runs
+                    if self._by_text(r) is None or self._by_text(r).parent_id != claim.run_id
+                ]
+                if strangers:
+                    raise WaitRefused(
+                        "Wait(runs=...) waits only on runs that this run spawned with "
+                        f"spawn_run; not spawned by it: {', '.join(strangers[:10])}"
+                    )
+                outcomes = self.run_outcomes(spec.runs)
+                if all(o["status"] in ENDED_STATUSES for o in outcomes.values()):
+                    return Parked.READY, {"runs": outcomes}
+                wait["wait_runs"] = list(spec.runs)
+            elif spec.kind == WaitKind.QUESTION:
+                question = self.questions.get(spec.key)
+                if question is None:
+                    question = AgentQuestion(
+                        pk=next(self._row_ids),
+                        run_id=claim.run_id,
+                        key=spec.key,
+                        question=spec.question or "",
+                        created_at=self.now(),
+                    )
+                    self.questions[spec.key] = question
+                if question.status == QuestionStatus.ANSWERED:
+                    return Parked.READY, question.woken_by()
+            self._park(run, spec.kind, spec.key, **wait)
+            return Parked.PARKED, None
+
+    def _event(self, name: str) -> AgentEvent:
+        event = self.events.get(name)
+        if event is None:
+            event = self.events[name] = AgentEvent(
+                pk=next(self._row_ids), name=name, created_at=self.now()
+            )
+        return event
+
+    def _by_text(self, run_id: str) -> AgentRun | None:
+        for run in self.runs.values():
+            if str(run.pk) == run_id:
+                return run
+        return None
+
+    def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
+        with self.lock:
+            event = self._event(name)
+            if event.is_sent:
+                return _copy(event), 0
+            event.payload = copy.deepcopy(payload)
+            event.sent_at = self.now()
+            event.sent_by = user
+            woken = 0
+            for run in self.runs.values():
+                if (
+                    run.status == RunStatus.WAITING
+                    and run.waiting_for == WaitKind.EVENT
+                    and run.wait_event == name
+                ):
+                    run.status = RunStatus.PENDING
+                    run.woken_by = event.woken_by()
+                    run.wake_at = None
+                    run.updated_at = self.now()
+                    woken += 1
+            return _copy(event), woken
+
+    def answer_question(self, run_id: RunId, user: Any, text: str) -> AgentQuestion | None:
+        with self.lock:
+            asked = [q for q in self.questions.values() if q.run_id == run_id]
+            if not asked:
+                return None
+            question = max(asked, key=lambda q: (q.created_at, q.pk))
+            if question.status == QuestionStatus.OPEN:
+                question.status = QuestionStatus.ANSWERED
+                question.answer = storable_text(text)
+                question.answered_by = user
+                question.answered_at = self.now()
+                run = self.runs.get(run_id)
+                if (
+                    run is not None
+                    and run.status == RunStatus.WAITING
+                    and run.waiting_for == WaitKind.QUESTION
+                    and run.wait_key == question.key
+                ):
+                    run.status = RunStatus.PENDING
+                    run.woken_by = question.woken_by()
+                    run.updated_at = self.now()
+            return _copy(question)
+
+    def spawn_run(
+        self, child: AgentRun, task_payload: str, max_children: int
+    ) -> tuple[AgentRun, bool]:
+        with self.lock:
+            siblings = [r for r in self.runs.values() if r.parent_id == child.parent_id]
+            for sibling in siblings:
+                if sibling.spawn_key == child.spawn_key:
+                    return _copy(sibling), False
+            parent = self.runs.get(child.parent_id)
+            status = None if parent is None else parent.status
+            if status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
+                raise WaitRefused(f"the parent run is {status or 'gone'}: no new child runs")
+            if len(siblings) >= max_children:
+                raise WaitRefused(
+                    f"this run has {max_children} child runs already (MAX_CHILD_RUNS)"
+                )
+            return self.create_run(child, task_payload), True
+
+    def wake_parent(self, parent_id: RunId) -> bool:
+        with self.lock:
+            parent = self.runs.get(parent_id)
+            if (
+                parent is None
+                or parent.status != RunStatus.WAITING
+                or parent.waiting_for != WaitKind.RUNS
+            ):
+                return False
+            outcomes = self.run_outcomes(parent.wait_runs or [])
+            if any(o["status"] not in ENDED_STATUSES for o in outcomes.values()):
+                return False
+            parent.status = RunStatus.PENDING
+            parent.woken_by = {"runs": outcomes}
+            parent.wake_at = None
+            parent.updated_at = self.now()
+            return True
+
+    def stranded_parents(self, limit: int) -> list[RunId]:
+        with self.lock:
+            waiting = [
+                r
+                for r in self.runs.values()
+                if r.status == RunStatus.WAITING and r.waiting_for == WaitKind.RUNS
+            ]
+            return [r.pk for r in sorted(waiting, key=lambda r: r.created_at)[:limit]]
+
+    def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            outcomes = {}
+            for run_id in run_ids:
+                run = self._by_text(str(run_id))
+                if run is not None:
+                    outcomes[str(run_id)] = run_outcome(run)
+            return outcomes
 
     # -- reads ---------------------------------------------------------------------------
 

@@ -17,18 +17,32 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
+from django.db.models import (
+    Case,
+    DateTimeField,
+    ExpressionWrapper,
+    F,
+    QuerySet,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
+    ENDED_STATUSES,
+    AgentEvent,
+    AgentQuestion,
     AgentRun,
     AgentStep,
     IntentStatus,
+    QuestionStatus,
     RunStatus,
     StepKind,
     ToolEffect,
     ToolIntent,
+    WaitKind,
 )
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
@@ -40,8 +54,12 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     Store,
+    WaitRefused,
+    WaitSpec,
     ended,
     lease_losses,
+    run_outcome,
+    timer_woken_by,
 )
 from durable_agents.text import storable_text
 
@@ -53,6 +71,24 @@ LOG_SQL = (
 )
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
+
+WOKEN_BY_FIELD = AgentRun._meta.get_field("woken_by")
+
+# ``woken_by`` of a run the claim takes: set for a due wait, kept for any other run (a run
+# claimed again after a crash keeps what woke it).
+CLAIM_WOKEN_BY = Case(
+    When(
+        status=RunStatus.WAITING,
+        waiting_for=WaitKind.TIMER,
+        then=Value(WOKEN_BY_FIELD.get_prep_value(timer_woken_by(WaitKind.TIMER))),
+    ),
+    When(
+        status=RunStatus.WAITING,
+        then=Value(WOKEN_BY_FIELD.get_prep_value(timer_woken_by(WaitKind.EVENT))),
+    ),
+    default=F("woken_by"),
+    output_field=TextField(),
+)
 
 
 def lease_expiry(seconds: float) -> ExpressionWrapper:
@@ -97,28 +133,45 @@ class PortableStore(Store):
         lock that inserting a step takes on its run through the foreign key. On SQLite the
         IMMEDIATE transaction mode makes the whole claim exclusive instead."""
         return self._lock_and_take(
-            AgentRun.objects.claimable().order_by("created_at")[:limit], owner, lease_seconds
+            [
+                AgentRun.objects.due().order_by("wake_at"),
+                AgentRun.objects.claimable().order_by("created_at"),
+            ],
+            owner,
+            lease_seconds,
+            limit,
         )
 
     def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
         claims = self._lock_and_take(
-            AgentRun.objects.claimable().filter(pk=run_id), owner, lease_seconds
+            [
+                AgentRun.objects.due().filter(pk=run_id),
+                AgentRun.objects.claimable().filter(pk=run_id),
+            ],
+            owner,
+            lease_seconds,
+            1,
         )
         return claims[0] if claims else None
 
     @staticmethod
     def _lock_and_take(
-        candidates: QuerySet[AgentRun], owner: str, lease_seconds: float
+        candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
     ) -> list[Claim]:
+        """Due waits first, then the other claimable runs, ``limit`` in all."""
         with transaction.atomic():
-            ids = list(
-                candidates.select_for_update(skip_locked=True, no_key=True).values_list(
+            ids: list[Any] = []
+            for queryset in candidates:
+                if len(ids) >= limit:
+                    break
+                ids += queryset.select_for_update(skip_locked=True, no_key=True).values_list(
                     "pk", flat=True
-                )
-            )
+                )[: limit - len(ids)]
             if not ids:
                 return []
             AgentRun.objects.filter(pk__in=ids).update(
+                woken_by=CLAIM_WOKEN_BY,
+                wake_at=None,
                 status=RunStatus.RUNNING,
                 lease_owner=owner,
                 lease_until=lease_expiry(lease_seconds),
@@ -209,6 +262,8 @@ class PortableStore(Store):
                 attempt=claim.attempt,
                 worker=claim.owner,
             )
+        if finish is not None:
+            self.child_ended(claim.run.parent_id)
         return True
 
     # -- end, hand back, park ------------------------------------------------------------
@@ -216,7 +271,10 @@ class PortableStore(Store):
     def finish_run(
         self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
     ) -> bool:
-        return bool(fenced(claim).update(updated_at=Now(), **ending(status, result, error)))
+        if not fenced(claim).update(updated_at=Now(), **ending(status, result, error)):
+            return False
+        self.child_ended(claim.run.parent_id)
+        return True
 
     def release_lease(
         self,
@@ -264,6 +322,13 @@ class PortableStore(Store):
                 lease_owner=None,
                 lease_until=None,
                 stalled_claims=0,
+                waiting_for=WaitKind.INTENT,
+                waiting_since=Now(),
+                wake_at=None,
+                wait_event=None,
+                wait_runs=None,
+                wait_key=intent.key,
+                woken_by=None,
                 updated_at=Now(),
             ):
                 transaction.set_rollback(True)
@@ -363,15 +428,40 @@ class PortableStore(Store):
     # -- operations on any run -----------------------------------------------------------
 
     def cancel_run(self, run_id: RunId) -> bool:
-        return bool(
-            AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES).update(
-                status=RunStatus.CANCELLED,
-                lease_owner=None,
-                lease_until=None,
-                finished_at=Now(),
-                updated_at=Now(),
+        with transaction.atomic():
+            parent_id = (
+                AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES)
+                .values_list("parent_id", flat=True)
+                .first()
             )
+            if not self._cancel([run_id]):
+                return False
+            # The run's unfinished descendants, generation by generation (a tree bounded by
+            # MAX_CHILD_RUNS and MAX_RUN_DEPTH).
+            generation = [run_id]
+            while generation:
+                generation = list(
+                    AgentRun.objects.filter(parent_id__in=generation).values_list("pk", flat=True)
+                )
+                self._cancel(generation)
+        self.child_ended(parent_id)
+        return True
+
+    @staticmethod
+    def _cancel(run_ids: list[Any]) -> int:
+        if not run_ids:
+            return 0
+        cancelled = AgentRun.objects.filter(pk__in=run_ids, status__in=CANCELLABLE_STATUSES).update(
+            status=RunStatus.CANCELLED,
+            lease_owner=None,
+            lease_until=None,
+            finished_at=Now(),
+            updated_at=Now(),
         )
+        AgentQuestion.objects.filter(run_id__in=run_ids, status=QuestionStatus.OPEN).update(
+            status=QuestionStatus.CANCELLED
+        )
+        return cancelled
 
     def requeue_run(self, run_id: RunId) -> bool:
         return bool(
@@ -386,11 +476,181 @@ class PortableStore(Store):
         )
 
     def dead_letter(self, run_id: RunId, reason: str) -> bool:
-        return bool(
-            AgentRun.objects.not_leased()
-            .filter(pk=run_id)
-            .update(updated_at=Now(), **ending(RunStatus.DEAD, None, reason))
+        candidates = AgentRun.objects.not_leased().filter(pk=run_id)
+        parent_id = candidates.values_list("parent_id", flat=True).first()
+        if not candidates.update(updated_at=Now(), **ending(RunStatus.DEAD, None, reason)):
+            return False
+        self.child_ended(parent_id)
+        return True
+
+    # -- waits ---------------------------------------------------------------------------
+
+    def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
+        with transaction.atomic():
+            # The run's row first: a wake of this run (an answer, a child's end) locks it
+            # too, so it either sees the run parked or is seen here as done.
+            if not fenced(claim).select_for_update(no_key=True).exists():
+                return Parked.FENCE_FAILED, None
+            changes: dict[str, Any] = {
+                "wake_at": None if spec.seconds is None else lease_expiry(spec.seconds),
+                "wait_event": None,
+                "wait_runs": None,
+            }
+            if spec.kind == WaitKind.TIMER and spec.until is not None:
+                changes["wake_at"] = spec.until
+            elif spec.kind == WaitKind.EVENT:
+                assert spec.event is not None
+                event = self._locked_event(spec.event)
+                if event.is_sent:
+                    return Parked.READY, event.woken_by()
+                changes["wait_event"] = spec.event
+            elif spec.kind == WaitKind.RUNS:
+                outcomes = self._children_outcomes(claim.run_id, spec.runs)
+                if all(o["status"] in ENDED_STATUSES for o in outcomes.values()):
+                    return Parked.READY, {"runs": outcomes}
+                changes["wait_runs"] = list(spec.runs)
+            elif spec.kind == WaitKind.QUESTION:
+                question, _ = AgentQuestion.objects.get_or_create(
+                    key=spec.key, defaults={"run_id": claim.run_id, "question": spec.question}
+                )
+                if question.status == QuestionStatus.ANSWERED:
+                    return Parked.READY, question.woken_by()
+            # Parking is this claim's outcome, not a stall: the no-progress count starts again.
+            fenced(claim).update(
+                status=RunStatus.WAITING,
+                lease_owner=None,
+                lease_until=None,
+                stalled_claims=0,
+                waiting_for=spec.kind,
+                waiting_since=Now(),
+                wait_key=spec.key,
+                woken_by=None,
+                updated_at=Now(),
+                **changes,
+            )
+        return Parked.PARKED, None
+
+    @staticmethod
+    def _locked_event(name: str) -> AgentEvent:
+        """The event's row, created unsent if need be, locked for this transaction: a send
+        and a wait of the same name serialise on it."""
+        AgentEvent.objects.get_or_create(name=name)
+        return AgentEvent.objects.select_for_update().get(name=name)
+
+    def _children_outcomes(self, parent_id: RunId, run_ids: Sequence[str]) -> dict[str, Any]:
+        children = AgentRun.objects.filter(pk__in=list(run_ids), parent_id=parent_id)
+        outcomes = {str(run.pk): run_outcome(run) for run in children}
+        strangers = [r for r in run_ids if r not in outcomes]
+        if strangers:
+            raise WaitRefused(
+                "Wait(runs=...) waits only on runs that this run spawned with spawn_run; "
+                f"not spawned by it: {', '.join(strangers[:10])}"
+            )
+        return {r: outcomes[r] for r in run_ids}
+
+    def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
+        with transaction.atomic():
+            event = self._locked_event(name)
+            if event.is_sent:
+                return event, 0
+            event.payload = payload
+            event.sent_at = Now()
+            event.sent_by = user
+            event.save(update_fields=["payload", "sent_at", "sent_by"])
+            event.refresh_from_db()
+            woken = AgentRun.objects.filter(
+                status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
+            ).update(
+                status=RunStatus.PENDING, woken_by=event.woken_by(), wake_at=None, updated_at=Now()
+            )
+        return event, woken
+
+    def answer_question(self, run_id: RunId, user: Any, text: str) -> AgentQuestion | None:
+        with transaction.atomic():
+            question = (
+                AgentQuestion.objects.select_for_update()
+                .filter(run_id=run_id)
+                .order_by("-created_at", "-pk")
+                .first()
+            )
+            if question is None or question.status != QuestionStatus.OPEN:
+                return question
+            question.status = QuestionStatus.ANSWERED
+            question.answer = storable_text(text)
+            question.answered_by = user
+            question.answered_at = Now()
+            question.save(update_fields=["status", "answer", "answered_by", "answered_at"])
+            question.refresh_from_db()
+            AgentRun.objects.filter(
+                pk=run_id,
+                status=RunStatus.WAITING,
+                waiting_for=WaitKind.QUESTION,
+                wait_key=question.key,
+            ).update(status=RunStatus.PENDING, woken_by=question.woken_by(), updated_at=Now())
+        return question
+
+    def spawn_run(
+        self, child: AgentRun, task_payload: str, max_children: int
+    ) -> tuple[AgentRun, bool]:
+        with transaction.atomic():
+            existing = AgentRun.objects.filter(
+                parent_id=child.parent_id, spawn_key=child.spawn_key
+            ).first()
+            if existing is not None:
+                return existing, False
+            # The parent's row, locked: a cancel of the parent (which cancels its children)
+            # and other spawns of it wait, so no child outlives a cancelled parent and the
+            # count below holds.
+            status = (
+                AgentRun.objects.select_for_update(no_key=True)
+                .filter(pk=child.parent_id)
+                .values_list("status", flat=True)
+                .first()
+            )
+            if status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
+                raise WaitRefused(f"the parent run is {status or 'gone'}: no new child runs")
+            if AgentRun.objects.filter(parent_id=child.parent_id).count() >= max_children:
+                raise WaitRefused(
+                    f"this run has {max_children} child runs already (MAX_CHILD_RUNS)"
+                )
+            return self.create_run(child, task_payload), True
+
+    def wake_parent(self, parent_id: RunId) -> bool:
+        with transaction.atomic():
+            parent = (
+                AgentRun.objects.select_for_update(no_key=True)
+                .filter(pk=parent_id, status=RunStatus.WAITING, waiting_for=WaitKind.RUNS)
+                .only("pk", "wait_runs")
+                .first()
+            )
+            if parent is None:
+                return False
+            # Read after the lock: every child that ended before it is seen here.
+            outcomes = self.run_outcomes(parent.wait_runs or [])
+            if any(o["status"] not in ENDED_STATUSES for o in outcomes.values()):
+                return False
+            return bool(
+                AgentRun.objects.filter(pk=parent_id, status=RunStatus.WAITING).update(
+                    status=RunStatus.PENDING,
+                    woken_by={"runs": outcomes},
+                    wake_at=None,
+                    updated_at=Now(),
+                )
+            )
+
+    def stranded_parents(self, limit: int) -> list[RunId]:
+        return list(
+            AgentRun.objects.filter(status=RunStatus.WAITING, waiting_for=WaitKind.RUNS)
+            .order_by("created_at")
+            .values_list("pk", flat=True)[:limit]
         )
+
+    def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
+        runs = AgentRun.objects.filter(pk__in=list(run_ids)).only(
+            "pk", "status", "result", "error", "task"
+        )
+        found = {str(run.pk): run_outcome(run) for run in runs}
+        return {str(r): found[str(r)] for r in run_ids if str(r) in found}
 
     # -- reads ---------------------------------------------------------------------------
 

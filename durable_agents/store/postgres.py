@@ -6,10 +6,11 @@ lease, step and the effects that go with it), the last step of a run and the cla
 worker's next run are one statement, and the heartbeat of a worker is one statement. The only
 formatting is the VALUES list of the effects (``{rows}``: one placeholder tuple per effect).
 
-The claimable predicate (status pending or running, lease free or expired, oldest first,
-FOR NO KEY UPDATE SKIP LOCKED) appears in ``CLAIMABLE_SQL``, ``CLAIM_SQL`` and
-``FINISH_AND_CLAIM_SQL``; tests/unit/test_postgres_statements.py keeps the three in step.
-The predicate on status matches the partial index agent_run_claim.
+The claimable runs (the CTEs ``due``: waiting runs whose timer or timeout is past, and
+``ready``: pending runs and expired leases, oldest first; FOR NO KEY UPDATE SKIP LOCKED)
+appear in ``CLAIMABLE_SQL``, ``CLAIM_SQL`` and ``FINISH_AND_CLAIM_SQL``;
+tests/unit/test_postgres_statements.py keeps the three in step. The predicates on status match
+the partial indexes agent_run_wake and agent_run_claim.
 
 The other operations (finish, release, park, wake, decisions) are the ORM updates of
 ``PortableStore``, which this class inherits: one UPDATE each on PostgreSQL too.
@@ -27,18 +28,47 @@ from durable_agents.store.base import Claim, LeaseLoss, NextClaim, RunId, lease_
 from durable_agents.store.portable import PortableStore
 from durable_agents.text import storable_text
 
-# The runs a claim may take (for EXPLAIN in tests; CLAIM_SQL holds the same subquery).
+# The runs a claim may take (for EXPLAIN in tests; CLAIM_SQL holds the same CTEs): first waiting
+# runs whose timer or timeout is due (late by definition), in wake_at order, through the
+# partial index agent_run_wake; then pending runs and runs whose lease expired, oldest first,
+# through agent_run_claim; %(limit)s in all. Both lock FOR NO KEY UPDATE SKIP LOCKED (the
+# lock a step's foreign key does not conflict with).
 CLAIMABLE_SQL = """
+WITH due AS (
+SELECT id FROM agent_run
+ WHERE status = 'waiting'
+   AND wake_at <= now()
+ ORDER BY wake_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED
+), ready AS (
 SELECT id FROM agent_run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now())
  ORDER BY created_at
- LIMIT %(limit)s
-   FOR NO KEY UPDATE SKIP LOCKED"""
+ LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
+   FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT id FROM due UNION ALL SELECT id FROM ready"""
 
 # Claim: lock, lease and counters in one statement. A run with nothing but its task gets its
 # log with the claim (no second read).
 CLAIM_SQL = """
+WITH due AS (
+SELECT id FROM agent_run
+ WHERE status = 'waiting'
+   AND wake_at <= now()
+ ORDER BY wake_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED
+), ready AS (
+SELECT id FROM agent_run
+ WHERE status IN ('pending', 'running')
+   AND (lease_until IS NULL OR lease_until < now())
+ ORDER BY created_at
+ LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
+   FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE agent_run AS run
    SET status = 'running',
        lease_owner = %(owner)s,
@@ -46,14 +76,13 @@ UPDATE agent_run AS run
        attempt = run.attempt + 1,
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
+       -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
+       woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
+                       WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
+                       ELSE '{"timeout": true}' END,
+       wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (
-SELECT id FROM agent_run
- WHERE status IN ('pending', 'running')
-   AND (lease_until IS NULL OR lease_until < now())
- ORDER BY created_at
- LIMIT %(limit)s
-   FOR NO KEY UPDATE SKIP LOCKED)
+ WHERE run.id IN (SELECT id FROM due UNION ALL SELECT id FROM ready)
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
@@ -221,6 +250,22 @@ SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %
        %(attempt)s, %(owner)s
   FROM fence
  RETURNING run_id
+), due AS (
+SELECT id FROM agent_run
+ WHERE status = 'waiting'
+   AND wake_at <= now()
+   AND EXISTS (SELECT 1 FROM fence)
+ ORDER BY wake_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED
+), ready AS (
+SELECT id FROM agent_run
+ WHERE status IN ('pending', 'running')
+   AND (lease_until IS NULL OR lease_until < now())
+   AND EXISTS (SELECT 1 FROM fence)
+ ORDER BY created_at
+ LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
+   FOR NO KEY UPDATE SKIP LOCKED
 ), taken AS (
 UPDATE agent_run AS run
    SET status = 'running',
@@ -229,15 +274,13 @@ UPDATE agent_run AS run
        attempt = run.attempt + 1,
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
+       -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
+       woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
+                       WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
+                       ELSE '{"timeout": true}' END,
+       wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (
-SELECT id FROM agent_run
- WHERE status IN ('pending', 'running')
-   AND (lease_until IS NULL OR lease_until < now())
-   AND EXISTS (SELECT 1 FROM fence)
- ORDER BY created_at
- LIMIT %(limit)s
-   FOR NO KEY UPDATE SKIP LOCKED)
+ WHERE run.id IN (SELECT id FROM due UNION ALL SELECT id FROM ready)
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
@@ -351,6 +394,20 @@ class PostgresStore(PortableStore):
         if finish is not None:
             params["status"] = finish[0]
             params["result"] = None if finish[1] is None else storable_text(finish[1])
+        if finish is not None:
+            appended = self._append(params, effects, finish, then_claim)
+            if appended:
+                self.child_ended(claim.run.parent_id)
+            return appended
+        return self._append(params, effects, finish, then_claim)
+
+    def _append(
+        self,
+        params: dict[str, Any],
+        effects: Sequence[ToolEffect],
+        finish: tuple[str, str | None] | None,
+        then_claim: NextClaim | None,
+    ) -> bool:
         if finish is not None and then_claim is not None and not effects:
             return self._finish_and_claim(params, then_claim)
         if effects:

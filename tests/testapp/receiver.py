@@ -58,3 +58,25 @@ def pause(seconds: float, until: str) -> None:
         if directory is not None and (directory / until).exists():
             return
         time.sleep(min(remaining, 0.05))
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def log_call(tool: str, key: str | None, woken_by: Any) -> None:
+    """Record one invocation of a waiting tool: its key and what woke it (None: the first)."""
+    directory = _directory()
+    if directory is None:
+        return
+    line = json.dumps({"tool": tool, "key": key, "woken_by": woken_by, "pid": os.getpid()})
+    with open(directory / "calls.log", "a", encoding="utf-8") as log:
+        log.write(line + "\n")
+
+
+def calls(directory: Path, tool: str | None = None) -> list[dict[str, Any]]:
+    path = directory / "calls.log"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [c for c in lines if tool is None or c["tool"] == tool]

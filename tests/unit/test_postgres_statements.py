@@ -32,17 +32,44 @@ APPENDS = [
 ]
 
 
+TAKE_CLAIMABLE = "SELECT id FROM due UNION ALL SELECT id FROM ready"
+
+
+def claimable_ctes() -> str:
+    """The CTEs ``due`` and ``ready`` of CLAIMABLE_SQL, without the leading WITH."""
+    ctes, take = flat(postgres.CLAIMABLE_SQL).split(") " + TAKE_CLAIMABLE)
+    assert take == ""
+    assert ctes.startswith("WITH due AS (")
+    return ctes.removeprefix("WITH ") + ")"
+
+
 def test_the_claim_takes_exactly_the_claimable_runs() -> None:
-    assert flat(postgres.CLAIMABLE_SQL) in flat(postgres.CLAIM_SQL)
+    assert flat(postgres.CLAIM_SQL).startswith("WITH " + claimable_ctes() + " UPDATE agent_run")
+    assert f"WHERE run.id IN ({TAKE_CLAIMABLE})" in flat(postgres.CLAIM_SQL)
+
+
+def test_due_waits_come_first_and_the_limit_is_shared() -> None:
+    ctes = claimable_ctes()
+    assert ctes.index("due AS (") < ctes.index("ready AS (")
+    assert "LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)" in ctes
+    assert ctes.count("FOR NO KEY UPDATE SKIP LOCKED") == 2
 
 
 def test_finish_and_claim_claims_like_the_claim_but_only_after_the_fence_held() -> None:
-    fenced = flat(postgres.CLAIMABLE_SQL).replace(
-        " ORDER BY", " AND EXISTS (SELECT 1 FROM fence) ORDER BY"
-    )
+    fenced = claimable_ctes().replace(" ORDER BY", " AND EXISTS (SELECT 1 FROM fence) ORDER BY")
+    assert fenced.count("EXISTS (SELECT 1 FROM fence)") == 2
     assert fenced in flat(postgres.FINISH_AND_CLAIM_SQL)
-    take = flat(postgres.CLAIM_SQL).split(" WHERE run.id IN (")[0]
+    take = flat(postgres.CLAIM_SQL).split(" UPDATE agent_run AS run", 1)[1]
+    take = take.split(" RETURNING run.*")[0]
     assert take in flat(postgres.FINISH_AND_CLAIM_SQL)
+
+
+def test_the_claim_tells_a_due_wait_what_ended_it() -> None:
+    for sql in (postgres.CLAIM_SQL, postgres.FINISH_AND_CLAIM_SQL):
+        assert "WHEN run.status <> 'waiting' THEN run.woken_by" in sql
+        assert "WHEN run.waiting_for = 'timer' THEN '{\"timer\": true}'" in sql
+        assert "ELSE '{\"timeout\": true}' END" in sql
+        assert "wake_at = NULL" in sql
 
 
 @pytest.mark.parametrize("sql", APPENDS)

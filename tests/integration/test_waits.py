@@ -1,0 +1,428 @@
+"""Long-running runs (API.md section 8): timers, events, child runs and questions, through a
+real worker and the offline model over HTTP. The tools (tests/testapp/wait_agents.py) log every
+invocation with its key and ``woken_by``, so each test sees exactly how often a call ran.
+
+Time is moved by setting a waiting run's ``wake_at`` into the past (what the clock would do),
+except in the test that lets a worker pick a real short timer up by itself."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from durable_agents import api
+from durable_agents.models import (
+    AgentEvent,
+    AgentQuestion,
+    AgentRun,
+    AgentStep,
+    QuestionStatus,
+    RunStatus,
+    ToolEffect,
+    WaitKind,
+)
+from durable_agents.store import current
+from tests.conftest import run_worker, wait_for
+from tests.fakeserver import FakeAnthropic
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ON_POSTGRES = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+
+
+def reload(run: AgentRun) -> AgentRun:
+    return AgentRun.objects.get(pk=run.pk)
+
+
+def start(task: str, agent: str = "waiter") -> AgentRun:
+    return api.start_run(agent, f"Wait for something.\n{task}")
+
+
+def tool_results(run: AgentRun) -> list[dict[str, Any]]:
+    """Every tool_result block the run sent, in order."""
+    blocks: list[dict[str, Any]] = []
+    for step in AgentStep.objects.filter(run_id=run.pk, kind="tool_result").order_by("seq"):
+        blocks += json.loads(step.payload)
+    return blocks
+
+
+def result_value(run: AgentRun, index: int = 0) -> Any:
+    return json.loads(tool_results(run)[index]["content"])
+
+
+def time_passes(run: AgentRun) -> None:
+    """The run's timer or timeout is due now."""
+    AgentRun.objects.filter(pk=run.pk).update(
+        wake_at=Now() - datetime.timedelta(seconds=1)
+    )
+
+
+@pytest.fixture
+def staff() -> Any:
+    return get_user_model().objects.create_superuser("ops", "ops@example.com", "pw")
+
+
+# --------------------------------------------------------------------------- timers
+
+
+def test_a_timer_parks_the_run_without_a_worker_and_calls_the_tool_again(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = start('@nap {"seconds": 3600}')
+    run_worker()
+    parked = reload(run)
+    assert parked.status == RunStatus.WAITING
+    assert parked.waiting_for == WaitKind.TIMER
+    assert parked.lease_owner is None and parked.lease_until is None
+    due_in = (parked.wake_at - parked.waiting_since).total_seconds()
+    assert 3599 <= due_in <= 3601
+    assert not ToolEffect.objects.filter(run_id=run.pk).exists()  # no effect for the call
+    requests = len(fake_api.requests)
+
+    run_worker()  # nothing is due: the waiting run is not claimed
+    assert reload(run).status == RunStatus.WAITING
+    assert len(fake_api.requests) == requests
+
+    time_passes(run)
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    calls = receiver.calls("nap")
+    assert [c["woken_by"] for c in calls] == [None, {"timer": True}]
+    assert result_value(done) == {"timer": True}
+    assert done.woken_by == {"timer": True}
+
+
+def test_a_worker_picks_a_due_timer_up_by_itself(
+    fake_api: FakeAnthropic, receiver: Any, worker_thread: Any
+) -> None:
+    run = start('@nap {"seconds": 0.3}')
+    worker_thread(poll_interval=0.05)
+    wait_for(lambda: reload(run).status == RunStatus.SUCCEEDED, timeout=60)
+    assert [c["woken_by"] for c in receiver.calls("nap")] == [None, {"timer": True}]
+
+
+def test_wait_until_a_datetime(fake_api: FakeAnthropic, receiver: Any) -> None:
+    run = start('@nap {"seconds": 1}')
+    run_worker()
+    until = timezone.now() + datetime.timedelta(days=2)
+    AgentRun.objects.filter(pk=run.pk).update(wake_at=until)
+    assert reload(run).wake_at == until
+    run_worker()
+    assert reload(run).status == RunStatus.WAITING
+
+
+# --------------------------------------------------------------------------- events
+
+
+def test_an_event_wakes_the_run_once_and_a_second_send_is_a_no_op(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = start('@await_event {"name": "refund:o-1"}')
+    run_worker()
+    parked = reload(run)
+    assert (parked.status, parked.waiting_for) == (RunStatus.WAITING, WaitKind.EVENT)
+    assert parked.wait_event == "refund:o-1" and parked.wake_at is None
+
+    first = api.send_event("refund:o-1", {"status": "refunded"})
+    second = api.send_event("refund:o-1", {"status": "SECOND"})
+    assert second.pk == first.pk and second.payload == {"status": "refunded"}
+    assert AgentEvent.objects.filter(name="refund:o-1").count() == 1
+    woken = reload(run)
+    assert woken.status == RunStatus.PENDING
+    assert woken.woken_by["payload"] == {"status": "refunded"}
+
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    calls = receiver.calls("await_event")
+    assert [c["woken_by"] is None for c in calls] == [True, False]
+    assert calls[0]["key"] == calls[1]["key"]  # the same call, the same idempotency key
+    assert calls[1]["woken_by"]["event"] == "refund:o-1"
+    assert calls[1]["woken_by"]["payload"] == {"status": "refunded"}
+    assert calls[1]["woken_by"]["at"]
+
+
+def test_an_event_sent_before_the_wait_does_not_park_the_run(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    api.send_event("ready:42", [1, 2, 3])
+    run = start('@await_event {"name": "ready:42"}')
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    assert done.waiting_for == "" and done.attempt == 1  # never parked
+    assert [c["woken_by"] and c["woken_by"]["payload"] for c in receiver.calls()] == [
+        None,
+        [1, 2, 3],
+    ]
+
+
+def test_an_event_wait_times_out(fake_api: FakeAnthropic, receiver: Any) -> None:
+    run = start('@await_event {"name": "never", "timeout": 3600}')
+    run_worker()
+    parked = reload(run)
+    assert 3599 <= (parked.wake_at - parked.waiting_since).total_seconds() <= 3601
+    time_passes(run)
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    assert [c["woken_by"] for c in receiver.calls()] == [None, {"timeout": True}]
+    # The event, sent late, wakes nothing: the run is over.
+    api.send_event("never", "late")
+    assert reload(run).status == RunStatus.SUCCEEDED
+
+
+def test_one_send_wakes_every_run_waiting_on_the_name(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    runs = [start('@await_event {"name": "deploy:done"}') for _ in range(5)]
+    other = start('@await_event {"name": "deploy:other"}')
+    run_worker(concurrency=3)
+    assert {reload(r).status for r in [*runs, other]} == {RunStatus.WAITING}
+    api.send_event("deploy:done", {"ok": True})
+    assert {reload(r).status for r in runs} == {RunStatus.PENDING}
+    assert reload(other).status == RunStatus.WAITING
+    run_worker(concurrency=3)
+    assert {reload(r).status for r in runs} == {RunStatus.SUCCEEDED}
+
+
+@pytest.mark.postgres
+def test_a_timeout_and_an_event_that_race_resume_the_run_once(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    for attempt in range(5):
+        run = start(f'@await_event {{"name": "race:{attempt}", "timeout": 3600}}')
+        run_worker()
+        time_passes(run)
+        barrier = threading.Barrier(2)
+        claimed: list[Any] = []
+
+        def claim() -> None:
+            barrier.wait()
+            claimed.extend(current().claim_runs("racer", 30, limit=10))
+            connection.close()
+
+        def send(name: str = f"race:{attempt}") -> None:
+            barrier.wait()
+            api.send_event(name, "payload")
+            connection.close()
+
+        threads = [threading.Thread(target=claim), threading.Thread(target=send)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        state = reload(run)
+        if claimed:  # the timeout won: the run is ours, the event woke nothing
+            assert state.status == RunStatus.RUNNING
+            assert state.woken_by == {"timeout": True}
+            # Hand it back as a worker that died would (its lease runs out).
+            AgentRun.objects.filter(pk=run.pk).update(lease_until=Now())
+        else:  # the event won
+            assert state.status == RunStatus.PENDING
+            assert state.woken_by["event"] == f"race:{attempt}"
+        run_worker()
+        assert reload(run).status == RunStatus.SUCCEEDED
+    calls = receiver.calls()
+    woken = [c for c in calls if c["woken_by"] is not None]
+    assert len(calls) == 10 and len(woken) == 5  # each run: one first call, one resume
+
+
+# --------------------------------------------------------------------------- child runs
+
+
+def test_fan_out_then_fan_in(fake_api: FakeAnthropic, receiver: Any) -> None:
+    run = start('@fan_out {"topics": ["tides", "moons"]}')
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    children = list(AgentRun.objects.filter(parent_id=run.pk).order_by("spawn_key"))
+    assert [c.task for c in children] == ["Research tides", "Research moons"]
+    assert {c.depth for c in children} == {1}
+    assert {c.status for c in children} == {RunStatus.SUCCEEDED}
+    calls = receiver.calls("fan_out")
+    assert calls[0]["woken_by"] is None
+    outcomes = calls[-1]["woken_by"]["runs"]
+    assert set(outcomes) == {str(c.pk) for c in children}
+    for child in children:
+        assert outcomes[str(child.pk)] == {
+            "status": "succeeded",
+            "result": child.result,
+            "error": "",
+            "task": child.task,
+        }
+    # The fan-out call ran twice (spawn and wait, then fan in): the children were spawned once.
+    assert AgentRun.objects.filter(parent_id=run.pk).count() == 2
+
+
+def test_a_childs_failure_is_its_parents_information(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = start('@fan_out {"topics": ["a", "b"]}')
+    # The children nap for an hour: the parent waits on them.
+    run_worker(max_runs=1)
+    children = list(AgentRun.objects.filter(parent_id=run.pk))
+    assert len(children) == 2 and reload(run).status == RunStatus.WAITING
+    api.cancel_run(children[0].pk)
+    assert reload(run).status == RunStatus.WAITING  # one child is still going
+    AgentRun.objects.filter(pk=children[1].pk).update(status=RunStatus.DEAD, error="boom")
+    current().wake_parent(run.pk)  # what the dead-lettering worker would do after its commit
+    woken = reload(run)
+    assert woken.status == RunStatus.PENDING
+    outcomes = woken.woken_by["runs"]
+    assert outcomes[str(children[0].pk)]["status"] == "cancelled"
+    assert outcomes[str(children[1].pk)]["status"] == "dead"
+    run_worker(max_runs=1)
+    assert reload(run).status == RunStatus.SUCCEEDED
+
+
+def test_cancelling_a_parent_cancels_its_unfinished_children(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = start('@fan_out {"topics": ["x", "y"]}')
+    run_worker(max_runs=1)
+    child_ids = list(AgentRun.objects.filter(parent_id=run.pk).values_list("pk", flat=True))
+    assert len(child_ids) == 2
+    assert api.cancel_run(run.pk)
+    assert reload(run).status == RunStatus.CANCELLED
+    statuses = AgentRun.objects.filter(pk__in=child_ids).values_list("status", flat=True)
+    assert set(statuses) == {RunStatus.CANCELLED}
+    run_worker()
+    assert set(AgentRun.objects.values_list("status", flat=True)) == {RunStatus.CANCELLED}
+
+
+def test_the_fan_out_wait_times_out_with_the_runs_as_they_are(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = start('@fan_out {"topics": ["slow"], "timeout": 3600}')
+    run_worker(max_runs=1)
+    time_passes(run)
+    run_worker(max_runs=1)
+    woken_by = receiver.calls("fan_out")[-1]["woken_by"]
+    assert woken_by["timeout"] is True
+    (outcome,) = woken_by["runs"].values()
+    assert outcome["status"] == "pending" and outcome["task"] == "Research slow"
+
+
+def test_spawn_run_is_idempotent_per_key(fake_api: FakeAnthropic, receiver: Any) -> None:
+    run = start('@spawn_only {"task": "Research once"}')
+    run_worker(max_runs=1)
+    assert reload(run).status == RunStatus.SUCCEEDED
+    (child,) = AgentRun.objects.filter(parent_id=run.pk)
+    assert child.spawn_key and child.depth == 1
+    assert tool_results(run)[0]["content"] == str(child.pk)
+
+
+def test_spawn_run_outside_tool_code_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="outside tool code"):
+        api.spawn_run("waiter_child", "Research", key="k")
+
+
+def test_the_depth_limit_is_a_tool_error(
+    fake_api: FakeAnthropic, receiver: Any, da_settings: Any
+) -> None:
+    da_settings(MAX_RUN_DEPTH=2)
+    run = start("@spawn_outside {}")
+    run_worker()
+    runs = {r.depth: r for r in AgentRun.objects.all()}
+    assert sorted(runs) == [0, 1, 2]
+    deepest = tool_results(runs[2])[0]
+    assert deepest["is_error"] is True
+    assert "MAX_RUN_DEPTH is 2" in deepest["content"]
+
+
+def test_a_run_may_only_wait_on_its_own_children(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    stranger = api.start_run("waiter_child", "Research alone")
+    run = start(f'@wait_on_run {{"run_id": "{stranger.pk}"}}')
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED
+    (result,) = tool_results(done)
+    assert result["is_error"] is True
+    assert "only on runs that this run spawned" in result["content"]
+    assert str(stranger.pk) in result["content"]
+
+
+# --------------------------------------------------------------------------- bad waits
+
+
+def test_an_invalid_wait_is_a_tool_error(fake_api: FakeAnthropic, receiver: Any) -> None:
+    run = start("@bad_wait {}")
+    run_worker()
+    (result,) = tool_results(reload(run))
+    assert result["is_error"] is True
+    assert "positive, finite number of seconds" in result["content"]
+
+
+def test_an_irreversible_tool_may_not_wait(
+    fake_api: FakeAnthropic, receiver: Any, staff: Any
+) -> None:
+    run = start("@wait_irreversibly {}")
+    run_worker()
+    intent = reload(run).intents.get()
+    api.approve_intent(intent.pk, staff)
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED
+    (result,) = tool_results(done)
+    assert result["is_error"] is True and "may not wait" in result["content"]
+
+
+# --------------------------------------------------------------------------- questions
+
+
+def test_a_question_waits_for_a_person_with_the_permission(
+    fake_api: FakeAnthropic, receiver: Any, staff: Any, django_user_model: Any
+) -> None:
+    run = start('@ask_person {"question": "Which region do we migrate first?"}')
+    run_worker()
+    parked = reload(run)
+    assert (parked.status, parked.waiting_for) == (RunStatus.WAITING, WaitKind.QUESTION)
+    question = AgentQuestion.objects.get(run_id=run.pk)
+    assert question.question == "Which region do we migrate first?"
+    assert question.status == QuestionStatus.OPEN
+
+    nobody = django_user_model.objects.create_user("clerk", password="pw", is_staff=True)
+    with pytest.raises(PermissionDenied):
+        api.answer_question(run.pk, nobody, "eu-west")
+    assert reload(run).status == RunStatus.WAITING
+
+    answered = api.answer_question(run.pk, staff, "eu-west first, then us-east")
+    assert answered.status == QuestionStatus.ANSWERED and answered.answered_by == staff
+    again = api.answer_question(run.pk, staff, "changed my mind")
+    assert again.answer == "eu-west first, then us-east"  # answered once
+
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    value = result_value(done)
+    assert value["answer"] == "eu-west first, then us-east"
+    assert value["answered_by"] == "ops" and value["answered_at"]
+
+
+def test_cancelling_a_run_closes_its_open_question(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = start('@ask_person {"question": "Go?"}')
+    run_worker()
+    api.cancel_run(run.pk)
+    assert AgentQuestion.objects.get(run_id=run.pk).status == QuestionStatus.CANCELLED
+
+
+def test_a_run_that_asked_nothing_has_no_question_to_answer(staff: Any) -> None:
+    run = api.start_run("waiter", "Nothing to ask")
+    with pytest.raises(AgentQuestion.DoesNotExist):
+        api.answer_question(run.pk, staff, "hello")
