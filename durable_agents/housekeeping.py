@@ -3,7 +3,9 @@
 Each task is a plain function: django-q2 schedules them (``manage.py durable_agents_schedules``),
 and ``manage.py durable_agents_housekeeping`` runs them from cron or a Kubernetes CronJob
 instead. The worker never depends on them to be correct: it refuses a drifted or missing
-prompt by itself when it meets one; the sweep only makes those runs visible sooner.
+prompt by itself when it meets one; the sweep only makes those runs visible sooner. Parents
+left waiting by a worker that died between a child's end and the parent's wake are woken by
+the sweep, and by every worker when it starts.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def sweep() -> dict[str, int]:
     """Dead-letter active runs pinned to a retired model or to a prompt version that is no
     longer deployed, with a reason a person can act on."""
     active = AgentRun.objects.not_leased()
-    moved = {"retired_model": 0, "undeployed_prompt": 0}
+    moved = {"retired_model": 0, "undeployed_prompt": 0, "parents_woken": wake_stranded_parents()}
     for model in app_settings.RETIRED_MODELS:
         moved["retired_model"] += _dead_letter(
             active.filter(model=model),
@@ -59,6 +61,19 @@ def sweep() -> dict[str, int]:
                 "it again to resume the run, or cancel it",
             )
     return moved
+
+
+def wake_stranded_parents(limit: int = 1000) -> int:
+    """Wake the runs that wait on child runs which have all ended. A child's end wakes its
+    parent right after its own commit; a worker that died in between leaves the parent
+    waiting, and this finds it (``Store.wake_parent`` is a no-op for any other parent)."""
+    store = current()
+    woken = 0
+    for run_id in store.stranded_parents(limit):
+        if store.wake_parent(run_id):
+            woken += 1
+            logger.warning("run %s: its child runs had all ended; woken by the sweep", run_id)
+    return woken
 
 
 def apply_retention(now: datetime.datetime | None = None) -> int:

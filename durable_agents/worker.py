@@ -117,6 +117,21 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def _wake_stranded_parents(self) -> None:
+        """A worker that died between a child run's end and the wake of its parent left the
+        parent waiting: every worker repairs that when it starts (housekeeping does too)."""
+        from durable_agents.housekeeping import wake_stranded_parents
+
+        try:
+            woken = wake_stranded_parents()
+        except DatabaseError:
+            logger.warning("worker %s: waking stranded parent runs failed", self.worker_id)
+            return
+        finally:
+            db.release()
+        if woken:
+            logger.info("worker %s woke %d stranded parent run(s)", self.worker_id, woken)
+
     def run(self) -> int:
         """Work until burst-empty, max_runs, or a signal. Returns the exit code: 0, or 1 when
         a slot died of an unexpected error (the worker stopped because of it)."""
@@ -132,6 +147,7 @@ class Worker:
             self.burst,
             f" pool={app_settings.DB_POOL_SIZE}" if db.pooled() else "",
         )
+        self._wake_stranded_parents()
         threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True).start()
         self._start_listener()
         slots = [

@@ -426,3 +426,38 @@ def test_a_run_that_asked_nothing_has_no_question_to_answer(staff: Any) -> None:
     run = api.start_run("waiter", "Nothing to ask")
     with pytest.raises(AgentQuestion.DoesNotExist):
         api.answer_question(run.pk, staff, "hello")
+
+
+# --------------------------------------------------------------------------- repairs
+
+
+def strand_parent() -> AgentRun:
+    """A parent waiting on one child that ended while the wake of its parent was lost (its
+    worker died between the child's commit and the wake)."""
+    run = start('@fan_out {"topics": ["a"]}')
+    run_worker(max_runs=1)
+    (child,) = AgentRun.objects.filter(parent_id=run.pk)
+    AgentRun.objects.filter(pk=child.pk).update(
+        status=RunStatus.SUCCEEDED, result="found it", finished_at=Now()
+    )
+    assert reload(run).status == RunStatus.WAITING
+    return run
+
+
+def test_a_stranded_parent_is_woken_by_the_next_worker_to_start(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    run = strand_parent()
+    run_worker()
+    assert reload(run).status == RunStatus.SUCCEEDED
+    (outcome,) = receiver.calls("fan_out")[-1]["woken_by"]["runs"].values()
+    assert outcome["result"] == "found it"
+
+
+def test_housekeeping_wakes_a_stranded_parent(fake_api: FakeAnthropic, receiver: Any) -> None:
+    from durable_agents import housekeeping
+
+    run = strand_parent()
+    assert housekeeping.sweep()["parents_woken"] == 1
+    assert reload(run).status == RunStatus.PENDING
+    assert housekeeping.sweep()["parents_woken"] == 0
