@@ -62,9 +62,7 @@ def result_value(run: AgentRun, index: int = 0) -> Any:
 
 def time_passes(run: AgentRun) -> None:
     """The run's timer or timeout is due now."""
-    AgentRun.objects.filter(pk=run.pk).update(
-        wake_at=Now() - datetime.timedelta(seconds=1)
-    )
+    AgentRun.objects.filter(pk=run.pk).update(wake_at=Now() - datetime.timedelta(seconds=1))
 
 
 @pytest.fixture
@@ -197,6 +195,30 @@ def test_one_send_wakes_every_run_waiting_on_the_name(
     assert {reload(r).status for r in runs} == {RunStatus.SUCCEEDED}
 
 
+def claim_while_sending(name: str) -> list[Any]:
+    """Claim due runs on one thread while another sends the event ``name``, released together;
+    returns the claims."""
+    barrier = threading.Barrier(2)
+    claimed: list[Any] = []
+
+    def claim() -> None:
+        barrier.wait()
+        claimed.extend(current().claim_runs("racer", 30, limit=10))
+        connection.close()
+
+    def send() -> None:
+        barrier.wait()
+        api.send_event(name, "payload")
+        connection.close()
+
+    threads = [threading.Thread(target=claim), threading.Thread(target=send)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return claimed
+
+
 @pytest.mark.postgres
 def test_a_timeout_and_an_event_that_race_resume_the_run_once(
     fake_api: FakeAnthropic, receiver: Any
@@ -205,24 +227,7 @@ def test_a_timeout_and_an_event_that_race_resume_the_run_once(
         run = start(f'@await_event {{"name": "race:{attempt}", "timeout": 3600}}')
         run_worker()
         time_passes(run)
-        barrier = threading.Barrier(2)
-        claimed: list[Any] = []
-
-        def claim() -> None:
-            barrier.wait()
-            claimed.extend(current().claim_runs("racer", 30, limit=10))
-            connection.close()
-
-        def send(name: str = f"race:{attempt}") -> None:
-            barrier.wait()
-            api.send_event(name, "payload")
-            connection.close()
-
-        threads = [threading.Thread(target=claim), threading.Thread(target=send)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        claimed = claim_while_sending(f"race:{attempt}")
         state = reload(run)
         if claimed:  # the timeout won: the run is ours, the event woke nothing
             assert state.status == RunStatus.RUNNING
@@ -333,7 +338,7 @@ def test_the_depth_limit_is_a_tool_error(
     fake_api: FakeAnthropic, receiver: Any, da_settings: Any
 ) -> None:
     da_settings(MAX_RUN_DEPTH=2)
-    run = start("@spawn_outside {}")
+    start("@spawn_outside {}")
     run_worker()
     runs = {r.depth: r for r in AgentRun.objects.all()}
     assert sorted(runs) == [0, 1, 2]
@@ -342,9 +347,7 @@ def test_the_depth_limit_is_a_tool_error(
     assert "MAX_RUN_DEPTH is 2" in deepest["content"]
 
 
-def test_a_run_may_only_wait_on_its_own_children(
-    fake_api: FakeAnthropic, receiver: Any
-) -> None:
+def test_a_run_may_only_wait_on_its_own_children(fake_api: FakeAnthropic, receiver: Any) -> None:
     stranger = api.start_run("waiter_child", "Research alone")
     run = start(f'@wait_on_run {{"run_id": "{stranger.pk}"}}')
     run_worker()
@@ -413,9 +416,7 @@ def test_a_question_waits_for_a_person_with_the_permission(
     assert value["answered_by"] == "ops" and value["answered_at"]
 
 
-def test_cancelling_a_run_closes_its_open_question(
-    fake_api: FakeAnthropic, receiver: Any
-) -> None:
+def test_cancelling_a_run_closes_its_open_question(fake_api: FakeAnthropic, receiver: Any) -> None:
     run = start('@ask_person {"question": "Go?"}')
     run_worker()
     api.cancel_run(run.pk)
