@@ -15,7 +15,14 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from durable_agents.models import AgentRun, RunStatus, StepKind, ToolEffect
+from durable_agents.models import (
+    AgentRun,
+    QuestionStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    WaitKind,
+)
 from durable_agents.store import (
     Claim,
     InMemoryStore,
@@ -25,6 +32,7 @@ from durable_agents.store import (
     Store,
     store_for,
 )
+from durable_agents.store.base import Parked, WaitRefused, WaitSpec
 from durable_agents.store.memory import ManualClock
 
 
@@ -33,10 +41,20 @@ class Env:
     store: Store
     run: Callable[[Any], AgentRun]
     expire: Callable[[Any], None]
+    # Time passes: every waiting run's timer or timeout is due.
+    time_passes: Callable[[], None]
 
     def start(self, task: str = "t") -> Any:
         run = AgentRun(id=uuid.uuid4(), agent="contract", prompt_version="v1", model="m", task=task)
         return self.store.create_run(run, json.dumps(task)).pk
+
+    def spawn(self, parent: Any, key: str, limit: int = 10) -> tuple[Any, bool]:
+        child = AgentRun(
+            id=uuid.uuid4(), agent="contract", prompt_version="v1", model="m", task=key
+        )
+        child.parent_id, child.spawn_key, child.depth = parent, key, 1
+        run, created = self.store.spawn_run(child, json.dumps(key), limit)
+        return run.pk, created
 
     def claim(self, run_id: Any, owner: str = "w1") -> Claim:
         claim = self.store.claim_run(run_id, owner, 30)
@@ -53,7 +71,11 @@ def memory_env() -> Env:
     def expire(run_id: Any) -> None:
         store.runs[run_id].lease_until = store.now() - datetime.timedelta(seconds=1)
 
-    return Env(store, store.run, expire)
+    def time_passes() -> None:
+        assert isinstance(store.now, ManualClock)
+        store.now.advance(10_000)
+
+    return Env(store, store.run, expire, time_passes)
 
 
 def database_env() -> Env:
@@ -64,7 +86,12 @@ def database_env() -> Env:
     def expire(run_id: Any) -> None:
         AgentRun.objects.filter(pk=run_id).update(lease_until=Now() - datetime.timedelta(seconds=1))
 
-    return Env(store, lambda run_id: AgentRun.objects.get(pk=run_id), expire)
+    def time_passes() -> None:
+        AgentRun.objects.filter(wake_at__isnull=False).update(
+            wake_at=Now() - datetime.timedelta(seconds=1)
+        )
+
+    return Env(store, lambda run_id: AgentRun.objects.get(pk=run_id), expire, time_passes)
 
 
 @pytest.fixture(
@@ -183,3 +210,129 @@ def test_the_last_step_ends_the_run(env: Env) -> None:
     assert run.finished_at is not None
     assert not env.store.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")
     assert not env.store.cancel_run(run_id)
+
+
+# --------------------------------------------------------------------------- waits
+
+
+def park(env: Env, run_id: Any, spec: WaitSpec) -> tuple[Parked, Any]:
+    return env.store.park_on_wait(env.claim(run_id), spec)
+
+
+def test_a_timer_parks_the_run_and_the_claim_takes_it_when_due_first(env: Env) -> None:
+    pending = env.start("pending")
+    timed = env.start("timed")
+    assert park(env, timed, WaitSpec(WaitKind.TIMER, "k", seconds=60)) == (Parked.PARKED, None)
+    run = env.run(timed)
+    assert (run.status, run.waiting_for, run.wait_key) == (RunStatus.WAITING, "timer", "k")
+    assert (run.lease_owner, run.lease_until, run.stalled_claims) == (None, None, 0)
+    assert run.wake_at is not None
+    env.store.release_lease(env.claim(pending))  # pending again, older than the timer's run
+    assert env.store.claim_run(timed, "w2", 30) is None  # not due
+    env.time_passes()
+    [first] = env.store.claim_runs("w2", 30, limit=1)  # due waits first
+    [second] = env.store.claim_runs("w2", 30, limit=5)
+    assert (first.run_id, second.run_id) == (timed, pending)
+    assert first.run.woken_by == {"timer": True} and first.run.wake_at is None
+    assert second.run.woken_by is None
+
+
+def test_an_event_wakes_its_waiters_once(env: Env) -> None:
+    waiting, other = env.start("a"), env.start("b")
+    spec = WaitSpec(WaitKind.EVENT, "k", event="ev", seconds=60)
+    assert park(env, waiting, spec)[0] is Parked.PARKED
+    assert park(env, other, WaitSpec(WaitKind.EVENT, "k2", event="other"))[0] is Parked.PARKED
+    event, woken = env.store.send_event("ev", {"n": 1})
+    assert woken == 1 and event.payload == {"n": 1} and event.sent_at is not None
+    run = env.run(waiting)
+    assert run.status == RunStatus.PENDING and run.wake_at is None
+    assert run.woken_by == {"event": "ev", "payload": {"n": 1}, "at": event.sent_at.isoformat()}
+    assert env.run(other).status == RunStatus.WAITING
+    again, woken = env.store.send_event("ev", {"n": 2})
+    assert (again.pk, again.payload, woken) == (event.pk, {"n": 1}, 0)
+    # Sent before the wait: no park at all.
+    late = env.start("c")
+    outcome, woken_by = park(env, late, WaitSpec(WaitKind.EVENT, "k3", event="ev"))
+    assert outcome is Parked.READY and woken_by["payload"] == {"n": 1}
+    assert env.run(late).status == RunStatus.RUNNING
+
+
+def test_a_timeout_is_told_from_a_timer(env: Env) -> None:
+    run_id = env.start()
+    park(env, run_id, WaitSpec(WaitKind.EVENT, "k", event="never", seconds=5))
+    env.time_passes()
+    [claim] = env.store.claim_runs("w2", 30)
+    assert claim.run.woken_by == {"timeout": True}
+    # The event comes too late: the run is not waiting any more, nothing changes.
+    assert env.store.send_event("never", 1)[1] == 0
+    assert env.run(run_id).status == RunStatus.RUNNING
+
+
+def test_a_question_is_answered_once_and_wakes_the_run(env: Env) -> None:
+    run_id = env.start()
+    assert env.store.answer_question(run_id, None, "early") is None  # nothing asked
+    spec = WaitSpec(WaitKind.QUESTION, "qk", question="Go?")
+    assert park(env, run_id, spec)[0] is Parked.PARKED
+    answered = env.store.answer_question(run_id, None, "yes")
+    assert answered is not None and answered.status == QuestionStatus.ANSWERED
+    run = env.run(run_id)
+    assert run.status == RunStatus.PENDING and run.woken_by["answer"] == "yes"
+    again = env.store.answer_question(run_id, None, "no")
+    assert again is not None and again.answer == "yes"
+    # Asked again by the same call (a crash after the wake): answered already, no park.
+    assert park(env, run_id, spec) == (Parked.READY, answered.woken_by())
+
+
+def test_children_wake_their_parent_when_all_ended(env: Env) -> None:
+    parent = env.start("parent")
+    claim = env.claim(parent)
+    a, created = env.spawn(parent, "a")
+    assert created and env.spawn(parent, "a") == (a, False)  # once per key
+    b, _ = env.spawn(parent, "b")
+    stranger = env.start("stranger")
+    with pytest.raises(WaitRefused, match="spawned"):
+        env.store.park_on_wait(claim, WaitSpec(WaitKind.RUNS, "k", runs=(str(stranger),)))
+    spec = WaitSpec(WaitKind.RUNS, "k", runs=(str(a), str(b)))
+    assert env.store.park_on_wait(claim, spec) == (Parked.PARKED, None)
+    a_claim = env.claim(a, "w2")
+    assert env.store.finish_run(a_claim, RunStatus.SUCCEEDED, result="A")
+    assert env.run(parent).status == RunStatus.WAITING  # b is still going
+    assert env.store.cancel_run(b)
+    run = env.run(parent)
+    assert run.status == RunStatus.PENDING
+    outcomes = run.woken_by["runs"]
+    assert outcomes[str(a)] == {"status": "succeeded", "result": "A", "error": "", "task": "a"}
+    assert outcomes[str(b)]["status"] == "cancelled"
+    assert env.store.wake_parent(parent) is False  # not waiting any more
+
+
+def test_spawn_is_refused_past_the_limit_or_for_a_parent_that_is_over(env: Env) -> None:
+    parent = env.start()
+    env.spawn(parent, "one", limit=1)
+    with pytest.raises(WaitRefused, match="MAX_CHILD_RUNS"):
+        env.spawn(parent, "two", limit=1)
+    assert env.spawn(parent, "one", limit=1)[1] is False  # an existing key is no new child
+    env.store.cancel_run(parent)
+    with pytest.raises(WaitRefused, match="cancelled"):
+        env.spawn(parent, "three")
+
+
+def test_a_cancel_takes_the_unfinished_descendants_with_it(env: Env) -> None:
+    parent = env.start()
+    child, _ = env.spawn(parent, "c")
+    grandchild, _ = env.spawn(child, "g")
+    done, _ = env.spawn(parent, "d")
+    env.store.finish_run(env.claim(done), RunStatus.SUCCEEDED, result="ok")
+    assert env.store.cancel_run(parent)
+    statuses = [env.run(r).status for r in (parent, child, grandchild, done)]
+    assert statuses == ["cancelled", "cancelled", "cancelled", "succeeded"]
+
+
+def test_a_park_is_fenced(env: Env) -> None:
+    run_id = env.start()
+    stale = env.claim(run_id)
+    env.expire(run_id)
+    env.claim(run_id, "w2")
+    spec = WaitSpec(WaitKind.TIMER, "k", seconds=1)
+    assert env.store.park_on_wait(stale, spec) == (Parked.FENCE_FAILED, None)
+    assert env.run(run_id).status == RunStatus.RUNNING
