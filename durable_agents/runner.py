@@ -566,7 +566,7 @@ class RunAdvancer:
             sender=AgentRun, run_id=self.run.pk, waiting_for=spec.kind, what=wait.describe()
         )
         if spec.kind == WaitKind.QUESTION:
-            question = AgentQuestion.objects.filter(key=key).first()
+            question = self.store.question_for_key(key)
             if question is not None:
                 signals.question_asked.send(sender=AgentQuestion, question=question)
         raise _Stop(WAITING)

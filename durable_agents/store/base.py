@@ -354,6 +354,10 @@ class Store(abc.ABC):
         died between a child's end and the wake leaves its parent here)."""
 
     @abc.abstractmethod
+    def question_for_key(self, key: str) -> AgentQuestion | None:
+        """The question asked by the ``ask_person`` call with this idempotency key."""
+
+    @abc.abstractmethod
     def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
         """``run_outcome`` of each run, by id text (runs that do not exist are left out)."""
 

@@ -672,6 +672,11 @@ class InMemoryStore(Store):
             ]
             return [r.pk for r in sorted(waiting, key=lambda r: r.created_at)[:limit]]
 
+    def question_for_key(self, key: str) -> AgentQuestion | None:
+        with self.lock:
+            question = self.questions.get(key)
+            return None if question is None else _copy(question)
+
     def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
         with self.lock:
             outcomes = {}

@@ -645,6 +645,9 @@ class PortableStore(Store):
             .values_list("pk", flat=True)[:limit]
         )
 
+    def question_for_key(self, key: str) -> AgentQuestion | None:
+        return AgentQuestion.objects.filter(key=key).first()
+
     def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
         runs = AgentRun.objects.filter(pk__in=list(run_ids)).only(
             "pk", "status", "result", "error", "task"
