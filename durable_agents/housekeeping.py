@@ -21,7 +21,14 @@ from django.utils.module_loading import import_string
 from durable_agents import metrics, signals
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
-from durable_agents.models import FINISHED_STATUSES, AgentRun, MetricsSnapshot
+from durable_agents.models import (
+    FINISHED_STATUSES,
+    AgentEvent,
+    AgentRun,
+    MetricsSnapshot,
+    RunStatus,
+    WaitKind,
+)
 from durable_agents.store import current
 
 logger = logging.getLogger("durable_agents.housekeeping")
@@ -102,6 +109,19 @@ def apply_retention(now: datetime.datetime | None = None) -> int:
         deleted += len(batch)
     if deleted:
         logger.info("retention deleted %d finished runs older than %s", deleted, cutoff)
+    events = _expire_events(cutoff)
+    if events:
+        logger.info("retention deleted %d events older than %s", events, cutoff)
+    return deleted
+
+
+def _expire_events(cutoff: datetime.datetime) -> int:
+    """Events created before ``cutoff`` that no run waits on. A run that waits on such a name
+    later waits for a new send: retention is the one place an event is forgotten."""
+    waited = AgentRun.objects.filter(status=RunStatus.WAITING, waiting_for=WaitKind.EVENT).values(
+        "wait_event"
+    )
+    deleted, _ = AgentEvent.objects.filter(created_at__lt=cutoff).exclude(name__in=waited).delete()
     return deleted
 
 

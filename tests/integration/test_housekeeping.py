@@ -14,6 +14,7 @@ from django.utils import timezone
 import durable_agents
 from durable_agents import housekeeping, leases, metrics, signals
 from durable_agents.models import (
+    AgentEvent,
     AgentRun,
     AgentStep,
     MetricsSnapshot,
@@ -69,7 +70,7 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
 
     signals.run_dead_lettered.connect(listener)
     try:
-        assert housekeeping.sweep() == {"retired_model": 2, "undeployed_prompt": 1}
+        assert housekeeping.sweep() == {"retired_model": 2, "undeployed_prompt": 1, "parents_woken": 0}
     finally:
         signals.run_dead_lettered.disconnect(listener)
 
@@ -124,6 +125,20 @@ def test_retention_deletes_only_old_finished_runs_in_batches(da_settings: Any) -
     assert not AgentStep.objects.filter(run_id__in=[r.pk for r in old]).exists()
     assert ToolEffect.objects.count() == 0
     assert housekeeping.apply_retention() == 0
+
+
+def test_retention_forgets_old_events_that_no_run_waits_on(da_settings: Any) -> None:
+    da_settings(RETENTION_DAYS=30)
+    for name in ("old-sent", "old-awaited", "recent"):
+        durable_agents.send_event(name, {"n": name})
+    waiting = durable_agents.start_run("tester", "waits")
+    AgentRun.objects.filter(pk=waiting.pk).update(
+        status=RunStatus.WAITING, waiting_for="event", wait_event="old-awaited"
+    )
+    long_ago = timezone.now() - datetime.timedelta(days=31)
+    AgentEvent.objects.exclude(name="recent").update(created_at=long_ago)
+    housekeeping.apply_retention()
+    assert set(AgentEvent.objects.values_list("name", flat=True)) == {"old-awaited", "recent"}
 
 
 def test_retention_is_off_by_default() -> None:
