@@ -462,3 +462,27 @@ def test_housekeeping_wakes_a_stranded_parent(fake_api: FakeAnthropic, receiver:
     assert housekeeping.sweep()["parents_woken"] == 1
     assert reload(run).status == RunStatus.PENDING
     assert housekeeping.sweep()["parents_woken"] == 0
+
+
+# --------------------------------------------------------------------------- wake-ups by NOTIFY
+
+
+@pytest.mark.postgres
+def test_idle_workers_hear_of_wakes_without_polling(
+    fake_api: FakeAnthropic, receiver: Any, worker_thread: Any, staff: Any
+) -> None:
+    """With a poll interval of an hour, only LISTEN/NOTIFY can bring a woken run back: an
+    event, an answer and the end of a parent's children each do."""
+    listened = worker_thread(poll_interval=3600, concurrency=4)
+    wait_for(lambda: listened.listener is not None and listened.listener.listening.is_set())
+    event_run = start('@await_event {"name": "notify:1"}')
+    question_run = start('@ask_person {"question": "Proceed?"}')
+    parent = start('@fan_out {"topics": ["n"]}')
+    wait_for(lambda: reload(event_run).status == RunStatus.WAITING)
+    wait_for(lambda: reload(question_run).status == RunStatus.WAITING)
+    # The parent parks, its child runs and ends, and the child's end wakes the parent.
+    wait_for(lambda: reload(parent).status == RunStatus.SUCCEEDED)
+    api.send_event("notify:1", "ok")
+    api.answer_question(question_run.pk, staff, "yes")
+    wait_for(lambda: reload(event_run).status == RunStatus.SUCCEEDED)
+    wait_for(lambda: reload(question_run).status == RunStatus.SUCCEEDED)
