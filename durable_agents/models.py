@@ -126,7 +126,11 @@ class AgentRun(models.Model):
 
     # -- waits (API.md section 8). What a waiting run waits for; kept after the wake, as the
     # record of the last wait, and overwritten by the next.
-    waiting_for = models.CharField(max_length=16, choices=WaitKind.choices, blank=True, default="")
+    # Database defaults too: code deployed before this column existed (a rolling deploy) and
+    # raw INSERTs can still create runs.
+    waiting_for = models.CharField(
+        max_length=16, choices=WaitKind.choices, blank=True, default="", db_default=""
+    )
     waiting_since = models.DateTimeField(null=True, blank=True)
     # A timer's due time, or the timeout of an event or runs wait: the claim takes a waiting
     # run once it is past (index agent_run_wake).
@@ -145,7 +149,9 @@ class AgentRun(models.Model):
     )
     spawn_key = models.CharField(max_length=200, null=True, blank=True)
     depth = models.PositiveSmallIntegerField(
-        default=0, help_text="0 for a run started by start_run, its parent's + 1 for a child"
+        default=0,
+        db_default=0,
+        help_text="0 for a run started by start_run, its parent's + 1 for a child",
     )
 
     objects = AgentRunQuerySet.as_manager()

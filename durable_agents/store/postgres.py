@@ -82,7 +82,8 @@ UPDATE agent_run AS run
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (SELECT id FROM due UNION ALL SELECT id FROM ready)
+ WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
+                   LIMIT %(limit)s)
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
@@ -280,7 +281,8 @@ UPDATE agent_run AS run
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (SELECT id FROM due UNION ALL SELECT id FROM ready)
+ WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
+                   LIMIT %(limit)s)
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
@@ -457,9 +459,15 @@ class PostgresStore(PortableStore):
             return appended
         task_payload = taken.pop("task_payload")
         fields = AgentRun._meta.concrete_fields
-        run = AgentRun.from_db(
-            connection.alias, [f.attname for f in fields], [taken[f.column] for f in fields]
-        )
+        # The driver's values, through each field's own conversion (JSON text columns such as
+        # woken_by are parsed), as the ORM would.
+        values = [
+            f.from_db_value(taken[f.column], None, connection)
+            if hasattr(f, "from_db_value")
+            else taken[f.column]
+            for f in fields
+        ]
+        run = AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
         then_claim.claim = Claim(
             run, then_claim.owner, run.attempt, then_claim.lease_seconds, task_payload
         )

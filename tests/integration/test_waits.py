@@ -229,12 +229,13 @@ def test_a_timeout_and_an_event_that_race_resume_the_run_once(
         time_passes(run)
         claimed = claim_while_sending(f"race:{attempt}")
         state = reload(run)
-        if claimed:  # the timeout won: the run is ours, the event woke nothing
+        # Whichever committed first ended the wait; the other changed nothing.
+        assert state.woken_by == {"timeout": True} or state.woken_by["event"] == f"race:{attempt}"
+        if claimed:  # the claim took it (due, or already woken by the event)
             assert state.status == RunStatus.RUNNING
-            assert state.woken_by == {"timeout": True}
             # Hand it back as a worker that died would (its lease runs out).
             AgentRun.objects.filter(pk=run.pk).update(lease_until=Now())
-        else:  # the event won
+        else:  # the event woke it before the claim looked
             assert state.status == RunStatus.PENDING
             assert state.woken_by["event"] == f"race:{attempt}"
         run_worker()
@@ -486,3 +487,26 @@ def test_idle_workers_hear_of_wakes_without_polling(
     api.answer_question(question_run.pk, staff, "yes")
     wait_for(lambda: reload(event_run).status == RunStatus.SUCCEEDED)
     wait_for(lambda: reload(question_run).status == RunStatus.SUCCEEDED)
+
+
+@pytest.mark.postgres
+def test_finish_and_claim_hands_a_due_wait_what_ended_it(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    """The statement that ends one run may claim the worker's next, a due timer included: that
+    claim carries ``woken_by`` parsed, as a plain claim does (else the call would wait again)."""
+    from durable_agents.store import NextClaim
+
+    napping = start('@nap {"seconds": 3600}')
+    run_worker()
+    other = api.start_run("tester", "Say hello.")
+    [claim] = current().claim_runs("w1", 30)
+    assert claim.run_id == other.pk
+    time_passes(napping)
+    next_claim = NextClaim("w1", 30, take=lambda: True, give_back=lambda: None)
+    assert current().append_step(
+        claim, 1, "model_turn", "{}", finish=(RunStatus.SUCCEEDED, "hi"), then_claim=next_claim
+    )
+    assert next_claim.claim is not None and next_claim.claim.run_id == napping.pk
+    assert next_claim.claim.run.woken_by == {"timer": True}
+    assert next_claim.claim.run.wait_runs is None and next_claim.claim.run.depth == 0
