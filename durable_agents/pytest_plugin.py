@@ -8,6 +8,11 @@ or with ``pytest_plugins = ["durable_agents.pytest_plugin"]`` in a conftest.py.
                               intents="wait")
         assert result.status == "waiting"
         assert result.intents[0].tool == "drop_table"
+
+    def test_the_refund_waits_for_the_provider(agent_runner, durable_clock):
+        result = agent_runner("support", task, events={"refund:o-1": {"status": "done"}})
+        assert result.status == "succeeded"
+        assert durable_clock.offset == 0  # the event came before the timeout
 """
 
 from __future__ import annotations
@@ -28,14 +33,23 @@ def offline_model(settings: Any) -> Iterator[None]:
 
 
 @pytest.fixture
-def agent_runner(db: None, offline_model: None) -> Callable[..., Any]:
-    """``agent_runner(agent, task, intents="approve"|"reject"|"wait"|fn)`` -> RunResult."""
-    from durable_agents.testing import run_agent
+def durable_clock(db: None) -> Any:
+    """The test's ``FakeClock``: ``durable_clock.advance(seconds)`` brings every waiting
+    run's timer and timeout that much closer; ``agent_runner`` advances it by itself when a
+    run has nothing else to wait for, and ``offset`` says how far it went."""
+    from durable_agents.testing import FakeClock
 
-    def runner(agent: str, task: str, **options: Any) -> Any:
-        return run_agent(agent, task, offline=False, **options)
+    return FakeClock()
 
-    return runner
+
+@pytest.fixture
+def agent_runner(db: None, offline_model: None, durable_clock: Any) -> Any:
+    """``agent_runner(agent, task, intents=, events=, answers=, timers=, children=)`` ->
+    RunResult; ``agent_runner.drive(result)`` drives a run further. Both use
+    ``durable_clock``."""
+    from durable_agents.testing import AgentRunner
+
+    return AgentRunner(durable_clock, offline=False)
 
 
 @pytest.fixture

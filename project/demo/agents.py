@@ -6,13 +6,19 @@ is what each effect class means on resume:
 - record_progress: idempotent, running it twice leaves the same state;
 - apply_migration_step: non-idempotent, receives a key derived from its position in the run;
 - drop_table: irreversible, runs only after a person approved its intent.
+
+A second agent, ``coordinator``, shows runs that wait without a worker: a durable timer
+(``wait_for_replica``), child runs it waits for (``survey_tables``) and a question to a person
+(the built-in ``ask_person``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
-from durable_agents import Agent, tool
+from durable_agents import Agent, Wait, ask_person, spawn_run, tool
 
 logger = logging.getLogger("project.demo")
 
@@ -61,4 +67,54 @@ migrator = Agent(
     max_tokens=8000,
     thinking={"type": "enabled", "budget_tokens": 4000},
     max_turns=50,
+)
+
+
+# -- long-running runs ----------------------------------------------------------------------
+
+
+@tool(effect="pure")
+def wait_for_replica(seconds: float, *, woken_by: dict | None = None) -> str:
+    """Give the read replica ``seconds`` to catch up before going on. No worker waits
+    meanwhile: the run is parked on a durable timer."""
+    if woken_by is None:
+        raise Wait(seconds=seconds)
+    return f"waited {seconds:g}s; the replica has caught up"
+
+
+@tool(effect="idempotent")
+def survey_tables(
+    tables: list[str], *, idempotency_key: str, woken_by: dict | None = None
+) -> list[dict[str, Any]]:
+    """Read the schema of several tables in parallel (one child run per table) and report
+    what each found."""
+    if woken_by is None:
+        children = [
+            spawn_run(
+                "migrator",
+                # The second line is the offline model's plan; a real model reads the first.
+                f"Read the schema of the {table} table.\n"
+                f"@get_schema {json.dumps({'table': table})}",
+                key=f"{idempotency_key}:{i}",
+            )
+            for i, table in enumerate(tables)
+        ]
+        raise Wait(runs=[child.id for child in children], timeout=600)
+    return [
+        {"task": o["task"].splitlines()[0], "status": o["status"], "result": o["result"]}
+        for o in woken_by["runs"].values()
+    ]
+
+
+coordinator = Agent(
+    name="coordinator",
+    version="2026-12-03",
+    model="claude-fable-5-1",
+    system=(
+        "You coordinate database maintenance. You wait for replicas instead of hurrying them, "
+        "survey tables in parallel, and ask a person whenever a decision is theirs."
+    ),
+    tools=[wait_for_replica, survey_tables, record_progress, ask_person],
+    max_tokens=4000,
+    max_turns=20,
 )

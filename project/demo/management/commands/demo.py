@@ -9,6 +9,10 @@
    person (a staff user ``demo-operator``); in production it is the admin's Approve button.
 5. Print what happened: statuses, steps per second, and the transcript with the attempt that
    wrote each step.
+6. Runs that wait without a worker (agent ``coordinator``): one parks on a 2-second durable
+   timer and resumes when a worker's claim finds it due; one fans out to two child runs and
+   resumes with their outcomes once both ended; one asks a person a question and is left
+   waiting, for you to answer in the admin.
 
 Uses the offline scripted model (the tasks carry the plan it plays): the demo settings turn
 it on while DEBUG is on, as in ``make run``; ``DURABLE_AGENTS_OFFLINE=0`` sends the tasks to
@@ -17,6 +21,7 @@ the real API instead. The offline model is never tied to a missing API key.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -34,7 +39,14 @@ from django.db import connection
 from django.db.models import Count
 
 import durable_agents
-from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    ToolEffect,
+    ToolIntent,
+)
 from durable_agents.worker import Worker
 
 MIGRATION = """Migrate the orders table: add a note column, backfill it, retire orders_old.
@@ -59,6 +71,22 @@ SMALLER = [
 @record_progress {"ticket": "MIG-43", "status": "backfilled"}
 """,
 ]
+
+# Runs of the coordinator agent (project/demo/agents.py) that wait without a worker.
+TIMER_SECONDS = 2
+TIMER = f"""Let the read replica catch up before the next step, then record it.
+@wait_for_replica {{"seconds": {TIMER_SECONDS}}}
+@record_progress {{"ticket": "OPS-1", "status": "replica caught up"}}
+"""
+FAN_OUT = """Survey the orders tables in parallel, then record what they hold.
+@survey_tables {"tables": ["orders", "orders_old"]}
+@record_progress {"ticket": "OPS-2", "status": "tables surveyed"}
+"""
+QUESTION_TEXT = "Which maintenance window may the orders migration use?"
+QUESTION = f"""Agree on a maintenance window for the orders migration with a person.
+@ask_person {{"question": "{QUESTION_TEXT}"}}
+@record_progress {{"ticket": "OPS-3", "status": "window agreed"}}
+"""
 
 KILL_AFTER_SEQ = 6
 LEASE_SECONDS = "3"
@@ -132,6 +160,7 @@ class Command(BaseCommand):
 
         elapsed = time.monotonic() - started
         self._report(runs, migration, elapsed)
+        self._long_running()
         self._speed(options["speed_runs"])
 
     # -- helpers ---------------------------------------------------------------------------
@@ -162,6 +191,52 @@ class Command(BaseCommand):
 
     def _say(self, text: str) -> None:
         self.stdout.write(self.style.SUCCESS(f"\n==> {text}"))
+
+    def _long_running(self) -> None:
+        """A timer, a fan-out and a question: runs that wait holding no worker."""
+        timer = durable_agents.start_run("coordinator", TIMER)
+        fan_out = durable_agents.start_run("coordinator", FAN_OUT)
+        question = durable_agents.start_run("coordinator", QUESTION)
+        self._say(
+            f"long-running runs of coordinator@{timer.prompt_version}: a {TIMER_SECONDS}s "
+            "timer, a fan-out to two child runs, a question for a person"
+        )
+        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+
+        fan_out.refresh_from_db()
+        children = list(AgentRun.objects.filter(parent=fan_out).order_by("spawn_key"))
+        self._say(
+            f"fan-out: run {fan_out.pk} spawned {len(children)} child runs "
+            f"({', '.join(f'{c.pk} {c.status}' for c in children)}), waited for them without "
+            f"a worker, and resumed with their outcomes: {fan_out.status}"
+        )
+
+        timer.refresh_from_db()
+        if timer.status == RunStatus.WAITING and timer.wake_at is not None:
+            self._say(
+                f"timer: run {timer.pk} is waiting on {timer.get_waiting_for_display()} due at "
+                f"{timer.wake_at:%H:%M:%S} (database clock); no worker holds it"
+            )
+            deadline = time.monotonic() + TIMER_SECONDS + 30
+            while not AgentRun.objects.due().filter(pk=timer.pk).exists():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            # A worker's claim takes due timers first (every POLL_INTERVAL when idle).
+            Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+            timer.refresh_from_db()
+        self._say(
+            f"timer: run {timer.pk} resumed when its timer was due: the tool was called again "
+            f"with woken_by {json.dumps(timer.woken_by)}; status {timer.status}"
+        )
+
+        question.refresh_from_db()
+        self._say(
+            f"question: run {question.pk} is {question.status}, asking {QUESTION_TEXT!r}; "
+            "it is left open for you: answer it on the run's admin page (permission "
+            "durable_agents.answer_question) or with durable_agents.answer_question(run_id, "
+            "user, text), then run `python manage.py runagents --burst`"
+        )
 
     def _speed(self, count: int) -> None:
         """Throughput without the story's pauses: short runs, one in-process worker."""
