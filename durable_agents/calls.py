@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import logging
 import queue
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from durable_agents import db
@@ -83,6 +84,24 @@ def _close_database_connections() -> None:
 _callers = threading.local()
 
 
+@contextlib.contextmanager
+def inline_calls() -> Iterator[None]:
+    """Inside, calls run on the calling thread itself, with its database connection: for
+    ``durable_agents.testing``, where tool code must see the test's open transaction (a
+    thread of its own would have a connection of its own). Timeouts and interrupts are not
+    enforced there: a call simply runs to its end."""
+    previous = getattr(_callers, "inline", False)
+    _callers.inline = True
+    try:
+        yield
+    finally:
+        _callers.inline = previous
+
+
+def _inline() -> bool:
+    return bool(getattr(_callers, "inline", False))
+
+
 def close_caller() -> None:
     """End this thread's caller thread (a worker slot calls it when it stops)."""
     caller: _Caller | None = getattr(_callers, "caller", None)
@@ -105,6 +124,10 @@ def run_abortable(
     its own. ``meanwhile`` runs on this thread while the call is in flight; if it raises, the
     call is walked away from and its exception propagates. With ``permits``, the call starts
     once it holds one (waiting is interruptible) and gives it back when it really ends."""
+    if _inline():
+        if meanwhile is not None:
+            meanwhile()
+        return call(threading.Event())
     db.release()
     if permits is not None:
         _acquire(permits, interrupt)
@@ -209,6 +232,12 @@ def await_abortable(
     """Await ``make()`` on the event loop thread and return its value or raise what it raised;
     ``CallInterrupted`` / ``CallTimedOut`` as ``run_abortable``, after cancelling it. The
     coroutine is created in this thread's context (the run id bound for logging)."""
+    if _inline():
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(make())  # type: ignore[arg-type]
+        finally:
+            loop.close()
     if interrupt.is_set():
         raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
     db.release()

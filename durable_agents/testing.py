@@ -20,10 +20,9 @@ event not in ``events``, a question not in ``answers``, ``intents="wait"``,
 ``timers="wait"``, ``children="wait"``) is left waiting, and ``RunResult.waits_for`` says
 what for.
 
-Tool code runs on a thread of its own, with its own database connection, as in a worker. Under
-pytest-django's ``db`` fixture the test's rows are in a transaction that connection cannot
-see: a test whose tools use the database (``spawn_run`` does) needs
-``@pytest.mark.django_db(transaction=True)``.
+Tool code runs on the test's own thread (``calls.inline_calls``), so it sees the test's
+transaction: tools that use the database (``spawn_run`` does) work under pytest-django's
+plain ``db`` fixture. Tool timeouts are not enforced there: a call runs to its end.
 
 The pytest fixtures around it live in ``durable_agents.pytest_plugin``.
 """
@@ -294,11 +293,10 @@ def drive(
         children=children,
         clock=clock or FakeClock(),
     )
-    try:
+    # Tool code runs on this thread, in the test's transaction (a worker runs it on a thread
+    # of its own): a test under pytest-django's ``db`` fixture sees what its tools wrote.
+    with calls.inline_calls():
         return driver.drive(max_claims)
-    finally:
-        # Tool code ran on this thread's caller thread: end it, and close its connection.
-        calls.close_caller()
 
 
 class _Driver:

@@ -183,9 +183,8 @@ def test_answers_may_be_a_function_and_an_unanswered_question_waits(agent_runner
     assert json.loads(result.tool_calls()[0].result)["answer"] == "GO? YES"
 
 
-# spawn_run writes from tool code, which runs on a thread of its own (as in a worker): the
-# parent must be committed for that thread to see it.
-@pytest.mark.django_db(transaction=True)
+# spawn_run writes from tool code: the driver runs it on the test's thread, in the test's
+# transaction (the plain ``db`` fixture of agent_runner is enough).
 def test_child_runs_are_played_to_their_end(
     agent_runner: Any, durable_clock: Any, receiver: Any
 ) -> None:
@@ -204,7 +203,6 @@ def test_child_runs_are_played_to_their_end(
     assert HOUR - 5 < durable_clock.offset <= HOUR + 0.01
 
 
-@pytest.mark.django_db(transaction=True)
 def test_children_wait_leaves_the_parent_waiting_on_them(agent_runner: Any) -> None:
     task = waiter_task('@fan_out {"topics": ["a", "b"]}')
     result = agent_runner("waiter", task, children="wait")
@@ -218,7 +216,6 @@ def test_children_wait_leaves_the_parent_waiting_on_them(agent_runner: Any) -> N
     assert [c.status for c in result.children] == [RunStatus.SUCCEEDED] * 2
 
 
-@pytest.mark.django_db(transaction=True)
 def test_a_parents_wait_names_what_its_children_wait_for(agent_runner: Any) -> None:
     topics = ['slow\n@nap {"seconds": 3600}']
     task = waiter_task("@fan_out " + json.dumps({"topics": topics}))
