@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from durable_agents import api
 from durable_agents.effects import idempotency_key
 from durable_agents.models import IntentStatus, QuestionStatus, RunStatus, WaitKind
