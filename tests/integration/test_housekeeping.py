@@ -70,7 +70,11 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
 
     signals.run_dead_lettered.connect(listener)
     try:
-        assert housekeeping.sweep() == {"retired_model": 2, "undeployed_prompt": 1, "parents_woken": 0}
+        assert housekeeping.sweep() == {
+            "retired_model": 2,
+            "undeployed_prompt": 1,
+            "parents_woken": 0,
+        }
     finally:
         signals.run_dead_lettered.disconnect(listener)
 
