@@ -206,6 +206,8 @@ def render() -> Path:
         "longrun",
         "memory",
         "inflight",
+        "waits",
+        "compaction",
     ]
     r = {n: d for n in names if (d := _load(n)) is not None}
     m = r.get("machine", {})
@@ -514,6 +516,10 @@ def render() -> Path:
     inf = r.get("inflight")
     if inf:
         _inflight_section(w, inf)
+    if r.get("waits"):
+        _waits_section(w, r["waits"])
+    if r.get("compaction"):
+        _compaction_section(w, r["compaction"])
     w("## Reproduce")
     w("")
     w("```")
@@ -632,6 +638,150 @@ def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
             + "."
         )
         w("")
+
+
+def _waits_section(w: Any, wt: dict[str, Any]) -> None:
+    w("## Waits")
+    w("")
+    if wt.get("skipped"):
+        w(f"`bench/waits.py` was skipped: {wt['skipped']} (it needs PostgreSQL).")
+        w("")
+        return
+    c, k = wt.get("claim"), wt.get("wake")
+    if c:
+        n, x = c["none"], c["with_waiting"]
+        w(
+            f"Claim with waiting runs (`bench/waits.py`): `PostgresStore().claim_runs(owner, 60, "
+            f"{c['limit']})` in two databases holding the same {c['pending']:,} pending runs "
+            f"(each with its task step); one of them also holds {c['waiting']:,} waiting runs "
+            "(40 % on timers due in 1 h to 8 days, 40 % on unsent events with a timeout, 20 % on "
+            "unsent events without one, with their steps and events), bulk-loaded and vacuumed. "
+            "One process per database times each claim in the client (commit, round trip and "
+            "Django included) and hands the run back at once (`release_lease(count_claim=False)`), "
+            "so every claim takes the same oldest pending run; blocks alternate between the two "
+            f"databases ({c['blocks']} blocks, order swapped every block, agent_run vacuumed "
+            "before each)."
+        )
+        w("")
+        w("| waiting runs | claims | p50 ms | p90 ms | p99 ms | max ms |")
+        w("| --- | --- | --- | --- | --- | --- |")
+        for label, y in (("none", n), (f"{c['waiting']:,}", x)):
+            w(
+                f"| {label} | {y['n']} | {y['p50_ms']:.3f} | {y['p90_ms']:.3f} "
+                f"| {y['p99_ms']:.3f} | {y['max_ms']:.3f} |"
+            )
+        w("")
+        w(
+            f"p99 ratio {c['p99_ratio']:.2f} (p50 ratio {c['p50_ratio']:.2f}); target "
+            f"{c['target']}: {_v(c['met'])}. Partial indexes in the plans: "
+            + ", ".join(
+                f"{name} {'yes' if used else '**no**'}" for name, used in c["indexes_used"].items()
+            )
+            + "."
+        )
+        seq = c.get("seq_scan") or {}
+        if any(seq.values()):
+            sides = " and ".join(
+                "with none waiting" if side == "none" else f"with {c['waiting']:,} waiting"
+                for side, on in seq.items()
+                if on
+            )
+            w("")
+            w(
+                f"**The claim's plan {sides} reads agent_run with a Seq Scan**: the UPDATE joins "
+                "the runs chosen by the CTEs `due` and `ready` by a hash join over the whole "
+                "table, because the planner expects about a tenth of the pending runs from them "
+                "(the LIMIT of `ready` is not a constant). A larger table tips it to the primary "
+                "key (a Nested Loop), so this ratio compares two different plans."
+            )
+        w("")
+        w(f"EXPLAIN (ANALYZE, BUFFERS) of the claim with {c['waiting']:,} waiting runs:")
+        w("")
+        w("```")
+        w(c["explain_waiting"])
+        w("```")
+        w("")
+        w(f"send_event's UPDATE with {c['waiting']:,} waiting runs (rolled back):")
+        w("")
+        w("```sql")
+        w(c["send_event_sql"])
+        w("```")
+        w("```")
+        w(c["send_event_explain_waiting"])
+        w("```")
+        w("")
+    if k:
+        w(
+            f"Wake-up (`bench/waits.py`): {k['runs']:,} runs of an agent whose tool raises "
+            "`Wait(event=..., timeout=3600)` are parked on one event by a real worker "
+            f"(`runagents --concurrency {k['concurrency']} --poll-interval "
+            f"{k['poll_interval_s']:g}`, DB_POOL_SIZE {k['pool_size']}, LISTEN "
+            f"{'on' if k['listen'] else 'off'}) against a zero-latency fake Messages API that "
+            "records the arrival of every request; then `durable_agents.send_event` wakes them "
+            f"(after {k['warmup_runs']} uncounted warm-up runs). Per run: its first model "
+            "request after the wake minus the moment send_event returned (its commit)."
+        )
+        w("")
+        w("| measure | value |")
+        w("| --- | --- |")
+        w(
+            f"| `UPDATE agent_run` statements in send_event (CaptureQueriesContext) "
+            f"| **{k['agent_run_updates']}** ({k['send_event_queries']} queries in all, "
+            f"{k['send_event_ms']:.1f} ms; {k['woken']:,} runs woken) |"
+        )
+        w(
+            f"| event commit -> first model request, p50 / p90 / p99 "
+            f"| **{k['p50_ms']:.0f} / {k['p90_ms']:.0f} / {k['p99_ms']:.0f} ms** |"
+        )
+        w(f"| min / max | {k['min_ms']:.0f} / {k['max_ms']:.0f} ms |")
+        w(
+            f"| commit -> all {k['runs']:,} runs finished | {k['done_s']:.1f} s "
+            f"(worker CPU {k['worker_cpu_s']:.1f} s in that time) |"
+        )
+        w(f"| parking the {k['runs']:,} runs (start_run -> all waiting) | {k['park_s']:.1f} s |")
+        w("")
+        w(
+            "The first woken run calls the model within the min above: the NOTIFY of the "
+            "wake reaches the idle worker at once. The spread up to the max is the worker "
+            "getting through a thousand runs at the same moment (claim, rebuild, the tool "
+            "called again with `woken_by`, its result committed, the model call) on the CPUs "
+            "it shares with PostgreSQL and the fake API."
+            + (f" **Failed: {k['error']}.**" if k.get("error") else "")
+        )
+        w("")
+
+
+def _compaction_section(w: Any, cp: dict[str, Any]) -> None:
+    """bench/compaction.py's figures, as far as this renderer knows its results (all lines or
+    none: a result written by another version of the benchmark gets a pointer instead)."""
+    lines: list[str] = []
+    try:
+        b = cp["billed_input_tokens_at"]
+        lines += [
+            f"`bench/compaction.py`: one run of {cp['turns']:,} model turns ({cp['engine']}, "
+            f"thinking {'on' if cp['thinking'] else 'off'}) with server-side compaction: "
+            f"{cp['compactions']} compactions, one every "
+            f"{cp['turns_between_compactions']:.0f} turns (trigger "
+            f"{cp['trigger_input_tokens']} input tokens).",
+            "",
+            "Input tokens billed per call at turns "
+            + ", ".join(f"{t}: {v:.0f}" for t, v in b.items())
+            + f"; the whole transcript is {cp['whole_transcript_tokens']} tokens.",
+            "",
+            f"Time per step around turn {cp['turns']:,} vs around turn 50: "
+            f"{cp['around_end']['step_ms']:.2f} vs {cp['around_50_fresh']['step_ms']:.2f} ms, "
+            f"ratio {cp['step_ratio']:.2f} ({_v(cp['step_met'])}, <= 1.2); over a compaction "
+            f"cycle: ratio {cp['cycle_ratio']:.2f} ({_v(cp['cycle_met'])}).",
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        lines = [
+            "Its figures are in `bench/out/compaction.json` (this renderer does not know them)."
+        ]
+    w("## Compaction")
+    w("")
+    for line in lines:
+        w(line)
+    w("")
 
 
 class Row(NamedTuple):
@@ -782,6 +932,36 @@ def _row_7(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _row_waits(r: dict[str, Any]) -> list[Row]:
+    c, k = r["waits"].get("claim"), r["waits"].get("wake")
+    rows = []
+    if c:
+        rows.append(
+            Row(
+                "W1",
+                f"claim p99, {c['waiting']:,} waiting runs vs none",
+                f"{c['with_waiting']['p99_ms']:.2f} ms",
+                f"{c['none']['p99_ms']:.2f} ms",
+                f"{c['p99_ratio']:.2f}",
+                "<= 1.2",
+                _v(c["met"]),
+            )
+        )
+    if k:
+        rows.append(
+            Row(
+                "W2",
+                f"send_event waking {k['runs']:,} runs: UPDATE agent_run statements",
+                f"{k['agent_run_updates']}",
+                f"{k['woken']:,} runs woken",
+                "-",
+                "1",
+                _v(k["agent_run_updates"] == 1),
+            )
+        )
+    return rows
+
+
 _ROWS = (
     ("loop", _row_1),
     ("peers", _row_2a),
@@ -792,6 +972,7 @@ _ROWS = (
     ("longrun", _row_6a),
     ("longrun", _row_6b),
     ("memory", _row_7),
+    ("waits", _row_waits),
 )
 
 

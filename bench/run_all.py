@@ -3,6 +3,7 @@
     python -m bench.run_all            # full sizes: about 20 minutes (in flight alone ~10)
     python -m bench.run_all --quick    # small sizes: about 6 minutes
     python -m bench.run_all --only loop,commit
+    python -m bench.run_all --only waits       # durable waits: about 2 minutes
     python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
 
 Each benchmark runs in its own process (each configures Django for its own da_bench_*
@@ -10,12 +11,13 @@ database) and leaves its figures in bench/out/<name>.json; bench/report.py rende
 
 --before REF measures REF first, then the current tree, in the same invocation: REF is
 checked out with `git worktree add --detach /tmp/da-bench-before-<sha> REF`, and that
-checkout's own `python -m bench.run_all` (same --quick/--only, never the in-flight
-benchmark, which older refs lack) runs inside it with this interpreter, so its bench code
-and durable_agents are REF's. Its bench/out/*.json are copied to bench/out/before/ (emptied
-first) with bench/out/before/ref.json naming REF, and the worktree is removed. If that run
-fails, it says so loudly and the current tree is measured anyway. The report then adds a
-"Before and after" table of targets 1-7. The before run roughly doubles the time.
+checkout's own `python -m bench.run_all` (same --quick/--only, never the in-flight, waits
+or compaction benchmarks, which older refs lack) runs inside it with this interpreter, so
+its bench code and durable_agents are REF's. Its bench/out/*.json are copied to
+bench/out/before/ (emptied first) with bench/out/before/ref.json naming REF, and the
+worktree is removed. If that run fails, it says so loudly and the current tree is measured
+anyway. The report then adds a "Before and after" table of targets 1-7. The before run
+roughly doubles the time.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ QUICK = {
     "memory": ["--runs", "2000", "--concurrency", "4"],
     "inflight": ["--quick", "--inflight", "100,300"],
 }
+FULL["waits"] = []  # its defaults: 100,000 waiting runs, 1,000 claims a side, 1,000 woken
+QUICK["waits"] = ["--claims", "600", "--blocks", "3"]
+# bench/compaction.py is newer than this runner: wired in only where the file exists.
+if (common.ROOT / "bench" / "compaction.py").exists():
+    FULL["compaction"] = []
+    QUICK["compaction"] = ["--turns", "1000", "--every", "100"]
 
 
 def _version(pkg: str) -> str:
@@ -131,8 +139,9 @@ def _git() -> dict[str, object]:
 
 
 BEFORE = common.OUT / "before"
-# Benchmarks never run for --before: the in-flight one did not exist before the rewrite.
-NOT_BEFORE = {"inflight"}
+# Benchmarks never run for --before: the in-flight one did not exist before the rewrite, nor
+# waits and compaction before their features.
+NOT_BEFORE = {"inflight", "waits", "compaction"}
 
 
 def _loud(msg: str) -> None:
