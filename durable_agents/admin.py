@@ -1,9 +1,11 @@
-"""The durable_agents admin: runs and their transcripts, intents to decide, the dead letter and
-an operations page.
+"""The durable_agents admin: runs and their transcripts (with what a waiting run waits for, its
+parent and children), intents to decide, questions to answer, events to send, the dead letter
+and an operations page.
 
-Runs, steps and intents are never edited by hand: every page is read-only, and every change of
-state is an action or a POST view that calls ``durable_agents.api``. AgentStep has a composite
-primary key and cannot be registered; steps are shown on their run's page.
+Runs, steps, intents, questions and events are never edited by hand: every page is read-only,
+and every change of state is an action or a POST view that checks its permission, calls
+``durable_agents.api`` and writes a LogEntry. AgentStep has a composite primary key and
+cannot be registered; steps are shown on their run's page.
 
 Hostile input is expected everywhere: model and tool text is escaped, marked where it cannot be
 encoded (``durable_agents.text.storable_text``) and cut to a bound with a link to the whole;
@@ -25,17 +27,19 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import (
     Case,
+    Count,
     Exists,
     F,
     IntegerField,
     OuterRef,
     Q,
     QuerySet,
+    Subquery,
     TextField,
     Value,
     When,
 )
-from django.db.models.functions import Substr
+from django.db.models.functions import Coalesce, Substr
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -49,16 +53,21 @@ from django.views.decorators.http import require_http_methods, require_POST
 from durable_agents import admin_views as views
 from durable_agents import api
 from durable_agents.agents import AgentNotFound, registry
+from durable_agents.deepjson import loads_deep
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
+    AgentEvent,
+    AgentQuestion,
     AgentRun,
     AgentStep,
     IntentStatus,
+    QuestionStatus,
     RunStatus,
     ToolEffect,
     ToolIntent,
+    WaitKind,
 )
-from durable_agents.text import has_unstorable, storable_text
+from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many objects: every one it lists,
@@ -72,6 +81,11 @@ BULK_INPUT_CHARS = 20_000
 # What the model is told when a person rejects its call.
 REASON_MAX_CHARS = 5_000
 FINGERPRINT_FIELD = "fingerprint"
+# An answer to a question (the model reads it as the ask_person result).
+ANSWER_MAX_CHARS = 20_000
+# The JSON text of an event's payload typed into a form.
+PAYLOAD_MAX_CHARS = 100_000
+SEND_EVENT_PERMISSION = "durable_agents.send_event"
 
 
 def _clean_pk(model: Any, value: Any) -> Any:
@@ -210,10 +224,14 @@ class _OperationsMixin:
         action: str,
         form_url: str,
         reason_form: forms.Form | None = None,
+        extra_form: forms.Form | None = None,
+        extra_hidden: dict[str, str] | None = None,
+        note: str = "",
         status: int = 200,
     ) -> TemplateResponse:
         """The intermediate page of an action: every object it will act on is listed, and
-        "Yes" posts exactly those ids (and, for intents, what was shown of each)."""
+        "Yes" posts exactly those ids (and, for intents, what was shown of each; for an
+        event, its name in ``extra_hidden``, and ``extra_form``'s fields)."""
         included = [row for row in rows if row.included]
         context = {
             **self.admin_site.each_context(request),  # type: ignore[attr-defined]
@@ -234,6 +252,9 @@ class _OperationsMixin:
             "select_across": request.POST.get("select_across") == "1",
             "form_url": form_url,
             "reason_form": reason_form,
+            "extra_form": extra_form,
+            "extra_hidden": sorted((extra_hidden or {}).items()),
+            "note": note,
         }
         return TemplateResponse(
             request, "admin/durable_agents/action_confirmation.html", context, status=status
@@ -251,15 +272,56 @@ RUN_TEXT_FIELDS = ("task", "result", "error")
 
 
 class RunChangeList(ChangeList):
-    """The runs list reads the head of each task, not the whole text (tasks can be long)."""
+    """The runs list reads the head of each task, not the whole text (tasks can be long), and
+    what the page's waiting runs wait for in at most three queries (``attach_waits``)."""
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         return (
             super()
             .get_queryset(request, exclude_parameters)
             .annotate(task_head=Substr("task", 1, TASK_HEAD_CHARS))
-            .defer("task", "result", "fingerprint")
+            # woken_by can hold an event's whole payload: the list never shows it.
+            .defer("task", "result", "fingerprint", "woken_by")
         )
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # Evaluates the page's queryset once; the template iterates the same (cached) rows.
+        views.attach_waits(list(self.result_list))
+
+
+class WaitingForFilter(admin.SimpleListFilter):
+    """Waiting runs by what they wait for (``waiting_for`` is kept after a wake, as the record
+    of the last wait: the filter also asks for the status)."""
+
+    title = "waiting for"
+    parameter_name = "waits_for"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(kind.value, kind.label) for kind in WaitKind]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value in WaitKind.values:
+            return queryset.filter(status=RunStatus.WAITING, waiting_for=value)
+        return queryset
+
+
+class FamilyFilter(admin.SimpleListFilter):
+    """Runs started by start_run, or child runs (spawn_run)."""
+
+    title = "parent"
+    parameter_name = "family"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("top", "started directly"), ("child", "child runs")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "top":
+            return queryset.filter(parent__isnull=True)
+        if self.value() == "child":
+            return queryset.filter(parent__isnull=False)
+        return queryset
 
 
 class StartRunForm(forms.Form):
@@ -309,6 +371,65 @@ class StartRunForm(forms.Form):
         return data
 
 
+class AnswerForm(forms.Form):
+    """The answer to a run's question: the ask_person tool's result, with who and when."""
+
+    # The question the page showed: the answer goes to that one or nowhere.
+    question = forms.IntegerField(widget=forms.HiddenInput, min_value=1, max_value=2**63 - 1)
+    answer = forms.CharField(
+        label="Your answer (the model reads it, with your name)",
+        max_length=ANSWER_MAX_CHARS,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60}),
+        validators=[_no_unstorable],
+        error_messages={"required": "Write an answer: the model reads it, and you are named."},
+    )
+
+
+def parse_payload(text: str) -> Any:
+    """An event payload typed into a form: JSON (any value), empty for null. Raises
+    ValidationError with a reason a person can act on; never a RecursionError."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = loads_deep(text)  # any depth without recursion; then bounded
+    except ValueError as exc:
+        raise ValidationError(f"The payload is not JSON: {storable_text(exc, 200)}") from None
+    try:
+        check_depth(value)
+    except Unstorable as exc:
+        raise ValidationError(f"The payload {exc}.") from None
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValidationError("The payload is not JSON: NaN and Infinity are not.") from None
+    return value
+
+
+class EventPayloadForm(forms.Form):
+    payload = forms.CharField(
+        label="Payload (JSON; empty for null)",
+        required=False,
+        strip=False,
+        max_length=PAYLOAD_MAX_CHARS,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "spellcheck": "false"}),
+        help_text='What each woken run receives as woken_by["payload"], e.g. {"status": "ok"}.',
+    )
+
+    def clean_payload(self) -> Any:
+        return parse_payload(self.cleaned_data.get("payload") or "")
+
+
+class SendEventForm(EventPayloadForm):
+    name = forms.CharField(
+        max_length=200,
+        validators=[_no_unstorable],
+        help_text="The name the runs wait on (Wait(event=name)). An event is sent once: "
+        "sending a name again changes nothing.",
+    )
+    field_order = ["name", "payload"]
+
+
 def _time_field(field_name: str, description: str) -> Callable[[Any, Any], str]:
     """A read-only field or column printing ``field_name`` as ``views.TIME_FORMAT``.
 
@@ -352,6 +473,118 @@ def _run_text_field(field_name: str) -> Callable[[Any, Any], SafeString | str]:
     return show
 
 
+def _question_text_url(model_admin: admin.ModelAdmin) -> Callable[[Any, str], str]:
+    """The address of the whole text of a question's ``question`` or ``answer``."""
+    name = f"{model_admin.admin_site.name}:durable_agents_agentquestion_text"
+
+    def url(pk: Any, field: str) -> str:
+        return reverse(name, args=[pk, field])
+
+    return url
+
+
+def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: AgentQuestion) -> bool:
+    """Answer ``question`` with the posted AnswerForm, through ``api.answer_question``, as the
+    request's user (whose permission the caller checked); audit it and say what happened.
+
+    The api answers the run's newest question: the answer is given only when that is the
+    question the form was for and it is still open, so an answer is never given to a
+    question that the person did not see. True when this request answered it."""
+    form = AnswerForm(request.POST)
+    if not form.is_valid():
+        errors = " ".join(str(e) for errors in form.errors.values() for e in errors)
+        model_admin.message_user(request, f"Nothing was answered: {errors}", messages.ERROR)
+        return False
+    text = form.cleaned_data["answer"]
+    if form.cleaned_data["question"] != question.pk:
+        model_admin.message_user(
+            request, "Nothing was answered: the form was for another question.", messages.ERROR
+        )
+        return False
+    if question.status != QuestionStatus.OPEN:
+        _not_open(model_admin, request, question)
+        return False
+    newest = (
+        AgentQuestion.objects.filter(run_id=question.run_id)
+        .order_by("-created_at", "-pk")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if newest != question.pk:
+        model_admin.message_user(
+            request,
+            f"Nothing was answered: run {question.run_id} asked a newer question since.",
+            messages.ERROR,
+        )
+        return False
+    try:
+        after = api.answer_question(question.run_id, request.user, text)
+    except (ValueError, AgentQuestion.DoesNotExist) as exc:
+        model_admin.message_user(
+            request, f"Nothing was answered: {storable_text(exc, 300)}", messages.ERROR
+        )
+        return False
+    answered = (
+        after.pk == question.pk
+        and after.status == QuestionStatus.ANSWERED
+        and after.answered_by_id == request.user.pk
+        and after.answer == storable_text(text)
+    )
+    if not answered:
+        _not_open(model_admin, request, after)
+        return False
+    excerpt = Truncator(text).chars(200)
+    model_admin.log_change(request, after, f"Answered: “{excerpt}”.")
+    run = AgentRun.objects.only("pk", "agent", "prompt_version", "status").get(pk=after.run_id)
+    model_admin.log_change(request, run, f"Answered question {after.pk}: “{excerpt}”.")
+    model_admin.message_user(
+        request,
+        f"Answered question {after.pk}: run {after.run_id} goes on ({run.status}).",
+        messages.SUCCESS,
+    )
+    return True
+
+
+def _not_open(model_admin: admin.ModelAdmin, request: HttpRequest, question: Any) -> None:
+    question.refresh_from_db(fields=["status", "answered_by", "answered_at"])
+    if question.status == QuestionStatus.ANSWERED:
+        who = storable_text(question.answered_by.get_username()) if question.answered_by else "—"
+        state = f"already answered by {who}"
+    else:
+        state = question.get_status_display().lower()
+    model_admin.message_user(
+        request, f"Question {question.pk} is {state}. Nothing changed.", messages.WARNING
+    )
+
+
+def send_event_as(
+    model_admin: admin.ModelAdmin, request: HttpRequest, name: str, payload: Any
+) -> tuple[AgentEvent, bool]:
+    """Send the event through ``api.send_event`` as the request's user (whose permission the
+    caller checked) and audit it. Returns the event and whether this request sent it (an
+    event is sent once: sending it again returns the first and changes nothing)."""
+    before = AgentEvent.objects.filter(name=name).only("pk", "sent_at").first()
+    if before is not None and before.is_sent:
+        return api.send_event(name, payload, user=request.user), False
+    event = api.send_event(name, payload, user=request.user)
+    if event.sent_by_id != request.user.pk or event.payload != payload:
+        return event, False
+    message = f"Sent from the admin with payload {Truncator(views.pretty_json(payload)).chars(200)}"
+    if before is None:
+        model_admin.log_addition(request, event, message)
+    else:
+        model_admin.log_change(request, event, message)
+    return event, True
+
+
+def already_sent_message(event: AgentEvent) -> str:
+    who = storable_text(event.sent_by.get_username()) if event.sent_by else "the api"
+    return (
+        f"Event “{storable_text(event.name, 200)}” was sent already, at "
+        f"{views.format_time(event.sent_at)} by {who}: an event is sent once. Nothing changed."
+    )
+
+
 CLAIMS_HELP = (
     "how many times a worker took this run (after a crash, a deploy or a person's decision)"
 )
@@ -373,7 +606,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         "claims",
         "lease",
     )
-    list_filter = ("status", "agent", "model", "created_at")
+    list_filter = ("status", WaitingForFilter, FamilyFilter, "agent", "model", "created_at")
     search_fields = ("task",)  # plus ids, errors, models and request ids: get_search_results
     search_help_text = (
         "A run id or its first characters, a request id (req_...), a model, or words of the "
@@ -384,7 +617,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
     show_full_result_count = False
     list_select_related = False  # every column lives on agent_run itself
     list_per_page = 50
-    actions = ("cancel_runs", "requeue_runs")
+    actions = ("cancel_runs", "requeue_runs", "send_events")
     fieldsets = (
         (
             None,
@@ -430,10 +663,43 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         "result_text",
         "error_text",
         "fingerprint",
+        "parent_link",
+        "spawn_key",
+        "depth",
+        "waiting_for",
+        "waiting_since_display",
+        "wake_at_display",
+        "wait_event",
+        "woken_by_text",
+    )
+    # Shown on the page of a child run, and of a run that has waited.
+    child_fieldset = ("Child run", {"fields": ("parent_link", "spawn_key", "depth")})
+    wait_fieldset = (
+        "Last wait",
+        {
+            "fields": (
+                "waiting_for",
+                "waiting_since_display",
+                "wake_at_display",
+                "wait_event",
+                "woken_by_text",
+            )
+        },
     )
     # Labels and help of read-only fields come from the form's Meta (see get_form).
-    field_labels = {"attempt": "claims", "tokens_used": "tokens used"}
-    field_help_texts = {"attempt": CLAIMS_HELP, "started_at_display": "first claim"}
+    field_labels = {
+        "attempt": "claims",
+        "tokens_used": "tokens used",
+        "waiting_for": "waited for",
+        "wait_event": "event",
+        "spawn_key": "spawn key",
+    }
+    field_help_texts = {
+        "attempt": CLAIMS_HELP,
+        "started_at_display": "first claim",
+        "wake_at_display": "a timer's due time, or the timeout of an event or child runs wait",
+        "woken_by_text": "what ended the wait: the waiting call receives it",
+    }
 
     lease_until_display = _time_field("lease_until", "lease until")
     created_at_display = _time_field("created_at", "created at")
@@ -443,6 +709,33 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
     task_text = _run_text_field("task")
     result_text = _run_text_field("result")
     error_text = _run_text_field("error")
+    waiting_since_display = _time_field("waiting_since", "waiting since")
+    wake_at_display = _time_field("wake_at", "wake at")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and obj.parent_id:
+            fieldsets.insert(1, self.child_fieldset)
+        if obj is not None and obj.waiting_for and obj.status != RunStatus.WAITING:
+            # The record of a wait that is over (a waiting run's page has its box instead).
+            fieldsets.insert(-2, self.wait_fieldset)
+        return fieldsets
+
+    @admin.display(description="parent run")
+    def parent_link(self, obj: AgentRun) -> SafeString | str:
+        if not obj.parent_id:
+            return self.get_empty_value_display()
+        return format_html(
+            '<a href="{}" id="parent-link">{}</a>',
+            self._url("change", obj.parent_id),
+            obj.parent_id,
+        )
+
+    @admin.display(description="woken by")
+    def woken_by_text(self, obj: AgentRun) -> SafeString | str:
+        if obj.woken_by is None:
+            return self.get_empty_value_display()
+        return _text_html(views.shown_text(views.pretty_json(obj.woken_by)))
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -485,16 +778,33 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
 
     @admin.display(description="task")
     def task_excerpt(self, obj: AgentRun) -> SafeString:
-        """The task's first line, and under it the start of the error if there is one."""
+        """The task's first line (after a marker linking the parent, for a child run), under
+        it what a waiting run waits for, and the start of the error if there is one."""
         head = getattr(obj, "task_head", None) or obj.task
         first_line = next((line for line in head.splitlines() if line.strip()), "")
-        task = Truncator(storable_text(first_line)).chars(60)
+        html = format_html("{}", Truncator(storable_text(first_line)).chars(60))
+        if obj.parent_id:
+            html = format_html(
+                '<a class="da-child" href="{}" title="a child run of {}">↳ {}</a> {}',
+                self._url("change", obj.parent_id),
+                obj.parent_id,
+                str(obj.parent_id)[:8],
+                html,
+            )
+        wait = getattr(obj, "wait", None)
+        if wait is not None:
+            html = format_html(
+                '{}<br><span class="da-wait da-wait-{}">waits for {}</span>',
+                html,
+                wait.kind or "person",
+                wait.summary,
+            )
         if not obj.error:
-            return format_html("{}", task)
+            return html
         error = storable_text(obj.error[: LAST_ERROR_TITLE_CHARS + 1])
         return format_html(
             '{}<br><span class="da-list-error" title="{}">{}</span>',
-            task,
+            html,
             Truncator(error).chars(LAST_ERROR_TITLE_CHARS),
             Truncator(error).chars(LAST_ERROR_CHARS),
         )
@@ -529,6 +839,12 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Cancel and requeue: Django's change permission on runs."""
         return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    def has_send_event_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(SEND_EVENT_PERMISSION)
+
+    def has_answer_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(api.ANSWER_PERMISSION)
 
     # -- search ----------------------------------------------------------------------------
 
@@ -653,6 +969,106 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         )
         return None
 
+    @admin.action(description="Send the event these runs wait for", permissions=["send_event"])
+    def send_events(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """An intermediate page lists the selected runs that wait on an event (all on one
+        event) and takes the payload; its "Yes" posts exactly those run ids and the event's
+        name, and sends that event only if the runs still wait on it."""
+        eligible = queryset.filter(
+            status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event__isnull=False
+        )
+        names = sorted(
+            eligible.order_by().values_list("wait_event", flat=True).distinct()[:11],
+            key=str,
+        )
+        confirmed = self._confirmed(request)
+        if confirmed:
+            posted = request.POST.get("event", "")
+            if names != [posted]:
+                self.message_user(
+                    request,
+                    f"Nothing was sent: the runs listed no longer all wait on event "
+                    f"“{storable_text(posted, 200)}”.",
+                    messages.ERROR,
+                )
+                return None
+        elif not names:
+            self.message_user(
+                request, "None of the selected runs waits on an event.", messages.WARNING
+            )
+            return None
+        elif len(names) > 1:
+            shown = ", ".join(f"“{storable_text(n, 60)}”" for n in names[:10])
+            self.message_user(
+                request,
+                f"The selected runs wait on {'more than ten' if len(names) > 10 else len(names)} "
+                f"different events ({shown}): select runs that wait on one of them.",
+                messages.ERROR,
+            )
+            return None
+        name = names[0]
+        form = EventPayloadForm(request.POST if confirmed else None)
+        if not confirmed or not form.is_valid():
+            matched = eligible.count()
+            runs = eligible.order_by("waiting_since", "pk").only(
+                "id", "agent", "prompt_version", "status", "created_at", "waiting_since"
+            )[:RUN_ACTION_LIMIT]
+            rows = [
+                ConfirmRow(
+                    pk=str(run.pk),
+                    url=self._url("change", run.pk),
+                    label=storable_text(str(run)),
+                )
+                for run in runs
+            ]
+            everyone = AgentRun.objects.filter(
+                status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
+            ).count()
+            return self._render_confirmation(
+                request,
+                title=f"Send event “{views.cut_at_word(storable_text(name), 60)[0]}”",
+                question=(
+                    f"Event “{storable_text(name)}” will be sent with the payload below, once: "
+                    "every run waiting on it wakes and receives it."
+                ),
+                note=(
+                    f"{everyone} run(s) wait on this event in all; the ones not listed here "
+                    "wake too (an event is sent by name, not per run)."
+                    if everyone > len(rows)
+                    else ""
+                ),
+                rows=rows,
+                matched=matched,
+                skipped=queryset.count() - matched,
+                button="Yes, send it",
+                action="send_events",
+                form_url=request.get_full_path(),
+                extra_form=form if confirmed else EventPayloadForm(),
+                extra_hidden={"event": name},
+            )
+        listed = list(eligible.values_list("pk", flat=True))
+        event, sent = send_event_as(self, request, name, form.cleaned_data["payload"])
+        if not sent:
+            self.message_user(request, already_sent_message(event), messages.WARNING)
+            return None
+        still = set(
+            AgentRun.objects.filter(
+                pk__in=listed, status=RunStatus.WAITING, waiting_for=WaitKind.EVENT
+            ).values_list("pk", flat=True)
+        )
+        woken = [pk for pk in listed if pk not in still]
+        for run in AgentRun.objects.filter(pk__in=woken).only(
+            "pk", "agent", "prompt_version", "status"
+        ):
+            self.log_change(request, run, f"Woken by event “{name}”, sent from the admin.")
+        self.message_user(
+            request,
+            f"Sent event “{storable_text(name, 200)}”: {len(woken)} of the {len(listed)} "
+            "listed run(s) woke.",
+            messages.SUCCESS,
+        )
+        return None
+
     # -- pages -----------------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
@@ -673,6 +1089,9 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
                 "<path:object_id>/requeue/",
                 self._post_view(self.requeue_view),
                 name=name("requeue"),
+            ),
+            path(
+                "<path:object_id>/answer/", self._post_view(self.answer_view), name=name("answer")
             ),
             path(
                 "<path:object_id>/steps/<int:seq>/",
@@ -731,8 +1150,74 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
                 sql_hint=views.sql_hint(obj),
                 can_cancel=can_operate and obj.status in CANCELLABLE_STATUSES,
                 can_requeue=can_operate and obj.status == RunStatus.DEAD,
+                **self._wait_context(request, obj),
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _wait_context(self, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
+        """What the run waits for, its questions and its children: a few queries, bounded
+        whatever the run spawned or asked."""
+        views.attach_waits([run])
+        wait = run.wait  # type: ignore[attr-defined]
+        questions, questions_total = views.run_questions(run, _question_text_url(self))
+        open_question = next((row for row in questions if row.is_open), None)
+        can_answer = self.has_answer_permission(request)
+        event_pk = None
+        if wait is not None and wait.kind == WaitKind.EVENT:
+            event_pk = (
+                AgentEvent.objects.filter(name=run.wait_event).values_list("pk", flat=True).first()
+            )
+        return {
+            "wait": wait,
+            "children": views.run_children(run),
+            "questions": questions,
+            "questions_total": questions_total,
+            "open_question": open_question,
+            "can_answer": can_answer,
+            "answer_form": AnswerForm(
+                initial={"question": open_question.question.pk} if open_question else None
+            )
+            if can_answer and open_question
+            else None,
+            "can_send_event": self.has_send_event_permission(request),
+            "event_pk": event_pk,
+            "send_form": SendEventForm(initial={"name": run.wait_event})
+            if wait is not None and wait.kind == WaitKind.EVENT
+            else None,
+            "children_url": f"{self._url('changelist')}?"
+            + urlencode({"parent__id__exact": str(run.pk)}),
+            "questions_url": reverse(
+                f"{self.admin_site.name}:durable_agents_agentquestion_changelist"
+            )
+            + "?"
+            + urlencode({"run__id__exact": str(run.pk)}),
+        }
+
+    def answer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: answer the run's open question shown on its page (the form names it)."""
+        if not self.has_answer_permission(request):
+            raise PermissionDenied  # first: a forged POST learns nothing and changes nothing
+        run = _get_or_404(AgentRun, object_id, AgentRun.objects.only("pk"))
+        try:
+            question_id = _clean_pk(AgentQuestion, request.POST.get("question"))
+        except ValueError:
+            question_id = None
+        question = (
+            AgentQuestion.objects.filter(pk=question_id, run_id=run.pk)
+            .select_related("answered_by")
+            .first()
+            if question_id is not None
+            else None
+        )
+        if question is None:
+            self.message_user(
+                request,
+                "Nothing was answered: the form named no question of this run.",
+                messages.ERROR,
+            )
+        else:
+            answer_as(self, request, question)
+        return self._redirect_to_object(run)
 
     def add_view(
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -1345,3 +1830,478 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         else:
             self._already_decided(request, intent)
         return self._redirect_to_object(intent)
+
+
+# ---------------------------------------------------------------------------------------------
+# Questions (ask_person)
+
+QUESTION_COLUMN_CHARS = 80
+ANSWER_TITLE_CHARS = 300
+
+
+class QuestionChangeList(ChangeList):
+    """The questions list reads the head of each question and answer, never the whole."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request, exclude_parameters)
+            .annotate(
+                question_head=Substr(
+                    "question", 1, views.QUESTION_HEAD_CHARS, output_field=TextField()
+                ),
+                answer_head=Substr("answer", 1, ANSWER_TITLE_CHARS, output_field=TextField()),
+            )
+            .defer("question", "answer")
+        )
+
+
+@admin.register(AgentQuestion)
+class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
+    """Questions that runs asked a person (the built-in ask_person tool): the open ones
+    first, oldest first; each page has the answer form for those who may answer."""
+
+    list_display = ("question_id", "question_excerpt", "run_link", "status_short", "answered")
+    list_display_links = ("question_id", "question_excerpt")
+    list_filter = ("status",)
+    list_select_related = ("answered_by",)
+    search_fields = ("question",)
+    show_full_result_count = False
+    list_per_page = 50
+    actions = None
+    fieldsets = (
+        (None, {"fields": ("id", "status_badge", "run_link", "key")}),
+        ("Answer", {"fields": ("answered_by", "answered_at_display")}),
+        ("Timestamps", {"fields": ("created_at_display",)}),
+    )
+    readonly_fields = (
+        "id",
+        "status_badge",
+        "run_link",
+        "key",
+        "answered_by",
+        "answered_at_display",
+        "created_at_display",
+    )
+
+    created_at_display = _time_field("created_at", "asked at")
+    answered_at_display = _time_field("answered_at", "answered at")
+
+    # -- columns ---------------------------------------------------------------------------
+
+    @admin.display(description="question", ordering="created_at")
+    def question_id(self, obj: AgentQuestion) -> SafeString:
+        if not obj.created_at:
+            return format_html("#{}", obj.pk)
+        return format_html(
+            '#{}<br><span class="da-meta" title="asked {}">{} ago</span>',
+            obj.pk,
+            views.format_time(obj.created_at),
+            views.compact_age(obj.created_at),
+        )
+
+    @admin.display(description="asks")
+    def question_excerpt(self, obj: AgentQuestion) -> SafeString:
+        head = getattr(obj, "question_head", None)
+        text = storable_text(head if head is not None else obj.question)
+        return format_html(
+            '<span class="da-question" title="{}">{}</span>',
+            text,
+            Truncator(" ".join(text.split())).chars(QUESTION_COLUMN_CHARS),
+        )
+
+    @admin.display(description="run", ordering="run_id")
+    def run_link(self, obj: AgentQuestion) -> SafeString:
+        url = reverse(f"{self.admin_site.name}:durable_agents_agentrun_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a>', url, str(obj.run_id)[:8])
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: AgentQuestion) -> SafeString:
+        return views.question_badge(obj)
+
+    @admin.display(description="status", ordering="status")
+    def status_short(self, obj: AgentQuestion) -> SafeString:
+        return views.question_badge(obj)
+
+    @admin.display(description="answered", ordering="answered_at")
+    def answered(self, obj: AgentQuestion) -> SafeString | str:
+        if obj.status != QuestionStatus.ANSWERED:
+            return self.get_empty_value_display()
+        who = storable_text(obj.answered_by.get_username()) if obj.answered_by else "—"
+        head = getattr(obj, "answer_head", None)
+        answer = storable_text(head if head is not None else obj.answer)
+        return format_html(
+            '<span title="{}">{}</span><br><span class="da-meta" title="{}">{} ago</span>',
+            Truncator(answer).chars(ANSWER_TITLE_CHARS),
+            who,
+            views.format_time(obj.answered_at),
+            views.compact_age(obj.answered_at) if obj.answered_at else "—",
+        )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return QuestionChangeList
+
+    # -- ordering: open questions first, oldest first --------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _open=Case(
+                    When(status=QuestionStatus.OPEN, then=Value(0)),
+                    default=Value(1),
+                    output_field=IntegerField(),
+                )
+            )
+        )
+
+    def get_ordering(self, request: HttpRequest) -> list[Any]:
+        waiting_since = Case(When(status=QuestionStatus.OPEN, then=F("created_at")))
+        return [F("_open").asc(), waiting_since.asc(nulls_last=True), F("created_at").desc()]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        return super().get_search_results(request, queryset, storable_text(search_term))
+
+    # -- permissions -----------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # runs ask; people answer
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # answers go through the answer view
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_answer_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(api.ANSWER_PERMISSION)
+
+    # -- the question page and its answer view ---------------------------------------------
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        # The page reads the head and length of the question and answer, not the whole.
+        try:
+            pk = _clean_pk(AgentQuestion, object_id)
+        except ValueError:
+            return None
+        return views.question_texts(self.get_queryset(request)).filter(pk=pk).first()
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: AgentQuestion | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            row = views.question_row(obj, _question_text_url(self))
+            can_answer = self.has_answer_permission(request)
+            context.update(
+                row=row,
+                can_answer=can_answer,
+                answer_form=AnswerForm(initial={"question": obj.pk})
+                if can_answer and row.is_open
+                else None,
+            )
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def get_urls(self) -> list[URLPattern]:
+        name = self._object_url
+        return [
+            path(
+                "<path:object_id>/answer/", self._post_view(self.answer_view), name=name("answer")
+            ),
+            path(
+                "<path:object_id>/text/<str:field>/",
+                self.admin_site.admin_view(self.text_view),
+                name=name("text"),
+            ),
+            *super().get_urls(),
+        ]
+
+    def answer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_answer_permission(request):
+            raise PermissionDenied  # first: a forged POST learns nothing and changes nothing
+        question = _get_or_404(
+            AgentQuestion, object_id, AgentQuestion.objects.select_related("answered_by")
+        )
+        answer_as(self, request, question)
+        return self._redirect_to_object(question)
+
+    def text_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
+        """The whole question or answer, as plain text."""
+        if field not in ("question", "answer"):
+            raise Http404("No such text.")
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        question = _get_or_404(AgentQuestion, object_id, AgentQuestion.objects.only("pk", field))
+        return plain_text_response(getattr(question, field) or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Events (send_event)
+
+PAYLOAD_HEAD_CHARS = 200
+
+
+class EventChangeList(ChangeList):
+    """The events list reads the head of each payload, not the whole JSON."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request, exclude_parameters)
+            .annotate(
+                payload_head=Substr("payload", 1, PAYLOAD_HEAD_CHARS, output_field=TextField())
+            )
+            .defer("payload")
+        )
+
+
+class SentFilter(admin.SimpleListFilter):
+    title = "sent"
+    parameter_name = "sent"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "awaited (not sent yet)"), ("yes", "sent")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "no":
+            return queryset.filter(sent_at__isnull=True)
+        if self.value() == "yes":
+            return queryset.filter(sent_at__isnull=False)
+        return queryset
+
+
+def _waiting_on_event() -> Coalesce:
+    """How many runs wait on each event (a correlated count the partial index
+    agent_run_wait_event serves): one expression of the list's query, no query per row."""
+    waiting = (
+        AgentRun.objects.filter(
+            status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=OuterRef("name")
+        )
+        .order_by()
+        .values("wait_event")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(waiting, output_field=IntegerField()), Value(0))
+
+
+@admin.register(AgentEvent)
+class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
+    """Events by name: those runs await (not sent yet, with how many runs wait on each) first,
+    then those sent. "Add" is "send an event" and needs durable_agents.send_event."""
+
+    list_display = ("event_name", "sent_badge", "waiting_runs", "payload_excerpt", "sent")
+    list_display_links = ("event_name",)
+    list_filter = (SentFilter,)
+    list_select_related = ("sent_by",)
+    search_fields = ("name",)
+    show_full_result_count = False
+    list_per_page = 50
+    actions = None
+    fieldsets = (
+        (None, {"fields": ("name", "sent_badge", "payload_text")}),
+        ("Sent", {"fields": ("sent_by", "sent_at_display", "created_at_display")}),
+    )
+    readonly_fields = (
+        "name",
+        "sent_badge",
+        "payload_text",
+        "sent_by",
+        "sent_at_display",
+        "created_at_display",
+    )
+
+    created_at_display = _time_field("created_at", "first awaited or sent")
+    sent_at_display = _time_field("sent_at", "sent at")
+
+    # -- columns ---------------------------------------------------------------------------
+
+    @admin.display(description="event", ordering="name")
+    def event_name(self, obj: AgentEvent) -> str:
+        return storable_text(obj.name)
+
+    @admin.display(description="status", ordering="sent_at")
+    def sent_badge(self, obj: AgentEvent) -> SafeString:
+        if obj.is_sent:
+            return views.badge("sent", "Sent", {"sent": "#1a7f37"})
+        return views.badge("awaited", "Awaited", {"awaited": "#b35c00"}, title="not sent yet")
+
+    @admin.display(description="runs waiting", ordering="_waiting")
+    def waiting_runs(self, obj: AgentEvent) -> SafeString | int:
+        count = getattr(obj, "_waiting", 0)
+        if not count:
+            return 0
+        url = reverse(f"{self.admin_site.name}:durable_agents_agentrun_changelist")
+        query = urlencode({"waits_for": WaitKind.EVENT, "wait_event": obj.name})
+        return format_html('<a href="{}?{}">{}</a>', url, query, count)
+
+    @admin.display(description="payload")
+    def payload_excerpt(self, obj: AgentEvent) -> SafeString | str:
+        if not obj.is_sent:
+            return self.get_empty_value_display()
+        head = getattr(obj, "payload_head", None)
+        if head is None:
+            head = views.pretty_json(obj.payload)
+        head = storable_text(head)
+        return format_html(
+            '<code class="da-input" title="{}">{}</code>', head, Truncator(head).chars(60)
+        )
+
+    @admin.display(description="sent", ordering="sent_at")
+    def sent(self, obj: AgentEvent) -> SafeString | str:
+        if obj.sent_at is None:
+            return self.get_empty_value_display()
+        who = storable_text(obj.sent_by.get_username()) if obj.sent_by else "the api"
+        return format_html(
+            '{}<br><span class="da-meta" title="{}">{} ago</span>',
+            who,
+            views.format_time(obj.sent_at),
+            views.compact_age(obj.sent_at),
+        )
+
+    @admin.display(description="payload")
+    def payload_text(self, obj: AgentEvent) -> SafeString | str:
+        if not obj.is_sent:
+            return "not sent yet"
+        url = self._url("payload", obj.pk)
+        return _text_html(views.shown_text(views.pretty_json(obj.payload), url))
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return EventChangeList
+
+    # -- ordering: awaited events first ----------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(_waiting=_waiting_on_event())
+
+    def get_ordering(self, request: HttpRequest) -> list[Any]:
+        return [F("sent_at").desc(nulls_first=True), F("created_at").desc()]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        return super().get_search_results(request, queryset, storable_text(search_term))
+
+    # -- permissions -----------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(SEND_EVENT_PERMISSION)  # "add" is "send an event"
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Whoever may send events may see them (and the runs that wait on them).
+        return super().has_view_permission(request, obj) or self.has_add_permission(request)
+
+    # -- pages -----------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        name = self._object_url
+        return [
+            path("<path:object_id>/send/", self._post_view(self.send_view), name=name("send")),
+            path(
+                "<path:object_id>/payload/",
+                self.admin_site.admin_view(self.payload_view),
+                name=name("payload"),
+            ),
+            *super().get_urls(),
+        ]
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: AgentEvent | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            runs, total = views.runs_waiting_on_event(obj.name)
+            context.update(
+                waiting_runs=runs,
+                waiting_total=total,
+                waiting_url=reverse(f"{self.admin_site.name}:durable_agents_agentrun_changelist")
+                + "?"
+                + urlencode({"waits_for": WaitKind.EVENT, "wait_event": obj.name}),
+                send_form=EventPayloadForm()
+                if not obj.is_sent and self.has_add_permission(request)
+                else None,
+            )
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """ "Add" is "send an event": a name and a JSON payload, through api.send_event."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            form = SendEventForm(request.POST)
+        else:
+            form = SendEventForm(initial={"name": request.GET.get("name", "")[:200]})
+        if request.method == "POST" and form.is_valid():
+            name = form.cleaned_data["name"]
+            return self._send(request, name, form.cleaned_data["payload"])
+        waiting = 0
+        name = (form.data.get("name") if form.is_bound else form.initial.get("name")) or ""
+        if name and not has_unstorable(name):
+            waiting = AgentRun.objects.filter(
+                status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
+            ).count()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Send an event",
+            "opts": self.opts,
+            "form": form,
+            "waiting": waiting,
+            "event_name": storable_text(name),
+        }
+        return TemplateResponse(request, "admin/durable_agents/agentevent/send_event.html", context)
+
+    def send_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: send an awaited event from its page (the payload; the name is the event's)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied  # first: a forged POST learns nothing and changes nothing
+        event = _get_or_404(AgentEvent, object_id, AgentEvent.objects.only("pk", "name"))
+        form = EventPayloadForm(request.POST)
+        if not form.is_valid():
+            errors = " ".join(str(e) for errors in form.errors.values() for e in errors)
+            self.message_user(request, f"Nothing was sent: {errors}", messages.ERROR)
+            return self._redirect_to_object(event)
+        return self._send(request, event.name, form.cleaned_data["payload"])
+
+    def _send(self, request: HttpRequest, name: str, payload: Any) -> HttpResponse:
+        waiting = AgentRun.objects.filter(
+            status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
+        ).count()
+        event, sent = send_event_as(self, request, name, payload)
+        if sent:
+            self.message_user(
+                request,
+                f"Sent event “{storable_text(name, 200)}”; {waiting} run(s) were waiting "
+                "on it and woke.",
+                messages.SUCCESS,
+            )
+        else:
+            self.message_user(request, already_sent_message(event), messages.WARNING)
+        return self._redirect_to_object(event)
+
+    def payload_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The whole payload of an event, as plain text."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        event = _get_or_404(AgentEvent, object_id, AgentEvent.objects.only("pk", "payload"))
+        return plain_text_response(views.pretty_json(event.payload))

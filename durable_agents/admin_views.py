@@ -11,13 +11,14 @@ import datetime
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
-from django.db.models import TextField
-from django.db.models.functions import Substr
+from django.db.models import Count, Min, Q, TextField
+from django.db.models.functions import Length, Substr
 from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -26,13 +27,17 @@ from django.utils.text import Truncator
 from durable_agents import metrics
 from durable_agents.deepjson import dumps_deep, loads_deep
 from durable_agents.models import (
+    ENDED_STATUSES,
+    AgentQuestion,
     AgentRun,
     AgentStep,
     IntentStatus,
+    QuestionStatus,
     RunStatus,
     StepKind,
     ToolEffect,
     ToolIntent,
+    WaitKind,
 )
 from durable_agents.text import storable_text
 
@@ -45,6 +50,11 @@ RUN_COLORS = {
     RunStatus.FAILED: "#c62828",
     RunStatus.CANCELLED: "#57606a",
     RunStatus.DEAD: "#6f2da8",
+}
+QUESTION_COLORS = {
+    QuestionStatus.OPEN: "#b35c00",
+    QuestionStatus.ANSWERED: "#1a7f37",
+    QuestionStatus.CANCELLED: "#57606a",
 }
 INTENT_COLORS = {
     IntentStatus.PENDING: "#b35c00",
@@ -330,16 +340,47 @@ class ToolResult:
 
 
 @dataclass
+class Compaction:
+    """A ``compaction`` block of a model turn (API.md section 9): the summary that replaced
+    the history before it, or a failed compaction (``content`` null, a no-op)."""
+
+    summary: Text | None  # None: the compaction failed
+
+    @property
+    def failed(self) -> bool:
+        return self.summary is None
+
+
+@dataclass
+class Usage:
+    """The tokens of one model turn, summed over its passes (``usage.iterations``) when the
+    server ran more than one (a compaction, then the message), as budgets count them."""
+
+    input: int | None = None
+    output: int | None = None
+    cache_read: int | None = None
+    cache_write: int | None = None
+    passes: list[str] = field(default_factory=list)  # the kinds of the passes, if listed
+
+    @property
+    def shows_cache(self) -> bool:
+        """Cache figures are shown when the turn read from or wrote to the prompt cache."""
+        return bool(self.cache_read) or bool(self.cache_write)
+
+
+@dataclass
 class TranscriptStep:
     step: AgentStep
     kind: str
     task: Text | None = None
+    compactions: list[Compaction] = field(default_factory=list)
     texts: list[Text] = field(default_factory=list)
     thinking: list[Text] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     other_blocks: list[Text] = field(default_factory=list)
     results: list[ToolResult] = field(default_factory=list)
     stop_reason: str = ""
+    usage: Usage | None = None
     usage_json: str = ""
     model: str = ""
     unparsed: Text | None = None
@@ -395,7 +436,46 @@ def block_text(kind: str, data: Any, block: int | None) -> str | None:
         return str(item.get("thinking", ""))
     if item_kind == "tool_use":
         return pretty_json(item.get("input"))
+    if item_kind == "compaction":
+        summary = item.get("content")
+        if summary is None:
+            return "[compaction failed: no summary]"
+        return summary if isinstance(summary, str) else pretty_json(summary)
     return pretty_json(item)
+
+
+USAGE_FIELDS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache_read": "cache_read_input_tokens",
+    "cache_write": "cache_creation_input_tokens",
+}
+
+
+def _token_count(value: Any) -> int | None:
+    """A token figure of a usage object: a non-negative int, or None for anything else (the
+    body is the provider's, or a hostile server's)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def describe_usage(usage: Any) -> Usage | None:
+    """The figures of a turn's ``usage``: each summed over ``usage.iterations`` when the
+    server lists its passes (the top-level figures then cover only the last pass)."""
+    if not isinstance(usage, dict):
+        return None
+    iterations = usage.get("iterations")
+    passes = [i for i in iterations if isinstance(i, dict)] if isinstance(iterations, list) else []
+    sources = passes or [usage]
+    shown = Usage(
+        passes=[storable_text(str(p.get("type") or "?"), 40) for p in passes][:20],
+    )
+    for attribute, key in USAGE_FIELDS.items():
+        values = [_token_count(source.get(key)) for source in sources]
+        present = [v for v in values if v is not None]
+        setattr(shown, attribute, sum(present) if present else None)
+    return shown
 
 
 def describe_model_turn(
@@ -413,6 +493,13 @@ def describe_model_turn(
             entry.thinking.append(shown_text(str(block.get("thinking", "")), url))
         elif kind == "redacted_thinking":
             entry.thinking.append(shown_text("[redacted thinking]"))
+        elif kind == "compaction":
+            summary = block.get("content")
+            if summary is None:
+                entry.compactions.append(Compaction(None))
+            else:
+                text = summary if isinstance(summary, str) else pretty_json(summary)
+                entry.compactions.append(Compaction(shown_text(text, url)))
         elif kind == "tool_use":
             entry.calls.append(
                 ToolCall(
@@ -426,6 +513,7 @@ def describe_model_turn(
     entry.stop_reason = storable_text(data.get("stop_reason") or "", 200)
     entry.model = storable_text(data.get("model") or "", 200)
     if data.get("usage") is not None:
+        entry.usage = describe_usage(data["usage"])
         entry.usage_json = shown_json(data["usage"])[:TEXT_SHOWN_CHARS]
 
 
@@ -603,6 +691,309 @@ def model_turn_for_intent(intent: ToolIntent, step_url: StepUrl = _no_url) -> Tr
 
 
 # ---------------------------------------------------------------------------------------------
+# Waits (API.md section 8): what a waiting run waits for, its children, its questions
+
+# Characters of an event name or a question in one line of the runs list.
+WAIT_SUMMARY_CHARS = 60
+# Characters of a question read for the runs list (never the whole text).
+QUESTION_HEAD_CHARS = 200
+# Children and questions listed on a run page; the rest are counted and linked.
+CHILDREN_SHOWN = 100
+QUESTIONS_SHOWN = 20
+# Runs listed on an event's page as waiting on it.
+EVENT_RUNS_SHOWN = 50
+# Characters of a run's task read for a list of children.
+TASK_HEAD_CHARS = 80
+
+
+@dataclass
+class WaitInfo:
+    """What a waiting run waits for, in words and figures (the runs list and the run page)."""
+
+    kind: str  # a WaitKind value; "" for a run parked before waits had kinds (an intent)
+    label: str  # "a timer", "an event", "child runs", "an answer", "an approval"
+    summary: str  # one line: the list under the task, the title of the run page's box
+    since: datetime.datetime | None = None
+    until: datetime.datetime | None = None  # a timer's due time, or a wait's timeout
+    due: bool = False  # the timer or timeout is past: the next claim takes the run
+    event: str = ""
+    runs_total: int = 0
+    runs_ended: int = 0
+    question_id: int | None = None
+    intent: ToolIntent | None = None
+
+    @property
+    def is_timeout(self) -> bool:
+        return self.until is not None and self.kind in (WaitKind.EVENT, WaitKind.RUNS)
+
+
+def _awaited_ids(run: AgentRun) -> list[str]:
+    ids = run.wait_runs if isinstance(run.wait_runs, list) else []
+    return [str(i) for i in ids if isinstance(i, str)]
+
+
+def _cut(text: str, limit: int = WAIT_SUMMARY_CHARS) -> str:
+    return Truncator(storable_text(text)).chars(limit)
+
+
+def wait_info(
+    run: AgentRun,
+    *,
+    statuses: dict[str, str] | None = None,
+    question: AgentQuestion | None = None,
+    intent: ToolIntent | None = None,
+    now: datetime.datetime | None = None,
+) -> WaitInfo | None:
+    """What ``run`` waits for, or None when it is not waiting.
+
+    ``statuses`` maps the ids of the runs it waits on to their statuses; ``question`` is its
+    open question (its ``question_head`` annotation or its text is read); ``intent`` the
+    intent it waits on. ``attach_waits`` reads all three for a page of runs."""
+    if run.status != RunStatus.WAITING:
+        return None
+    now = now or timezone.now()
+    kind = run.waiting_for or ""
+    label = WaitKind(kind).label if kind in WaitKind.values else "a person"
+    info = WaitInfo(kind=kind, label=label, summary=label, since=run.waiting_since)
+    info.until = run.wake_at
+    info.due = run.wake_at is not None and run.wake_at <= now
+    timeout = ""
+    if info.until is not None and kind in (WaitKind.EVENT, WaitKind.RUNS):
+        timeout = f" (timeout {format_time(info.until)})"
+    if kind == WaitKind.TIMER:
+        if run.wake_at is None:
+            info.summary = "a timer"
+        elif info.due:
+            info.summary = f"a timer, due since {format_time(run.wake_at)}"
+        else:
+            info.summary = f"a timer until {format_time(run.wake_at)}"
+    elif kind == WaitKind.EVENT:
+        info.event = storable_text(run.wait_event or "")
+        info.summary = f"event “{_cut(info.event)}”{timeout}"
+    elif kind == WaitKind.RUNS:
+        ids = _awaited_ids(run)
+        known = statuses or {}
+        info.runs_total = len(ids)
+        info.runs_ended = sum(1 for i in ids if known.get(i) in ENDED_STATUSES)
+        noun = "a child run" if info.runs_total == 1 else "child runs"
+        info.summary = f"{noun} ({info.runs_ended} of {info.runs_total} ended){timeout}"
+    elif kind == WaitKind.QUESTION:
+        if question is not None:
+            info.question_id = question.pk
+            head = getattr(question, "question_head", None)
+            text = head if head is not None else question.question
+            first_line = next((line for line in text.splitlines() if line.strip()), text)
+            info.summary = f"an answer to “{_cut(first_line)}”"
+        else:
+            info.summary = "an answer to a question"
+    elif kind == WaitKind.INTENT or kind == "":
+        info.intent = intent
+        if intent is not None and intent.status == IntentStatus.UNKNOWN:
+            info.summary = f"a person to resolve {_cut(intent.tool)} (outcome unknown)"
+        elif intent is not None:
+            info.summary = f"an approval of {_cut(intent.tool)}"
+    return info
+
+
+def attach_waits(runs: Sequence[AgentRun], now: datetime.datetime | None = None) -> None:
+    """Set ``wait`` (``wait_info``) on each of a page's runs, and ``children_waited`` on each
+    parent. At most three queries whatever the page holds (none for a page without waiting
+    runs): the statuses of the runs awaited, the open questions, the intents waited on."""
+    waiting = [r for r in runs if r.status == RunStatus.WAITING]
+    awaited: set[uuid.UUID] = set()
+    question_keys: list[str] = []
+    intent_keys: list[str] = []
+    for run in waiting:
+        if run.waiting_for == WaitKind.RUNS:
+            for value in _awaited_ids(run):
+                try:
+                    awaited.add(uuid.UUID(value))
+                except ValueError:
+                    continue
+        elif run.waiting_for == WaitKind.QUESTION and run.wait_key:
+            question_keys.append(run.wait_key)
+        elif run.waiting_for in (WaitKind.INTENT, "") and run.wait_key:
+            intent_keys.append(run.wait_key)
+    statuses: dict[str, str] = {}
+    if awaited:
+        statuses = {
+            str(pk): status
+            for pk, status in AgentRun.objects.filter(pk__in=awaited).values_list("pk", "status")
+        }
+    questions: dict[str, AgentQuestion] = {}
+    if question_keys:
+        questions = {
+            q.key: q
+            for q in AgentQuestion.objects.filter(key__in=question_keys)
+            .annotate(
+                question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField())
+            )
+            .only("pk", "key", "run_id", "status", "created_at")
+        }
+    intents: dict[str, ToolIntent] = {}
+    if intent_keys:
+        intents = {
+            i.key: i
+            for i in ToolIntent.objects.filter(key__in=intent_keys).only(
+                "pk", "key", "run_id", "tool", "status"
+            )
+        }
+    for run in runs:
+        key = run.wait_key or ""
+        run.wait = wait_info(  # type: ignore[attr-defined]
+            run,
+            statuses=statuses,
+            question=questions.get(key),
+            intent=intents.get(key),
+            now=now,
+        )
+
+
+@dataclass
+class ChildRow:
+    run: AgentRun
+    task: str
+    awaited: bool  # the parent's current wait is on this run
+
+    @property
+    def ended(self) -> bool:
+        return self.run.status in ENDED_STATUSES
+
+    @property
+    def badge(self) -> SafeString:
+        return badge(self.run.status, self.run.get_status_display(), RUN_COLORS)
+
+
+@dataclass
+class Children:
+    rows: list[ChildRow]
+    total: int
+
+    @property
+    def more(self) -> int:
+        return self.total - len(self.rows)
+
+    @property
+    def ended(self) -> int:
+        return sum(1 for row in self.rows if row.ended)
+
+
+def run_children(run: AgentRun) -> Children:
+    """The run's child runs, oldest first: at most CHILDREN_SHOWN, with how many there are
+    (one query, two when there are more), never their whole tasks."""
+    awaited = set(_awaited_ids(run)) if run.status == RunStatus.WAITING else set()
+    children = AgentRun.objects.filter(parent_id=run.pk)
+    rows = list(
+        children.order_by("created_at", "pk")
+        .annotate(task_head=Substr("task", 1, TASK_HEAD_CHARS, output_field=TextField()))
+        .only("pk", "agent", "prompt_version", "status", "created_at", "finished_at", "parent_id")[
+            : CHILDREN_SHOWN + 1
+        ]
+    )
+    total = len(rows) if len(rows) <= CHILDREN_SHOWN else children.count()
+    return Children(
+        rows=[
+            ChildRow(
+                run=child,
+                task=_cut(child.task_head or "", TASK_HEAD_CHARS),
+                awaited=str(child.pk) in awaited,
+            )
+            for child in rows[:CHILDREN_SHOWN]
+        ],
+        total=total,
+    )
+
+
+@dataclass
+class QuestionRow:
+    question: AgentQuestion
+    text: Text
+    answer: Text | None
+    by: str = ""
+    at: str = ""
+
+    @property
+    def is_open(self) -> bool:
+        return self.question.status == QuestionStatus.OPEN
+
+    @property
+    def badge(self) -> SafeString:
+        return question_badge(self.question)
+
+
+def _head_and_length(field_name: str) -> dict[str, Any]:
+    return {
+        f"{field_name}_head": Substr(field_name, 1, TEXT_SHOWN_CHARS, output_field=TextField()),
+        f"{field_name}_length": Length(field_name),
+    }
+
+
+def _annotated_text(obj: Any, field_name: str, url: str) -> Text:
+    """A text field read as its head and length (``_head_and_length``), as a ``Text``."""
+    head = getattr(obj, f"{field_name}_head", None)
+    if head is None:
+        return shown_text(getattr(obj, field_name) or "", url)
+    length = getattr(obj, f"{field_name}_length", None) or len(head)
+    text = shown_text(head, url)
+    if length > len(head):
+        text.length, text.cut = length, True
+    return text
+
+
+def question_texts(queryset: Any) -> Any:
+    """``queryset`` of questions reading only the head and length of the question and the
+    answer (either may be long: a question is model output)."""
+    return (
+        queryset.annotate(**_head_and_length("question"), **_head_and_length("answer"))
+        .defer("question", "answer")
+        .select_related("answered_by")
+    )
+
+
+def question_row(question: AgentQuestion, text_url: Callable[[Any, str], str]) -> QuestionRow:
+    answered = question.status == QuestionStatus.ANSWERED
+    by = question.answered_by
+    return QuestionRow(
+        question=question,
+        text=_annotated_text(question, "question", text_url(question.pk, "question")),
+        answer=_annotated_text(question, "answer", text_url(question.pk, "answer"))
+        if answered
+        else None,
+        by=storable_text(by.get_username()) if by is not None else "",
+        at=format_time(question.answered_at),
+    )
+
+
+def run_questions(
+    run: AgentRun, text_url: Callable[[Any, str], str]
+) -> tuple[list[QuestionRow], int]:
+    """The run's questions, newest first (at most QUESTIONS_SHOWN), and how many it asked."""
+    questions = AgentQuestion.objects.filter(run_id=run.pk)
+    rows = list(question_texts(questions).order_by("-created_at", "-pk")[: QUESTIONS_SHOWN + 1])
+    total = len(rows) if len(rows) <= QUESTIONS_SHOWN else questions.count()
+    return [question_row(q, text_url) for q in rows[:QUESTIONS_SHOWN]], total
+
+
+def question_badge(question: AgentQuestion) -> SafeString:
+    return badge(question.status, question.get_status_display(), QUESTION_COLORS)
+
+
+def runs_waiting_on_event(name: str) -> tuple[list[AgentRun], int]:
+    """Runs waiting on the event ``name``, oldest wait first (at most EVENT_RUNS_SHOWN), and
+    how many there are (the partial index agent_run_wait_event serves both)."""
+    waiting = AgentRun.objects.filter(
+        status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
+    )
+    rows = list(
+        waiting.order_by("waiting_since", "pk").only(
+            "pk", "agent", "prompt_version", "status", "waiting_since", "wake_at", "created_at"
+        )[: EVENT_RUNS_SHOWN + 1]
+    )
+    total = len(rows) if len(rows) <= EVENT_RUNS_SHOWN else waiting.count()
+    return rows[:EVENT_RUNS_SHOWN], total
+
+
+# ---------------------------------------------------------------------------------------------
 # Dead letter
 
 # Variable parts of an error, replaced by placeholders so that two runs that died of the same
@@ -772,6 +1163,75 @@ def vertical_bars(items: Sequence[tuple[str, int]], height: int = 100, step: int
     return bars
 
 
+@dataclass
+class WaitKindRow:
+    """One line of the operations page's waits table: a kind, how many wait on it, and the
+    run that has waited longest (by ``waiting_since``)."""
+
+    kind: str
+    label: str
+    count: int
+    oldest_since: datetime.datetime | None = None
+    oldest_run: AgentRun | None = None
+    oldest_age: datetime.timedelta | None = None
+
+
+def waits_by_kind(now: datetime.datetime) -> list[WaitKindRow]:
+    """Waiting runs per kind of wait, each with its oldest wait: two queries (one aggregate,
+    one for the oldest runs), whatever the number of waiting runs."""
+    aggregated = list(
+        AgentRun.objects.filter(status=RunStatus.WAITING)
+        .order_by()
+        .values_list("waiting_for")
+        .annotate(n=Count("pk"), oldest=Min("waiting_since"))
+    )
+    found = {kind: (n, oldest) for kind, n, oldest in aggregated}
+    oldest_filter = Q()
+    for kind, (_, oldest) in found.items():
+        if oldest is not None:
+            oldest_filter |= Q(waiting_for=kind, waiting_since=oldest)
+    oldest_runs: dict[str, AgentRun] = {}
+    if oldest_filter:
+        for run in (
+            AgentRun.objects.filter(status=RunStatus.WAITING)
+            .filter(oldest_filter)
+            .order_by("waiting_since", "pk")
+            .only("pk", "agent", "status", "waiting_for", "waiting_since")
+        ):
+            oldest_runs.setdefault(run.waiting_for, run)
+    kinds = [(k.value, k.label) for k in WaitKind]
+    if "" in found:  # runs parked before waits had kinds
+        kinds.append(("", "unrecorded"))
+    rows = []
+    for kind, label in kinds:
+        count, oldest = found.get(kind, (0, None))
+        rows.append(
+            WaitKindRow(
+                kind=kind,
+                label=label,
+                count=count,
+                oldest_since=oldest,
+                oldest_run=oldest_runs.get(kind),
+                oldest_age=(now - oldest) if oldest is not None else None,
+            )
+        )
+    return rows
+
+
+def open_questions() -> tuple[int, AgentQuestion | None]:
+    """How many questions wait for an answer, and the oldest of them (two queries)."""
+    waiting = AgentQuestion.objects.filter(status=QuestionStatus.OPEN)
+    oldest = (
+        waiting.order_by("created_at", "pk")
+        .annotate(
+            question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField())
+        )
+        .defer("question", "answer")
+        .first()
+    )
+    return (waiting.count() if oldest is not None else 0), oldest
+
+
 def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     """Every number of the operations page (from ``metrics``), shaped for its charts."""
     now = now or timezone.now()
@@ -781,6 +1241,8 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     finished_steps = metrics.steps_of_recent_finished_runs()
     attempts = metrics.attempts_distribution(AgentRun.objects.all())
     waiting_count, oldest_intent = metrics.waiting_intents()
+    wait_rows = waits_by_kind(now)
+    questions_open, oldest_question = open_questions()
     hour_items = [(h.strftime("%H:00"), n) for h, n in metrics.finished_per_hour(now)]
     hour_bars = vertical_bars(hour_items, height=HOUR_CHART_HEIGHT)
     # Every third hour counted back from the current one, which reads "now".
@@ -804,6 +1266,14 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "intents_waiting": waiting_count,
         "oldest_intent": oldest_intent,
         "oldest_intent_age": (now - oldest_intent.created_at) if oldest_intent else None,
+        "wait_rows": wait_rows,
+        "waiting_total": sum(row.count for row in wait_rows),
+        "questions_open": questions_open,
+        "oldest_question": oldest_question,
+        "oldest_question_text": _cut(oldest_question.question_head)
+        if oldest_question is not None
+        else "",
+        "oldest_question_age": (now - oldest_question.created_at) if oldest_question else None,
         "hour_bars": hour_bars,
         "hour_total": sum(v for _, v in hour_items),
         "hour_chart_width": 24 * 20,

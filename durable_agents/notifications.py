@@ -1,6 +1,10 @@
-"""Tell staff when a person is needed: an intent waits, or a run went to the dead letter.
+"""Tell staff when a person is needed: an intent waits, a run asks a question, or a run went
+to the dead letter.
 
-Connected to the signals in ``signals.py`` by ``AppConfig.ready``. The e-mail is handed to a
+Connected to the signals in ``signals.py`` by ``AppConfig.ready`` (``question_asked`` here, on
+import, which ``ready`` does). Each mail goes to the active staff who may act on it: those
+with ``approve_toolintent`` for intents and dead runs, with ``answer_question`` for questions;
+it names the run and the path of its admin page. The e-mail is handed to a
 django-q2 ``async_task`` when django-q2 is installed, so a worker never waits on SMTP; without
 it the mail is sent in the calling thread. Turn it off with ``DURABLE_AGENTS["NOTIFY"] = False``
 and connect your own receivers to the signals instead.
@@ -18,8 +22,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.mail import send_mail
 from django.db.models import Q
+from django.urls import NoReverseMatch, reverse
 
+from durable_agents import signals
 from durable_agents.conf import app_settings
+from durable_agents.text import storable_text
 
 logger = logging.getLogger("durable_agents.notifications")
 
@@ -35,11 +42,19 @@ _failures_lock = threading.Lock()
 _clock = time.monotonic  # replaced by tests
 
 
-def recipients() -> list[str]:
-    """Active staff who may decide intents (directly, through a group, or as superusers)."""
+# Who is told: holders of one of durable_agents' permissions.
+APPROVERS = "approve_toolintent"
+ANSWERERS = "answer_question"
+# Characters of a question quoted in its mail (it is model output: the page has the whole).
+QUESTION_MAIL_CHARS = 2_000
+
+
+def recipients(codename: str = APPROVERS) -> list[str]:
+    """Active staff who hold the permission ``durable_agents.<codename>`` (directly, through a
+    group, or as superusers): by default those who may decide intents."""
     try:
         permission = Permission.objects.get(
-            content_type__app_label="durable_agents", codename="approve_toolintent"
+            content_type__app_label="durable_agents", codename=codename
         )
     except Permission.DoesNotExist:
         return []
@@ -57,26 +72,39 @@ def recipients() -> list[str]:
     return sorted(users.values_list("email", flat=True))
 
 
-def send_notification(subject: str, body: str) -> int:
+def send_notification(subject: str, body: str, codename: str = APPROVERS) -> int:
     """Send one mail to every recipient; the task django-q2 runs."""
-    to = recipients()
+    to = recipients(codename)
     if not to:
         return 0
     return send_mail(subject, body, None, to, fail_silently=False)
 
 
-def notify(subject: str, body: str) -> None:
+def notify(subject: str, body: str, codename: str = APPROVERS) -> None:
     if not app_settings.NOTIFY:
         return
+    # The approvers' mails keep the two-argument task of earlier releases (tasks queued by
+    # an older worker, receivers that replaced send_notification).
+    args = (subject, body) if codename == APPROVERS else (subject, body, codename)
     try:
         if apps.is_installed("django_q"):
             from django_q.tasks import async_task
 
-            async_task("durable_agents.notifications.send_notification", subject, body)
+            async_task("durable_agents.notifications.send_notification", *args)
         else:
-            send_notification(subject, body)
+            send_notification(*args)
     except Exception as exc:  # a notification must never take a worker down
         _log_failure(subject, exc)
+
+
+def run_page(run_id: Any) -> str:
+    """The path of the run's admin page (the admin may be mounted anywhere, or not at all),
+    as a line for a mail body; empty when the admin's URLs are not installed."""
+    try:
+        path = reverse("admin:durable_agents_agentrun_change", args=[run_id])
+    except NoReverseMatch:
+        return ""
+    return f"\n\nThe run's admin page: {path}"
 
 
 def _log_failure(subject: str, exc: Exception) -> None:
@@ -133,12 +161,32 @@ def on_intent_waiting(sender: Any, intent: Any, **kwargs: Any) -> None:
             f"Run {intent.run_id} wants to call the irreversible tool {intent.tool}. "
             f"Approve or reject intent {intent.pk} in the admin. The run waits until then."
         )
-    notify(subject, body)
+    notify(subject, body + run_page(intent.run_id))
+
+
+def on_question_asked(sender: Any, question: Any, **kwargs: Any) -> None:
+    """A run asked a person (``ask_person``): mail those who may answer."""
+    text = storable_text(question.question)
+    if len(text) > QUESTION_MAIL_CHARS:
+        text = (
+            f"{text[:QUESTION_MAIL_CHARS]}\n[cut: {len(text)} characters in all; the admin "
+            "shows the whole question]"
+        )
+    notify(
+        f"[durable_agents] question from run {question.run_id}",
+        f"Run {question.run_id} asks a person (question {question.pk}):\n\n{text}\n\n"
+        "Answer it on the run's admin page; the run waits until then." + run_page(question.run_id),
+        ANSWERERS,
+    )
 
 
 def on_run_dead_lettered(sender: Any, run_id: Any, reason: str, **kwargs: Any) -> None:
     notify(
         f"[durable_agents] run {run_id} is in the dead letter",
         f"Run {run_id} stopped and needs a person.\n\nReason: {reason}\n\n"
-        "Requeue it or cancel it from the admin.",
+        "Requeue it or cancel it from the admin." + run_page(run_id),
     )
+
+
+# Wired here rather than in AppConfig.ready beside the others: ready imports this module.
+signals.question_asked.connect(on_question_asked, dispatch_uid="da-question")

@@ -10,10 +10,11 @@ import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.urls import reverse
 
 import durable_agents
 from durable_agents import notifications, signals
-from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent
+from durable_agents.models import AgentQuestion, AgentRun, IntentStatus, RunStatus, ToolIntent
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -173,3 +174,74 @@ def test_different_failures_each_get_their_warning(
         "TimeoutError: timed out; identical failures in the next 60 minutes are logged at DEBUG "
         "level",
     ]
+
+
+@pytest.fixture
+def answerers() -> dict[str, Any]:
+    """Staff who may answer questions (and one who may only approve intents)."""
+    User = get_user_model()  # noqa: N806
+    permission = Permission.objects.get(codename="answer_question")
+    answerer = User.objects.create_user("fay", "fay@example.com", is_staff=True)
+    answerer.user_permissions.add(permission)
+    approver = User.objects.create_user("gus", "gus@example.com", is_staff=True)
+    approver.user_permissions.add(Permission.objects.get(codename="approve_toolintent"))
+    User.objects.create_superuser("hal", "hal@example.com", "pw")
+    return {"answerer": answerer}
+
+
+def test_a_question_mails_those_who_may_answer_with_a_link_to_the_run(
+    answerers: dict[str, Any], mailoutbox: list
+) -> None:
+    assert notifications.recipients("answer_question") == ["fay@example.com", "hal@example.com"]
+    received: list[Any] = []
+
+    def listener(sender: Any, question: Any, **kwargs: Any) -> None:
+        received.append(question)
+
+    signals.question_asked.connect(listener)
+    try:
+        run = durable_agents.start_run(
+            "waiter", 'Ask.\n@ask_person {"question": "Which region do we migrate first?"}'
+        )
+        run_worker()
+    finally:
+        signals.question_asked.disconnect(listener)
+    question = AgentQuestion.objects.get(run_id=run.pk)
+    assert [q.pk for q in received] == [question.pk]
+    assert len(mailoutbox) == 1  # through django-q2, run inline by the test settings
+    mail = mailoutbox[0]
+    assert sorted(mail.to) == ["fay@example.com", "hal@example.com"]
+    assert mail.subject == f"[durable_agents] question from run {run.pk}"
+    assert "Which region do we migrate first?" in mail.body
+    assert reverse("admin:durable_agents_agentrun_change", args=[run.pk]) in mail.body
+
+
+def test_a_long_question_is_cut_in_the_mail_and_a_mail_without_django_q_is_sent_inline(
+    answerers: dict[str, Any], mailoutbox: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q")
+    run = durable_agents.start_run("waiter", "Ask a long question.")
+    question = AgentQuestion.objects.create(run=run, key="k" * 64, question="why? " * 1000)
+    notifications.on_question_asked(AgentQuestion, question)
+    [mail] = mailoutbox
+    assert "[cut: 5000 characters in all" in mail.body
+    assert len(mail.body) < 3000
+
+
+def test_questions_follow_the_notify_setting(
+    answerers: dict[str, Any], mailoutbox: list, da_settings: Any
+) -> None:
+    da_settings(NOTIFY=False)
+    durable_agents.start_run("waiter", 'Ask.\n@ask_person {"question": "Go?"}')
+    run_worker()
+    assert AgentQuestion.objects.count() == 1
+    assert mailoutbox == []
+
+
+def test_an_intent_mail_links_the_run_page(
+    staff: dict[str, Any], mailoutbox: list, receiver: Any
+) -> None:
+    run = durable_agents.start_run("tester", 'Drop it.\n@drop_table {"table": "old"}')
+    run_worker()
+    [mail] = mailoutbox
+    assert reverse("admin:durable_agents_agentrun_change", args=[run.pk]) in mail.body
