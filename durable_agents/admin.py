@@ -518,7 +518,7 @@ def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: Age
         )
         return False
     try:
-        after = api.answer_question(question.run_id, request.user, text)
+        after = api.answer_question(question.run_id, request.user, text, question_id=question.pk)
     except (ValueError, AgentQuestion.DoesNotExist) as exc:
         model_admin.message_user(
             request, f"Nothing was answered: {storable_text(exc, 300)}", messages.ERROR

@@ -118,18 +118,22 @@ def send_event(name: str, payload: Any = None, *, user: Any = None) -> AgentEven
     return event
 
 
-def answer_question(run_id: Any, user: Any, text: str) -> AgentQuestion:
+def answer_question(run_id: Any, user: Any, text: str, *, question_id: Any = None) -> AgentQuestion:
     """Answer the open question of a run (asked with the built-in ``ask_person`` tool): the
     answer, who gave it and when become the tool's result and the run goes on. Needs the
-    permission ``durable_agents.answer_question``. An answered question is returned as it
-    is; a run that asked nothing raises ``AgentQuestion.DoesNotExist``."""
+    permission ``durable_agents.answer_question``. ``question_id``: answer that question only
+    (the one a person was shown), not whatever the run asks newest. An answered question is
+    returned as it is; no such question raises ``AgentQuestion.DoesNotExist``."""
     if user is None or not user.has_perm(ANSWER_PERMISSION):
         raise PermissionDenied(f"answering questions needs the {ANSWER_PERMISSION} permission")
     if not isinstance(text, str) or not text.strip():
         raise ValueError("an answer cannot be empty")
-    question = current().answer_question(run_id, user, storable_text(text))
+    question = current().answer_question(run_id, user, storable_text(text), question_id)
     if question is None:
-        raise AgentQuestion.DoesNotExist(f"run {run_id} asked no question")
+        raise AgentQuestion.DoesNotExist(
+            f"run {run_id} asked no question"
+            + (f" with id {question_id}" if question_id is not None else "")
+        )
     if question.status == QuestionStatus.ANSWERED:
         signals.question_answered.send(sender=AgentQuestion, question=question)
     return question

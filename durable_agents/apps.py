@@ -16,5 +16,6 @@ class DurableAgentsConfig(AppConfig):
         signals.run_dead_lettered.connect(
             notifications.on_run_dead_lettered, dispatch_uid="da-dead"
         )
+        signals.question_asked.connect(notifications.on_question_asked, dispatch_uid="da-question")
         # Like admin.py: every installed app's agents.py registers its agents on import.
         autodiscover_modules("agents")

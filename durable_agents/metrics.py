@@ -11,11 +11,18 @@ import datetime
 from collections import Counter
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from durable_agents.models import FINISHED_STATUSES, AgentRun, RunStatus, ToolIntent
+from durable_agents.models import (
+    FINISHED_STATUSES,
+    AgentQuestion,
+    AgentRun,
+    QuestionStatus,
+    RunStatus,
+    ToolIntent,
+)
 
 # How many finished runs the steps percentiles look at: bounded so that the figure stays cheap
 # on a table of millions, and portable (no percentile_cont on SQLite).
@@ -67,6 +74,23 @@ def waiting_intents() -> tuple[int, ToolIntent | None]:
     return waiting.count(), waiting.order_by("created_at").select_related("run").first()
 
 
+def waits_by_kind(now: datetime.datetime) -> dict[str, dict[str, Any]]:
+    """Waiting runs by what they wait for: how many, and the age of the oldest wait."""
+    rows = (
+        AgentRun.objects.filter(status=RunStatus.WAITING)
+        .order_by()
+        .values("waiting_for")
+        .annotate(runs=Count("pk"), since=Min("waiting_since"))
+    )
+    return {
+        row["waiting_for"] or "unknown": {
+            "runs": row["runs"],
+            "oldest_age_seconds": (now - row["since"]).total_seconds() if row["since"] else None,
+        }
+        for row in rows
+    }
+
+
 def finished_per_hour(now: datetime.datetime) -> list[tuple[datetime.datetime, int]]:
     """Runs finished in each of the last 24 clock hours (UTC), oldest first, the current last."""
     since = (now - datetime.timedelta(hours=23)).replace(minute=0, second=0, microsecond=0)
@@ -109,4 +133,6 @@ def collect(now: datetime.datetime | None = None) -> dict[str, Any]:
         if oldest_intent
         else None,
         "finished_per_hour": [n for _, n in finished_per_hour(now)],
+        "waits_by_kind": waits_by_kind(now),
+        "questions_open": AgentQuestion.objects.filter(status=QuestionStatus.OPEN).count(),
     }

@@ -1,13 +1,12 @@
 """Tell staff when a person is needed: an intent waits, a run asks a question, or a run went
 to the dead letter.
 
-Connected to the signals in ``signals.py`` by ``AppConfig.ready`` (``question_asked`` here, on
-import, which ``ready`` does). Each mail goes to the active staff who may act on it: those
-with ``approve_toolintent`` for intents and dead runs, with ``answer_question`` for questions;
-it names the run and the path of its admin page. The e-mail is handed to a
-django-q2 ``async_task`` when django-q2 is installed, so a worker never waits on SMTP; without
-it the mail is sent in the calling thread. Turn it off with ``DURABLE_AGENTS["NOTIFY"] = False``
-and connect your own receivers to the signals instead.
+Connected to the signals in ``signals.py`` by ``AppConfig.ready``. Each mail goes to the
+active staff who may act on it: those with ``approve_toolintent`` for intents and dead runs,
+with ``answer_question`` for questions; it names the run and the path of its admin page. The
+e-mail is handed to a django-q2 ``async_task`` when django-q2 is installed, so a worker never
+waits on SMTP; without it the mail is sent in the calling thread. Turn it off with
+``DURABLE_AGENTS["NOTIFY"] = False`` and connect your own receivers to the signals instead.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from django.core.mail import send_mail
 from django.db.models import Q
 from django.urls import NoReverseMatch, reverse
 
-from durable_agents import signals
 from durable_agents.conf import app_settings
 from durable_agents.text import storable_text
 
@@ -186,7 +184,3 @@ def on_run_dead_lettered(sender: Any, run_id: Any, reason: str, **kwargs: Any) -
         f"Run {run_id} stopped and needs a person.\n\nReason: {reason}\n\n"
         "Requeue it or cancel it from the admin." + run_page(run_id),
     )
-
-
-# Wired here rather than in AppConfig.ready beside the others: ready imports this module.
-signals.question_asked.connect(on_question_asked, dispatch_uid="da-question")

@@ -329,9 +329,12 @@ class Store(abc.ABC):
         first. Returns the stored event and the number of runs woken."""
 
     @abc.abstractmethod
-    def answer_question(self, run_id: RunId, user: Any, text: str) -> AgentQuestion | None:
-        """Answer the run's open question and wake the run. An answered question is returned
-        as it is; None when the run never asked one."""
+    def answer_question(
+        self, run_id: RunId, user: Any, text: str, question_id: Any = None
+    ) -> AgentQuestion | None:
+        """Answer the run's newest question (or ``question_id``, if it is the run's) while it
+        is open, and wake the run. An answered question is returned as it is; None when there
+        is no such question."""
 
     @abc.abstractmethod
     def spawn_run(

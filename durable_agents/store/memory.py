@@ -604,9 +604,15 @@ class InMemoryStore(Store):
                     woken += 1
             return _copy(event), woken
 
-    def answer_question(self, run_id: RunId, user: Any, text: str) -> AgentQuestion | None:
+    def answer_question(
+        self, run_id: RunId, user: Any, text: str, question_id: Any = None
+    ) -> AgentQuestion | None:
         with self.lock:
-            asked = [q for q in self.questions.values() if q.run_id == run_id]
+            asked = [
+                q
+                for q in self.questions.values()
+                if q.run_id == run_id and (question_id is None or q.pk == question_id)
+            ]
             if not asked:
                 return None
             question = max(asked, key=lambda q: (q.created_at, q.pk))

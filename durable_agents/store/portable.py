@@ -565,14 +565,14 @@ class PortableStore(Store):
             )
         return event, woken
 
-    def answer_question(self, run_id: RunId, user: Any, text: str) -> AgentQuestion | None:
+    def answer_question(
+        self, run_id: RunId, user: Any, text: str, question_id: Any = None
+    ) -> AgentQuestion | None:
         with transaction.atomic():
-            question = (
-                AgentQuestion.objects.select_for_update()
-                .filter(run_id=run_id)
-                .order_by("-created_at", "-pk")
-                .first()
-            )
+            asked = AgentQuestion.objects.select_for_update().filter(run_id=run_id)
+            if question_id is not None:
+                asked = asked.filter(pk=question_id)
+            question = asked.order_by("-created_at", "-pk").first()
             if question is None or question.status != QuestionStatus.OPEN:
                 return question
             question.status = QuestionStatus.ANSWERED

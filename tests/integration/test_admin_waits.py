@@ -323,7 +323,9 @@ def test_a_question_is_answered_on_the_run_page(
     assert f"Answered question {question.pk}: run {run.pk} goes on (pending)." in messages_of(
         response
     )
-    assert calls == [(run.pk, superuser, "eu-west first", {})]
+    question = AgentQuestion.objects.get(run_id=run.pk)
+    # The question the person was shown, by its id: never one the run asked since.
+    assert calls == [(run.pk, superuser, "eu-west first", {"question_id": question.pk})]
     question.refresh_from_db()
     assert (question.status, question.answer) == (QuestionStatus.ANSWERED, "eu-west first")
     assert question.answered_by == superuser

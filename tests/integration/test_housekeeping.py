@@ -172,6 +172,9 @@ def test_metrics_and_snapshots() -> None:
     assert figures["steps_per_run_p95"] == pytest.approx(5.9)
     assert figures["attempts_distribution"] == {"1": 2}
     assert figures["intents_waiting"] == 1
+    assert figures["waits_by_kind"]["intent"]["runs"] == 1
+    assert figures["waits_by_kind"]["intent"]["oldest_age_seconds"] >= 0
+    assert figures["questions_open"] == 0
     assert figures["finished_per_hour"][-1] == 2 and sum(figures["finished_per_hour"]) == 2
     assert figures["oldest_pending_age_seconds"] is not None
     out = io.StringIO()

@@ -510,3 +510,16 @@ def test_finish_and_claim_hands_a_due_wait_what_ended_it(
     assert next_claim.claim is not None and next_claim.claim.run_id == napping.pk
     assert next_claim.claim.run.woken_by == {"timer": True}
     assert next_claim.claim.run.wait_runs is None and next_claim.claim.run.depth == 0
+
+
+def test_an_answer_goes_to_the_question_the_person_was_shown(
+    fake_api: FakeAnthropic, receiver: Any, staff: Any
+) -> None:
+    run = start('@ask_person {"question": "First?"}')
+    run_worker()
+    shown = AgentQuestion.objects.get(run_id=run.pk)
+    with pytest.raises(AgentQuestion.DoesNotExist, match="with id"):
+        api.answer_question(run.pk, staff, "no", question_id=shown.pk + 1000)
+    assert reload(run).status == RunStatus.WAITING
+    answered = api.answer_question(run.pk, staff, "yes", question_id=shown.pk)
+    assert answered.pk == shown.pk and answered.answer == "yes"
