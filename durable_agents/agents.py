@@ -4,6 +4,11 @@ A run pins ``name``, ``version``, ``model`` and the fingerprint of the request p
 it starts; a worker that resumes it looks the agent up again by name and version and checks the
 fingerprint, so two processes never disagree silently about what the model was shown.
 
+The fingerprint covers everything an agent sends besides the messages: the request body's
+parameters (``request_params``: model, system, tools, thinking, ``params`` such as
+``context_management``, and the top-level ``cache_control`` of ``cache=True``) and the agent's own
+``anthropic-beta`` values (``betas``). Changing any of them without a new version is prompt drift.
+
 This module never touches the database: agents are built at import of an app's ``agents.py``.
 """
 
@@ -23,7 +28,23 @@ from durable_agents.tools import Tool
 __all__ = ["Agent", "AgentNotFound", "AgentRegistry", "get_agent", "registry"]
 
 # Keys that Agent sets itself; letting ``params`` carry them would make two sources of truth.
-RESERVED_PARAMS = ("messages", "model", "system", "tools", "max_tokens", "thinking", "stream")
+# ``betas`` is not a body parameter at all: it names the agent's anthropic-beta header values
+# (``Agent(betas=...)``), carried in the request parameters under this key and sent as the
+# header by ``llm.create_turn``, which leaves the key out of the body.
+RESERVED_PARAMS = (
+    "messages",
+    "model",
+    "system",
+    "tools",
+    "max_tokens",
+    "thinking",
+    "stream",
+    "betas",
+)
+
+# Automatic prompt caching (``Agent(cache=True)``): one top-level marker, which the server
+# moves to the last cacheable block of each request. The thinking-signature check allows it.
+AUTOMATIC_CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
 
 # The AgentRun columns that store name, version and model are this long.
 _MAX_LABEL_CHARS = 200
@@ -57,6 +78,8 @@ class Agent:
         stream: bool = False,
         on_text: Callable[[Any, str], None] | None = None,
         tool_timeout: float | None = None,
+        betas: list[str] | tuple[str, ...] = (),
+        cache: bool = False,
         register: bool = True,
     ) -> None:
         for label, value in (("name", name), ("version", version), ("model", model)):
@@ -109,9 +132,17 @@ class Agent:
         if reserved:
             raise ImproperlyConfigured(
                 f"{where}: params must not contain {', '.join(map(repr, reserved))}; "
-                "pass model, system, tools, max_tokens and thinking as Agent arguments "
+                "pass model, system, tools, max_tokens, thinking and betas as Agent arguments "
                 "(messages and stream are set by the runtime)"
             )
+        if not isinstance(cache, bool):
+            raise ImproperlyConfigured(f"{where}: cache must be True or False, got {cache!r}")
+        if cache and "cache_control" in params:
+            raise ImproperlyConfigured(
+                f"{where}: cache=True sends a top-level cache_control of its own; leave "
+                "cache_control out of params (or set it there and leave cache off)"
+            )
+        betas = _checked_betas(where, betas)
 
         tools = list(tools)
         tools_by_name: dict[str, Tool] = {}
@@ -138,6 +169,9 @@ class Agent:
         self.max_tokens = max_tokens
         self.thinking = copy.deepcopy(thinking)
         self.params = copy.deepcopy(params)
+        # anthropic-beta values of this agent's calls, sent after the global BETAS setting.
+        self.betas: tuple[str, ...] = betas
+        self.cache = cache
         self.max_turns = max_turns
         self._fingerprints: dict[str, str] = {}
         self._requests: dict[str, dict[str, Any]] = {}
@@ -167,7 +201,12 @@ class Agent:
         return f"{self.name}@{self.version}"
 
     def request_params(self, model: str | None = None) -> dict[str, Any]:
-        """Everything sent on a Messages API call except ``messages``, in a fixed key order."""
+        """Everything sent on a Messages API call except ``messages``, in a fixed key order.
+
+        With ``betas``, the last key is ``"betas"``: the agent's anthropic-beta values, as the
+        SDK's ``betas=`` argument takes them. ``llm.create_turn`` sends them as a header,
+        never in the body; an agent without betas has no such key, so its request and
+        fingerprint are exactly what they were before betas existed."""
         out: dict[str, Any] = {"model": model or self.model, "max_tokens": self.max_tokens}
         # An empty system prompt is left out rather than sent as "".
         if self.system:
@@ -176,7 +215,11 @@ class Agent:
             out["tools"] = [t.definition() for t in self.tools]
         if self.thinking is not None:
             out["thinking"] = copy.deepcopy(self.thinking)
+        if self.cache:
+            out["cache_control"] = copy.deepcopy(AUTOMATIC_CACHE_CONTROL)
         out.update(copy.deepcopy(self.params))
+        if self.betas:
+            out["betas"] = list(self.betas)
         return out
 
     def request_for(self, model: str | None = None) -> dict[str, Any]:
@@ -189,7 +232,8 @@ class Agent:
         return cached
 
     def fingerprint(self, model: str | None = None) -> str:
-        """sha256 of the canonical JSON of ``request_params(model)``. Memoised per model: an
+        """sha256 of the canonical JSON of ``request_params(model)`` (so of the agent's betas
+        and its cache setting too: both change what is sent). Memoised per model: an
         agent's definition is a private copy that nothing changes after construction, and
         the worker checks the fingerprint on every claim."""
         key = model or self.model
@@ -207,6 +251,22 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.label} model={self.model} tools={len(self.tools)}>"
+
+
+def _checked_betas(where: str, betas: Any) -> tuple[str, ...]:
+    """The agent's anthropic-beta values: a list (or tuple) of non-empty strings without
+    commas or whitespace (the header joins them with commas), duplicates dropped, order kept."""
+    if isinstance(betas, str) or not isinstance(betas, list | tuple):
+        raise ImproperlyConfigured(
+            f"{where}: betas must be a list of anthropic-beta strings, got {betas!r}"
+        )
+    for beta in betas:
+        if not isinstance(beta, str) or not beta or "," in beta or any(ch.isspace() for ch in beta):
+            raise ImproperlyConfigured(
+                f"{where}: each beta must be a non-empty string without commas or spaces "
+                f"(an anthropic-beta value such as 'compact-2026-01-12'), got {beta!r}"
+            )
+    return tuple(dict.fromkeys(betas))
 
 
 class AgentRegistry:

@@ -119,7 +119,8 @@ def create_turn(
 ) -> ModelTurn:
     """Call the Messages API until it answers, retrying what may be retried.
 
-    ``params`` is the pinned request (model, max_tokens, system, tools, ...); ``messages`` the
+    ``params`` is the pinned request (model, max_tokens, system, tools, ...; its ``betas``, if
+    any, are sent as ``anthropic-beta`` after the ``BETAS`` setting's); ``messages`` the
     JSON text of the messages (a list is encoded first, for tests and one-off calls). The call
     runs in its own thread so that an interrupt (cancellation, lost lease, shutdown) returns
     control at once; an abandoned stream is closed at its next event, so the model stops
@@ -133,8 +134,14 @@ def create_turn(
     # Copying a client costs about half a millisecond: the cached one is configured already.
     client = get_client() if client is None else _configured(client)
     extra_headers = {}
-    if app_settings.BETAS:
-        extra_headers["anthropic-beta"] = ",".join(app_settings.BETAS)
+    agent_betas = params.get("betas")
+    if agent_betas is not None:
+        # The agent's anthropic-beta values (``Agent(betas=...)``) ride in the pinned request
+        # parameters, as the SDK's ``betas=`` argument does; they are a header, not a body key.
+        params = {key: value for key, value in params.items() if key != "betas"}
+    betas = beta_header(app_settings.BETAS, agent_betas)
+    if betas:
+        extra_headers["anthropic-beta"] = betas
     model = str(params.get("model"))
     if not isinstance(messages, bytes):
         messages = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
@@ -146,6 +153,13 @@ def create_turn(
         if once is not None:
             once()  # no-op if it ran; else the call never went out (an interrupt came first)
         raise
+
+
+def beta_header(*lists: Any) -> str:
+    """The ``anthropic-beta`` header value of a call: the values of each list in turn (the
+    global ``BETAS`` setting first, then the agent's), duplicates dropped, order kept; "" when
+    there are none."""
+    return ",".join(dict.fromkeys(beta for values in lists if values for beta in values))
 
 
 class _Once:

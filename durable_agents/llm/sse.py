@@ -102,6 +102,11 @@ def _streamed(
                     message[key] = value
                 if "usage" in data:
                     message.setdefault("usage", {}).update(data["usage"])
+                for key, value in data.items():
+                    # Top-level extras of the final delta, such as the context_management
+                    # (applied_edits) of context editing: part of the message as sent.
+                    if key not in ("type", "delta", "usage"):
+                        message[key] = value
             elif kind == "message_stop":
                 if message is None:
                     raise TransientModelError("stream ended without message_start")
@@ -139,6 +144,12 @@ def _apply_delta(
         partial_json[index] = partial_json.get(index, "") + delta["partial_json"]
     elif kind == "citations_delta":
         block.setdefault("citations", []).append(delta["citation"])
+    elif kind == "compaction_delta":
+        # The whole summary (and its opaque state) in one delta, replacing the nulls of the
+        # compaction block's content_block_start: fields the start had keep their place.
+        for key, value in delta.items():
+            if key != "type":
+                block[key] = value
     else:
         # An unknown delta: keep its fields rather than lose them.
         for key, value in delta.items():

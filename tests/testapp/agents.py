@@ -162,4 +162,4 @@ time_capped = Agent(
 )
 
 # The fuzz suite's agents (issue 9) and the in-flight tests' agents (issue 10).
-from tests.testapp import fuzz_agents, inflight_agents, wait_agents  # noqa: E402, F401
+from tests.testapp import compaction_agents, fuzz_agents, inflight_agents, wait_agents  # noqa: E402, F401
