@@ -242,4 +242,42 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                         id="durable_agents.E010",
                     )
                 )
+        missing = _missing_betas(agent, app_settings.BETAS)
+        if missing:
+            messages.append(
+                Warning(
+                    f"Agent {agent.name}@{agent.version} configures context_management edits "
+                    f"({', '.join(missing)}) without their beta.",
+                    hint="Add "
+                    + " and ".join(repr(EDIT_BETAS[edit]) for edit in missing)
+                    + " to Agent(betas=[...]) (or to the BETAS setting): without it every "
+                    "call is refused with a 400 and the run goes to the dead letter.",
+                    obj=agent.label,
+                    id="durable_agents.W004",
+                )
+            )
     return messages
+
+
+# The anthropic-beta each server-side context edit needs (NOTES-anthropic-sdk, long transcripts).
+EDIT_BETAS = {
+    "compact_20260112": "compact-2026-01-12",
+    "clear_tool_uses_20250919": "context-management-2025-06-27",
+    "clear_thinking_20251015": "context-management-2025-06-27",
+}
+
+
+def _missing_betas(agent: Any, global_betas: Any) -> list[str]:
+    """The context_management edits of ``agent`` whose beta is in neither its betas nor
+    ``global_betas``."""
+    management = agent.params.get("context_management")
+    edits = management.get("edits") if isinstance(management, dict) else None
+    if not isinstance(edits, list):
+        return []
+    sent = set(agent.betas) | set(global_betas or ())
+    missing = []
+    for edit in edits:
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind in EDIT_BETAS and EDIT_BETAS[kind] not in sent and kind not in missing:
+            missing.append(kind)
+    return missing

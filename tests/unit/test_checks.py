@@ -169,6 +169,35 @@ def test_non_idempotent_tool_without_a_key() -> None:
     assert da_checks.check_agents() == []
 
 
+def test_a_context_edit_without_its_beta(settings: Any) -> None:
+    compact = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}}
+    clear = {"type": "clear_tool_uses_20250919"}
+    params = {"context_management": {"edits": [compact, clear]}}
+    agent = Agent(name="long", version="v1", model="claude-x", system="s", params=params)
+    try:
+        [warning] = da_checks.check_agents()
+        assert warning.id == "durable_agents.W004"
+        assert "compact_20260112, clear_tool_uses_20250919" in warning.msg
+        assert "'compact-2026-01-12'" in warning.hint
+        settings.DURABLE_AGENTS = {"BETAS": ["compact-2026-01-12", "context-management-2025-06-27"]}
+        assert da_checks.check_agents() == []
+    finally:
+        registry.unregister(agent.name, agent.version)
+    with_beta = Agent(
+        name="long",
+        version="v2",
+        model="claude-x",
+        system="s",
+        params={"context_management": {"edits": [compact]}},
+        betas=["compact-2026-01-12"],
+    )
+    try:
+        settings.DURABLE_AGENTS = {}
+        assert da_checks.check_agents() == []
+    finally:
+        registry.unregister(with_beta.name, with_beta.version)
+
+
 def test_checks_are_registered() -> None:
     registered = {c.__name__ for c in checks.registry.registry.get_checks()}
     assert {"check_settings", "check_database", "check_agents"} <= registered
