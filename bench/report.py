@@ -679,6 +679,17 @@ def _waits_section(w: Any, wt: dict[str, Any]) -> None:
             )
             + "."
         )
+        bw = c.get("before_waits")
+        if bw:
+            w("")
+            w(
+                "The worker's hot path before and after: the claim statement of 25467b5 (before "
+                "durable waits: no `due` CTE) timed right after each block of the current one, "
+                "in the same process on the same database with none waiting: "
+                f"p50/p99 {bw['p50_ms']:.3f}/{bw['p99_ms']:.3f} ms before, "
+                f"{n['p50_ms']:.3f}/{n['p99_ms']:.3f} ms now (now / before: p50 "
+                f"{c['hot_path_p50_ratio']:.2f}, p99 {c['hot_path_p99_ratio']:.2f})."
+            )
         seq = c.get("seq_scan") or {}
         if any(seq.values()):
             sides = " and ".join(

@@ -198,6 +198,31 @@ def counts(url: str) -> dict[str, Any]:
     return {"statuses": by_status, "waiting_kinds": kinds, "steps": steps, "sizes": sizes}
 
 
+# The claim statement of 25467b5, before durable waits (no due-waits CTE): the "before" side of
+# the hot-path comparison (same database, same rows, alternating blocks).
+CLAIM_SQL_BEFORE_WAITS = """
+UPDATE agent_run AS run
+   SET status = 'running',
+       lease_owner = %(owner)s,
+       lease_until = now() + make_interval(secs => %(lease)s),
+       attempt = run.attempt + 1,
+       stalled_claims = run.stalled_claims + 1,
+       started_at = coalesce(run.started_at, now()),
+       updated_at = now()
+ WHERE run.id IN (
+SELECT id FROM agent_run
+ WHERE status IN ('pending', 'running')
+   AND (lease_until IS NULL OR lease_until < now())
+ ORDER BY created_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED)
+RETURNING run.*,
+          -- A run with nothing but its task: its log comes with the claim (no second read).
+          (SELECT payload FROM agent_step
+            WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
+          ) AS task_payload"""
+
+
 def claim_child() -> None:
     """A bench-settings process on one database: ``block N LIMIT`` times N claims (each handed
     back at once), ``explain LIMIT`` prints the plans; one RESULT line per command."""
@@ -223,8 +248,25 @@ def claim_child() -> None:
                 raise RuntimeError("could not hand a claimed run back")
         return dt
 
+    def once_before(limit: int) -> float:
+        """The same claim and hand-back with the statement of before durable waits."""
+        from durable_agents.models import AgentRun
+        from durable_agents.store import Claim
+
+        params = {"owner": owner, "lease": 60.0, "limit": limit}
+        t = time.perf_counter()
+        runs = list(AgentRun.objects.raw(CLAIM_SQL_BEFORE_WAITS, params))
+        dt = time.perf_counter() - t
+        if len(runs) != limit:
+            raise RuntimeError(f"claimed {len(runs)} runs, wanted {limit}")
+        for run in runs:
+            if not store.release_lease(Claim(run, owner, run.attempt, 60), count_claim=False):
+                raise RuntimeError("could not hand a claimed run back")
+        return dt
+
     for _ in range(50):  # warm-up: connection, caches, the statement's first plans
         once(1)
+        once_before(1)
     print("READY", flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -233,6 +275,9 @@ def claim_child() -> None:
         if cmd[0] == "block":
             n, limit = int(cmd[1]), int(cmd[2])
             out: dict[str, Any] = {"lat": [once(limit) for _ in range(n)]}
+        elif cmd[0] == "block-before":
+            n, limit = int(cmd[1]), int(cmd[2])
+            out = {"lat": [once_before(limit) for _ in range(n)]}
         elif cmd[0] == "explain":
             limit = int(cmd[1])
             params = {"owner": owner, "lease": 60.0, "limit": limit}
@@ -335,7 +380,7 @@ def claim_bench(
     children = {side: Child(url) for side, url in urls.items()}
     phases["children_start_s"] = time.perf_counter() - t
     phases["vacuum_s"] = phases["claims_s"] = 0.0
-    lat: dict[str, list[float]] = {"none": [], "waiting": []}
+    lat: dict[str, list[float]] = {"none": [], "waiting": [], "before": []}
     try:
         per_block = max(1, claims // blocks)
         for b in range(blocks):
@@ -347,6 +392,9 @@ def claim_bench(
             t = time.perf_counter()
             for side in order:
                 lat[side] += children[side].ask(f"block {per_block} {limit}")["lat"]
+            # The hot path before and after: the statement of before durable waits, on the
+            # same database as "none" (nothing waiting), right after it.
+            lat["before"] += children["none"].ask(f"block-before {per_block} {limit}")["lat"]
             phases["claims_s"] += time.perf_counter() - t
         t = time.perf_counter()
         explain = children["waiting"].ask(f"explain {limit}")
@@ -371,6 +419,9 @@ def claim_bench(
         "counts_waiting": counts(urls["waiting"]),
         "counts_none": counts(urls["none"]),
     }
+    res["before_waits"] = common.summary_ms(lat["before"])
+    res["hot_path_p50_ratio"] = res["none"]["p50_ms"] / res["before_waits"]["p50_ms"]
+    res["hot_path_p99_ratio"] = res["none"]["p99_ms"] / res["before_waits"]["p99_ms"]
     res["p99_ratio"] = res["with_waiting"]["p99_ms"] / res["none"]["p99_ms"]
     res["p50_ratio"] = res["with_waiting"]["p50_ms"] / res["none"]["p50_ms"]
     res["target"] = f"claim p99 with {waiting:,} waiting / with none <= 1.2"
@@ -391,6 +442,12 @@ def claim_bench(
         f"with none waiting, {w['p50_ms']:.3f}/{w['p99_ms']:.3f} ms with {waiting:,} waiting "
         f"({w['n']} claims each): p99 ratio {res['p99_ratio']:.2f} -> "
         f"{common.verdict(res['met'])} (<= 1.2)"
+    )
+    bw = res["before_waits"]
+    log(
+        f"[waits] the claim statement before durable waits (25467b5), same database, none "
+        f"waiting: p50/p99 {bw['p50_ms']:.3f}/{bw['p99_ms']:.3f} ms; now / before: p50 "
+        f"{res['hot_path_p50_ratio']:.2f}, p99 {res['hot_path_p99_ratio']:.2f}"
     )
     log(f"[waits] EXPLAIN (ANALYZE, BUFFERS) of the claim with {waiting:,} waiting:\n{plan}")
     log(f"[waits] partial indexes in the plans: {res['indexes_used']}")
