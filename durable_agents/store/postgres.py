@@ -18,7 +18,8 @@ The other operations (finish, release, park, wake, decisions) are the ORM update
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connection
@@ -336,6 +337,28 @@ def _effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
     return ", ".join(rows)
 
 
+@contextlib.contextmanager
+def binding_cursor() -> Iterator[Any]:
+    """The cursor of the step commit: a server-side-binding psycopg cursor (Django's own binds
+    on the client), so that psycopg can prepare the statement once the database OPTIONS set a
+    ``prepare_threshold`` (that saves the parse and plan of every step; Django leaves it off by
+    default for poolers that cannot keep prepared statements), wrapped as Django wraps its
+    own cursors: ``connection.execute_wrapper`` hooks (Sentry, OpenTelemetry's Django
+    instrumentation), ``connection.queries`` under DEBUG and Django's error classes all see
+    the commit. The wrapper costs about a microsecond (docs/operating.md)."""
+    import psycopg  # only on PostgreSQL: SQLite installs need not have it
+
+    connection.ensure_connection()
+    raw = psycopg.Cursor(connection.connection)
+    wrapped = (
+        connection.make_debug_cursor(raw)
+        if connection.queries_logged
+        else connection.make_cursor(raw)
+    )
+    with wrapped as cursor:
+        yield cursor
+
+
 class PostgresStore(PortableStore):
     """PostgreSQL outside a caller's transaction: one statement (one round trip) per claim,
     per step commit, per finish-and-claim and per heartbeat."""
@@ -424,27 +447,17 @@ class PostgresStore(PortableStore):
 
     @staticmethod
     def _execute_append(sql: str, params: dict[str, Any]) -> bool:
-        # A server-side-binding cursor of the driver (Django's binds on the client), so that
-        # psycopg can prepare this statement once the database OPTIONS set a
-        # prepare_threshold: that saves the parse and plan of every step. Django leaves it off
-        # by default for poolers that cannot keep prepared statements. Errors stay Django's.
-        import psycopg  # only on PostgreSQL: SQLite installs need not have it
-
-        connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        with binding_cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.rowcount == 1
+            return bool(cursor.rowcount == 1)
 
     def _finish_and_claim(self, params: dict[str, Any], then_claim: NextClaim) -> bool:
         """``append_step`` of a run's last step that also claims the next run, if the slot
         may (``then_claim.take()``)."""
-        import psycopg
-
         if not then_claim.take():
             return self._execute_append(APPEND_LAST_STEP_SQL, params)
         params = {**params, "lease": float(then_claim.lease_seconds), "limit": 1}
-        connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        with binding_cursor() as cursor:
             try:
                 cursor.execute(FINISH_AND_CLAIM_SQL, params)
                 row = cursor.fetchone()

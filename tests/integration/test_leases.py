@@ -265,6 +265,36 @@ def test_the_step_commit_is_prepared_when_the_database_options_allow(threshold: 
     assert AgentRun.objects.get(pk=run.id).last_seq == 8
 
 
+@pytest.mark.postgres
+def test_database_instrumentation_sees_every_step_commit() -> None:
+    """Sentry, OpenTelemetry's Django instrumentation and connection.queries hook Django's
+    cursors (execute_wrapper): the step commit, the finish-and-claim included, goes through
+    one of them although it binds on the server."""
+    from django.test.utils import CaptureQueriesContext
+
+    from durable_agents.store import NextClaim
+
+    first, second = _runs(2)
+    [claim] = leases.claim_runs("w", 30)
+    seen: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    next_claim = NextClaim("w", 30, take=lambda: True, give_back=lambda: None)
+    with connection.execute_wrapper(spy), CaptureQueriesContext(connection) as logged:
+        assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
+        assert leases.append_step(
+            claim, 2, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok"), then_claim=next_claim
+        )
+    assert next_claim.claim is not None and next_claim.claim.run_id == second.id
+    appends = [sql for sql in seen if "INSERT INTO agent_step" in sql]
+    assert len(appends) == 2
+    assert [q["sql"] for q in logged.captured_queries if "INSERT INTO agent_step" in q["sql"]]
+    assert AgentRun.objects.get(pk=first.id).status == "succeeded"
+
+
 def test_the_last_step_ends_the_run_in_the_same_statement() -> None:
     run = _runs(1)[0]
     [stale] = leases.claim_runs("slow-worker", 30)
