@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
