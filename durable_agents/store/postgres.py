@@ -349,7 +349,9 @@ def binding_cursor() -> Iterator[Any]:
     import psycopg  # only on PostgreSQL: SQLite installs need not have it
 
     connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
+    # The stubs type these as taking Django's own wrapper; at run time they take the driver's
+    # cursor, which is what Django passes them itself (BaseDatabaseWrapper._prepare_cursor).
+    raw: Any = psycopg.Cursor(connection.connection)
     wrapped = (
         connection.make_debug_cursor(raw)
         if connection.queries_logged
@@ -377,7 +379,7 @@ class PostgresStore(PortableStore):
         """One statement, on ``using`` (the heartbeat's own connection) if given."""
         if not claims:
             return {}
-        params = {
+        params: dict[str, Any] = {
             "ids": [c.run_id for c in claims],
             "attempts": [c.attempt for c in claims],
             "owner": owner,
@@ -497,7 +499,7 @@ class PostgresStore(PortableStore):
         }
         with connection.cursor() as cursor:
             cursor.execute(START_INTENT_SQL, params)
-            started = cursor.rowcount == 1
+            started = bool(cursor.rowcount == 1)
         if started:
             intent.status = IntentStatus.EXECUTING
         return started
