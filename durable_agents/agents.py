@@ -103,15 +103,15 @@ class Agent:
             )
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ImproperlyConfigured(f"{where}: max_turns must be at least 1, got {max_turns!r}")
-        for label, value in (
+        for label, limit in (
             ("max_total_tokens", max_total_tokens),
             ("max_wall_seconds", max_wall_seconds),
             ("tool_timeout", tool_timeout),
         ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
             ):
-                raise ImproperlyConfigured(f"{where}: {label} must be positive, got {value!r}")
+                raise ImproperlyConfigured(f"{where}: {label} must be positive, got {limit!r}")
         if on_text is not None and not callable(on_text):
             raise ImproperlyConfigured(f"{where}: on_text must be callable, got {on_text!r}")
         if thinking is not None:

@@ -177,7 +177,7 @@ def run_abortable(
     finally:
         interrupt.forget(wake)
     if "value" in outcome:
-        return outcome["value"]  # type: ignore[no-any-return]
+        return outcome["value"]  # type: ignore[no-any-return]  # what make() returned: a T
     if "error" in outcome:
         raise outcome["error"]
     abandon()
@@ -235,7 +235,7 @@ def await_abortable(
     if _inline():
         loop = asyncio.new_event_loop()
         try:
-            return loop.run_until_complete(make())  # type: ignore[arg-type]
+            return loop.run_until_complete(make())
         finally:
             loop.close()
     if interrupt.is_set():
@@ -267,7 +267,7 @@ def await_abortable(
     if future.done() and not future.cancelled():
         ok, value = future.result()
         if ok:
-            return value  # type: ignore[no-any-return]
+            return value  # type: ignore[no-any-return]  # what call() returned: a T
         raise value
     future.cancel()
     if not finished:

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # not in typeshed
 from json.scanner import NUMBER_RE
 from typing import Any
 
 __all__ = ["dumps_deep", "loads_deep", "raw_decode_deep", "value_end"]
 
 _WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(s: str, i: int) -> int:
+    """The index of the first character at or after ``i`` that is not JSON whitespace."""
+    match = _WS.match(s, i)  # always matches, if only the empty string
+    return match.end() if match is not None else i
+
+
 _CONSTANTS: tuple[tuple[str, Any], ...] = (
     ("null", None),
     ("true", True),
@@ -97,11 +105,11 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
         return json.JSONDecodeError(message, s, pos)
 
     def key_at(i: int) -> tuple[str, int]:
-        i = _WS.match(s, i).end()
+        i = _skip_ws(s, i)
         if s[i : i + 1] != '"':
             raise fail("Expecting property name enclosed in double quotes", i)
         key, i = scanstring(s, i + 1)
-        i = _WS.match(s, i).end()
+        i = _skip_ws(s, i)
         if s[i : i + 1] != ":":
             raise fail("Expecting ':' delimiter", i)
         return key, i + 1
@@ -110,13 +118,13 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
     stack: list[list[Any]] = []
     i = idx
     while True:
-        i = _WS.match(s, i).end()
+        i = _skip_ws(s, i)
         ch = s[i : i + 1]
         value: Any
         if ch == '"':
             value, i = scanstring(s, i + 1)
         elif ch == "{":
-            i = _WS.match(s, i + 1).end()
+            i = _skip_ws(s, i + 1)
             if s[i : i + 1] == "}":
                 value, i = {}, i + 1
             else:
@@ -124,7 +132,7 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
                 stack.append([{}, key])
                 continue
         elif ch == "[":
-            i = _WS.match(s, i + 1).end()
+            i = _skip_ws(s, i + 1)
             if s[i : i + 1] == "]":
                 value, i = [], i + 1
             else:
@@ -153,7 +161,7 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
                 container.append(value)
             else:
                 container[top[1]] = value
-            i = _WS.match(s, i).end()
+            i = _skip_ws(s, i)
             ch = s[i : i + 1]
             if ch == ",":
                 if isinstance(container, dict):
@@ -176,8 +184,8 @@ def loads_deep(text: str | bytes) -> Any:
         pass
     if isinstance(text, bytes):
         text = text.decode("utf-8")
-    value, end = _raw_decode_deep(text, _WS.match(text, 0).end())
-    end = _WS.match(text, end).end()
+    value, end = _raw_decode_deep(text, _skip_ws(text, 0))
+    end = _skip_ws(text, end)
     if end != len(text):
         raise json.JSONDecodeError("Extra data", text, end)
     return value

@@ -85,8 +85,10 @@ def has_compaction(content: Any) -> bool:
 def _content_compacts(text: str | bytes) -> bool:
     """Whether ``text``, the JSON text of a turn's content array, holds a compaction block.
     Parsed only when the cheap substring test matches."""
-    needle = _COMPACTION_BYTES if isinstance(text, bytes) else _COMPACTION
-    if needle not in text:
+    if isinstance(text, bytes):
+        if _COMPACTION_BYTES not in text:
+            return False
+    elif _COMPACTION not in text:
         return False
     try:
         return has_compaction(loads_deep(text))
@@ -175,7 +177,8 @@ class Conversation:
 
     def messages(self) -> list[dict[str, Any]]:
         """Parsed, for reading (the API, tests); requests are built from ``json()``."""
-        return loads_deep(self.json())
+        messages: list[dict[str, Any]] = loads_deep(self.json())
+        return messages
 
     def __len__(self) -> int:
         """The number of messages appended (steps), whether or not all are sent."""

@@ -60,7 +60,7 @@ def steps_of_recent_finished_runs() -> list[int]:
     )
 
 
-def attempts_distribution(runs: QuerySet) -> list[tuple[str, int]]:
+def attempts_distribution(runs: QuerySet[AgentRun]) -> list[tuple[str, int]]:
     """(claims, runs) pairs, aggregated in the database, the long tail in one bucket."""
     buckets: Counter[int] = Counter()
     for attempt, n in runs.order_by().values_list("attempt").annotate(n=Count("pk")):

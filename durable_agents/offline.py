@@ -806,7 +806,7 @@ class ScriptedModel:
                 expected = "user"
                 if _compaction_only(messages[i - 1].get("content")):
                     # A turn paused after its compaction is continued by the next turn.
-                    expected = m.get("role") if m.get("role") == "assistant" else "user"
+                    expected = "assistant" if m.get("role") == "assistant" else "user"
             elif i:
                 expected = "assistant"
             if m.get("role") != expected:
@@ -936,14 +936,15 @@ def _compaction_config(edit: dict[str, Any], where: str) -> _Compaction:
     trigger = edit.get("trigger")
     value = DEFAULT_COMPACTION_TRIGGER
     if trigger is not None:
-        value = trigger.get("value") if isinstance(trigger, dict) else None
+        given = trigger.get("value") if isinstance(trigger, dict) else None
         if (
             not isinstance(trigger, dict)
             or trigger.get("type") != "input_tokens"
-            or not isinstance(value, int)
-            or isinstance(value, bool)
+            or not isinstance(given, int)
+            or isinstance(given, bool)
         ):
             raise _invalid(f'{where}.trigger: must be {{"type": "input_tokens", "value": <int>}}')
+        value = given
         if value < OFFLINE_MIN_COMPACTION_TRIGGER:
             raise _invalid(
                 f"{where}.trigger.value: must be at least {OFFLINE_MIN_COMPACTION_TRIGGER} "
@@ -1010,6 +1011,7 @@ def _sse_events(payload: dict[str, Any], chunk_latency: float) -> Iterator[bytes
     ]
     for index, block in enumerate(payload["content"]):
         kind = block["type"]
+        opening: dict[str, Any]
         if kind == "thinking":
             opening = {"type": "thinking", "thinking": "", "signature": ""}
             deltas = [
@@ -1104,8 +1106,7 @@ class OfflineServer:
 
     @property
     def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_port}"  # where it is bound
 
     def start(self) -> OfflineServer:
         self._thread.start()

@@ -44,6 +44,7 @@ from django.test import override_settings
 from durable_agents import api, calls, leases, llm
 from durable_agents.conf import app_settings
 from durable_agents.history import Conversation, step_message
+from durable_agents.interrupt import Interrupt
 from durable_agents.models import (
     CLAIMABLE_STATUSES,
     AgentQuestion,
@@ -57,7 +58,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
-from durable_agents.runner import Interrupt, advance_run
+from durable_agents.runner import advance_run
 
 Call = tuple[str, Any]
 
@@ -110,7 +111,8 @@ class RunResult:
     @property
     def woken_by(self) -> dict[str, Any] | None:
         """What ended the run's last wait (the ``woken_by`` its waiting tool received)."""
-        return self.run.woken_by
+        woken_by: dict[str, Any] | None = self.run.woken_by
+        return woken_by
 
     @property
     def result(self) -> str | None:
@@ -242,6 +244,8 @@ class FakeClock:
         if row is None:
             return None
         wake_at, db_now = row
+        if wake_at is None:  # never: the filter leaves it out
+            return None
         seconds = max(0.0, (wake_at - db_now).total_seconds()) + 0.001
         self.advance(seconds)
         return seconds

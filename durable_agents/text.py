@@ -49,16 +49,18 @@ def _marker(match: re.Match[str]) -> str:
 def storable_text(text: Any, limit: int | None = None) -> str:
     """``text`` (anything, as ``str()``) with NUL and lone surrogates replaced by markers,
     and cut to ``limit`` characters with a note saying how long it was."""
-    if not isinstance(text, str):
+    if isinstance(text, str):
+        shown = text
+    else:
         try:
-            text = str(text)
+            shown = str(text)
         except Exception as exc:  # a hostile __str__
-            text = f"<{type(text).__name__} that cannot be shown: {type(exc).__name__}>"
-    if has_unstorable(text):
-        text = _UNSTORABLE_RE.sub(_marker, text)
-    if limit is not None and len(text) > limit:
-        text = f"{text[:limit]} [cut: {len(text)} characters in all]"
-    return text
+            shown = f"<{type(text).__name__} that cannot be shown: {type(exc).__name__}>"
+    if has_unstorable(shown):
+        shown = _UNSTORABLE_RE.sub(_marker, shown)
+    if limit is not None and len(shown) > limit:
+        shown = f"{shown[:limit]} [cut: {len(shown)} characters in all]"
+    return shown
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:

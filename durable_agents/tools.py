@@ -232,7 +232,7 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
 
 
 def _qualname(func: Callable[..., Any]) -> str:
-    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
 
 
 def _check_signature(func: Callable[..., Any]) -> inspect.Signature:

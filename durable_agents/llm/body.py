@@ -18,6 +18,7 @@ from durable_agents.deepjson import loads_deep, value_end
 from durable_agents.llm.errors import ModelTurn, PermanentModelError
 from durable_agents.text import storable_text
 
+# typeshed types the context as a make_scanner; the C scanner takes any JSONDecoder.
 _scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
@@ -35,6 +36,7 @@ def content_span(body: str) -> tuple[int, int] | None:
     """Where the value of the top-level ``content`` key lies in ``body``, a JSON object, as
     character offsets; None if it has none. Scans the top level only (each value once, by the
     C scanner); with duplicate keys the last wins, as for ``json.loads``."""
+    # json.decoder.scanstring (the C one, or Python's) is not in typeshed.
     scan, scanstring, size = _scan_once, json.decoder.scanstring, len(body)  # type: ignore[attr-defined]
 
     def skip(i: int) -> int:

@@ -214,7 +214,7 @@ class InMemoryStore(Store):
         with self.lock:
             now = self.now()
             due = [run for run in self.runs.values() if self._due(run, now)]
-            due.sort(key=lambda run: run.wake_at)
+            due.sort(key=lambda run: run.wake_at or now)  # a due run always has its wake_at
             candidates = [run for run in self.runs.values() if self._claimable(run, now)]
             candidates.sort(key=lambda run: run.created_at)  # stable: ties keep insertion order
             return self._take((due + candidates)[:limit], owner, lease_seconds)
@@ -541,7 +541,7 @@ class InMemoryStore(Store):
                 strangers = [
                     r
                     for r in spec.runs
-                    if self._by_text(r) is None or self._by_text(r).parent_id != claim.run_id
+                    if (found := self._by_text(r)) is None or found.parent_id != claim.run_id
                 ]
                 if strangers:
                     raise WaitRefused(

@@ -27,6 +27,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from durable_agents.models import (
@@ -91,7 +92,7 @@ CLAIM_WOKEN_BY = Case(
 )
 
 
-def lease_expiry(seconds: float) -> ExpressionWrapper:
+def lease_expiry(seconds: float) -> ExpressionWrapper[CombinedExpression]:
     """Now plus ``seconds`` on the database clock."""
     return ExpressionWrapper(
         Now() + datetime.timedelta(seconds=seconds), output_field=DateTimeField()
@@ -510,6 +511,7 @@ class PortableStore(Store):
                     return Parked.READY, {"runs": outcomes}
                 changes["wait_runs"] = list(spec.runs)
             elif spec.kind == WaitKind.QUESTION:
+                assert spec.question is not None
                 question, _ = AgentQuestion.objects.get_or_create(
                     key=spec.key, defaults={"run_id": claim.run_id, "question": spec.question}
                 )
@@ -602,7 +604,9 @@ class PortableStore(Store):
             # and other spawns of it wait, so no child outlives a cancelled parent and the
             # count below holds.
             status = (
-                AgentRun.objects.select_for_update(no_key=True)
+                None  # no parent at all: refused below, as a parent that is gone
+                if child.parent_id is None
+                else AgentRun.objects.select_for_update(no_key=True)
                 .filter(pk=child.parent_id)
                 .values_list("status", flat=True)
                 .first()
@@ -663,7 +667,8 @@ class PortableStore(Store):
     def load_log_rows(self, run_id: RunId) -> list[LogRow]:
         with connection.cursor() as cursor:
             cursor.execute(LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
-            return cursor.fetchall()
+            rows: list[LogRow] = cursor.fetchall()
+            return rows
 
     def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
         return list(
