@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # Build the wheel, install it into a fresh venv outside the repository, and use it from a
-# minimal Django project: checks, migrations, the admin templates, a run to its end offline.
+# minimal Django project: its name and py.typed, checks, migrations, the admin templates, a run to
+# its end offline.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$repo/.venv/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$repo"
+# The distribution is django-durable-agents (durable-agents on the index is another project);
+# the import name is durable_agents, and the package ships its py.typed marker.
+wheels=("$work"/dist/*.whl)
+[ "${#wheels[@]}" -eq 1 ] || { echo "expected one wheel, got: ${wheels[*]}" >&2; exit 1; }
+wheel=${wheels[0]}
+case "$(basename "$wheel")" in
+  django_durable_agents-*) echo "wheel: $(basename "$wheel")" ;;
+  *) echo "the wheel is $(basename "$wheel"); expected django_durable_agents-*" >&2; exit 1 ;;
+esac
+listing=$("$repo/.venv/bin/python" -m zipfile -l "$wheel")
+grep -qE '^durable_agents/py\.typed[[:space:]]' <<<"$listing" \
+  || { echo "the wheel lacks durable_agents/py.typed" >&2; exit 1; }
 python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install --quiet "$work"/dist/*.whl
+"$work/venv/bin/pip" install --quiet "$wheel"
+"$work/venv/bin/python" -c "import importlib.metadata as m; print('installed', m.version('django-durable-agents'))"
 mkdir -p "$work/site/shop"
 touch "$work/site/shop/__init__.py"
 cat > "$work/site/shop/agents.py" <<'PY'

@@ -277,8 +277,9 @@ class Command(BaseCommand):
             who = f"attempt {step.attempt} {step.worker or '(start_run)'}"
             self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {who:<28} {_summary(step)}")
         self.stdout.write(
-            "\nRead every transcript in the admin: python manage.py createsuperuser, then "
-            "python manage.py runserver and open http://127.0.0.1:8000/admin/"
+            "\nRead every transcript in the admin: make admin (a demo superuser admin / admin, "
+            "then http://127.0.0.1:8000/admin/), or python manage.py createsuperuser, then "
+            "python manage.py runserver"
         )
 
 
