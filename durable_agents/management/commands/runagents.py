@@ -11,13 +11,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from durable_agents import db
+from durable_agents import db, prometheus
 from durable_agents.agents import registry
 from durable_agents.checks import OFFLINE_WITHOUT_DEBUG
 from durable_agents.conf import app_settings
 from durable_agents.worker import Worker
 
 logger = logging.getLogger("durable_agents.worker")
+
+# Every interface: a scraper reaches a container or a pod on its own address, never on its
+# loopback. The endpoint is read-only and shows counts, never a run's content; on a host with
+# a public interface pass --metrics-addr 127.0.0.1 (or the private address) or firewall it.
+DEFAULT_METRICS_ADDR = "0.0.0.0"
 
 
 class Command(BaseCommand):
@@ -60,6 +65,19 @@ class Command(BaseCommand):
             help="start even though OFFLINE is on and DEBUG is off (the offline model then "
             f"runs the tool calls written in task texts; system check {OFFLINE_WITHOUT_DEBUG})",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="serve Prometheus metrics at http://ADDR:PORT/metrics (needs the prometheus "
+            'extra: pip install "django-durable-agents[prometheus]"); 0 picks a free port',
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default=None,
+            help=f"address the metrics server listens on (default {DEFAULT_METRICS_ADDR}, every "
+            "interface, which scrapers of containers need; 127.0.0.1 keeps it on this host)",
+        )
 
     def execute(self, *args: Any, **options: Any) -> Any:
         # BaseCommand.execute runs the system checks before handle(); remember the flag so
@@ -80,6 +98,7 @@ class Command(BaseCommand):
             settings.SILENCED_SYSTEM_CHECKS = silenced
 
     def handle(self, *args: Any, **options: Any) -> None:
+        metrics = _metrics_address(options["metrics_port"], options["metrics_addr"])
         _ensure_console_logging()
         self._refuse_offline_in_production(options["allow_offline"])
         _ensure_database_ready(DEFAULT_DB_ALIAS)
@@ -107,6 +126,8 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             grace_seconds=options["grace_seconds"],
         )
+        if metrics is not None:
+            _serve_metrics(worker, *metrics)
         code = worker.run()
         if code:
             # A slot died of a bug: a non-zero status tells the supervisor to restart us.
@@ -129,6 +150,34 @@ class Command(BaseCommand):
             "every model call, and the '@tool {...}' lines of a run's task text run those "
             "tools for real. Never do this where untrusted people can start runs."
         )
+
+
+def _metrics_address(port: int | None, addr: str | None) -> tuple[int, str] | None:
+    """Where to serve metrics, or None; refuses before anything starts when that cannot be
+    done (prometheus_client missing, a bad port)."""
+    if port is None:
+        if addr is not None:
+            raise CommandError("--metrics-addr needs --metrics-port")
+        return None
+    if not 0 <= port <= 65535:
+        raise CommandError(f"--metrics-port {port} is not a port number (0 to 65535)")
+    if not prometheus.available():
+        raise CommandError(
+            "--metrics-port needs prometheus_client, which is not installed: "
+            f"{prometheus.INSTALL_HINT}"
+        )
+    return port, addr or DEFAULT_METRICS_ADDR
+
+
+def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
+    prometheus.enable()
+    prometheus.track_worker(worker)
+    try:
+        server, _thread = prometheus.serve(port, addr)
+    except OSError as exc:  # the port is taken, the address is not this host's
+        raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+    url = prometheus.metrics_url(server)
+    logger.info("worker %s serves Prometheus metrics at %s", worker.worker_id, url)
 
 
 def _ensure_database_ready(alias: str) -> None:

@@ -1,0 +1,526 @@
+"""Prometheus metrics of a worker process: ``runagents --metrics-port PORT``.
+
+Needs the ``prometheus`` extra (``prometheus_client``), imported only by ``enable()``: this
+module itself imports nothing of it, so the recording functions below can be called from the
+hot paths unconditionally. Until ``enable()`` is called (by ``runagents`` with
+``--metrics-port``) each of them is a global lookup and a return.
+
+What is measured, all named ``durable_agents_*``:
+
+- in this process, as it happens: claims by outcome, steps committed by kind, model calls by
+  outcome, tool calls by effect class and outcome, the latency of model calls, step commits
+  and tool calls, and the runs this worker holds in flight (read at scrape time);
+- in the database, at scrape time: runs by status, waiting runs by what they wait for, running
+  runs whose lease expired, the age of the oldest pending run, intents waiting for a person,
+  open questions. ``DatabaseCollector`` reads all of them with one grouped query and keeps the
+  answer for ``DB_CACHE_SECONDS``, so that frequent scrapes, or several Prometheus servers,
+  do not load the database. Every worker reports the same database figures: aggregate them
+  with ``max`` across instances, never ``sum``.
+
+Claims by outcome come from two places, counted once: the signals the runner sends when a
+claim ends a run or parks it (``run_finished``, ``run_dead_lettered``, ``run_waiting``,
+``intent_waiting``) and ``observe_claim``, which the worker calls for every claim it ends and
+which skips a claim a signal already counted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils import timezone
+
+from durable_agents import signals
+from durable_agents.logging import current_run_id
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from durable_agents.worker import Worker
+
+logger = logging.getLogger("durable_agents.prometheus")
+
+INSTALL_HINT = 'pip install "django-durable-agents[prometheus]"'
+
+# Label values known in advance: their series exist (at 0) from the first scrape, so that
+# rate() and increase() see the first event instead of a series appearing with it.
+CLAIM_OUTCOMES = (
+    "succeeded",
+    "failed",
+    "dead",
+    "waiting",
+    "released",
+    "cancelled",
+    "lost",
+    "error",
+)
+MODEL_OUTCOMES = ("ok", "retried", "transient_error", "permanent_error")
+TOOL_OUTCOMES = ("ok", "error", "timeout")
+EFFECTS = ("pure", "idempotent", "non_idempotent", "irreversible")
+STEP_KINDS = ("model_turn", "tool_result")
+# The runner's signals that end a claim, and the outcome each one means.
+_SIGNALLED_FINISH = frozenset({"succeeded", "failed"})
+
+# Seconds. A model turn takes from under a second to minutes (long generations, thinking);
+# a step commit about a millisecond; a tool anything up to TOOL_TIMEOUT (600 s).
+MODEL_CALL_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STEP_COMMIT_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+TOOL_CALL_BUCKETS = (
+    0.005,
+    0.025,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+
+# How long one reading of the database figures is served to scrapes.
+DB_CACHE_SECONDS = 5.0
+
+
+def available() -> bool:
+    """Whether ``prometheus_client`` can be imported (the ``prometheus`` extra)."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- the metrics of this process -----------------------------------------------------------
+
+
+@dataclass
+class _Metrics:
+    claims: Any
+    steps_committed: Any
+    model_calls: Any
+    tool_calls: Any
+    model_call_seconds: Any
+    step_commit_seconds: Any
+    tool_call_seconds: Any
+    collector: DatabaseCollector
+    others: list[Any] = field(default_factory=list)
+
+
+# Created once per process (prometheus_client's registry refuses a name twice); recording is
+# on while ``_on`` is set.
+_created: _Metrics | None = None
+_on: _Metrics | None = None
+_enable_lock = threading.Lock()
+# The workers whose held runs are "in flight" (several only in tests).
+_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+# The run whose claim a signal counted on this thread, for observe_claim to skip.
+_claim_counted = threading.local()
+
+
+def _create(db_cache_seconds: float) -> _Metrics:
+    from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+    claims = Counter(
+        "durable_agents_claims",
+        "Claims this worker ended, by outcome (what became of the run)",
+        ["outcome"],
+    )
+    for outcome in CLAIM_OUTCOMES:
+        claims.labels(outcome)
+    steps = Counter(
+        "durable_agents_steps_committed", "Steps this worker committed, by kind", ["kind"]
+    )
+    for kind in STEP_KINDS:
+        steps.labels(kind)
+    model_calls = Counter(
+        "durable_agents_model_calls",
+        "Model call attempts by outcome: ok; retried (a transient error, tried again); "
+        "transient_error (retries over or not retryable now: the run is handed back); "
+        "permanent_error (the run is dead-lettered)",
+        ["outcome"],
+    )
+    for outcome in MODEL_OUTCOMES:
+        model_calls.labels(outcome)
+    tool_calls = Counter(
+        "durable_agents_tool_calls",
+        "Tool calls that returned, raised or timed out, by effect class and outcome",
+        ["effect", "outcome"],
+    )
+    tool_seconds = Histogram(
+        "durable_agents_tool_call_duration_seconds",
+        "Seconds a tool call took, by effect class",
+        ["effect"],
+        buckets=TOOL_CALL_BUCKETS,
+    )
+    for effect in EFFECTS:
+        tool_seconds.labels(effect)
+        for outcome in TOOL_OUTCOMES:
+            tool_calls.labels(effect, outcome)
+    in_flight = Gauge(
+        "durable_agents_runs_in_flight", "Runs this worker holds right now (claimed, not ended)"
+    )
+    in_flight.set_function(_held_runs)
+    slots = Gauge(
+        "durable_agents_worker_slots", "Runs this worker may hold at once (--concurrency)"
+    )
+    slots.set_function(_slots)
+    collector = DatabaseCollector(cache_seconds=db_cache_seconds)
+    REGISTRY.register(collector)
+    return _Metrics(
+        claims=claims,
+        steps_committed=steps,
+        model_calls=model_calls,
+        tool_calls=tool_calls,
+        model_call_seconds=Histogram(
+            "durable_agents_model_call_duration_seconds",
+            "Seconds a successful model call took, request to whole answer",
+            buckets=MODEL_CALL_BUCKETS,
+        ),
+        step_commit_seconds=Histogram(
+            "durable_agents_step_commit_duration_seconds",
+            "Seconds a step commit took (one fenced statement)",
+            buckets=STEP_COMMIT_BUCKETS,
+        ),
+        tool_call_seconds=tool_seconds,
+        collector=collector,
+        others=[in_flight, slots],
+    )
+
+
+def enable(db_cache_seconds: float = DB_CACHE_SECONDS) -> None:
+    """Create the metrics in prometheus_client's default registry (once per process) and
+    start recording. Raises ``ImportError`` without prometheus_client."""
+    global _created, _on
+    with _enable_lock:
+        if _created is None:
+            _created = _create(db_cache_seconds)
+        _created.collector.cache_seconds = db_cache_seconds
+        _created.collector.forget()
+        signals.run_finished.connect(_on_run_finished, dispatch_uid="da-prometheus-finished")
+        signals.run_dead_lettered.connect(_on_run_dead, dispatch_uid="da-prometheus-dead")
+        signals.run_waiting.connect(_on_run_waiting, dispatch_uid="da-prometheus-waiting")
+        signals.intent_waiting.connect(_on_intent_waiting, dispatch_uid="da-prometheus-intent")
+        _on = _created
+
+
+def disable() -> None:
+    """Stop recording (the metrics stay registered, at their values); for tests."""
+    global _on
+    with _enable_lock:
+        _on = None
+        signals.run_finished.disconnect(dispatch_uid="da-prometheus-finished")
+        signals.run_dead_lettered.disconnect(dispatch_uid="da-prometheus-dead")
+        signals.run_waiting.disconnect(dispatch_uid="da-prometheus-waiting")
+        signals.intent_waiting.disconnect(dispatch_uid="da-prometheus-intent")
+        _workers.clear()
+
+
+def enabled() -> bool:
+    return _on is not None
+
+
+def track_worker(worker: Worker) -> None:
+    """Report ``worker``'s held runs as ``durable_agents_runs_in_flight`` (read at scrape)."""
+    _workers.add(worker)
+
+
+def _held_runs() -> float:
+    return float(sum(len(worker._held) for worker in list(_workers)))
+
+
+def _slots() -> float:
+    return float(sum(worker.concurrency for worker in list(_workers)))
+
+
+# -- recording: no-ops until enable() ------------------------------------------------------
+
+
+def observe_claim(disposition: str, run_id: object = None) -> None:
+    """A claim of ``run_id`` ended with ``disposition`` (``runner.Disposition``). Skipped when a
+    signal of the runner on this thread counted the same claim already."""
+    metrics = _on
+    if metrics is None:
+        return
+    if run_id is not None and getattr(_claim_counted, "run_id", None) == str(run_id):
+        _claim_counted.run_id = None
+        return
+    metrics.claims.labels(str(disposition)).inc()
+
+
+def observe_commit(seconds: float, kind: str) -> None:
+    """A step of ``kind`` (``model_turn``, ``tool_result``) was committed in ``seconds``."""
+    metrics = _on
+    if metrics is None:
+        return
+    metrics.steps_committed.labels(str(kind)).inc()
+    metrics.step_commit_seconds.observe(seconds)
+
+
+def observe_model_call(outcome: str, seconds: float | None = None) -> None:
+    """A model call attempt ended: ``ok`` (with its ``seconds``), ``retried``,
+    ``transient_error`` or ``permanent_error``."""
+    metrics = _on
+    if metrics is None:
+        return
+    metrics.model_calls.labels(outcome).inc()
+    if seconds is not None:
+        metrics.model_call_seconds.observe(seconds)
+
+
+def observe_tool(effect: str, outcome: str, seconds: float) -> None:
+    """A call of a tool of class ``effect`` ended ``ok``, ``error`` or ``timeout``."""
+    metrics = _on
+    if metrics is None:
+        return
+    metrics.tool_calls.labels(str(effect), outcome).inc()
+    metrics.tool_call_seconds.labels(str(effect)).observe(seconds)
+
+
+def _claim_ended_by_signal(run_id: object, outcome: str) -> None:
+    metrics = _on
+    if metrics is None:
+        return
+    run = str(run_id)
+    if current_run_id.get() != run:
+        # Not the end of a claim this thread advances: the sweep, cancel_run, tool code.
+        return
+    _claim_counted.run_id = run
+    metrics.claims.labels(outcome).inc()
+
+
+def _on_run_finished(sender: object, run_id: object, status: str, **kwargs: object) -> None:
+    if str(status) in _SIGNALLED_FINISH:  # cancel_run sends "cancelled": not a claim's end
+        _claim_ended_by_signal(run_id, str(status))
+
+
+def _on_run_dead(sender: object, run_id: object, **kwargs: object) -> None:
+    _claim_ended_by_signal(run_id, "dead")
+
+
+def _on_run_waiting(sender: object, run_id: object, **kwargs: object) -> None:
+    _claim_ended_by_signal(run_id, "waiting")
+
+
+def _on_intent_waiting(sender: object, intent: Any, **kwargs: object) -> None:
+    _claim_ended_by_signal(intent.run_id, "waiting")
+
+
+# -- the database figures ------------------------------------------------------------------
+
+
+@dataclass
+class DatabaseFigures:
+    runs_by_status: dict[str, int]
+    runs_waiting: dict[str, int]
+    lease_expired: int = 0
+    oldest_pending_age: float = 0.0
+    intents_waiting: int = 0
+    oldest_intent_age: float = 0.0
+    questions_open: int = 0
+    oldest_question_age: float = 0.0
+
+
+def read_figures(using: str = DEFAULT_DB_ALIAS) -> DatabaseFigures:
+    """The database gauges, in ONE statement: ``agent_run`` grouped by status and wait kind,
+    with the waiting intents and open questions as scalar subqueries (evaluated once)."""
+    from django.db.models import Count, DateTimeField, F, Func, IntegerField, Min, Q, Subquery
+    from django.db.models.functions import Now
+
+    from durable_agents.models import (
+        AgentQuestion,
+        AgentRun,
+        QuestionStatus,
+        RunStatus,
+        ToolIntent,
+        WaitKind,
+    )
+
+    def scalar(queryset: Any, function: str, column: str, output: Any) -> Subquery:
+        value = Func(F(column), function=function, output_field=output)
+        return Subquery(queryset.order_by().annotate(v=value).values("v")[:1])
+
+    intents = ToolIntent.objects.using(using).awaiting_person()
+    questions = AgentQuestion.objects.using(using).filter(status=QuestionStatus.OPEN)
+    rows = (
+        AgentRun.objects.using(using)
+        .order_by()
+        .values("status", "waiting_for")
+        .annotate(
+            runs=Count("pk"),
+            oldest=Min("created_at"),
+            expired=Count("pk", filter=Q(status=RunStatus.RUNNING, lease_until__lt=Now())),
+            open_intents=scalar(intents, "COUNT", "pk", IntegerField()),
+            oldest_intent=scalar(intents, "MIN", "created_at", DateTimeField()),
+            open_questions=scalar(questions, "COUNT", "pk", IntegerField()),
+            oldest_question=scalar(questions, "MIN", "created_at", DateTimeField()),
+        )
+    )
+    now = timezone.now()
+
+    def age(since: datetime.datetime | None) -> float:
+        return max(0.0, (now - since).total_seconds()) if since is not None else 0.0
+
+    figures = DatabaseFigures(
+        runs_by_status=dict.fromkeys(RunStatus.values, 0),
+        runs_waiting=dict.fromkeys(WaitKind.values, 0),
+    )
+    for row in rows:
+        status = row["status"]
+        figures.runs_by_status[status] = figures.runs_by_status.get(status, 0) + row["runs"]
+        if status == RunStatus.WAITING:
+            kind = row["waiting_for"] or "unknown"
+            figures.runs_waiting[kind] = figures.runs_waiting.get(kind, 0) + row["runs"]
+        elif status == RunStatus.PENDING:
+            figures.oldest_pending_age = max(figures.oldest_pending_age, age(row["oldest"]))
+        figures.lease_expired += row["expired"]
+        figures.intents_waiting = row["open_intents"] or 0
+        figures.oldest_intent_age = age(row["oldest_intent"])
+        figures.questions_open = row["open_questions"] or 0
+        figures.oldest_question_age = age(row["oldest_question"])
+    return figures
+
+
+class DatabaseCollector:
+    """The database gauges, read at scrape time: one query per ``cache_seconds`` however
+    often (and however many at once) Prometheus scrapes."""
+
+    def __init__(
+        self,
+        cache_seconds: float = DB_CACHE_SECONDS,
+        using: str = DEFAULT_DB_ALIAS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache_seconds = cache_seconds
+        self.using = using
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._figures: DatabaseFigures | None = None
+        self._failures = 0
+
+    def forget(self) -> None:
+        with self._lock:
+            self._read_at = None
+
+    def describe(self) -> Iterable[Any]:
+        # Names for the registry's duplicate check, without querying at registration.
+        return self._families(None)
+
+    def collect(self) -> Iterable[Any]:
+        with self._lock:
+            now = self.clock()
+            if self._read_at is None or now - self._read_at >= self.cache_seconds:
+                self._figures = self._read()
+                self._read_at = now
+            figures = self._figures
+        return self._families(figures, up=figures is not None)
+
+    def _read(self) -> DatabaseFigures | None:
+        connection = connections[self.using]
+        try:
+            figures = read_figures(self.using)
+        except Exception as exc:  # noqa: BLE001 - a scrape must still return this worker's own
+            self._failures += 1
+            log = logger.warning if self._failures == 1 else logger.debug
+            log("metrics: reading the database figures failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        finally:
+            # Scrapes are served by short-lived threads: give the connection back (to the
+            # worker's pool, or closed) instead of leaving one open per scrape thread.
+            if not connection.in_atomic_block:
+                connection.close()
+        if self._failures:
+            logger.info("metrics: the database figures are readable again")
+            self._failures = 0
+        return figures
+
+    @staticmethod
+    def _families(figures: DatabaseFigures | None, *, up: bool = True) -> list[Any]:
+        """The families with their samples; without figures, only ``database_up`` has one
+        (0) after a failed reading, and none has any for ``describe``."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        def gauge(name: str, documentation: str, labels: list[str] | None = None) -> Any:
+            return GaugeMetricFamily(f"durable_agents_{name}", documentation, labels=labels)
+
+        database_up = gauge("database_up", "1 if the last reading of the database figures worked")
+        by_status = gauge("runs", "Runs in the database, by status", ["status"])
+        waiting = gauge(
+            "runs_waiting", "Waiting runs in the database, by what they wait for", ["waiting_for"]
+        )
+        singles = {
+            "runs_lease_expired": "Running runs whose lease expired: no live worker advances them",
+            "oldest_pending_age_seconds": "Age of the oldest pending run (0 when none is pending)",
+            "intents_waiting": "Irreversible calls waiting for a person (pending or unknown)",
+            "oldest_intent_age_seconds": "Age of the oldest intent waiting for a person (0: none)",
+            "questions_open": "Questions asked of a person and not answered yet",
+            "oldest_question_age_seconds": "Age of the oldest open question (0 when none)",
+        }
+        families = {name: gauge(name, documentation) for name, documentation in singles.items()}
+        if figures is None:
+            if not up:
+                database_up.add_metric([], 0)
+                return [database_up]
+            return [database_up, by_status, waiting, *families.values()]
+        database_up.add_metric([], 1)
+        for status, count in figures.runs_by_status.items():
+            by_status.add_metric([status], count)
+        for kind, count in figures.runs_waiting.items():
+            waiting.add_metric([kind], count)
+        values = {
+            "runs_lease_expired": figures.lease_expired,
+            "oldest_pending_age_seconds": figures.oldest_pending_age,
+            "intents_waiting": figures.intents_waiting,
+            "oldest_intent_age_seconds": figures.oldest_intent_age,
+            "questions_open": figures.questions_open,
+            "oldest_question_age_seconds": figures.oldest_question_age,
+        }
+        for name, value in values.items():
+            families[name].add_metric([], value)
+        return [database_up, by_status, waiting, *families.values()]
+
+
+# -- the HTTP endpoint ---------------------------------------------------------------------
+
+
+def serve(port: int, addr: str) -> tuple[WSGIServer, threading.Thread]:
+    """Serve prometheus_client's default registry at ``http://addr:port/metrics`` on a
+    daemon thread (port 0: any free port). Raises ``OSError`` when the address is taken."""
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(port, addr)
+    thread.name = "da-metrics"
+    return server, thread
+
+
+def metrics_url(server: WSGIServer) -> str:
+    host, port = server.server_address[:2]
+    host = str(host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
