@@ -51,6 +51,7 @@ def test_sigkill_between_wait_and_park_runs_the_call_again_with_the_same_key(
     assert not ToolEffect.objects.filter(run_id=run.pk).exists()
 
     # The lease runs out; the next worker calls the tool again (same key) and parks.
+    wait_for(lambda: AgentRun.objects.claimable().filter(pk=run.pk).exists(), timeout=30)
     second = spawn_worker("--burst", "--lease-seconds", LEASE, "--worker-id", "w2")  # type: ignore[operator]
     assert second.wait(60) == 0, second.output()
     run.refresh_from_db()
