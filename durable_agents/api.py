@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 
-from durable_agents import effects, signals, waits
+from durable_agents import effects, signals, telemetry, waits
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.history import rebuild_messages
@@ -56,6 +56,8 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
         model=pinned_model,
         fingerprint=definition.fingerprint(pinned_model),
         task=task,
+        # Every claim of the run joins the caller's trace (a child run: its parent's tool call).
+        trace_context=telemetry.current_trace_context(),
     )
 
 

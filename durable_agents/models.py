@@ -153,6 +153,9 @@ class AgentRun(models.Model):
         db_default=0,
         help_text="0 for a run started by start_run, its parent's + 1 for a child",
     )
+    # The trace context of the code that started the run (W3C traceparent and tracestate as
+    # JSON text; see telemetry.py): each claim's invoke_agent span joins that trace.
+    trace_context = models.TextField(null=True, blank=True, editable=False)
 
     objects = AgentRunQuerySet.as_manager()
 

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import calls, effects, llm, signals, waits
+from durable_agents import calls, effects, llm, signals, telemetry, waits
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
@@ -129,8 +129,11 @@ def advance_run(
     the statement that commits the run's last turn also claims the worker's next run.
     ``store``: where the run lives (default: ``store.current()``, chosen now for the whole
     claim); unit tests pass an ``InMemoryStore``."""
-    with bind_run(claim.run_id):
-        return RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store).advance()
+    advancer = RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store)
+    with bind_run(claim.run_id), telemetry.agent_span(claim) as span:
+        disposition = advancer.advance()
+        span.finish(disposition)
+        return disposition
 
 
 # The interrupt reason of a worker that stops for good (second signal, or its grace is over).
@@ -465,7 +468,9 @@ class RunAdvancer:
             key = effects.idempotency_key(self.run.pk, turn.seq, index, name, tool_input)
             effect = recorded.get(key)
             if effect is None:
-                effect = self._call_tool(agent, turn.seq, index, name, tool_input, key)
+                with telemetry.tool_span(agent, call, key) as span:
+                    effect = self._call_tool(agent, turn.seq, index, name, tool_input, key)
+                    span.result(effect.result, effect.is_error)
                 if index < len(calls) - 1:
                     self.store.record_effect(effect)
                 else:
@@ -644,12 +649,14 @@ class RunAdvancer:
             self._check_interrupt()
             raise
         except calls.CallTimedOut:
+            telemetry.tool_failed("timeout")
             timed_out, is_error = True, True
             text = (
                 f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
                 "finish in the background"
             )
         except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's news
+            telemetry.tool_failed(type(exc).__qualname__)
             logger.warning(
                 "tool %s raised %s: %s",
                 tool.name,

@@ -33,9 +33,10 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from durable_agents import calls, db, leases
 from durable_agents.conf import app_settings
+from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim, LeaseLoss
 from durable_agents.logging import bind_run
-from durable_agents.runner import SHUTDOWN, Disposition, Interrupt, advance_run
+from durable_agents.runner import SHUTDOWN, Disposition, advance_run
 
 logger = logging.getLogger("durable_agents.worker")
 

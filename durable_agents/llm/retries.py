@@ -21,7 +21,7 @@ from typing import Any
 import anthropic
 import httpx2
 
-from durable_agents import calls
+from durable_agents import calls, telemetry
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
 from durable_agents.llm.body import _turn, request_body
@@ -70,7 +70,7 @@ def _retry_after(headers: Any) -> float | None:
 
 
 def _backoff(retry: int) -> float:
-    base = min(app_settings.MAX_BACKOFF_SECONDS, 0.5 * 2**retry)
+    base = min(float(app_settings.MAX_BACKOFF_SECONDS), 0.5 * 2.0**retry)
     return base * (0.75 + random.random() / 2)
 
 
@@ -147,8 +147,11 @@ def create_turn(
         messages = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
     body = request_body(params, messages, stream=stream)
     once = _Once(meanwhile) if meanwhile is not None else None
+    spans = telemetry.model_call(params, messages, stream=stream, client=client)
     try:
-        return _create_turn(client, body, model, extra_headers, interrupt, stream, on_text, once)
+        return _create_turn(
+            client, body, model, extra_headers, interrupt, stream, on_text, once, spans
+        )
     except BaseException:
         if once is not None:
             once()  # no-op if it ran; else the call never went out (an interrupt came first)
@@ -181,6 +184,7 @@ def _create_turn(
     stream: bool,
     on_text: Callable[[str], None] | None,
     meanwhile: _Once | None,
+    spans: telemetry.ModelCall,
 ) -> ModelTurn:
     def call(abort: threading.Event) -> tuple[str, str | None]:
         if stream:
@@ -190,7 +194,7 @@ def _create_turn(
     retries = app_settings.MODEL_RETRIES
     for retry in range(retries):
         try:
-            return _attempt(call, model, interrupt, meanwhile)
+            return _attempt(call, model, interrupt, meanwhile, spans)
         except TransientModelError as error:
             if error.status in (401, 403):
                 raise
@@ -210,7 +214,7 @@ def _create_turn(
                 raise ModelCallInterrupted("interrupted while waiting to retry") from exc
         meanwhile = None  # it goes with the first attempt only
     # The last attempt: whatever it raises is what the call raises.
-    return _attempt(call, model, interrupt, meanwhile)
+    return _attempt(call, model, interrupt, meanwhile, spans)
 
 
 def _attempt(
@@ -218,22 +222,25 @@ def _attempt(
     model: str,
     interrupt: Interrupt,
     meanwhile: _Once | None,
+    spans: telemetry.ModelCall,
 ) -> ModelTurn:
-    """One call: the turn, or a ``ModelError`` whose ``__cause__`` is what went wrong."""
+    """One call (one ``chat`` span): the turn, or a ``ModelError`` whose ``__cause__`` is
+    what went wrong."""
     if interrupt.is_set():
         raise ModelCallInterrupted("interrupted before the model call")
     started = time.monotonic()
-    try:
+    with spans.span() as span:
         try:
-            text, request_id = calls.run_abortable(call, interrupt, meanwhile=meanwhile)
-        except calls.CallInterrupted as exc:
-            raise ModelCallInterrupted(
-                f"model call abandoned: {interrupt.reason or 'interrupted'}"
-            ) from exc
-        return _turn(text, request_id, started)
-    except ModelCallInterrupted:
-        raise
-    except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:
-        # ValueError: an undecodable body; httpx2.HTTPError: a stream cut mid-way.
-        error = exc if isinstance(exc, ModelError) else classify(exc, model)
-        raise error from exc
+            try:
+                text, request_id = calls.run_abortable(call, interrupt, meanwhile=meanwhile)
+            except calls.CallInterrupted as exc:
+                raise ModelCallInterrupted(
+                    f"model call abandoned: {interrupt.reason or 'interrupted'}"
+                ) from exc
+            return span.answered(_turn(text, request_id, started))
+        except ModelCallInterrupted:
+            raise
+        except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:
+            # ValueError: an undecodable body; httpx2.HTTPError: a stream cut mid-way.
+            error = exc if isinstance(exc, ModelError) else classify(exc, model)
+            raise error from exc
