@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
@@ -13,8 +13,14 @@ from django.db.models.functions import Now
 
 from durable_agents.text import json_text
 
+if TYPE_CHECKING:
+    # The stubs' TextField is generic (set and get types); Django's class takes no subscript.
+    _TextField = models.TextField[Any, Any]
+else:
+    _TextField = models.TextField
 
-class JSONTextField(models.TextField):
+
+class JSONTextField(_TextField):
     """Any JSON value, stored as JSON text in a text column.
 
     Unlike ``jsonb`` it keeps key order and accepts ``\u0000`` (escaped, so PostgreSQL's text

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import calls, effects, llm, signals, telemetry, waits
+from durable_agents import calls, effects, llm, prometheus, signals, telemetry, waits
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
@@ -440,11 +440,13 @@ class RunAdvancer:
                 meanwhile=pending,
             )
         except llm.PermanentModelError as exc:
+            prometheus.observe_model_call("permanent_error")
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
         except llm.ModelCallInterrupted:
             self._check_interrupt()
             raise
         except llm.TransientModelError as exc:
+            prometheus.observe_model_call("transient_error")
             logger.warning(
                 "run %s: model unavailable, handing the run back: %s", self.run.pk, exc.message
             )
@@ -667,6 +669,8 @@ class RunAdvancer:
             text, is_error = effects.tool_error_text(tool.name, exc), True
         else:
             text, is_error = effects.format_result(value)
+        outcome = "timeout" if timed_out else "error" if is_error else "ok"
+        prometheus.observe_tool(tool.effect, outcome, time.monotonic() - started)
         logger.info(
             "run %s tool %s (%s) call %d of turn %d: %s in %.1f ms",
             self.run.pk,
@@ -776,6 +780,7 @@ class RunAdvancer:
         tokens: int = 0,
         then_claim: NextClaim | None = None,
     ) -> None:
+        started = time.monotonic()
         try:
             committed = self.store.append_step(
                 self.claim,
@@ -798,6 +803,7 @@ class RunAdvancer:
             )
         if not committed:
             self._fence_failed()
+        prometheus.observe_commit(time.monotonic() - started, kind)
         logger.info(
             "run %s seq %d %s%s committed (%.1f ms)",
             self.run.pk,

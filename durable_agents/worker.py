@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from durable_agents import calls, db, leases
+from durable_agents import calls, db, leases, prometheus
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim, LeaseLoss
@@ -390,6 +390,7 @@ class Worker:
                 self.stats.dispositions[disposition] = (
                     self.stats.dispositions.get(disposition, 0) + 1
                 )
+            prometheus.observe_claim(disposition, claim.run_id)
 
     # -- heartbeat and listener ------------------------------------------------------------
 

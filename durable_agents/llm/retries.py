@@ -21,7 +21,7 @@ from typing import Any
 import anthropic
 import httpx2
 
-from durable_agents import calls, telemetry
+from durable_agents import calls, prometheus, telemetry
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
 from durable_agents.llm.body import _turn, request_body
@@ -198,6 +198,7 @@ def _create_turn(
         except TransientModelError as error:
             if error.status in (401, 403):
                 raise
+            prometheus.observe_model_call("retried")
             exc = error.__cause__
             headers = exc.response.headers if isinstance(exc, anthropic.APIStatusError) else None
             delay = _retry_after(headers)
@@ -237,7 +238,9 @@ def _attempt(
                 raise ModelCallInterrupted(
                     f"model call abandoned: {interrupt.reason or 'interrupted'}"
                 ) from exc
-            return span.answered(_turn(text, request_id, started))
+            turn = _turn(text, request_id, started)
+            prometheus.observe_model_call("ok", turn.elapsed_ms / 1000)
+            return span.answered(turn)
         except ModelCallInterrupted:
             raise
         except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:

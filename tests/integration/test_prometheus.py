@@ -126,6 +126,17 @@ def test_a_burst_scraped_while_it_runs_and_after_it(
     assert value(after, "durable_agents_runs", status="pending") == 0
     assert value(after, "durable_agents_runs", status="running") == 0
     assert value(after, "durable_agents_oldest_pending_age_seconds") == 0
+
+    # The hot paths' hooks: each run is 2 model calls, 1 tool call and 3 steps.
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("durable_agents_model_calls_total", outcome="ok") == 20
+    assert grew("durable_agents_tool_calls_total", effect="pure", outcome="ok") == 10
+    assert grew("durable_agents_steps_committed_total", kind="model_turn") == 20
+    assert grew("durable_agents_steps_committed_total", kind="tool_result") == 10
+    assert grew("durable_agents_step_commit_duration_seconds_count") == 30
+    assert grew("durable_agents_model_call_duration_seconds_count") == 20
     # prometheus_client's own figures of the process come along (its default registry).
     if sys.platform == "linux":
         assert ("process_resident_memory_bytes", ()) in after
