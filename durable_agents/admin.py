@@ -10,6 +10,12 @@ cannot be registered; steps are shown on their run's page.
 Hostile input is expected everywhere: model and tool text is escaped, marked where it cannot be
 encoded (``durable_agents.text.storable_text``) and cut to a bound with a link to the whole;
 malformed ids give 404; a confirmation page acts on exactly the objects it listed.
+
+Every word the admin shows is translatable: labels, titles, filters and actions with
+``gettext_lazy``, messages with ``gettext``/``ngettext`` and named placeholders (the catalogue
+is ``durable_agents/locale``). What a model, a tool or a person wrote is never translated. The
+admin's LogEntry messages stay in English: they are an audit record, written once and read by
+whoever comes later, whatever their language.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -31,6 +37,7 @@ from django.db.models import (
     Exists,
     F,
     IntegerField,
+    Model,
     OuterRef,
     Q,
     QuerySet,
@@ -39,15 +46,19 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.expressions import Combinable
 from django.db.models.functions import Coalesce, Substr
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.crypto import constant_time_compare
 from django.utils.html import format_html
 from django.utils.http import urlencode
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
+from django.utils.translation import gettext, gettext_noop, ngettext, ngettext_lazy
+from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST
 
 from durable_agents import admin_views as views
@@ -68,6 +79,20 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin as _ModelAdmin
+    from django_stubs_ext import StrOrPromise
+else:
+
+    class _ModelAdmin(admin.ModelAdmin):
+        """ModelAdmin, subscriptable at run time as the type stubs declare it generic."""
+
+        def __class_getitem__(cls, model: Any) -> Any:
+            return cls
+
+
+_M = TypeVar("_M", bound=Model)
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many objects: every one it lists,
@@ -103,22 +128,28 @@ def _clean_pk(model: Any, value: Any) -> Any:
     return pk
 
 
-def _get_or_404(model: Any, object_id: Any, queryset: QuerySet | None = None) -> Any:
+def _get_or_404(model: type[_M], object_id: Any, queryset: QuerySet[_M] | None = None) -> _M:
     """The object, or 404 for an unknown *or malformed* id (never a 500)."""
     try:
         pk = _clean_pk(model, object_id)
     except ValueError:
-        raise Http404(f"No {model._meta.verbose_name} matches the given id.") from None
+        raise Http404(_no_match(model)) from None
     try:
-        return (queryset if queryset is not None else model._default_manager).get(pk=pk)
-    except model.DoesNotExist:
-        raise Http404(f"No {model._meta.verbose_name} matches the given id.") from None
+        return (queryset if queryset is not None else model._default_manager.all()).get(pk=pk)
+    except model.DoesNotExist:  # type: ignore[attr-defined]  # every concrete model has it
+        raise Http404(_no_match(model)) from None
+
+
+def _no_match(model: Any) -> str:
+    return gettext("No %(name)s matches the given id.") % {"name": model._meta.verbose_name}
 
 
 def _no_unstorable(value: str) -> None:
     # Django's CharField already refuses NUL; a lone surrogate cannot be encoded either.
     if has_unstorable(value):
-        raise ValidationError("Remove the NUL character or unpaired surrogate from this text.")
+        raise ValidationError(
+            gettext("Remove the NUL character or unpaired surrogate from this text.")
+        )
 
 
 def plain_text_response(text: str) -> HttpResponse:
@@ -144,12 +175,8 @@ class ConfirmRow:
     note: str = ""
 
 
-class _OperationsMixin:
-    """Shared helpers of the two ModelAdmins: object views and confirmation pages."""
-
-    admin_site: admin.AdminSite
-    opts: Any
-    model: Any
+class _OperationsAdmin(_ModelAdmin[_M]):
+    """What the ModelAdmins share: object views and confirmation pages."""
 
     def _object_url(self, name: str) -> str:
         return f"{self.opts.app_label}_{self.opts.model_name}_{name}"
@@ -174,28 +201,30 @@ class _OperationsMixin:
         # A NUL in a filter or search term reaches PostgreSQL as a query parameter, which it
         # refuses (a 500): the list is shown without them, and says why.
         if any("\x00" in value for _, values in request.GET.lists() for value in values):
-            self.message_user(  # type: ignore[attr-defined]
+            self.message_user(
                 request,
-                "The search or a filter held a NUL character; showing the list without them.",
+                gettext(
+                    "The search or a filter held a NUL character; showing the list without them."
+                ),
                 messages.ERROR,
             )
             return HttpResponseRedirect(request.path)
-        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        return super().changelist_view(request, extra_context)
 
     def response_action(
-        self, request: HttpRequest, queryset: QuerySet, **kwargs: Any
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
         # Django filters pk__in=<posted ids>: a malformed id would be a 500 there. (Django 6
-        # passes action_location too: keywords are handed on as they come.)
+        # passes action_location too: arguments are handed on as they come.)
         try:
             for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
                 _clean_pk(self.model, value)
         except ValueError:
-            self.message_user(  # type: ignore[attr-defined]
-                request, "Malformed ids were posted; nothing was changed.", messages.ERROR
+            self.message_user(
+                request, gettext("Malformed ids were posted; nothing was changed."), messages.ERROR
             )
             return HttpResponseRedirect(request.get_full_path())
-        return super().response_action(request, queryset, **kwargs)  # type: ignore[misc]
+        return super().response_action(request, queryset, *args, **kwargs)
 
     @staticmethod
     def _confirmed(request: HttpRequest) -> bool:
@@ -215,18 +244,18 @@ class _OperationsMixin:
         self,
         request: HttpRequest,
         *,
-        title: str,
-        question: str,
+        title: StrOrPromise,
+        question: StrOrPromise,
         rows: list[ConfirmRow],
         matched: int,
         skipped: int,
-        button: str,
+        button: StrOrPromise,
         action: str,
         form_url: str,
         reason_form: forms.Form | None = None,
         extra_form: forms.Form | None = None,
         extra_hidden: dict[str, str] | None = None,
-        note: str = "",
+        note: StrOrPromise = "",
         status: int = 200,
     ) -> TemplateResponse:
         """The intermediate page of an action: every object it will act on is listed, and
@@ -234,7 +263,7 @@ class _OperationsMixin:
         event, its name in ``extra_hidden``, and ``extra_form``'s fields)."""
         included = [row for row in rows if row.included]
         context = {
-            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            **self.admin_site.each_context(request),
             "title": title,
             "question": question,
             "opts": self.opts,
@@ -275,14 +304,15 @@ class RunChangeList(ChangeList):
     """The runs list reads the head of each task, not the whole text (tasks can be long), and
     what the page's waiting runs wait for in at most three queries (``attach_waits``)."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
-        return (
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = (
             super()
             .get_queryset(request, exclude_parameters)
             .annotate(task_head=Substr("task", 1, TASK_HEAD_CHARS))
             # woken_by can hold an event's whole payload: the list never shows it.
             .defer("task", "result", "fingerprint", "woken_by")
         )
+        return queryset
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -294,13 +324,13 @@ class WaitingForFilter(admin.SimpleListFilter):
     """Waiting runs by what they wait for (``waiting_for`` is kept after a wake, as the record
     of the last wait: the filter also asks for the status)."""
 
-    title = "waiting for"
+    title = _("waiting for")
     parameter_name = "waits_for"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [(kind.value, kind.label) for kind in WaitKind]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if value in WaitKind.values:
             return queryset.filter(status=RunStatus.WAITING, waiting_for=value)
@@ -310,13 +340,13 @@ class WaitingForFilter(admin.SimpleListFilter):
 class FamilyFilter(admin.SimpleListFilter):
     """Runs started by start_run, or child runs (spawn_run)."""
 
-    title = "parent"
+    title = _("parent")
     parameter_name = "family"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("top", "started directly"), ("child", "child runs")]
+        return [("top", gettext("started directly")), ("child", gettext("child runs"))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "top":
             return queryset.filter(parent__isnull=True)
         if self.value() == "child":
@@ -325,23 +355,30 @@ class FamilyFilter(admin.SimpleListFilter):
 
 
 class StartRunForm(forms.Form):
-    agent = forms.ChoiceField(help_text="Registered agents, as name @ version.")
+    agent = forms.ChoiceField(
+        label=_("Agent"), help_text=_("Registered agents, as name @ version.")
+    )
     task = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 10, "cols": 80}), validators=[_no_unstorable]
+        label=_("Task"),
+        widget=forms.Textarea(attrs={"rows": 10, "cols": 80}),
+        validators=[_no_unstorable],
     )
     # A choice, not free text: a run may only pin a model that a registered version of its
     # agent declares (one that its prompts and tools were written for).
     model = forms.ChoiceField(
+        label=_("Model"),
         required=False,
-        help_text="Leave empty for the model of the chosen version; otherwise one of the models "
-        "that the agent's registered versions use.",
+        help_text=_(
+            "Leave empty for the model of the chosen version; otherwise one of the models "
+            "that the agent's registered versions use."
+        ),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         agents = sorted(registry.all(), key=lambda a: (a.name, a.version))
         # The value is JSON so that any character in a name or version survives the round trip.
-        self.fields["agent"].choices = [
+        cast(forms.ChoiceField, self.fields["agent"]).choices = [
             (json.dumps([a.name, a.version]), f"{a.name} @ {a.version} ({a.model})") for a in agents
         ]
         self.models_by_agent: dict[str, set[str]] = {}
@@ -351,13 +388,21 @@ class StartRunForm(forms.Form):
         for name, models in self.models_by_agent.items():
             for model in models:
                 users.setdefault(model, []).append(name)
-        self.fields["model"].choices = [
-            ("", "The chosen version's own model"),
-            *((model, f"{model} (for {', '.join(users[model])})") for model in sorted(users)),
+        cast(forms.ChoiceField, self.fields["model"]).choices = [
+            ("", gettext("The chosen version's own model")),
+            *(
+                (
+                    model,
+                    gettext("%(model)s (for %(agents)s)")
+                    % {"model": model, "agents": ", ".join(users[model])},
+                )
+                for model in sorted(users)
+            ),
         ]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         agent, model = data.get("agent"), data.get("model")
         if agent and model:
             name = json.loads(agent)[0]
@@ -365,8 +410,14 @@ class StartRunForm(forms.Form):
             if model not in allowed:
                 self.add_error(
                     "model",
-                    f"{model} is not a model of agent {name}; its versions use "
-                    f"{', '.join(sorted(allowed)) or 'none'}.",
+                    gettext(
+                        "%(model)s is not a model of agent %(agent)s; its versions use %(models)s."
+                    )
+                    % {
+                        "model": model,
+                        "agent": name,
+                        "models": ", ".join(sorted(allowed)) or gettext("none"),
+                    },
                 )
         return data
 
@@ -377,11 +428,11 @@ class AnswerForm(forms.Form):
     # The question the page showed: the answer goes to that one or nowhere.
     question = forms.IntegerField(widget=forms.HiddenInput, min_value=1, max_value=2**63 - 1)
     answer = forms.CharField(
-        label="Your answer (the model reads it, with your name)",
+        label=_("Your answer (the model reads it, with your name)"),
         max_length=ANSWER_MAX_CHARS,
         widget=forms.Textarea(attrs={"rows": 4, "cols": 60}),
         validators=[_no_unstorable],
-        error_messages={"required": "Write an answer: the model reads it, and you are named."},
+        error_messages={"required": _("Write an answer: the model reads it, and you are named.")},
     )
 
 
@@ -394,26 +445,31 @@ def parse_payload(text: str) -> Any:
     try:
         value = loads_deep(text)  # any depth without recursion; then bounded
     except ValueError as exc:
-        raise ValidationError(f"The payload is not JSON: {storable_text(exc, 200)}") from None
+        raise ValidationError(
+            gettext("The payload is not JSON: %(error)s") % {"error": storable_text(exc, 200)}
+        ) from None
     try:
         check_depth(value)
     except Unstorable as exc:
-        raise ValidationError(f"The payload {exc}.") from None
+        # exc reads "is nested deeper than ...": the sentence's predicate.
+        raise ValidationError(gettext("The payload %(problem)s.") % {"problem": exc}) from None
     try:
         json.dumps(value, allow_nan=False)
     except ValueError:
-        raise ValidationError("The payload is not JSON: NaN and Infinity are not.") from None
+        raise ValidationError(
+            gettext("The payload is not JSON: NaN and Infinity are not.")
+        ) from None
     return value
 
 
 class EventPayloadForm(forms.Form):
     payload = forms.CharField(
-        label="Payload (JSON; empty for null)",
+        label=_("Payload (JSON; empty for null)"),
         required=False,
         strip=False,
         max_length=PAYLOAD_MAX_CHARS,
         widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "spellcheck": "false"}),
-        help_text='What each woken run receives as woken_by["payload"], e.g. {"status": "ok"}.',
+        help_text=_('What each woken run receives as woken_by["payload"], e.g. {"status": "ok"}.'),
     )
 
     def clean_payload(self) -> Any:
@@ -422,15 +478,18 @@ class EventPayloadForm(forms.Form):
 
 class SendEventForm(EventPayloadForm):
     name = forms.CharField(
+        label=_("Name"),
         max_length=200,
         validators=[_no_unstorable],
-        help_text="The name the runs wait on (Wait(event=name)). An event is sent once: "
-        "sending a name again changes nothing.",
+        help_text=_(
+            "The name the runs wait on (Wait(event=name)). An event is sent once: "
+            "sending a name again changes nothing."
+        ),
     )
     field_order = ["name", "payload"]
 
 
-def _time_field(field_name: str, description: str) -> Callable[[Any, Any], str]:
+def _time_field(field_name: str, description: StrOrPromise) -> Callable[[Any, Any], str]:
     """A read-only field or column printing ``field_name`` as ``views.TIME_FORMAT``.
 
     Django prints datetimes in the locale's format ("Dec. 2, 2026, 4:51 p.m."); the transcript
@@ -438,7 +497,7 @@ def _time_field(field_name: str, description: str) -> Callable[[Any, Any], str]:
     """
 
     @admin.display(description=description, ordering=field_name)
-    def show(self: admin.ModelAdmin, obj: Any) -> str:
+    def show(self: admin.ModelAdmin[Any], obj: Any) -> str:
         return views.format_time(getattr(obj, field_name)) or self.get_empty_value_display()
 
     show.__name__ = f"{field_name}_display"
@@ -446,22 +505,18 @@ def _time_field(field_name: str, description: str) -> Callable[[Any, Any], str]:
 
 
 def _text_html(text: views.Text) -> SafeString:
-    """A possibly cut text as a read-only field: the same markup as the transcript's."""
-    if not text.cut:
-        return format_html('<div class="da-pre">{}</div>', text.text)
-    if text.url:
-        more = format_html('<a href="{}">the whole text ({} characters)</a>', text.url, text.length)
-    else:
-        more = format_html("{} characters in all", text.length)
-    return format_html(
-        '<div class="da-pre">{}<span class="da-cut">… [cut: {}]</span></div>', text.text, more
-    )
+    """A possibly cut text as a read-only field: the transcript's markup (its template, with
+    autoescape on, and its translated words)."""
+    html = render_to_string("admin/durable_agents/includes/text.html", {"t": text})
+    return mark_safe(html.strip())  # the template escaped every value in it
 
 
-def _run_text_field(field_name: str) -> Callable[[Any, Any], SafeString | str]:
+def _run_text_field(
+    field_name: str, description: StrOrPromise
+) -> Callable[[Any, Any], SafeString | str]:
     """A read-only field printing a long text of the run, cut with a link to the whole."""
 
-    @admin.display(description=field_name)
+    @admin.display(description=description)
     def show(self: AgentRunAdmin, obj: AgentRun) -> SafeString | str:
         value = getattr(obj, field_name)
         if not value:
@@ -473,7 +528,7 @@ def _run_text_field(field_name: str) -> Callable[[Any, Any], SafeString | str]:
     return show
 
 
-def _question_text_url(model_admin: admin.ModelAdmin) -> Callable[[Any, str], str]:
+def _question_text_url(model_admin: admin.ModelAdmin[Any]) -> Callable[[Any, str], str]:
     """The address of the whole text of a question's ``question`` or ``answer``."""
     name = f"{model_admin.admin_site.name}:durable_agents_agentquestion_text"
 
@@ -483,7 +538,9 @@ def _question_text_url(model_admin: admin.ModelAdmin) -> Callable[[Any, str], st
     return url
 
 
-def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: AgentQuestion) -> bool:
+def answer_as(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, question: AgentQuestion
+) -> bool:
     """Answer ``question`` with the posted AnswerForm, through ``api.answer_question``, as the
     request's user (whose permission the caller checked); audit it and say what happened.
 
@@ -493,12 +550,18 @@ def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: Age
     form = AnswerForm(request.POST)
     if not form.is_valid():
         errors = " ".join(str(e) for errors in form.errors.values() for e in errors)
-        model_admin.message_user(request, f"Nothing was answered: {errors}", messages.ERROR)
+        model_admin.message_user(
+            request,
+            gettext("Nothing was answered: %(reason)s") % {"reason": errors},
+            messages.ERROR,
+        )
         return False
     text = form.cleaned_data["answer"]
     if form.cleaned_data["question"] != question.pk:
         model_admin.message_user(
-            request, "Nothing was answered: the form was for another question.", messages.ERROR
+            request,
+            gettext("Nothing was answered: the form was for another question."),
+            messages.ERROR,
         )
         return False
     if question.status != QuestionStatus.OPEN:
@@ -513,7 +576,8 @@ def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: Age
     if newest != question.pk:
         model_admin.message_user(
             request,
-            f"Nothing was answered: run {question.run_id} asked a newer question since.",
+            gettext("Nothing was answered: run %(run)s asked a newer question since.")
+            % {"run": question.run_id},
             messages.ERROR,
         )
         return False
@@ -521,7 +585,9 @@ def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: Age
         after = api.answer_question(question.run_id, request.user, text, question_id=question.pk)
     except (ValueError, AgentQuestion.DoesNotExist) as exc:
         model_admin.message_user(
-            request, f"Nothing was answered: {storable_text(exc, 300)}", messages.ERROR
+            request,
+            gettext("Nothing was answered: %(reason)s") % {"reason": storable_text(exc, 300)},
+            messages.ERROR,
         )
         return False
     answered = (
@@ -539,26 +605,31 @@ def answer_as(model_admin: admin.ModelAdmin, request: HttpRequest, question: Age
     model_admin.log_change(request, run, f"Answered question {after.pk}: “{excerpt}”.")
     model_admin.message_user(
         request,
-        f"Answered question {after.pk}: run {after.run_id} goes on ({run.status}).",
+        gettext("Answered question %(question)s: run %(run)s goes on (%(status)s).")
+        % {"question": after.pk, "run": after.run_id, "status": run.status},
         messages.SUCCESS,
     )
     return True
 
 
-def _not_open(model_admin: admin.ModelAdmin, request: HttpRequest, question: Any) -> None:
+def _not_open(model_admin: admin.ModelAdmin[Any], request: HttpRequest, question: Any) -> None:
     question.refresh_from_db(fields=["status", "answered_by", "answered_at"])
     if question.status == QuestionStatus.ANSWERED:
         who = storable_text(question.answered_by.get_username()) if question.answered_by else "—"
-        state = f"already answered by {who}"
+        message = gettext("Question %(id)s is already answered by %(user)s. Nothing changed.") % {
+            "id": question.pk,
+            "user": who,
+        }
     else:
-        state = question.get_status_display().lower()
-    model_admin.message_user(
-        request, f"Question {question.pk} is {state}. Nothing changed.", messages.WARNING
-    )
+        message = gettext("Question %(id)s is %(status)s. Nothing changed.") % {
+            "id": question.pk,
+            "status": question.get_status_display().lower(),
+        }
+    model_admin.message_user(request, message, messages.WARNING)
 
 
 def send_event_as(
-    model_admin: admin.ModelAdmin, request: HttpRequest, name: str, payload: Any
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, name: str, payload: Any
 ) -> tuple[AgentEvent, bool]:
     """Send the event through ``api.send_event`` as the request's user (whose permission the
     caller checked) and audit it. Returns the event and whether this request sent it (an
@@ -578,22 +649,49 @@ def send_event_as(
 
 
 def already_sent_message(event: AgentEvent) -> str:
-    who = storable_text(event.sent_by.get_username()) if event.sent_by else "the api"
-    return (
-        f"Event “{storable_text(event.name, 200)}” was sent already, at "
-        f"{views.format_time(event.sent_at)} by {who}: an event is sent once. Nothing changed."
-    )
+    who = storable_text(event.sent_by.get_username()) if event.sent_by else gettext("the api")
+    return gettext(
+        "Event “%(name)s” was sent already, at %(time)s by %(user)s: an event is sent once. "
+        "Nothing changed."
+    ) % {
+        "name": storable_text(event.name, 200),
+        "time": views.format_time(event.sent_at),
+        "user": who,
+    }
 
 
-CLAIMS_HELP = (
+def _created(obj: Any) -> str:
+    """The title of a list's age line: when the object was created."""
+    return gettext("created %(time)s") % {"time": views.format_time(obj.created_at)}
+
+
+def _ago(when: Any) -> str:
+    """``3h ago``: the age under an id or a name in a list."""
+    return gettext("%(age)s ago") % {"age": views.compact_age(when)}
+
+
+CLAIMS_HELP = _(
     "how many times a worker took this run (after a crash, a deploy or a person's decision)"
 )
 # The error of these runs is what a person came for: the run page shows it first.
 ERROR_FIRST_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
 
 
+@dataclass(frozen=True)
+class RunOperation:
+    """A bulk operation on runs: what it applies to, and the words of its pages."""
+
+    statuses: tuple[str, ...]
+    function: str  # of durable_agents.api
+    logged: str  # the LogEntry's verb (English: the audit record)
+    title: StrOrPromise
+    question: StrOrPromise
+    button: StrOrPromise
+    done: StrOrPromise  # the message: %(count)s changed, %(skipped)s skipped
+
+
 @admin.register(AgentRun)
-class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
+class AgentRunAdmin(_OperationsAdmin[AgentRun]):
     # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
     # the run id, the model under the agent, the error (truncated) under the task, one lease
     # column and short headers; admin.css sets the widths.
@@ -608,7 +706,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
     )
     list_filter = ("status", WaitingForFilter, FamilyFilter, "agent", "model", "created_at")
     search_fields = ("task",)  # plus ids, errors, models and request ids: get_search_results
-    search_help_text = (
+    search_help_text = _(
         "A run id or its first characters, a request id (req_...), a model, or words of the "
         "task or the error."
     )
@@ -624,7 +722,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             {"fields": ("id", "status_badge", "agent", "prompt_version", "model", "task_text")},
         ),
         (
-            "Progress",
+            _("Progress"),
             {
                 "fields": (
                     "steps",
@@ -640,8 +738,8 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
                 )
             },
         ),
-        ("Outcome", {"fields": ("result_text", "error_text")}),
-        ("Pinning", {"classes": ("collapse",), "fields": ("fingerprint",)}),
+        (_("Outcome"), {"fields": ("result_text", "error_text")}),
+        (_("Pinning"), {"classes": ("collapse",), "fields": ("fingerprint",)}),
     )
     readonly_fields = (
         "id",
@@ -673,9 +771,9 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         "woken_by_text",
     )
     # Shown on the page of a child run, and of a run that has waited.
-    child_fieldset = ("Child run", {"fields": ("parent_link", "spawn_key", "depth")})
+    child_fieldset = (_("Child run"), {"fields": ("parent_link", "spawn_key", "depth")})
     wait_fieldset = (
-        "Last wait",
+        _("Last wait"),
         {
             "fields": (
                 "waiting_for",
@@ -688,32 +786,32 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
     )
     # Labels and help of read-only fields come from the form's Meta (see get_form).
     field_labels = {
-        "attempt": "claims",
-        "tokens_used": "tokens used",
-        "waiting_for": "waited for",
-        "wait_event": "event",
-        "spawn_key": "spawn key",
+        "attempt": _("claims"),
+        "tokens_used": _("tokens used"),
+        "waiting_for": _("waited for"),
+        "wait_event": _("event"),
+        "spawn_key": _("spawn key"),
     }
     field_help_texts = {
         "attempt": CLAIMS_HELP,
-        "started_at_display": "first claim",
-        "wake_at_display": "a timer's due time, or the timeout of an event or child runs wait",
-        "woken_by_text": "what ended the wait: the waiting call receives it",
+        "started_at_display": _("first claim"),
+        "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),
+        "woken_by_text": _("what ended the wait: the waiting call receives it"),
     }
 
-    lease_until_display = _time_field("lease_until", "lease until")
-    created_at_display = _time_field("created_at", "created at")
-    started_at_display = _time_field("started_at", "started at")
-    updated_at_display = _time_field("updated_at", "updated at")
-    finished_at_display = _time_field("finished_at", "finished at")
-    task_text = _run_text_field("task")
-    result_text = _run_text_field("result")
-    error_text = _run_text_field("error")
-    waiting_since_display = _time_field("waiting_since", "waiting since")
-    wake_at_display = _time_field("wake_at", "wake at")
+    lease_until_display = _time_field("lease_until", _("lease until"))
+    created_at_display = _time_field("created_at", _("created at"))
+    started_at_display = _time_field("started_at", _("started at"))
+    updated_at_display = _time_field("updated_at", _("updated at"))
+    finished_at_display = _time_field("finished_at", _("finished at"))
+    task_text = _run_text_field("task", _("task"))
+    result_text = _run_text_field("result", _("result"))
+    error_text = _run_text_field("error", _("error"))
+    waiting_since_display = _time_field("waiting_since", _("waiting since"))
+    wake_at_display = _time_field("wake_at", _("wake at"))
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        fieldsets = list(super().get_fieldsets(request, obj))
+        fieldsets: list[Any] = list(super().get_fieldsets(request, obj))
         if obj is not None and obj.parent_id:
             fieldsets.insert(1, self.child_fieldset)
         if obj is not None and obj.waiting_for and obj.status != RunStatus.WAITING:
@@ -721,7 +819,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             fieldsets.insert(-2, self.wait_fieldset)
         return fieldsets
 
-    @admin.display(description="parent run")
+    @admin.display(description=_("parent run"))
     def parent_link(self, obj: AgentRun) -> SafeString | str:
         if not obj.parent_id:
             return self.get_empty_value_display()
@@ -731,7 +829,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             obj.parent_id,
         )
 
-    @admin.display(description="woken by")
+    @admin.display(description=_("woken by"))
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:
         if obj.woken_by is None:
             return self.get_empty_value_display()
@@ -739,35 +837,35 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> type[forms.ModelForm]:
+    ) -> type[forms.ModelForm[Any]]:
         kwargs.setdefault("labels", self.field_labels)
         kwargs.setdefault("help_texts", self.field_help_texts)
         return super().get_form(request, obj, change, **kwargs)
 
     # -- columns ---------------------------------------------------------------------------
 
-    @admin.display(description="run", ordering="created_at")
+    @admin.display(description=_("run"), ordering="created_at")
     def short_id(self, obj: AgentRun) -> SafeString:
         """The id's first 8 characters, and the run's age under it (sorts by creation)."""
         if not obj.created_at:
             return format_html("{}", str(obj.pk)[:8])
         return format_html(
-            '{}<br><span class="da-meta" title="created {}">{} ago</span>',
+            '{}<br><span class="da-meta" title="{}">{}</span>',
             str(obj.pk)[:8],
-            views.format_time(obj.created_at),
-            views.compact_age(obj.created_at),
+            _created(obj),
+            _ago(obj.created_at),
         )
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: AgentRun) -> SafeString:
         return views.badge(obj.status, obj.get_status_display(), views.RUN_COLORS)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_short(self, obj: AgentRun) -> SafeString:
         label = views.RUN_SHORT_LABELS.get(obj.status, obj.get_status_display())
         return views.badge(obj.status, label, views.RUN_COLORS, title=obj.get_status_display())
 
-    @admin.display(description="agent", ordering="agent")
+    @admin.display(description=_("agent"), ordering="agent")
     def agent_version(self, obj: AgentRun) -> SafeString:
         return format_html(
             '{} @ {}<br><span class="da-meta">{}</span>',
@@ -776,7 +874,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             storable_text(obj.model),
         )
 
-    @admin.display(description="task")
+    @admin.display(description=_("task"))
     def task_excerpt(self, obj: AgentRun) -> SafeString:
         """The task's first line (after a marker linking the parent, for a child run), under
         it what a waiting run waits for, and the start of the error if there is one."""
@@ -785,19 +883,19 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         html = format_html("{}", Truncator(storable_text(first_line)).chars(60))
         if obj.parent_id:
             html = format_html(
-                '<a class="da-child" href="{}" title="a child run of {}">↳ {}</a> {}',
+                '<a class="da-child" href="{}" title="{}">↳ {}</a> {}',
                 self._url("change", obj.parent_id),
-                obj.parent_id,
+                gettext("a child run of %(run)s") % {"run": obj.parent_id},
                 str(obj.parent_id)[:8],
                 html,
             )
         wait = getattr(obj, "wait", None)
         if wait is not None:
             html = format_html(
-                '{}<br><span class="da-wait da-wait-{}">waits for {}</span>',
+                '{}<br><span class="da-wait da-wait-{}">{}</span>',
                 html,
                 wait.kind or "person",
-                wait.summary,
+                gettext("waits for %(what)s") % {"what": wait.summary},
             )
         if not obj.error:
             return html
@@ -809,15 +907,15 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             Truncator(error).chars(LAST_ERROR_CHARS),
         )
 
-    @admin.display(description="steps", ordering="last_seq")
+    @admin.display(description=_("steps"), ordering="last_seq")
     def steps(self, obj: AgentRun) -> int:
         return obj.last_seq + 1  # seq 0 is the task; no per-row query
 
-    @admin.display(description="claims", ordering="attempt")
+    @admin.display(description=_("claims"), ordering="attempt")
     def claims(self, obj: AgentRun) -> int:
         return obj.attempt
 
-    @admin.display(description="lease", ordering="lease_until")
+    @admin.display(description=_("lease"), ordering="lease_until")
     def lease(self, obj: AgentRun) -> SafeString | None:
         return views.lease_summary(
             storable_text(obj.lease_owner) if obj.lease_owner else obj.lease_owner,
@@ -849,8 +947,8 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
     # -- search ----------------------------------------------------------------------------
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         """What an operator has in hand: an id as the list shows it (its first characters),
         a whole id, a request id from a support ticket or an error, a model, words."""
         term = storable_text(search_term).strip()
@@ -864,7 +962,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             return queryset.filter(pk=run_id), False
         # EXISTS instead of a join over steps__request_id: one row per run, no DISTINCT.
         by_request = Exists(AgentStep.objects.filter(run_id=OuterRef("pk"), request_id=term))
-        found = (
+        found: Q | Combinable = (
             Q(task__icontains=term)
             | Q(error__icontains=term)
             | Q(model__icontains=term)
@@ -881,7 +979,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             found |= Q(pk__gte=low, pk__lte=high)
         return queryset.filter(found), False
 
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         # Older dead-letter links filter runs whose error starts with a reason.
         if lookup == "error__startswith":
             return True
@@ -889,44 +987,60 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
 
     # -- actions ---------------------------------------------------------------------------
 
-    @admin.action(description="Cancel selected runs", permissions=["operate"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    @admin.action(description=_("Cancel selected runs"), permissions=["operate"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._run_operation(request, queryset, "cancel_runs")
 
-    @admin.action(description="Requeue selected dead runs", permissions=["operate"])
-    def requeue_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    @admin.action(description=_("Requeue selected dead runs"), permissions=["operate"])
+    def requeue_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._run_operation(request, queryset, "requeue_runs")
 
-    # action -> (statuses it applies to, api function name, verb, past tense, question)
-    RUN_OPERATIONS: dict[str, tuple[tuple[str, ...], str, str, str, str]] = {
-        "cancel_runs": (
-            tuple(CANCELLABLE_STATUSES),
-            "cancel_run",
-            "cancel",
-            "Cancelled",
-            "These runs will be cancelled. A worker holding one stops at its next step; "
-            "nothing it committed is undone.",
+    RUN_OPERATIONS: dict[str, RunOperation] = {
+        "cancel_runs": RunOperation(
+            statuses=tuple(CANCELLABLE_STATUSES),
+            function="cancel_run",
+            logged="Cancelled",
+            title=_("Cancel runs"),
+            question=_(
+                "These runs will be cancelled. A worker holding one stops at its next step; "
+                "nothing it committed is undone."
+            ),
+            button=_("Yes, cancel them"),
+            # The English keeps "run(s)"; a catalogue gives each plural form its own words.
+            done=ngettext_lazy(
+                "Cancelled %(count)s run(s); %(skipped)s skipped (not in a status that allows it).",
+                "Cancelled %(count)s run(s); %(skipped)s skipped (not in a status that allows it).",
+                "count",
+            ),
         ),
-        "requeue_runs": (
-            (RunStatus.DEAD,),
-            "requeue_run",
-            "requeue",
-            "Requeued",
-            "These dead runs go back to pending and resume at their first uncommitted step.",
+        "requeue_runs": RunOperation(
+            statuses=(RunStatus.DEAD,),
+            function="requeue_run",
+            logged="Requeued",
+            title=_("Requeue runs"),
+            question=_(
+                "These dead runs go back to pending and resume at their first uncommitted step."
+            ),
+            button=_("Yes, requeue them"),
+            done=ngettext_lazy(
+                "Requeued %(count)s run(s); %(skipped)s skipped (not in a status that allows it).",
+                "Requeued %(count)s run(s); %(skipped)s skipped (not in a status that allows it).",
+                "count",
+            ),
         ),
     }
 
     def _run_operation(
         self,
         request: HttpRequest,
-        queryset: QuerySet,
+        queryset: QuerySet[Any],
         action: str,
         *,
         form_url: str | None = None,
-        title_suffix: str = "",
+        example: str | None = None,
     ) -> HttpResponse | None:
-        statuses, function, verb, done, question = self.RUN_OPERATIONS[action]
-        eligible = queryset.filter(status__in=statuses)
+        operation = self.RUN_OPERATIONS[action]
+        eligible = queryset.filter(status__in=operation.statuses)
         if not self._confirmed(request):
             matched = eligible.count()
             runs = eligible.order_by("-created_at").only(
@@ -940,37 +1054,41 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
                 )
                 for run in runs
             ]
+            title: StrOrPromise = operation.title
+            if example is not None:  # a group of the dead letter: its example reason
+                title = gettext("%(title)s: “%(example)s”") % {
+                    "title": operation.title,
+                    "example": example,
+                }
             return self._render_confirmation(
                 request,
-                title=f"{verb.capitalize()} runs{title_suffix}",
-                question=question,
+                title=title,
+                question=operation.question,
                 rows=rows,
                 matched=matched,
                 skipped=queryset.count() - matched,
-                button=f"Yes, {verb} them",
+                button=operation.button,
                 action=action,
                 form_url=form_url or request.get_full_path(),
             )
         # The "Yes" of a confirmation page: Django filtered the queryset to the posted ids.
-        operation: Callable[[Any], bool] = getattr(api, function)
+        function: Callable[[Any], bool] = getattr(api, operation.function)
         total = len(self._posted_ids(request))
         changed = 0
         for run in eligible.only("pk", "status"):
             # Per run through the api: the status it checks may have moved since the page.
-            if operation(run.pk):
+            if function(run.pk):
                 changed += 1
-                self.log_change(request, run, f"{done} from the admin (was {run.status}).")
+                self.log_change(
+                    request, run, f"{operation.logged} from the admin (was {run.status})."
+                )
         skipped = total - changed
         level = messages.SUCCESS if changed else messages.WARNING
-        self.message_user(
-            request,
-            f"{done} {changed} run(s); {skipped} skipped (not in a status that allows it).",
-            level,
-        )
+        self.message_user(request, operation.done % {"count": changed, "skipped": skipped}, level)
         return None
 
-    @admin.action(description="Send the event these runs wait for", permissions=["send_event"])
-    def send_events(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    @admin.action(description=_("Send the event these runs wait for"), permissions=["send_event"])
+    def send_events(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         """An intermediate page lists the selected runs that wait on an event (all on one
         event) and takes the payload; its "Yes" posts exactly those run ids and the event's
         name, and sends that event only if the runs still wait on it."""
@@ -987,23 +1105,32 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             if names != [posted]:
                 self.message_user(
                     request,
-                    f"Nothing was sent: the runs listed no longer all wait on event "
-                    f"“{storable_text(posted, 200)}”.",
+                    gettext(
+                        "Nothing was sent: the runs listed no longer all wait on event “%(name)s”."
+                    )
+                    % {"name": storable_text(posted, 200)},
                     messages.ERROR,
                 )
                 return None
         elif not names:
             self.message_user(
-                request, "None of the selected runs waits on an event.", messages.WARNING
+                request, gettext("None of the selected runs waits on an event."), messages.WARNING
             )
             return None
         elif len(names) > 1:
             shown = ", ".join(f"“{storable_text(n, 60)}”" for n in names[:10])
+            if len(names) > 10:
+                message = gettext(
+                    "The selected runs wait on more than ten different events (%(events)s): "
+                    "select runs that wait on one of them."
+                )
+            else:
+                message = gettext(
+                    "The selected runs wait on %(count)s different events (%(events)s): "
+                    "select runs that wait on one of them."
+                )
             self.message_user(
-                request,
-                f"The selected runs wait on {'more than ten' if len(names) > 10 else len(names)} "
-                f"different events ({shown}): select runs that wait on one of them.",
-                messages.ERROR,
+                request, message % {"count": len(names), "events": shown}, messages.ERROR
             )
             return None
         name = names[0]
@@ -1026,21 +1153,29 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             ).count()
             return self._render_confirmation(
                 request,
-                title=f"Send event “{views.cut_at_word(storable_text(name), 60)[0]}”",
-                question=(
-                    f"Event “{storable_text(name)}” will be sent with the payload below, once: "
-                    "every run waiting on it wakes and receives it."
-                ),
+                title=gettext("Send event “%(name)s”")
+                % {"name": views.cut_at_word(storable_text(name), 60)[0]},
+                question=gettext(
+                    "Event “%(name)s” will be sent with the payload below, once: every run "
+                    "waiting on it wakes and receives it."
+                )
+                % {"name": storable_text(name)},
                 note=(
-                    f"{everyone} run(s) wait on this event in all; the ones not listed here "
-                    "wake too (an event is sent by name, not per run)."
+                    ngettext(
+                        "%(count)s run(s) wait on this event in all; the ones not listed here "
+                        "wake too (an event is sent by name, not per run).",
+                        "%(count)s run(s) wait on this event in all; the ones not listed here "
+                        "wake too (an event is sent by name, not per run).",
+                        everyone,
+                    )
+                    % {"count": everyone}
                     if everyone > len(rows)
                     else ""
                 ),
                 rows=rows,
                 matched=matched,
                 skipped=queryset.count() - matched,
-                button="Yes, send it",
+                button=gettext("Yes, send it"),
                 action="send_events",
                 form_url=request.get_full_path(),
                 extra_form=form if confirmed else EventPayloadForm(),
@@ -1063,8 +1198,12 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
             self.log_change(request, run, f"Woken by event “{name}”, sent from the admin.")
         self.message_user(
             request,
-            f"Sent event “{storable_text(name, 200)}”: {len(woken)} of the {len(listed)} "
-            "listed run(s) woke.",
+            ngettext(
+                "Sent event “%(name)s”: %(woken)s of the %(count)s listed run(s) woke.",
+                "Sent event “%(name)s”: %(woken)s of the %(count)s listed run(s) woke.",
+                len(listed),
+            )
+            % {"name": storable_text(name, 200), "woken": len(woken), "count": len(listed)},
             messages.SUCCESS,
         )
         return None
@@ -1212,7 +1351,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         if question is None:
             self.message_user(
                 request,
-                "Nothing was answered: the form named no question of this run.",
+                gettext("Nothing was answered: the form named no question of this run."),
                 messages.ERROR,
             )
         else:
@@ -1239,11 +1378,13 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
                 form.add_error(None, storable_text(exc))
             else:
                 self.log_addition(request, run, "Started from the admin.")
-                self.message_user(request, f"Started run {run.pk}.", messages.SUCCESS)
+                self.message_user(
+                    request, gettext("Started run %(run)s.") % {"run": run.pk}, messages.SUCCESS
+                )
                 return self._redirect_to_object(run)
         context = {
             **self.admin_site.each_context(request),
-            "title": "Start a run",
+            "title": gettext("Start a run"),
             "opts": self.opts,
             "form": form,
         }
@@ -1254,29 +1395,36 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         request: HttpRequest,
         object_id: str,
         operation: Callable[[Any], bool],
-        done: str,
+        logged: str,
+        done: StrOrPromise,
     ) -> HttpResponse:
+        """``logged``: the LogEntry's verb (English); ``done``: the message, with %(run)s."""
         if not self.has_operate_permission(request):
             raise PermissionDenied
         run = _get_or_404(AgentRun, object_id, AgentRun.objects.only("pk", "status"))
         before = run.status
         if operation(run.pk):
-            self.log_change(request, run, f"{done} from the admin (was {before}).")
-            self.message_user(request, f"{done} run {run.pk}.", messages.SUCCESS)
+            self.log_change(request, run, f"{logged} from the admin (was {before}).")
+            self.message_user(request, done % {"run": run.pk}, messages.SUCCESS)
         else:
             run.refresh_from_db(fields=["status"])
             self.message_user(
                 request,
-                f"Nothing changed: run {run.pk} is {run.get_status_display().lower()}.",
+                gettext("Nothing changed: run %(run)s is %(status)s.")
+                % {"run": run.pk, "status": run.get_status_display().lower()},
                 messages.WARNING,
             )
         return self._redirect_to_object(run)
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._single_run_operation(request, object_id, api.cancel_run, "Cancelled")
+        return self._single_run_operation(
+            request, object_id, api.cancel_run, "Cancelled", _("Cancelled run %(run)s.")
+        )
 
     def requeue_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return self._single_run_operation(request, object_id, api.requeue_run, "Requeued")
+        return self._single_run_operation(
+            request, object_id, api.requeue_run, "Requeued", _("Requeued run %(run)s.")
+        )
 
     # -- the whole of a text the run page cut ----------------------------------------------
 
@@ -1290,23 +1438,23 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         run = self._run_for_text(request, object_id)
         step = AgentStep.objects.filter(run_id=run.pk, seq=seq).first()
         if step is None:
-            raise Http404("No such step.")
+            raise Http404(gettext("No such step."))
         block_param = request.GET.get("block")
         block: int | None = None
         if block_param is not None:
             try:
                 block = int(block_param)
             except ValueError:
-                raise Http404("No such block.") from None
+                raise Http404(gettext("No such block.")) from None
         try:
             data = views.load_json(step.payload)
         except ValueError:
             if block is not None:
-                raise Http404("No such block.") from None
+                raise Http404(gettext("No such block.")) from None
             return plain_text_response(step.payload)
         text = views.block_text(step.kind, data, block)
         if text is None:
-            raise Http404("No such block.")
+            raise Http404(gettext("No such block."))
         return plain_text_response(text)
 
     def effect_text_view(self, request: HttpRequest, object_id: str, key: str) -> HttpResponse:
@@ -1314,14 +1462,14 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         run = self._run_for_text(request, object_id)
         effect = ToolEffect.objects.filter(run_id=run.pk, key=key).only("result").first()
         if effect is None:
-            raise Http404("No such effect.")
+            raise Http404(gettext("No such effect."))
         result = effect.result
         return plain_text_response(result if isinstance(result, str) else views.pretty_json(result))
 
     def run_text_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
         """The task, result or error of a run, as plain text."""
         if field not in RUN_TEXT_FIELDS:
-            raise Http404("No such text.")
+            raise Http404(gettext("No such text."))
         run = self._run_for_text(request, object_id, field)
         return plain_text_response(getattr(run, field) or "")
 
@@ -1333,7 +1481,7 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         groups, grouped, total = views.dead_letter_groups()
         context = {
             **self.admin_site.each_context(request),
-            "title": "Dead letter",
+            "title": gettext("Dead letter"),
             "opts": self.opts,
             "groups": groups,
             "grouped": grouped,
@@ -1347,28 +1495,28 @@ class AgentRunAdmin(_OperationsMixin, admin.ModelAdmin):
         """The confirmation page of a group's requeue or cancel: it lists the group's runs (at
         most RUN_ACTION_LIMIT) and its "Yes" posts exactly their ids to the runs list."""
         if action not in self.RUN_OPERATIONS:
-            raise Http404("No such operation.")
+            raise Http404(gettext("No such operation."))
         if not self.has_operate_permission(request):
             raise PermissionDenied
         group = next((g for g in views.dead_letter_groups()[0] if g.key == key), None)
         if group is None:
             self.message_user(
-                request, "That group is gone: its runs are no longer dead.", messages.WARNING
+                request,
+                gettext("That group is gone: its runs are no longer dead."),
+                messages.WARNING,
             )
             return HttpResponseRedirect(self._url("dead_letter"))
         queryset = AgentRun.objects.filter(pk__in=group.run_ids[:RUN_ACTION_LIMIT])
         form_url = f"{self._url('changelist')}?{urlencode({'status__exact': RunStatus.DEAD})}"
         example = views.cut_at_word(group.example, 60)[0]
-        return self._run_operation(
-            request, queryset, action, form_url=form_url, title_suffix=f": “{example}”"
-        )  # type: ignore[return-value]
+        return self._run_operation(request, queryset, action, form_url=form_url, example=example)  # type: ignore[return-value]
 
     def operations_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
-            "title": "Operations",
+            "title": gettext("Operations"),
             "opts": self.opts,
             **views.operations_stats(),
         }
@@ -1385,30 +1533,31 @@ INPUT_COLUMN_CHARS = 60
 class IntentChangeList(ChangeList):
     """The intents list reads the head of each input, not the whole JSON (it can be large)."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
-        return (
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = (
             super()
             .get_queryset(request, exclude_parameters)
             # TextField: the head of the JSON text is not JSON, so it must not be decoded.
             .annotate(input_head=Substr("input", 1, INPUT_HEAD_CHARS, output_field=TextField()))
             .defer("input")
         )
+        return queryset
 
 
 class RejectForm(forms.Form):
     reason = forms.CharField(
-        label="Reason (the model sees it)",
+        label=_("Reason (the model sees it)"),
         max_length=REASON_MAX_CHARS,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         validators=[_no_unstorable],
-        error_messages={"required": "Say why: the model reads the reason and you are named."},
+        error_messages={"required": _("Say why: the model reads the reason and you are named.")},
     )
 
 
 class ResolveForm(forms.Form):
     happened = forms.ChoiceField(
         choices=[("yes", "yes"), ("no", "no")],
-        error_messages={"required": "Say whether the call happened."},
+        error_messages={"required": _("Say whether the call happened.")},
     )
     result = forms.CharField(required=False, strip=False, validators=[_no_unstorable])
     reason = forms.CharField(
@@ -1417,7 +1566,7 @@ class ResolveForm(forms.Form):
 
 
 @admin.register(ToolIntent)
-class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
+class ToolIntentAdmin(_OperationsAdmin[ToolIntent]):
     # Sized for 1280 px with the nav sidebar and the filters: the input (head, monospace)
     # is the widest column; who decided and when share one column. See the list template.
     list_display = (
@@ -1437,8 +1586,8 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
     actions = ("approve_intents", "reject_intents")
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "tool", "run", "seq", "call_index", "key")}),
-        ("Decision", {"fields": ("decided_by", "decided_at_display", "reason")}),
-        ("Timestamps", {"fields": ("created_at_display", "updated_at_display")}),
+        (_("Decision"), {"fields": ("decided_by", "decided_at_display", "reason")}),
+        (_("Timestamps"), {"fields": ("created_at_display", "updated_at_display")}),
     )
     readonly_fields = (
         "id",
@@ -1455,29 +1604,29 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         "updated_at_display",
     )
 
-    created_at_display = _time_field("created_at", "created at")
-    decided_at_display = _time_field("decided_at", "decided at")
-    updated_at_display = _time_field("updated_at", "updated at")
+    created_at_display = _time_field("created_at", _("created at"))
+    decided_at_display = _time_field("decided_at", _("decided at"))
+    updated_at_display = _time_field("updated_at", _("updated at"))
 
     # -- columns ---------------------------------------------------------------------------
 
-    @admin.display(description="intent", ordering="created_at")
+    @admin.display(description=_("intent"), ordering="created_at")
     def intent_id(self, obj: ToolIntent) -> SafeString:
         """The id, and the intent's age under it (sorts by creation)."""
         if not obj.created_at:
             return format_html("#{}", obj.pk)
         return format_html(
-            '#{}<br><span class="da-meta" title="created {}">{} ago</span>',
+            '#{}<br><span class="da-meta" title="{}">{}</span>',
             obj.pk,
-            views.format_time(obj.created_at),
-            views.compact_age(obj.created_at),
+            _created(obj),
+            _ago(obj.created_at),
         )
 
-    @admin.display(description="tool", ordering="tool")
+    @admin.display(description=_("tool"), ordering="tool")
     def tool_name(self, obj: ToolIntent) -> str:
         return storable_text(obj.tool)
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def input_excerpt(self, obj: ToolIntent) -> SafeString:
         """The head of the input's JSON: three drop_table rows no longer look the same."""
         head = getattr(obj, "input_head", None)
@@ -1490,20 +1639,20 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
             Truncator(head).chars(INPUT_COLUMN_CHARS),
         )
 
-    @admin.display(description="run", ordering="run_id")
+    @admin.display(description=_("run"), ordering="run_id")
     def run_link(self, obj: ToolIntent) -> SafeString:
         url = reverse(f"{self.admin_site.name}:durable_agents_agentrun_change", args=[obj.run_id])
         return format_html('<a href="{}">{}</a>', url, str(obj.run_id)[:8])
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: ToolIntent) -> SafeString:
         return views.intent_badge(obj)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_short(self, obj: ToolIntent) -> SafeString:
         return views.intent_badge(obj, short=True)
 
-    @admin.display(description="decided", ordering="decided_at")
+    @admin.display(description=_("decided"), ordering="decided_at")
     def decided(self, obj: ToolIntent) -> SafeString | str:
         """Who decided, and how long ago under it (the time itself in the title)."""
         if obj.decided_by is None and obj.decided_at is None:
@@ -1512,10 +1661,10 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         if obj.decided_at is None:
             return format_html("{}", who)
         return format_html(
-            '{}<br><span class="da-meta" title="{}">{} ago</span>',
+            '{}<br><span class="da-meta" title="{}">{}</span>',
             who,
             views.format_time(obj.decided_at),
-            views.compact_age(obj.decided_at),
+            _ago(obj.decided_at),
         )
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -1523,7 +1672,7 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
 
     # -- ordering: what waits for a person first, oldest first -----------------------------
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return (
             super()
             .get_queryset(request)
@@ -1548,8 +1697,8 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         ]
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         return super().get_search_results(request, queryset, storable_text(search_term))
 
     # -- permissions -----------------------------------------------------------------------
@@ -1568,12 +1717,12 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
 
     # -- actions ---------------------------------------------------------------------------
 
-    @admin.action(description="Approve selected pending intents", permissions=["approve"])
-    def approve_intents(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    @admin.action(description=_("Approve selected pending intents"), permissions=["approve"])
+    def approve_intents(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._decide_many(request, queryset, approve=True)
 
-    @admin.action(description="Reject selected pending intents", permissions=["approve"])
-    def reject_intents(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    @admin.action(description=_("Reject selected pending intents"), permissions=["approve"])
+    def reject_intents(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._decide_many(request, queryset, approve=False)
 
     def _intent_rows(self, intents: list[ToolIntent], *, approve: bool) -> list[ConfirmRow]:
@@ -1582,13 +1731,17 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         rows = []
         for intent in intents:
             url = self._url("change", intent.pk)
-            label = f"#{intent.pk} {storable_text(intent.tool)} for run {str(intent.run_id)[:8]}"
+            label = gettext("#%(id)s %(tool)s for run %(run)s") % {
+                "id": intent.pk,
+                "tool": storable_text(intent.tool),
+                "run": str(intent.run_id)[:8],
+            }
             text = views.shown_json(intent.input)
             row = ConfirmRow(pk=str(intent.pk), url=url, label=label)
             if approve and len(text) > BULK_INPUT_CHARS:
                 row.input = views.shown_text(text, url)
                 row.included = False
-                row.note = "too long to review in a list: approve it from its own page"
+                row.note = gettext("too long to review in a list: approve it from its own page")
             elif approve:
                 row.input = views.Text(text, len(text))
                 row.fingerprint = views.intent_fingerprint(intent)
@@ -1598,11 +1751,10 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         return rows
 
     def _decide_many(
-        self, request: HttpRequest, queryset: QuerySet, *, approve: bool
+        self, request: HttpRequest, queryset: QuerySet[Any], *, approve: bool
     ) -> HttpResponse | None:
         # defer(None): the list's queryset leaves the input out, and every row shows it.
         pending = queryset.filter(status=IntentStatus.PENDING).order_by("created_at").defer(None)
-        verb = "approve" if approve else "reject"
         action = "approve_intents" if approve else "reject_intents"
         reason_form = None if approve else RejectForm(request.POST or None)
         confirmed = self._confirmed(request)
@@ -1613,18 +1765,20 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
             rows = self._intent_rows(list(pending[:INTENT_ACTION_LIMIT]), approve=approve)
             return self._render_confirmation(
                 request,
-                title=f"{verb.capitalize()} intents",
-                question=(
+                title=gettext("Approve intents") if approve else gettext("Reject intents"),
+                question=gettext(
                     "These irreversible calls will run, each with exactly the input shown, "
                     "once a worker resumes their runs."
-                    if approve
-                    else "These calls will not run; each model receives an error result "
+                )
+                if approve
+                else gettext(
+                    "These calls will not run; each model receives an error result "
                     "naming you and the reason."
                 ),
                 rows=rows,
                 matched=matched,
                 skipped=queryset.count() - matched,
-                button=f"Yes, {verb} them",
+                button=gettext("Yes, approve them") if approve else gettext("Yes, reject them"),
                 action=action,
                 form_url=request.get_full_path(),
                 reason_form=reason_form,
@@ -1640,12 +1794,31 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
                     continue
             if self._decide(request, intent, approve=approve, reason=reason):
                 changed += 1
-        message = (
-            f"{'Approved' if approve else 'Rejected'} {changed} intent(s); "
-            f"{total - changed - differs} skipped (not pending)."
-        )
+        # The English keeps "intent(s)"; a catalogue gives each plural form its own words.
+        counts = {"count": changed, "skipped": total - changed - differs, "differs": differs}
+        if approve:
+            message = ngettext(
+                "Approved %(count)s intent(s); %(skipped)s skipped (not pending).",
+                "Approved %(count)s intent(s); %(skipped)s skipped (not pending).",
+                changed,
+            )
+        else:
+            message = ngettext(
+                "Rejected %(count)s intent(s); %(skipped)s skipped (not pending).",
+                "Rejected %(count)s intent(s); %(skipped)s skipped (not pending).",
+                changed,
+            )
+        message %= counts
         if differs:
-            message += f" {differs} not approved: what was shown is not what they hold."
+            message += (
+                " "
+                + ngettext(
+                    "%(differs)s not approved: what was shown is not what they hold.",
+                    "%(differs)s not approved: what was shown is not what they hold.",
+                    differs,
+                )
+                % counts
+            )
         self.message_user(
             request, message, messages.SUCCESS if changed and not differs else messages.WARNING
         )
@@ -1732,11 +1905,18 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
 
     def _already_decided(self, request: HttpRequest, intent: ToolIntent) -> None:
         intent.refresh_from_db()
-        who = storable_text(intent.decided_by.get_username()) if intent.decided_by else "nobody"
+        who = (
+            storable_text(intent.decided_by.get_username())
+            if intent.decided_by
+            else gettext("nobody")
+        )
         self.message_user(
             request,
-            f"Intent {intent.pk} was already decided: it is {intent.get_status_display().lower()}"
-            f" (decided by {who}). Nothing changed.",
+            gettext(
+                "Intent %(id)s was already decided: it is %(status)s (decided by %(user)s). "
+                "Nothing changed."
+            )
+            % {"id": intent.pk, "status": intent.get_status_display().lower(), "user": who},
             messages.WARNING,
         )
 
@@ -1749,10 +1929,15 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         form: forms.Form | None = None,
         status: int = 200,
     ) -> TemplateResponse:
-        verb = "Approve" if approve else "Reject"
+        names = {"tool": storable_text(intent.tool), "id": intent.pk}
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{verb} {storable_text(intent.tool)} (intent {intent.pk})?",
+            "title": (
+                gettext("Approve %(tool)s (intent %(id)s)?")
+                if approve
+                else gettext("Reject %(tool)s (intent %(id)s)?")
+            )
+            % names,
             "opts": self.opts,
             "original": intent,
             "tool": storable_text(intent.tool),
@@ -1778,13 +1963,17 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
         if not constant_time_compare(shown, views.intent_fingerprint(intent)):
             self.message_user(
                 request,
-                "Nothing was approved: this confirmation did not show the intent's current "
-                "input. Check the input below, then approve again.",
+                gettext(
+                    "Nothing was approved: this confirmation did not show the intent's current "
+                    "input. Check the input below, then approve again."
+                ),
                 messages.ERROR,
             )
             return HttpResponseRedirect(self._url("approve", intent.pk))
         if self._decide(request, intent, approve=True):
-            self.message_user(request, f"Approved intent {intent.pk}.", messages.SUCCESS)
+            self.message_user(
+                request, gettext("Approved intent %(id)s.") % {"id": intent.pk}, messages.SUCCESS
+            )
         else:
             self._already_decided(request, intent)
         return self._redirect_to_object(intent)
@@ -1800,7 +1989,9 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
             return self._render_decision(request, intent, approve=False, form=form)
         reason = form.cleaned_data["reason"]
         if self._decide(request, intent, approve=False, reason=reason):
-            self.message_user(request, f"Rejected intent {intent.pk}.", messages.SUCCESS)
+            self.message_user(
+                request, gettext("Rejected intent %(id)s.") % {"id": intent.pk}, messages.SUCCESS
+            )
         else:
             self._already_decided(request, intent)
         return self._redirect_to_object(intent)
@@ -1820,13 +2011,21 @@ class ToolIntentAdmin(_OperationsMixin, admin.ModelAdmin):
             intent.pk, request.user, happened=happened == "yes", result=result, reason=reason
         )
         if before == IntentStatus.UNKNOWN and after.status != IntentStatus.UNKNOWN:
+            # Marked once: the LogEntry keeps the English, the person reads their language.
             message = (
-                f"Resolved: it happened; recorded result {Truncator(result).chars(200)!r}."
+                gettext_noop("Resolved: it happened; recorded result %(result)s.")
                 if happened == "yes"
-                else "Resolved: it did not happen; the call runs again."
+                else gettext_noop("Resolved: it did not happen; the call runs again.")
             )
-            self.log_change(request, after, message + (f" {reason}" if reason else ""))
-            self.message_user(request, f"Intent {intent.pk}: {message}", messages.SUCCESS)
+            values = {"result": repr(Truncator(result).chars(200))}
+            logged = message % values
+            self.log_change(request, after, logged + (f" {reason}" if reason else ""))
+            self.message_user(
+                request,
+                gettext("Intent %(id)s: %(outcome)s")
+                % {"id": intent.pk, "outcome": gettext(message) % values},
+                messages.SUCCESS,
+            )
         else:
             self._already_decided(request, intent)
         return self._redirect_to_object(intent)
@@ -1842,8 +2041,8 @@ ANSWER_TITLE_CHARS = 300
 class QuestionChangeList(ChangeList):
     """The questions list reads the head of each question and answer, never the whole."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
-        return (
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = (
             super()
             .get_queryset(request, exclude_parameters)
             .annotate(
@@ -1854,10 +2053,11 @@ class QuestionChangeList(ChangeList):
             )
             .defer("question", "answer")
         )
+        return queryset
 
 
 @admin.register(AgentQuestion)
-class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
+class AgentQuestionAdmin(_OperationsAdmin[AgentQuestion]):
     """Questions that runs asked a person (the built-in ask_person tool): the open ones
     first, oldest first; each page has the answer form for those who may answer."""
 
@@ -1871,8 +2071,8 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
     actions = None
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "run_link", "key")}),
-        ("Answer", {"fields": ("answered_by", "answered_at_display")}),
-        ("Timestamps", {"fields": ("created_at_display",)}),
+        (_("Answer"), {"fields": ("answered_by", "answered_at_display")}),
+        (_("Timestamps"), {"fields": ("created_at_display",)}),
     )
     readonly_fields = (
         "id",
@@ -1884,23 +2084,23 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
         "created_at_display",
     )
 
-    created_at_display = _time_field("created_at", "asked at")
-    answered_at_display = _time_field("answered_at", "answered at")
+    created_at_display = _time_field("created_at", _("asked at"))
+    answered_at_display = _time_field("answered_at", _("answered at"))
 
     # -- columns ---------------------------------------------------------------------------
 
-    @admin.display(description="question", ordering="created_at")
+    @admin.display(description=_("question"), ordering="created_at")
     def question_id(self, obj: AgentQuestion) -> SafeString:
         if not obj.created_at:
             return format_html("#{}", obj.pk)
         return format_html(
-            '#{}<br><span class="da-meta" title="asked {}">{} ago</span>',
+            '#{}<br><span class="da-meta" title="{}">{}</span>',
             obj.pk,
-            views.format_time(obj.created_at),
-            views.compact_age(obj.created_at),
+            gettext("asked %(time)s") % {"time": views.format_time(obj.created_at)},
+            _ago(obj.created_at),
         )
 
-    @admin.display(description="asks")
+    @admin.display(description=_("asks"))
     def question_excerpt(self, obj: AgentQuestion) -> SafeString:
         head = getattr(obj, "question_head", None)
         text = storable_text(head if head is not None else obj.question)
@@ -1910,20 +2110,20 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
             Truncator(" ".join(text.split())).chars(QUESTION_COLUMN_CHARS),
         )
 
-    @admin.display(description="run", ordering="run_id")
+    @admin.display(description=_("run"), ordering="run_id")
     def run_link(self, obj: AgentQuestion) -> SafeString:
         url = reverse(f"{self.admin_site.name}:durable_agents_agentrun_change", args=[obj.run_id])
         return format_html('<a href="{}">{}</a>', url, str(obj.run_id)[:8])
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: AgentQuestion) -> SafeString:
         return views.question_badge(obj)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_short(self, obj: AgentQuestion) -> SafeString:
         return views.question_badge(obj)
 
-    @admin.display(description="answered", ordering="answered_at")
+    @admin.display(description=_("answered"), ordering="answered_at")
     def answered(self, obj: AgentQuestion) -> SafeString | str:
         if obj.status != QuestionStatus.ANSWERED:
             return self.get_empty_value_display()
@@ -1931,11 +2131,11 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
         head = getattr(obj, "answer_head", None)
         answer = storable_text(head if head is not None else obj.answer)
         return format_html(
-            '<span title="{}">{}</span><br><span class="da-meta" title="{}">{} ago</span>',
+            '<span title="{}">{}</span><br><span class="da-meta" title="{}">{}</span>',
             Truncator(answer).chars(ANSWER_TITLE_CHARS),
             who,
             views.format_time(obj.answered_at),
-            views.compact_age(obj.answered_at) if obj.answered_at else "—",
+            _ago(obj.answered_at) if obj.answered_at else gettext("%(age)s ago") % {"age": "—"},
         )
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -1943,7 +2143,7 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
 
     # -- ordering: open questions first, oldest first --------------------------------------
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return (
             super()
             .get_queryset(request)
@@ -1961,8 +2161,8 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
         return [F("_open").asc(), waiting_since.asc(nulls_last=True), F("created_at").desc()]
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         return super().get_search_results(request, queryset, storable_text(search_term))
 
     # -- permissions -----------------------------------------------------------------------
@@ -2036,7 +2236,7 @@ class AgentQuestionAdmin(_OperationsMixin, admin.ModelAdmin):
     def text_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
         """The whole question or answer, as plain text."""
         if field not in ("question", "answer"):
-            raise Http404("No such text.")
+            raise Http404(gettext("No such text."))
         if not self.has_view_permission(request):
             raise PermissionDenied
         question = _get_or_404(AgentQuestion, object_id, AgentQuestion.objects.only("pk", field))
@@ -2052,8 +2252,8 @@ PAYLOAD_HEAD_CHARS = 200
 class EventChangeList(ChangeList):
     """The events list reads the head of each payload, not the whole JSON."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
-        return (
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = (
             super()
             .get_queryset(request, exclude_parameters)
             .annotate(
@@ -2061,16 +2261,17 @@ class EventChangeList(ChangeList):
             )
             .defer("payload")
         )
+        return queryset
 
 
 class SentFilter(admin.SimpleListFilter):
-    title = "sent"
+    title = _("sent")
     parameter_name = "sent"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("no", "awaited (not sent yet)"), ("yes", "sent")]
+        return [("no", gettext("awaited (not sent yet)")), ("yes", gettext("sent"))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "no":
             return queryset.filter(sent_at__isnull=True)
         if self.value() == "yes":
@@ -2094,7 +2295,7 @@ def _waiting_on_event() -> Coalesce:
 
 
 @admin.register(AgentEvent)
-class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
+class AgentEventAdmin(_OperationsAdmin[AgentEvent]):
     """Events by name: those runs await (not sent yet, with how many runs wait on each) first,
     then those sent. "Add" is "send an event" and needs durable_agents.send_event."""
 
@@ -2108,7 +2309,7 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
     actions = None
     fieldsets = (
         (None, {"fields": ("name", "sent_badge", "payload_text")}),
-        ("Sent", {"fields": ("sent_by", "sent_at_display", "created_at_display")}),
+        (_("Sent"), {"fields": ("sent_by", "sent_at_display", "created_at_display")}),
     )
     readonly_fields = (
         "name",
@@ -2119,22 +2320,24 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
         "created_at_display",
     )
 
-    created_at_display = _time_field("created_at", "first awaited or sent")
-    sent_at_display = _time_field("sent_at", "sent at")
+    created_at_display = _time_field("created_at", _("first awaited or sent"))
+    sent_at_display = _time_field("sent_at", _("sent at"))
 
     # -- columns ---------------------------------------------------------------------------
 
-    @admin.display(description="event", ordering="name")
+    @admin.display(description=_("event"), ordering="name")
     def event_name(self, obj: AgentEvent) -> str:
         return storable_text(obj.name)
 
-    @admin.display(description="status", ordering="sent_at")
+    @admin.display(description=_("status"), ordering="sent_at")
     def sent_badge(self, obj: AgentEvent) -> SafeString:
         if obj.is_sent:
-            return views.badge("sent", "Sent", {"sent": "#1a7f37"})
-        return views.badge("awaited", "Awaited", {"awaited": "#b35c00"}, title="not sent yet")
+            return views.badge("sent", gettext("Sent"), {"sent": "#1a7f37"})
+        return views.badge(
+            "awaited", gettext("Awaited"), {"awaited": "#b35c00"}, title=gettext("not sent yet")
+        )
 
-    @admin.display(description="runs waiting", ordering="_waiting")
+    @admin.display(description=_("runs waiting"), ordering="_waiting")
     def waiting_runs(self, obj: AgentEvent) -> SafeString | int:
         count = getattr(obj, "_waiting", 0)
         if not count:
@@ -2143,7 +2346,7 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
         query = urlencode({"waits_for": WaitKind.EVENT, "wait_event": obj.name})
         return format_html('<a href="{}?{}">{}</a>', url, query, count)
 
-    @admin.display(description="payload")
+    @admin.display(description=_("payload"))
     def payload_excerpt(self, obj: AgentEvent) -> SafeString | str:
         if not obj.is_sent:
             return self.get_empty_value_display()
@@ -2155,22 +2358,22 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
             '<code class="da-input" title="{}">{}</code>', head, Truncator(head).chars(60)
         )
 
-    @admin.display(description="sent", ordering="sent_at")
+    @admin.display(description=_("sent"), ordering="sent_at")
     def sent(self, obj: AgentEvent) -> SafeString | str:
         if obj.sent_at is None:
             return self.get_empty_value_display()
-        who = storable_text(obj.sent_by.get_username()) if obj.sent_by else "the api"
+        who = storable_text(obj.sent_by.get_username()) if obj.sent_by else gettext("the api")
         return format_html(
-            '{}<br><span class="da-meta" title="{}">{} ago</span>',
+            '{}<br><span class="da-meta" title="{}">{}</span>',
             who,
             views.format_time(obj.sent_at),
-            views.compact_age(obj.sent_at),
+            _ago(obj.sent_at),
         )
 
-    @admin.display(description="payload")
+    @admin.display(description=_("payload"))
     def payload_text(self, obj: AgentEvent) -> SafeString | str:
         if not obj.is_sent:
-            return "not sent yet"
+            return gettext("not sent yet")
         url = self._url("payload", obj.pk)
         return _text_html(views.shown_text(views.pretty_json(obj.payload), url))
 
@@ -2179,15 +2382,15 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
 
     # -- ordering: awaited events first ----------------------------------------------------
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).annotate(_waiting=_waiting_on_event())
 
     def get_ordering(self, request: HttpRequest) -> list[Any]:
         return [F("sent_at").desc(nulls_first=True), F("created_at").desc()]
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         return super().get_search_results(request, queryset, storable_text(search_term))
 
     # -- permissions -----------------------------------------------------------------------
@@ -2263,7 +2466,7 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
             ).count()
         context = {
             **self.admin_site.each_context(request),
-            "title": "Send an event",
+            "title": gettext("Send an event"),
             "opts": self.opts,
             "form": form,
             "waiting": waiting,
@@ -2279,7 +2482,11 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
         form = EventPayloadForm(request.POST)
         if not form.is_valid():
             errors = " ".join(str(e) for errors in form.errors.values() for e in errors)
-            self.message_user(request, f"Nothing was sent: {errors}", messages.ERROR)
+            self.message_user(
+                request,
+                gettext("Nothing was sent: %(reason)s") % {"reason": errors},
+                messages.ERROR,
+            )
             return self._redirect_to_object(event)
         return self._send(request, event.name, form.cleaned_data["payload"])
 
@@ -2291,8 +2498,12 @@ class AgentEventAdmin(_OperationsMixin, admin.ModelAdmin):
         if sent:
             self.message_user(
                 request,
-                f"Sent event “{storable_text(name, 200)}”; {waiting} run(s) were waiting "
-                "on it and woke.",
+                ngettext(
+                    "Sent event “%(name)s”; %(count)s run(s) were waiting on it and woke.",
+                    "Sent event “%(name)s”; %(count)s run(s) were waiting on it and woke.",
+                    waiting,
+                )
+                % {"name": storable_text(name, 200), "count": waiting},
                 messages.SUCCESS,
             )
         else:

@@ -3,6 +3,9 @@
 Everything here reads; the only writes are in the POST views, and they go through
 ``durable_agents.api``. Payloads come from the model and from tools: they are passed to
 templates as plain strings (autoescaped there), never marked safe.
+
+Every word a page shows is translatable (``gettext``; module-level labels ``gettext_lazy``),
+with named placeholders; what the model, a tool or a person wrote is never translated.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 from django.db.models import Count, Min, Q, TextField
@@ -23,6 +26,8 @@ from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
+from django.utils.translation import gettext, gettext_noop, ngettext, pgettext
+from django.utils.translation import gettext_lazy as _
 
 from durable_agents import metrics
 from durable_agents.deepjson import dumps_deep, loads_deep
@@ -41,8 +46,11 @@ from durable_agents.models import (
 )
 from durable_agents.text import storable_text
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
 # Fixed colours per status: the only values interpolated into a style attribute.
-RUN_COLORS = {
+RUN_COLORS: dict[str, str] = {
     RunStatus.PENDING: "#6c757d",
     RunStatus.RUNNING: "#0b6bcb",
     RunStatus.WAITING: "#b35c00",
@@ -51,12 +59,12 @@ RUN_COLORS = {
     RunStatus.CANCELLED: "#57606a",
     RunStatus.DEAD: "#6f2da8",
 }
-QUESTION_COLORS = {
+QUESTION_COLORS: dict[str, str] = {
     QuestionStatus.OPEN: "#b35c00",
     QuestionStatus.ANSWERED: "#1a7f37",
     QuestionStatus.CANCELLED: "#57606a",
 }
-INTENT_COLORS = {
+INTENT_COLORS: dict[str, str] = {
     IntentStatus.PENDING: "#b35c00",
     IntentStatus.APPROVED: "#0b6bcb",
     IntentStatus.REJECTED: "#c62828",
@@ -69,21 +77,33 @@ HOUR_CHART_HEIGHT = 100
 
 
 # Short labels for the runs list, where "Waiting for a person" would widen the column.
-RUN_SHORT_LABELS = {
-    RunStatus.PENDING: "Pending",
-    RunStatus.RUNNING: "Running",
-    RunStatus.WAITING: "Waiting",
-    RunStatus.SUCCEEDED: "Succeeded",
-    RunStatus.FAILED: "Failed",
-    RunStatus.CANCELLED: "Cancelled",
-    RunStatus.DEAD: "Dead",
+RUN_SHORT_LABELS: dict[str, StrOrPromise] = {
+    RunStatus.PENDING: _("Pending"),
+    RunStatus.RUNNING: _("Running"),
+    RunStatus.WAITING: _("Waiting"),
+    RunStatus.SUCCEEDED: _("Succeeded"),
+    RunStatus.FAILED: _("Failed"),
+    RunStatus.CANCELLED: _("Cancelled"),
+    RunStatus.DEAD: _("Dead"),
+}
+# The statuses as the operations page names them (lowercase, as the status values read).
+RUN_STATUS_NAMES: dict[str, StrOrPromise] = {
+    RunStatus.PENDING: _("pending"),
+    RunStatus.RUNNING: _("running"),
+    RunStatus.WAITING: _("waiting"),
+    RunStatus.SUCCEEDED: _("succeeded"),
+    RunStatus.FAILED: _("failed"),
+    RunStatus.CANCELLED: _("cancelled"),
+    RunStatus.DEAD: _("dead"),
 }
 
 # One format for every time the admin prints: fields, columns and the transcript.
 TIME_FORMAT = "Y-m-d H:i:s"
 
 
-def badge(status: str, label: str, colors: dict[str, str], title: str = "") -> SafeString:
+def badge(
+    status: str, label: StrOrPromise, colors: dict[str, str], title: StrOrPromise = ""
+) -> SafeString:
     if title:
         return format_html(
             '<span class="da-badge" style="background-color:{}" title="{}">{}</span>',
@@ -110,10 +130,13 @@ def format_time(value: datetime.datetime | None, fmt: str = TIME_FORMAT) -> str:
 def compact_age(since: datetime.datetime, now: datetime.datetime | None = None) -> str:
     """``45s``, ``12m``, ``3h``, ``2d``: the list's age column in a few characters."""
     seconds = max(int(((now or timezone.now()) - since).total_seconds()), 0)
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    if seconds >= 86_400:
+        return pgettext("compact age", "%(count)sd") % {"count": seconds // 86_400}
+    if seconds >= 3_600:
+        return pgettext("compact age", "%(count)sh") % {"count": seconds // 3_600}
+    if seconds >= 60:
+        return pgettext("compact age", "%(count)sm") % {"count": seconds // 60}
+    return pgettext("compact age", "%(count)ss") % {"count": seconds}
 
 
 def lease_summary(
@@ -125,9 +148,9 @@ def lease_summary(
     if until is None:
         state = ""
     elif until > (now or timezone.now()):
-        state = f"until {format_time(until, 'H:i:s')}"
+        state = gettext("until %(time)s") % {"time": format_time(until, "H:i:s")}
     else:
-        state = "expired"
+        state = gettext("expired")
     # Worker ids read host:pid:suffix; a narrow column may break them after a colon only.
     shown = Truncator(owner or "—").chars(24).split(":")
     return format_html(
@@ -149,7 +172,9 @@ def pretty_json(value: Any) -> str:
     try:
         return dumps_deep(value)
     except (TypeError, ValueError) as exc:
-        return f"[a JSON value that cannot be shown: {type(exc).__name__}]"
+        return gettext("[a JSON value that cannot be shown: %(error)s]") % {
+            "error": type(exc).__name__
+        }
 
 
 def load_json(text: str) -> Any:
@@ -259,22 +284,24 @@ class IntentLine:
     raised: bool = False  # done, but the tool raised: the outcome is an error
 
 
-INTENT_OUTCOMES = {
-    IntentStatus.APPROVED: "not run yet",
-    IntentStatus.EXECUTING: "running",
-    IntentStatus.DONE: "done",
-    IntentStatus.UNKNOWN: "outcome unknown",
-    IntentStatus.REJECTED: "not run",
+INTENT_OUTCOMES: dict[str, StrOrPromise] = {
+    IntentStatus.APPROVED: _("not run yet"),
+    IntentStatus.EXECUTING: _("running"),
+    IntentStatus.DONE: _("done"),
+    IntentStatus.UNKNOWN: _("outcome unknown"),
+    IntentStatus.REJECTED: _("not run"),
 }
-# A done intent whose tool raised: not a success, whatever the status says.
-RAISED_LABEL = "done: the tool raised"
+# A done intent whose tool raised: not a success, whatever the status says. The English
+# text (marked for the catalogue); pages show gettext(RAISED_LABEL).
+RAISED_LABEL = gettext_noop("done: the tool raised")
+RAISED_TITLE = _("the call ran and the tool raised: the model received an error result")
 RAISED_COLOR = "#c2410c"
 
 
 # Short labels for the intents list, where "Pending approval" would widen the column.
-INTENT_SHORT_LABELS = {
-    IntentStatus.PENDING: "Pending",
-    IntentStatus.UNKNOWN: "Unknown",
+INTENT_SHORT_LABELS: dict[str, StrOrPromise] = {
+    IntentStatus.PENDING: _("Pending"),
+    IntentStatus.UNKNOWN: _("Unknown"),
 }
 
 
@@ -289,8 +316,8 @@ def intent_badge(intent: ToolIntent, raised: bool | None = None, short: bool = F
         return format_html(
             '<span class="da-badge da-raised" style="background-color:{}" title="{}">{}</span>',
             RAISED_COLOR,
-            "the call ran and the tool raised: the model received an error result",
-            RAISED_LABEL,
+            RAISED_TITLE,
+            gettext(RAISED_LABEL),
         )
     label = intent.get_status_display()
     if short:
@@ -303,18 +330,22 @@ def intent_badge(intent: ToolIntent, raised: bool | None = None, short: bool = F
 def describe_intent(intent: ToolIntent, effect: ToolEffect | None = None) -> IntentLine:
     """The transcript's intent line (uses ``decided_by``: select it with the intent)."""
     if intent.status == IntentStatus.PENDING:
-        return IntentLine("awaiting a decision", action="decide it", state=intent.status)
+        return IntentLine(
+            gettext("awaiting a decision"), action=gettext("decide it"), state=intent.status
+        )
     decided_by = intent.decided_by
     raised = intent.status == IntentStatus.DONE and effect is not None and effect.is_error
     return IntentLine(
-        decision="rejected" if intent.status == IntentStatus.REJECTED else "approved",
+        decision=gettext("rejected")
+        if intent.status == IntentStatus.REJECTED
+        else gettext("approved"),
         by=storable_text(decided_by.get_username()) if decided_by is not None else "",
         at=format_time(intent.decided_at),
         reason=storable_text(intent.reason),
-        outcome=RAISED_LABEL
+        outcome=gettext(RAISED_LABEL)
         if raised
-        else INTENT_OUTCOMES.get(intent.status, intent.get_status_display().lower()),
-        action="resolve it" if intent.status == IntentStatus.UNKNOWN else "",
+        else str(INTENT_OUTCOMES.get(intent.status, intent.get_status_display().lower())),
+        action=gettext("resolve it") if intent.status == IntentStatus.UNKNOWN else "",
         state=intent.status,
         raised=raised,
     )
@@ -439,7 +470,7 @@ def block_text(kind: str, data: Any, block: int | None) -> str | None:
     if item_kind == "compaction":
         summary = item.get("content")
         if summary is None:
-            return "[compaction failed: no summary]"
+            return gettext("[compaction failed: no summary]")
         return summary if isinstance(summary, str) else pretty_json(summary)
     return pretty_json(item)
 
@@ -492,7 +523,7 @@ def describe_model_turn(
         elif kind == "thinking":
             entry.thinking.append(shown_text(str(block.get("thinking", "")), url))
         elif kind == "redacted_thinking":
-            entry.thinking.append(shown_text("[redacted thinking]"))
+            entry.thinking.append(shown_text(gettext("[redacted thinking]")))
         elif kind == "compaction":
             summary = block.get("content")
             if summary is None:
@@ -753,45 +784,69 @@ def wait_info(
         return None
     now = now or timezone.now()
     kind = run.waiting_for or ""
-    label = WaitKind(kind).label if kind in WaitKind.values else "a person"
+    label = str(WaitKind(kind).label) if kind in WaitKind.values else gettext("a person")
     info = WaitInfo(kind=kind, label=label, summary=label, since=run.waiting_since)
     info.until = run.wake_at
     info.due = run.wake_at is not None and run.wake_at <= now
-    timeout = ""
-    if info.until is not None and kind in (WaitKind.EVENT, WaitKind.RUNS):
-        timeout = f" (timeout {format_time(info.until)})"
+    # A wait on an event or on child runs may also end at its timeout.
+    timeout = format_time(info.until) if kind in (WaitKind.EVENT, WaitKind.RUNS) else ""
     if kind == WaitKind.TIMER:
         if run.wake_at is None:
-            info.summary = "a timer"
+            info.summary = gettext("a timer")
         elif info.due:
-            info.summary = f"a timer, due since {format_time(run.wake_at)}"
+            info.summary = gettext("a timer, due since %(time)s") % {
+                "time": format_time(run.wake_at)
+            }
         else:
-            info.summary = f"a timer until {format_time(run.wake_at)}"
+            info.summary = gettext("a timer until %(time)s") % {"time": format_time(run.wake_at)}
     elif kind == WaitKind.EVENT:
         info.event = storable_text(run.wait_event or "")
-        info.summary = f"event “{_cut(info.event)}”{timeout}"
+        values = {"event": _cut(info.event), "time": timeout}
+        if timeout:
+            info.summary = gettext("event “%(event)s” (timeout %(time)s)") % values
+        else:
+            info.summary = gettext("event “%(event)s”") % values
     elif kind == WaitKind.RUNS:
         ids = _awaited_ids(run)
         known = statuses or {}
         info.runs_total = len(ids)
         info.runs_ended = sum(1 for i in ids if known.get(i) in ENDED_STATUSES)
-        noun = "a child run" if info.runs_total == 1 else "child runs"
-        info.summary = f"{noun} ({info.runs_ended} of {info.runs_total} ended){timeout}"
+        counts = {"ended": info.runs_ended, "total": info.runs_total, "time": timeout}
+        if timeout:
+            info.summary = (
+                ngettext(
+                    "a child run (%(ended)s of %(total)s ended) (timeout %(time)s)",
+                    "child runs (%(ended)s of %(total)s ended) (timeout %(time)s)",
+                    info.runs_total,
+                )
+                % counts
+            )
+        else:
+            info.summary = (
+                ngettext(
+                    "a child run (%(ended)s of %(total)s ended)",
+                    "child runs (%(ended)s of %(total)s ended)",
+                    info.runs_total,
+                )
+                % counts
+            )
     elif kind == WaitKind.QUESTION:
         if question is not None:
             info.question_id = question.pk
             head = getattr(question, "question_head", None)
             text = head if head is not None else question.question
             first_line = next((line for line in text.splitlines() if line.strip()), text)
-            info.summary = f"an answer to “{_cut(first_line)}”"
+            info.summary = gettext("an answer to “%(question)s”") % {"question": _cut(first_line)}
         else:
-            info.summary = "an answer to a question"
+            info.summary = gettext("an answer to a question")
     elif kind == WaitKind.INTENT or kind == "":
         info.intent = intent
         if intent is not None and intent.status == IntentStatus.UNKNOWN:
-            info.summary = f"a person to resolve {_cut(intent.tool)} (outcome unknown)"
+            info.summary = gettext("a person to resolve %(tool)s (outcome unknown)") % {
+                "tool": _cut(intent.tool)
+            }
         elif intent is not None:
-            info.summary = f"an approval of {_cut(intent.tool)}"
+            info.summary = gettext("an approval of %(tool)s") % {"tool": _cut(intent.tool)}
     return info
 
 
@@ -895,7 +950,7 @@ def run_children(run: AgentRun) -> Children:
         rows=[
             ChildRow(
                 run=child,
-                task=_cut(child.task_head or "", TASK_HEAD_CHARS),
+                task=_cut(getattr(child, "task_head", None) or "", TASK_HEAD_CHARS),
                 awaited=str(child.pk) in awaited,
             )
             for child in rows[:CHILDREN_SHOWN]
@@ -1136,12 +1191,13 @@ class Bar:
     color: str = "#417690"
     link: str = ""
     axis_label: str = ""  # printed under the bar (vertical charts), empty for most bars
+    text: str = ""  # what the page prints for ``label``, when that is not ``label`` itself
 
 
 def horizontal_bars(
     items: Sequence[tuple[str, int]], colors: dict[str, str] | None = None, width: int = 300
 ) -> list[Bar]:
-    top = max((v for _, v in items), default=0) or 1
+    top = max((v for _label, v in items), default=0) or 1
     bars = []
     for i, (label, value) in enumerate(items):
         w = round(width * value / top) if value else 0
@@ -1155,7 +1211,7 @@ def horizontal_bars(
 
 
 def vertical_bars(items: Sequence[tuple[str, int]], height: int = 100, step: int = 20) -> list[Bar]:
-    top = max((v for _, v in items), default=0) or 1
+    top = max((v for _label, v in items), default=0) or 1
     bars = []
     for i, (label, value) in enumerate(items):
         h = round(height * value / top) if value else 0
@@ -1187,7 +1243,7 @@ def waits_by_kind(now: datetime.datetime) -> list[WaitKindRow]:
     )
     found = {kind: (n, oldest) for kind, n, oldest in aggregated}
     oldest_filter = Q()
-    for kind, (_, oldest) in found.items():
+    for kind, (_count, oldest) in found.items():
         if oldest is not None:
             oldest_filter |= Q(waiting_for=kind, waiting_since=oldest)
     oldest_runs: dict[str, AgentRun] = {}
@@ -1201,7 +1257,7 @@ def waits_by_kind(now: datetime.datetime) -> list[WaitKindRow]:
             oldest_runs.setdefault(run.waiting_for, run)
     kinds = [(k.value, k.label) for k in WaitKind]
     if "" in found:  # runs parked before waits had kinds
-        kinds.append(("", "unrecorded"))
+        kinds.append(("", gettext("unrecorded")))
     rows = []
     for kind, label in kinds:
         count, oldest = found.get(kind, (0, None))
@@ -1237,9 +1293,17 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     now = now or timezone.now()
     by_status = metrics.runs_by_status()
     status_items = list(by_status.items())
+    status_bars = horizontal_bars(status_items, RUN_COLORS)
+    for bar in status_bars:
+        bar.text = str(RUN_STATUS_NAMES.get(bar.label, bar.label))
     oldest_pending = metrics.oldest_pending()
     finished_steps = metrics.steps_of_recent_finished_runs()
     attempts = metrics.attempts_distribution(AgentRun.objects.all())
+    attempt_bars = horizontal_bars(attempts)
+    for bar in attempt_bars:
+        # "3", or "10+" for the long tail.
+        claims = int(bar.label.rstrip("+") or 0)
+        bar.text = ngettext("%(count)s claim", "%(count)s claims", claims) % {"count": bar.label}
     waiting_count, oldest_intent = metrics.waiting_intents()
     wait_rows = waits_by_kind(now)
     questions_open, oldest_question = open_questions()
@@ -1248,11 +1312,11 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     # Every third hour counted back from the current one, which reads "now".
     for back, bar in enumerate(reversed(hour_bars)):
         if back % 3 == 0:
-            bar.axis_label = "now" if back == 0 else bar.label
+            bar.axis_label = gettext("now") if back == 0 else bar.label
 
     return {
         "total_runs": sum(by_status.values()),
-        "status_bars": horizontal_bars(status_items, RUN_COLORS),
+        "status_bars": status_bars,
         "status_chart_height": len(status_items) * 22,
         "oldest_pending": oldest_pending,
         "oldest_pending_age": (now - oldest_pending.created_at) if oldest_pending else None,
@@ -1261,7 +1325,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "steps_p95": metrics.percentile(finished_steps, 0.95),
         "steps_max": finished_steps[-1] if finished_steps else None,
         "percentile_sample_limit": metrics.PERCENTILE_SAMPLE,
-        "attempt_bars": horizontal_bars(attempts),
+        "attempt_bars": attempt_bars,
         "attempt_chart_height": max(len(attempts), 1) * 22,
         "intents_waiting": waiting_count,
         "oldest_intent": oldest_intent,
@@ -1270,12 +1334,12 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "waiting_total": sum(row.count for row in wait_rows),
         "questions_open": questions_open,
         "oldest_question": oldest_question,
-        "oldest_question_text": _cut(oldest_question.question_head)
+        "oldest_question_text": _cut(getattr(oldest_question, "question_head", ""))
         if oldest_question is not None
         else "",
         "oldest_question_age": (now - oldest_question.created_at) if oldest_question else None,
         "hour_bars": hour_bars,
-        "hour_total": sum(v for _, v in hour_items),
+        "hour_total": sum(v for _hour, v in hour_items),
         "hour_chart_width": 24 * 20,
         # The bars stand on this line (they are drawn 12 units down, under their value).
         "hour_baseline_y": HOUR_CHART_HEIGHT + 12,

@@ -1,10 +1,11 @@
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
+from django.utils.translation import gettext_lazy as _
 
 
 class DurableAgentsConfig(AppConfig):
     name = "durable_agents"
-    verbose_name = "Durable agents"
+    verbose_name = _("Durable agents")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

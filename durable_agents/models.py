@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
 
 from durable_agents.text import json_text
 
@@ -39,13 +40,13 @@ class JSONTextField(_TextField):
 
 
 class RunStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    WAITING = "waiting", "Waiting"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    DEAD = "dead", "Dead letter"
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    WAITING = "waiting", _("Waiting")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+    DEAD = "dead", _("Dead letter")
 
 
 # A worker may claim a run in these statuses (when its lease is free or expired).
@@ -61,11 +62,11 @@ ENDED_STATUSES = (*FINISHED_STATUSES, RunStatus.DEAD)
 class WaitKind(models.TextChoices):
     """What a ``waiting`` run waits for (``AgentRun.waiting_for``)."""
 
-    INTENT = "intent", "an approval"
-    TIMER = "timer", "a timer"
-    EVENT = "event", "an event"
-    RUNS = "runs", "child runs"
-    QUESTION = "question", "an answer"
+    INTENT = "intent", _("an approval")
+    TIMER = "timer", _("a timer")
+    EVENT = "event", _("an event")
+    RUNS = "runs", _("child runs")
+    QUESTION = "question", _("an answer")
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):
@@ -121,13 +122,13 @@ class AgentRun(models.Model):
     # Tokens billed so far (input, cache and output, from each turn's usage); kept by the
     # statement that commits a turn, so a token budget needs no pass over the log.
     tokens_used = models.BigIntegerField(
-        default=0, db_default=0, help_text="input, cache and output tokens of its turns so far"
+        default=0, db_default=0, help_text=_("input, cache and output tokens of its turns so far")
     )
     result = models.TextField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
-    started_at = models.DateTimeField(null=True, blank=True, help_text="first claim")
+    started_at = models.DateTimeField(null=True, blank=True, help_text=_("first claim"))
     finished_at = models.DateTimeField(null=True, blank=True)
 
     # -- waits (API.md section 8). What a waiting run waits for; kept after the wake, as the
@@ -157,7 +158,7 @@ class AgentRun(models.Model):
     depth = models.PositiveSmallIntegerField(
         default=0,
         db_default=0,
-        help_text="0 for a run started by start_run, its parent's + 1 for a child",
+        help_text=_("0 for a run started by start_run, its parent's + 1 for a child"),
     )
     # The trace context of the code that started the run (W3C traceparent and tracestate as
     # JSON text; see telemetry.py): each claim's invoke_agent span joins that trace.
@@ -207,9 +208,9 @@ class AgentRun(models.Model):
 
 
 class StepKind(models.TextChoices):
-    TASK = "task", "Task"
-    MODEL_TURN = "model_turn", "Model turn"
-    TOOL_RESULT = "tool_result", "Tool result"
+    TASK = "task", _("Task")
+    MODEL_TURN = "model_turn", _("Model turn")
+    TOOL_RESULT = "tool_result", _("Tool result")
 
 
 class AgentStep(models.Model):
@@ -270,7 +271,7 @@ class ToolEffect(models.Model):
     run = models.ForeignKey(
         AgentRun, on_delete=models.CASCADE, related_name="effects", db_index=False
     )
-    seq = models.IntegerField(help_text="seq of the model turn that asked for the call")
+    seq = models.IntegerField(help_text=_("seq of the model turn that asked for the call"))
     call_index = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
     # The whole tool_result content (before any cut for the model), and whether it was an error.
@@ -287,12 +288,12 @@ class ToolEffect(models.Model):
 
 
 class IntentStatus(models.TextChoices):
-    PENDING = "pending", "Pending approval"
-    APPROVED = "approved", "Approved"
-    REJECTED = "rejected", "Rejected"
-    EXECUTING = "executing", "Executing"
-    DONE = "done", "Done"
-    UNKNOWN = "unknown", "Outcome unknown"
+    PENDING = "pending", _("Pending approval")
+    APPROVED = "approved", _("Approved")
+    REJECTED = "rejected", _("Rejected")
+    EXECUTING = "executing", _("Executing")
+    DONE = "done", _("Done")
+    UNKNOWN = "unknown", _("Outcome unknown")
 
 
 class ToolIntentQuerySet(models.QuerySet["ToolIntent"]):
@@ -305,7 +306,7 @@ class ToolIntent(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="intents")
-    seq = models.IntegerField(help_text="seq of the model turn that asked for the call")
+    seq = models.IntegerField(help_text=_("seq of the model turn that asked for the call"))
     call_index = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
     input = JSONTextField()
@@ -330,7 +331,7 @@ class ToolIntent(models.Model):
     class Meta:
         db_table = "tool_intent"
         ordering = ["created_at"]
-        permissions = [("approve_toolintent", "Can approve, reject or resolve tool intents")]
+        permissions = [("approve_toolintent", _("Can approve, reject or resolve tool intents"))]
         indexes = [models.Index(fields=["status", "created_at"], name="tool_intent_status")]
 
     def __str__(self) -> str:
@@ -359,7 +360,7 @@ class AgentEvent(models.Model):
     class Meta:
         db_table = "agent_event"
         ordering = ["-created_at"]
-        permissions = [("send_event", "Can send events to waiting runs")]
+        permissions = [("send_event", _("Can send events to waiting runs"))]
 
     def __str__(self) -> str:
         return self.name
@@ -378,9 +379,9 @@ class AgentEvent(models.Model):
 
 
 class QuestionStatus(models.TextChoices):
-    OPEN = "open", "Open"
-    ANSWERED = "answered", "Answered"
-    CANCELLED = "cancelled", "Cancelled"
+    OPEN = "open", _("Open")
+    ANSWERED = "answered", _("Answered")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class AgentQuestion(models.Model):
@@ -408,7 +409,7 @@ class AgentQuestion(models.Model):
     class Meta:
         db_table = "agent_question"
         ordering = ["created_at"]
-        permissions = [("answer_question", "Can answer questions that runs ask")]
+        permissions = [("answer_question", _("Can answer questions that runs ask"))]
         indexes = [models.Index(fields=["status", "created_at"], name="agent_question_status")]
 
     def __str__(self) -> str:

@@ -7,6 +7,10 @@ with ``answer_question`` for questions; it names the run and the path of its adm
 e-mail is handed to a django-q2 ``async_task`` when django-q2 is installed, so a worker never
 waits on SMTP; without it the mail is sent in the calling thread. Turn it off with
 ``DURABLE_AGENTS["NOTIFY"] = False`` and connect your own receivers to the signals instead.
+
+A mail goes to several people at once, from a worker that serves no request: it is written in
+the project's ``LANGUAGE_CODE`` (the catalogue in ``durable_agents/locale``), whatever language
+is active. The model's text that it quotes is never translated; log lines stay in English.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import time
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.mail import send_mail
 from django.db.models import Q
 from django.urls import NoReverseMatch, reverse
+from django.utils import translation
+from django.utils.translation import gettext
 
 from durable_agents.conf import app_settings
 from durable_agents.text import storable_text
@@ -102,7 +109,7 @@ def run_page(run_id: Any) -> str:
         path = reverse("admin:durable_agents_agentrun_change", args=[run_id])
     except NoReverseMatch:
         return ""
-    return f"\n\nThe run's admin page: {path}"
+    return "\n\n" + gettext("The run's admin page: %(path)s") % {"path": path}
 
 
 def _log_failure(subject: str, exc: Exception) -> None:
@@ -112,13 +119,14 @@ def _log_failure(subject: str, exc: Exception) -> None:
     with _failures_lock:
         last = _failures.get(kind)
         warn = last is None or now - last[0] >= REPEAT_WARNING_SECONDS
-        if warn:
+        quiet = 0
+        if last is not None and not warn:
+            _failures[kind] = (last[0], last[1] + 1)
+        else:
             if last is None and len(_failures) >= _MAX_KINDS:
                 _failures.clear()
             quiet = last[1] if last is not None else 0
             _failures[kind] = (now, 0)
-        else:
-            _failures[kind] = (last[0], last[1] + 1)
     suffix = ""
     if warn:
         if quiet:
@@ -144,43 +152,73 @@ def reset_failures() -> None:
         _failures.clear()
 
 
+# Every subject starts so (mail filters match it): not translated.
+SUBJECT_PREFIX = "[durable_agents] "
+
+
+def _mail_language() -> translation.override:
+    """The language of the mails: the project's, not that of a request being served."""
+    return translation.override(settings.LANGUAGE_CODE)
+
+
 def on_intent_waiting(sender: Any, intent: Any, **kwargs: Any) -> None:
-    if intent.status == "unknown":
-        subject = f"[durable_agents] outcome unknown: {intent.tool} (run {intent.run_id})"
-        body = (
-            f"A worker stopped while the irreversible tool {intent.tool} was running for run "
-            f"{intent.run_id}. Nobody knows whether it took effect. Check the target system, "
-            f"then resolve intent {intent.pk} in the admin: it happened (with its result) or "
-            "it did not (it will run again)."
-        )
-    else:
-        subject = f"[durable_agents] approval needed: {intent.tool} (run {intent.run_id})"
-        body = (
-            f"Run {intent.run_id} wants to call the irreversible tool {intent.tool}. "
-            f"Approve or reject intent {intent.pk} in the admin. The run waits until then."
-        )
-    notify(subject, body + run_page(intent.run_id))
+    names = {"tool": intent.tool, "run": intent.run_id, "intent": intent.pk}
+    with _mail_language():
+        if intent.status == "unknown":
+            subject = gettext("outcome unknown: %(tool)s (run %(run)s)") % names
+            body = (
+                gettext(
+                    "A worker stopped while the irreversible tool %(tool)s was running for run "
+                    "%(run)s. Nobody knows whether it took effect. Check the target system, "
+                    "then resolve intent %(intent)s in the admin: it happened (with its result) "
+                    "or it did not (it will run again)."
+                )
+                % names
+            )
+        else:
+            subject = gettext("approval needed: %(tool)s (run %(run)s)") % names
+            body = (
+                gettext(
+                    "Run %(run)s wants to call the irreversible tool %(tool)s. Approve or reject "
+                    "intent %(intent)s in the admin. The run waits until then."
+                )
+                % names
+            )
+        body += run_page(intent.run_id)
+    notify(SUBJECT_PREFIX + subject, body)
 
 
 def on_question_asked(sender: Any, question: Any, **kwargs: Any) -> None:
     """A run asked a person (``ask_person``): mail those who may answer."""
     text = storable_text(question.question)
-    if len(text) > QUESTION_MAIL_CHARS:
-        text = (
-            f"{text[:QUESTION_MAIL_CHARS]}\n[cut: {len(text)} characters in all; the admin "
-            "shows the whole question]"
+    with _mail_language():
+        if len(text) > QUESTION_MAIL_CHARS:
+            text = (
+                text[:QUESTION_MAIL_CHARS]
+                + "\n"
+                + gettext("[cut: %(count)s characters in all; the admin shows the whole question]")
+                % {"count": len(text)}
+            )
+        names = {"run": question.run_id, "question": question.pk}
+        subject = gettext("question from run %(run)s") % names
+        body = (
+            gettext("Run %(run)s asks a person (question %(question)s):") % names
+            + f"\n\n{text}\n\n"
+            + gettext("Answer it on the run's admin page; the run waits until then.")
+            + run_page(question.run_id)
         )
-    notify(
-        f"[durable_agents] question from run {question.run_id}",
-        f"Run {question.run_id} asks a person (question {question.pk}):\n\n{text}\n\n"
-        "Answer it on the run's admin page; the run waits until then." + run_page(question.run_id),
-        ANSWERERS,
-    )
+    notify(SUBJECT_PREFIX + subject, body, ANSWERERS)
 
 
 def on_run_dead_lettered(sender: Any, run_id: Any, reason: str, **kwargs: Any) -> None:
-    notify(
-        f"[durable_agents] run {run_id} is in the dead letter",
-        f"Run {run_id} stopped and needs a person.\n\nReason: {reason}\n\n"
-        "Requeue it or cancel it from the admin." + run_page(run_id),
-    )
+    with _mail_language():
+        subject = gettext("run %(run)s is in the dead letter") % {"run": run_id}
+        body = (
+            gettext("Run %(run)s stopped and needs a person.") % {"run": run_id}
+            + "\n\n"
+            + gettext("Reason: %(reason)s") % {"reason": reason}
+            + "\n\n"
+            + gettext("Requeue it or cancel it from the admin.")
+            + run_page(run_id)
+        )
+    notify(SUBJECT_PREFIX + subject, body)
