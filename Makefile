@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run test test-postgres test-sqlite test-django6 check-wheel lint venv clean
+.PHONY: run admin test test-postgres test-sqlite test-django6 check-wheel lint venv clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,17 @@ run: venv
 	rm -f demo.sqlite3
 	$(PY) manage.py migrate --verbosity 0
 	$(PY) manage.py demo
+
+# `make admin` on a fresh checkout: the demo's database comes from `make run` first.
+demo.sqlite3: | venv
+	$(MAKE) --no-print-directory run
+
+## make admin: the admin on the demo's database, with a demo superuser (admin / admin, for the
+## local demo only), a pending intent, a dead run and a waiting run to act on
+admin: venv demo.sqlite3
+	$(PY) manage.py migrate --verbosity 0
+	$(PY) manage.py demo_admin
+	$(PY) manage.py runserver 127.0.0.1:8000
 
 ## make test: the whole suite on PostgreSQL, then the SQLite-relevant tests on SQLite
 test: venv
@@ -51,9 +62,11 @@ test-django6: $(VENV6)/.installed
 check-wheel: venv
 	./scripts/check-wheel.sh
 
+## make lint: ruff, then mypy (its configuration and the files it checks are in mypy.ini)
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3

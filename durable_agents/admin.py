@@ -328,7 +328,7 @@ class WaitingForFilter(admin.SimpleListFilter):
     parameter_name = "waits_for"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(kind.value, kind.label) for kind in WaitKind]
+        return [(kind.value, str(kind.label)) for kind in WaitKind]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()

@@ -1255,7 +1255,7 @@ def waits_by_kind(now: datetime.datetime) -> list[WaitKindRow]:
             .only("pk", "agent", "status", "waiting_for", "waiting_since")
         ):
             oldest_runs.setdefault(run.waiting_for, run)
-    kinds = [(k.value, k.label) for k in WaitKind]
+    kinds = [(k.value, str(k.label)) for k in WaitKind]
     if "" in found:  # runs parked before waits had kinds
         kinds.append(("", gettext("unrecorded")))
     rows = []
