@@ -21,6 +21,10 @@ grep -qE '^durable_agents/py\.typed[[:space:]]' <<<"$listing" \
   || { echo "the wheel lacks durable_agents/py.typed" >&2; exit 1; }
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet "$wheel"
+# And by its name: what `pip install django-durable-agents` resolves to is this wheel (only the
+# local directory is searched; the dependencies are in place from the line above).
+"$work/venv/bin/pip" install --quiet --no-index --find-links "$work/dist" --force-reinstall \
+  --no-deps django-durable-agents
 "$work/venv/bin/python" -c "import importlib.metadata as m; print('installed', m.version('django-durable-agents'))"
 mkdir -p "$work/site/shop"
 touch "$work/site/shop/__init__.py"
