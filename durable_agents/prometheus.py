@@ -17,10 +17,8 @@ What is measured, all named ``durable_agents_*``:
   do not load the database. Every worker reports the same database figures: aggregate them
   with ``max`` across instances, never ``sum``.
 
-Claims by outcome come from two places, counted once: the signals the runner sends when a
-claim ends a run or parks it (``run_finished``, ``run_dead_lettered``, ``run_waiting``,
-``intent_waiting``) and ``observe_claim``, which the worker calls for every claim it ends and
-which skips a claim a signal already counted.
+Claims by outcome come from one place: ``observe_claim``, which the worker calls once for
+every claim when its slot is done with it (a sweep or a ``cancel_run`` is no claim).
 """
 
 from __future__ import annotations
@@ -36,9 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
-
-from durable_agents import signals
-from durable_agents.logging import current_run_id
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -65,8 +60,6 @@ MODEL_OUTCOMES = ("ok", "retried", "transient_error", "permanent_error")
 TOOL_OUTCOMES = ("ok", "error", "timeout")
 EFFECTS = ("pure", "idempotent", "non_idempotent", "irreversible")
 STEP_KINDS = ("model_turn", "tool_result")
-# The runner's signals that end a claim, and the outcome each one means.
-_SIGNALLED_FINISH = frozenset({"succeeded", "failed"})
 
 # Seconds. A model turn takes from under a second to minutes (long generations, thinking);
 # a step commit about a millisecond; a tool anything up to TOOL_TIMEOUT (600 s).
@@ -138,8 +131,6 @@ _on: _Metrics | None = None
 _enable_lock = threading.Lock()
 # The workers whose held runs are "in flight" (several only in tests).
 _workers: weakref.WeakSet[Worker] = weakref.WeakSet()
-# The run whose claim a signal counted on this thread, for observe_claim to skip.
-_claim_counted = threading.local()
 
 
 def _create(db_cache_seconds: float) -> _Metrics:
@@ -221,10 +212,6 @@ def enable(db_cache_seconds: float = DB_CACHE_SECONDS) -> None:
             _created = _create(db_cache_seconds)
         _created.collector.cache_seconds = db_cache_seconds
         _created.collector.forget()
-        signals.run_finished.connect(_on_run_finished, dispatch_uid="da-prometheus-finished")
-        signals.run_dead_lettered.connect(_on_run_dead, dispatch_uid="da-prometheus-dead")
-        signals.run_waiting.connect(_on_run_waiting, dispatch_uid="da-prometheus-waiting")
-        signals.intent_waiting.connect(_on_intent_waiting, dispatch_uid="da-prometheus-intent")
         _on = _created
 
 
@@ -233,10 +220,6 @@ def disable() -> None:
     global _on
     with _enable_lock:
         _on = None
-        signals.run_finished.disconnect(dispatch_uid="da-prometheus-finished")
-        signals.run_dead_lettered.disconnect(dispatch_uid="da-prometheus-dead")
-        signals.run_waiting.disconnect(dispatch_uid="da-prometheus-waiting")
-        signals.intent_waiting.disconnect(dispatch_uid="da-prometheus-intent")
         _workers.clear()
 
 
@@ -261,13 +244,10 @@ def _slots() -> float:
 
 
 def observe_claim(disposition: str, run_id: object = None) -> None:
-    """A claim of ``run_id`` ended with ``disposition`` (``runner.Disposition``). Skipped when a
-    signal of the runner on this thread counted the same claim already."""
+    """A claim of ``run_id`` ended with ``disposition`` (``runner.Disposition``): the worker
+    reports each claim once, when its slot is done with it."""
     metrics = _on
     if metrics is None:
-        return
-    if run_id is not None and getattr(_claim_counted, "run_id", None) == str(run_id):
-        _claim_counted.run_id = None
         return
     metrics.claims.labels(str(disposition)).inc()
 
@@ -299,35 +279,6 @@ def observe_tool(effect: str, outcome: str, seconds: float) -> None:
         return
     metrics.tool_calls.labels(str(effect), outcome).inc()
     metrics.tool_call_seconds.labels(str(effect)).observe(seconds)
-
-
-def _claim_ended_by_signal(run_id: object, outcome: str) -> None:
-    metrics = _on
-    if metrics is None:
-        return
-    run = str(run_id)
-    if current_run_id.get() != run:
-        # Not the end of a claim this thread advances: the sweep, cancel_run, tool code.
-        return
-    _claim_counted.run_id = run
-    metrics.claims.labels(outcome).inc()
-
-
-def _on_run_finished(sender: object, run_id: object, status: str, **kwargs: object) -> None:
-    if str(status) in _SIGNALLED_FINISH:  # cancel_run sends "cancelled": not a claim's end
-        _claim_ended_by_signal(run_id, str(status))
-
-
-def _on_run_dead(sender: object, run_id: object, **kwargs: object) -> None:
-    _claim_ended_by_signal(run_id, "dead")
-
-
-def _on_run_waiting(sender: object, run_id: object, **kwargs: object) -> None:
-    _claim_ended_by_signal(run_id, "waiting")
-
-
-def _on_intent_waiting(sender: object, intent: Any, **kwargs: object) -> None:
-    _claim_ended_by_signal(intent.run_id, "waiting")
 
 
 # -- the database figures ------------------------------------------------------------------

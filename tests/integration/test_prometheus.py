@@ -25,7 +25,6 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_agents import prometheus, signals
 from durable_agents.api import cancel_run, start_run
-from durable_agents.logging import bind_run
 from durable_agents.management.commands import runagents
 from durable_agents.models import AgentRun
 from durable_agents.worker import Worker
@@ -225,20 +224,15 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
             tool_seconds + 1
         )
 
-        # The runner's signal ends the claim of the run bound on this thread; the worker's
-        # own report of the same claim is then skipped: one claim, counted once.
-        with bind_run("r1"):
-            signals.run_finished.send(sender=AgentRun, run_id="r1", status="succeeded")
-            prometheus.observe_claim("succeeded", "r1")
+        # The worker reports each claim once; the runner's signals count nothing (a sweep's
+        # dead letter or a cancel_run is no claim of this worker).
+        prometheus.observe_claim("succeeded", "r1")
         assert sample("durable_agents_claims_total", outcome="succeeded") == succeeded + 1
-        # Outcomes no signal reports come from the worker alone.
-        with bind_run("r1"):
-            prometheus.observe_claim("released", "r1")
+        prometheus.observe_claim("released", "r1")
         assert sample("durable_agents_claims_total", outcome="released") == released + 1
-        # A dead letter of another run (the sweep, say) is not a claim of this worker.
-        with bind_run("r2"):
-            signals.run_dead_lettered.send(sender=AgentRun, run_id="r3", reason="swept")
+        signals.run_finished.send(sender=AgentRun, run_id="r1", status="succeeded")
         signals.run_dead_lettered.send(sender=AgentRun, run_id="r3", reason="swept")
+        assert sample("durable_agents_claims_total", outcome="succeeded") == succeeded + 1
         assert sample("durable_agents_claims_total", outcome="dead") == dead
     finally:
         prometheus.disable()
