@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 try:
     from opentelemetry import context as otel_context
@@ -142,14 +142,11 @@ def _stored_context(text: Any) -> Any:
     return context
 
 
-# -- invoke_agent: one claim ---------------------------------------------------------------
+class _NoOp:
+    """A context manager that does nothing: the base of the no-op spans (the library is
+    absent, or nothing records); the recording subclasses override both methods."""
 
-
-class AgentSpan:
-    """``with agent_span(claim) as span: ... span.finish(disposition)``. This base class is
-    the no-op one."""
-
-    def __enter__(self) -> AgentSpan:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -159,6 +156,14 @@ class AgentSpan:
         tb: TracebackType | None,
     ) -> None:
         return None
+
+
+# -- invoke_agent: one claim ---------------------------------------------------------------
+
+
+class AgentSpan(_NoOp):
+    """``with agent_span(claim) as span: ... span.finish(disposition)``. This base class is
+    the no-op one."""
 
     def finish(self, disposition: str) -> None:
         """Record what became of the run (a ``runner.Disposition``)."""
@@ -183,7 +188,7 @@ class _AgentSpan(AgentSpan):
         self.usage: dict[str, int] = {}
         self.finish_reasons: list[str] = []
 
-    def __enter__(self) -> AgentSpan:
+    def __enter__(self) -> Self:
         claim, run = self.claim, self.claim.run
         # The run's stored context is the parent (the messaging conventions' option for one
         # message processed on its own); a span current here already (a worker started in a
@@ -247,20 +252,9 @@ class _AgentSpan(AgentSpan):
 # -- chat: one model call ------------------------------------------------------------------
 
 
-class ModelSpan:
+class ModelSpan(_NoOp):
     """One attempt of a model call: ``with request.span() as span: return
     span.answered(turn)``. This base class is the no-op one."""
-
-    def __enter__(self) -> ModelSpan:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def answered(self, turn: ModelTurn) -> ModelTurn:
         """Record the answer; returns it."""
@@ -358,7 +352,7 @@ class _ModelSpan(ModelSpan):
     def __init__(self, call: _ModelCall) -> None:
         self.call = call
 
-    def __enter__(self) -> ModelSpan:
+    def __enter__(self) -> Self:
         call = self.call
         model = str(call.params.get("model"))
         span = _get_tracer().start_span(
@@ -507,20 +501,9 @@ def _parts(content: Any) -> list[dict[str, Any]]:
 # -- execute_tool: one tool call -----------------------------------------------------------
 
 
-class ToolSpan:
+class ToolSpan(_NoOp):
     """``with tool_span(agent, call, key) as span: ... span.result(text, is_error)``. This base
     class is the no-op one."""
-
-    def __enter__(self) -> ToolSpan:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def result(self, text: str, is_error: bool) -> None:
         """Record the call's result (the tool_result text the model reads)."""
@@ -558,7 +541,7 @@ class _ToolSpan(ToolSpan):
         self.error_type: str | None = None
         self.finished = False
 
-    def __enter__(self) -> ToolSpan:
+    def __enter__(self) -> Self:
         name = self.call.get("name")
         name = name if isinstance(name, str) else str(name)
         tool = self.agent.tools_by_name.get(name)

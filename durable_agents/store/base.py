@@ -144,6 +144,24 @@ class WaitRefused(Exception):
     """A wait or a spawn that cannot be done as asked; the message is for the model."""
 
 
+def refuse_strangers(strangers: Sequence[str]) -> None:
+    """``Wait(runs=...)`` waits on this run's own children only: ``strangers`` are not."""
+    if strangers:
+        raise WaitRefused(
+            "Wait(runs=...) waits only on runs that this run spawned with spawn_run; "
+            f"not spawned by it: {', '.join(strangers[:10])}"
+        )
+
+
+def refuse_spawn(parent_status: str | None, children: int, max_children: int) -> None:
+    """``spawn_run`` starts no child of a parent that is over (or gone), nor past
+    ``MAX_CHILD_RUNS``."""
+    if parent_status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
+        raise WaitRefused(f"the parent run is {parent_status or 'gone'}: no new child runs")
+    if children >= max_children:
+        raise WaitRefused(f"this run has {max_children} child runs already (MAX_CHILD_RUNS)")
+
+
 def run_outcome(run: AgentRun) -> dict[str, Any]:
     """What a run waiting on ``run`` learns of it (``woken_by["runs"][id]``)."""
     return {"status": run.status, "result": run.result, "error": run.error, "task": run.task}

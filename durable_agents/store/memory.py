@@ -50,10 +50,11 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     Store,
-    WaitRefused,
     WaitSpec,
     ended,
     lease_losses,
+    refuse_spawn,
+    refuse_strangers,
     run_outcome,
     timer_woken_by,
 )
@@ -543,11 +544,7 @@ class InMemoryStore(Store):
                     for r in spec.runs
                     if (found := self._by_text(r)) is None or found.parent_id != claim.run_id
                 ]
-                if strangers:
-                    raise WaitRefused(
-                        "Wait(runs=...) waits only on runs that this run spawned with "
-                        f"spawn_run; not spawned by it: {', '.join(strangers[:10])}"
-                    )
+                refuse_strangers(strangers)
                 outcomes = self.run_outcomes(spec.runs)
                 if all(o["status"] in ENDED_STATUSES for o in outcomes.values()):
                     return Parked.READY, {"runs": outcomes}
@@ -643,12 +640,7 @@ class InMemoryStore(Store):
                     return _copy(sibling), False
             parent = self.runs.get(child.parent_id)
             status = None if parent is None else parent.status
-            if status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
-                raise WaitRefused(f"the parent run is {status or 'gone'}: no new child runs")
-            if len(siblings) >= max_children:
-                raise WaitRefused(
-                    f"this run has {max_children} child runs already (MAX_CHILD_RUNS)"
-                )
+            refuse_spawn(status, len(siblings), max_children)
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:

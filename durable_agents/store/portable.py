@@ -55,10 +55,11 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     Store,
-    WaitRefused,
     WaitSpec,
     ended,
     lease_losses,
+    refuse_spawn,
+    refuse_strangers,
     run_outcome,
     timer_woken_by,
 )
@@ -543,11 +544,7 @@ class PortableStore(Store):
         children = AgentRun.objects.filter(pk__in=list(run_ids), parent_id=parent_id)
         outcomes = {str(run.pk): run_outcome(run) for run in children}
         strangers = [r for r in run_ids if r not in outcomes]
-        if strangers:
-            raise WaitRefused(
-                "Wait(runs=...) waits only on runs that this run spawned with spawn_run; "
-                f"not spawned by it: {', '.join(strangers[:10])}"
-            )
+        refuse_strangers(strangers)
         return {r: outcomes[r] for r in run_ids}
 
     def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
@@ -611,12 +608,9 @@ class PortableStore(Store):
                 .values_list("status", flat=True)
                 .first()
             )
-            if status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
-                raise WaitRefused(f"the parent run is {status or 'gone'}: no new child runs")
-            if AgentRun.objects.filter(parent_id=child.parent_id).count() >= max_children:
-                raise WaitRefused(
-                    f"this run has {max_children} child runs already (MAX_CHILD_RUNS)"
-                )
+            refuse_spawn(
+                status, AgentRun.objects.filter(parent_id=child.parent_id).count(), max_children
+            )
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:

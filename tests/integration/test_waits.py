@@ -111,13 +111,18 @@ def test_a_worker_picks_a_due_timer_up_by_itself(
 
 
 def test_wait_until_a_datetime(fake_api: FakeAnthropic, receiver: Any) -> None:
-    run = start('@nap {"seconds": 1}')
+    until = (timezone.now() + datetime.timedelta(days=2)).replace(microsecond=0)
+    run = start(f'@nap_until {{"at": "{until.isoformat()}"}}')
     run_worker()
-    until = timezone.now() + datetime.timedelta(days=2)
-    AgentRun.objects.filter(pk=run.pk).update(wake_at=until)
-    assert reload(run).wake_at == until
-    run_worker()
+    parked = reload(run)
+    assert (parked.status, parked.waiting_for) == (RunStatus.WAITING, WaitKind.TIMER)
+    assert parked.wake_at == until  # the tool's own time, not the database clock plus seconds
+    run_worker()  # two days early: nothing is due
     assert reload(run).status == RunStatus.WAITING
+    time_passes(run)
+    run_worker()
+    assert reload(run).status == RunStatus.SUCCEEDED
+    assert [c["woken_by"] for c in receiver.calls("nap_until")] == [None, {"timer": True}]
 
 
 # --------------------------------------------------------------------------- events

@@ -4,6 +4,7 @@ a test sees each invocation: its idempotency key and the ``woken_by`` it got."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from durable_agents import Agent, Wait, ask_person, spawn_run, tool
@@ -17,6 +18,15 @@ def nap(seconds: float, *, woken_by: dict | None = None) -> Any:
     receiver.log_call("nap", None, woken_by)
     if woken_by is None:
         raise Wait(seconds=seconds)
+    return woken_by
+
+
+@tool(effect="pure")
+def nap_until(at: str, *, woken_by: dict | None = None) -> Any:
+    """Wait on a durable timer until the ISO 8601 time ``at``."""
+    receiver.log_call("nap_until", None, woken_by)
+    if woken_by is None:
+        raise Wait(until=datetime.datetime.fromisoformat(at))
     return woken_by
 
 
@@ -94,6 +104,7 @@ def spawn_outside() -> str:
 
 WAIT_TOOLS = [
     nap,
+    nap_until,
     await_event,
     fan_out,
     spawn_only,
