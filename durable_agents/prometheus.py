@@ -233,7 +233,7 @@ def track_worker(worker: Worker) -> None:
 
 
 def _held_runs() -> float:
-    return float(sum(len(worker._held) for worker in list(_workers)))
+    return float(sum(worker.in_flight() for worker in list(_workers)))
 
 
 def _slots() -> float:

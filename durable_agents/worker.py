@@ -118,6 +118,11 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def in_flight(self) -> int:
+        """How many runs this worker holds now (claimed, not yet handed back or ended)."""
+        with self._lock:
+            return len(self._held)
+
     def _wake_stranded_parents(self) -> None:
         """A worker that died between a child run's end and the wake of its parent left the
         parent waiting: every worker repairs that when it starts (housekeeping does too)."""
