@@ -21,7 +21,6 @@ whoever comes later, whatever their language.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -39,14 +38,12 @@ from django.db.models import (
     IntegerField,
     Model,
     OuterRef,
-    Q,
     QuerySet,
     Subquery,
     TextField,
     Value,
     When,
 )
-from django.db.models.expressions import Combinable
 from django.db.models.functions import Coalesce, Substr
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
@@ -62,7 +59,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST
 
 from durable_agents import admin_views as views
-from durable_agents import api
+from durable_agents import api, listing
 from durable_agents.agents import AgentNotFound, registry
 from durable_agents.deepjson import loads_deep
 from durable_agents.models import (
@@ -319,6 +316,16 @@ class RunChangeList(ChangeList):
         # Evaluates the page's queryset once; the template iterates the same (cached) rows.
         views.attach_waits(list(self.result_list))
 
+    @property
+    def result_count_text(self) -> str:
+        """ "1,234 runs", "about 1.2 million runs": the bounded count (listing.Count)."""
+        paginator = self.paginator
+        if isinstance(paginator, listing.EstimatingPaginator):
+            return paginator.describe(
+                str(self.opts.verbose_name), str(self.opts.verbose_name_plural)
+            )
+        return f"{self.result_count} {self.opts.verbose_name_plural}"
+
 
 class WaitingForFilter(admin.SimpleListFilter):
     """Waiting runs by what they wait for (``waiting_for`` is kept after a wake, as the record
@@ -352,6 +359,24 @@ class FamilyFilter(admin.SimpleListFilter):
         if self.value() == "child":
             return queryset.filter(parent__isnull=False)
         return queryset
+
+
+class IndexedValuesFilter(admin.AllValuesFieldListFilter):
+    """Django's filter by a field's values, its choices found by a skip scan over the index
+    led by the field (``listing.distinct_values``) instead of SELECT DISTINCT over the table."""
+
+    def __init__(
+        self,
+        field: Any,
+        request: HttpRequest,
+        params: Any,
+        model: Any,
+        model_admin: Any,
+        field_path: str,
+    ) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)
+        values = listing.distinct_values(model._default_manager.all(), field_path)
+        self.lookup_choices = values  # type: ignore[assignment]
 
 
 class StartRunForm(forms.Form):
@@ -704,15 +729,26 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
         "claims",
         "lease",
     )
-    list_filter = ("status", WaitingForFilter, FamilyFilter, "agent", "model", "created_at")
-    search_fields = ("task",)  # plus ids, errors, models and request ids: get_search_results
-    search_help_text = _(
-        "A run id or its first characters, a request id (req_...), a model, or words of the "
-        "task or the error."
+    # At production size (docs/operating.md): every filter is an index condition, agent and
+    # model list their values by a skip scan, "created" is a range (no date hierarchy, which
+    # reads the dates of every row), and the list sorts by creation only.
+    list_filter = (
+        "status",
+        WaitingForFilter,
+        FamilyFilter,
+        ("agent", IndexedValuesFilter),
+        ("model", IndexedValuesFilter),
+        "created_at",
     )
-    date_hierarchy = "created_at"
+    search_fields = ("task",)  # the whole search is listing.search_runs: get_search_results
+    search_help_text = _(
+        "A run id or its first characters, a request id (req_...) or its first characters, "
+        "an agent or a model, or words of the task or of a dead or failed run's reason."
+    )
     ordering = ("-created_at",)
+    paginator = listing.EstimatingPaginator
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts would count the whole table
     list_select_related = False  # every column lives on agent_run itself
     list_per_page = 50
     actions = ("cancel_runs", "requeue_runs", "send_events")
@@ -860,12 +896,12 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
     def status_badge(self, obj: AgentRun) -> SafeString:
         return views.badge(obj.status, obj.get_status_display(), views.RUN_COLORS)
 
-    @admin.display(description=_("status"), ordering="status")
+    @admin.display(description=_("status"))
     def status_short(self, obj: AgentRun) -> SafeString:
         label = views.RUN_SHORT_LABELS.get(obj.status, obj.get_status_display())
         return views.badge(obj.status, label, views.RUN_COLORS, title=obj.get_status_display())
 
-    @admin.display(description=_("agent"), ordering="agent")
+    @admin.display(description=_("agent"))
     def agent_version(self, obj: AgentRun) -> SafeString:
         return format_html(
             '{} @ {}<br><span class="da-meta">{}</span>',
@@ -907,15 +943,15 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
             Truncator(error).chars(LAST_ERROR_CHARS),
         )
 
-    @admin.display(description=_("steps"), ordering="last_seq")
+    @admin.display(description=_("steps"))
     def steps(self, obj: AgentRun) -> int:
         return obj.last_seq + 1  # seq 0 is the task; no per-row query
 
-    @admin.display(description=_("claims"), ordering="attempt")
+    @admin.display(description=_("claims"))
     def claims(self, obj: AgentRun) -> int:
         return obj.attempt
 
-    @admin.display(description=_("lease"), ordering="lease_until")
+    @admin.display(description=_("lease"))
     def lease(self, obj: AgentRun) -> SafeString | None:
         return views.lease_summary(
             storable_text(obj.lease_owner) if obj.lease_owner else obj.lease_owner,
@@ -949,39 +985,21 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
-        """What an operator has in hand: an id as the list shows it (its first characters),
-        a whole id, a request id from a support ticket or an error, a model, words."""
+        """What an operator has in hand (an id as the list shows it, a whole id, a request id
+        from a support ticket or an error, words), each through its own index:
+        ``listing.search_runs``."""
         term = storable_text(search_term).strip()
         if not term:
             return queryset, False
-        try:
-            run_id = uuid.UUID(term)
-        except ValueError:
-            pass
-        else:
-            return queryset.filter(pk=run_id), False
-        # EXISTS instead of a join over steps__request_id: one row per run, no DISTINCT.
-        by_request = Exists(AgentStep.objects.filter(run_id=OuterRef("pk"), request_id=term))
-        found: Q | Combinable = (
-            Q(task__icontains=term)
-            | Q(error__icontains=term)
-            | Q(model__icontains=term)
-            | Q(agent__icontains=term)
-            | by_request
-        )
-        digits = term.replace("-", "").lower()
-        if 4 <= len(digits) <= 32 and all(c in "0123456789abcdef" for c in digits):
-            # An id prefix as a range of ids: the same on PostgreSQL (uuid, ordered bytewise)
-            # and SQLite (32 lowercase hex digits), and served by the primary key's index,
-            # unlike a cast to text. Dashes are ignored, as in a pasted "3f2a1c9e-12".
-            low = uuid.UUID(digits.ljust(32, "0"))
-            high = uuid.UUID(digits.ljust(32, "f"))
-            found |= Q(pk__gte=low, pk__lte=high)
-        return queryset.filter(found), False
+        found = listing.search_runs(queryset, term)
+        note = listing.search_note(found)
+        if note:
+            self.message_user(request, note, messages.WARNING)
+        return found.queryset, False
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         # Older dead-letter links filter runs whose error starts with a reason.
-        if lookup == "error__startswith":
+        if lookup in ("error__startswith", "dead_cause"):
             return True
         return super().lookup_allowed(lookup, value, request)
 
@@ -1217,7 +1235,7 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
             path("operations/", view(self.operations_view), name=name("operations")),
             path("dead-letter/", view(self.dead_letter_view), name=name("dead_letter")),
             path(
-                "dead-letter/<str:key>/<str:action>/",
+                "dead-letter/<str:action>/",
                 view(self.dead_letter_confirm_view),
                 name=name("dead_letter_confirm"),
             ),
@@ -1253,7 +1271,8 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        extra_context = {**(extra_context or {}), "dead_count": AgentRun.objects.dead().count()}
+        dead = listing.bounded_count(AgentRun.objects.dead())
+        extra_context = {**(extra_context or {}), "dead_count": dead}
         return super().changelist_view(request, extra_context)
 
     def render_change_form(
@@ -1478,37 +1497,45 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
     def dead_letter_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        groups, grouped, total = views.dead_letter_groups()
+        try:
+            number = int(request.GET.get("page", "1"))
+        except ValueError:
+            number = 1
+        page = views.dead_letter_page(number)
         context = {
             **self.admin_site.each_context(request),
             "title": gettext("Dead letter"),
             "opts": self.opts,
-            "groups": groups,
-            "grouped": grouped,
-            "total": total,
+            "page": page,
+            "groups": page.groups,
+            "total": page.total,
             "can_operate": self.has_operate_permission(request),
             "action_limit": RUN_ACTION_LIMIT,
         }
         return TemplateResponse(request, "admin/durable_agents/agentrun/dead_letter.html", context)
 
-    def dead_letter_confirm_view(self, request: HttpRequest, key: str, action: str) -> HttpResponse:
-        """The confirmation page of a group's requeue or cancel: it lists the group's runs (at
-        most RUN_ACTION_LIMIT) and its "Yes" posts exactly their ids to the runs list."""
+    def dead_letter_confirm_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        """The confirmation page of a group's requeue or cancel (the group's cause in the query
+        string): it lists the group's newest runs (at most RUN_ACTION_LIMIT) and its "Yes"
+        posts exactly their ids to the runs list."""
         if action not in self.RUN_OPERATIONS:
             raise Http404(gettext("No such operation."))
         if not self.has_operate_permission(request):
             raise PermissionDenied
-        group = next((g for g in views.dead_letter_groups()[0] if g.key == key), None)
-        if group is None:
+        cause = request.GET.get("cause", "")
+        run_ids = (
+            views.dead_group_run_ids(cause, RUN_ACTION_LIMIT) if "cause" in request.GET else []
+        )
+        if not run_ids:
             self.message_user(
                 request,
                 gettext("That group is gone: its runs are no longer dead."),
                 messages.WARNING,
             )
             return HttpResponseRedirect(self._url("dead_letter"))
-        queryset = AgentRun.objects.filter(pk__in=group.run_ids[:RUN_ACTION_LIMIT])
+        queryset = AgentRun.objects.filter(pk__in=run_ids)
         form_url = f"{self._url('changelist')}?{urlencode({'status__exact': RunStatus.DEAD})}"
-        example = views.cut_at_word(group.example, 60)[0]
+        example = views.cut_at_word(cause, 60)[0]
         return self._run_operation(request, queryset, action, form_url=form_url, example=example)  # type: ignore[return-value]
 
     def operations_view(self, request: HttpRequest) -> HttpResponse:

@@ -13,14 +13,15 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
+from django.contrib.humanize.templatetags.humanize import intcomma
 from django.db import connection
-from django.db.models import Count, Min, Q, TextField
+from django.db.models import Count, Max, Min, Q, TextField
 from django.db.models.functions import Length, Substr
 from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
@@ -29,14 +30,17 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, gettext_noop, ngettext, pgettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import metrics
+from durable_agents import listing, metrics
+from durable_agents.causes import error_reason
 from durable_agents.deepjson import dumps_deep, loads_deep
 from durable_agents.models import (
     ENDED_STATUSES,
+    FINISHED_STATUSES,
     AgentQuestion,
     AgentRun,
     AgentStep,
     IntentStatus,
+    MetricsSnapshot,
     QuestionStatus,
     RunStatus,
     StepKind,
@@ -1051,128 +1055,106 @@ def runs_waiting_on_event(name: str) -> tuple[list[AgentRun], int]:
 # ---------------------------------------------------------------------------------------------
 # Dead letter
 
-# Variable parts of an error, replaced by placeholders so that two runs that died of the same
-# cause share one group. Order matters: ids before hex, hex before plain numbers.
-_CAUSE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    # "request id req_011CX...", "request-id: 7f3a...": whatever follows the label.
-    (re.compile(r"(request[ _-]?id\b[\s:=]*)[^\s,;)\]}'\"]+", re.IGNORECASE), r"\1<id>"),
-    # Provider ids: req_..., msg_..., toolu_..., srvtoolu_...
-    (re.compile(r"\b(req|msg|toolu|srvtoolu|call|run|chatcmpl)_[A-Za-z0-9_-]+"), r"\1_<id>"),
-    (
-        re.compile(
-            r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE
-        ),
-        "<uuid>",
-    ),
-    (
-        re.compile(
-            r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?\b"
-        ),
-        "<time>",
-    ),
-    # Hex ids and fingerprints: six or more hex digits with at least one digit ("decade" stays).
-    (re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{6,}\b", re.IGNORECASE), "<hex>"),
-    # Numbers standing alone (counts, seqs, pids, durations); not those inside a name such as
-    # claude-3-5 or v1. HTTP statuses are kept by _number below: they are causes of their own.
-    (
-        re.compile(r"(?<![\w.<-])(\(?)(\d+(?:\.\d+)?)(ms|s|KB|MB|GB)?(\)?)(?![\w.>])"),
-        "",
-    ),
-    (re.compile(r"\s+"), " "),
-)
-
-
-_HTTP_STATUS_BEFORE = re.compile(r"(?:HTTP|status|code)[\s:=]*$", re.IGNORECASE)
-
-
-def _number(match: re.Match[str]) -> str:
-    opening, number, unit, closing = match.groups()
-    before = match.string[: match.start()]
-    is_status = len(number) == 3 and number[0] in "12345" and not unit
-    if is_status and ((opening and closing) or _HTTP_STATUS_BEFORE.search(before[-12:])):
-        return match.group()
-    return f"{opening}<n>{closing}"
-
-
-def dead_cause(reason: str) -> str:
-    """The cause of a dead run: its reason with the variable parts (request ids, UUIDs, hex
-    ids, timestamps, numbers) replaced by placeholders, so that runs that died of the same
-    cause group together on the dead-letter page."""
-    cause = storable_text(reason).strip()
-    for pattern, placeholder in _CAUSE_RULES:
-        cause = pattern.sub(placeholder or _number, cause)
-    return cause.strip()
-
-
-def error_reason(error: str) -> str:
-    """The first non-empty line of a run's error: what the dead letter groups on."""
-    return next((line.strip() for line in (error or "").splitlines() if line.strip()), "")
-
-
-# How many dead runs the dead-letter page groups, newest first (errors are folded in Python).
-DEAD_LETTER_SAMPLE = 10_000
-# Characters of each error read for grouping: reasons are one line; the rest is detail.
+# Causes (groups) per page of the dead letter.
+DEAD_GROUPS_PER_PAGE = 20
+# Characters of an example error read: reasons are one line; the rest is detail.
 DEAD_ERROR_HEAD_CHARS = 2_000
 # The example reason of a group is cut here, at a word boundary.
 EXAMPLE_REASON_CHARS = 300
+EXAMPLE_MARGIN = datetime.timedelta(milliseconds=1)
 
 
 @dataclass
 class DeadGroup:
-    cause: str  # normalised reason (placeholders); the grouping key
-    key: str  # a short hash of the cause, to name the group in a URL
+    cause: str  # agent_run.dead_cause: the normalised reason, the grouping key
     count: int
     newest: datetime.datetime | None
-    example: str  # the newest run's reason, cut at a word boundary
-    example_cut: bool
-    example_run_id: Any
-    run_ids: list[Any] = field(default_factory=list)  # newest first
+    example: str = ""  # the newest run's reason, cut at a word boundary
+    example_cut: bool = False
+    example_run_id: Any = None
 
     @property
     def cause_shown(self) -> str:
         return cut_at_word(self.cause, EXAMPLE_REASON_CHARS)[0]
 
+    @property
+    def query(self) -> str:
+        """The group's cause as a query string: what its confirmation asks."""
+        return urlencode({"cause": self.cause})
 
-def cause_key(cause: str) -> str:
-    return hashlib.sha256(cause.encode("utf-8", "replace")).hexdigest()[:16]
+    @property
+    def runs_query(self) -> str:
+        """The runs list's filter on the group's cause (through agent_run_dead_cause)."""
+        return urlencode({"dead_cause": self.cause})
 
 
-def dead_letter_groups() -> tuple[list[DeadGroup], int, int]:
-    """Dead runs grouped by ``dead_cause`` of their reason, most frequent first.
+@dataclass
+class DeadLetterPage:
+    groups: list[DeadGroup]
+    number: int  # 1-based
+    has_next: bool
+    total: listing.Count  # dead runs in all
 
-    Returns the groups, how many dead runs were grouped and how many there are in all (more
-    than the first when the dead letter holds over DEAD_LETTER_SAMPLE runs). Reads the head
-    of each error only, never the whole text.
-    """
-    rows = (
-        AgentRun.objects.dead()
-        .order_by("-created_at")
-        .annotate(error_head=Substr("error", 1, DEAD_ERROR_HEAD_CHARS, output_field=TextField()))
-        .values_list("pk", "created_at", "error_head")[:DEAD_LETTER_SAMPLE]
+
+def dead_letter_page(number: int = 1) -> DeadLetterPage:
+    """A page of the dead letter: the causes with the most dead runs first, each with its
+    count, its newest run and that run's reason as the example. Three queries whatever the
+    number of dead runs: the groups come from the index agent_run_dead_cause (dead_cause,
+    created_at) alone, the examples by (cause, newest) through the same index, and the total
+    is a bounded count."""
+    number = max(1, number)
+    dead = AgentRun.objects.dead()
+    offset = (number - 1) * DEAD_GROUPS_PER_PAGE
+    rows = list(
+        dead.order_by()
+        .values_list("dead_cause")
+        # COUNT(*), not COUNT(id): the index (dead_cause, created_at) answers alone.
+        .annotate(n=Count("*"), newest=Max("created_at"))
+        .order_by("-n", "dead_cause")[offset : offset + DEAD_GROUPS_PER_PAGE + 1]
     )
-    groups: dict[str, DeadGroup] = {}
-    grouped = 0
-    for pk, created_at, error in rows:
-        grouped += 1
-        reason = error_reason(error)
-        cause = dead_cause(reason)
-        group = groups.get(cause)
-        if group is None:
-            example, cut = cut_at_word(storable_text(reason), EXAMPLE_REASON_CHARS)
-            group = groups[cause] = DeadGroup(
-                cause=cause,
-                key=cause_key(cause),
-                count=0,
-                newest=created_at,
-                example=example,
-                example_cut=cut,
-                example_run_id=pk,
+    groups = [
+        DeadGroup(cause=cause, count=n, newest=newest)
+        for cause, n, newest in rows[:DEAD_GROUPS_PER_PAGE]
+    ]
+    newest_of = Q()
+    for group in groups:
+        # A millisecond's margin: SQLite keeps times as text, whose MAX() need not compare
+        # equal to the same time written back; the newest row of each cause is taken below.
+        if group.newest is not None:
+            newest_of |= Q(dead_cause=group.cause, created_at__gt=group.newest - EXAMPLE_MARGIN)
+    if groups:
+        examples = (
+            dead.filter(newest_of)
+            .order_by("-created_at", "pk")
+            .annotate(
+                error_head=Substr("error", 1, DEAD_ERROR_HEAD_CHARS, output_field=TextField())
             )
-        group.count += 1
-        group.run_ids.append(pk)
-    total = grouped if grouped < DEAD_LETTER_SAMPLE else AgentRun.objects.dead().count()
-    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.cause))
-    return ordered, grouped, total
+            .values_list("pk", "dead_cause", "error_head")
+        )
+        by_cause = {group.cause: group for group in groups}
+        for pk, cause, error in examples:
+            found = by_cause.get(cause)
+            if found is not None and found.example_run_id is None:
+                found.example, found.example_cut = cut_at_word(
+                    storable_text(error_reason(error)), EXAMPLE_REASON_CHARS
+                )
+                found.example_run_id = pk
+    return DeadLetterPage(
+        groups=groups,
+        number=number,
+        has_next=len(rows) > DEAD_GROUPS_PER_PAGE,
+        total=listing.bounded_count(dead),
+    )
+
+
+def dead_group_run_ids(cause: str, limit: int) -> list[Any]:
+    """The newest ``limit`` dead runs of a cause (agent_run_dead_cause), newest first."""
+    return list(
+        AgentRun.objects.dead()
+        .filter(dead_cause=cause)
+        .order_by("-created_at")
+        .values_list("pk", flat=True)[:limit]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1288,24 +1270,90 @@ def open_questions() -> tuple[int, AgentQuestion | None]:
     return (waiting.count() if oldest is not None else 0), oldest
 
 
+# The statuses a run is in until it ends, counted exactly on the operations page (each through
+# the index agent_run_status); waiting runs are counted by kind of wait (waits_by_kind).
+LIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.DEAD)
+# The window of the figures about finished runs: through the index agent_run_finished.
+FINISHED_WINDOW = datetime.timedelta(hours=24)
+
+
+@dataclass
+class TableCount:
+    """How many runs the table holds, and where the figure comes from: the latest metrics
+    snapshot (exact when housekeeping took it) or, without one, the planner's estimate."""
+
+    total: int | None
+    by_status: dict[str, int]
+    taken_at: datetime.datetime | None  # of the snapshot; None for an estimate
+
+    @property
+    def shown(self) -> str:
+        if self.total is None:
+            return "?"
+        if self.taken_at is not None:
+            return str(intcomma(self.total))
+        return str(listing.Count(self.total, exact=False))
+
+
+def table_count() -> TableCount:
+    snapshot = MetricsSnapshot.objects.order_by("-taken_at").first()
+    by_status = snapshot.data.get("runs_by_status") if snapshot is not None else None
+    if snapshot is not None and isinstance(by_status, dict):
+        counts = {str(k): int(v) for k, v in by_status.items() if isinstance(v, int)}
+        return TableCount(sum(counts.values()), counts, snapshot.taken_at)
+    estimate = listing.dialect().estimate_rows(AgentRun.objects.all())
+    return TableCount(estimate, {}, None)
+
+
 def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
-    """Every number of the operations page (from ``metrics``), shaped for its charts."""
+    """Every figure of the operations page, shaped for its charts. Each reads a bounded window
+    through an index, or the latest metrics snapshot, never the whole table, and the page says
+    which: live statuses now, finished runs in the last 24 hours, the newest finished runs, the
+    table's totals as of the snapshot."""
     now = now or timezone.now()
-    by_status = metrics.runs_by_status()
-    status_items = list(by_status.items())
-    status_bars = horizontal_bars(status_items, RUN_COLORS)
-    for bar in status_bars:
+    live = dict(
+        AgentRun.objects.filter(status__in=LIVE_STATUSES)
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("*"))  # COUNT(*): the index agent_run_status answers alone
+    )
+    wait_rows = waits_by_kind(now)
+    waiting_total = sum(row.count for row in wait_rows)
+    live_items = [
+        (RunStatus.PENDING.value, live.get(RunStatus.PENDING, 0)),
+        (RunStatus.RUNNING.value, live.get(RunStatus.RUNNING, 0)),
+        (RunStatus.WAITING.value, waiting_total),
+        (RunStatus.DEAD.value, live.get(RunStatus.DEAD, 0)),
+    ]
+    # Runs finished in the window, by status and claims: both charts from one aggregate.
+    since = now - FINISHED_WINDOW
+    finished_counts: dict[str, int] = dict.fromkeys(FINISHED_STATUSES, 0)
+    claims: dict[int, int] = {}
+    for status, attempt, n in (
+        AgentRun.objects.filter(finished_at__gte=since, status__in=FINISHED_STATUSES)
+        .order_by()
+        .values_list("status", "attempt")
+        .annotate(n=Count("pk"))
+    ):
+        finished_counts[status] = finished_counts.get(status, 0) + n
+        bucket = min(attempt, metrics.ATTEMPTS_CAP)
+        claims[bucket] = claims.get(bucket, 0) + n
+    finished_items = [(str(status), finished_counts.get(status, 0)) for status in FINISHED_STATUSES]
+    live_bars = horizontal_bars(live_items, RUN_COLORS)
+    finished_bars = horizontal_bars(finished_items, RUN_COLORS)
+    for bar in (*live_bars, *finished_bars):
         bar.text = str(RUN_STATUS_NAMES.get(bar.label, bar.label))
-    oldest_pending = metrics.oldest_pending()
-    finished_steps = metrics.steps_of_recent_finished_runs()
-    attempts = metrics.attempts_distribution(AgentRun.objects.all())
+    attempts = [
+        (f"{k}+" if k == metrics.ATTEMPTS_CAP else str(k), claims[k]) for k in sorted(claims)
+    ]
     attempt_bars = horizontal_bars(attempts)
     for bar in attempt_bars:
         # "3", or "10+" for the long tail.
-        claims = int(bar.label.rstrip("+") or 0)
-        bar.text = ngettext("%(count)s claim", "%(count)s claims", claims) % {"count": bar.label}
+        count = int(bar.label.rstrip("+") or 0)
+        bar.text = ngettext("%(count)s claim", "%(count)s claims", count) % {"count": bar.label}
+    oldest_pending = metrics.oldest_pending()
+    finished_steps = metrics.steps_of_recent_finished_runs()
     waiting_count, oldest_intent = metrics.waiting_intents()
-    wait_rows = waits_by_kind(now)
     questions_open, oldest_question = open_questions()
     hour_items = [(h.strftime("%H:00"), n) for h, n in metrics.finished_per_hour(now)]
     hour_bars = vertical_bars(hour_items, height=HOUR_CHART_HEIGHT)
@@ -1313,11 +1361,17 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     for back, bar in enumerate(reversed(hour_bars)):
         if back % 3 == 0:
             bar.axis_label = gettext("now") if back == 0 else bar.label
+    table = table_count()
 
     return {
-        "total_runs": sum(by_status.values()),
-        "status_bars": status_bars,
-        "status_chart_height": len(status_items) * 22,
+        "table": table,
+        "total_runs": table.total,
+        "live_bars": live_bars,
+        "live_chart_height": len(live_items) * 22,
+        "finished_bars": finished_bars,
+        "finished_chart_height": len(finished_items) * 22,
+        "finished_total": sum(finished_counts.values()),
+        "finished_window_hours": int(FINISHED_WINDOW.total_seconds() // 3600),
         "oldest_pending": oldest_pending,
         "oldest_pending_age": (now - oldest_pending.created_at) if oldest_pending else None,
         "steps_sample": len(finished_steps),
@@ -1331,7 +1385,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "oldest_intent": oldest_intent,
         "oldest_intent_age": (now - oldest_intent.created_at) if oldest_intent else None,
         "wait_rows": wait_rows,
-        "waiting_total": sum(row.count for row in wait_rows),
+        "waiting_total": waiting_total,
         "questions_open": questions_open,
         "oldest_question": oldest_question,
         "oldest_question_text": _cut(getattr(oldest_question, "question_head", ""))

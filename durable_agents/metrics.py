@@ -54,7 +54,10 @@ def steps_of_recent_finished_runs() -> list[int]:
     """Steps per run (``last_seq + 1``: seq 0 is the task) of the newest finished runs, sorted."""
     return sorted(
         last_seq + 1
-        for last_seq in AgentRun.objects.filter(status__in=FINISHED_STATUSES)
+        # finished_at IS NOT NULL lets the partial index agent_run_finished serve the order.
+        for last_seq in AgentRun.objects.filter(
+            status__in=FINISHED_STATUSES, finished_at__isnull=False
+        )
         .order_by("-finished_at")
         .values_list("last_seq", flat=True)[:PERCENTILE_SAMPLE]
     )

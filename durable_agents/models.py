@@ -126,6 +126,12 @@ class AgentRun(models.Model):
     )
     result = models.TextField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    # A dead run's reason with its variable parts folded away (causes.cause_of), written when
+    # the run is dead-lettered and cleared when it leaves the dead letter: what the
+    # dead-letter page groups on, through the index agent_run_dead_cause.
+    dead_cause = models.CharField(
+        max_length=255, blank=True, default="", db_default="", editable=False
+    )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
     started_at = models.DateTimeField(null=True, blank=True, help_text=_("first claim"))
@@ -178,6 +184,23 @@ class AgentRun(models.Model):
                 condition=models.Q(status__in=["pending", "running"]),
             ),
             models.Index(fields=["status", "created_at"], name="agent_run_status"),
+            # The admin at production size (docs/operating.md): the runs list newest first,
+            # by agent and by model, windows of finished runs and the dead letter by cause.
+            # None of these columns changes while a run is claimed, renewed or committed, so
+            # the worker's updates stay HOT; migration 0006 creates them CONCURRENTLY.
+            models.Index(fields=["created_at"], name="agent_run_created"),
+            models.Index(fields=["agent", "created_at"], name="agent_run_agent"),
+            models.Index(fields=["model", "created_at"], name="agent_run_model"),
+            models.Index(
+                fields=["finished_at"],
+                name="agent_run_finished",
+                condition=models.Q(finished_at__isnull=False),
+            ),
+            models.Index(
+                fields=["dead_cause", "created_at"],
+                name="agent_run_dead_cause",
+                condition=models.Q(status="dead"),
+            ),
             # Timers and timeouts: the claim takes waiting runs that are due in wake_at order.
             models.Index(
                 fields=["wake_at"],

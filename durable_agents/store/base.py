@@ -56,6 +56,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+from durable_agents.causes import cause_of
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -174,11 +175,13 @@ def timer_woken_by(waiting_for: str) -> dict[str, Any]:
 
 def ended(status: str, result: str | None, error: str) -> dict[str, Any]:
     """The columns a run's end sets, but ``finished_at`` (each store writes its own clock's
-    now). PostgreSQL's ``APPEND_LAST_STEP_SQL`` sets the same columns in SQL, with error ''."""
+    now). PostgreSQL's ``APPEND_LAST_STEP_SQL`` sets the same columns in SQL, with error ''
+    (a run that succeeds in its last step is never dead: its ``dead_cause`` is already '')."""
     return {
         "status": status,
         "result": None if result is None else storable_text(result),
         "error": storable_text(error, MAX_REASON_CHARS),
+        "dead_cause": cause_of(error) if status == RunStatus.DEAD else "",
         "lease_owner": None,
         "lease_until": None,
     }

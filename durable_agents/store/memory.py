@@ -481,6 +481,7 @@ class InMemoryStore(Store):
                 for each in generation:
                     if each.status in CANCELLABLE_STATUSES:
                         each.status = RunStatus.CANCELLED
+                        each.dead_cause = ""
                         each.lease_owner = None
                         each.lease_until = None
                         each.finished_at = each.updated_at = self.now()
@@ -498,6 +499,7 @@ class InMemoryStore(Store):
             if run is None or run.status != RunStatus.DEAD:
                 return False
             run.status = RunStatus.PENDING
+            run.dead_cause = ""
             run.stalled_claims = 0
             run.lease_owner = None
             run.lease_until = None

@@ -455,6 +455,7 @@ class PortableStore(Store):
             return 0
         cancelled = AgentRun.objects.filter(pk__in=run_ids, status__in=CANCELLABLE_STATUSES).update(
             status=RunStatus.CANCELLED,
+            dead_cause="",
             lease_owner=None,
             lease_until=None,
             finished_at=Now(),
@@ -469,6 +470,7 @@ class PortableStore(Store):
         return bool(
             AgentRun.objects.filter(pk=run_id, status=RunStatus.DEAD).update(
                 status=RunStatus.PENDING,
+                dead_cause="",
                 stalled_claims=0,
                 lease_owner=None,
                 lease_until=None,

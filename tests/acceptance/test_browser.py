@@ -37,6 +37,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
+from durable_agents import store as run_store
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, ToolIntent
 from tests.conftest import ROOT, run_worker, wait_for
 
@@ -434,8 +435,11 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
 
     login(page, base, operator.username)
     page.goto(base + reverse("admin:durable_agents_agentrun_operations"))
-    expect(page.locator("#runs-by-status h3")).to_have_text("Runs by status (10)")
-    expect(page.locator("#runs-by-status")).to_contain_text("succeeded: 7")
+    expect(page.locator("#runs-by-status h3")).to_have_text("Runs by status")
+    # Live statuses now, finished runs over the last 24 hours, each saying its window.
+    expect(page.locator("#live-statuses")).to_contain_text("pending: 1")
+    expect(page.locator("#finished-window")).to_contain_text("last 24 hours")
+    expect(page.locator("#finished-statuses")).to_contain_text("succeeded: 7")
     expect(page.locator("#queue")).to_contain_text("drop_table (pending approval)")
     expect(page.locator("#steps-per-run")).to_contain_text("p50")
     expect(page.locator("#finished-per-hour h3")).to_contain_text(": 7")
@@ -480,3 +484,38 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
         expect(page.locator("#result_list")).to_contain_text("until ")
         if width == 1280:
             screenshot(page, "admin-runs")
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The dead letter: runs grouped by their stored cause, a group requeued as listed
+
+
+def test_requeue_a_dead_letter_group(page: Page, live_server: Any, operator: Any) -> None:
+    base = live_server.url
+    store = run_store.current()
+    overloaded = [durable_agents.start_run("tester", f"Overloaded {i}.") for i in range(3)]
+    for i, run in enumerate(overloaded):  # one cause: only the request id and count differ
+        assert store.dead_letter(run.pk, f"overloaded_error (request id req_0{i}) after {i} tries")
+    retired = durable_agents.start_run("tester", "Retired.")
+    assert store.dead_letter(retired.pk, "model claude-x: not found")
+
+    login(page, base, operator.username)
+    page.goto(base + reverse("admin:durable_agents_agentrun_changelist"))
+    expect(page.locator("#result-count")).to_have_text("4 agent runs")
+    page.get_by_role("link", name="Dead letter (4)").click()
+    groups = page.locator("#dead-letter-reasons tbody tr")
+    expect(groups).to_have_count(2)
+    first = groups.first  # the most frequent cause first
+    expect(first).to_contain_text("overloaded_error (request id <id>) after <n> tries")
+    expect(first.locator("td").nth(1)).to_have_text("3")
+    first.get_by_role("link", name="Requeue…").click()
+    expect(page.locator("#content")).to_contain_text("3 agent runs will change")
+    page.get_by_role("button", name="Yes, requeue them").click()
+    expect(success_message(page)).to_contain_text("3")
+    statuses = {run.pk: AgentRun.objects.get(pk=run.pk).status for run in overloaded}
+    assert set(statuses.values()) == {RunStatus.PENDING}
+    assert AgentRun.objects.get(pk=retired.pk).status == RunStatus.DEAD
+    # Requeued runs leave their group: the dead letter holds the other cause alone.
+    page.goto(base + reverse("admin:durable_agents_agentrun_dead_letter"))
+    expect(groups).to_have_count(1)
+    expect(groups.first).to_contain_text("model claude-x: not found")

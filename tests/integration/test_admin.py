@@ -18,9 +18,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
 import durable_agents
-from durable_agents import api
+from durable_agents import api, housekeeping, store
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -129,6 +130,10 @@ def parked_intent(status: str = IntentStatus.PENDING, table: str = "t1") -> Tool
 
 def make_runs(count: int, status: str = RunStatus.SUCCEEDED, error: str = "") -> list[AgentRun]:
     runs = [durable_agents.start_run("tester", f"task {i}") for i in range(count)]
+    if status == RunStatus.DEAD:  # through the store, which also stores the cause
+        for run in runs:
+            assert store.current().dead_letter(run.pk, error)
+        return runs
     AgentRun.objects.filter(pk__in=[r.pk for r in runs]).update(status=status, error=error)
     return runs
 
@@ -662,9 +667,10 @@ def test_dead_letter_groups_reasons(admin_client: Client) -> None:
     # Each group offers its requeue and cancel, through a confirmation listing its runs.
     group = next(g for g in response.context["groups"] if g.count == 4)
     confirm_url = reverse(
-        "admin:durable_agents_agentrun_dead_letter_confirm", args=[group.key, "requeue_runs"]
+        "admin:durable_agents_agentrun_dead_letter_confirm", args=["requeue_runs"]
     )
-    assert confirm_url in content
+    assert f"{confirm_url}?{escape(group.query)}" in content
+    confirm_url += "?" + group.query
     confirm = admin_client.get(confirm_url)
     assert "<strong>4</strong> agent runs will change" in confirm.content.decode()
     admin_client.post(runs_url("?status__exact=dead"), hidden_fields(confirm))
@@ -690,7 +696,22 @@ def test_operations_page_with_data(admin_client: Client) -> None:
     response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
     assert response.status_code == 200
     ctx = response.context
-    assert ctx["total_runs"] == 5
+    # Without a metrics snapshot the table's size is the planner's estimate (none on SQLite);
+    # with one, its count, and the page says when it was taken.
+    assert ctx["table"].taken_at is None
+    housekeeping.snapshot_metrics()
+    response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
+    ctx = response.context
+    assert ctx["total_runs"] == 5 and ctx["table"].taken_at is not None
+    assert "as counted by housekeeping" in response.content.decode()
+    # Live statuses now, finished runs over the last 24 hours.
+    assert {b.label: b.value for b in ctx["live_bars"]} == {
+        "pending": 1,
+        "running": 0,
+        "waiting": 1,
+        "dead": 0,
+    }
+    assert {b.label: b.value for b in ctx["finished_bars"]}["succeeded"] == 3
     assert ctx["oldest_pending"].task == "still pending"
     assert ctx["steps_sample"] == 3 and ctx["steps_p50"] == 4.0 and ctx["steps_p95"] == 4.0
     assert ctx["intents_waiting"] == 1

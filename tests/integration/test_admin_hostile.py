@@ -21,6 +21,7 @@ from django.urls import reverse
 
 import durable_agents
 from durable_agents import admin_views as views
+from durable_agents import causes
 from durable_agents.admin import RejectForm, StartRunForm
 from durable_agents.agents import Agent, registry
 from durable_agents.models import (
@@ -67,6 +68,15 @@ def step_text_url(run: AgentRun, seq: int) -> str:
 
 def dead_letter_url() -> str:
     return reverse("admin:durable_agents_agentrun_dead_letter")
+
+
+def dead_group_url(group: Any, action: str) -> str:
+    """The confirmation of a dead-letter group's requeue or cancel."""
+    return (
+        reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=[action])
+        + "?"
+        + group.query
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +447,7 @@ def test_start_a_run_offers_only_the_agents_own_models(
 
 
 def test_dead_cause_replaces_the_variable_parts() -> None:
-    cause = views.dead_cause
+    cause = causes.dead_cause
     a = "model call failed: overloaded (request id req_011CXabcDEF) after 3 tries"
     b = "model call failed: overloaded (request id req_9zzQ) after 5 tries"
     assert cause(a) == cause(b) == "model call failed: overloaded (request id <id>) after <n> tries"
@@ -475,22 +485,18 @@ def test_dead_letter_group_operations_are_bound_to_the_runs_listed(
 ) -> None:
     shown = make_runs(2, RunStatus.DEAD, error="gone (request id req_1)")
     groups = admin_client.get(dead_letter_url()).context["groups"]
-    confirm = admin_client.get(
-        reverse(
-            "admin:durable_agents_agentrun_dead_letter_confirm",
-            args=[groups[0].key, "cancel_runs"],
-        )
-    )
+    confirm = admin_client.get(dead_group_url(groups[0], "cancel_runs"))
     assert confirm.status_code == 200
     late = make_runs(1, RunStatus.DEAD, error="gone (request id req_2)")[0]  # same cause
     admin_client.post(runs_url("?status__exact=dead"), hidden_fields(confirm))
     assert statuses(*shown) == [RunStatus.CANCELLED] * 2
     assert statuses(late) == [RunStatus.DEAD]
     # A group that no longer exists, or an operation that does not: nothing to confirm.
-    gone = reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=["x", "cancel_runs"])
+    gone = reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=["cancel_runs"])
+    assert admin_client.get(gone + "?cause=x").status_code == 302
     assert admin_client.get(gone).status_code == 302
-    bad = reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=["x", "delete"])
-    assert admin_client.get(bad).status_code == 404
+    bad = reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=["delete"])
+    assert admin_client.get(bad + "?cause=x").status_code == 404
 
 
 @pytest.mark.django_db
@@ -498,8 +504,7 @@ def test_viewer_sees_the_dead_letter_without_operations(viewer_client: Client) -
     make_runs(1, RunStatus.DEAD, error="gone")
     page = viewer_client.get(dead_letter_url())
     assert page.status_code == 200 and "Requeue…" not in page.content.decode()
-    key = page.context["groups"][0].key
-    url = reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=[key, "requeue_runs"])
+    url = dead_group_url(page.context["groups"][0], "requeue_runs")
     assert viewer_client.get(url).status_code == 403
 
 
@@ -511,8 +516,11 @@ def test_viewer_sees_the_dead_letter_without_operations(viewer_client: Client) -
 def test_search_by_short_id_error_request_id_and_model(admin_client: Client) -> None:
     run = durable_agents.start_run("tester", "nothing to see")
     other = durable_agents.start_run("tester", "something else")
+    # A dead or failed run's reason is searchable (agent_run_error_trgm covers those).
     AgentRun.objects.filter(pk=run.pk).update(
-        error="model call failed (request id req_011CXerror)", model="claude-special-9"
+        status=RunStatus.DEAD,
+        error="model call failed (request id req_011CXerror)",
+        model="claude-special-9",
     )
     AgentStep.objects.create(
         run=other, seq=1, kind=StepKind.MODEL_TURN, payload="{}", request_id="req_step"
@@ -529,7 +537,10 @@ def test_search_by_short_id_error_request_id_and_model(admin_client: Client) -> 
     assert run.pk in found(run.pk.hex[:12])  # without dashes
     assert found("req_011CXerror") == {run.pk}  # a request id quoted in the error
     assert found("req_step") == {other.pk}  # a request id of a step
-    assert found("claude-special") == {run.pk}  # the model
+    assert found("req_ste") == {other.pk}  # its first characters
+    assert found("req_011CX") == {run.pk}  # a prefix of the one in the error
+    assert found("claude-special-9") == {run.pk}  # a model, by its whole name
+    assert found("model call failed") == {run.pk}  # words of the reason
     assert other.pk not in found(text[:8]) or str(other.pk)[:8] == text[:8]
 
 

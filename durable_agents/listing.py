@@ -1,0 +1,353 @@
+"""How the admin lists, counts and searches runs when the table holds millions of them.
+
+A page of the admin must cost what it shows, not what the table holds (docs/operating.md, "The
+admin at ten million runs"). The flow of a runs-list request, and where each step lives:
+
+1. **Filters** become index conditions: status, agent and model through the indexes led by
+   them, "created" through ``agent_run_created``. The agent and model filters list their
+   values with a skip scan (``distinct_values``): one index probe per value, not a scan.
+2. **Search** (``search_runs``) reads what the operator typed and asks the one index that
+   can answer it: a whole run id (the primary key), the first characters of one (a range of
+   the primary key), a request id or its prefix (``agent_step_request_id_prefix``), words of
+   a task (``agent_step_task_trgm``, a trigram index on the task step, which is written once
+   and never updated) or of a dead or failed run's reason (``agent_run_error_trgm``).
+3. **Counting** (``EstimatingPaginator``) is exact up to ``EXACT_COUNT_LIMIT`` rows, which it
+   reads at most; past that the count is the planner's estimate and says so ("about 1.2
+   million").
+4. **Paging** reaches back ``EXACT_COUNT_LIMIT`` rows (``MAX_PAGES`` pages), so that no page
+   asks for a deep OFFSET; a filter or a search goes further.
+
+What differs between databases is behind ``Dialect``: PostgreSQL estimates counts from the
+planner and searches words through its trigram index; the portable dialect (SQLite) has no
+estimate ("more than 10,000") and scans for words, which is fine at its sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.humanize.templatetags.humanize import intcomma, intword
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet, Value
+from django.utils.functional import cached_property
+from django.utils.translation import gettext, ngettext
+
+from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
+
+# A count reads at most this many rows; past it the count is an estimate, and the pages stop.
+EXACT_COUNT_LIMIT = 10_000
+# Distinct values a filter lists (agents, models); more than that is not a filter any more.
+MAX_FILTER_VALUES = 100
+# Search by words or request id: the newest matches found through the index, at most this
+# many, are what the list then filters, counts and pages.
+MAX_SEARCH_MATCHES = 1_000
+# Dead and failed runs keep a reason worth searching (agent_run_error_trgm covers them only).
+REASON_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
+# Search by words reads the tasks of this many newest runs directly before asking the index.
+RECENT_WINDOW = 10_000
+# Shortest word a trigram index can look up (shorter words would scan).
+MIN_WORD_CHARS = 3
+
+_REQUEST_ID = re.compile(r"^(req|msg)_[A-Za-z0-9_-]+$")
+_HEX_PREFIX = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+
+
+class ILike(Func):
+    """``text ILIKE pattern``, the form PostgreSQL's trigram indexes answer (Django's
+    ``icontains`` compares UPPER() of both sides, which no trigram index serves)."""
+
+    arg_joiner = " ILIKE "
+    template = "%(expressions)s"
+    output_field = BooleanField()
+
+
+class Dialect:
+    """The portable dialect (SQLite, and the base of the others): no estimates; words are
+    matched by scanning."""
+
+    def estimate_rows(self, queryset: QuerySet[Any]) -> int | None:
+        """The planner's estimate of how many rows ``queryset`` yields; None if unknown."""
+        return None
+
+    def contains_words(
+        self, queryset: QuerySet[Any], field: str, words: list[str]
+    ) -> QuerySet[Any]:
+        """The rows of ``queryset`` whose ``field`` holds every word (case-insensitive)."""
+        for word in words:
+            queryset = queryset.filter(**{f"{field}__icontains": word})
+        return queryset
+
+    def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
+        """The runs of ``queryset`` whose task holds every word."""
+        return self.contains_words(queryset, "task", words)
+
+
+class PostgresDialect(Dialect):
+    def estimate_rows(self, queryset: QuerySet[Any]) -> int | None:
+        compiler = queryset.order_by().query.get_compiler(using=queryset.db)
+        sql, params = compiler.as_sql()
+        with connections[queryset.db].cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            (plan,) = cursor.fetchone()
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
+
+    def contains_words(
+        self, queryset: QuerySet[Any], field: str, words: list[str]
+    ) -> QuerySet[Any]:
+        like = connections[queryset.db].ops.prep_for_like_query
+        for word in words:
+            queryset = queryset.filter(ILike(F(field), Value(f"%{like(word)}%")))
+        return queryset
+
+    def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
+        """Through the trigram index on task steps (``agent_step_task_trgm``): the task step's
+        payload is the task as a JSON string, so each word is looked up JSON-escaped; the
+        candidates are then checked against the task itself (so that a word such as a JSON
+        escape does not match by accident)."""
+        escaped = [json.dumps(word, ensure_ascii=False)[1:-1] for word in words]
+        step = self.contains_words(
+            AgentStep.objects.filter(run_id=OuterRef("pk"), kind=StepKind.TASK), "payload", escaped
+        )
+        return self.contains_words(queryset.filter(Exists(step)), "task", words)
+
+
+def dialect(using: str = "default") -> Dialect:
+    if connections[using].vendor == "postgresql":
+        return PostgresDialect()
+    return Dialect()
+
+
+# -- counting and paging --------------------------------------------------------------------
+
+
+def count_at_most(queryset: QuerySet[Any], limit: int) -> int:
+    """``min(count, limit + 1)``: reads at most ``limit + 1`` rows, through any index."""
+    return queryset.order_by().values("pk")[: limit + 1].count()
+
+
+@dataclass(frozen=True)
+class Count:
+    """A count as a page shows it: exact, or past EXACT_COUNT_LIMIT an estimate."""
+
+    value: int
+    exact: bool
+    at_least: bool = False  # no estimate to be had: ``value`` is only a lower bound
+
+    def __str__(self) -> str:
+        if self.exact:
+            return str(intcomma(self.value))
+        if self.at_least:
+            return gettext("more than %(count)s") % {"count": intcomma(self.value)}
+        return gettext("about %(count)s") % {"count": intword(self.value)}
+
+
+def bounded_count(queryset: QuerySet[Any]) -> Count:
+    """Exact up to EXACT_COUNT_LIMIT, else the planner's estimate (never below the limit)."""
+    exact = count_at_most(queryset, EXACT_COUNT_LIMIT)
+    if exact <= EXACT_COUNT_LIMIT:
+        return Count(exact, True)
+    estimate = dialect(queryset.db).estimate_rows(queryset)
+    if estimate is None:
+        return Count(EXACT_COUNT_LIMIT, exact=False, at_least=True)
+    return Count(max(estimate, exact), exact=False)
+
+
+class EstimatingPaginator(Paginator):  # type: ignore[type-arg]
+    """Django's paginator for lists of millions: ``count`` is a ``bounded_count`` and the
+    pages stop after EXACT_COUNT_LIMIT rows (no deep OFFSET)."""
+
+    @cached_property
+    def bounded(self) -> Count:
+        queryset: QuerySet[Any] = self.object_list  # type: ignore[assignment]
+        return bounded_count(queryset)
+
+    @cached_property
+    def count(self) -> int:
+        return self.bounded.value
+
+    @cached_property
+    def num_pages(self) -> int:
+        return min(super().num_pages, self.max_pages)
+
+    @property
+    def max_pages(self) -> int:
+        return max(1, EXACT_COUNT_LIMIT // self.per_page)
+
+    @property
+    def count_is_estimate(self) -> bool:
+        return not self.bounded.exact
+
+    @property
+    def pages_end_early(self) -> bool:
+        """Whether the list goes on past its last page link."""
+        return not self.bounded.exact or self.bounded.value > self.max_pages * self.per_page
+
+    def describe(self, singular: str, plural: str) -> str:
+        if self.bounded.exact:
+            name = singular if self.bounded.value == 1 else plural
+            return f"{intcomma(self.bounded.value)} {name}"
+        return f"{self.bounded} {plural}"
+
+
+# -- filters --------------------------------------------------------------------------------
+
+
+def distinct_values(
+    queryset: QuerySet[Any], field: str, limit: int = MAX_FILTER_VALUES
+) -> list[str]:
+    """The distinct values of ``field`` in order, by a skip scan over an index led by it: one
+    probe per value (a recursive CTE), not a scan of the table. At most ``limit`` values."""
+    model = queryset.model
+    connection = connections[queryset.db]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    column = quote(model._meta.get_field(field).column)
+    sql = (
+        f"WITH RECURSIVE found(value) AS ("
+        f" SELECT MIN({column}) FROM {table}"
+        f" UNION ALL"
+        f" SELECT (SELECT MIN({column}) FROM {table} WHERE {column} > found.value)"
+        f" FROM found WHERE found.value IS NOT NULL"
+        f") SELECT value FROM found WHERE value IS NOT NULL LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+# -- search ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SearchResult:
+    queryset: QuerySet[Any]
+    capped: bool = False  # more matches than MAX_SEARCH_MATCHES: the newest are shown
+    short_words: list[str] | None = None  # words too short for the index, not searched
+
+
+def _newest_ids(queryset: QuerySet[Any]) -> list[Any]:
+    return list(
+        queryset.order_by("-created_at").values_list("pk", flat=True)[: MAX_SEARCH_MATCHES + 1]
+    )
+
+
+def _id_range(term: str) -> Q | None:
+    """A run id's first characters as a range of the primary key. The same on PostgreSQL
+    (uuid, ordered bytewise) and SQLite (32 lowercase hex digits); dashes are ignored, as in a
+    pasted "3f2a1c9e-12"."""
+    if not _HEX_PREFIX.match(term):
+        return None
+    digits = term.replace("-", "").lower()
+    if not 4 <= len(digits) <= 32:
+        return None
+    low = uuid.UUID(digits.ljust(32, "0"))
+    high = uuid.UUID(digits.ljust(32, "f"))
+    return Q(pk__gte=low, pk__lte=high)
+
+
+def _task_matches(queryset: QuerySet[Any], words: list[str], words_of: Dialect) -> list[Any]:
+    """The newest runs whose task holds every word, at most MAX_SEARCH_MATCHES + 1, in two
+    steps. First the newest RECENT_WINDOW runs are read by creation (an index range) and
+    their tasks matched one by one: a common word ends the search here, before an index
+    lookup that would gather every one of its matches. Only when the window holds fewer than
+    MAX_SEARCH_MATCHES does the word index (``Dialect.task_words``) look through the rest."""
+    boundary = (
+        queryset.order_by("-created_at").values_list("created_at", flat=True)[
+            RECENT_WINDOW : RECENT_WINDOW + 1
+        ]
+    ).first()
+    if boundary is None:  # the window is the whole list
+        return _newest_ids(words_of.contains_words(queryset, "task", words))
+    recent = _newest_ids(
+        words_of.contains_words(queryset.filter(created_at__gt=boundary), "task", words)
+    )
+    if len(recent) > MAX_SEARCH_MATCHES:
+        return recent
+    # A word with a digit (an order number, an id) is far rarer than a word of the language:
+    # the index looks up those alone when there are any, and the task check takes the rest.
+    rare = [word for word in words if any(c.isdigit() for c in word)] or words
+    older = words_of.task_words(queryset.filter(created_at__lte=boundary), rare)
+    return (
+        recent
+        + _newest_ids(words_of.contains_words(older, "task", words))[
+            : MAX_SEARCH_MATCHES + 1 - len(recent)
+        ]
+    )
+
+
+def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
+    """The runs of ``queryset`` (already filtered) that ``term`` names, each kind of term
+    through its own index:
+
+    - a whole run id: that run;
+    - a request id (``req_...``, ``msg_...``) or its first characters: the runs that made the
+      request (a step's request id), and dead or failed runs whose reason names it;
+    - anything else, word by word (every word must match): runs whose task holds the words,
+      dead or failed runs whose reason holds them, runs of an agent or model of that exact
+      name, and, for a single run of hex digits, the runs whose id starts with it.
+
+    The matches by words or request id are looked up first, the newest MAX_SEARCH_MATCHES of
+    them (``capped`` says when there were more); the list then shows those.
+    """
+    term = term.strip()
+    try:
+        return SearchResult(queryset.filter(pk=uuid.UUID(term)))
+    except ValueError:
+        pass
+    if _REQUEST_ID.match(term):
+        steps = AgentStep.objects.filter(request_id__startswith=term).values("run_id")
+        made = _newest_ids(queryset.filter(pk__in=steps[: MAX_SEARCH_MATCHES + 1]))
+        named = _newest_ids(queryset.filter(status__in=REASON_STATUSES, error__contains=term))
+        ids = list(dict.fromkeys(made + named))[:MAX_SEARCH_MATCHES]
+        capped = len(made) > MAX_SEARCH_MATCHES or len(named) > MAX_SEARCH_MATCHES
+        return SearchResult(queryset.filter(pk__in=ids), capped=capped)
+    words = [word for word in term.split() if word]
+    short = [word for word in words if len(word) < MIN_WORD_CHARS]
+    indexed = [word for word in words if len(word) >= MIN_WORD_CHARS] or words
+    words_of = dialect(queryset.db)
+    by_task = _task_matches(queryset, indexed, words_of)
+    by_reason = _newest_ids(
+        words_of.contains_words(queryset.filter(status__in=REASON_STATUSES), "error", indexed)
+    )
+    found = Q(pk__in=list(dict.fromkeys(by_task + by_reason))[:MAX_SEARCH_MATCHES])
+    if len(words) == 1:
+        found |= Q(agent=term) | Q(model=term)
+        id_range = _id_range(term)
+        if id_range is not None:
+            found |= id_range
+    capped = len(by_task) > MAX_SEARCH_MATCHES or len(by_reason) > MAX_SEARCH_MATCHES
+    return SearchResult(
+        queryset.filter(found),
+        capped=capped,
+        short_words=short if short and indexed is not words else None,
+    )
+
+
+def search_note(result: SearchResult) -> str:
+    """What the page says about a search that was narrowed, or ''."""
+    notes = []
+    if result.capped:
+        notes.append(
+            gettext(
+                "Only the newest %(count)s matches of the search are listed: add words to "
+                "narrow it."
+            )
+            % {"count": intcomma(MAX_SEARCH_MATCHES)}
+        )
+    if result.short_words:
+        notes.append(
+            ngettext(
+                "The word %(words)s is too short to search for and was left out.",
+                "The words %(words)s are too short to search for and were left out.",
+                len(result.short_words),
+            )
+            % {"words": ", ".join(f"“{w}”" for w in result.short_words)}
+        )
+    return " ".join(notes)

@@ -1,0 +1,272 @@
+"""The admin at production size (issue 13): the stored cause of a dead run, bounded counts and
+pages, skip-scan filters, indexed search, the dead letter by cause and the operations page's
+windows. Speed itself is measured by bench/admin_scale.py; these tests pin the behaviour and,
+on PostgreSQL, that each query has the shape its index answers."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+import durable_agents
+from durable_agents import admin_views as views
+from durable_agents import housekeeping, listing, store
+from durable_agents.admin import AgentRunAdmin
+from durable_agents.causes import backfill_causes, cause_of
+from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
+from tests.integration.test_admin import messages_of, runs_url
+
+pytestmark = pytest.mark.django_db
+postgres_only = pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="PostgreSQL's indexes and planner"
+)
+
+
+def dead(task: str, reason: str) -> AgentRun:
+    run = durable_agents.start_run("tester", task)
+    assert store.current().dead_letter(run.pk, reason)
+    return AgentRun.objects.get(pk=run.pk)
+
+
+def listed(client: Client, query: str = "") -> list[Any]:
+    response = client.get(runs_url(query))
+    assert response.status_code == 200, response
+    return [run.pk for run in response.context["cl"].result_list]
+
+
+# -- the stored cause ---------------------------------------------------------------------
+
+
+def test_the_store_writes_the_cause_when_a_run_is_dead_lettered_and_clears_it_after() -> None:
+    first = dead("a", "overloaded_error (request id req_011CXa) after 3 tries\nTraceback ...")
+    second = dead("b", "overloaded_error (request id req_9) after 12 tries")
+    assert (
+        first.dead_cause
+        == second.dead_cause
+        == "overloaded_error (request id <id>) after <n> tries"
+    )
+    assert store.current().requeue_run(first.pk)
+    assert AgentRun.objects.get(pk=first.pk).dead_cause == ""
+    durable_agents.cancel_run(second.pk)
+    assert AgentRun.objects.get(pk=second.pk).dead_cause == ""
+    # A cause is cut to fit its indexed column.
+    assert len(cause_of("x" * 5000)) == 255
+
+
+def test_backfill_gives_runs_dead_before_the_column_their_cause() -> None:
+    runs = [dead(f"t{i}", f"tool lookup failed on row {i}") for i in range(5)]
+    AgentRun.objects.filter(pk__in=[r.pk for r in runs]).update(dead_cause="")
+    durable_agents.start_run("tester", "alive")  # not dead: left alone
+    assert backfill_causes(AgentRun, batch_size=2) == 5
+    causes = set(AgentRun.objects.dead().values_list("dead_cause", flat=True))
+    assert causes == {"tool lookup failed on row <n>"}
+    assert AgentRun.objects.exclude(status=RunStatus.DEAD).filter(dead_cause="").count() == 1
+
+
+# -- counting and paging ------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(listing, "EXACT_COUNT_LIMIT", 5)
+    monkeypatch.setattr(AgentRunAdmin, "list_per_page", 2)
+    yield
+
+
+def test_counts_are_exact_up_to_the_limit_then_an_estimate_that_says_so(
+    admin_client: Client, small_limits: None
+) -> None:
+    for i in range(4):
+        durable_agents.start_run("tester", f"task {i}")
+    page = admin_client.get(runs_url()).content.decode()
+    assert '<span id="result-count">4 agent runs</span>' in page
+    for i in range(4):
+        durable_agents.start_run("tester", f"more {i}")
+    response = admin_client.get(runs_url())
+    counted = response.context["cl"].paginator
+    # PostgreSQL's planner estimates (never below what was counted); SQLite has no estimate.
+    assert counted.count_is_estimate and counted.count >= 5
+    text = response.context["cl"].result_count_text
+    expected = "about" if connection.vendor == "postgresql" else "more than 5"
+    assert text.startswith(expected), text
+    # The pages stop where the exact count does (5 rows: pages 1 to 2 of 2 rows each).
+    assert counted.num_pages == 2 and counted.pages_end_early
+    assert "filter or search to go further" in response.content.decode()
+    assert len(listed(admin_client, "?p=2")) == 2
+    assert admin_client.get(runs_url("?p=3")).status_code == 302  # ?e=1, Django's answer
+
+
+def test_dead_count_in_the_list_is_bounded(admin_client: Client, small_limits: None) -> None:
+    for i in range(7):
+        dead(f"t{i}", "gone")
+    count = admin_client.get(runs_url()).context["dead_count"]
+    assert not count.exact and count.value >= 5
+    assert str(count).startswith("about" if connection.vendor == "postgresql" else "more than 5")
+
+
+# -- filters ------------------------------------------------------------------------------
+
+
+def test_agent_and_model_filters_list_their_values_by_skip_scan(admin_client: Client) -> None:
+    for model in ("model-c", "model-a", "model-b", "model-a"):
+        run = durable_agents.start_run("tester", "t")
+        AgentRun.objects.filter(pk=run.pk).update(model=model)
+    values = listing.distinct_values(AgentRun.objects.all(), "model")
+    assert values == ["model-a", "model-b", "model-c"]
+    assert listing.distinct_values(AgentRun.objects.all(), "model", limit=2) == values[:2]
+    page = admin_client.get(runs_url()).content.decode()
+    for model in values:
+        assert f"?model={model}" in page
+    assert len(listed(admin_client, "?model=model-a")) == 2
+    # No date hierarchy (it reads the date of every row); "created" is a range filter.
+    assert "xfull" not in page and "created_at__gte" in page
+
+
+# -- search -------------------------------------------------------------------------------
+
+
+def test_words_are_found_in_the_recent_window_and_through_the_index_before_it(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listing, "RECENT_WINDOW", 3)
+    old = durable_agents.start_run("tester", 'Refund order 4242 "quoted" for ACME')
+    AgentRun.objects.filter(pk=old.pk).update(
+        created_at=timezone.now() - datetime.timedelta(days=30)
+    )
+    for i in range(5):
+        durable_agents.start_run("tester", f"Refund order {i}")
+    assert listed(admin_client, "?q=order+4242") == [old.pk]  # older than the window
+    assert listed(admin_client, '?q="quoted"+acme') == [old.pk]  # JSON-escaped in the step
+    assert len(listed(admin_client, "?q=refund+ORDER")) == 6
+    # A word a trigram index cannot look up is left out, and the page says so.
+    response = admin_client.get(runs_url("?q=4242+of"))
+    assert [r.pk for r in response.context["cl"].result_list] == [old.pk]
+    assert any("too short" in m for m in messages_of(response))
+
+
+def test_a_search_with_more_matches_than_it_lists_says_so(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listing, "MAX_SEARCH_MATCHES", 2)
+    runs = [durable_agents.start_run("tester", f"invoice {i}") for i in range(4)]
+    response = admin_client.get(runs_url("?q=invoice"))
+    assert [r.pk for r in response.context["cl"].result_list] == [r.pk for r in runs[:1:-1]]
+    assert any("newest 2 matches" in m for m in messages_of(response))
+
+
+def test_a_request_id_prefix_finds_the_run_that_made_the_request(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "t")
+    durable_agents.start_run("tester", "other")
+    AgentStep.objects.create(
+        run=run, seq=1, kind=StepKind.MODEL_TURN, payload="{}", request_id="req_011CXabcdef"
+    )
+    assert listed(admin_client, "?q=req_011CXab") == [run.pk]
+    assert listed(admin_client, "?q=req_011CXzz") == []
+
+
+# -- the dead letter ----------------------------------------------------------------------
+
+
+def test_the_dead_letter_pages_its_groups_in_a_bounded_number_of_queries(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(views, "DEAD_GROUPS_PER_PAGE", 2)
+    url = reverse("admin:durable_agents_agentrun_dead_letter")
+    for i in range(3):
+        dead(f"a{i}", f"overloaded (request id req_{i})")
+    dead("b", "retired model")
+
+    def count_queries(query: str = "") -> tuple[int, Any]:
+        with CaptureQueriesContext(connection) as ctx:
+            response = admin_client.get(url + query)
+        assert response.status_code == 200
+        return len(ctx), response
+
+    few, response = count_queries()
+    assert [(g.cause, g.count) for g in response.context["groups"]] == [
+        ("overloaded (request id <id>)", 3),
+        ("retired model", 1),
+    ]
+    for i in range(3):
+        dead(f"c{i}", f"tool {i} raised")
+    many, response = count_queries()
+    assert many == few <= 15
+    assert [g.count for g in response.context["groups"]] == [3, 3]
+    assert response.context["page"].has_next
+    _, second = count_queries("?page=2")
+    assert [g.cause for g in second.context["groups"]] == ["retired model"]
+    # Each group's runs are one click away, through the cause's index.
+    group = response.context["groups"][0]
+    runs = listed(admin_client, f"?status__exact=dead&{group.runs_query}")
+    assert len(runs) == 3
+
+
+# -- the operations page ------------------------------------------------------------------
+
+
+def test_the_operations_page_says_the_window_of_each_figure(admin_client: Client) -> None:
+    url = reverse("admin:durable_agents_agentrun_operations")
+    recent, old = (durable_agents.start_run("tester", t) for t in ("recent", "old"))
+    AgentRun.objects.filter(pk=recent.pk).update(
+        status=RunStatus.SUCCEEDED, finished_at=timezone.now()
+    )
+    AgentRun.objects.filter(pk=old.pk).update(
+        status=RunStatus.SUCCEEDED, finished_at=timezone.now() - datetime.timedelta(days=2)
+    )
+    housekeeping.snapshot_metrics()
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(url)
+    assert len(ctx) <= 15
+    context = response.context
+    finished = {bar.label: bar.value for bar in context["finished_bars"]}
+    assert finished["succeeded"] == 1  # the run of two days ago is outside the window
+    assert context["table"].by_status["succeeded"] == 2  # the snapshot counts the table
+    content = response.content.decode()
+    assert "Finished in the last 24 hours: 1" in content
+    assert "as counted by housekeeping" in content
+
+
+# -- PostgreSQL: each query has the shape of its index ------------------------------------
+
+
+def plan(queryset: Any) -> str:
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=False)
+def test_each_admin_query_can_use_its_index() -> None:
+    runs = AgentRun.objects.all()
+    pg = listing.PostgresDialect()
+    # Words of a task: ILIKE on the task step (Django's icontains, UPPER() LIKE, could not).
+    step = AgentStep.objects.filter(kind=StepKind.TASK)
+    assert "agent_step_task_trgm" in plan(pg.contains_words(step, "payload", ["4242"]))
+    reasons = runs.filter(status__in=listing.REASON_STATUSES)
+    with connection.cursor() as cursor:  # rolled back with the test: the btree on status
+        cursor.execute("DROP INDEX agent_run_status")  # would serve a table this small
+    assert "agent_run_error_trgm" in plan(pg.contains_words(reasons, "error", ["overloaded"]))
+    by_prefix = AgentStep.objects.filter(request_id__startswith="req_011")
+    assert "agent_step_request_id_prefix" in plan(by_prefix)
+    assert "agent_run_created" in plan(runs.order_by("-created_at")[:50])
+    assert "agent_run_agent" in plan(runs.filter(agent="x").order_by("-created_at")[:50])
+    assert "agent_run_model" in plan(runs.filter(model="x").order_by("-created_at")[:50])
+    dead = runs.filter(status=RunStatus.DEAD, dead_cause="x").order_by("-created_at")
+    assert "agent_run_dead_cause" in plan(dead[:50])
+    finished = runs.filter(
+        status__in=["succeeded"], finished_at__isnull=False, finished_at__gte=timezone.now()
+    )
+    assert "agent_run_finished" in plan(finished)
+    # The planner's estimate is what the list prints past the exact limit.
+    assert isinstance(pg.estimate_rows(runs), int)
