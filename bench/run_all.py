@@ -4,6 +4,7 @@
     python -m bench.run_all --quick    # small sizes: about 6 minutes
     python -m bench.run_all --only loop,commit
     python -m bench.run_all --only waits       # durable waits: about 2 minutes
+    python -m bench.run_all --only admin_scale # the admin at 10,000 vs 1,000,000 runs
     python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
 
 Each benchmark runs in its own process (each configures Django for its own da_bench_*
@@ -11,9 +12,9 @@ database) and leaves its figures in bench/out/<name>.json; bench/report.py rende
 
 --before REF measures REF first, then the current tree, in the same invocation: REF is
 checked out with `git worktree add --detach /tmp/da-bench-before-<sha> REF`, and that
-checkout's own `python -m bench.run_all` (same --quick/--only, never the in-flight, waits
-or compaction benchmarks, which older refs lack) runs inside it with this interpreter, so
-its bench code and durable_agents are REF's. Its bench/out/*.json are copied to
+checkout's own `python -m bench.run_all` (same --quick/--only, never the in-flight, waits,
+compaction or admin_scale benchmarks, which older refs lack) runs inside it with this
+interpreter, so its bench code and durable_agents are REF's. Its bench/out/*.json are copied to
 bench/out/before/ (emptied first) with bench/out/before/ref.json naming REF, and the
 worktree is removed. If that run fails, it says so loudly and the current tree is measured
 anyway. The report then adds a "Before and after" table of targets 1-7. The before run
@@ -62,6 +63,12 @@ QUICK["waits"] = ["--claims", "600", "--blocks", "3"]
 if (common.ROOT / "bench" / "compaction.py").exists():
     FULL["compaction"] = []
     QUICK["compaction"] = ["--turns", "1000", "--every", "100"]
+# The admin at production size: 10,000 vs 1,000,000 runs (the filled databases are kept between
+# invocations; the first fill takes about 2 minutes). 10,000,000 is measured by hand, once:
+# python -m bench.admin_scale --sizes 10000,10000000 --reps 5 --out admin_scale_10m
+if (common.ROOT / "bench" / "admin_scale.py").exists():
+    FULL["admin_scale"] = []
+    QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
 
 
 def _version(pkg: str) -> str:
@@ -141,7 +148,7 @@ def _git() -> dict[str, object]:
 BEFORE = common.OUT / "before"
 # Benchmarks never run for --before: the in-flight one did not exist before the rewrite, nor
 # waits and compaction before their features.
-NOT_BEFORE = {"inflight", "waits", "compaction"}
+NOT_BEFORE = {"inflight", "waits", "compaction", "admin_scale"}
 
 
 def _loud(msg: str) -> None:
