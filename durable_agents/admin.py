@@ -1501,7 +1501,7 @@ class AgentRunAdmin(_OperationsAdmin[AgentRun]):
             number = int(request.GET.get("page", "1"))
         except ValueError:
             number = 1
-        page = views.dead_letter_page(number)
+        page = views.dead_letter_page(min(max(number, 1), views.DEAD_LETTER_MAX_PAGE))
         context = {
             **self.admin_site.each_context(request),
             "title": gettext("Dead letter"),

@@ -1057,6 +1057,8 @@ def runs_waiting_on_event(name: str) -> tuple[list[AgentRun], int]:
 
 # Causes (groups) per page of the dead letter.
 DEAD_GROUPS_PER_PAGE = 20
+# Beyond this page the dead letter answers with its last one (an OFFSET stays an integer).
+DEAD_LETTER_MAX_PAGE = 10_000
 # Characters of an example error read: reasons are one line; the rest is detail.
 DEAD_ERROR_HEAD_CHARS = 2_000
 # The example reason of a group is cut here, at a word boundary.

@@ -297,8 +297,12 @@ class DatabaseFigures:
 
 
 def read_figures(using: str = DEFAULT_DB_ALIAS) -> DatabaseFigures:
-    """The database gauges, in ONE statement: ``agent_run`` grouped by status and wait kind,
-    with the waiting intents and open questions as scalar subqueries (evaluated once)."""
+    """The database gauges, read in a few statements whatever the size of ``agent_run``: its
+    unfinished runs (pending, running, waiting: few, through the status index) grouped by
+    status and wait kind, with the waiting intents and open questions as scalar subqueries
+    (evaluated once); then the dead and finished runs per status, each a bounded count
+    (``listing.bounded_count``: exact up to 10,000 rows, past that the planner's estimate), so
+    that a table of ten million runs is not read every ``cache_seconds``."""
     from django.db.models import Count, DateTimeField, F, Func, IntegerField, Min, Q, Subquery
     from django.db.models.functions import Now
 
@@ -317,8 +321,12 @@ def read_figures(using: str = DEFAULT_DB_ALIAS) -> DatabaseFigures:
 
     intents = ToolIntent.objects.using(using).awaiting_person()
     questions = AgentQuestion.objects.using(using).filter(status=QuestionStatus.OPEN)
+    from durable_agents.listing import bounded_count
+
+    unfinished = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
     rows = (
         AgentRun.objects.using(using)
+        .filter(status__in=unfinished)
         .order_by()
         .values("status", "waiting_for")
         .annotate(
@@ -353,6 +361,17 @@ def read_figures(using: str = DEFAULT_DB_ALIAS) -> DatabaseFigures:
         figures.oldest_intent_age = age(row["oldest_intent"])
         figures.questions_open = row["open_questions"] or 0
         figures.oldest_question_age = age(row["oldest_question"])
+    if not rows:  # no unfinished run carried the scalar subqueries
+        waiting_intents = intents.order_by().aggregate(n=Count("pk"), oldest=Min("created_at"))
+        open_questions = questions.order_by().aggregate(n=Count("pk"), oldest=Min("created_at"))
+        figures.intents_waiting = waiting_intents["n"]
+        figures.oldest_intent_age = age(waiting_intents["oldest"])
+        figures.questions_open = open_questions["n"]
+        figures.oldest_question_age = age(open_questions["oldest"])
+    for status in RunStatus.values:
+        if status not in unfinished:
+            runs = AgentRun.objects.using(using).filter(status=status)
+            figures.runs_by_status[status] = bounded_count(runs).value
     return figures
 
 

@@ -146,6 +146,9 @@ def test_words_are_found_in_the_recent_window_and_through_the_index_before_it(
     assert listed(admin_client, "?q=order+4242") == [old.pk]  # older than the window
     assert listed(admin_client, '?q="quoted"+acme') == [old.pk]  # JSON-escaped in the step
     assert len(listed(admin_client, "?q=refund+ORDER")) == 6
+    # LIKE's wildcards are searched for, not obeyed.
+    assert listed(admin_client, "?q=100%25") == []
+    assert listed(admin_client, "?q=ord_r") == []
     # A word a trigram index cannot look up is left out, and the page says so.
     response = admin_client.get(runs_url("?q=4242+of"))
     assert [r.pk for r in response.context["cl"].result_list] == [old.pk]
@@ -203,6 +206,8 @@ def test_the_dead_letter_pages_its_groups_in_a_bounded_number_of_queries(
     assert response.context["page"].has_next
     _, second = count_queries("?page=2")
     assert [g.cause for g in second.context["groups"]] == ["retired model"]
+    for hostile in ("?page=99999999999999999999999", "?page=-3", "?page=x"):
+        assert admin_client.get(url + hostile).status_code == 200
     # Each group's runs are one click away, through the cause's index.
     group = response.context["groups"][0]
     runs = listed(admin_client, f"?status__exact=dead&{group.runs_query}")
