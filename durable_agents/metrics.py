@@ -42,7 +42,8 @@ def percentile(sorted_values: list[int], fraction: float) -> float | None:
 
 
 def runs_by_status() -> dict[str, int]:
-    counts = dict(AgentRun.objects.order_by().values_list("status").annotate(n=Count("pk")))
+    # COUNT(*): an index-only scan of agent_run_status, not a read of every row.
+    counts = dict(AgentRun.objects.order_by().values_list("status").annotate(n=Count("*")))
     return {status: counts.get(status, 0) for status in RunStatus.values}
 
 
