@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -207,8 +208,13 @@ def filled(url: str, size: int) -> bool:
     return row == (FILL_VERSION, size)
 
 
+DB_PREFIX = os.environ.get("DA_BENCH_ADMIN_PREFIX", "da_bench_admin")
+
+
 def db_name(size: int) -> str:
-    return f"da_bench_admin_{size}"
+    """The database of one size; DA_BENCH_ADMIN_PREFIX (--db-prefix) keeps another set, e.g.
+    for measuring an older ref on databases that never saw this tree's migrations."""
+    return f"{DB_PREFIX}_{size}"
 
 
 def prepare(size: int, refill: bool) -> dict[str, Any]:
@@ -489,9 +495,15 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true")
     parser.add_argument("--out", default="admin_scale")
     parser.add_argument("--pages", default="", help="only the pages whose name has this text")
+    parser.add_argument("--db-prefix", default="", help="databases named <prefix>_<size>")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--after-fill", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.db_prefix:
+        assert args.db_prefix.startswith("da_bench"), args.db_prefix
+        os.environ["DA_BENCH_ADMIN_PREFIX"] = args.db_prefix  # the children's too
+        global DB_PREFIX
+        DB_PREFIX = args.db_prefix
     if args.child:
         return child()
     if args.after_fill:

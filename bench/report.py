@@ -208,6 +208,9 @@ def render() -> Path:
         "inflight",
         "waits",
         "compaction",
+        "admin_scale",
+        "admin_scale_10m",
+        "admin_scale_before",
     ]
     r = {n: d for n in names if (d := _load(n)) is not None}
     m = r.get("machine", {})
@@ -520,6 +523,10 @@ def render() -> Path:
         _waits_section(w, r["waits"])
     if r.get("compaction"):
         _compaction_section(w, r["compaction"])
+    if r.get("admin_scale"):
+        admin_scale_section(
+            w, r["admin_scale"], r.get("admin_scale_10m"), r.get("admin_scale_before")
+        )
     w("## Reproduce")
     w("")
     w("```")
@@ -760,6 +767,72 @@ def _waits_section(w: Any, wt: dict[str, Any]) -> None:
             + (f" **Failed: {k['error']}.**" if k.get("error") else "")
         )
         w("")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def admin_scale_section(
+    w: Any,
+    a: dict[str, Any],
+    ten_million: dict[str, Any] | None = None,
+    before: dict[str, Any] | None = None,
+) -> None:
+    """bench/admin_scale.py: every admin page at 10,000 vs 1,000,000 runs (and, measured once,
+    10,000,000), with the same pages before issue 13 when ``before`` is there."""
+    w("## The admin at production size (issue 13)")
+    w("")
+    if a.get("skipped"):
+        w(f"`bench/admin_scale.py` was skipped: {a['skipped']} (it needs PostgreSQL).")
+        w("")
+        return
+    small, large = (str(s) for s in (a["sizes"][0], a["sizes"][-1]))
+    t = a["targets"]
+    w(
+        f"`bench/admin_scale.py`: each page an operator opens, through Django's test client "
+        f"(server time: middleware, queries, rendering), on a table of {int(small):,} runs and "
+        f"on one of {int(large):,} that grew at the same rate (10,000 runs a day): 1 % dead "
+        "with seven causes whose reasons carry their request ids, 1 % waiting, three steps per "
+        f"run. Median of {a['reps']} requests per page and size, the sizes alternating. Targets: "
+        f"{int(large):,} / {int(small):,} <= {t['ratio']}, at most {t['queries']} queries and "
+        f"{t['html_bytes'] // 1000} kB of HTML."
+    )
+    w("")
+    head = f"| page | {int(small):,} runs | {int(large):,} runs | growth | queries | HTML |"
+    rule = "| --- | --- | --- | --- | --- | --- |"
+    if ten_million:
+        head += " 10,000,000 runs |"
+        rule += " --- |"
+    if before:
+        head += f" before ({int(small):,} / {int(large):,}) |"
+        rule += " --- |"
+    head += " verdict |"
+    rule += " --- |"
+    w(head)
+    w(rule)
+    for name, p in a["pages"].items():
+        m = p["median_s"]
+        row = (
+            f"| {name} | {_ms(m[small])} | {_ms(m[large])} | {p['ratio']:.2f}x | "
+            f"{p['queries'][large]} | {p['html_bytes'][large] / 1000:.0f} kB |"
+        )
+        if ten_million:
+            q = ten_million["pages"].get(name)
+            row += f" {_ms(q['median_s'][str(ten_million['sizes'][-1])])} |" if q else " - |"
+        if before:
+            b = before["pages"].get(name)
+            row += (
+                f" {_ms(b['median_s'][small])} / {_ms(b['median_s'][large])} ({b['ratio']:.1f}x) |"
+                if b
+                else " - |"
+            )
+        row += f" {_v(p['met'])} |"
+        w(row)
+    w("")
+    met = sum(p["met"] for p in a["pages"].values())
+    w(f"{met} of {len(a['pages'])} pages within target.")
+    w("")
 
 
 def _compaction_section(w: Any, cp: dict[str, Any]) -> None:
@@ -1068,5 +1141,22 @@ def _ev(d: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in list(d.items())[:3]) or "-"
 
 
+def print_section(name: str) -> None:
+    """Print one section (``admin_scale``) for splicing into docs/benchmarks.md by hand: a
+    fresh checkout lacks the older benchmarks' JSON, so the page is not re-rendered whole."""
+    lines: list[str] = []
+    if name == "admin_scale":
+        a = _load("admin_scale")
+        if a is None:
+            raise SystemExit("no bench/out/admin_scale.json: run python -m bench.admin_scale")
+        admin_scale_section(lines.append, a, _load("admin_scale_10m"), _load("admin_scale_before"))
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
-    print(render())
+    import sys
+
+    if sys.argv[1:2] == ["--section"]:
+        print_section(sys.argv[2])
+    else:
+        print(render())
