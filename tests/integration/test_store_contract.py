@@ -336,3 +336,24 @@ def test_a_park_is_fenced(env: Env) -> None:
     spec = WaitSpec(WaitKind.TIMER, "k", seconds=1)
     assert env.store.park_on_wait(stale, spec) == (Parked.FENCE_FAILED, None)
     assert env.run(run_id).status == RunStatus.RUNNING
+
+
+def test_a_dead_run_carries_its_cause_until_it_leaves_the_dead_letter(env: Env) -> None:
+    """What the dead-letter page groups on: the reason without its variable parts, written by
+    every way into the dead letter and cleared by every way out of it."""
+    cause = "overloaded_error (request id <id>) after <n> tries"
+    by_worker, by_housekeeping = env.start("a"), env.start("b")
+    claim = env.claim(by_worker)
+    reason = "overloaded_error (request id req_011CXa) after 3 tries\nTraceback (most recent ..."
+    assert env.store.finish_run(claim, RunStatus.DEAD, error=reason)
+    assert env.store.dead_letter(
+        by_housekeeping, "overloaded_error (request id req_9) after 12 tries"
+    )
+    assert [env.run(r).dead_cause for r in (by_worker, by_housekeeping)] == [cause, cause]
+    assert env.store.requeue_run(by_worker)
+    assert env.store.cancel_run(by_housekeeping)
+    assert [env.run(r).dead_cause for r in (by_worker, by_housekeeping)] == ["", ""]
+    # Any other end leaves it empty.
+    failed = env.claim(env.start("c"))
+    assert env.store.finish_run(failed, RunStatus.FAILED, error="tool raised")
+    assert env.run(failed.run_id).dead_cause == ""
