@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import (
     Case,
@@ -297,7 +297,21 @@ LAST_ERROR_TITLE_CHARS = 500
 RUN_TEXT_FIELDS = ("task", "result", "error")
 
 
-class RunChangeList(ChangeList):
+class CountedChangeList(ChangeList):
+    """A change list whose count a page prints as ``result_count_text``: "4 agent runs", or
+    past listing.EXACT_COUNT_LIMIT "about 1.2 million agent runs" (listing.EstimatingPaginator;
+    the app's pagination.html and search_form.html print it)."""
+
+    @property
+    def result_count_text(self) -> str:
+        singular, plural = str(self.opts.verbose_name), str(self.opts.verbose_name_plural)
+        paginator = getattr(self, "paginator", None)
+        if isinstance(paginator, listing.EstimatingPaginator):
+            return paginator.describe(singular, plural)
+        return f"{self.result_count} {singular if self.result_count == 1 else plural}"
+
+
+class RunChangeList(CountedChangeList):
     """The runs list reads the head of each task, not the whole text (tasks can be long), and
     what the page's waiting runs wait for in at most three queries (``attach_waits``)."""
 
@@ -315,16 +329,6 @@ class RunChangeList(ChangeList):
         super().get_results(request)
         # Evaluates the page's queryset once; the template iterates the same (cached) rows.
         views.attach_waits(list(self.result_list))
-
-    @property
-    def result_count_text(self) -> str:
-        """ "1,234 runs", "about 1.2 million runs": the bounded count (listing.Count)."""
-        paginator = self.paginator
-        if isinstance(paginator, listing.EstimatingPaginator):
-            return paginator.describe(
-                str(self.opts.verbose_name), str(self.opts.verbose_name_plural)
-            )
-        return f"{self.result_count} {self.opts.verbose_name_plural}"
 
 
 class WaitingForFilter(admin.SimpleListFilter):
@@ -1557,8 +1561,30 @@ INPUT_HEAD_CHARS = 200
 INPUT_COLUMN_CHARS = 60
 
 
-class IntentChangeList(ChangeList):
-    """The intents list reads the head of each input, not the whole JSON (it can be large)."""
+class IntentChangeList(CountedChangeList):
+    """The intents list reads the head of each input, not the whole JSON (it can be large).
+
+    Its order is a queue, then a history: intents waiting for a person oldest first, then the
+    decided ones newest first (``ToolIntentAdmin.get_ordering``). One ORDER BY of that would
+    sort every intent for each page; the page is read from two index scans instead
+    (``tool_intent_status`` for the queue, ``tool_intent_created`` for the history), unless a
+    column header asks for another order."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)  # the count and the page's bounds; its rows stay unread
+        if ORDER_VAR in self.params or (self.show_all and self.can_show_all):
+            return
+        base = self.queryset.order_by()
+        queue = base.filter(status__in=AWAITING_PERSON).order_by("created_at", "pk")
+        history = base.exclude(status__in=AWAITING_PERSON).order_by("-created_at", "-pk")
+        start = (self.page_num - 1) * self.list_per_page
+        rows = list(queue[start : start + self.list_per_page])
+        if len(rows) < self.list_per_page:
+            # The queue ends on this page (it holds start + len(rows) intents) or before it.
+            queued = start + len(rows) if rows else listing.count_at_most(queue, start)
+            skip = max(0, start - queued)
+            rows += list(history[skip : skip + self.list_per_page - len(rows)])
+        self.result_list = rows
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
         queryset: QuerySet[Any] = (
@@ -1605,10 +1631,12 @@ class ToolIntentAdmin(_OperationsAdmin[ToolIntent]):
         "decided",
     )
     list_display_links = ("intent_id", "tool_name")
-    list_filter = ("status", "tool")
+    list_filter = ("status", ("tool", IndexedValuesFilter))
     list_select_related = ("decided_by",)
     search_fields = ("tool",)
+    paginator = listing.EstimatingPaginator
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     actions = ("approve_intents", "reject_intents")
     fieldsets = (
@@ -2065,7 +2093,7 @@ QUESTION_COLUMN_CHARS = 80
 ANSWER_TITLE_CHARS = 300
 
 
-class QuestionChangeList(ChangeList):
+class QuestionChangeList(CountedChangeList):
     """The questions list reads the head of each question and answer, never the whole."""
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
@@ -2276,7 +2304,7 @@ class AgentQuestionAdmin(_OperationsAdmin[AgentQuestion]):
 PAYLOAD_HEAD_CHARS = 200
 
 
-class EventChangeList(ChangeList):
+class EventChangeList(CountedChangeList):
     """The events list reads the head of each payload, not the whole JSON."""
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:

@@ -201,6 +201,12 @@ class AgentRun(models.Model):
                 name="agent_run_dead_cause",
                 condition=models.Q(status="dead"),
             ),
+            # Waiting runs by kind of wait and their oldest (the operations page), from the index.
+            models.Index(
+                fields=["waiting_for", "waiting_since"],
+                name="agent_run_waiting",
+                condition=models.Q(status="waiting"),
+            ),
             # Timers and timeouts: the claim takes waiting runs that are due in wake_at order.
             models.Index(
                 fields=["wake_at"],
@@ -355,7 +361,12 @@ class ToolIntent(models.Model):
         db_table = "tool_intent"
         ordering = ["created_at"]
         permissions = [("approve_toolintent", _("Can approve, reject or resolve tool intents"))]
-        indexes = [models.Index(fields=["status", "created_at"], name="tool_intent_status")]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="tool_intent_status"),
+            # The intents list at production size: decided intents newest first, by tool.
+            models.Index(fields=["created_at"], name="tool_intent_created"),
+            models.Index(fields=["tool", "created_at"], name="tool_intent_tool"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} for run {self.run_id} ({self.status})"

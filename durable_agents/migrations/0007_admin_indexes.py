@@ -1,9 +1,10 @@
 """The indexes of the admin at production size (docs/operating.md, "The admin at ten million
 runs").
 
-- Five B-tree indexes on agent_run: the list newest first, by agent, by model, finished runs
-  by time, the dead letter by cause. None of their columns changes while a worker claims,
-  renews or commits, so those updates stay HOT.
+- Six B-tree indexes on agent_run: the list newest first, by agent, by model, finished runs
+  by time, the dead letter by cause, waiting runs by kind and age. None of their columns
+  changes while a worker claims, renews or commits, so those updates stay HOT. Two on
+  tool_intent: newest first, and by tool.
 - On PostgreSQL only: the pg_trgm extension and three indexes of the admin's search: words of
   tasks (a trigram GIN index on the task step, which is written once and never updated, unlike
   the run row that every claim rewrites), reasons of dead and failed runs (trigram GIN,
@@ -37,6 +38,21 @@ RUN_INDEXES = [
         name="agent_run_dead_cause",
         condition=models.Q(status="dead"),
     ),
+    models.Index(
+        fields=["waiting_for", "waiting_since"],
+        name="agent_run_waiting",
+        condition=models.Q(status="waiting"),
+    ),
+]
+
+INTENT_INDEXES = [
+    models.Index(fields=["created_at"], name="tool_intent_created"),
+    models.Index(fields=["tool", "created_at"], name="tool_intent_tool"),
+]
+
+# (model name, index): what create_model_indexes builds.
+MODEL_INDEXES = [("AgentRun", index) for index in RUN_INDEXES] + [
+    ("ToolIntent", index) for index in INTENT_INDEXES
 ]
 
 # (name, statement, needs pg_trgm): PostgreSQL only.
@@ -83,9 +99,9 @@ def _build_concurrently(schema_editor: Any, name: str, statement: str) -> None:
         cursor.execute(statement)
 
 
-def create_run_indexes(apps: Any, schema_editor: Any) -> None:
-    model = apps.get_model("durable_agents", "AgentRun")
-    for index in RUN_INDEXES:
+def create_model_indexes(apps: Any, schema_editor: Any) -> None:
+    for model_name, index in MODEL_INDEXES:
+        model = apps.get_model("durable_agents", model_name)
         if _is_postgres(schema_editor):
             sql = str(index.create_sql(model, schema_editor, concurrently=True))
             _build_concurrently(schema_editor, index.name, sql)
@@ -93,10 +109,9 @@ def create_run_indexes(apps: Any, schema_editor: Any) -> None:
             schema_editor.add_index(model, index)
 
 
-def drop_run_indexes(apps: Any, schema_editor: Any) -> None:
-    model = apps.get_model("durable_agents", "AgentRun")
-    for index in RUN_INDEXES:
-        schema_editor.remove_index(model, index)
+def drop_model_indexes(apps: Any, schema_editor: Any) -> None:
+    for model_name, index in MODEL_INDEXES:
+        schema_editor.remove_index(apps.get_model("durable_agents", model_name), index)
 
 
 def create_search_indexes(apps: Any, schema_editor: Any) -> None:
@@ -138,10 +153,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             state_operations=[
-                migrations.AddIndex(model_name="agentrun", index=index) for index in RUN_INDEXES
+                migrations.AddIndex(model_name=model_name.lower(), index=index)
+                for model_name, index in MODEL_INDEXES
             ],
             database_operations=[
-                migrations.RunPython(create_run_indexes, drop_run_indexes, atomic=False),
+                migrations.RunPython(create_model_indexes, drop_model_indexes, atomic=False),
             ],
         ),
         migrations.RunPython(create_search_indexes, drop_search_indexes, atomic=False),

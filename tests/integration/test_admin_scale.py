@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import Count
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -21,8 +22,15 @@ from durable_agents import admin_views as views
 from durable_agents import housekeeping, listing, store
 from durable_agents.admin import AgentRunAdmin
 from durable_agents.causes import backfill_causes, cause_of
-from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
-from tests.integration.test_admin import messages_of, runs_url
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolIntent,
+)
+from tests.integration.test_admin import messages_of, parked_intent, runs_url
 
 pytestmark = pytest.mark.django_db
 postgres_only = pytest.mark.skipif(
@@ -273,5 +281,43 @@ def test_each_admin_query_can_use_its_index() -> None:
         status__in=["succeeded"], finished_at__isnull=False, finished_at__gte=timezone.now()
     )
     assert "agent_run_finished" in plan(finished)
+    waiting = runs.filter(status=RunStatus.WAITING).order_by().values_list("waiting_for")
+    assert "agent_run_waiting" in plan(waiting.annotate(n=Count("*")))
+    history = ToolIntent.objects.exclude(status=IntentStatus.PENDING).order_by("-created_at")
+    assert "tool_intent_created" in plan(history[:50])
     # The planner's estimate is what the list prints past the exact limit.
     assert isinstance(pg.estimate_rows(runs), int)
+
+
+# -- the intents list ---------------------------------------------------------------------
+
+
+def test_the_intents_list_pages_a_queue_then_a_history(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting intents oldest first, then decided ones newest first, read from two index
+    scans page by page (ToolIntentAdmin.list_per_page 2 here): the same order as one sort."""
+    from durable_agents.admin import ToolIntentAdmin
+
+    monkeypatch.setattr(ToolIntentAdmin, "list_per_page", 2)
+    now = timezone.now()
+    intents = [parked_intent(table=f"t{i}") for i in range(5)]
+    for age, intent in enumerate(intents):  # t0 is the newest
+        ToolIntent.objects.filter(pk=intent.pk).update(
+            created_at=now - datetime.timedelta(minutes=age)
+        )
+    ToolIntent.objects.filter(pk__in=[intents[0].pk, intents[3].pk]).update(
+        status=IntentStatus.DONE
+    )
+    url = reverse("admin:durable_agents_toolintent_changelist")
+
+    def page(query: str) -> list[Any]:
+        response = admin_client.get(url + query)
+        assert response.status_code == 200
+        return [intent.pk for intent in response.context["cl"].result_list]
+
+    queue = [intents[4].pk, intents[2].pk, intents[1].pk]  # waiting, oldest first
+    history = [intents[0].pk, intents[3].pk]  # decided, newest first
+    assert page("") + page("?p=2") + page("?p=3") == queue + history
+    # A column header's order is Django's own sort.
+    assert len(page("?o=-1")) == 2
