@@ -299,8 +299,7 @@ def pages() -> list[Page]:
         Page("search: request id", f"{runs}?q={{request}}"),
         Page("search: request id of a dead reason", f"{runs}?q={{dead_request}}"),
         Page('search: "Task number 4242"', f"{runs}?q=Task+number+4242"),
-        # The same words, one run in both databases: the search alone, without 49 more rows
-        # to render at 1M ("4242" is also in 14242, 42420, ...).
+        # A number followed by punctuation: "4242:" is the start of a whole word.
         Page('search: "Task number 4242:"', f"{runs}?q=Task+number+4242%3A"),
         Page("dead letter", f"{runs}dead-letter/"),
         Page("operations", f"{runs}operations/"),

@@ -66,6 +66,14 @@ class ILike(Func):
     output_field = BooleanField()
 
 
+_WORD_CHAR = re.compile(r"\w")
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+
+
+def has_digit(word: str) -> bool:
+    return any(c.isdigit() for c in word)
+
+
 class Dialect:
     """The portable dialect (SQLite, and the base of the others): no estimates; words are
     matched by scanning."""
@@ -74,12 +82,31 @@ class Dialect:
         """The planner's estimate of how many rows ``queryset`` yields; None if unknown."""
         return None
 
+    # A word boundary in the database's regular expressions: Python's, through the REGEXP
+    # function Django gives SQLite.
+    word_boundary = r"\b"
+
+    def escape_regex(self, text: str) -> str:
+        return re.escape(text)
+
+    def number_pattern(self, word: str) -> str:
+        """A word with a digit as a whole word: "4242" finds "order 4242" and "INV-4242", not
+        "14242" (a boundary where the word begins or ends with a letter, digit or _)."""
+        left = self.word_boundary if _WORD_CHAR.match(word[0]) else ""
+        right = self.word_boundary if _WORD_CHAR.match(word[-1]) else ""
+        return left + self.escape_regex(word) + right
+
     def contains_words(
         self, queryset: QuerySet[Any], field: str, words: list[str]
     ) -> QuerySet[Any]:
-        """The rows of ``queryset`` whose ``field`` holds every word (case-insensitive)."""
+        """The rows of ``queryset`` whose ``field`` holds every word, case-insensitively: a
+        word with a digit (an order number, an id) as a whole word, any other word anywhere
+        (a part of a word finds it)."""
         for word in words:
-            queryset = queryset.filter(**{f"{field}__icontains": word})
+            if has_digit(word):
+                queryset = queryset.filter(**{f"{field}__iregex": self.number_pattern(word)})
+            else:
+                queryset = queryset.filter(**{f"{field}__icontains": word})
         return queryset
 
     def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
@@ -98,12 +125,23 @@ class PostgresDialect(Dialect):
             plan = json.loads(plan)
         return int(plan[0]["Plan"]["Plan Rows"])
 
+    word_boundary = r"\y"  # PostgreSQL's regular expressions: \b is a backspace there
+
+    def escape_regex(self, text: str) -> str:
+        # ASCII punctuation only: a backslash before a letter or digit is an escape in PG.
+        return _PUNCTUATION.sub(r"\\\g<0>", text)
+
     def contains_words(
         self, queryset: QuerySet[Any], field: str, words: list[str]
     ) -> QuerySet[Any]:
+        """As the portable dialect, in the forms a trigram index answers: ``~*`` (Django's
+        iregex) and ILIKE."""
         like = connections[queryset.db].ops.prep_for_like_query
         for word in words:
-            queryset = queryset.filter(ILike(F(field), Value(f"%{like(word)}%")))
+            if has_digit(word):
+                queryset = queryset.filter(**{f"{field}__iregex": self.number_pattern(word)})
+            else:
+                queryset = queryset.filter(ILike(F(field), Value(f"%{like(word)}%")))
         return queryset
 
     def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
@@ -272,7 +310,7 @@ def _task_matches(queryset: QuerySet[Any], words: list[str], words_of: Dialect) 
         return recent
     # A word with a digit (an order number, an id) is far rarer than a word of the language:
     # the index looks up those alone when there are any, and the task check takes the rest.
-    rare = [word for word in words if any(c.isdigit() for c in word)] or words
+    rare = [word for word in words if has_digit(word)] or words
     older = words_of.task_words(queryset.filter(created_at__lte=boundary), rare)
     return (
         recent

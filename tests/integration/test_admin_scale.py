@@ -154,6 +154,13 @@ def test_words_are_found_in_the_recent_window_and_through_the_index_before_it(
     assert listed(admin_client, "?q=order+4242") == [old.pk]  # older than the window
     assert listed(admin_client, '?q="quoted"+acme') == [old.pk]  # JSON-escaped in the step
     assert len(listed(admin_client, "?q=refund+ORDER")) == 6
+    assert listed(admin_client, "?q=4242+acme") == [old.pk]
+    # A number is a whole word (an order number must not find 14242); other words are parts.
+    other = durable_agents.start_run("tester", "Refund order 14242, then INV-4242b")
+    assert listed(admin_client, "?q=order+4242") == [old.pk]
+    assert listed(admin_client, "?q=14242") == [other.pk]
+    assert listed(admin_client, "?q=inv-4242b") == [other.pk]
+    assert set(listed(admin_client, "?q=efun")) == set(listed(admin_client, "?q=refund"))
     # LIKE's wildcards are searched for, not obeyed.
     assert listed(admin_client, "?q=100%25") == []
     assert listed(admin_client, "?q=ord_r") == []
