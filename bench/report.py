@@ -534,10 +534,7 @@ def render() -> Path:
     w(".venv/bin/python -m bench.run_all --quick                 # about 6 minutes")
     w('make bench BENCH_ARGS="--before 14be984"   # also measure 14be984 first (twice as long)')
     w(".venv/bin/python -m bench.loop --runs 100   # any single benchmark")
-    w(
-        ".venv/bin/python -m bench.admin_scale --sizes 10000,10000000 --reps 5 "
-        "--out admin_scale_10m"
-    )
+    w(".venv/bin/python -m bench.admin_scale --sizes 10000,10000000 --reps 5 --out admin_scale_10m")
     w("```")
     w("")
     out = DOCS / "benchmarks.md"
