@@ -37,8 +37,9 @@ _CAUSE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         "<time>",
     ),
-    # Hex ids and fingerprints: six or more hex digits with at least one digit ("decade" stays).
-    (re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{6,}\b", re.IGNORECASE), "<hex>"),
+    # Hex ids and fingerprints: six or more hex digits with at least one digit and one letter
+    # ("decade" stays a word, 200000 is a number for the rule below).
+    (re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{6,}\b", re.IGNORECASE), "<hex>"),
     # Numbers standing alone (counts, seqs, pids, durations); not those inside a name such as
     # claude-3-5 or v1. HTTP statuses are kept by _number below: they are causes of their own.
     (

@@ -453,6 +453,7 @@ def test_dead_cause_replaces_the_variable_parts() -> None:
     assert cause(a) == cause(b) == "model call failed: overloaded (request id <id>) after <n> tries"
     assert cause("run 3f2a1c9e-1234-4abc-8def-0123456789ab stalled") == "run <uuid> stalled"
     assert cause("fingerprint a1b2c3d4e5f6 differs") == "fingerprint <hex> differs"
+    assert cause("200000 tokens of 250000") == "<n> tokens of <n>"
     assert cause("msg_01ABC and toolu_01XYZ") == "msg_<id> and toolu_<id>"
     # Names, versions and HTTP statuses are part of the cause.
     assert cause("model claude-3-5-x: HTTP 404") == "model claude-3-5-x: HTTP 404"
