@@ -1283,19 +1283,19 @@ FINISHED_WINDOW = datetime.timedelta(hours=24)
 @dataclass
 class TableCount:
     """How many runs the table holds, and where the figure comes from: the latest metrics
-    snapshot (exact when housekeeping took it) or, without one, the planner's estimate."""
+    snapshot (exact when housekeeping took it) or, without one, a bounded count (exact up to
+    listing.EXACT_COUNT_LIMIT, past it the planner's estimate)."""
 
     total: int | None
     by_status: dict[str, int]
-    taken_at: datetime.datetime | None  # of the snapshot; None for an estimate
+    taken_at: datetime.datetime | None  # of the snapshot; None for a bounded count
+    counted: listing.Count | None = None
 
     @property
     def shown(self) -> str:
-        if self.total is None:
-            return "?"
-        if self.taken_at is not None:
-            return str(intcomma(self.total))
-        return str(listing.Count(self.total, exact=False))
+        if self.counted is not None:
+            return str(self.counted)
+        return "?" if self.total is None else str(intcomma(self.total))
 
 
 def table_count() -> TableCount:
@@ -1304,8 +1304,8 @@ def table_count() -> TableCount:
     if snapshot is not None and isinstance(by_status, dict):
         counts = {str(k): int(v) for k, v in by_status.items() if isinstance(v, int)}
         return TableCount(sum(counts.values()), counts, snapshot.taken_at)
-    estimate = listing.dialect().estimate_rows(AgentRun.objects.all())
-    return TableCount(estimate, {}, None)
+    counted = listing.bounded_count(AgentRun.objects.all())
+    return TableCount(counted.value, {}, None, counted)
 
 
 def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:

@@ -696,9 +696,10 @@ def test_operations_page_with_data(admin_client: Client) -> None:
     response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
     assert response.status_code == 200
     ctx = response.context
-    # Without a metrics snapshot the table's size is the planner's estimate (none on SQLite);
-    # with one, its count, and the page says when it was taken.
-    assert ctx["table"].taken_at is None
+    # Without a metrics snapshot the table's size is a bounded count (exact up to 10,000);
+    # with one, the snapshot's count, and the page says when it was taken.
+    assert ctx["table"].taken_at is None and ctx["table"].shown == "5"
+    assert "housekeeping's metrics snapshot, which has not run yet" in response.content.decode()
     housekeeping.snapshot_metrics()
     response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
     ctx = response.context
