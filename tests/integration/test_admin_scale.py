@@ -328,3 +328,39 @@ def test_the_intents_list_pages_a_queue_then_a_history(
     assert page("") + page("?p=2") + page("?p=3") == queue + history
     # A column header's order is Django's own sort.
     assert len(page("?o=-1")) == 2
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_migration_0007_builds_again_an_index_an_interrupted_build_left_invalid() -> None:
+    """CREATE INDEX CONCURRENTLY that fails half-way leaves an INVALID index behind: running
+    the migration again must drop and build it, and keep a valid one as it is."""
+    import importlib
+
+    migration = importlib.import_module("durable_agents.migrations.0007_admin_indexes")
+    for _ in range(2):
+        durable_agents.start_run("tester", "the same task")
+    name = "agent_run_task_probe"
+    with connection.cursor() as cursor:
+        # A unique index over a duplicated value fails, and stays behind INVALID.
+        with pytest.raises(Exception, match="could not create unique index"):
+            cursor.execute(f"CREATE UNIQUE INDEX CONCURRENTLY {name} ON agent_run (task)")
+        valid = f"SELECT indisvalid FROM pg_index WHERE indexrelid = '{name}'::regclass"
+        cursor.execute(valid)
+        assert cursor.fetchone() == (False,)
+    statement = f"CREATE INDEX CONCURRENTLY {name} ON agent_run (task)"
+    try:
+        with connection.schema_editor(atomic=False) as editor:
+            migration._build_concurrently(editor, name, statement)
+            with connection.cursor() as cursor:
+                cursor.execute(valid)
+                assert cursor.fetchone() == (True,)
+                cursor.execute(f"SELECT oid FROM pg_class WHERE relname = '{name}'")
+                built = cursor.fetchone()
+            migration._build_concurrently(editor, name, statement)  # valid: kept as it is
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT oid FROM pg_class WHERE relname = '{name}'")
+                assert cursor.fetchone() == built
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP INDEX IF EXISTS {name}")
