@@ -507,8 +507,7 @@ def main() -> None:
         return child()
     if args.after_fill:
         return after_fill()
-    try:
-        common.recreate_db  # noqa: B018 - PostgreSQL is required: fail early below if down
+    try:  # PostgreSQL is required: without it, say so and write why
         import psycopg
 
         psycopg.connect(common.ADMIN_DSN).close()

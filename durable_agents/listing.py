@@ -110,7 +110,8 @@ class Dialect:
         return queryset
 
     def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
-        """The runs of ``queryset`` whose task holds every word."""
+        """The runs of ``queryset`` whose task may hold every word (a superset: the caller
+        checks the task with ``contains_words``); here, those that do."""
         return self.contains_words(queryset, "task", words)
 
 
@@ -146,14 +147,14 @@ class PostgresDialect(Dialect):
 
     def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
         """Through the trigram index on task steps (``agent_step_task_trgm``): the task step's
-        payload is the task as a JSON string, so each word is looked up JSON-escaped; the
-        candidates are then checked against the task itself (so that a word such as a JSON
-        escape does not match by accident)."""
+        payload is the task as a JSON string, so each word is looked up JSON-escaped. These are
+        candidates: the caller checks the task itself (``_task_matches``), so that a word that
+        only a JSON escape holds does not match."""
         escaped = [json.dumps(word, ensure_ascii=False)[1:-1] for word in words]
         step = self.contains_words(
             AgentStep.objects.filter(run_id=OuterRef("pk"), kind=StepKind.TASK), "payload", escaped
         )
-        return self.contains_words(queryset.filter(Exists(step)), "task", words)
+        return queryset.filter(Exists(step))
 
 
 def dialect(using: str = "default") -> Dialect:
@@ -346,9 +347,11 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
         ids = list(dict.fromkeys(made + named))[:MAX_SEARCH_MATCHES]
         capped = len(made) > MAX_SEARCH_MATCHES or len(named) > MAX_SEARCH_MATCHES
         return SearchResult(queryset.filter(pk__in=ids), capped=capped)
-    words = [word for word in term.split() if word]
+    words = term.split()
     short = [word for word in words if len(word) < MIN_WORD_CHARS]
-    indexed = [word for word in words if len(word) >= MIN_WORD_CHARS] or words
+    indexed = [word for word in words if len(word) >= MIN_WORD_CHARS]
+    if not indexed:  # short words only: searched as they are (the index cannot help)
+        indexed, short = words, []
     words_of = dialect(queryset.db)
     by_task = _task_matches(queryset, indexed, words_of)
     by_reason = _newest_ids(
@@ -364,7 +367,7 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
     return SearchResult(
         queryset.filter(found),
         capped=capped,
-        short_words=short if short and indexed is not words else None,
+        short_words=short or None,
     )
 
 
