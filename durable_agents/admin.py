@@ -304,11 +304,12 @@ class CountedChangeList(ChangeList):
 
     @property
     def result_count_text(self) -> str:
-        singular, plural = str(self.opts.verbose_name), str(self.opts.verbose_name_plural)
         paginator = getattr(self, "paginator", None)
         if isinstance(paginator, listing.EstimatingPaginator):
-            return paginator.describe(singular, plural)
-        return f"{self.result_count} {singular if self.result_count == 1 else plural}"
+            count = paginator.bounded
+        else:
+            count = listing.Count(self.result_count, exact=True)
+        return count.describe(str(self.opts.verbose_name), str(self.opts.verbose_name_plural))
 
 
 class RunChangeList(CountedChangeList):

@@ -14,12 +14,13 @@ admin at ten million runs"). The flow of a runs-list request, and where each ste
 3. **Counting** (``EstimatingPaginator``) is exact up to ``EXACT_COUNT_LIMIT`` rows, which it
    reads at most; past that the count is the planner's estimate and says so ("about 1.2
    million").
-4. **Paging** reaches back ``EXACT_COUNT_LIMIT`` rows (``MAX_PAGES`` pages), so that no page
-   asks for a deep OFFSET; a filter or a search goes further.
+4. **Paging** reaches back ``EXACT_COUNT_LIMIT`` rows (``EstimatingPaginator.max_pages``
+   pages), so that no page asks for a deep OFFSET; a filter or a search goes further.
 
 What differs between databases is behind ``Dialect``: PostgreSQL estimates counts from the
-planner and searches words through its trigram index; the portable dialect (SQLite) has no
-estimate ("more than 10,000") and scans for words, which is fine at its sizes.
+planner and looks words up in its trigram indexes; the portable dialect (SQLite) has no
+estimate ("more than 10,000") and scans for words, which is fine at its sizes. Both match
+words the same way (``Dialect.contains_words``).
 """
 
 from __future__ import annotations
@@ -110,9 +111,10 @@ class Dialect:
         return queryset
 
     def task_words(self, queryset: QuerySet[Any], words: list[str]) -> QuerySet[Any]:
-        """The runs of ``queryset`` whose task may hold every word (a superset: the caller
-        checks the task with ``contains_words``); here, those that do."""
-        return self.contains_words(queryset, "task", words)
+        """The runs of ``queryset`` whose task may hold every word, as an index narrows them
+        (a superset: the caller checks the task with ``contains_words``). Without an index,
+        every run is a candidate."""
+        return queryset
 
 
 class PostgresDialect(Dialect):
@@ -179,6 +181,10 @@ class Count:
     exact: bool
     at_least: bool = False  # no estimate to be had: ``value`` is only a lower bound
 
+    def describe(self, singular: str, plural: str) -> str:
+        """ "1 agent run", "4 agent runs", "about 1.2 million agent runs"."""
+        return f"{self} {singular if self.exact and self.value == 1 else plural}"
+
     def __str__(self) -> str:
         if self.exact:
             return str(intcomma(self.value))
@@ -227,12 +233,6 @@ class EstimatingPaginator(Paginator):  # type: ignore[type-arg]
     def pages_end_early(self) -> bool:
         """Whether the list goes on past its last page link."""
         return not self.bounded.exact or self.bounded.value > self.max_pages * self.per_page
-
-    def describe(self, singular: str, plural: str) -> str:
-        if self.bounded.exact:
-            name = singular if self.bounded.value == 1 else plural
-            return f"{intcomma(self.bounded.value)} {name}"
-        return f"{self.bounded} {plural}"
 
 
 # -- filters --------------------------------------------------------------------------------
