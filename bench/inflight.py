@@ -10,7 +10,6 @@ are processed by, side by side in this one invocation:
     from the database (the launch-to-exit wall is kept too);
   * ``loop``: the seed's agent loop as N asyncio tasks over one ``AsyncAnthropic`` client, in
     this process, from the first request to the last finish (no database at all);
-  * ``prototype`` (when ``bench/prototype_async.py`` exists): run like ``app``;
   * the ideal: R x turns x mean latency / N.
 
 While a worker runs, a sampler reads every 50 ms the PostgreSQL connections to the bench
@@ -49,14 +48,7 @@ from bench.common import log
 DB = "da_bench_inflight"
 TURNS = 3
 LOGS = common.OUT / "inflight_logs"
-PROTOTYPE = common.ROOT / "bench" / "prototype_async.py"
 DEFAULT_POOL_SIZE = 8  # the worker's DURABLE_AGENTS["DB_POOL_SIZE"] default
-PROTOTYPE_RUNNER = (
-    "import sys\n"
-    "from bench.prototype_async import main\n"
-    "code = main(sys.argv[1:])\n"
-    "sys.exit(code if isinstance(code, int) else 0)\n"
-)
 
 
 # --- the slow fake API -------------------------------------------------------------------
@@ -224,7 +216,7 @@ def scan_log(path: Path) -> dict[str, Any]:
     return {"lines": len(lines), "counts": dict(counts), "first": first}
 
 
-# --- the worker sides (app, prototype, fleet) -------------------------------------------
+# --- the worker sides (app, fleet) -------------------------------------------------------
 
 
 def worker_env(url: str, base_url: str, pool_size: int | None) -> dict[str, str]:
@@ -234,20 +226,7 @@ def worker_env(url: str, base_url: str, pool_size: int | None) -> dict[str, str]
     return common.bench_env(url, base_url, **extra)
 
 
-def worker_cmd(kind: str, n: int, url: str, base_url: str) -> list[str]:
-    if kind == "prototype":
-        return [
-            common.PY,
-            "-c",
-            PROTOTYPE_RUNNER,
-            "--concurrency",
-            str(n),
-            "--database-url",
-            url,
-            "--base-url",
-            base_url,
-            "--burst",
-        ]
+def worker_cmd(n: int) -> list[str]:
     return [
         common.PY,
         "manage.py",
@@ -314,7 +293,7 @@ def worker_side(
     t0, t0_epoch = time.perf_counter(), time.time()
     children = [
         subprocess.Popen(
-            worker_cmd(kind, n, url, base_url),
+            worker_cmd(n),
             cwd=common.ROOT,
             env=env,
             stdout=f,
@@ -748,7 +727,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--inflight", default=None, help="sizes, e.g. 100,500,1000")
     p.add_argument("--quick", action="store_true", help="sizes 100,500 and no fleet")
     p.add_argument("--runs-factor", type=float, default=2.0, help="runs = factor x in flight")
-    p.add_argument("--sides", default="app,loop,prototype", help="prototype only if present")
+    p.add_argument("--sides", default="app,loop", help="comma list of: app, loop")
     p.add_argument("--skip", default="", help="comma list of: sizes, pickup, fleet")
     p.add_argument("--min-latency", type=float, default=2.0)
     p.add_argument("--max-latency", type=float, default=6.0)
@@ -773,8 +752,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         skip.add("fleet")
     sides = [s for s in a.sides.split(",") if s]
-    if "prototype" in sides and not PROTOTYPE.exists():
-        sides.remove("prototype")
+    if unknown := set(sides) - {"app", "loop"}:
+        p.error(f"unknown sides: {', '.join(sorted(unknown))}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:  # the workers and the loop hold thousands of sockets; children inherit it
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
