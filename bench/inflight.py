@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import resource
@@ -36,9 +35,7 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,37 +51,15 @@ DEFAULT_POOL_SIZE = 8  # the worker's DURABLE_AGENTS["DB_POOL_SIZE"] default
 # --- the slow fake API -------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def slow_api(min_latency: float, max_latency: float, seed: int | None) -> Iterator[str]:
+def slow_api(
+    min_latency: float, max_latency: float, seed: int | None
+) -> contextlib.AbstractContextManager[str]:
     """``python -m bench.slowapi`` in its own process; yields its base URL."""
-    cmd = [common.PY, "-m", "bench.slowapi", "--port", "0"]
-    cmd += ["--min-latency", str(min_latency), "--max-latency", str(max_latency)]
+    args = ["bench.slowapi", "--port", "0"]
+    args += ["--min-latency", str(min_latency), "--max-latency", str(max_latency)]
     if seed is not None:
-        cmd += ["--seed", str(seed)]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=common.ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(common.ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"slow fake API did not start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def get_json(base_url: str, path: str) -> Any:
-    with urllib.request.urlopen(base_url + path, timeout=30) as resp:
-        return json.loads(resp.read())
+        args += ["--seed", str(seed)]
+    return common.serving(args, "slow fake API")
 
 
 # --- sampling ----------------------------------------------------------------------------
@@ -477,7 +452,7 @@ def one_size(n: int, a: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
                 r = loop_side(n, runs, base_url)
             else:
                 r = worker_side(side, n, runs, base_url, a.pool_size, timeout)
-            r["fake_stats"] = get_json(base_url, "/_stats")
+            r["fake_stats"] = common.get_json(base_url, "/_stats")
         r["ratio_to_ideal"] = r["wall_s"] / ideal if r.get("wall_s") else None
         res["sides"][side] = r
         extra = (
@@ -596,14 +571,9 @@ def pickup(count: int, interval: float, poll: float, warmup: int) -> dict[str, A
                     if done >= count + warmup or time.perf_counter() > deadline:
                         break
                     time.sleep(0.1)
-            first_seen = get_json(base_url, "/_log")
+            first_seen = common.get_json(base_url, "/_log")
         finally:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                code = worker.wait(60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                code = worker.wait()
+            code = common.stop(worker, 60)
     from django.db import connection
 
     connection.close()
@@ -673,7 +643,7 @@ def fleet(a: argparse.Namespace) -> dict[str, Any]:
             procs=procs,
             db=f"{DB}_fleet",
         )
-        r["fake_stats"] = get_json(base_url, "/_stats")
+        r["fake_stats"] = common.get_json(base_url, "/_stats")
     pool = a.pool_size if a.pool_size is not None else DEFAULT_POOL_SIZE
     r.update(
         side="fleet",
