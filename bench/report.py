@@ -831,8 +831,9 @@ def admin_scale_section(
     before: dict[str, Any] | None = None,
 ) -> None:
     """bench/admin_scale.py: every admin page at 10,000 vs 1,000,000 runs (and, measured once,
-    10,000,000), with the same pages before issue 13 when ``before`` is there."""
-    w("## The admin at production size (issue 13)")
+    10,000,000), with the same pages before the admin was reworked for that size when
+    ``before`` is there."""
+    w("## The admin at production size: a million runs, pages that stay fast")
     w("")
     if a.get("skipped"):
         w(f"`bench/admin_scale.py` was skipped: {a['skipped']} (it needs PostgreSQL).")
@@ -1145,7 +1146,7 @@ def _before_after(w: Any, r: dict[str, Any], m: dict[str, Any]) -> None:
         return
     g = m.get("git") or {}
     dirty = g.get("durable_agents_dirty") or []
-    w("## Before and after (issue 10)")
+    w("## Before and after: many runs in flight on a few connections")
     w("")
     w(
         f"Before: git {ref.get('ref', '?')} ({ref.get('short_sha', '?')}), measured by that "

@@ -1,4 +1,4 @@
-"""Waits (API.md section 8): what waiting runs cost the claim, and how fast an event wakes them.
+"""Durable waits: what waiting runs cost the claim, and how fast an event wakes them.
 
 1. **claim**: ``PostgresStore().claim_runs(owner, 60, limit)`` in two databases that both hold
    the same 10,000 pending runs (``--pending``, each with its task step); one of them also holds
