@@ -1,4 +1,4 @@
-"""The admin at production size (issue 13): every page an operator opens, timed on a table of
+"""The admin at production size: every page an operator opens, timed on a table of
 10,000 runs and on one of 1,000,000 (``--sizes``), side by side in one invocation.
 
 The workload is a production table that grew at a constant rate (10,000 runs a day, retention
@@ -261,7 +261,7 @@ def after_fill() -> None:
     user_model = get_user_model()
     if not user_model.objects.filter(username="bench-admin").exists():
         user_model.objects.create_superuser("bench-admin", "bench@example.com", "bench-admin")
-    try:  # the stored cause of issue 13 (absent when --before measures an older ref)
+    try:  # the stored cause of a dead run (absent when --before measures an older ref)
         from durable_agents.causes import backfill_causes
         from durable_agents.models import AgentRun
     except ImportError:

@@ -1,4 +1,5 @@
-"""Shared plumbing: bench databases, the fake API process, Django setup, stats, JSON results."""
+"""Shared plumbing: bench databases, the fake API servers, Django setup, step hooks, stats,
+JSON results."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
@@ -91,27 +93,44 @@ def setup_django(url: str, base_url: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def fake_api() -> Iterator[str]:
-    """Start ``python -m bench.fakeapi`` in its own process; yields its base URL."""
+def serving(module_args: list[str], what: str) -> Iterator[str]:
+    """Start ``python -m <module_args>`` in its own process, a server that prints ``PORT n``
+    once it listens; yields its base URL and stops the process on the way out."""
     proc = subprocess.Popen(
-        [PY, "-m", "bench.fakeapi", "--port", "0"],
+        [PY, "-m", *module_args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        line = proc.stdout.readline()
+        line = proc.stdout.readline()  # type: ignore[union-attr]
         if not line.startswith("PORT "):
-            raise RuntimeError(f"fake API did not start: {line!r}")
+            raise RuntimeError(f"{what} did not start: {line!r}")
         yield f"http://127.0.0.1:{int(line.split()[1])}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 5)
+
+
+def stop(proc: subprocess.Popen[Any], grace: float) -> int:
+    """SIGTERM, then SIGKILL if ``proc`` is still there after ``grace`` s; its exit code."""
+    proc.terminate()
+    try:
+        return proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def fake_api() -> contextlib.AbstractContextManager[str]:
+    """``python -m bench.fakeapi`` (zero latency) in its own process; yields its base URL."""
+    return serving(["bench.fakeapi", "--port", "0"], "fake API")
+
+
+def get_json(base_url: str, path: str) -> Any:
+    """GET ``path`` of a fake API's own endpoints (its statistics, its request log)."""
+    with urllib.request.urlopen(base_url + path, timeout=30) as resp:
+        return json.loads(resp.read())
 
 
 def pct(values: list[float], p: float) -> float:
@@ -144,23 +163,9 @@ def start_runs(n: int, agent: str = "bench", turns: int = TURNS) -> list[Any]:
     return [durable_agents.start_run(agent, task_text(i, turns)).pk for i in range(n)]
 
 
-def bulk_start_runs(url: str, n: int, turns: int = TURNS, agent: str = "bench") -> float:
-    """Create ``n`` pending runs in a subprocess (keeps the caller free of Django); seconds."""
-    started = time.perf_counter()
-    subprocess.run(
-        [PY, "-m", "bench.common", "start", str(n), str(turns), agent],
-        cwd=ROOT,
-        env=bench_env(url),
-        check=True,
-    )
-    return time.perf_counter() - started
-
-
 def bulk_insert_runs(url: str, n: int, turns: int = TURNS, offset: int = 0) -> None:
     """Insert ``n`` pending runs of the ``bench`` agent (and their task steps) in one
     transaction, so that they all become claimable at the same instant."""
-    import json
-
     import psycopg
 
     from bench.benchapp.agents import bench
@@ -183,6 +188,36 @@ def bulk_insert_runs(url: str, n: int, turns: int = TURNS, offset: int = 0) -> N
         conn.commit()
 
 
+class StepHooks:
+    """Inside ``with``, the chosen store's ``append_step`` and the model-call layer's
+    ``create_turn`` go through ``append`` and ``create`` (a subclass times them); ``drain``
+    stops the claim in progress once the subclass has seen ``limit`` commits."""
+
+    def __init__(self) -> None:
+        from durable_agents import llm, store
+
+        # The runner commits through the chosen store (an instance attribute shadows the
+        # method for that instance only).
+        self.store, self.llm = store.current(), llm
+        self.orig_append, self.orig_create = self.store.append_step, llm.create_turn
+        self.limit = 0
+        self.drain = threading.Event()
+
+    def append(self, claim: Any, seq: int, *a: Any, **k: Any) -> bool:
+        raise NotImplementedError
+
+    def create(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.store.append_step, self.llm.create_turn = self.append, self.create  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.store.append_step  # type: ignore[attr-defined]
+        self.llm.create_turn = self.orig_create
+
+
 def write_result(name: str, data: dict[str, Any]) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{name}.json"
@@ -196,16 +231,3 @@ def verdict(ok: bool) -> str:
 
 def log(*args: Any) -> None:
     print(*args, flush=True)
-
-
-def _start_main(argv: list[str]) -> None:
-    n, turns, agent = int(argv[0]), int(argv[1]), argv[2]
-    import django
-
-    django.setup()
-    start_runs(n, agent, turns)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["start"]:
-        _start_main(sys.argv[2:])

@@ -98,21 +98,16 @@ def calibrate(every: int, thinking: bool) -> int:
     return int((summary + every * per_turn) / 4)
 
 
-class _Probe:
+class _Probe(common.StepHooks):
     """Times every commit and model call of a claim, and stops the claim (the worker's drain
     flag) after ``limit`` commits."""
 
     def __init__(self) -> None:
-        from durable_agents import llm, store
-
-        self.store, self.llm = store.current(), llm
-        self.orig_append, self.orig_create = self.store.append_step, llm.create_turn
+        super().__init__()
         self.steps: list[tuple[int, str, float, float]] = []  # seq, kind, commit end, commit s
         self.calls: list[tuple[float, int]] = []  # per model call: seconds, bytes of messages
-        self.limit = 0
-        self.drain = threading.Event()
 
-    def append(self, claim: Any, seq: int, kind: str, *a: Any, **k: Any) -> bool:
+    def append(self, claim: Any, seq: int, kind: str, *a: Any, **k: Any) -> bool:  # type: ignore[override]
         started = time.perf_counter()
         ok = self.orig_append(claim, seq, kind, *a, **k)
         end = time.perf_counter()
@@ -126,14 +121,6 @@ class _Probe:
         out = self.orig_create(params, messages, *a, **k)
         self.calls.append((time.perf_counter() - started, len(messages)))
         return out
-
-    def __enter__(self) -> _Probe:
-        self.store.append_step, self.llm.create_turn = self.append, self.create  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        del self.store.append_step  # type: ignore[attr-defined]
-        self.llm.create_turn = self.orig_create
 
     def advance(self, run_id: Any, limit: int) -> tuple[str, list[dict[str, Any]]]:
         """One claim of ``run_id``, stopped after ``limit`` commits. Returns its disposition

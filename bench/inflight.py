@@ -10,7 +10,6 @@ are processed by, side by side in this one invocation:
     from the database (the launch-to-exit wall is kept too);
   * ``loop``: the seed's agent loop as N asyncio tasks over one ``AsyncAnthropic`` client, in
     this process, from the first request to the last finish (no database at all);
-  * ``prototype`` (when ``bench/prototype_async.py`` exists): run like ``app``;
   * the ideal: R x turns x mean latency / N.
 
 While a worker runs, a sampler reads every 50 ms the PostgreSQL connections to the bench
@@ -29,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import resource
@@ -37,9 +35,7 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,50 +45,21 @@ from bench.common import log
 DB = "da_bench_inflight"
 TURNS = 3
 LOGS = common.OUT / "inflight_logs"
-PROTOTYPE = common.ROOT / "bench" / "prototype_async.py"
 DEFAULT_POOL_SIZE = 8  # the worker's DURABLE_AGENTS["DB_POOL_SIZE"] default
-PROTOTYPE_RUNNER = (
-    "import sys\n"
-    "from bench.prototype_async import main\n"
-    "code = main(sys.argv[1:])\n"
-    "sys.exit(code if isinstance(code, int) else 0)\n"
-)
 
 
 # --- the slow fake API -------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def slow_api(min_latency: float, max_latency: float, seed: int | None) -> Iterator[str]:
+def slow_api(
+    min_latency: float, max_latency: float, seed: int | None
+) -> contextlib.AbstractContextManager[str]:
     """``python -m bench.slowapi`` in its own process; yields its base URL."""
-    cmd = [common.PY, "-m", "bench.slowapi", "--port", "0"]
-    cmd += ["--min-latency", str(min_latency), "--max-latency", str(max_latency)]
+    args = ["bench.slowapi", "--port", "0"]
+    args += ["--min-latency", str(min_latency), "--max-latency", str(max_latency)]
     if seed is not None:
-        cmd += ["--seed", str(seed)]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=common.ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(common.ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"slow fake API did not start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def get_json(base_url: str, path: str) -> Any:
-    with urllib.request.urlopen(base_url + path, timeout=30) as resp:
-        return json.loads(resp.read())
+        args += ["--seed", str(seed)]
+    return common.serving(args, "slow fake API")
 
 
 # --- sampling ----------------------------------------------------------------------------
@@ -224,7 +191,7 @@ def scan_log(path: Path) -> dict[str, Any]:
     return {"lines": len(lines), "counts": dict(counts), "first": first}
 
 
-# --- the worker sides (app, prototype, fleet) -------------------------------------------
+# --- the worker sides (app, fleet) -------------------------------------------------------
 
 
 def worker_env(url: str, base_url: str, pool_size: int | None) -> dict[str, str]:
@@ -234,20 +201,7 @@ def worker_env(url: str, base_url: str, pool_size: int | None) -> dict[str, str]
     return common.bench_env(url, base_url, **extra)
 
 
-def worker_cmd(kind: str, n: int, url: str, base_url: str) -> list[str]:
-    if kind == "prototype":
-        return [
-            common.PY,
-            "-c",
-            PROTOTYPE_RUNNER,
-            "--concurrency",
-            str(n),
-            "--database-url",
-            url,
-            "--base-url",
-            base_url,
-            "--burst",
-        ]
+def worker_cmd(n: int) -> list[str]:
     return [
         common.PY,
         "manage.py",
@@ -314,7 +268,7 @@ def worker_side(
     t0, t0_epoch = time.perf_counter(), time.time()
     children = [
         subprocess.Popen(
-            worker_cmd(kind, n, url, base_url),
+            worker_cmd(n),
             cwd=common.ROOT,
             env=env,
             stdout=f,
@@ -498,7 +452,7 @@ def one_size(n: int, a: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
                 r = loop_side(n, runs, base_url)
             else:
                 r = worker_side(side, n, runs, base_url, a.pool_size, timeout)
-            r["fake_stats"] = get_json(base_url, "/_stats")
+            r["fake_stats"] = common.get_json(base_url, "/_stats")
         r["ratio_to_ideal"] = r["wall_s"] / ideal if r.get("wall_s") else None
         res["sides"][side] = r
         extra = (
@@ -617,14 +571,9 @@ def pickup(count: int, interval: float, poll: float, warmup: int) -> dict[str, A
                     if done >= count + warmup or time.perf_counter() > deadline:
                         break
                     time.sleep(0.1)
-            first_seen = get_json(base_url, "/_log")
+            first_seen = common.get_json(base_url, "/_log")
         finally:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                code = worker.wait(60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                code = worker.wait()
+            code = common.stop(worker, 60)
     from django.db import connection
 
     connection.close()
@@ -694,7 +643,7 @@ def fleet(a: argparse.Namespace) -> dict[str, Any]:
             procs=procs,
             db=f"{DB}_fleet",
         )
-        r["fake_stats"] = get_json(base_url, "/_stats")
+        r["fake_stats"] = common.get_json(base_url, "/_stats")
     pool = a.pool_size if a.pool_size is not None else DEFAULT_POOL_SIZE
     r.update(
         side="fleet",
@@ -748,7 +697,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--inflight", default=None, help="sizes, e.g. 100,500,1000")
     p.add_argument("--quick", action="store_true", help="sizes 100,500 and no fleet")
     p.add_argument("--runs-factor", type=float, default=2.0, help="runs = factor x in flight")
-    p.add_argument("--sides", default="app,loop,prototype", help="prototype only if present")
+    p.add_argument("--sides", default="app,loop", help="comma list of: app, loop")
     p.add_argument("--skip", default="", help="comma list of: sizes, pickup, fleet")
     p.add_argument("--min-latency", type=float, default=2.0)
     p.add_argument("--max-latency", type=float, default=6.0)
@@ -773,8 +722,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         skip.add("fleet")
     sides = [s for s in a.sides.split(",") if s]
-    if "prototype" in sides and not PROTOTYPE.exists():
-        sides.remove("prototype")
+    if unknown := set(sides) - {"app", "loop"}:
+        p.error(f"unknown sides: {', '.join(sorted(unknown))}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:  # the workers and the loop hold thousands of sockets; children inherit it
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

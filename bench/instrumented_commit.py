@@ -1,4 +1,4 @@
-"""What routing the step commit through Django's cursor wrapper costs (issue 12).
+"""What routing the step commit through Django's cursor wrapper costs.
 
 The step commit binds on the server (so psycopg can prepare it) and goes through Django's
 ``CursorWrapper`` (so ``execute_wrapper`` hooks, ``connection.queries`` and instrumentations

@@ -44,20 +44,13 @@ def _median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000 if values else float("nan")
 
 
-class _Timer:
-    """Wraps append_step and create_turn to time every commit of the claim in progress."""
+class _Timer(common.StepHooks):
+    """Times every commit of the claim in progress."""
 
     def __init__(self) -> None:
-        from durable_agents import llm, store
-
-        # The runner commits through the chosen store (an instance attribute shadows the
-        # method for that instance only).
-        self.store, self.llm = store.current(), llm
-        self.orig_append, self.orig_create = self.store.append_step, llm.create_turn
+        super().__init__()
         self.commits: dict[int, tuple[float, float, float]] = {}  # seq -> (end, commit, model)
         self.model_s = 0.0
-        self.limit = 0
-        self.drain = threading.Event()
 
     def append(self, claim: Any, seq: int, *a: Any, **k: Any) -> bool:
         t = time.perf_counter()
@@ -74,14 +67,6 @@ class _Timer:
         out = self.orig_create(*a, **k)
         self.model_s = time.perf_counter() - t
         return out
-
-    def __enter__(self) -> _Timer:
-        self.store.append_step, self.llm.create_turn = self.append, self.create  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        del self.store.append_step  # type: ignore[attr-defined]
-        self.llm.create_turn = self.orig_create
 
     def advance(self, run_id: Any, limit: int) -> tuple[str, dict[int, dict[str, float]]]:
         """One claim of ``run_id``, stopped after ``limit`` commits; the timed steps."""

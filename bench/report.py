@@ -14,6 +14,32 @@ DOCS = common.ROOT / "docs"
 IMG = DOCS / "img"
 
 
+class FrozenInflight(NamedTuple):
+    """One size of the in-flight benchmark for a side that no longer runs."""
+
+    inflight: int
+    wall_s: float
+    ideal_s: float
+    ratio_to_loop: float
+    ratio_to_ideal: float
+    peak_pg_connections: int
+    peak_threads: int
+    peak_rss_mb: int
+
+
+# The asyncio prototype worker, measured side by side with the shipped worker before choosing
+# between them (bench/inflight.py's full sizes, seed 1). The prototype has since been removed,
+# so these rows are kept as they were measured; each ratio to the loop is against that run's
+# loop.
+PROTOTYPE_COMMIT = "5b5a19e"
+PROTOTYPE_DATE = "2026-12-03"
+PROTOTYPE_INFLIGHT = (
+    FrozenInflight(100, 31.74, 24.00, 0.97, 1.32, 4, 7, 118),
+    FrozenInflight(500, 37.91, 24.00, 1.14, 1.58, 8, 7, 138),
+    FrozenInflight(1000, 83.18, 24.00, 1.20, 3.47, 8, 8, 163),
+)
+
+
 def _load(name: str) -> dict[str, Any] | None:
     path = common.OUT / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -155,13 +181,11 @@ def _plots(r: dict[str, Any]) -> list[str]:
     if inflight and inflight.get("sizes"):
         sizes = inflight["sizes"]
         xs = [s["inflight"] for s in sizes]
-        sides = [x for x in ("app", "loop", "prototype") if any(x in s["sides"] for s in sizes)]
-        labels = {
-            "app": "durable_agents worker",
-            "loop": "asyncio loop (seed)",
-            "prototype": "async prototype",
-        }
-        styles = {"app": "o-", "loop": "s--", "prototype": "^-."}
+        sides = [x for x in ("app", "loop") if any(x in s["sides"] for s in sizes)]
+        labels = {"app": "durable_agents worker", "loop": "asyncio loop (seed)"}
+        styles = {"app": "o-", "loop": "s--"}
+        frozen_label = f"async prototype (frozen, {PROTOTYPE_COMMIT})"
+        frozen_x = [row.inflight for row in PROTOTYPE_INFLIGHT]
 
         def series(side: str, key: str) -> tuple[list[int], list[float]]:
             pts = [
@@ -174,6 +198,7 @@ def _plots(r: dict[str, Any]) -> list[str]:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
         for side in sides:
             ax1.plot(*series(side, "wall_s"), styles[side], label=labels[side])
+        ax1.plot(frozen_x, [row.wall_s for row in PROTOTYPE_INFLIGHT], "^-.", label=frozen_label)
         ax1.plot(xs, [s["ideal_s"] for s in sizes], ":", color="#777", label="ideal")
         ax1.set_xlabel("runs in flight (slots / tasks)")
         ax1.set_ylabel(f"wall time (s); runs = {inflight['runs_factor']:g} x in flight")
@@ -182,6 +207,12 @@ def _plots(r: dict[str, Any]) -> list[str]:
         ax1.set_title("wall time vs runs in flight")
         for side in sides:
             ax2.plot(*series(side, "peak_pg_connections"), styles[side], label=labels[side])
+        ax2.plot(
+            frozen_x,
+            [row.peak_pg_connections for row in PROTOTYPE_INFLIGHT],
+            "^-.",
+            label=frozen_label,
+        )
         ax2.set_xlabel("runs in flight (slots / tasks)")
         ax2.set_ylabel("peak PostgreSQL connections")
         ax2.set_ylim(bottom=0)
@@ -369,7 +400,7 @@ def render() -> Path:
         w("| statement | p50 ms | mean ms | p99 ms |")
         w("| --- | --- | --- | --- |")
         for k, label in (
-            ("append_step", "`leases.append_step` (Django, one CTE statement, autocommit)"),
+            ("append_step", "the store's `append_step` (Django, one CTE statement, autocommit)"),
             ("raw_tx", "raw psycopg: BEGIN; INSERT agent_step; UPDATE agent_run; COMMIT"),
             ("raw_cte", "append_step's SQL through raw psycopg (no Django)"),
             ("append_step_async", "append_step with synchronous_commit=off (no WAL flush wait)"),
@@ -410,7 +441,7 @@ def render() -> Path:
         w(
             f"Both with {s['pending']:,} pending runs; {s['small']['n']} claims each, in alternating "
             "blocks, each block in a fresh process after 20 warm-up claims; each claim is "
-            "`leases.claim_runs(owner, 60, 1)` timed in the client (round trips and Django "
+            "the store's `claim_runs(owner, 60, 1)` timed in the client (round trips and Django "
             "included), and the run is then finished with `finish_run`."
         )
         w("")
@@ -542,6 +573,13 @@ def render() -> Path:
     return out
 
 
+_INFLIGHT_HEAD = (
+    "| in flight | side | wall s | ideal s | ratio to loop | ratio to ideal "
+    "| peak PG connections | peak threads | peak RSS MB |"
+)
+_INFLIGHT_RULE = "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+
+
 def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
     lat = inf["latency_s"]
     pool = inf.get("pool_size")
@@ -555,18 +593,14 @@ def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
         f"N, {inf['runs_factor']:g} x N runs: **app** is `runagents --concurrency N --burst` "
         "over bulk-inserted runs, timed max(finished_at) - min(started_at) in the database; "
         "**loop** is the seed's agent loop as N asyncio tasks on one `AsyncAnthropic` client "
-        "(no database), first request to last finish; **prototype** (if present) is "
-        "`bench/prototype_async.py`, timed like app. Ideal: runs x turns x mean latency / N. "
+        "(no database), first request to last finish. Ideal: runs x turns x mean latency / N. "
         "Peaks sampled every 50 ms: connections to the bench database (pg_stat_activity), the "
         "worker's threads (/proc), its peak RSS (the child's ru_maxrss; the loop's is the bench "
         f"process's VmRSS). Worker pool: DB_POOL_SIZE {pool if pool is not None else 'default'}."
     )
     w("")
-    w(
-        "| in flight | side | wall s | ideal s | ratio to loop | ratio to ideal "
-        "| peak PG connections | peak threads | peak RSS MB |"
-    )
-    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    w(_INFLIGHT_HEAD)
+    w(_INFLIGHT_RULE)
 
     def f2(v: Any) -> str:
         return "-" if v is None else f"{v:.2f}"
@@ -579,6 +613,21 @@ def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
                 f"| {f2(x.get('ratio_to_ideal'))} | {x['peak_pg_connections']} "
                 f"| {x['peak_threads']} | {x['peak_rss_kb'] / 1024:.0f} |"
             )
+    w("")
+    w(
+        f"**prototype** (frozen): an asyncio worker, timed like app on the same workload, "
+        f"measured at {PROTOTYPE_COMMIT} on {PROTOTYPE_DATE}; the prototype has since been "
+        "removed. Its ratio to the loop is against the loop of that run."
+    )
+    w("")
+    w(_INFLIGHT_HEAD)
+    w(_INFLIGHT_RULE)
+    for row in PROTOTYPE_INFLIGHT:
+        w(
+            f"| {row.inflight} | prototype | {row.wall_s:.2f} | {row.ideal_s:.2f} "
+            f"| {row.ratio_to_loop:.2f} | {row.ratio_to_ideal:.2f} | {row.peak_pg_connections} "
+            f"| {row.peak_threads} | {row.peak_rss_mb} |"
+        )
     w("")
     walls = [
         f"{s['inflight']}: {x['process_wall_s']:.1f} s"
@@ -604,9 +653,10 @@ def _inflight_section(w: Any, inf: dict[str, Any]) -> None:
         "time there is the CPU each call costs. Most of the loop's and the prototype's goes to "
         "the HTTP pool under the SDK, which scans every connection it holds on each request: "
         "one client with a thousand connections pays that on every call, which is why the "
-        "worker spreads its calls over several clients. Before this change (git 14be984) the "
-        "worker held one PostgreSQL connection per run in flight: at 500 in flight it was "
-        "capped at 99 connections and took 4.1x the loop's time (issue 10's table)."
+        "worker spreads its calls over several clients. Before many runs in flight shared a few "
+        "connections (git 14be984), the worker held one PostgreSQL connection per run in "
+        "flight: at 500 in flight it was capped at 99 connections and took 4.1x the loop's "
+        "time (measured on this workload when the change was planned)."
     )
     w("")
     errors = [
@@ -781,8 +831,9 @@ def admin_scale_section(
     before: dict[str, Any] | None = None,
 ) -> None:
     """bench/admin_scale.py: every admin page at 10,000 vs 1,000,000 runs (and, measured once,
-    10,000,000), with the same pages before issue 13 when ``before`` is there."""
-    w("## The admin at production size (issue 13)")
+    10,000,000), with the same pages before the admin was reworked for that size when
+    ``before`` is there."""
+    w("## The admin at production size: a million runs, pages that stay fast")
     w("")
     if a.get("skipped"):
         w(f"`bench/admin_scale.py` was skipped: {a['skipped']} (it needs PostgreSQL).")
@@ -1095,7 +1146,7 @@ def _before_after(w: Any, r: dict[str, Any], m: dict[str, Any]) -> None:
         return
     g = m.get("git") or {}
     dirty = g.get("durable_agents_dirty") or []
-    w("## Before and after (issue 10)")
+    w("## Before and after: many runs in flight on a few connections")
     w("")
     w(
         f"Before: git {ref.get('ref', '?')} ({ref.get('short_sha', '?')}), measured by that "

@@ -59,16 +59,13 @@ QUICK = {
 }
 FULL["waits"] = []  # its defaults: 100,000 waiting runs, 1,000 claims a side, 1,000 woken
 QUICK["waits"] = ["--claims", "600", "--blocks", "3"]
-# bench/compaction.py is newer than this runner: wired in only where the file exists.
-if (common.ROOT / "bench" / "compaction.py").exists():
-    FULL["compaction"] = []
-    QUICK["compaction"] = ["--turns", "1000", "--every", "100"]
+FULL["compaction"] = []
+QUICK["compaction"] = ["--turns", "1000", "--every", "100"]
 # The admin at production size: 10,000 vs 1,000,000 runs (the filled databases are kept between
 # invocations; the first fill takes about 2 minutes). 10,000,000 is measured by hand, once:
 # python -m bench.admin_scale --sizes 10000,10000000 --reps 5 --out admin_scale_10m
-if (common.ROOT / "bench" / "admin_scale.py").exists():
-    FULL["admin_scale"] = []
-    QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
+FULL["admin_scale"] = []
+QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
 
 
 def _version(pkg: str) -> str:
@@ -122,15 +119,11 @@ def machine() -> dict[str, object]:
 
 
 def _git() -> dict[str, object]:
-    def out(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=common.ROOT, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    # Not out(): its strip() would eat the first line's leading status column.
+    try:
+        head = _git_out("rev-parse", "--short", "HEAD")
+    except (OSError, subprocess.CalledProcessError):
+        head = ""
+    # Not _git_out(): its strip() would eat the first line's leading status column.
     try:
         status = subprocess.run(
             ["git", "status", "--porcelain", "--", "durable_agents"],
@@ -142,7 +135,7 @@ def _git() -> dict[str, object]:
     except (OSError, subprocess.CalledProcessError):
         status = ""
     dirty = [ln[3:] for ln in status.splitlines() if ln.strip()]
-    return {"head": out("rev-parse", "--short", "HEAD"), "durable_agents_dirty": dirty}
+    return {"head": head, "durable_agents_dirty": dirty}
 
 
 BEFORE = common.OUT / "before"

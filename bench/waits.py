@@ -1,4 +1,4 @@
-"""Waits (API.md section 8): what waiting runs cost the claim, and how fast an event wakes them.
+"""Durable waits: what waiting runs cost the claim, and how fast an event wakes them.
 
 1. **claim**: ``PostgresStore().claim_runs(owner, 60, limit)`` in two databases that both hold
    the same 10,000 pending runs (``--pending``, each with its task step); one of them also holds
@@ -46,12 +46,9 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -499,27 +496,9 @@ def api_main(argv: list[str]) -> None:
         asyncio.run(serve())
 
 
-@contextlib.contextmanager
-def recording_api() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [common.PY, "-m", "bench.waits", "api"],
-        cwd=common.ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(common.ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"the recording fake API did not start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def recording_api() -> contextlib.AbstractContextManager[str]:
+    """``python -m bench.waits api`` in its own process; yields its base URL."""
+    return common.serving(["bench.waits", "api"], "the recording fake API")
 
 
 def worker_main(argv: list[str]) -> None:
@@ -537,11 +516,6 @@ def worker_main(argv: list[str]) -> None:
     call_command(
         "runagents", concurrency=a.concurrency, poll_interval=a.poll_interval, lease_seconds=60
     )
-
-
-def _get_json(base_url: str, path: str) -> Any:
-    with urllib.request.urlopen(base_url + path, timeout=30) as resp:
-        return json.loads(resp.read())
 
 
 def _wait_listening(url: str, worker: subprocess.Popen[bytes], limit: float = 60.0) -> float:
@@ -666,14 +640,9 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
             if warmup:
                 warm = _round(url, "Warm-up", "bench-warmup", warmup, limit, worker.pid)
             measured = _round(url, "Wait", "bench-wake", n, limit, worker.pid)
-            arrivals = _get_json(base_url, "/_arrivals")
+            arrivals = common.get_json(base_url, "/_arrivals")
         finally:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                code = worker.wait(60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                code = worker.wait()
+            code = common.stop(worker, 60)
     with psycopg.connect(url, autocommit=True) as conn:
         statuses = dict(
             conn.execute("SELECT status, count(*) FROM agent_run GROUP BY status").fetchall()
