@@ -23,7 +23,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
-from durable_agents import prometheus, signals
+from durable_agents import observers, prometheus, signals
 from durable_agents.api import cancel_run, start_run
 from durable_agents.management.commands import runagents
 from durable_agents.models import AgentRun
@@ -174,7 +174,7 @@ def test_claim_outcomes_and_what_waits_for_people(fake_api: FakeAnthropic, metri
     assert value(cancelled, "durable_agents_runs_waiting", waiting_for="intent") == 0
 
 
-# -- the recording functions (the hooks of the worker, the runner and the model client) -------
+# -- the counters: an observer of the engine's reports --------------------------------------
 
 
 def sample(name: str, **labels: str) -> float:
@@ -189,16 +189,18 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
     pytest.importorskip("prometheus_client")
     prometheus.enable()
     prometheus.disable()
+    assert not any(isinstance(o, prometheus.Counting) for o in observers.subscribed())
     succeeded = sample("durable_agents_claims_total", outcome="succeeded")
     commits = sample("durable_agents_steps_committed_total", kind="model_turn")
-    prometheus.observe_claim("succeeded", "r1")
-    prometheus.observe_commit(0.002, "model_turn")
-    prometheus.observe_model_call("ok", 1.5)
-    prometheus.observe_tool("pure", "ok", 0.01)
+    observers.claim_ended("succeeded", "r1")
+    observers.step_committed("model_turn", 0.002)
+    observers.model_attempt("claude-test-1", observers.ModelOutcome.OK, 1.5)
+    observers.tool_call("lookup", "pure", "ok", 0.01)
     assert sample("durable_agents_claims_total", outcome="succeeded") == succeeded
     assert sample("durable_agents_steps_committed_total", kind="model_turn") == commits
 
     prometheus.enable()
+    prometheus.enable()  # subscribed once however often it is enabled
     try:
         model_ok = sample("durable_agents_model_calls_total", outcome="ok")
         model_seconds = sample("durable_agents_model_call_duration_seconds_count")
@@ -208,14 +210,18 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
         released = sample("durable_agents_claims_total", outcome="released")
         dead = sample("durable_agents_claims_total", outcome="dead")
 
-        prometheus.observe_commit(0.002, "model_turn")
-        prometheus.observe_model_call("ok", 1.5)
-        prometheus.observe_model_call("retried")
-        prometheus.observe_tool("pure", "timeout", 30.0)
+        retried = sample("durable_agents_model_calls_total", outcome="retried")
+        observers.step_committed("model_turn", 0.002)
+        observers.model_attempt("claude-test-1", observers.ModelOutcome.OK, 1.5)
+        observers.model_attempt("claude-test-1", observers.ModelOutcome.RETRIED, 0.1)
+        # An interrupted attempt has no label: the claim's outcome counts it.
+        observers.model_attempt("claude-test-1", observers.ModelOutcome.INTERRUPTED, 0.1)
+        observers.tool_call("sleepy", "pure", "timeout", 30.0, "timeout")
         assert sample("durable_agents_steps_committed_total", kind="model_turn") == commits + 1
         assert sample("durable_agents_step_commit_duration_seconds_count") == commit_seconds + 1
         assert sample("durable_agents_model_calls_total", outcome="ok") == model_ok + 1
         assert sample("durable_agents_model_call_duration_seconds_count") == model_seconds + 1
+        assert sample("durable_agents_model_calls_total", outcome="retried") == retried + 1
         assert (
             sample("durable_agents_tool_calls_total", effect="pure", outcome="timeout")
             == tool_timeouts + 1
@@ -226,9 +232,9 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
 
         # The worker reports each claim once; the runner's signals count nothing (a sweep's
         # dead letter or a cancel_run is no claim of this worker).
-        prometheus.observe_claim("succeeded", "r1")
+        observers.claim_ended("succeeded", "r1")
         assert sample("durable_agents_claims_total", outcome="succeeded") == succeeded + 1
-        prometheus.observe_claim("released", "r1")
+        observers.claim_ended("released", "r1")
         assert sample("durable_agents_claims_total", outcome="released") == released + 1
         signals.run_finished.send(sender=AgentRun, run_id="r1", status="succeeded")
         signals.run_dead_lettered.send(sender=AgentRun, run_id="r3", reason="swept")
