@@ -174,6 +174,28 @@ def test_claim_outcomes_and_what_waits_for_people(fake_api: FakeAnthropic, metri
     assert value(cancelled, "durable_agents_runs_waiting", waiting_for="intent") == 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_each_model_call_attempt_is_counted_once_by_its_outcome(
+    fake_api: FakeAnthropic, da_settings: Callable[..., None], metrics: str
+) -> None:
+    da_settings(MAX_BACKOFF_SECONDS=0.01, MODEL_RETRIES=1)
+    before = scrape(metrics)
+    # The first claim: a retry, then the retries are over (the run is handed back); the
+    # next claim: a permanent refusal (the run is dead-lettered).
+    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded"), times=2)
+    fake_api.fail_next(api_error(400, "invalid_request_error", "bad thing"))
+    start_run("tester", '@lookup {"key": "a"}')
+    assert run_worker().stats.dispositions == {"released": 1, "dead": 1}
+    after = scrape(metrics)
+    moved = {
+        outcome: value(after, "durable_agents_model_calls_total", outcome=outcome)
+        - value(before, "durable_agents_model_calls_total", outcome=outcome)
+        for outcome in prometheus.MODEL_OUTCOMES
+    }
+    assert moved == {"ok": 0, "retried": 1, "transient_error": 1, "permanent_error": 1}
+    assert claims(before, after) == {"released": 1, "dead": 1}
+
+
 # -- the counters: an observer of the engine's reports --------------------------------------
 
 
