@@ -9,10 +9,11 @@ class DurableAgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from durable_agents import checks, notifications, signals  # noqa: F401 - registers
+        from durable_agents import checks, notifications, signals, telemetry  # noqa: F401
         from durable_agents import logging as run_logging
 
         run_logging.install_record_factory()
+        telemetry.install()  # the spans, when opentelemetry-api is installed
         signals.intent_waiting.connect(notifications.on_intent_waiting, dispatch_uid="da-intent")
         signals.run_dead_lettered.connect(
             notifications.on_run_dead_lettered, dispatch_uid="da-dead"

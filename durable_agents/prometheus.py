@@ -1,9 +1,10 @@
 """Prometheus metrics of a worker process: ``runagents --metrics-port PORT``.
 
 Needs the ``prometheus`` extra (``prometheus_client``), imported only by ``enable()``: this
-module itself imports nothing of it, so the recording functions below can be called from the
-hot paths unconditionally. Until ``enable()`` is called (by ``runagents`` with
-``--metrics-port``) each of them is a global lookup and a return.
+module itself imports nothing of it. The counters are an observer of the engine
+(``durable_agents.observers``): ``enable()`` (called by ``runagents`` with ``--metrics-port``)
+subscribes them and ``disable()`` unsubscribes them, so that until then the engine's reports
+cost what a report to nobody costs.
 
 What is measured, all named ``durable_agents_*``:
 
@@ -17,8 +18,10 @@ What is measured, all named ``durable_agents_*``:
   do not load the database. Every worker reports the same database figures: aggregate them
   with ``max`` across instances, never ``sum``.
 
-Claims by outcome come from one place: ``observe_claim``, which the worker calls once for
-every claim when its slot is done with it (a sweep or a ``cancel_run`` is no claim).
+Each figure counted in this process comes from one report: claims by outcome from the
+worker's ``claim_ended`` (once for every claim, when its slot is done with it: a sweep or a
+``cancel_run`` is no claim), model calls from the model client's ``model_attempt``, tool calls
+and step commits from the runner's ``tool_call`` and ``step_committed``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
+
+from durable_agents import observers
+from durable_agents.observers import ModelOutcome
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -125,9 +131,9 @@ class _Metrics:
 
 
 # Created once per process (prometheus_client's registry refuses a name twice); recording is
-# on while ``_on`` is set.
+# on while ``_on`` is set (and subscribed).
 _created: _Metrics | None = None
-_on: _Metrics | None = None
+_on: Counting | None = None
 _enable_lock = threading.Lock()
 # The workers whose held runs are "in flight" (several only in tests).
 _workers: weakref.WeakSet[Worker] = weakref.WeakSet()
@@ -212,13 +218,17 @@ def enable(db_cache_seconds: float = DB_CACHE_SECONDS) -> None:
             _created = _create(db_cache_seconds)
         _created.collector.cache_seconds = db_cache_seconds
         _created.collector.forget()
-        _on = _created
+        if _on is None:
+            _on = Counting(_created)
+            observers.subscribe(_on)
 
 
 def disable() -> None:
     """Stop recording (the metrics stay registered, at their values); for tests."""
     global _on
     with _enable_lock:
+        if _on is not None:
+            observers.unsubscribe(_on)
         _on = None
         _workers.clear()
 
@@ -240,45 +250,32 @@ def _slots() -> float:
     return float(sum(worker.concurrency for worker in list(_workers)))
 
 
-# -- recording: no-ops until enable() ------------------------------------------------------
+# -- recording: subscribed by enable() ----------------------------------------------------
 
 
-def observe_claim(disposition: str, run_id: object = None) -> None:
-    """A claim of ``run_id`` ended with ``disposition`` (``runner.Disposition``): the worker
-    reports each claim once, when its slot is done with it."""
-    metrics = _on
-    if metrics is None:
-        return
-    metrics.claims.labels(str(disposition)).inc()
+class Counting(observers.Observer):
+    """The counters and histograms of this process, for the engine's reports."""
 
+    def __init__(self, metrics: _Metrics) -> None:
+        self.metrics = metrics
 
-def observe_commit(seconds: float, kind: str) -> None:
-    """A step of ``kind`` (``model_turn``, ``tool_result``) was committed in ``seconds``."""
-    metrics = _on
-    if metrics is None:
-        return
-    metrics.steps_committed.labels(str(kind)).inc()
-    metrics.step_commit_seconds.observe(seconds)
+    def claim_ended(self, event: observers.ClaimEnd) -> None:
+        self.metrics.claims.labels(event.disposition).inc()
 
+    def step_committed(self, event: observers.StepCommit) -> None:
+        self.metrics.steps_committed.labels(event.kind).inc()
+        self.metrics.step_commit_seconds.observe(event.seconds)
 
-def observe_model_call(outcome: str, seconds: float | None = None) -> None:
-    """A model call attempt ended: ``ok`` (with its ``seconds``), ``retried``,
-    ``transient_error`` or ``permanent_error``."""
-    metrics = _on
-    if metrics is None:
-        return
-    metrics.model_calls.labels(outcome).inc()
-    if seconds is not None:
-        metrics.model_call_seconds.observe(seconds)
+    def model_attempt(self, event: observers.ModelAttempt) -> None:
+        if event.outcome is ModelOutcome.INTERRUPTED:
+            return  # no label of its own: the claim's outcome (cancelled, lost) counts it
+        self.metrics.model_calls.labels(event.outcome.value).inc()
+        if event.outcome is ModelOutcome.OK:
+            self.metrics.model_call_seconds.observe(event.seconds)
 
-
-def observe_tool(effect: str, outcome: str, seconds: float) -> None:
-    """A call of a tool of class ``effect`` ended ``ok``, ``error`` or ``timeout``."""
-    metrics = _on
-    if metrics is None:
-        return
-    metrics.tool_calls.labels(str(effect), outcome).inc()
-    metrics.tool_call_seconds.labels(str(effect)).observe(seconds)
+    def tool_call(self, event: observers.ToolCall) -> None:
+        self.metrics.tool_calls.labels(event.effect, event.outcome.value).inc()
+        self.metrics.tool_call_seconds.labels(event.effect).observe(event.seconds)
 
 
 # -- the database figures ------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import calls, effects, llm, prometheus, signals, telemetry, waits
+from durable_agents import calls, effects, llm, observers, signals, waits
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
@@ -130,7 +130,7 @@ def advance_run(
     ``store``: where the run lives (default: ``store.current()``, chosen now for the whole
     claim); unit tests pass an ``InMemoryStore``."""
     advancer = RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store)
-    with bind_run(claim.run_id), telemetry.agent_span(claim) as span:
+    with bind_run(claim.run_id), observers.agent_span(claim) as span:
         disposition = advancer.advance()
         span.finish(disposition)
         return disposition
@@ -440,13 +440,11 @@ class RunAdvancer:
                 meanwhile=pending,
             )
         except llm.PermanentModelError as exc:
-            prometheus.observe_model_call("permanent_error")
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
         except llm.ModelCallInterrupted:
             self._check_interrupt()
             raise
         except llm.TransientModelError as exc:
-            prometheus.observe_model_call("transient_error")
             logger.warning(
                 "run %s: model unavailable, handing the run back: %s", self.run.pk, exc.message
             )
@@ -470,7 +468,7 @@ class RunAdvancer:
             key = effects.idempotency_key(self.run.pk, turn.seq, index, name, tool_input)
             effect = recorded.get(key)
             if effect is None:
-                with telemetry.tool_span(agent, call, key) as span:
+                with observers.tool_span(agent, call, key) as span:
                     effect = self._call_tool(agent, turn.seq, index, name, tool_input, key)
                     span.result(effect.result, effect.is_error)
                 if index < len(calls) - 1:
@@ -618,6 +616,7 @@ class RunAdvancer:
     ) -> _ToolOutcome:
         started = time.monotonic()
         timed_out = False
+        error_type: str | None = None  # the span's error.type
         # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
         context = waits.CallContext(self.run.pk, self.run.depth, key)
 
@@ -651,14 +650,14 @@ class RunAdvancer:
             self._check_interrupt()
             raise
         except calls.CallTimedOut:
-            telemetry.tool_failed("timeout")
+            error_type = "timeout"
             timed_out, is_error = True, True
             text = (
                 f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
                 "finish in the background"
             )
         except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's news
-            telemetry.tool_failed(type(exc).__qualname__)
+            error_type = type(exc).__qualname__
             logger.warning(
                 "tool %s raised %s: %s",
                 tool.name,
@@ -670,7 +669,7 @@ class RunAdvancer:
         else:
             text, is_error = effects.format_result(value)
         outcome = "timeout" if timed_out else "error" if is_error else "ok"
-        prometheus.observe_tool(tool.effect, outcome, time.monotonic() - started)
+        observers.tool_call(tool.name, tool.effect, outcome, time.monotonic() - started, error_type)
         logger.info(
             "run %s tool %s (%s) call %d of turn %d: %s in %.1f ms",
             self.run.pk,
@@ -803,7 +802,7 @@ class RunAdvancer:
             )
         if not committed:
             self._fence_failed()
-        prometheus.observe_commit(time.monotonic() - started, kind)
+        observers.step_committed(kind, time.monotonic() - started)
         logger.info(
             "run %s seq %d %s%s committed (%.1f ms)",
             self.run.pk,

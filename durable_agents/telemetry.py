@@ -1,20 +1,23 @@
-"""Telemetry at the edges: spans and metrics are emitted around claims, model calls and tool
-calls from one module, and cost nothing when their libraries are absent.
+"""OpenTelemetry spans around claims, model calls and tool calls: an observer of the engine
+(``durable_agents.observers``), subscribed by ``install()`` when ``opentelemetry-api`` is
+installed.
 
 Tracing follows the OpenTelemetry GenAI semantic conventions:
 
 - ``invoke_agent {agent}`` (INTERNAL): one claim advancing one run (``agent_span``);
 - ``chat {model}`` (CLIENT): one model call, each retry its own span (``model_call``);
-- ``execute_tool {tool}`` (INTERNAL): one tool call of a turn (``tool_span``).
+- ``execute_tool {tool}`` (INTERNAL): one tool call of a turn (``tool_span``); a failed
+  call's ``error.type`` comes from its ``tool_call`` report.
 
 A run carries the trace context of the code that started it (``current_trace_context``, stored
 by ``start_run`` and ``spawn_run``), and every claim's ``invoke_agent`` span is a child of it:
 all the claims of a run, by any worker, before and after a crash, are one trace.
 
-Without ``opentelemetry-api`` (the ``otel`` extra) every function here returns a shared no-op
-object after one flag check; with the API but no SDK, spans are the API's non-recording ones
-and no attribute is computed. Prompts, completions and tool arguments and results are recorded
-only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` asks for them.
+Without ``opentelemetry-api`` (the ``otel`` extra) nothing is subscribed, and the engine's
+reports cost what a report to nobody costs; with the API but no SDK, spans are the API's
+non-recording ones and no attribute is computed. Prompts, completions and tool arguments and
+results are recorded only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` asks for
+them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from durable_agents import observers
+from durable_agents.observers import AgentSpan, ModelCall, ModelSpan, ToolSpan
+
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
@@ -36,7 +42,6 @@ else:
     AVAILABLE = True
 
 if TYPE_CHECKING:
-    from durable_agents.agents import Agent
     from durable_agents.llm.errors import ModelTurn
     from durable_agents.store.base import Claim
 
@@ -142,47 +147,17 @@ def _stored_context(text: Any) -> Any:
     return context
 
 
-class _NoOp:
-    """A context manager that does nothing: the base of the no-op spans (the library is
-    absent, or nothing records); the recording subclasses override both methods."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-
 # -- invoke_agent: one claim ---------------------------------------------------------------
 
 
-class AgentSpan(_NoOp):
-    """``with agent_span(claim) as span: ... span.finish(disposition)``. This base class is
-    the no-op one."""
-
-    def finish(self, disposition: str) -> None:
-        """Record what became of the run (a ``runner.Disposition``)."""
-
-
-_NO_AGENT_SPAN = AgentSpan()
 _current_agent: contextvars.ContextVar[_AgentSpan | None] = contextvars.ContextVar(
     "durable_agents_agent_span", default=None
 )
 
 
-def agent_span(claim: Claim) -> AgentSpan:
-    """The ``invoke_agent`` span of one claim, a child of the trace that started the run."""
-    if not AVAILABLE:
-        return _NO_AGENT_SPAN
-    return _AgentSpan(claim)
-
-
 class _AgentSpan(AgentSpan):
+    """The ``invoke_agent`` span of one claim, a child of the trace that started the run."""
+
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
         self.usage: dict[str, int] = {}
@@ -252,47 +227,17 @@ class _AgentSpan(AgentSpan):
 # -- chat: one model call ------------------------------------------------------------------
 
 
-class ModelSpan(_NoOp):
-    """One attempt of a model call: ``with request.span() as span: return
-    span.answered(turn)``. This base class is the no-op one."""
-
-    def answered(self, turn: ModelTurn) -> ModelTurn:
-        """Record the answer; returns it."""
-        return turn
-
-
-class ModelCall:
-    """What ``create_turn`` is about to send; ``span()`` for each attempt. This base class is
-    the no-op one."""
-
-    def span(self) -> ModelSpan:
-        return _NO_MODEL_SPAN
-
-
-_NO_MODEL_SPAN = ModelSpan()
-_NO_MODEL_CALL = ModelCall()
-
-
-def model_call(
-    params: Mapping[str, Any], messages: bytes, *, stream: bool, client: Any
-) -> ModelCall:
+class _ModelCall(ModelCall):
     """The ``chat`` spans of one ``create_turn``: ``params`` the pinned request, ``messages``
     the JSON text of the messages sent."""
-    if not AVAILABLE:
-        return _NO_MODEL_CALL
-    return _ModelCall(params, messages, stream, client)
 
+    def __init__(self, request: observers.ModelRequest) -> None:
+        self.params = request.params
+        self.messages = request.messages
+        self.stream = request.stream
+        self.client = request.client
 
-class _ModelCall(ModelCall):
-    def __init__(
-        self, params: Mapping[str, Any], messages: bytes, stream: bool, client: Any
-    ) -> None:
-        self.params = params
-        self.messages = messages
-        self.stream = stream
-        self.client = client
-
-    def span(self) -> ModelSpan:
+    def attempt(self) -> ModelSpan:
         return _ModelSpan(self)
 
     def attributes(self) -> dict[str, Any]:
@@ -501,43 +446,19 @@ def _parts(content: Any) -> list[dict[str, Any]]:
 # -- execute_tool: one tool call -----------------------------------------------------------
 
 
-class ToolSpan(_NoOp):
-    """``with tool_span(agent, call, key) as span: ... span.result(text, is_error)``. This base
-    class is the no-op one."""
-
-    def result(self, text: str, is_error: bool) -> None:
-        """Record the call's result (the tool_result text the model reads)."""
-
-
-_NO_TOOL_SPAN = ToolSpan()
 _current_tool: contextvars.ContextVar[_ToolSpan | None] = contextvars.ContextVar(
     "durable_agents_tool_span", default=None
 )
 
 
-def tool_span(agent: Agent, call: Mapping[str, Any], key: str) -> ToolSpan:
+class _ToolSpan(ToolSpan):
     """The ``execute_tool`` span of one call (a ``tool_use`` block of the model's turn) with
     idempotency key ``key``."""
-    if not AVAILABLE:
-        return _NO_TOOL_SPAN
-    return _ToolSpan(agent, call, key)
 
-
-def tool_failed(error_type: str) -> None:
-    """What made the tool call in flight on this thread an error (its exception's class name,
-    ``timeout``): its span's ``error.type``."""
-    if not AVAILABLE:
-        return
-    span = _current_tool.get()
-    if span is not None:
-        span.error_type = error_type
-
-
-class _ToolSpan(ToolSpan):
-    def __init__(self, agent: Agent, call: Mapping[str, Any], key: str) -> None:
-        self.agent = agent
-        self.call = call
-        self.key = key
+    def __init__(self, request: observers.ToolRequest) -> None:
+        self.agent = request.agent
+        self.call = request.call
+        self.key = request.key
         self.error_type: str | None = None
         self.finished = False
 
@@ -592,3 +513,38 @@ class _ToolSpan(ToolSpan):
             # invoke_agent span tells which.
             self.active.span.set_attribute("durable_agents.tool.outcome", "unfinished")
         self.active._end(None)
+
+
+# -- the observer --------------------------------------------------------------------------
+
+
+class Tracing(observers.Observer):
+    """The spans above, for the engine's reports. Each checks ``AVAILABLE`` again, so that a
+    test can switch tracing off without unsubscribing."""
+
+    def agent_span(self, claim: Claim) -> AgentSpan | None:
+        return _AgentSpan(claim) if AVAILABLE else None
+
+    def model_call(self, request: observers.ModelRequest) -> ModelCall | None:
+        return _ModelCall(request) if AVAILABLE else None
+
+    def tool_span(self, request: observers.ToolRequest) -> ToolSpan | None:
+        return _ToolSpan(request) if AVAILABLE else None
+
+    def tool_call(self, event: observers.ToolCall) -> None:
+        # What made the call in flight on this thread an error: its span's error.type.
+        if event.error_type is None or not AVAILABLE:
+            return
+        span = _current_tool.get()
+        if span is not None:
+            span.error_type = event.error_type
+
+
+TRACING = Tracing()
+
+
+def install() -> None:
+    """Subscribe ``TRACING`` to the engine's reports, if ``opentelemetry-api`` is installed
+    (the app's ``ready`` calls it; calling it again changes nothing)."""
+    if AVAILABLE:
+        observers.subscribe(TRACING)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from durable_agents import calls, db, leases, prometheus
+from durable_agents import calls, db, leases, observers
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
 from durable_agents.leases import Claim, LeaseLoss
@@ -395,7 +395,7 @@ class Worker:
                 self.stats.dispositions[disposition] = (
                     self.stats.dispositions.get(disposition, 0) + 1
                 )
-            prometheus.observe_claim(disposition, claim.run_id)
+            observers.claim_ended(disposition, claim.run_id)
 
     # -- heartbeat and listener ------------------------------------------------------------
 

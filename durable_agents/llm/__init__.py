@@ -6,8 +6,10 @@
 - ``retries``: ``create_turn``, the call retried without ever letting the lease go;
 - ``sse``: a streamed turn assembled from the server-sent events.
 
-Nothing here knows about Django models. Tests that monkeypatch a name must patch the module
-that looks it up (``llm.retries._backoff``, not ``llm._backoff``).
+Nothing here knows about Django models, the engine (``runner``, ``worker``) or who observes
+it: each attempt of a call is reported to ``durable_agents.observers``, once. Tests that
+monkeypatch a name must patch the module that looks it up (``llm.retries._backoff``, not
+``llm._backoff``).
 """
 
 from durable_agents.llm.body import content_span, request_body

@@ -71,7 +71,7 @@ def content_span(body: str) -> tuple[int, int] | None:
         return None
 
 
-def _turn(text: str, request_id: str | None, started: float) -> ModelTurn:
+def read_turn(text: str, request_id: str | None, started: float) -> ModelTurn:
     """The answer as a ModelTurn. Raises ValueError for a body that is not JSON (a proxy's
     error page: worth a retry) and PermanentModelError for JSON that is not a message: asking
     again would pay for another answer that cannot be used, so the run ends at once."""

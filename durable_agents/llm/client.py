@@ -72,12 +72,13 @@ def get_client() -> anthropic.Anthropic:
         client = _clients.get(cache_key)
         if client is None:
             factory: Callable[[], anthropic.Anthropic] = import_string(cache_key[0])
-            client = _configured(factory())
+            client = configured(factory())
             _clients[cache_key] = client
         return client
 
 
-def _configured(client: anthropic.Anthropic) -> anthropic.Anthropic:
+def configured(client: anthropic.Anthropic) -> anthropic.Anthropic:
+    """``client`` as every call uses it: the SDK's retries off, the ``MODEL_TIMEOUT``."""
     return client.with_options(max_retries=0, timeout=app_settings.MODEL_TIMEOUT)
 
 
@@ -86,17 +87,17 @@ def reset_clients() -> None:
         _clients.clear()
 
 
-def _sends_raw_bodies(client: anthropic.Anthropic) -> bool:
+def sends_raw_bodies(client: anthropic.Anthropic) -> bool:
     # The first-party client posts a body as given. Other clients (Bedrock, Vertex) rewrite
     # the path and body from the parsed parameters, so they get them parsed.
     return isinstance(client, anthropic.Anthropic)
 
 
-def _posted(
+def post_message(
     client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]
 ) -> tuple[str, str | None]:
     """One non-streamed call; the response body verbatim and the provider's request id."""
-    if not _sends_raw_bodies(client):
+    if not sends_raw_bodies(client):
         raw = client.messages.with_raw_response.create(
             **json.loads(body), extra_headers=extra_headers or None
         )

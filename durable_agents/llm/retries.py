@@ -5,6 +5,10 @@ thread, blind to cancellation. Here the wait is on an event that the heartbeat s
 run is cancelled or its lease is lost, while the heartbeat thread keeps renewing the lease, so
 a long retry-after never lets the run be stolen. ``classify`` sorts what the SDK raises into
 what may be retried and what may not.
+
+Each attempt is reported once to ``durable_agents.observers`` (``model_attempt``, with its
+outcome) inside the scope of its ``chat`` span (``model_call(...).attempt()``); the outcome of
+the call as a whole is that of its last attempt, reported from here and nowhere else.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ from typing import Any
 import anthropic
 import httpx2
 
-from durable_agents import calls, prometheus, telemetry
+from durable_agents import calls, observers
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
-from durable_agents.llm.body import _turn, request_body
-from durable_agents.llm.client import _configured, _posted, get_client
+from durable_agents.llm.body import read_turn, request_body
+from durable_agents.llm.client import configured, get_client, post_message
 from durable_agents.llm.errors import (
     ModelCallInterrupted,
     ModelError,
@@ -33,7 +37,8 @@ from durable_agents.llm.errors import (
     PermanentModelError,
     TransientModelError,
 )
-from durable_agents.llm.sse import _streamed
+from durable_agents.llm.sse import stream_message
+from durable_agents.observers import ModelOutcome
 
 logger = logging.getLogger("durable_agents.llm")
 
@@ -132,7 +137,7 @@ def create_turn(
     abandoned and its exception propagates.
     """
     # Copying a client costs about half a millisecond: the cached one is configured already.
-    client = get_client() if client is None else _configured(client)
+    client = get_client() if client is None else configured(client)
     extra_headers = {}
     agent_betas = params.get("betas")
     if agent_betas is not None:
@@ -147,7 +152,7 @@ def create_turn(
         messages = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
     body = request_body(params, messages, stream=stream)
     once = _Once(meanwhile) if meanwhile is not None else None
-    spans = telemetry.model_call(params, messages, stream=stream, client=client)
+    spans = observers.model_call(params, messages, stream=stream, client=client)
     try:
         return _create_turn(
             client, body, model, extra_headers, interrupt, stream, on_text, once, spans
@@ -184,21 +189,22 @@ def _create_turn(
     stream: bool,
     on_text: Callable[[str], None] | None,
     meanwhile: _Once | None,
-    spans: telemetry.ModelCall,
+    spans: observers.ModelCall,
 ) -> ModelTurn:
     def call(abort: threading.Event) -> tuple[str, str | None]:
         if stream:
-            return _streamed(client, body, extra_headers, abort, on_text)
-        return _posted(client, body, extra_headers)
+            return stream_message(client, body, extra_headers, abort, on_text)
+        return post_message(client, body, extra_headers)
 
     retries = app_settings.MODEL_RETRIES
-    for retry in range(retries):
+    retry = 0
+    while True:
+        last = retry >= retries  # whatever the last attempt raises is what the call raises
         try:
-            return _attempt(call, model, interrupt, meanwhile, spans)
+            return _attempt(call, model, interrupt, meanwhile, spans, last=last)
         except TransientModelError as error:
-            if error.status in (401, 403):
+            if last or not _retryable(error):
                 raise
-            prometheus.observe_model_call("retried")
             exc = error.__cause__
             headers = exc.response.headers if isinstance(exc, anthropic.APIStatusError) else None
             delay = _retry_after(headers)
@@ -214,8 +220,24 @@ def _create_turn(
             if interrupt.wait(delay):
                 raise ModelCallInterrupted("interrupted while waiting to retry") from exc
         meanwhile = None  # it goes with the first attempt only
-    # The last attempt: whatever it raises is what the call raises.
-    return _attempt(call, model, interrupt, meanwhile, spans)
+        retry += 1
+
+
+def _retryable(error: ModelError) -> bool:
+    # An authentication failure is transient (the run is handed back) but asking again now
+    # cannot help.
+    return isinstance(error, TransientModelError) and error.status not in (401, 403)
+
+
+def _outcome(error: ModelError, last: bool) -> ModelOutcome:
+    """What an attempt that raised ``error`` is reported as."""
+    if isinstance(error, ModelCallInterrupted):
+        return ModelOutcome.INTERRUPTED
+    if isinstance(error, PermanentModelError):
+        return ModelOutcome.PERMANENT_ERROR
+    if last or not _retryable(error):
+        return ModelOutcome.TRANSIENT_ERROR
+    return ModelOutcome.RETRIED
 
 
 def _attempt(
@@ -223,14 +245,33 @@ def _attempt(
     model: str,
     interrupt: Interrupt,
     meanwhile: _Once | None,
-    spans: telemetry.ModelCall,
+    spans: observers.ModelCall,
+    *,
+    last: bool,
 ) -> ModelTurn:
-    """One call (one ``chat`` span): the turn, or a ``ModelError`` whose ``__cause__`` is
-    what went wrong."""
+    """One call (one ``chat`` span), reported once: the turn, or a ``ModelError`` whose
+    ``__cause__`` is what went wrong. ``last``: no retry follows a transient error."""
     if interrupt.is_set():
         raise ModelCallInterrupted("interrupted before the model call")
     started = time.monotonic()
-    with spans.span() as span:
+    try:
+        turn = _call_once(call, model, interrupt, meanwhile, spans, started)
+    except ModelError as error:
+        observers.model_attempt(model, _outcome(error, last), time.monotonic() - started)
+        raise
+    observers.model_attempt(model, ModelOutcome.OK, turn.elapsed_ms / 1000)
+    return turn
+
+
+def _call_once(
+    call: Callable[[threading.Event], tuple[str, str | None]],
+    model: str,
+    interrupt: Interrupt,
+    meanwhile: _Once | None,
+    spans: observers.ModelCall,
+    started: float,
+) -> ModelTurn:
+    with spans.attempt() as span:
         try:
             try:
                 text, request_id = calls.run_abortable(call, interrupt, meanwhile=meanwhile)
@@ -238,9 +279,7 @@ def _attempt(
                 raise ModelCallInterrupted(
                     f"model call abandoned: {interrupt.reason or 'interrupted'}"
                 ) from exc
-            turn = _turn(text, request_id, started)
-            prometheus.observe_model_call("ok", turn.elapsed_ms / 1000)
-            return span.answered(turn)
+            return span.answered(read_turn(text, request_id, started))
         except ModelCallInterrupted:
             raise
         except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:

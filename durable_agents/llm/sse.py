@@ -18,7 +18,7 @@ from typing import Any
 import anthropic
 import httpx2
 
-from durable_agents.llm.client import MESSAGES_PATH, _sends_raw_bodies
+from durable_agents.llm.client import MESSAGES_PATH, sends_raw_bodies
 from durable_agents.llm.errors import (
     ModelCallInterrupted,
     PermanentModelError,
@@ -32,7 +32,7 @@ logger = logging.getLogger("durable_agents.llm")
 def _event_stream(
     client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]
 ) -> Iterator[tuple[httpx2.Response, str | None]]:
-    if not _sends_raw_bodies(client):
+    if not sends_raw_bodies(client):
         params = json.loads(body)
         with client.messages.with_streaming_response.create(
             **params, extra_headers=extra_headers or None
@@ -56,7 +56,7 @@ def _event_stream(
         response.close()
 
 
-def _streamed(
+def stream_message(
     client: anthropic.Anthropic,
     body: bytes,
     extra_headers: dict[str, str],

@@ -142,8 +142,8 @@ def test_clients_that_rewrite_requests_get_the_parameters_parsed(
 ) -> None:
     # Bedrock and Vertex clients build their path and body from parsed parameters; they go
     # through messages.create, which receives the same request.
-    monkeypatch.setattr(llm.client, "_sends_raw_bodies", lambda client: False)
-    monkeypatch.setattr(llm.sse, "_sends_raw_bodies", lambda client: False)
+    monkeypatch.setattr(llm.client, "sends_raw_bodies", lambda client: False)
+    monkeypatch.setattr(llm.sse, "sends_raw_bodies", lambda client: False)
     run = start_run("thinker", THREE_TURNS)
     run_worker()
     run = AgentRun.objects.get(pk=run.pk)

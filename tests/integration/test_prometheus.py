@@ -23,7 +23,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
-from durable_agents import prometheus, signals
+from durable_agents import observers, prometheus, signals
 from durable_agents.api import cancel_run, start_run
 from durable_agents.management.commands import runagents
 from durable_agents.models import AgentRun
@@ -174,7 +174,29 @@ def test_claim_outcomes_and_what_waits_for_people(fake_api: FakeAnthropic, metri
     assert value(cancelled, "durable_agents_runs_waiting", waiting_for="intent") == 0
 
 
-# -- the recording functions (the hooks of the worker, the runner and the model client) -------
+@pytest.mark.django_db(transaction=True)
+def test_each_model_call_attempt_is_counted_once_by_its_outcome(
+    fake_api: FakeAnthropic, da_settings: Callable[..., None], metrics: str
+) -> None:
+    da_settings(MAX_BACKOFF_SECONDS=0.01, MODEL_RETRIES=1)
+    before = scrape(metrics)
+    # The first claim: a retry, then the retries are over (the run is handed back); the
+    # next claim: a permanent refusal (the run is dead-lettered).
+    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded"), times=2)
+    fake_api.fail_next(api_error(400, "invalid_request_error", "bad thing"))
+    start_run("tester", '@lookup {"key": "a"}')
+    assert run_worker().stats.dispositions == {"released": 1, "dead": 1}
+    after = scrape(metrics)
+    moved = {
+        outcome: value(after, "durable_agents_model_calls_total", outcome=outcome)
+        - value(before, "durable_agents_model_calls_total", outcome=outcome)
+        for outcome in prometheus.MODEL_OUTCOMES
+    }
+    assert moved == {"ok": 0, "retried": 1, "transient_error": 1, "permanent_error": 1}
+    assert claims(before, after) == {"released": 1, "dead": 1}
+
+
+# -- the counters: an observer of the engine's reports --------------------------------------
 
 
 def sample(name: str, **labels: str) -> float:
@@ -189,16 +211,18 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
     pytest.importorskip("prometheus_client")
     prometheus.enable()
     prometheus.disable()
+    assert not any(isinstance(o, prometheus.Counting) for o in observers.subscribed())
     succeeded = sample("durable_agents_claims_total", outcome="succeeded")
     commits = sample("durable_agents_steps_committed_total", kind="model_turn")
-    prometheus.observe_claim("succeeded", "r1")
-    prometheus.observe_commit(0.002, "model_turn")
-    prometheus.observe_model_call("ok", 1.5)
-    prometheus.observe_tool("pure", "ok", 0.01)
+    observers.claim_ended("succeeded", "r1")
+    observers.step_committed("model_turn", 0.002)
+    observers.model_attempt("claude-test-1", observers.ModelOutcome.OK, 1.5)
+    observers.tool_call("lookup", "pure", "ok", 0.01)
     assert sample("durable_agents_claims_total", outcome="succeeded") == succeeded
     assert sample("durable_agents_steps_committed_total", kind="model_turn") == commits
 
     prometheus.enable()
+    prometheus.enable()  # subscribed once however often it is enabled
     try:
         model_ok = sample("durable_agents_model_calls_total", outcome="ok")
         model_seconds = sample("durable_agents_model_call_duration_seconds_count")
@@ -208,14 +232,18 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
         released = sample("durable_agents_claims_total", outcome="released")
         dead = sample("durable_agents_claims_total", outcome="dead")
 
-        prometheus.observe_commit(0.002, "model_turn")
-        prometheus.observe_model_call("ok", 1.5)
-        prometheus.observe_model_call("retried")
-        prometheus.observe_tool("pure", "timeout", 30.0)
+        retried = sample("durable_agents_model_calls_total", outcome="retried")
+        observers.step_committed("model_turn", 0.002)
+        observers.model_attempt("claude-test-1", observers.ModelOutcome.OK, 1.5)
+        observers.model_attempt("claude-test-1", observers.ModelOutcome.RETRIED, 0.1)
+        # An interrupted attempt has no label: the claim's outcome counts it.
+        observers.model_attempt("claude-test-1", observers.ModelOutcome.INTERRUPTED, 0.1)
+        observers.tool_call("sleepy", "pure", "timeout", 30.0, "timeout")
         assert sample("durable_agents_steps_committed_total", kind="model_turn") == commits + 1
         assert sample("durable_agents_step_commit_duration_seconds_count") == commit_seconds + 1
         assert sample("durable_agents_model_calls_total", outcome="ok") == model_ok + 1
         assert sample("durable_agents_model_call_duration_seconds_count") == model_seconds + 1
+        assert sample("durable_agents_model_calls_total", outcome="retried") == retried + 1
         assert (
             sample("durable_agents_tool_calls_total", effect="pure", outcome="timeout")
             == tool_timeouts + 1
@@ -226,9 +254,9 @@ def test_recording_is_off_until_enabled_and_a_claim_is_counted_once() -> None:
 
         # The worker reports each claim once; the runner's signals count nothing (a sweep's
         # dead letter or a cancel_run is no claim of this worker).
-        prometheus.observe_claim("succeeded", "r1")
+        observers.claim_ended("succeeded", "r1")
         assert sample("durable_agents_claims_total", outcome="succeeded") == succeeded + 1
-        prometheus.observe_claim("released", "r1")
+        observers.claim_ended("released", "r1")
         assert sample("durable_agents_claims_total", outcome="released") == released + 1
         signals.run_finished.send(sender=AgentRun, run_id="r1", status="succeeded")
         signals.run_dead_lettered.send(sender=AgentRun, run_id="r3", reason="swept")
