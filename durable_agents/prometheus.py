@@ -321,7 +321,7 @@ def read_figures(using: str = DEFAULT_DB_ALIAS) -> DatabaseFigures:
 
     intents = ToolIntent.objects.using(using).awaiting_person()
     questions = AgentQuestion.objects.using(using).filter(status=QuestionStatus.OPEN)
-    from durable_agents.listing import bounded_count
+    from durable_agents.admin.listing import bounded_count
 
     unfinished = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
     rows = (
