@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +12,7 @@ from django.db.models import (
     QuerySet,
 )
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
@@ -120,6 +121,15 @@ class RunActions(AgentsAdmin[AgentRun]):
         ),
     }
 
+    def _run_rows(self, runs: Iterable[AgentRun]) -> list[ConfirmRow]:
+        """The rows of a confirmation page that lists runs."""
+        return [
+            ConfirmRow(
+                pk=str(run.pk), url=self._url("change", run.pk), label=storable_text(str(run))
+            )
+            for run in runs
+        ]
+
     def _run_operation(
         self,
         request: HttpRequest,
@@ -136,14 +146,7 @@ class RunActions(AgentsAdmin[AgentRun]):
             runs = eligible.order_by("-created_at").only(
                 "id", "agent", "prompt_version", "status", "created_at"
             )[:RUN_ACTION_LIMIT]
-            rows = [
-                ConfirmRow(
-                    pk=str(run.pk),
-                    url=self._url("change", run.pk),
-                    label=storable_text(str(run)),
-                )
-                for run in runs
-            ]
+            rows = self._run_rows(runs)
             title: StrOrPromise = operation.title
             if example is not None:  # a group of the dead letter: its example reason
                 title = gettext("%(title)s: “%(example)s”") % {
@@ -185,97 +188,124 @@ class RunActions(AgentsAdmin[AgentRun]):
         eligible = queryset.filter(
             status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event__isnull=False
         )
+        confirmed = self._confirmed(request)
+        name = self._awaited_event(request, eligible, confirmed=confirmed)
+        if name is None:
+            return None
+        form = EventPayloadForm(request.POST if confirmed else None)
+        if not confirmed or not form.is_valid():
+            return self._confirm_send(
+                request,
+                queryset,
+                eligible,
+                name,
+                form=form if confirmed else EventPayloadForm(),
+            )
+        self._send_to_listed(request, eligible, name, form.cleaned_data["payload"])
+        return None
+
+    def _awaited_event(
+        self, request: HttpRequest, eligible: QuerySet[Any], *, confirmed: bool
+    ) -> str | None:
+        """The one event the selected runs wait on; None (and a message saying why) when
+        they wait on none, on several, or, for a "Yes", no longer all on the posted one."""
         names = sorted(
             eligible.order_by().values_list("wait_event", flat=True).distinct()[:11],
             key=str,
         )
-        confirmed = self._confirmed(request)
         if confirmed:
             posted = request.POST.get("event", "")
-            if names != [posted]:
-                self.message_user(
-                    request,
-                    gettext(
-                        "Nothing was sent: the runs listed no longer all wait on event “%(name)s”."
-                    )
-                    % {"name": storable_text(posted, 200)},
-                    messages.ERROR,
-                )
-                return None
-        elif not names:
+            if names == [posted]:
+                return posted
+            self.message_user(
+                request,
+                gettext("Nothing was sent: the runs listed no longer all wait on event “%(name)s”.")
+                % {"name": storable_text(posted, 200)},
+                messages.ERROR,
+            )
+            return None
+        if len(names) == 1:
+            return str(names[0])
+        if not names:
             self.message_user(
                 request, gettext("None of the selected runs waits on an event."), messages.WARNING
             )
             return None
-        elif len(names) > 1:
-            shown = ", ".join(f"“{storable_text(n, 60)}”" for n in names[:10])
-            if len(names) > 10:
-                message = gettext(
-                    "The selected runs wait on more than ten different events (%(events)s): "
-                    "select runs that wait on one of them."
-                )
-            else:
-                message = gettext(
-                    "The selected runs wait on %(count)s different events (%(events)s): "
-                    "select runs that wait on one of them."
-                )
-            self.message_user(
-                request, message % {"count": len(names), "events": shown}, messages.ERROR
+        shown = ", ".join(f"“{storable_text(n, 60)}”" for n in names[:10])
+        if len(names) > 10:
+            message = gettext(
+                "The selected runs wait on more than ten different events (%(events)s): "
+                "select runs that wait on one of them."
             )
-            return None
-        name = names[0]
-        form = EventPayloadForm(request.POST if confirmed else None)
-        if not confirmed or not form.is_valid():
-            matched = eligible.count()
-            runs = eligible.order_by("waiting_since", "pk").only(
-                "id", "agent", "prompt_version", "status", "created_at", "waiting_since"
-            )[:RUN_ACTION_LIMIT]
-            rows = [
-                ConfirmRow(
-                    pk=str(run.pk),
-                    url=self._url("change", run.pk),
-                    label=storable_text(str(run)),
-                )
-                for run in runs
-            ]
-            everyone = AgentRun.objects.filter(
-                status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
-            ).count()
-            return self._render_confirmation(
-                request,
-                title=gettext("Send event “%(name)s”")
-                % {"name": cut_at_word(storable_text(name), 60)[0]},
-                question=gettext(
-                    "Event “%(name)s” will be sent with the payload below, once: every run "
-                    "waiting on it wakes and receives it."
-                )
-                % {"name": storable_text(name)},
-                note=(
-                    ngettext(
-                        "%(count)s run(s) wait on this event in all; the ones not listed here "
-                        "wake too (an event is sent by name, not per run).",
-                        "%(count)s run(s) wait on this event in all; the ones not listed here "
-                        "wake too (an event is sent by name, not per run).",
-                        everyone,
-                    )
-                    % {"count": everyone}
-                    if everyone > len(rows)
-                    else ""
-                ),
-                rows=rows,
-                matched=matched,
-                skipped=queryset.count() - matched,
-                button=gettext("Yes, send it"),
-                action="send_events",
-                form_url=request.get_full_path(),
-                extra_form=form if confirmed else EventPayloadForm(),
-                extra_hidden={"event": name},
+        else:
+            message = gettext(
+                "The selected runs wait on %(count)s different events (%(events)s): "
+                "select runs that wait on one of them."
             )
+        self.message_user(request, message % {"count": len(names), "events": shown}, messages.ERROR)
+        return None
+
+    def _confirm_send(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        eligible: QuerySet[Any],
+        name: str,
+        *,
+        form: EventPayloadForm,
+    ) -> TemplateResponse:
+        """The confirmation page of ``send_events``: the runs it lists, the payload's form."""
+        matched = eligible.count()
+        runs = eligible.order_by("waiting_since", "pk").only(
+            "id", "agent", "prompt_version", "status", "created_at", "waiting_since"
+        )[:RUN_ACTION_LIMIT]
+        rows = [
+            ConfirmRow(
+                pk=str(run.pk), url=self._url("change", run.pk), label=storable_text(str(run))
+            )
+            for run in runs
+        ]
+        everyone = AgentRun.objects.filter(
+            status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
+        ).count()
+        note = ""
+        if everyone > len(rows):
+            note = ngettext(
+                "%(count)s run(s) wait on this event in all; the ones not listed here "
+                "wake too (an event is sent by name, not per run).",
+                "%(count)s run(s) wait on this event in all; the ones not listed here "
+                "wake too (an event is sent by name, not per run).",
+                everyone,
+            ) % {"count": everyone}
+        return self._render_confirmation(
+            request,
+            title=gettext("Send event “%(name)s”")
+            % {"name": cut_at_word(storable_text(name), 60)[0]},
+            question=gettext(
+                "Event “%(name)s” will be sent with the payload below, once: every run "
+                "waiting on it wakes and receives it."
+            )
+            % {"name": storable_text(name)},
+            note=note,
+            rows=rows,
+            matched=matched,
+            skipped=queryset.count() - matched,
+            button=gettext("Yes, send it"),
+            action="send_events",
+            form_url=request.get_full_path(),
+            extra_form=form,
+            extra_hidden={"event": name},
+        )
+
+    def _send_to_listed(
+        self, request: HttpRequest, eligible: QuerySet[Any], name: str, payload: Any
+    ) -> None:
+        """Send the event, then log each listed run it woke and say how many woke."""
         listed = list(eligible.values_list("pk", flat=True))
-        event, sent = send_event_as(self, request, name, form.cleaned_data["payload"])
+        event, sent = send_event_as(self, request, name, payload)
         if not sent:
             self.message_user(request, already_sent_message(event), messages.WARNING)
-            return None
+            return
         still = set(
             AgentRun.objects.filter(
                 pk__in=listed, status=RunStatus.WAITING, waiting_for=WaitKind.EVENT
@@ -296,9 +326,7 @@ class RunActions(AgentsAdmin[AgentRun]):
             % {"name": storable_text(name, 200), "woken": len(woken), "count": len(listed)},
             messages.SUCCESS,
         )
-        return None
 
-    # -- pages -----------------------------------------------------------------------------
     def _single_run_operation(
         self,
         request: HttpRequest,

@@ -295,6 +295,43 @@ def transcript_page_number(page: Any, seq: Any, total: int, run: AgentRun) -> in
     return min(max(number, 1), num_pages)
 
 
+def _attach_calls(
+    entry: TranscriptStep,
+    effects: dict[tuple[int, int], ToolEffect],
+    intents: dict[tuple[int, int], ToolIntent],
+    effect_url: Callable[[str], str],
+) -> None:
+    """Each call of a model turn with its recorded effect and its intent, if any."""
+    seq = entry.step.seq
+    for index, call in enumerate(entry.calls):
+        call.effect = effects.get((seq, index))
+        if call.effect is not None:
+            call.effect_url = effect_url(call.effect.key)
+        call.intent = intents.get((seq, index))
+        if call.intent is not None:
+            call.intent_line = describe_intent(call.intent, call.effect)
+
+
+def _describe_results(
+    entry: TranscriptStep, blocks: list[Any], names_by_call_id: dict[str, str], step_url: StepUrl
+) -> None:
+    """The blocks of a tool-result step, each named by the call it answers."""
+    for index, block in enumerate(blocks):
+        url = step_url(entry.step.seq, index)
+        if not isinstance(block, dict):
+            entry.other_blocks.append(shown_text(pretty_json(block), url))
+            continue
+        tool_use_id = storable_text(block.get("tool_use_id", ""), 200)
+        entry.results.append(
+            ToolResult(
+                tool_use_id=tool_use_id,
+                tool_name=names_by_call_id.get(tool_use_id, ""),
+                content=shown_text(_content_text(block.get("content", "")), url),
+                is_error=bool(block.get("is_error")),
+            )
+        )
+
+
 def build_transcript(
     run: AgentRun,
     page: Any = None,
@@ -355,29 +392,10 @@ def build_transcript(
             entry.task = shown_text(_content_text(data), step_url(step.seq, None))
         elif step.kind == StepKind.MODEL_TURN and isinstance(data, dict):
             describe_model_turn(entry, data, step_url)
-            for index, call in enumerate(entry.calls):
-                call.effect = effects.get((step.seq, index))
-                if call.effect is not None:
-                    call.effect_url = effect_url(call.effect.key)
-                call.intent = intents.get((step.seq, index))
-                if call.intent is not None:
-                    call.intent_line = describe_intent(call.intent, call.effect)
-                names_by_call_id[call.id] = call.name
+            _attach_calls(entry, effects, intents, effect_url)
+            names_by_call_id.update((call.id, call.name) for call in entry.calls)
         elif step.kind == StepKind.TOOL_RESULT and isinstance(data, list):
-            for index, block in enumerate(data):
-                url = step_url(step.seq, index)
-                if not isinstance(block, dict):
-                    entry.other_blocks.append(shown_text(pretty_json(block), url))
-                    continue
-                tool_use_id = storable_text(block.get("tool_use_id", ""), 200)
-                entry.results.append(
-                    ToolResult(
-                        tool_use_id=tool_use_id,
-                        tool_name=names_by_call_id.get(tool_use_id, ""),
-                        content=shown_text(_content_text(block.get("content", "")), url),
-                        is_error=bool(block.get("is_error")),
-                    )
-                )
+            _describe_results(entry, data, names_by_call_id, step_url)
         else:
             entry.unparsed = shown_text(pretty_json(data), step_url(step.seq, None))
     return transcript

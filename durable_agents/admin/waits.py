@@ -88,6 +88,34 @@ def cut_summary(text: str, limit: int = WAIT_SUMMARY_CHARS) -> str:
     return Truncator(storable_text(text)).chars(limit)
 
 
+def _describe_children_wait(
+    info: WaitInfo, run: AgentRun, statuses: dict[str, str], timeout: str
+) -> None:
+    """The figures and the summary of a wait on child runs (``statuses``: of the awaited)."""
+    ids = _awaited_ids(run)
+    info.runs_total = len(ids)
+    info.runs_ended = sum(1 for i in ids if statuses.get(i) in ENDED_STATUSES)
+    counts = {"ended": info.runs_ended, "total": info.runs_total, "time": timeout}
+    if timeout:
+        info.summary = (
+            ngettext(
+                "a child run (%(ended)s of %(total)s ended) (timeout %(time)s)",
+                "child runs (%(ended)s of %(total)s ended) (timeout %(time)s)",
+                info.runs_total,
+            )
+            % counts
+        )
+    else:
+        info.summary = (
+            ngettext(
+                "a child run (%(ended)s of %(total)s ended)",
+                "child runs (%(ended)s of %(total)s ended)",
+                info.runs_total,
+            )
+            % counts
+        )
+
+
 def wait_info(
     run: AgentRun,
     *,
@@ -128,29 +156,7 @@ def wait_info(
         else:
             info.summary = gettext("event “%(event)s”") % values
     elif kind == WaitKind.RUNS:
-        ids = _awaited_ids(run)
-        known = statuses or {}
-        info.runs_total = len(ids)
-        info.runs_ended = sum(1 for i in ids if known.get(i) in ENDED_STATUSES)
-        counts = {"ended": info.runs_ended, "total": info.runs_total, "time": timeout}
-        if timeout:
-            info.summary = (
-                ngettext(
-                    "a child run (%(ended)s of %(total)s ended) (timeout %(time)s)",
-                    "child runs (%(ended)s of %(total)s ended) (timeout %(time)s)",
-                    info.runs_total,
-                )
-                % counts
-            )
-        else:
-            info.summary = (
-                ngettext(
-                    "a child run (%(ended)s of %(total)s ended)",
-                    "child runs (%(ended)s of %(total)s ended)",
-                    info.runs_total,
-                )
-                % counts
-            )
+        _describe_children_wait(info, run, statuses or {}, timeout)
     elif kind == WaitKind.QUESTION:
         if question is not None:
             info.question_id = question.pk
