@@ -5,45 +5,39 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib.humanize.templatetags.humanize import intcomma
 from django.core.exceptions import PermissionDenied
-from django.db.models import (
-    Count,
-    Min,
-    Q,
-    TextField,
-)
-from django.db.models.functions import Substr
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
-from django.utils import timezone
 from django.utils.translation import gettext, ngettext
 
-from durable_agents import metrics
 from durable_agents.admin import listing
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
 from durable_agents.admin.listing import bounded_count
-from durable_agents.admin.waits import QUESTION_HEAD_CHARS, cut_summary
+from durable_agents.admin.waits import cut_summary
+from durable_agents.figures import (
+    ATTEMPTS_CAP,
+    FINISHED_WINDOW,
+    OPERATIONS_PAGE,
+    PERCENTILE_SAMPLE,
+    Figures,
+    Queue,
+    WaitFigure,
+    attempts_label,
+    percentile,
+    read_figures,
+)
 from durable_agents.models import (
     FINISHED_STATUSES,
-    AgentQuestion,
     AgentRun,
     MetricsSnapshot,
-    QuestionStatus,
     RunStatus,
     WaitKind,
 )
-
-if TYPE_CHECKING:
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Operations
 
 
 @dataclass
@@ -99,68 +93,74 @@ class WaitKindRow:
     oldest_age: datetime.timedelta | None = None
 
 
-def waits_by_kind(now: datetime.datetime) -> list[WaitKindRow]:
-    """Waiting runs per kind of wait, each with its oldest wait: two queries (one aggregate,
-    one for the oldest runs), whatever the number of waiting runs."""
-    aggregated = list(
-        AgentRun.objects.filter(status=RunStatus.WAITING)
-        .order_by()
-        .values_list("waiting_for")
-        # COUNT(*): the partial index agent_run_waiting (waiting_for, waiting_since) answers.
-        .annotate(n=Count("*"), oldest=Min("waiting_since"))
-    )
-    found = {kind: (n, oldest) for kind, n, oldest in aggregated}
-    oldest_filter = Q()
-    for kind, (_count, oldest) in found.items():
-        if oldest is not None:
-            oldest_filter |= Q(waiting_for=kind, waiting_since=oldest)
-    oldest_runs: dict[str, AgentRun] = {}
-    if oldest_filter:
-        for run in (
-            AgentRun.objects.filter(status=RunStatus.WAITING)
-            .filter(oldest_filter)
-            .order_by("waiting_since", "pk")
-            .only("pk", "agent", "status", "waiting_for", "waiting_since")
-        ):
-            oldest_runs.setdefault(run.waiting_for, run)
+def wait_rows(figures: Figures) -> list[WaitKindRow]:
+    """Every kind of wait, with how many runs wait on it and the oldest wait; runs parked
+    before waits had kinds last, when there are any."""
+    found = {wait.kind: wait for wait in figures.waits}
     kinds = [(k.value, str(k.label)) for k in WaitKind]
-    if "" in found:  # runs parked before waits had kinds
+    if "" in found:
         kinds.append(("", gettext("unrecorded")))
     rows = []
     for kind, label in kinds:
-        count, oldest = found.get(kind, (0, None))
+        wait = found.get(kind, WaitFigure(kind, 0))
         rows.append(
             WaitKindRow(
                 kind=kind,
                 label=label,
-                count=count,
-                oldest_since=oldest,
-                oldest_run=oldest_runs.get(kind),
-                oldest_age=(now - oldest) if oldest is not None else None,
+                count=wait.runs,
+                oldest_since=wait.oldest_since,
+                oldest_run=wait.oldest_run,
+                oldest_age=figures.age(wait.oldest_since),
             )
         )
     return rows
 
 
-def open_questions() -> tuple[int, AgentQuestion | None]:
-    """How many questions wait for an answer, and the oldest of them (two queries)."""
-    waiting = AgentQuestion.objects.filter(status=QuestionStatus.OPEN)
-    oldest = (
-        waiting.order_by("created_at", "pk")
-        .annotate(
-            question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField())
-        )
-        .defer("question", "answer")
-        .first()
+def status_bars(figures: Figures) -> tuple[list[Bar], list[Bar], int]:
+    """The live statuses now and the runs finished in the window, as bars; and how many
+    finished in the window."""
+    live = figures.runs_by_status
+    live_items = [
+        (RunStatus.PENDING.value, live.get(RunStatus.PENDING, 0)),
+        (RunStatus.RUNNING.value, live.get(RunStatus.RUNNING, 0)),
+        (RunStatus.WAITING.value, figures.waiting_total),
+        (RunStatus.DEAD.value, live.get(RunStatus.DEAD, 0)),
+    ]
+    finished: dict[str, int] = dict.fromkeys(FINISHED_STATUSES, 0)
+    for (status, _attempt), n in figures.finished.items():
+        finished[status] = finished.get(status, 0) + n
+    finished_items = [(str(status), finished.get(status, 0)) for status in FINISHED_STATUSES]
+    live_bars = horizontal_bars(live_items, RUN_COLORS)
+    finished_bars = horizontal_bars(finished_items, RUN_COLORS)
+    for bar in (*live_bars, *finished_bars):
+        bar.text = str(RUN_STATUS_NAMES.get(bar.label, bar.label))
+    return live_bars, finished_bars, sum(finished.values())
+
+
+def attempt_bars(figures: Figures) -> list[Bar]:
+    """Claims per run finished in the window, the long tail in one "N+" bar."""
+    claims: dict[int, int] = {}
+    for (_status, attempt), n in figures.finished.items():
+        bucket = min(attempt, ATTEMPTS_CAP)
+        claims[bucket] = claims.get(bucket, 0) + n
+    bars = horizontal_bars([(attempts_label(k), claims[k]) for k in sorted(claims)])
+    for bar in bars:
+        # "3", or "10+" for the long tail.
+        count = int(bar.label.rstrip("+") or 0)
+        bar.text = ngettext("%(count)s claim", "%(count)s claims", count) % {"count": bar.label}
+    return bars
+
+
+def hour_bars(figures: Figures) -> list[Bar]:
+    """Runs finished per clock hour; every third hour counted back from the current one
+    (which reads "now") is labelled under its bar."""
+    bars = vertical_bars(
+        [(h.strftime("%H:00"), n) for h, n in figures.per_hour], height=HOUR_CHART_HEIGHT
     )
-    return (waiting.count() if oldest is not None else 0), oldest
-
-
-# The statuses a run is in until it ends, counted exactly on the operations page (each through
-# the index agent_run_status); waiting runs are counted by kind of wait (waits_by_kind).
-LIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.DEAD)
-# The window of the figures about finished runs: through the index agent_run_finished.
-FINISHED_WINDOW = datetime.timedelta(hours=24)
+    for back, bar in enumerate(reversed(bars)):
+        if back % 3 == 0:
+            bar.axis_label = gettext("now") if back == 0 else bar.label
+    return bars
 
 
 @dataclass
@@ -196,90 +196,47 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     through an index, or the latest metrics snapshot, never the whole table, and the page says
     which: live statuses now, finished runs in the last 24 hours, the newest finished runs, the
     table's totals as of the snapshot."""
-    now = now or timezone.now()
-    live = dict(
-        AgentRun.objects.filter(status__in=LIVE_STATUSES)
-        .order_by()
-        .values_list("status")
-        .annotate(n=Count("*"))  # COUNT(*): the index agent_run_status answers alone
-    )
-    wait_rows = waits_by_kind(now)
-    waiting_total = sum(row.count for row in wait_rows)
-    live_items = [
-        (RunStatus.PENDING.value, live.get(RunStatus.PENDING, 0)),
-        (RunStatus.RUNNING.value, live.get(RunStatus.RUNNING, 0)),
-        (RunStatus.WAITING.value, waiting_total),
-        (RunStatus.DEAD.value, live.get(RunStatus.DEAD, 0)),
-    ]
-    # Runs finished in the window, by status and claims: both charts from one aggregate.
-    since = now - FINISHED_WINDOW
-    finished_counts: dict[str, int] = dict.fromkeys(FINISHED_STATUSES, 0)
-    claims: dict[int, int] = {}
-    for status, attempt, n in (
-        AgentRun.objects.filter(finished_at__gte=since, status__in=FINISHED_STATUSES)
-        .order_by()
-        .values_list("status", "attempt")
-        .annotate(n=Count("pk"))
-    ):
-        finished_counts[status] = finished_counts.get(status, 0) + n
-        bucket = min(attempt, metrics.ATTEMPTS_CAP)
-        claims[bucket] = claims.get(bucket, 0) + n
-    finished_items = [(str(status), finished_counts.get(status, 0)) for status in FINISHED_STATUSES]
-    live_bars = horizontal_bars(live_items, RUN_COLORS)
-    finished_bars = horizontal_bars(finished_items, RUN_COLORS)
-    for bar in (*live_bars, *finished_bars):
-        bar.text = str(RUN_STATUS_NAMES.get(bar.label, bar.label))
-    attempts = [
-        (f"{k}+" if k == metrics.ATTEMPTS_CAP else str(k), claims[k]) for k in sorted(claims)
-    ]
-    attempt_bars = horizontal_bars(attempts)
-    for bar in attempt_bars:
-        # "3", or "10+" for the long tail.
-        count = int(bar.label.rstrip("+") or 0)
-        bar.text = ngettext("%(count)s claim", "%(count)s claims", count) % {"count": bar.label}
-    oldest_pending = metrics.oldest_pending()
-    finished_steps = metrics.steps_of_recent_finished_runs()
-    waiting_count, oldest_intent = metrics.waiting_intents()
-    questions_open, oldest_question = open_questions()
-    hour_items = [(h.strftime("%H:00"), n) for h, n in metrics.finished_per_hour(now)]
-    hour_bars = vertical_bars(hour_items, height=HOUR_CHART_HEIGHT)
-    # Every third hour counted back from the current one, which reads "now".
-    for back, bar in enumerate(reversed(hour_bars)):
-        if back % 3 == 0:
-            bar.axis_label = gettext("now") if back == 0 else bar.label
+    figures = read_figures(OPERATIONS_PAGE, now)
+    live_bars, finished_bars, finished_total = status_bars(figures)
+    attempts = attempt_bars(figures)
+    hours = hour_bars(figures)
+    nothing = Queue(0, None)  # a part not read; OPERATIONS_PAGE reads all three
+    pending = figures.pending or nothing
+    intents = figures.intents or nothing
+    questions = figures.questions or nothing
+    steps = figures.steps
     table = table_count()
-
     return {
         "table": table,
         "total_runs": table.total,
         "live_bars": live_bars,
-        "live_chart_height": len(live_items) * 22,
+        "live_chart_height": len(live_bars) * 22,
         "finished_bars": finished_bars,
-        "finished_chart_height": len(finished_items) * 22,
-        "finished_total": sum(finished_counts.values()),
+        "finished_chart_height": len(finished_bars) * 22,
+        "finished_total": finished_total,
         "finished_window_hours": int(FINISHED_WINDOW.total_seconds() // 3600),
-        "oldest_pending": oldest_pending,
-        "oldest_pending_age": (now - oldest_pending.created_at) if oldest_pending else None,
-        "steps_sample": len(finished_steps),
-        "steps_p50": metrics.percentile(finished_steps, 0.5),
-        "steps_p95": metrics.percentile(finished_steps, 0.95),
-        "steps_max": finished_steps[-1] if finished_steps else None,
-        "percentile_sample_limit": metrics.PERCENTILE_SAMPLE,
-        "attempt_bars": attempt_bars,
+        "oldest_pending": pending.oldest,
+        "oldest_pending_age": figures.age(pending.oldest_at),
+        "steps_sample": len(steps),
+        "steps_p50": percentile(steps, 0.5),
+        "steps_p95": percentile(steps, 0.95),
+        "steps_max": steps[-1] if steps else None,
+        "percentile_sample_limit": PERCENTILE_SAMPLE,
+        "attempt_bars": attempts,
         "attempt_chart_height": max(len(attempts), 1) * 22,
-        "intents_waiting": waiting_count,
-        "oldest_intent": oldest_intent,
-        "oldest_intent_age": (now - oldest_intent.created_at) if oldest_intent else None,
-        "wait_rows": wait_rows,
-        "waiting_total": waiting_total,
-        "questions_open": questions_open,
-        "oldest_question": oldest_question,
-        "oldest_question_text": cut_summary(getattr(oldest_question, "question_head", ""))
-        if oldest_question is not None
+        "intents_waiting": intents.count,
+        "oldest_intent": intents.oldest,
+        "oldest_intent_age": figures.age(intents.oldest_at),
+        "wait_rows": wait_rows(figures),
+        "waiting_total": figures.waiting_total,
+        "questions_open": questions.count,
+        "oldest_question": questions.oldest,
+        "oldest_question_text": cut_summary(getattr(questions.oldest, "question_head", ""))
+        if questions.oldest is not None
         else "",
-        "oldest_question_age": (now - oldest_question.created_at) if oldest_question else None,
-        "hour_bars": hour_bars,
-        "hour_total": sum(v for _hour, v in hour_items),
+        "oldest_question_age": figures.age(questions.oldest_at),
+        "hour_bars": hours,
+        "hour_total": sum(v for _hour, v in figures.per_hour),
         "hour_chart_width": 24 * 20,
         # The bars stand on this line (they are drawn 12 units down, under their value).
         "hour_baseline_y": HOUR_CHART_HEIGHT + 12,

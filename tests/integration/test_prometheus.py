@@ -22,8 +22,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from durable_agents import prometheus, signals
+from durable_agents import figures, prometheus, signals
 from durable_agents.api import cancel_run, start_run
 from durable_agents.management.commands import runagents
 from durable_agents.models import AgentRun
@@ -272,10 +273,10 @@ def test_concurrent_scrapes_share_one_reading(monkeypatch: pytest.MonkeyPatch) -
     pytest.importorskip("prometheus_client")
     readings: list[int] = []
 
-    def read_figures(using: str) -> prometheus.DatabaseFigures:
+    def read_figures(parts: figures.Part, *, using: str) -> figures.Figures:
         readings.append(1)
         time.sleep(0.2)  # a slow database: the other scrapes wait for this reading
-        return prometheus.DatabaseFigures(runs_by_status={"pending": 7}, runs_waiting={})
+        return figures.Figures(taken_at=timezone.now(), runs_by_status={"pending": 7})
 
     monkeypatch.setattr(prometheus, "read_figures", read_figures)
     collector = prometheus.DatabaseCollector(cache_seconds=60.0)
@@ -295,7 +296,7 @@ def test_concurrent_scrapes_share_one_reading(monkeypatch: pytest.MonkeyPatch) -
 def test_a_database_that_cannot_be_read_is_database_up_0(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("prometheus_client")
 
-    def read_figures(using: str) -> prometheus.DatabaseFigures:
+    def read_figures(parts: figures.Part, *, using: str) -> figures.Figures:
         raise DatabaseError("connection refused")
 
     monkeypatch.setattr(prometheus, "read_figures", read_figures)
