@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -31,13 +31,6 @@ from durable_agents.models import (
     RunStatus,
 )
 from durable_agents.text import storable_text
-
-if TYPE_CHECKING:
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Dead letter
 
 # Causes (groups) per page of the dead letter.
 DEAD_GROUPS_PER_PAGE = 20

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -55,9 +55,6 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.text import has_unstorable, storable_text
-
-if TYPE_CHECKING:
-    pass
 
 
 def send_event_as(

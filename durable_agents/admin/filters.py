@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import (
@@ -17,9 +17,6 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 class WaitingForFilter(admin.SimpleListFilter):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -13,10 +13,6 @@ from django.utils.translation import gettext_lazy as _
 from durable_agents.agents import registry
 from durable_agents.deepjson import loads_deep
 from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
-
-if TYPE_CHECKING:
-    pass
-
 
 # What the model is told when a person rejects its call.
 REASON_MAX_CHARS = 5_000

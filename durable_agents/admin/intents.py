@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -61,10 +61,6 @@ from durable_agents.models import (
     ToolIntent,
 )
 from durable_agents.text import storable_text
-
-if TYPE_CHECKING:
-    pass
-
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many intents (each with the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -43,9 +43,6 @@ from durable_agents.models import (
     QuestionStatus,
 )
 from durable_agents.text import storable_text
-
-if TYPE_CHECKING:
-    pass
 
 
 def question_text_url(model_admin: admin.ModelAdmin[Any]) -> Callable[[Any, str], str]:
@@ -343,7 +340,3 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
             raise PermissionDenied
         question = get_or_404(AgentQuestion, object_id, AgentQuestion.objects.only("pk", field))
         return plain_text_response(getattr(question, field) or "")
-
-
-# ---------------------------------------------------------------------------------------------
-# Events (send_event)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.utils.translation import gettext
 
@@ -26,9 +26,6 @@ from durable_agents.models import (
     ToolIntent,
 )
 from durable_agents.text import storable_text
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass
@@ -52,7 +49,7 @@ class ToolResult:
 
 @dataclass
 class Compaction:
-    """A ``compaction`` block of a model turn (API.md section 9): the summary that replaced
+    """A ``compaction`` block of a model turn: the summary that replaced
     the history before it, or a failed compaction (``content`` null, a no-op)."""
 
     summary: Text | None  # None: the compaction failed

@@ -6,7 +6,7 @@ import datetime
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import (
     TextField,
@@ -37,13 +37,6 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.text import storable_text
-
-if TYPE_CHECKING:
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Waits (API.md section 8): what a waiting run waits for, its children, its questions
 
 # Characters of an event name or a question in one line of the runs list.
 WAIT_SUMMARY_CHARS = 60
