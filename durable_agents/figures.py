@@ -70,7 +70,7 @@ class Part(enum.Flag):
     OLDEST_WAITING_RUNS = enum.auto()  # the run of each kind's oldest wait (one query more)
     OLDEST_PENDING = enum.auto()
     INTENTS = enum.auto()  # waiting intents: how many, and the oldest (with its run)
-    QUESTIONS = enum.auto()  # open questions: how many (and with QUESTION_ROW, the oldest)
+    QUESTIONS = enum.auto()  # open questions: how many (with OLDEST_QUESTION, the oldest)
     OLDEST_QUESTION = enum.auto()
     STEPS = enum.auto()  # steps of the newest PERCENTILE_SAMPLE finished runs
     ATTEMPTS = enum.auto()  # claims per finished run, every finished run

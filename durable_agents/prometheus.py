@@ -33,12 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durable_agents.figures import PROMETHEUS, Figures, Queue, read_figures
-from durable_agents.models import WaitKind
-
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from durable_agents.figures import Figures, Queue
     from durable_agents.worker import Worker
 
 logger = logging.getLogger("durable_agents.prometheus")
@@ -323,7 +321,10 @@ class DatabaseCollector:
     def _read(self) -> Figures | None:
         connection = connections[self.using]
         try:
-            figures = read_figures(PROMETHEUS, using=self.using)
+            # Imported here: this module is imported before the models are (by the llm client).
+            from durable_agents import figures as database
+
+            figures = database.read_figures(database.PROMETHEUS, using=self.using)
         except Exception as exc:  # noqa: BLE001 - a scrape must still return this worker's own
             self._failures += 1
             log = logger.warning if self._failures == 1 else logger.debug
@@ -389,6 +390,8 @@ class DatabaseCollector:
 def _runs_waiting(figures: Figures) -> dict[str, int]:
     """Waiting runs by kind: every kind's series exists (at 0); runs parked before waits had
     kinds are "unknown"."""
+    from durable_agents.models import WaitKind
+
     counts = dict.fromkeys(WaitKind.values, 0)
     for wait in figures.waits:
         kind = wait.kind or "unknown"

@@ -289,7 +289,7 @@ def test_concurrent_scrapes_share_one_reading(monkeypatch: pytest.MonkeyPatch) -
         time.sleep(0.2)  # a slow database: the other scrapes wait for this reading
         return figures.Figures(taken_at=timezone.now(), runs_by_status={"pending": 7})
 
-    monkeypatch.setattr(prometheus, "read_figures", read_figures)
+    monkeypatch.setattr(figures, "read_figures", read_figures)
     collector = prometheus.DatabaseCollector(cache_seconds=60.0)
     results: list[Samples] = []
     threads = [
@@ -310,7 +310,7 @@ def test_a_database_that_cannot_be_read_is_database_up_0(monkeypatch: pytest.Mon
     def read_figures(parts: figures.Part, *, using: str) -> figures.Figures:
         raise DatabaseError("connection refused")
 
-    monkeypatch.setattr(prometheus, "read_figures", read_figures)
+    monkeypatch.setattr(figures, "read_figures", read_figures)
     found = samples_of(prometheus.DatabaseCollector().collect())
     assert found == {("durable_agents_database_up", ()): 0.0}
 
