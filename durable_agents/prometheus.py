@@ -26,7 +26,6 @@ and step commits from the runner's ``tool_call`` and ``step_committed``.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import time
@@ -36,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.utils import timezone
 
 from durable_agents import observers
 from durable_agents.observers import ModelOutcome
@@ -44,6 +42,7 @@ from durable_agents.observers import ModelOutcome
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from durable_agents.figures import Figures, Queue
     from durable_agents.worker import Worker
 
 logger = logging.getLogger("durable_agents.prometheus")
@@ -281,97 +280,6 @@ class Counting(observers.Observer):
 # -- the database figures ------------------------------------------------------------------
 
 
-@dataclass
-class DatabaseFigures:
-    runs_by_status: dict[str, int]
-    runs_waiting: dict[str, int]
-    lease_expired: int = 0
-    oldest_pending_age: float = 0.0
-    intents_waiting: int = 0
-    oldest_intent_age: float = 0.0
-    questions_open: int = 0
-    oldest_question_age: float = 0.0
-
-
-def read_figures(using: str = DEFAULT_DB_ALIAS) -> DatabaseFigures:
-    """The database gauges, read in a few statements whatever the size of ``agent_run``: its
-    unfinished runs (pending, running, waiting: few, through the status index) grouped by
-    status and wait kind, with the waiting intents and open questions as scalar subqueries
-    (evaluated once); then the dead and finished runs per status, each a bounded count
-    (``listing.bounded_count``: exact up to 10,000 rows, past that the planner's estimate), so
-    that a table of ten million runs is not read every ``cache_seconds``."""
-    from django.db.models import Count, DateTimeField, F, Func, IntegerField, Min, Q, Subquery
-    from django.db.models.functions import Now
-
-    from durable_agents.models import (
-        AgentQuestion,
-        AgentRun,
-        QuestionStatus,
-        RunStatus,
-        ToolIntent,
-        WaitKind,
-    )
-
-    def scalar(queryset: Any, function: str, column: str, output: Any) -> Subquery:
-        value = Func(F(column), function=function, output_field=output)
-        return Subquery(queryset.order_by().annotate(v=value).values("v")[:1])
-
-    intents = ToolIntent.objects.using(using).awaiting_person()
-    questions = AgentQuestion.objects.using(using).filter(status=QuestionStatus.OPEN)
-    from durable_agents.listing import bounded_count
-
-    unfinished = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
-    rows = (
-        AgentRun.objects.using(using)
-        .filter(status__in=unfinished)
-        .order_by()
-        .values("status", "waiting_for")
-        .annotate(
-            runs=Count("pk"),
-            oldest=Min("created_at"),
-            expired=Count("pk", filter=Q(status=RunStatus.RUNNING, lease_until__lt=Now())),
-            open_intents=scalar(intents, "COUNT", "pk", IntegerField()),
-            oldest_intent=scalar(intents, "MIN", "created_at", DateTimeField()),
-            open_questions=scalar(questions, "COUNT", "pk", IntegerField()),
-            oldest_question=scalar(questions, "MIN", "created_at", DateTimeField()),
-        )
-    )
-    now = timezone.now()
-
-    def age(since: datetime.datetime | None) -> float:
-        return max(0.0, (now - since).total_seconds()) if since is not None else 0.0
-
-    figures = DatabaseFigures(
-        runs_by_status=dict.fromkeys(RunStatus.values, 0),
-        runs_waiting=dict.fromkeys(WaitKind.values, 0),
-    )
-    for row in rows:
-        status = row["status"]
-        figures.runs_by_status[status] = figures.runs_by_status.get(status, 0) + row["runs"]
-        if status == RunStatus.WAITING:
-            kind = row["waiting_for"] or "unknown"
-            figures.runs_waiting[kind] = figures.runs_waiting.get(kind, 0) + row["runs"]
-        elif status == RunStatus.PENDING:
-            figures.oldest_pending_age = max(figures.oldest_pending_age, age(row["oldest"]))
-        figures.lease_expired += row["expired"]
-        figures.intents_waiting = row["open_intents"] or 0
-        figures.oldest_intent_age = age(row["oldest_intent"])
-        figures.questions_open = row["open_questions"] or 0
-        figures.oldest_question_age = age(row["oldest_question"])
-    if not rows:  # no unfinished run carried the scalar subqueries
-        waiting_intents = intents.order_by().aggregate(n=Count("pk"), oldest=Min("created_at"))
-        open_questions = questions.order_by().aggregate(n=Count("pk"), oldest=Min("created_at"))
-        figures.intents_waiting = waiting_intents["n"]
-        figures.oldest_intent_age = age(waiting_intents["oldest"])
-        figures.questions_open = open_questions["n"]
-        figures.oldest_question_age = age(open_questions["oldest"])
-    for status in RunStatus.values:
-        if status not in unfinished:
-            runs = AgentRun.objects.using(using).filter(status=status)
-            figures.runs_by_status[status] = bounded_count(runs).value
-    return figures
-
-
 class DatabaseCollector:
     """The database gauges, read at scrape time: one query per ``cache_seconds`` however
     often (and however many at once) Prometheus scrapes."""
@@ -387,7 +295,7 @@ class DatabaseCollector:
         self.clock = clock
         self._lock = threading.Lock()
         self._read_at: float | None = None
-        self._figures: DatabaseFigures | None = None
+        self._figures: Figures | None = None
         self._failures = 0
 
     def forget(self) -> None:
@@ -407,10 +315,13 @@ class DatabaseCollector:
             figures = self._figures
         return self._families(figures, up=figures is not None)
 
-    def _read(self) -> DatabaseFigures | None:
+    def _read(self) -> Figures | None:
         connection = connections[self.using]
         try:
-            figures = read_figures(self.using)
+            # Imported here: this module is imported before the models are (by the llm client).
+            from durable_agents import figures as database
+
+            figures = database.read_figures(database.PROMETHEUS, using=self.using)
         except Exception as exc:  # noqa: BLE001 - a scrape must still return this worker's own
             self._failures += 1
             log = logger.warning if self._failures == 1 else logger.debug
@@ -427,7 +338,7 @@ class DatabaseCollector:
         return figures
 
     @staticmethod
-    def _families(figures: DatabaseFigures | None, *, up: bool = True) -> list[Any]:
+    def _families(figures: Figures | None, *, up: bool = True) -> list[Any]:
         """The families with their samples; without figures, only ``database_up`` has one
         (0) after a failed reading, and none has any for ``describe``."""
         from prometheus_client.core import GaugeMetricFamily
@@ -457,19 +368,39 @@ class DatabaseCollector:
         database_up.add_metric([], 1)
         for status, count in figures.runs_by_status.items():
             by_status.add_metric([status], count)
-        for kind, count in figures.runs_waiting.items():
+        for kind, count in _runs_waiting(figures).items():
             waiting.add_metric([kind], count)
+        intents, questions = figures.intents, figures.questions
         values = {
-            "runs_lease_expired": figures.lease_expired,
-            "oldest_pending_age_seconds": figures.oldest_pending_age,
-            "intents_waiting": figures.intents_waiting,
-            "oldest_intent_age_seconds": figures.oldest_intent_age,
-            "questions_open": figures.questions_open,
-            "oldest_question_age_seconds": figures.oldest_question_age,
+            "runs_lease_expired": figures.lease_expired or 0,
+            "oldest_pending_age_seconds": _age(figures, figures.pending),
+            "intents_waiting": (intents.count or 0) if intents else 0,
+            "oldest_intent_age_seconds": _age(figures, intents),
+            "questions_open": (questions.count or 0) if questions else 0,
+            "oldest_question_age_seconds": _age(figures, questions),
         }
         for name, value in values.items():
             families[name].add_metric([], value)
         return [database_up, by_status, waiting, *families.values()]
+
+
+def _runs_waiting(figures: Figures) -> dict[str, int]:
+    """Waiting runs by kind: every kind's series exists (at 0); runs parked before waits had
+    kinds are "unknown"."""
+    from durable_agents.models import WaitKind
+
+    counts = dict.fromkeys(WaitKind.values, 0)
+    for wait in figures.waits:
+        kind = wait.kind or "unknown"
+        counts[kind] = counts.get(kind, 0) + wait.runs
+    return counts
+
+
+def _age(figures: Figures, queue: Queue | None) -> float:
+    """Seconds the oldest of ``queue`` has waited; 0 when none waits. Never negative: the
+    database's clock may run a little ahead of this process's."""
+    seconds = figures.age_seconds(queue.oldest_at) if queue is not None else None
+    return max(0.0, seconds) if seconds is not None else 0.0
 
 
 # -- the HTTP endpoint ---------------------------------------------------------------------

@@ -3,6 +3,7 @@ api, permissions, CSRF, escaping of untrusted text and bounded query counts."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -22,6 +23,7 @@ from django.utils.html import escape
 
 import durable_agents
 from durable_agents import api, housekeeping, store
+from durable_agents.admin.run_actions import RunActions
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -84,6 +86,11 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[tuple[Any, ...]
             return real(*args, **kwargs)
 
         monkeypatch.setattr(api, name, wrapper)
+        # The runs' actions hold the api function itself: they call the wrapper too.
+        for key, operation in RunActions.RUN_OPERATIONS.items():
+            if operation.function is real:
+                replaced = dataclasses.replace(operation, function=wrapper)
+                monkeypatch.setitem(RunActions.RUN_OPERATIONS, key, replaced)
         return calls
 
     return watch

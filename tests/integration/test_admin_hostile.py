@@ -20,9 +20,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import durable_agents
-from durable_agents import admin_views as views
 from durable_agents import causes
-from durable_agents.admin import RejectForm, StartRunForm
+from durable_agents.admin import format as views
+from durable_agents.admin.forms import RejectForm, StartRunForm
 from durable_agents.agents import Agent, registry
 from durable_agents.models import (
     AgentRun,
@@ -143,7 +143,7 @@ def test_select_all_requeue_never_touches_a_run_that_died_after_the_page(
 def test_a_confirmation_lists_at_most_its_limit_and_says_so(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("durable_agents.admin.RUN_ACTION_LIMIT", 2)
+    monkeypatch.setattr("durable_agents.admin.run_actions.RUN_ACTION_LIMIT", 2)
     runs = make_runs(3, RunStatus.PENDING)
     confirm = admin_client.post(
         runs_url(),
@@ -650,7 +650,7 @@ def test_bulk_approval_lists_every_input_and_approves_only_what_it_showed(
 def test_an_input_too_long_for_a_list_is_approved_from_its_page(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("durable_agents.admin.BULK_INPUT_CHARS", 10)
+    monkeypatch.setattr("durable_agents.admin.intents.BULK_INPUT_CHARS", 10)
     intent = parked_intent(table="a table with a long name")
     confirm = admin_client.post(
         intents_url(), {"action": "approve_intents", "_selected_action": [intent.pk], "index": 0}

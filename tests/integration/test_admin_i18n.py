@@ -16,8 +16,8 @@ from django.utils import timezone, translation
 from django.utils.functional import Promise
 
 import durable_agents
-from durable_agents import admin_views as views
 from durable_agents import notifications
+from durable_agents.admin import format as views
 from durable_agents.models import AgentRun, RunStatus, WaitKind
 from tests.integration.test_admin import ESCAPED, SCRIPT, messages_of, run_url, runs_url
 from tests.integration.test_admin_waits import operations_url, park, park_on_question

@@ -18,9 +18,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
-from durable_agents import admin_views as views
-from durable_agents import housekeeping, listing, store
-from durable_agents.admin import AgentRunAdmin
+from durable_agents import housekeeping, store
+from durable_agents.admin import AgentRunAdmin, listing
+from durable_agents.admin import dead_letter as views
 from durable_agents.causes import backfill_causes, cause_of
 from durable_agents.models import (
     AgentRun,

@@ -163,8 +163,13 @@ def test_metrics_and_snapshots() -> None:
     ):
         durable_agents.start_run("tester", task)
     run_worker()
-    durable_agents.start_run("tester", "still pending")
-    figures = metrics.collect()
+    pending = durable_agents.start_run("tester", "still pending")
+    # Times set on the rows, and the snapshot taken as of a given now: the ages are exact.
+    now = timezone.now()
+    AgentRun.objects.filter(pk=pending.pk).update(created_at=now - datetime.timedelta(hours=2))
+    waited = AgentRun.objects.filter(status=RunStatus.WAITING)
+    assert waited.update(waiting_since=now - datetime.timedelta(minutes=90)) == 1
+    figures = metrics.collect(now)
     assert figures["runs_by_status"]["succeeded"] == 2
     assert figures["runs_by_status"]["waiting"] == 1
     assert figures["runs_by_status"]["pending"] == 1
@@ -173,10 +178,10 @@ def test_metrics_and_snapshots() -> None:
     assert figures["attempts_distribution"] == {"1": 2}
     assert figures["intents_waiting"] == 1
     assert figures["waits_by_kind"]["intent"]["runs"] == 1
-    assert figures["waits_by_kind"]["intent"]["oldest_age_seconds"] >= 0
+    assert figures["waits_by_kind"]["intent"]["oldest_age_seconds"] == 90 * 60
     assert figures["questions_open"] == 0
     assert figures["finished_per_hour"][-1] == 2 and sum(figures["finished_per_hour"]) == 2
-    assert figures["oldest_pending_age_seconds"] is not None
+    assert figures["oldest_pending_age_seconds"] == 2 * 3600
     out = io.StringIO()
     call_command("durable_agents_housekeeping", "--metrics", stdout=out)
     snapshot = MetricsSnapshot.objects.latest()

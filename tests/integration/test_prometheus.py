@@ -7,6 +7,7 @@ and other tests of this module count too, so they are compared before and after.
 
 from __future__ import annotations
 
+import datetime
 import re
 import socket
 import sys
@@ -22,11 +23,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from durable_agents import observers, prometheus, signals
+from durable_agents import figures, observers, prometheus, signals
 from durable_agents.api import cancel_run, start_run
 from durable_agents.management.commands import runagents
-from durable_agents.models import AgentRun
+from durable_agents.models import AgentQuestion, AgentRun, ToolIntent
 from durable_agents.worker import Worker
 from tests.conftest import WorkerProcess, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, api_error
@@ -153,7 +155,16 @@ def test_claim_outcomes_and_what_waits_for_people(fake_api: FakeAnthropic, metri
 
     worker = run_worker()
     assert worker.stats.dispositions == {"dead": 1, "waiting": 2, "failed": 1}
+    # The ages are read from times set on the rows (the question an hour older than the
+    # intent, so that one age cannot stand for the other). The collector reads its clock
+    # during the scrape, between started and ended: each age lies between the two bounds.
+    intent_at = timezone.now() - datetime.timedelta(hours=1)
+    question_at = intent_at - datetime.timedelta(hours=1)
+    assert ToolIntent.objects.filter(run=approval).update(created_at=intent_at) == 1
+    assert AgentQuestion.objects.update(created_at=question_at) == 1
+    started = timezone.now()
     after = scrape(metrics)
+    ended = timezone.now()
     assert claims(before, after) == {"dead": 1, "waiting": 2, "failed": 1}
     assert value(after, "durable_agents_runs", status="dead") == 1
     assert value(after, "durable_agents_runs", status="waiting") == 2
@@ -163,8 +174,9 @@ def test_claim_outcomes_and_what_waits_for_people(fake_api: FakeAnthropic, metri
     assert value(after, "durable_agents_runs_waiting", waiting_for="timer") == 0
     assert value(after, "durable_agents_intents_waiting") == 1
     assert value(after, "durable_agents_questions_open") == 1
-    assert value(after, "durable_agents_oldest_intent_age_seconds") >= 0
-    assert value(after, "durable_agents_oldest_question_age_seconds") >= 0
+    for name, created_at in (("intent", intent_at), ("question", question_at)):
+        age = value(after, f"durable_agents_oldest_{name}_age_seconds")
+        assert (started - created_at).total_seconds() <= age <= (ended - created_at).total_seconds()
 
     # A cancel from outside a worker is no claim's outcome.
     assert cancel_run(approval.pk)
@@ -300,12 +312,12 @@ def test_concurrent_scrapes_share_one_reading(monkeypatch: pytest.MonkeyPatch) -
     pytest.importorskip("prometheus_client")
     readings: list[int] = []
 
-    def read_figures(using: str) -> prometheus.DatabaseFigures:
+    def read_figures(parts: figures.Part, *, using: str) -> figures.Figures:
         readings.append(1)
         time.sleep(0.2)  # a slow database: the other scrapes wait for this reading
-        return prometheus.DatabaseFigures(runs_by_status={"pending": 7}, runs_waiting={})
+        return figures.Figures(taken_at=timezone.now(), runs_by_status={"pending": 7})
 
-    monkeypatch.setattr(prometheus, "read_figures", read_figures)
+    monkeypatch.setattr(figures, "read_figures", read_figures)
     collector = prometheus.DatabaseCollector(cache_seconds=60.0)
     results: list[Samples] = []
     threads = [
@@ -323,10 +335,10 @@ def test_concurrent_scrapes_share_one_reading(monkeypatch: pytest.MonkeyPatch) -
 def test_a_database_that_cannot_be_read_is_database_up_0(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("prometheus_client")
 
-    def read_figures(using: str) -> prometheus.DatabaseFigures:
+    def read_figures(parts: figures.Part, *, using: str) -> figures.Figures:
         raise DatabaseError("connection refused")
 
-    monkeypatch.setattr(prometheus, "read_figures", read_figures)
+    monkeypatch.setattr(figures, "read_figures", read_figures)
     found = samples_of(prometheus.DatabaseCollector().collect())
     assert found == {("durable_agents_database_up", ()): 0.0}
 

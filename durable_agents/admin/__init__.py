@@ -1,0 +1,34 @@
+"""The durable_agents admin: runs and their transcripts (with what a waiting run waits for, its
+parent and children), intents to decide, questions to answer, events to send, the dead letter
+and an operations page. One module per screen; this one registers them.
+
+Runs, steps, intents, questions and events are never edited by hand: every page is read-only,
+and every change of state is an action or a POST view that checks its permission, calls
+``durable_agents.api`` and writes a LogEntry. AgentStep has a composite primary key and
+cannot be registered; steps are shown on their run's page.
+
+Hostile input is expected everywhere: model and tool text is escaped, marked where it cannot be
+encoded (``durable_agents.text.storable_text``) and cut to a bound with a link to the whole;
+malformed ids give 404; a confirmation page acts on exactly the objects it listed.
+
+Every word the admin shows is translatable: labels, titles, filters and actions with
+``gettext_lazy``, messages with ``gettext``/``ngettext`` and named placeholders (the catalogue
+is ``durable_agents/locale``). What a model, a tool or a person wrote is never translated. The
+admin's LogEntry messages stay in English: they are an audit record, written once and read by
+whoever comes later, whatever their language.
+"""
+
+from django.contrib import admin
+
+from durable_agents.admin.events import AgentEventAdmin
+from durable_agents.admin.intents import ToolIntentAdmin
+from durable_agents.admin.questions import AgentQuestionAdmin
+from durable_agents.admin.runs import AgentRunAdmin
+from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, ToolIntent
+
+admin.site.register(AgentRun, AgentRunAdmin)
+admin.site.register(ToolIntent, ToolIntentAdmin)
+admin.site.register(AgentQuestion, AgentQuestionAdmin)
+admin.site.register(AgentEvent, AgentEventAdmin)
+
+__all__ = ["AgentEventAdmin", "AgentQuestionAdmin", "AgentRunAdmin", "ToolIntentAdmin"]

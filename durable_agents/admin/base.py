@@ -1,0 +1,233 @@
+"""What the admin's screens share: the ModelAdmin base, the read-only base, the
+confirmation page of an action, and ids read from a URL or a form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ValidationError
+from django.db.models import (
+    Model,
+    QuerySet,
+)
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext
+from django.views.decorators.http import require_http_methods, require_POST
+
+from durable_agents.admin.format import Text
+from durable_agents.admin.listing import Count, EstimatingPaginator
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin as _ModelAdmin
+    from django_stubs_ext import StrOrPromise
+else:
+
+    class _ModelAdmin(admin.ModelAdmin):
+        """ModelAdmin, subscriptable at run time as the type stubs declare it generic."""
+
+        def __class_getitem__(cls, model: Any) -> Any:
+            return cls
+
+
+_M = TypeVar("_M", bound=Model)
+SEND_EVENT_PERMISSION = "durable_agents.send_event"
+
+
+def clean_pk(model: Any, value: Any) -> Any:
+    """``value`` as ``model``'s primary key, or ValueError: for any string from a URL or a
+    form (non-numbers, NUL, out-of-range integers that PostgreSQL would refuse)."""
+    field = model._meta.pk
+    try:
+        pk = field.to_python(value)
+    except (ValidationError, TypeError) as exc:
+        raise ValueError(str(value)) from exc
+    if pk is None:
+        raise ValueError("no id")
+    if isinstance(pk, int) and not -(2**63) <= pk < 2**63:
+        raise ValueError(str(value))
+    return pk
+
+
+def get_or_404(model: type[_M], object_id: Any, queryset: QuerySet[_M] | None = None) -> _M:
+    """The object, or 404 for an unknown *or malformed* id (never a 500)."""
+    try:
+        pk = clean_pk(model, object_id)
+    except ValueError:
+        raise Http404(_no_match(model)) from None
+    try:
+        return (queryset if queryset is not None else model._default_manager.all()).get(pk=pk)
+    except model.DoesNotExist:  # type: ignore[attr-defined]  # every concrete model has it
+        raise Http404(_no_match(model)) from None
+
+
+def _no_match(model: Any) -> str:
+    return gettext("No %(name)s matches the given id.") % {"name": model._meta.verbose_name}
+
+
+@dataclass
+class ConfirmRow:
+    """One object of a confirmation page: what it shows, and whether "Yes" acts on it."""
+
+    pk: str
+    url: str
+    label: str
+    input: Text | None = None
+    fingerprint: str = ""
+    included: bool = True
+    note: str = ""
+
+
+class AgentsAdmin(_ModelAdmin[_M]):
+    """What the ModelAdmins share: object views and confirmation pages."""
+
+    def _object_url(self, name: str) -> str:
+        return f"{self.opts.app_label}_{self.opts.model_name}_{name}"
+
+    def _url(self, name: str, *args: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{self._object_url(name)}", args=args)
+
+    def _post_view(self, view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        # admin_view: staff login and CSRF protection; require_POST: no GET changes state.
+        return self.admin_site.admin_view(require_POST(view))
+
+    def _confirm_view(self, view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        # GET shows a confirmation, POST (CSRF-checked by admin_view) decides; nothing else.
+        return self.admin_site.admin_view(require_http_methods(["GET", "HEAD", "POST"])(view))
+
+    def _redirect_to_object(self, obj: Any) -> HttpResponseRedirect:
+        return HttpResponseRedirect(self._url("change", obj.pk))
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # A NUL in a filter or search term reaches PostgreSQL as a query parameter, which it
+        # refuses (a 500): the list is shown without them, and says why.
+        if any("\x00" in value for _, values in request.GET.lists() for value in values):
+            self.message_user(
+                request,
+                gettext(
+                    "The search or a filter held a NUL character; showing the list without them."
+                ),
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.path)
+        return super().changelist_view(request, extra_context)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # Django filters pk__in=<posted ids>: a malformed id would be a 500 there. (Django 6
+        # passes action_location too: arguments are handed on as they come.)
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                clean_pk(self.model, value)
+        except ValueError:
+            self.message_user(
+                request, gettext("Malformed ids were posted; nothing was changed."), messages.ERROR
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)
+
+    @staticmethod
+    def _confirmed(request: HttpRequest) -> bool:
+        """Whether this POST is the "Yes" of a confirmation page.
+
+        Confirmation pages post the exact ids they listed, never select_across: a "Yes" that
+        carries select_across would act on whatever matches the filters *now*, including
+        objects created after the page was shown. Such a POST gets the confirmation page.
+        """
+        return request.POST.get("post") == "yes" and request.POST.get("select_across") != "1"
+
+    @staticmethod
+    def _posted_ids(request: HttpRequest) -> set[str]:
+        return set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+
+    def _render_confirmation(
+        self,
+        request: HttpRequest,
+        *,
+        title: StrOrPromise,
+        question: StrOrPromise,
+        rows: list[ConfirmRow],
+        matched: int,
+        skipped: int,
+        button: StrOrPromise,
+        action: str,
+        form_url: str,
+        reason_form: forms.Form | None = None,
+        extra_form: forms.Form | None = None,
+        extra_hidden: dict[str, str] | None = None,
+        note: StrOrPromise = "",
+        status: int = 200,
+    ) -> TemplateResponse:
+        """The intermediate page of an action: every object it will act on is listed, and
+        "Yes" posts exactly those ids (and, for intents, what was shown of each; for an
+        event, its name in ``extra_hidden``, and ``extra_form``'s fields)."""
+        included = [row for row in rows if row.included]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "question": question,
+            "opts": self.opts,
+            "rows": rows,
+            "included": included,
+            "affected_count": len(included),
+            "excluded_count": len(rows) - len(included),
+            # Matching objects beyond the page's limit: not listed, so not acted on.
+            "more_count": max(matched - len(rows), 0),
+            "skipped_count": skipped,
+            "button": button,
+            "action": action,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "fingerprint_field": FINGERPRINT_FIELD,
+            "select_across": request.POST.get("select_across") == "1",
+            "form_url": form_url,
+            "reason_form": reason_form,
+            "extra_form": extra_form,
+            "extra_hidden": sorted((extra_hidden or {}).items()),
+            "note": note,
+        }
+        return TemplateResponse(
+            request, "admin/durable_agents/action_confirmation.html", context, status=status
+        )
+
+
+class ReadOnlyAdmin(AgentsAdmin[_M]):
+    """An admin whose rows runs and workers write: no person adds, changes or deletes one
+    from a form (a saved change form would write a stale copy of a row that workers update).
+    Every change of state is an action or a POST view of the screen, through the api."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class CountedChangeList(ChangeList):
+    """A change list whose count a page prints as ``result_count_text``: "4 agent runs", or
+    past EXACT_COUNT_LIMIT "about 1.2 million agent runs" (EstimatingPaginator;
+    the app's pagination.html and search_form.html print it)."""
+
+    @property
+    def result_count_text(self) -> str:
+        paginator = getattr(self, "paginator", None)
+        if isinstance(paginator, EstimatingPaginator):
+            count = paginator.bounded
+        else:
+            count = Count(self.result_count, exact=True)
+        return count.describe(str(self.opts.verbose_name), str(self.opts.verbose_name_plural))
+
+
+FINGERPRINT_FIELD = "fingerprint"

@@ -1,0 +1,265 @@
+"""The operations page: the figures of the runs, shaped for its charts."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.humanize.templatetags.humanize import intcomma
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils.translation import gettext, ngettext
+
+from durable_agents.admin import listing
+from durable_agents.admin.base import AgentsAdmin
+from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
+from durable_agents.admin.listing import bounded_count
+from durable_agents.admin.waits import cut_summary
+from durable_agents.figures import (
+    ATTEMPTS_CAP,
+    FINISHED_WINDOW,
+    OPERATIONS_PAGE,
+    PERCENTILE_SAMPLE,
+    Figures,
+    Queue,
+    WaitFigure,
+    attempts_label,
+    percentile,
+    read_figures,
+)
+from durable_agents.models import (
+    FINISHED_STATUSES,
+    AgentRun,
+    MetricsSnapshot,
+    RunStatus,
+    WaitKind,
+)
+
+
+@dataclass
+class Bar:
+    label: str
+    value: int
+    # Geometry in SVG user units, computed here so that templates only print numbers.
+    x: int = 0
+    y: int = 0
+    width: int = 0
+    height: int = 0
+    color: str = "#417690"
+    link: str = ""
+    axis_label: str = ""  # printed under the bar (vertical charts), empty for most bars
+    text: str = ""  # what the page prints for ``label``, when that is not ``label`` itself
+
+
+def horizontal_bars(
+    items: Sequence[tuple[str, int]], colors: dict[str, str] | None = None, width: int = 300
+) -> list[Bar]:
+    top = max((v for _label, v in items), default=0) or 1
+    bars = []
+    for i, (label, value) in enumerate(items):
+        w = round(width * value / top) if value else 0
+        color = (colors or {}).get(label, "#417690")
+        bars.append(
+            Bar(
+                label, value, x=0, y=i * 22, width=max(w, 1 if value else 0), height=16, color=color
+            )
+        )
+    return bars
+
+
+def vertical_bars(items: Sequence[tuple[str, int]], height: int = 100, step: int = 20) -> list[Bar]:
+    top = max((v for _label, v in items), default=0) or 1
+    bars = []
+    for i, (label, value) in enumerate(items):
+        h = round(height * value / top) if value else 0
+        bars.append(Bar(label, value, x=i * step, y=height - h, width=step - 4, height=h))
+    return bars
+
+
+@dataclass
+class WaitKindRow:
+    """One line of the operations page's waits table: a kind, how many wait on it, and the
+    run that has waited longest (by ``waiting_since``)."""
+
+    kind: str
+    label: str
+    count: int
+    oldest_since: datetime.datetime | None = None
+    oldest_run: AgentRun | None = None
+    oldest_age: datetime.timedelta | None = None
+
+
+def wait_rows(figures: Figures) -> list[WaitKindRow]:
+    """Every kind of wait, with how many runs wait on it and the oldest wait; runs parked
+    before waits had kinds last, when there are any."""
+    found = {wait.kind: wait for wait in figures.waits}
+    kinds = [(k.value, str(k.label)) for k in WaitKind]
+    if "" in found:
+        kinds.append(("", gettext("unrecorded")))
+    rows = []
+    for kind, label in kinds:
+        wait = found.get(kind, WaitFigure(kind, 0))
+        rows.append(
+            WaitKindRow(
+                kind=kind,
+                label=label,
+                count=wait.runs,
+                oldest_since=wait.oldest_since,
+                oldest_run=wait.oldest_run,
+                oldest_age=figures.age(wait.oldest_since),
+            )
+        )
+    return rows
+
+
+def status_bars(figures: Figures) -> tuple[list[Bar], list[Bar], int]:
+    """The live statuses now and the runs finished in the window, as bars; and how many
+    finished in the window."""
+    live = figures.runs_by_status
+    live_items = [
+        (RunStatus.PENDING.value, live.get(RunStatus.PENDING, 0)),
+        (RunStatus.RUNNING.value, live.get(RunStatus.RUNNING, 0)),
+        (RunStatus.WAITING.value, figures.waiting_total),
+        (RunStatus.DEAD.value, live.get(RunStatus.DEAD, 0)),
+    ]
+    finished: dict[str, int] = dict.fromkeys(FINISHED_STATUSES, 0)
+    for (status, _attempt), n in figures.finished.items():
+        finished[status] = finished.get(status, 0) + n
+    finished_items = [(str(status), finished.get(status, 0)) for status in FINISHED_STATUSES]
+    live_bars = horizontal_bars(live_items, RUN_COLORS)
+    finished_bars = horizontal_bars(finished_items, RUN_COLORS)
+    for bar in (*live_bars, *finished_bars):
+        bar.text = str(RUN_STATUS_NAMES.get(bar.label, bar.label))
+    return live_bars, finished_bars, sum(finished.values())
+
+
+def attempt_bars(figures: Figures) -> list[Bar]:
+    """Claims per run finished in the window, the long tail in one "N+" bar."""
+    claims: dict[int, int] = {}
+    for (_status, attempt), n in figures.finished.items():
+        bucket = min(attempt, ATTEMPTS_CAP)
+        claims[bucket] = claims.get(bucket, 0) + n
+    bars = horizontal_bars([(attempts_label(k), claims[k]) for k in sorted(claims)])
+    for bar in bars:
+        # "3", or "10+" for the long tail.
+        count = int(bar.label.rstrip("+") or 0)
+        bar.text = ngettext("%(count)s claim", "%(count)s claims", count) % {"count": bar.label}
+    return bars
+
+
+def hour_bars(figures: Figures) -> list[Bar]:
+    """Runs finished per clock hour; every third hour counted back from the current one
+    (which reads "now") is labelled under its bar."""
+    bars = vertical_bars(
+        [(h.strftime("%H:00"), n) for h, n in figures.per_hour], height=HOUR_CHART_HEIGHT
+    )
+    for back, bar in enumerate(reversed(bars)):
+        if back % 3 == 0:
+            bar.axis_label = gettext("now") if back == 0 else bar.label
+    return bars
+
+
+@dataclass
+class TableCount:
+    """How many runs the table holds, and where the figure comes from: the latest metrics
+    snapshot (exact when housekeeping took it) or, without one, a bounded count (exact up to
+    EXACT_COUNT_LIMIT, past it the planner's estimate)."""
+
+    total: int | None
+    by_status: dict[str, int]
+    taken_at: datetime.datetime | None  # of the snapshot; None for a bounded count
+    counted: listing.Count | None = None
+
+    @property
+    def shown(self) -> str:
+        if self.counted is not None:
+            return str(self.counted)
+        return "?" if self.total is None else str(intcomma(self.total))
+
+
+def table_count() -> TableCount:
+    snapshot = MetricsSnapshot.objects.order_by("-taken_at").first()
+    by_status = snapshot.data.get("runs_by_status") if snapshot is not None else None
+    if snapshot is not None and isinstance(by_status, dict):
+        counts = {str(k): int(v) for k, v in by_status.items() if isinstance(v, int)}
+        return TableCount(sum(counts.values()), counts, snapshot.taken_at)
+    counted = bounded_count(AgentRun.objects.all())
+    return TableCount(counted.value, {}, None, counted)
+
+
+def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
+    """Every figure of the operations page, shaped for its charts. Each reads a bounded window
+    through an index, or the latest metrics snapshot, never the whole table, and the page says
+    which: live statuses now, finished runs in the last 24 hours, the newest finished runs, the
+    table's totals as of the snapshot."""
+    figures = read_figures(OPERATIONS_PAGE, now)
+    live_bars, finished_bars, finished_total = status_bars(figures)
+    attempts = attempt_bars(figures)
+    hours = hour_bars(figures)
+    nothing = Queue(0, None)  # a part not read; OPERATIONS_PAGE reads all three
+    pending = figures.pending or nothing
+    intents = figures.intents or nothing
+    questions = figures.questions or nothing
+    steps = figures.steps
+    table = table_count()
+    return {
+        "table": table,
+        "total_runs": table.total,
+        "live_bars": live_bars,
+        "live_chart_height": len(live_bars) * 22,
+        "finished_bars": finished_bars,
+        "finished_chart_height": len(finished_bars) * 22,
+        "finished_total": finished_total,
+        "finished_window_hours": int(FINISHED_WINDOW.total_seconds() // 3600),
+        "oldest_pending": pending.oldest,
+        "oldest_pending_age": figures.age(pending.oldest_at),
+        "steps_sample": len(steps),
+        "steps_p50": percentile(steps, 0.5),
+        "steps_p95": percentile(steps, 0.95),
+        "steps_max": steps[-1] if steps else None,
+        "percentile_sample_limit": PERCENTILE_SAMPLE,
+        "attempt_bars": attempts,
+        "attempt_chart_height": max(len(attempts), 1) * 22,
+        "intents_waiting": intents.count,
+        "oldest_intent": intents.oldest,
+        "oldest_intent_age": figures.age(intents.oldest_at),
+        "wait_rows": wait_rows(figures),
+        "waiting_total": figures.waiting_total,
+        "questions_open": questions.count,
+        "oldest_question": questions.oldest,
+        "oldest_question_text": cut_summary(getattr(questions.oldest, "question_head", ""))
+        if questions.oldest is not None
+        else "",
+        "oldest_question_age": figures.age(questions.oldest_at),
+        "hour_bars": hours,
+        "hour_total": sum(v for _hour, v in figures.per_hour),
+        "hour_chart_width": 24 * 20,
+        # The bars stand on this line (they are drawn 12 units down, under their value).
+        "hour_baseline_y": HOUR_CHART_HEIGHT + 12,
+    }
+
+
+class OperationsPage(AgentsAdmin[AgentRun]):
+    """The operations page, under the runs' admin (its URL and name are the runs')."""
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.operations_view)
+        return [
+            path("operations/", view, name=self._object_url("operations")),
+            *super().get_urls(),
+        ]
+
+    def operations_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Operations"),
+            "opts": self.opts,
+            **operations_stats(),
+        }
+        return TemplateResponse(request, "admin/durable_agents/agentrun/operations.html", context)
