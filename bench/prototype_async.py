@@ -51,7 +51,7 @@ UPDATE agent_run AS run
    AND run.status = 'running'
 RETURNING run.id"""
 
-# leases.release_lease / finish_run, fenced, in plain SQL.
+# Store.release_lease / finish_run, fenced, in plain SQL.
 _FENCE = """ WHERE id = %(run_id)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND status = 'running'"""
 _RELEASE_SQL = (

@@ -54,7 +54,7 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Parked, Store, current
-from durable_agents.store.base import WaitRefused, WaitSpec
+from durable_agents.store.base import StepWrite, WaitRefused, WaitSpec
 from durable_agents.text import Unstorable, check_depth, json_text, storable_text
 from durable_agents.tools import EffectClass, Tool, ToolInputError
 
@@ -271,25 +271,29 @@ class RunAdvancer:
                     # also claim the worker's next run).
                     result = text_of(turn.message)
                     self._commit(
-                        seq,
-                        StepKind.MODEL_TURN,
-                        turn.body,
-                        turn.request_id,
+                        StepWrite(
+                            seq,
+                            StepKind.MODEL_TURN,
+                            turn.body,
+                            turn.request_id,
+                            finish=(SUCCEEDED, result),
+                            content_span=turn.content_span,
+                            tokens=turn_tokens,
+                        ),
                         ms=turn.elapsed_ms,
-                        finish=(SUCCEEDED, result),
-                        content_span=turn.content_span,
-                        tokens=turn_tokens,
                         then_claim=self.then_claim,
                     )
                     self._finished(SUCCEEDED)
                 self._commit(
-                    seq,
-                    StepKind.MODEL_TURN,
-                    turn.body,
-                    turn.request_id,
+                    StepWrite(
+                        seq,
+                        StepKind.MODEL_TURN,
+                        turn.body,
+                        turn.request_id,
+                        content_span=turn.content_span,
+                        tokens=turn_tokens,
+                    ),
                     ms=turn.elapsed_ms,
-                    content_span=turn.content_span,
-                    tokens=turn_tokens,
                 )
                 conversation.append(assistant_message(turn.body, turn.content_span))
                 last = _Step(seq, StepKind.MODEL_TURN, turn.message, fresh=True)
@@ -307,11 +311,12 @@ class RunAdvancer:
                 payload = json_text(results)
                 commit = functools.partial(
                     self._commit,
-                    seq,
-                    StepKind.TOOL_RESULT,
-                    payload,
-                    None,
-                    effects=[final_effect] if final_effect else [],
+                    StepWrite(
+                        seq,
+                        StepKind.TOOL_RESULT,
+                        payload,
+                        effects=[final_effect] if final_effect else [],
+                    ),
                     ms=(time.monotonic() - started) * 1000,
                     tool=storable_text(
                         ",".join(
@@ -767,33 +772,18 @@ class RunAdvancer:
 
     def _commit(
         self,
-        seq: int,
-        kind: str,
-        payload: str,
-        request_id: str | None,
+        step: StepWrite,
         *,
-        effects: list[ToolEffect] | None = None,
         ms: float = 0.0,
         tool: str | None = None,
-        finish: tuple[str, str | None] | None = None,
-        content_span: tuple[int, int] | None = None,
-        tokens: int = 0,
         then_claim: NextClaim | None = None,
     ) -> None:
+        """Commit ``step`` through ``Store.append_step`` (every step of the run is committed
+        here), or stop: the fence failed, or the database refused what was to be stored."""
+        seq, kind = step.seq, step.kind
         started = time.monotonic()
         try:
-            committed = self.store.append_step(
-                self.claim,
-                seq,
-                kind,
-                payload,
-                request_id,
-                effects or (),
-                finish=finish,
-                content_span=content_span,
-                tokens=tokens,
-                then_claim=then_claim,
-            )
+            committed = self.store.append_step(self.claim, step, then_claim)
         except DataError as exc:
             # The database refuses what was to be stored (the statement wrote nothing). Trying
             # again would pay for the same answer and fail the same way: end the run now.

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import durable_agents
-from durable_agents import leases
+from durable_agents import store
 from durable_agents.agents import registry
 from durable_agents.management.commands.runagents import Command
 from durable_agents.models import AgentRun, RunStatus
@@ -174,7 +174,7 @@ def test_a_dead_slot_makes_the_command_exit_non_zero(
     def bug(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in the claim")
 
-    monkeypatch.setattr(leases, "claim_runs", bug)
+    monkeypatch.setattr(store.current(), "claim_runs", bug)
     with pytest.raises(SystemExit) as exited:
         call_command("runagents", "--burst")
     assert exited.value.code == 1
