@@ -45,10 +45,10 @@ PAYLOAD = json.dumps(
 
 def _new_claim(owner: str) -> Any:
     import durable_agents
-    from durable_agents import leases
+    from durable_agents import store
 
     run = durable_agents.start_run("bench", "commit floor")
-    claims = leases.claim_runs(owner, 3600, 1)
+    claims = store.current().claim_runs(owner, 3600, 1)
     assert claims and claims[0].run_id == run.pk, "claimed another run"
     return claims[0]
 
@@ -60,7 +60,8 @@ def run(n: int, rounds: int) -> dict[str, Any]:
     common.setup_django(url)
     from django.db import connection
 
-    from durable_agents import leases
+    from durable_agents import store
+    from durable_agents.store import StepWrite
     from durable_agents.store.postgres import APPEND_STEP_SQL
 
     claim = _new_claim("bench-commit")
@@ -85,7 +86,9 @@ def run(n: int, rounds: int) -> dict[str, Any]:
     def da_once() -> None:
         seq["da"] += 1
         t = time.perf_counter()
-        ok = leases.append_step(claim, seq["da"], "model_turn", PAYLOAD, "req_x")
+        ok = store.current().append_step(
+            claim, StepWrite(seq["da"], "model_turn", PAYLOAD, "req_x")
+        )
         times["append_step"].append(time.perf_counter() - t)
         assert ok
 
@@ -134,7 +137,9 @@ def run(n: int, rounds: int) -> dict[str, Any]:
         with connection.cursor() as cur:
             cur.execute("SET synchronous_commit = off")
         t = time.perf_counter()
-        ok = leases.append_step(async_claim, seq["async"], "model_turn", PAYLOAD, "req_x")
+        ok = store.current().append_step(
+            async_claim, StepWrite(seq["async"], "model_turn", PAYLOAD, "req_x")
+        )
         times["append_step_async"].append(time.perf_counter() - t)
         with connection.cursor() as cur:
             cur.execute("SET synchronous_commit = on")

@@ -127,11 +127,11 @@ class _Probe(common.StepHooks):
         and its steps but the first (which also pays for the claim and the rebuild): seq,
         seconds since the commit before, commit seconds, and for a model turn the call's
         seconds and the bytes of its messages."""
-        from durable_agents import leases, runner
+        from durable_agents import runner, store
 
         self.steps, self.calls, self.limit = [], [], limit
         self.drain = threading.Event()
-        claim = leases.claim_run(run_id, "bench-compaction", 3600)
+        claim = store.current().claim_run(run_id, "bench-compaction", 3600)
         assert claim is not None
         disposition = runner.advance_run(claim, drain=self.drain)
         calls = iter(self.calls)

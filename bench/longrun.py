@@ -70,10 +70,10 @@ class _Timer(common.StepHooks):
 
     def advance(self, run_id: Any, limit: int) -> tuple[str, dict[int, dict[str, float]]]:
         """One claim of ``run_id``, stopped after ``limit`` commits; the timed steps."""
-        from durable_agents import leases, runner
+        from durable_agents import runner, store
 
         self.commits, self.limit, self.drain = {}, limit, threading.Event()
-        claim = leases.claim_run(run_id, "longrun", 3600)
+        claim = store.current().claim_run(run_id, "longrun", 3600)
         assert claim is not None
         disposition = runner.advance_run(claim, drain=self.drain)
         steps = {
@@ -104,11 +104,11 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
     url = common.fresh_db(DB)
     with common.fake_api() as base_url:
         common.setup_django(url, base_url)
-        from durable_agents import leases, runner
+        from durable_agents import runner, store
         from durable_agents.history import load_log
 
         common.start_runs(1, agent="bench_long", turns=5)  # warm-up run (SDK, connections)
-        warm = leases.claim_runs("longrun-warm", 3600, 1)[0]
+        warm = store.current().claim_runs("longrun-warm", 3600, 1)[0]
         assert runner.advance_run(warm) == "succeeded"
         run_id = common.start_runs(1, agent="bench_long", turns=turns)[0]
         slices: list[dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """Where the time of a durable step goes.
 
 Runs the standard workload in this process, one run at a time, the way a worker slot does
-(``leases.claim_runs``, then ``runner.advance_run`` whose last step claims the next run), with:
+(``Store.claim_runs``, then ``runner.advance_run`` whose last step claims the next run), with:
   * wall-clock buckets around claim, step-log load, pinning (fingerprint), model call (SDK +
     HTTP + fake server), tool dispatch (effect lookup + the tool), commit (``append_step``),
     finish; the rest of ``advance_run`` is "runner overhead";
@@ -50,7 +50,7 @@ class Buckets:
 
 
 def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
-    from durable_agents import leases, llm, runner, store
+    from durable_agents import llm, runner, store
 
     undo = []
 
@@ -59,11 +59,11 @@ def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
         undo.append((obj, attr, orig))
         setattr(obj, attr, buckets.wrap(name, orig))
 
-    patch(leases, "claim_runs", "claim")
+    # The worker claims, and the runner commits and reads, through the chosen store's methods.
+    chosen = store.current()
+    patch(chosen, "claim_runs", "claim")
     patch(runner, "load_log", "load_log")
     patch(llm, "create_turn", "model_call")
-    # The runner commits and reads through the chosen store's methods.
-    chosen = store.current()
     patch(chosen, "append_step", "commit")
     patch(chosen, "finish_run", "finish")
     patch(chosen, "recorded_effects", "tool:recorded_effects")
@@ -79,18 +79,18 @@ def _unpatch(undo: list[tuple[Any, str, Any]]) -> None:
 
 
 def _drain(owner: str) -> int:
-    from durable_agents import leases, runner
+    from durable_agents import runner, store
 
     done = 0
     claim = None
     while True:
         if claim is None:
-            claims = leases.claim_runs(owner, 60, 1)
+            claims = store.current().claim_runs(owner, 60, 1)
             if not claims:
                 return done
             claim = claims[0]
         # As a worker slot does: the last step of a run may claim the next one.
-        then = leases.NextClaim(owner, 60, take=lambda: True, give_back=lambda: None)
+        then = store.NextClaim(owner, 60, take=lambda: True, give_back=lambda: None)
         disposition = runner.advance_run(claim, then_claim=then)
         assert disposition == "succeeded", disposition
         done += 1

@@ -400,7 +400,7 @@ def render() -> Path:
         w("| statement | p50 ms | mean ms | p99 ms |")
         w("| --- | --- | --- | --- |")
         for k, label in (
-            ("append_step", "the store's `append_step` (Django, one CTE statement, autocommit)"),
+            ("append_step", "`Store.append_step` (Django, one CTE statement, autocommit)"),
             ("raw_tx", "raw psycopg: BEGIN; INSERT agent_step; UPDATE agent_run; COMMIT"),
             ("raw_cte", "append_step's SQL through raw psycopg (no Django)"),
             ("append_step_async", "append_step with synchronous_commit=off (no WAL flush wait)"),
@@ -441,7 +441,7 @@ def render() -> Path:
         w(
             f"Both with {s['pending']:,} pending runs; {s['small']['n']} claims each, in alternating "
             "blocks, each block in a fresh process after 20 warm-up claims; each claim is "
-            "the store's `claim_runs(owner, 60, 1)` timed in the client (round trips and Django "
+            "`Store.claim_runs(owner, 60, 1)` timed in the client (round trips and Django "
             "included), and the run is then finished with `finish_run`."
         )
         w("")

@@ -1,4 +1,4 @@
-"""Target 4, scale: ``leases.claim_runs`` latency with 1,000 vs 1,000,000 finished runs, both
+"""Target 4, scale: ``Store.claim_runs`` latency with 1,000 vs 1,000,000 finished runs, both
 with 10,000 pending runs. Two databases are bulk-loaded (INSERT ... SELECT generate_series),
 vacuumed and analysed; then blocks of claims alternate between them (each block in a fresh
 worker-like process, warmed up first) so that machine noise hits both alike. Each claimed run
@@ -85,23 +85,23 @@ def child(nclaims: int, explain: bool) -> None:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
-    from durable_agents import leases
+    from durable_agents.store import current
 
     for _ in range(20):
-        for c in leases.claim_runs("scale-warm", 60, 1):
-            leases.finish_run(c, "succeeded")
+        for c in current().claim_runs("scale-warm", 60, 1):
+            current().finish_run(c, "succeeded")
     lat = []
     for _ in range(nclaims):
         t = time.perf_counter()
-        claims = leases.claim_runs("scale", 60, 1)
+        claims = current().claim_runs("scale", 60, 1)
         lat.append(time.perf_counter() - t)
         assert claims, "no pending run left"
-        leases.finish_run(claims[0], "succeeded")
+        current().finish_run(claims[0], "succeeded")
     out: dict[str, Any] = {"lat": lat}
     if explain:
         with CaptureQueriesContext(connection) as ctx:
-            claims = leases.claim_runs("scale-explain", 60, 1)
-        leases.finish_run(claims[0], "succeeded")
+            claims = current().claim_runs("scale-explain", 60, 1)
+        current().finish_run(claims[0], "succeeded")
         sql = next(q["sql"] for q in ctx.captured_queries if "SKIP LOCKED" in q["sql"])
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)

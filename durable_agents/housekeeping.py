@@ -29,7 +29,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.store import current
+from durable_agents.store import Store, current
 
 logger = logging.getLogger("durable_agents.housekeeping")
 
@@ -70,11 +70,11 @@ def sweep() -> dict[str, int]:
     return moved
 
 
-def wake_stranded_parents(limit: int = 1000) -> int:
+def wake_stranded_parents(limit: int = 1000, store: Store | None = None) -> int:
     """Wake the runs that wait on child runs which have all ended. A child's end wakes its
     parent right after its own commit; a worker that died in between leaves the parent
     waiting, and this finds it (``Store.wake_parent`` is a no-op for any other parent)."""
-    store = current()
+    store = store or current()
     woken = 0
     for run_id in store.stranded_parents(limit):
         if store.wake_parent(run_id):

@@ -3,22 +3,23 @@
 A worker that holds a claim calls ``advance_run``. It rebuilds the conversation from the step
 log, then repeats until the run is parked or over:
 
-    last step is the task or a tool_result -> call the model, commit the turn   (a step)
+    last step is the task or a tool_result -> call the model, commit the turn   (_model_step)
     last step is a model turn asking for tools -> run each call by its effect class,
-                                                  commit the results             (a step)
+                                                  commit the results             (_tool_step)
     last step is a final model turn            -> the run succeeded
 
-Each step is committed by ``Store.append_step``, only while this worker's fence holds, and in
-seq order: a model turn before any of its calls runs; tool results before the next model call
-goes out, except that results of pure and idempotent calls are committed while that call is in
-flight (OVERLAP_SAFE_COMMITS; always before the turn it returns). Nothing is kept in memory that
-the log does not also hold, so a new worker that claims the run after a crash continues at the
-first uncommitted step.
+The tool calls themselves, by effect class, are in ``dispatch.py``. Each step is committed in
+``RunAdvancer._commit`` through ``Store.append_step`` (a ``StepWrite``), only while this
+worker's fence holds, and in seq order: a model turn before any of its calls runs; tool results
+before the next model call goes out, except that results of pure and idempotent calls are
+committed while that call is in flight (OVERLAP_SAFE_COMMITS; always before the turn it
+returns). Nothing is kept in memory that the log does not also hold, so a new worker that claims
+the run after a crash continues at the first uncommitted step.
 """
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import functools
 import logging
 import threading
@@ -30,11 +31,25 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import calls, effects, llm, observers, signals, waits
+from durable_agents import llm, observers, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
+from durable_agents.dispatch import ToolCall, ToolDispatch, result_block
+from durable_agents.dispositions import (
+    CANCELLED,
+    DEAD,
+    FAILED,
+    LOST,
+    RELEASED,
+    SHUTDOWN,
+    SUCCEEDED,
+    WAITING,
+    Disposition,
+    Stop,
+)
 from durable_agents.history import (
+    Conversation,
     assistant_message,
     load_log,
     load_steps,
@@ -43,44 +58,32 @@ from durable_agents.history import (
 )
 from durable_agents.interrupt import Interrupt
 from durable_agents.logging import bind_run
-from durable_agents.models import (
-    AgentQuestion,
-    AgentRun,
-    IntentStatus,
-    RunStatus,
-    StepKind,
-    ToolEffect,
-    ToolIntent,
-    WaitKind,
-)
-from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Parked, Store, current
-from durable_agents.store.base import WaitRefused, WaitSpec
-from durable_agents.text import Unstorable, check_depth, json_text, storable_text
-from durable_agents.tools import EffectClass, Tool, ToolInputError
+from durable_agents.models import AgentRun, RunStatus, StepKind
+from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Store, current
+from durable_agents.store.base import StepWrite
+from durable_agents.text import json_text, storable_text
+
+# Names other modules import from here: the dispositions, and the tool-call value.
+__all__ = [
+    "CANCELLED",
+    "DEAD",
+    "FAILED",
+    "FINAL_STOP_REASONS",
+    "LOST",
+    "RELEASED",
+    "SHUTDOWN",
+    "SUCCEEDED",
+    "WAITING",
+    "Disposition",
+    "RunAdvancer",
+    "ToolCall",
+    "advance_run",
+    "result_block",
+    "text_of",
+    "tokens_of",
+]
 
 logger = logging.getLogger("durable_agents.runner")
-
-
-class Disposition(enum.StrEnum):
-    """What became of a run when ``advance_run`` returned."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    DEAD = "dead"
-    WAITING = "waiting"  # parked (a person, a timer, an event, child runs); no worker holds it
-    RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
-    CANCELLED = "cancelled"
-    LOST = "lost"  # another worker holds it now
-    ERROR = "error"  # an unexpected error in this app (the worker handed the run back)
-
-
-SUCCEEDED = Disposition.SUCCEEDED
-FAILED = Disposition.FAILED
-DEAD = Disposition.DEAD
-WAITING = Disposition.WAITING
-RELEASED = Disposition.RELEASED
-CANCELLED = Disposition.CANCELLED
-LOST = Disposition.LOST
 
 
 @dataclass
@@ -93,26 +96,16 @@ class _Step:
     fresh: bool = False
 
 
-@dataclass(frozen=True)
-class _ToolOutcome:
-    text: str
-    is_error: bool
-    timed_out: bool = False
+@dataclass
+class _Position:
+    """Where this claim stands: the conversation so far (appended to, read once per claim),
+    the model turns in it, and the last committed step."""
 
-
-class _WaitRaised(Exception):
-    """The tool raised ``Wait``: carried out of the call to the park."""
-
-    def __init__(self, wait: waits.Wait) -> None:
-        super().__init__(wait.describe())
-        self.wait = wait
-
-
-class _Stop(Exception):
-    """Unwinds the step loop with the run's disposition."""
-
-    def __init__(self, disposition: Disposition):
-        self.disposition = disposition
+    conversation: Conversation
+    turns: int
+    last: _Step
+    # The commit of tool results that goes out with the next model call (see _tool_step).
+    pending: Callable[[], None] | None = None
 
 
 def advance_run(
@@ -135,9 +128,6 @@ def advance_run(
         span.finish(disposition)
         return disposition
 
-
-# The interrupt reason of a worker that stops for good (second signal, or its grace is over).
-SHUTDOWN = "shutdown"
 
 # A turn with one of these stop reasons ends the run successfully.
 FINAL_STOP_REASONS = ("end_turn", "stop_sequence")
@@ -182,21 +172,9 @@ def tokens_of(message: dict[str, Any]) -> int:
     return sum(int(usage.get(key) or 0) for key in TOKEN_FIELDS)
 
 
-def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
-    text = effect.result
-    limit = app_settings.MAX_RESULT_CHARS
-    if len(text) > limit:
-        text = (
-            text[:limit] + f"\n[truncated: the result has {len(effect.result)} characters; "
-            f"the first {limit} are shown]"
-        )
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
-    if effect.is_error:
-        block["is_error"] = True
-    return block
+class RunAdvancer(ToolDispatch):
+    """One claim of one run: the step loop; the tool calls are ``ToolDispatch``'s."""
 
-
-class RunAdvancer:
     def __init__(
         self,
         claim: Claim,
@@ -218,10 +196,25 @@ class RunAdvancer:
     def advance(self) -> Disposition:
         try:
             return self._loop()
-        except _Stop as stop:
+        except Stop as stop:
             return stop.disposition
 
     def _loop(self) -> NoReturn:
+        """The step loop: each step returns the position after it, or stops the run."""
+        agent, params, at = self._resume()
+        while True:
+            if at.pending is None:
+                self._check_interrupt()
+            if self._model_goes_next(at.last):
+                at = self._model_step(agent, params, at)
+            elif at.last.message.get("stop_reason") == "tool_use":
+                at = self._tool_step(agent, at)
+            else:
+                self._end_as_committed(at.last)
+
+    def _resume(self) -> tuple[Agent, dict[str, Any], _Position]:
+        """Where this claim starts: a run that stalled too often is dead-lettered, the agent
+        is pinned, and the conversation is rebuilt from the log verbatim."""
         run = self.run
         if run.stalled_claims > app_settings.MAX_ATTEMPTS:
             try:
@@ -242,107 +235,99 @@ class RunAdvancer:
             log = load_log(run.pk, store=self.store)
         if log.last is None or log.first_kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
-        # The conversation, rebuilt from the log verbatim; kept in memory (and appended to)
-        # while this claim lasts, so the log is read once per claim, not once per step.
-        conversation = log.conversation
-        turns = log.turns
         self.tokens = run.tokens_used
+        # Kept in memory (and appended to) while this claim lasts, so the log is read once per
+        # claim, not once per step.
         last = _Step(log.last.seq, log.last.kind, loads_deep(log.last.payload))
-        del log
+        return agent, params, _Position(log.conversation, log.turns, last)
 
-        # Tool results whose commit goes out with the next model call (see the tool branch).
-        pending: Callable[[], None] | None = None
-        while True:
-            if pending is None:
-                self._check_interrupt()
-            if (
-                last.kind != StepKind.MODEL_TURN
-                or last.message.get("stop_reason") in CONTINUE_STOP_REASONS
-            ):
-                if pending is None:
-                    self._check_budgets(agent, turns)
-                turn = self._call_model(agent, params, conversation.json(), pending)
-                pending = None
-                turn_tokens = tokens_of(turn.message)
-                self.tokens += turn_tokens
-                seq = last.seq + 1
-                if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
-                    # The last turn: commit it and end the run in one statement (which may
-                    # also claim the worker's next run).
-                    result = text_of(turn.message)
-                    self._commit(
-                        seq,
-                        StepKind.MODEL_TURN,
-                        turn.body,
-                        turn.request_id,
-                        ms=turn.elapsed_ms,
-                        finish=(SUCCEEDED, result),
-                        content_span=turn.content_span,
-                        tokens=turn_tokens,
-                        then_claim=self.then_claim,
-                    )
-                    self._finished(SUCCEEDED)
-                self._commit(
-                    seq,
-                    StepKind.MODEL_TURN,
-                    turn.body,
-                    turn.request_id,
-                    ms=turn.elapsed_ms,
-                    content_span=turn.content_span,
-                    tokens=turn_tokens,
-                )
-                conversation.append(assistant_message(turn.body, turn.content_span))
-                last = _Step(seq, StepKind.MODEL_TURN, turn.message, fresh=True)
-                turns += 1
-                continue
+    @staticmethod
+    def _model_goes_next(last: _Step) -> bool:
+        """After the task, tool results, or a turn the model paused in: call the model."""
+        return (
+            last.kind != StepKind.MODEL_TURN
+            or last.message.get("stop_reason") in CONTINUE_STOP_REASONS
+        )
 
-            stop_reason = last.message.get("stop_reason")
-            if stop_reason == "tool_use":
-                last_turn = last
-                started = time.monotonic()
-                results, final_effect = self._dispatch(agent, last)
-                seq = last.seq + 1
-                # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is
-                # storable and decodes to exactly what the model sent.
-                payload = json_text(results)
-                commit = functools.partial(
-                    self._commit,
-                    seq,
-                    StepKind.TOOL_RESULT,
-                    payload,
-                    None,
-                    effects=[final_effect] if final_effect else [],
-                    ms=(time.monotonic() - started) * 1000,
-                    tool=storable_text(
-                        ",".join(
-                            str(b.get("name"))
-                            for b in last.message["content"]
-                            if b.get("type") == "tool_use"
-                        ),
-                        200,
-                    ),
-                )
-                conversation.append(user_message(payload))
-                last = _Step(seq, StepKind.TOOL_RESULT, results)
-                if (
-                    app_settings.OVERLAP_SAFE_COMMITS
-                    and self._rerun_is_free(agent, last_turn)
-                    and self._between_steps_reason(agent, turns) is None
-                ):
-                    # Only pure and idempotent calls, and nothing stops the run before its
-                    # next model call: that call goes out while this step commits. Its turn
-                    # is committed only after this step (the fence checks the seq), and a
-                    # failed commit abandons it. A crash leaves the log as it would without
-                    # the overlap; at worst these calls run again, which costs nothing.
-                    # Results of non-idempotent and irreversible calls are always committed
-                    # before the next call goes out.
-                    pending = commit
-                else:
-                    commit()
-            elif stop_reason in FINAL_STOP_REASONS:  # committed by an earlier claim
-                self._finish(SUCCEEDED, result=text_of(last.message))
-            else:
-                self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
+    def _model_step(self, agent: Agent, params: dict[str, Any], at: _Position) -> _Position:
+        """Call the model and commit its turn; a final turn ends the run instead."""
+        if at.pending is None:
+            self._check_budgets(agent, at.turns)
+        turn = self._call_model(agent, params, at.conversation.json(), at.pending)
+        turn_tokens = tokens_of(turn.message)
+        self.tokens += turn_tokens
+        step = StepWrite(
+            at.last.seq + 1,
+            StepKind.MODEL_TURN,
+            turn.body,
+            turn.request_id,
+            content_span=turn.content_span,
+            tokens=turn_tokens,
+        )
+        if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
+            # The last turn: commit it and end the run in one statement (which may also claim
+            # the worker's next run).
+            last_step = dataclasses.replace(step, finish=(SUCCEEDED, text_of(turn.message)))
+            self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim)
+            raise self._finished(SUCCEEDED)
+        self._commit(step, ms=turn.elapsed_ms)
+        at.conversation.append(assistant_message(turn.body, turn.content_span))
+        last = _Step(step.seq, StepKind.MODEL_TURN, turn.message, fresh=True)
+        return _Position(at.conversation, at.turns + 1, last)
+
+    def _tool_step(self, agent: Agent, at: _Position) -> _Position:
+        """Run the calls the last turn asked for and commit their results, now or with the
+        next model call."""
+        turn = at.last
+        started = time.monotonic()
+        results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
+        # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is storable
+        # and decodes to exactly what the model sent.
+        payload = json_text(results)
+        step = StepWrite(
+            turn.seq + 1,
+            StepKind.TOOL_RESULT,
+            payload,
+            effects=[final_effect] if final_effect else [],
+        )
+        commit = functools.partial(
+            self._commit,
+            step,
+            ms=(time.monotonic() - started) * 1000,
+            tool=storable_text(
+                ",".join(
+                    str(b.get("name"))
+                    for b in turn.message["content"]
+                    if b.get("type") == "tool_use"
+                ),
+                200,
+            ),
+        )
+        at.conversation.append(user_message(payload))
+        after = _Position(at.conversation, at.turns, _Step(step.seq, StepKind.TOOL_RESULT, results))
+        if (
+            app_settings.OVERLAP_SAFE_COMMITS
+            and self._rerun_is_free(agent, turn)
+            and self._between_steps_reason(agent, at.turns) is None
+        ):
+            # Only pure and idempotent calls, and nothing stops the run before its next model
+            # call: that call goes out while this step commits. Its turn is committed only
+            # after this step (the fence checks the seq), and a failed commit abandons it. A
+            # crash leaves the log as it would without the overlap; at worst these calls run
+            # again, which costs nothing. Results of non-idempotent and irreversible calls are
+            # always committed before the next call goes out.
+            after.pending = commit
+        else:
+            commit()
+        return after
+
+    def _end_as_committed(self, last: _Step) -> NoReturn:
+        """The last step is a turn that asked for no tool, committed by an earlier claim:
+        the run ends as that turn says."""
+        stop_reason = last.message.get("stop_reason")
+        if stop_reason in FINAL_STOP_REASONS:
+            self._finish(SUCCEEDED, result=text_of(last.message))
+        self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
 
     # -- pinning ---------------------------------------------------------------------------
 
@@ -362,7 +347,7 @@ class RunAdvancer:
             self.store.release_lease(
                 self.claim, error=reason, hold_seconds=app_settings.UNDEPLOYED_RETRY_SECONDS
             )
-            raise _Stop(RELEASED) from exc
+            raise Stop(RELEASED) from exc
         current = agent.fingerprint(run.model)
         if current != run.fingerprint:
             self._dead(
@@ -449,350 +434,24 @@ class RunAdvancer:
                 "run %s: model unavailable, handing the run back: %s", self.run.pk, exc.message
             )
             self.store.release_lease(self.claim, error=f"model call failed: {exc.message}")
-            raise _Stop(RELEASED) from exc
-
-    # -- tools -----------------------------------------------------------------------------
-
-    def _dispatch(
-        self, agent: Agent, turn: _Step
-    ) -> tuple[list[dict[str, Any]], ToolEffect | None]:
-        """Run the calls of one turn in order. Every completed call is recorded at once, but
-        the last, which is committed together with the tool_result step."""
-        calls = [b for b in turn.message.get("content") or [] if b.get("type") == "tool_use"]
-        recorded = {} if turn.fresh else self.store.recorded_effects(self.run.pk, turn.seq)
-        results: list[dict[str, Any]] = []
-        final_effect: ToolEffect | None = None
-        for index, call in enumerate(calls):
-            name = call.get("name", "")
-            tool_input = call.get("input")
-            key = effects.idempotency_key(self.run.pk, turn.seq, index, name, tool_input)
-            effect = recorded.get(key)
-            if effect is None:
-                with observers.tool_span(agent, call, key) as span:
-                    effect = self._call_tool(agent, turn.seq, index, name, tool_input, key)
-                    span.result(effect.result, effect.is_error)
-                if index < len(calls) - 1:
-                    self.store.record_effect(effect)
-                else:
-                    final_effect = effect
-            results.append(result_block(call.get("id", ""), effect))
-        return results, final_effect
-
-    def _effect(
-        self, seq: int, index: int, name: Any, key: str, text: str, is_error: bool
-    ) -> ToolEffect:
-        # Names and texts come from the model and from tool code: made storable here, the one
-        # place every recorded call passes through.
-        return ToolEffect(
-            key=key,
-            run_id=self.run.pk,
-            seq=seq,
-            call_index=index,
-            tool=storable_text(name)[:200],
-            result=storable_text(text),
-            is_error=is_error,
-        )
-
-    def _call_tool(
-        self, agent: Agent, seq: int, index: int, name: Any, tool_input: Any, key: str
-    ) -> ToolEffect:
-        tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
-        if tool is None:
-            known = ", ".join(sorted(agent.tools_by_name)) or "none"
-            shown = storable_text(repr(name), 300)
-            return self._effect(
-                seq, index, name, key, f"unknown tool {shown}; the tools are: {known}", True
-            )
-        try:
-            check_depth(tool_input)
-        except Unstorable as exc:
-            message = f"Invalid input for tool {name!r}: the input {exc}"
-            return self._effect(seq, index, name, key, message, True)
-        try:
-            tool.validate(tool_input)
-        except ToolInputError as exc:
-            return self._effect(seq, index, name, key, str(exc), True)
-
-        if tool.effect is EffectClass.IRREVERSIBLE:
-            return self._irreversible(agent, tool, seq, index, tool_input, key)
-        if tool.effect is not EffectClass.PURE and not self.store.renew_lease(self.claim):
-            # Before any side effect: make sure the run is still ours and not cancelled.
-            self._fence_failed()
-        return self._invoke(agent, tool, seq, index, tool_input, key)
-
-    def _invoke(
-        self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
-    ) -> ToolEffect:
-        """Call the tool; a ``Wait`` it raises parks the run here (``_Stop``), or, when what
-        it waits for is over already, the call is made again at once with ``woken_by``."""
-        woken_by = self._woken_by(key)
-        while True:
-            try:
-                outcome = self._run_tool(agent, tool, seq, index, tool_input, key, woken_by)
-            except _WaitRaised as raised:
-                try:
-                    woken_by = self._park_on_wait(raised.wait, tool, key)
-                    continue
-                except WaitRefused as exc:
-                    outcome = _ToolOutcome(f"{tool.name}: {exc}", True)
-            return self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
-
-    def _woken_by(self, key: str) -> dict[str, Any] | None:
-        """What ended the wait of the call with this key, if this claim follows that wake."""
-        run = self.run
-        if run.wait_key != key or not isinstance(run.woken_by, dict):
-            return None
-        woken_by = dict(run.woken_by)
-        if run.waiting_for == WaitKind.RUNS and "runs" not in woken_by:
-            # A timeout: the runs as they are now.
-            woken_by["runs"] = self.store.run_outcomes(run.wait_runs or [])
-        return woken_by
-
-    def _park_on_wait(self, wait: waits.Wait, tool: Tool, key: str) -> dict[str, Any]:
-        """Park the run on ``wait`` and stop (raises ``_Stop``), or return ``woken_by`` when
-        what it waits for is over already (an event sent, children ended, an answer)."""
-        if isinstance(wait, waits.AskPerson):
-            spec = WaitSpec(WaitKind.QUESTION, key, question=wait.question)
-        elif wait.kind == "timer":
-            spec = WaitSpec(WaitKind.TIMER, key, seconds=wait.seconds, until=wait.until)
-        elif wait.kind == "event":
-            spec = WaitSpec(WaitKind.EVENT, key, seconds=wait.timeout, event=wait.event)
-        else:
-            spec = WaitSpec(WaitKind.RUNS, key, seconds=wait.timeout, runs=wait.runs)
-        outcome, woken_by = self.store.park_on_wait(self.claim, spec)
-        if outcome is Parked.FENCE_FAILED:
-            self._fence_failed()
-        if outcome is Parked.READY:
-            assert woken_by is not None
-            logger.info("run %s: %s is over already; %s goes on", self.run.pk, wait, tool.name)
-            return woken_by
-        logger.info("run %s waits (%s: %s)", self.run.pk, tool.name, wait.describe())
-        signals.run_waiting.send(
-            sender=AgentRun, run_id=self.run.pk, waiting_for=spec.kind, what=wait.describe()
-        )
-        if spec.kind == WaitKind.QUESTION:
-            question = self.store.question_for_key(key)
-            if question is not None:
-                signals.question_asked.send(sender=AgentQuestion, question=question)
-        raise _Stop(WAITING)
-
-    def _run_tool(
-        self,
-        agent: Agent,
-        tool: Tool,
-        seq: int,
-        index: int,
-        tool_input: Any,
-        key: str,
-        woken_by: dict[str, Any] | None = None,
-    ) -> _ToolOutcome:
-        """Call the tool on the slot's caller thread (``async def`` tools: on the event loop),
-        bounded by its timeout; whatever it raises (``SystemExit`` included) or returns becomes
-        the call's result, but ``Wait`` (``_WaitRaised``, for tools that may wait). An
-        interrupt walks away from the call and stops the run."""
-        timeout = agent.timeout_for(tool, float(app_settings.TOOL_TIMEOUT))
-        # A pure call is walked away from on any interrupt. A call with a side effect started
-        # behind the fence: a cancellation or a lost lease lets it finish (within its timeout)
-        # so that what it did is recorded; only a worker that stops for good abandons it.
-        interrupt = (
-            self.interrupt if tool.effect is EffectClass.PURE else self.interrupt.narrowed(SHUTDOWN)
-        )
-        try:
-            return self._await_tool(tool, tool_input, key, interrupt, timeout, index, seq, woken_by)
-        finally:
-            if interrupt is not self.interrupt:
-                self.interrupt.drop(interrupt)
-
-    def _await_tool(
-        self,
-        tool: Tool,
-        tool_input: Any,
-        key: str,
-        interrupt: Interrupt,
-        timeout: float,
-        index: int,
-        seq: int,
-        woken_by: dict[str, Any] | None = None,
-    ) -> _ToolOutcome:
-        started = time.monotonic()
-        timed_out = False
-        error_type: str | None = None  # the span's error.type
-        # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
-        context = waits.CallContext(self.run.pk, self.run.depth, key)
-
-        def call(abort: threading.Event) -> Any:
-            with waits.calling(context):
-                return tool.invoke(tool_input, idempotency_key=key, woken_by=woken_by)
-
-        async def call_async() -> Any:
-            with waits.calling(context):
-                return await tool.invoke(tool_input, idempotency_key=key, woken_by=woken_by)
-
-        try:
-            if tool.is_async:
-                value = calls.await_abortable(call_async, interrupt, timeout=timeout)
-            else:
-                value = calls.run_abortable(
-                    call, interrupt, timeout=timeout, permits=calls.tool_permits()
-                )
-        except waits.Wait as wait:
-            if tool.effect is not EffectClass.IRREVERSIBLE:
-                raise _WaitRaised(wait) from None
-            text, is_error = (
-                f"{tool.name} raised Wait, but an irreversible tool may not wait: its approval "
-                "is its wait",
-                True,
-            )
-        except calls.CallInterrupted:
-            logger.warning(
-                "run %s: tool %s abandoned (%s)", self.run.pk, tool.name, self.interrupt.reason
-            )
-            self._check_interrupt()
-            raise
-        except calls.CallTimedOut:
-            error_type = "timeout"
-            timed_out, is_error = True, True
-            text = (
-                f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
-                "finish in the background"
-            )
-        except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's news
-            error_type = type(exc).__qualname__
-            logger.warning(
-                "tool %s raised %s: %s",
-                tool.name,
-                type(exc).__name__,
-                storable_text(exc, 2000),
-                exc_info=True,
-            )
-            text, is_error = effects.tool_error_text(tool.name, exc), True
-        else:
-            text, is_error = effects.format_result(value)
-        outcome = "timeout" if timed_out else "error" if is_error else "ok"
-        observers.tool_call(tool.name, tool.effect, outcome, time.monotonic() - started, error_type)
-        logger.info(
-            "run %s tool %s (%s) call %d of turn %d: %s in %.1f ms",
-            self.run.pk,
-            tool.name,
-            tool.effect,
-            index,
-            seq,
-            "timed out" if timed_out else "error" if is_error else "ok",
-            (time.monotonic() - started) * 1000,
-        )
-        return _ToolOutcome(text, is_error, timed_out)
-
-    def _irreversible(
-        self, agent: Agent, tool: Tool, seq: int, index: int, tool_input: Any, key: str
-    ) -> ToolEffect:
-        intent = self.store.intent_for_key(key)
-        if intent is None:
-            intent = ToolIntent(
-                run_id=self.run.pk,
-                seq=seq,
-                call_index=index,
-                tool=tool.name,
-                input=tool_input,
-                key=key,
-            )
-            self._park(intent, f"{tool.name} waits for approval", new=True)
-        while True:
-            status = intent.status
-            if status in (IntentStatus.PENDING, IntentStatus.UNKNOWN):
-                self._park(intent, f"intent {intent.pk} for {tool.name} is {status}")
-            elif status == IntentStatus.EXECUTING:
-                # A worker died while this ran, before its outcome was recorded. Only a person
-                # can say whether it happened; never run it again blindly.
-                self._park(
-                    intent,
-                    f"intent {intent.pk} for {tool.name}: outcome unknown after a crash",
-                    crashed=True,
-                )
-            elif status == IntentStatus.REJECTED:
-                who = intent.decided_by.get_username() if intent.decided_by else "a person"
-                reason = intent.reason or "no reason given"
-                return self._effect(
-                    seq,
-                    index,
-                    tool.name,
-                    key,
-                    f"{tool.name} was not run: rejected by {who}: {reason}",
-                    True,
-                )
-            elif status == IntentStatus.DONE:
-                # Its call completed (or a person said it happened) after this claim read the
-                # ledger: the effect is recorded by now, in the intent's transaction.
-                recorded = self.store.recorded_effects(self.run.pk, seq).get(key)
-                if recorded is None:
-                    self._dead(f"intent {intent.pk} is done but no effect is recorded for it")
-                return recorded
-            elif status == IntentStatus.APPROVED:
-                if not self.store.start_intent_execution(self.claim, intent):
-                    self.store.reload_intent(intent)
-                    if intent.status == IntentStatus.APPROVED:
-                        self._fence_failed()  # cancelled or taken over: the call never starts
-                    continue
-                outcome = self._run_tool(agent, tool, seq, index, tool_input, key)
-                if outcome.timed_out:
-                    # Abandoned while it may still be running: whether it happened is now for
-                    # a person to say, exactly as after a crash.
-                    self._park(
-                        intent,
-                        f"intent {intent.pk} for {tool.name}: timed out, outcome unknown",
-                        crashed=True,
-                    )
-                    continue
-                effect = self._effect(seq, index, tool.name, key, outcome.text, outcome.is_error)
-                self.store.complete_intent(intent, effect)
-                return effect
-            self.store.reload_intent(intent)
-
-    def _park(
-        self, intent: ToolIntent, why: str, *, new: bool = False, crashed: bool = False
-    ) -> None:
-        """Park the run on ``intent`` and stop (raises ``_Stop``), or return when the intent
-        was decided meanwhile (``intent`` is re-read: the caller goes on with it)."""
-        outcome = self.store.park_on_intent(self.claim, intent, new=new, crashed=crashed)
-        if outcome is Parked.FENCE_FAILED:
-            self._fence_failed()
-        if outcome is Parked.DECIDED:
-            self.store.reload_intent(intent)
-            return
-        logger.info("run %s waits for a person: %s", self.run.pk, why)
-        signals.intent_waiting.send(sender=ToolIntent, intent=intent)
-        raise _Stop(WAITING)
+            raise Stop(RELEASED) from exc
 
     # -- commits and endings ---------------------------------------------------------------
 
     def _commit(
         self,
-        seq: int,
-        kind: str,
-        payload: str,
-        request_id: str | None,
+        step: StepWrite,
         *,
-        effects: list[ToolEffect] | None = None,
         ms: float = 0.0,
         tool: str | None = None,
-        finish: tuple[str, str | None] | None = None,
-        content_span: tuple[int, int] | None = None,
-        tokens: int = 0,
         then_claim: NextClaim | None = None,
     ) -> None:
+        """Commit ``step`` through ``Store.append_step`` (every step of the run is committed
+        here), or stop: the fence failed, or the database refused what was to be stored."""
+        seq, kind = step.seq, step.kind
         started = time.monotonic()
         try:
-            committed = self.store.append_step(
-                self.claim,
-                seq,
-                kind,
-                payload,
-                request_id,
-                effects or (),
-                finish=finish,
-                content_span=content_span,
-                tokens=tokens,
-                then_claim=then_claim,
-            )
+            committed = self.store.append_step(self.claim, step, then_claim)
         except DataError as exc:
             # The database refuses what was to be stored (the statement wrote nothing). Trying
             # again would pay for the same answer and fail the same way: end the run now.
@@ -817,34 +476,36 @@ class RunAdvancer:
             # The worker is draining: the last step is committed; hand the run back now.
             self.store.release_lease(self.claim, count_claim=False)
             logger.info("run %s handed back: the worker is shutting down", self.run.pk)
-            raise _Stop(RELEASED)
+            raise Stop(RELEASED)
         if not self.interrupt.is_set():
             return
         if self.interrupt.reason == SHUTDOWN:
             self.store.release_lease(self.claim, count_claim=False)
-            raise _Stop(RELEASED)
+            raise Stop(RELEASED)
         self._fence_failed()
 
     def _fence_failed(self) -> NoReturn:
         status = self.store.current_status(self.run.pk)
         if status == RunStatus.CANCELLED:
             logger.info("run %s was cancelled; stopping without committing", self.run.pk)
-            raise _Stop(CANCELLED)
+            raise Stop(CANCELLED)
         logger.warning("run %s: lease lost (status now %s); stopping", self.run.pk, status)
-        raise _Stop(LOST)
+        raise Stop(LOST)
 
     def _finish(
         self, disposition: Disposition, *, result: str | None = None, error: str = ""
     ) -> NoReturn:
         if not self.store.finish_run(self.claim, disposition, result=result, error=error):
             self._fence_failed()
-        self._finished(disposition, error)
+        raise self._finished(disposition, error)
 
-    def _finished(self, disposition: Disposition, error: str = "") -> NoReturn:
+    def _finished(self, disposition: Disposition, error: str = "") -> Stop:
+        """The run ended (committed already): log it, signal it, and return the ``Stop`` for
+        the caller to raise (``raise self._finished(...)``: the end is visible where it is)."""
         log = logger.info if disposition == SUCCEEDED else logger.warning
         log("run %s %s%s", self.run.pk, disposition, f": {error}" if error else "")
         signals.run_finished.send(sender=AgentRun, run_id=self.run.pk, status=disposition)
-        raise _Stop(disposition)
+        return Stop(disposition)
 
     def _dead(self, reason: str) -> NoReturn:
         reason = storable_text(reason, MAX_REASON_CHARS)
@@ -863,7 +524,7 @@ class RunAdvancer:
             self._fence_failed()
         logger.error("run %s dead-lettered: %s", self.run.pk, reason)
         signals.run_dead_lettered.send(sender=AgentRun, run_id=self.run.pk, reason=reason)
-        raise _Stop(DEAD)
+        raise Stop(DEAD)
 
     def _stalled_reason(self) -> str:
         run = self.run

@@ -41,7 +41,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.test import override_settings
 
-from durable_agents import api, calls, leases, llm
+from durable_agents import api, calls, llm, store
 from durable_agents.conf import app_settings
 from durable_agents.history import Conversation, step_message
 from durable_agents.interrupt import Interrupt
@@ -378,7 +378,7 @@ class _Driver:
             due = run.status == RunStatus.WAITING and run.wake_at is not None
             if run.status not in CLAIMABLE_STATUSES and not due:
                 continue
-            claim = leases.claim_run(run.pk, OWNER, app_settings.LEASE_SECONDS)
+            claim = store.current().claim_run(run.pk, OWNER, app_settings.LEASE_SECONDS)
             if claim is None:
                 if due:
                     continue  # not due yet

@@ -15,6 +15,9 @@ works on and keeps the leases of the runs it holds alive. The whole flow:
 
 A slot holds a database connection only while it talks to the database (``db.release``), so
 on PostgreSQL a worker with a thousand runs in flight shares ``DB_POOL_SIZE`` connections.
+Every claim, renewal and release goes through the store (``store.current()``, or the one the
+worker was given: unit tests pass an ``InMemoryStore``), and every duty towards connections
+through ``Store.worker_connections()`` (nothing to do for a store without a database).
 """
 
 from __future__ import annotations
@@ -28,15 +31,17 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, connection
 
-from durable_agents import calls, db, leases, observers
+from durable_agents import calls, db, observers
 from durable_agents.conf import app_settings
+from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.interrupt import Interrupt
-from durable_agents.leases import Claim, LeaseLoss
 from durable_agents.logging import bind_run
 from durable_agents.runner import SHUTDOWN, Disposition, advance_run
+from durable_agents.store import Claim, LeaseLoss, NextClaim, Store, current, dialect_store
 
 logger = logging.getLogger("durable_agents.worker")
 
@@ -76,9 +81,17 @@ class Worker:
         handle_signals: bool = True,
         grace_seconds: float | None = None,
         listen: bool | None = None,
+        store: Store | None = None,
     ) -> None:
+        """``store``: where the runs live (default: each thread's ``store.current()``, as
+        ``advance_run``'s); claims, heartbeats and releases go through it."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        self.store = store
+        # What this worker must do with connections (nothing, on a store without a database).
+        self.connections: WorkerConnections = (
+            DatabaseConnections() if store is None else store.worker_connections()
+        )
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         self.burst = burst
@@ -118,6 +131,13 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def _store(self, using: Any = None) -> Store:
+        """The store to call now: the worker's own, else the store of this thread's default
+        connection, or of ``using`` (the heartbeat's own connection)."""
+        if self.store is not None:
+            return self.store
+        return current() if using is None else dialect_store(using.vendor)
+
     def in_flight(self) -> int:
         """How many runs this worker holds now (claimed, not yet handed back or ended)."""
         with self._lock:
@@ -129,12 +149,12 @@ class Worker:
         from durable_agents.housekeeping import wake_stranded_parents
 
         try:
-            woken = wake_stranded_parents()
+            woken = wake_stranded_parents(store=self.store)
         except DatabaseError:
             logger.warning("worker %s: waking stranded parent runs failed", self.worker_id)
             return
         finally:
-            db.release()
+            self.connections.release()
         if woken:
             logger.info("worker %s woke %d stranded parent run(s)", self.worker_id, woken)
 
@@ -151,7 +171,7 @@ class Worker:
             self.lease_seconds,
             self.heartbeat_seconds,
             self.burst,
-            f" pool={app_settings.DB_POOL_SIZE}" if db.pooled() else "",
+            self.connections.pool_note(),
         )
         self._wake_stranded_parents()
         threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True).start()
@@ -178,7 +198,7 @@ class Worker:
         deadline = time.monotonic() + 2.0
         for slot in slots:
             slot.join(timeout=max(0.0, deadline - time.monotonic()))
-        connection.close()
+        self.connections.close()
         logger.info(
             "worker %s stopped after %d claims: %s",
             self.worker_id,
@@ -227,7 +247,7 @@ class Worker:
             item.interrupt.trigger(SHUTDOWN)
             with bind_run(item.claim.run_id):
                 try:
-                    if leases.release_lease(item.claim, count_claim=False):
+                    if self._store().release_lease(item.claim, count_claim=False):
                         logger.info("released run %s", item.claim.run_id)
                 except DatabaseError:
                     logger.exception(
@@ -242,10 +262,10 @@ class Worker:
             if claim is None:
                 continue
             try:
-                leases.release_lease(claim, count_claim=False)
+                self._store().release_lease(claim, count_claim=False)
             except DatabaseError:
                 logger.warning("could not release run %s; its lease will expire", claim.run_id)
-        connection.close()
+        self.connections.close()
 
     # -- the claimer -----------------------------------------------------------------------
 
@@ -295,8 +315,8 @@ class Worker:
             try:
                 if idle:
                     # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests.
-                    close_old_connections()
-                claims = leases.claim_runs(self.worker_id, self.lease_seconds, wanted)
+                    self.connections.refresh()
+                claims = self._store().claim_runs(self.worker_id, self.lease_seconds, wanted)
             except DatabaseError as exc:
                 self._forget_tickets(wanted)
                 failed_claims += 1
@@ -309,11 +329,11 @@ class Worker:
                     max(self.poll_interval, 0.5),
                     exc_info=logger.isEnabledFor(logging.DEBUG),
                 )
-                connection.close()
+                self.connections.close()
                 self.stopping.wait(max(self.poll_interval, 0.5))
                 continue
             finally:
-                db.release()
+                self.connections.release()
             if failed_claims:
                 logger.info("claims work again after %d failed attempts", failed_claims)
                 failed_claims = 0
@@ -348,7 +368,7 @@ class Worker:
                     while claim is not None:  # the next run may come with the last step
                         claim = self._work(claim)
                 finally:
-                    db.release()
+                    self.connections.release()
                     self._slot_freed()
         except BaseException:
             # Only a bug in this app gets here (a run's own errors are handled in _advance):
@@ -358,11 +378,11 @@ class Worker:
             self.stop()
         finally:
             calls.close_caller()
-            connection.close()
+            self.connections.close()
 
     def _work(self, claim: Claim) -> Claim | None:
         """Advance ``claim``; returns the run claimed with its last step, if any."""
-        then_claim = leases.NextClaim(
+        then_claim = NextClaim(
             self.worker_id,
             self.lease_seconds,
             take=lambda: not self.stopping.is_set() and self._take_ticket(),
@@ -372,7 +392,7 @@ class Worker:
             self._advance(claim, then_claim)
         return then_claim.claim
 
-    def _advance(self, claim: Claim, then_claim: leases.NextClaim) -> None:
+    def _advance(self, claim: Claim, then_claim: NextClaim) -> None:
         held = _Held(claim)
         with self._lock:
             self._held[claim.run_id] = held
@@ -380,13 +400,15 @@ class Worker:
         disposition = Disposition.ERROR
         try:
             disposition = advance_run(
-                claim, held.interrupt, drain=self.stopping, then_claim=then_claim
+                claim, held.interrupt, drain=self.stopping, then_claim=then_claim, store=self.store
             )
         except Exception as exc:  # a bug or a database outage: never take the worker down
             logger.exception("run %s: unexpected error", claim.run_id)
             try:
-                connection.close()
-                leases.release_lease(claim, error=f"worker error: {type(exc).__name__}: {exc}")
+                self.connections.close()
+                self._store().release_lease(
+                    claim, error=f"worker error: {type(exc).__name__}: {exc}"
+                )
             except DatabaseError:
                 logger.warning("run %s: could not release; its lease will expire", claim.run_id)
         finally:
@@ -403,14 +425,9 @@ class Worker:
         """Renew every held lease in one statement per beat; interrupt the slots of runs that
         were cancelled or taken over. On PostgreSQL on its own connection, outside the pool:
         slow tool code holding every pooled connection never delays a renewal."""
-        own = db.dedicated() if connection.vendor == "postgresql" else None
-        try:
+        with self.connections.heartbeat() as own:
             while not self.stopping.wait(self.heartbeat_seconds):
                 self.beat(own)
-        finally:
-            if own is not None:
-                own.close()
-            connection.close()
 
     def beat(self, using: object = None) -> dict[object, LeaseLoss]:
         """One heartbeat: renew every lease held; returns the runs that were interrupted."""
@@ -424,8 +441,8 @@ class Worker:
             return {}
         try:
             if using is None:
-                close_old_connections()
-            lost = leases.renew_leases(
+                self.connections.refresh()
+            lost = self._store(using or connection).renew_leases(
                 self.worker_id, [item.claim for item in held.values()], self.lease_seconds, using
             )
         except DatabaseError as exc:
@@ -435,7 +452,7 @@ class Worker:
                 type(exc).__name__,
                 " ".join(str(exc).split()),
             )
-            (using or connection).close()  # type: ignore[attr-defined]
+            self.connections.close_heartbeat(using)
             return {}
         for run_id, loss in lost.items():
             item = held[run_id]
@@ -445,16 +462,11 @@ class Worker:
         return lost
 
     def _start_listener(self) -> None:
-        if not self.listen or connection.vendor != "postgresql":
+        if not self.listen:
             return
-        setting = app_settings.LISTEN
-        overrides = setting if isinstance(setting, dict) else {}
-        self.listener = db.Listener(
-            on_run=self._wake.set,
-            on_cancel=self._cancelled,
-            stopping=self.stopping,
-            overrides=overrides,
-        )
+        self.listener = self.connections.listener(self._wake.set, self._cancelled, self.stopping)
+        if self.listener is None:
+            return
         threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
 
     def _cancelled(self, run_id: str) -> None:

@@ -2,7 +2,8 @@
 with one implementation per database, chosen once.
 
     base.py       the flow (create -> claim -> renew -> append_step -> finish/release/park ->
-                  wake) and the abstract ``Store``; ``Claim``, ``NextClaim``, ``Parked``, ...
+                  wake) and the abstract ``Store``; ``Claim``, ``NextClaim``, ``StepWrite``
+                  (a step to commit), ``Parked``, ...
     postgres.py   ``PostgresStore``: one statement per claim, step, finish-and-claim, heartbeat
     portable.py   ``PortableStore``: the Django ORM (SQLite; a caller's transaction)
     memory.py     ``InMemoryStore``: dicts under a lock, for unit tests without a database
@@ -10,8 +11,8 @@ with one implementation per database, chosen once.
 ``store_for(connection)`` picks the implementation: by the connection's vendor (one cached
 instance per class), except inside a caller's open transaction (``in_atomic_block``), where
 the portable store runs each operation in a savepoint of that transaction. ``current()`` is
-``store_for`` of the default connection. ``durable_agents.leases`` keeps module-level
-functions that delegate to ``current()``.
+``store_for`` of the default connection; the worker and the runner call its methods (or those
+of a store they were given).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from durable_agents.store.base import (
     LeaseLoss,
     NextClaim,
     Parked,
+    StepWrite,
     Store,
 )
 from durable_agents.store.memory import InMemoryStore
@@ -43,6 +45,7 @@ __all__ = [
     "Parked",
     "PortableStore",
     "PostgresStore",
+    "StepWrite",
     "Store",
     "current",
     "dialect_store",

@@ -6,10 +6,11 @@ A run travels through these operations, in this order; each is one method of ``S
     claim_runs        -> pending (or running with an expired lease) -> running, leased to one
                          worker; ``attempt`` + 1 (the fence), ``stalled_claims`` + 1
     renew_leases      -> the heartbeat: every lease one worker holds, in one statement
-    append_step       -> the next step, FENCED: only while (owner, attempt, status running,
-                         last_seq = seq - 1) still hold; renews the lease, resets
-                         ``stalled_claims``; with ``finish`` it also ends the run (its last
-                         step) and may claim the worker's next run in the same statement
+    append_step       -> the next step (a ``StepWrite``) is committed here, FENCED: only
+                         while (owner, attempt, status running, last_seq = seq - 1) still
+                         hold; renews the lease, resets ``stalled_claims``; with ``finish``
+                         it also ends the run (its last step) and may claim the worker's
+                         next run in the same statement
     finish_run        -> succeeded / failed / dead, lease freed (fenced)
     release_lease     -> running -> pending, handed back (fenced)
     park_on_intent    -> running -> waiting on a person's decision (fenced)
@@ -57,6 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 from durable_agents.causes import cause_of
+from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -107,6 +109,26 @@ class NextClaim:
     take: Callable[[], bool]
     give_back: Callable[[], None]
     claim: Claim | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepWrite:
+    """One step to commit: what ``Store.append_step`` writes (the step row, the effects that go
+    with it, and the run's end when it is the last step). Every step of every run is committed
+    through ``Store.append_step(claim, StepWrite(...))``; the runner builds it in ``_commit``.
+    """
+
+    seq: int  # must be the run's last_seq + 1 (the fence checks it)
+    kind: str  # a StepKind: task, model_turn, tool_result
+    payload: str  # the step's JSON text, stored verbatim
+    request_id: str | None = None  # the model call's request id (model turns)
+    # Completed tool calls committed with the step, recorded even when the fence fails.
+    effects: Sequence[ToolEffect] = ()
+    # (status, result): the last step of the run, which ends it in the same commit.
+    finish: tuple[str, str | None] | None = None
+    # Where the turn's content array lies in ``payload`` (the rebuild splices it verbatim).
+    content_span: tuple[int, int] | None = None
+    tokens: int = 0  # tokens the step billed, added to the run's tokens_used
 
 
 class LeaseLoss(enum.Enum):
@@ -203,6 +225,11 @@ class Store(abc.ABC):
     """Every operation that changes a run's or an intent's status, and the reads the state
     machine needs. See the module docstring for the flow; each method names its place in it."""
 
+    def worker_connections(self) -> WorkerConnections:
+        """What a worker using this store must manage besides calling it: the Django
+        connections of its threads (a database store, this default), or nothing."""
+        return DatabaseConnections()
+
     # -- create --------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -241,26 +268,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def append_step(
-        self,
-        claim: Claim,
-        seq: int,
-        kind: str,
-        payload: str,
-        request_id: str | None = None,
-        effects: Sequence[ToolEffect] = (),
-        finish: tuple[str, str | None] | None = None,
-        content_span: tuple[int, int] | None = None,
-        tokens: int = 0,
-        then_claim: NextClaim | None = None,
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool:
-        """Append a step (fenced): commit step ``seq`` if, and only if, this claim still holds
-        the run and ``seq`` is ``last_seq + 1``. Renews the lease, resets ``stalled_claims``
-        and adds ``tokens``; with ``finish=(status, result)`` it ends the run instead of
+        """Where a step is committed (the one method; each store's own ``append_step`` says
+        how): commit ``step`` (fenced) if, and only if, this claim still holds the run and
+        ``step.seq`` is ``last_seq + 1``. Renews the lease, resets ``stalled_claims`` and adds
+        ``step.tokens``; with ``step.finish=(status, result)`` it ends the run instead of
         renewing (its last step), and with ``then_claim`` as well it may claim the worker's
         next run (``then_claim.claim`` is set, or left None).
 
-        ``effects`` are recorded whatever the fence says (a recorded call never runs again);
-        a key already recorded is left as it was. False: the fence failed, nothing appended."""
+        ``step.effects`` are recorded whatever the fence says (a recorded call never runs
+        again); a key already recorded is left as it was. False: the fence failed, nothing
+        appended."""
 
     # -- end, hand back, park ------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from django.db import IntegrityError
 from django.db.models import Model
 from django.utils import timezone
 
+from durable_agents.connections import WorkerConnections
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
@@ -49,6 +50,7 @@ from durable_agents.store.base import (
     Parked,
     RunId,
     StepTuple,
+    StepWrite,
     Store,
     WaitSpec,
     ended,
@@ -97,6 +99,10 @@ class InMemoryStore(Store):
         self.events: dict[str, AgentEvent] = {}
         self.questions: dict[str, AgentQuestion] = {}  # by the asking call's key
         self._row_ids = itertools.count(1)
+
+    def worker_connections(self) -> WorkerConnections:
+        """No database: a worker on this store has no connection to look after."""
+        return WorkerConnections()
 
     # -- inspection (tests) --------------------------------------------------------------
 
@@ -260,49 +266,42 @@ class InMemoryStore(Store):
     # -- commit --------------------------------------------------------------------------
 
     def append_step(
-        self,
-        claim: Claim,
-        seq: int,
-        kind: str,
-        payload: str,
-        request_id: str | None = None,
-        effects: Sequence[ToolEffect] = (),
-        finish: tuple[str, str | None] | None = None,
-        content_span: tuple[int, int] | None = None,
-        tokens: int = 0,
-        then_claim: NextClaim | None = None,
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool:
         """This is where a step gets committed in memory (the fence, then the step), with
         the next run claimed as ``PostgresStore`` does when ``then_claim`` is given."""
         with self.lock:
-            for effect in effects:  # whatever the fence says
+            for effect in step.effects:  # whatever the fence says
                 self._record(effect)
             may_claim = (
-                finish is not None and then_claim is not None and not effects and then_claim.take()
+                step.finish is not None
+                and then_claim is not None
+                and not step.effects
+                and then_claim.take()
             )
             run = self._fenced(claim)
-            if run is None or run.last_seq != seq - 1:
+            if run is None or run.last_seq != step.seq - 1:
                 if may_claim:
                     assert then_claim is not None
                     then_claim.give_back()
                 return False
             now = self.now()
-            run.last_seq = seq
+            run.last_seq = step.seq
             run.stalled_claims = 0
-            run.tokens_used += tokens
+            run.tokens_used += step.tokens
             run.updated_at = now
-            if finish is None:
+            if step.finish is None:
                 run.lease_until = self._expiry(claim.lease_seconds)
             else:
-                self._end(run, finish[0], finish[1], "")
-            self.steps.setdefault(run.pk, {})[seq] = AgentStep(
+                self._end(run, step.finish[0], step.finish[1], "")
+            self.steps.setdefault(run.pk, {})[step.seq] = AgentStep(
                 run_id=run.pk,
-                seq=seq,
-                kind=kind,
-                payload=payload,
-                content_start=content_span[0] if content_span else None,
-                content_end=content_span[1] if content_span else None,
-                request_id=request_id,
+                seq=step.seq,
+                kind=step.kind,
+                payload=step.payload,
+                content_start=step.content_span[0] if step.content_span else None,
+                content_end=step.content_span[1] if step.content_span else None,
+                request_id=step.request_id,
                 attempt=claim.attempt,
                 worker=claim.owner,
                 created_at=now,

@@ -54,6 +54,7 @@ from durable_agents.store.base import (
     Parked,
     RunId,
     StepTuple,
+    StepWrite,
     Store,
     WaitSpec,
     ended,
@@ -220,34 +221,24 @@ class PortableStore(Store):
     # -- commit --------------------------------------------------------------------------
 
     def append_step(
-        self,
-        claim: Claim,
-        seq: int,
-        kind: str,
-        payload: str,
-        request_id: str | None = None,
-        effects: Sequence[ToolEffect] = (),
-        finish: tuple[str, str | None] | None = None,
-        content_span: tuple[int, int] | None = None,
-        tokens: int = 0,
-        then_claim: NextClaim | None = None,
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool:
         """This is where a step gets committed on SQLite (or in a caller's transaction): the
         fence and the insert in one transaction. ``then_claim`` is never used here (it is
         left unclaimed; the worker claims its next run by itself)."""
         with transaction.atomic():
-            if effects:
-                ToolEffect.objects.bulk_create(effects, ignore_conflicts=True)
+            if step.effects:
+                ToolEffect.objects.bulk_create(step.effects, ignore_conflicts=True)
             changes: dict[str, Any] = {"lease_until": lease_expiry(claim.lease_seconds)}
-            if finish is not None:
-                changes = ending(finish[0], finish[1], "")
+            if step.finish is not None:
+                changes = ending(step.finish[0], step.finish[1], "")
             if not (
                 fenced(claim)
-                .filter(last_seq=seq - 1)
+                .filter(last_seq=step.seq - 1)
                 .update(
-                    last_seq=seq,
+                    last_seq=step.seq,
                     stalled_claims=0,
-                    tokens_used=F("tokens_used") + tokens,
+                    tokens_used=F("tokens_used") + step.tokens,
                     updated_at=Now(),
                     **changes,
                 )
@@ -255,16 +246,16 @@ class PortableStore(Store):
                 return False
             AgentStep.objects.create(
                 run_id=claim.run_id,
-                seq=seq,
-                kind=kind,
-                payload=payload,
-                content_start=content_span[0] if content_span else None,
-                content_end=content_span[1] if content_span else None,
-                request_id=request_id,
+                seq=step.seq,
+                kind=step.kind,
+                payload=step.payload,
+                content_start=step.content_span[0] if step.content_span else None,
+                content_end=step.content_span[1] if step.content_span else None,
+                request_id=step.request_id,
                 attempt=claim.attempt,
                 worker=claim.owner,
             )
-        if finish is not None:
+        if step.finish is not None:
             self.child_ended(claim.run.parent_id)
         return True
 

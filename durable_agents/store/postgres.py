@@ -25,7 +25,14 @@ from typing import Any
 from django.db import connection
 
 from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
-from durable_agents.store.base import Claim, LeaseLoss, NextClaim, RunId, lease_losses
+from durable_agents.store.base import (
+    Claim,
+    LeaseLoss,
+    NextClaim,
+    RunId,
+    StepWrite,
+    lease_losses,
+)
 from durable_agents.store.portable import PortableStore
 from durable_agents.text import storable_text
 
@@ -391,17 +398,7 @@ class PostgresStore(PortableStore):
         return lease_losses(missed)
 
     def append_step(
-        self,
-        claim: Claim,
-        seq: int,
-        kind: str,
-        payload: str,
-        request_id: str | None = None,
-        effects: Sequence[ToolEffect] = (),
-        finish: tuple[str, str | None] | None = None,
-        content_span: tuple[int, int] | None = None,
-        tokens: int = 0,
-        then_claim: NextClaim | None = None,
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool:
         """This is where a step gets committed on PostgreSQL: one statement that checks the
         fence, renews the lease (or ends the run), inserts the step and records its effects."""
@@ -410,23 +407,24 @@ class PostgresStore(PortableStore):
             "owner": claim.owner,
             "attempt": claim.attempt,
             "lease": float(claim.lease_seconds),
-            "seq": seq,
-            "kind": kind,
-            "payload": payload,
-            "content_start": content_span[0] if content_span else None,
-            "content_end": content_span[1] if content_span else None,
-            "request_id": request_id,
-            "tokens": tokens,
+            "seq": step.seq,
+            "kind": step.kind,
+            "payload": step.payload,
+            "content_start": step.content_span[0] if step.content_span else None,
+            "content_end": step.content_span[1] if step.content_span else None,
+            "request_id": step.request_id,
+            "tokens": step.tokens,
         }
+        finish = step.finish
         if finish is not None:
             params["status"] = finish[0]
             params["result"] = None if finish[1] is None else storable_text(finish[1])
         if finish is not None:
-            appended = self._append(params, effects, finish, then_claim)
+            appended = self._append(params, step.effects, finish, then_claim)
             if appended:
                 self.child_ended(claim.run.parent_id)
             return appended
-        return self._append(params, effects, finish, then_claim)
+        return self._append(params, step.effects, finish, then_claim)
 
     def _append(
         self,

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import durable_agents
-from durable_agents import leases
+from durable_agents import store
 from durable_agents.agents import registry
 from durable_agents.management.commands.runagents import Command
 from durable_agents.models import AgentRun, RunStatus
@@ -96,9 +96,18 @@ def test_an_unreachable_database_is_one_line_and_exit_1(url: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_migrated_database_passes(keep_signal_handlers: None, settings: Any) -> None:
+def test_a_migrated_database_passes_and_the_worker_runs(
+    keep_signal_handlers: None, settings: Any
+) -> None:
     settings.DEBUG = True
-    call_command("runagents", "--burst")  # no CommandError
+    runs = [durable_agents.start_run("tester", f"hello {i}") for i in range(2)]
+    call_command("runagents", "--burst")  # returns: no CommandError, no SystemExit
+    # Past the start-up checks, the worker worked every run to its end, then stopped.
+    done = AgentRun.objects.filter(pk__in=[run.pk for run in runs])
+    assert sorted(done.values_list("status", "last_seq", "lease_owner")) == [
+        (RunStatus.SUCCEEDED, 1, None),
+        (RunStatus.SUCCEEDED, 1, None),
+    ]
 
 
 # -- OFFLINE with DEBUG off ----------------------------------------------------------------
@@ -174,7 +183,7 @@ def test_a_dead_slot_makes_the_command_exit_non_zero(
     def bug(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in the claim")
 
-    monkeypatch.setattr(leases, "claim_runs", bug)
+    monkeypatch.setattr(store.current(), "claim_runs", bug)
     with pytest.raises(SystemExit) as exited:
         call_command("runagents", "--burst")
     assert exited.value.code == 1

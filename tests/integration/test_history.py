@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from django.apps import apps as django_apps
 
-from durable_agents import leases, llm, store
+from durable_agents import llm, store
 from durable_agents.agents import registry
 from durable_agents.api import messages_for, start_run
 from durable_agents.history import Conversation, load_log, step_message, user_message
 from durable_agents.interrupt import Interrupt
 from durable_agents.models import AgentRun, AgentStep
 from durable_agents.runner import advance_run, tokens_of
+from durable_agents.store import StepWrite
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
 
@@ -108,18 +109,20 @@ def test_a_turn_stored_without_a_span_is_parsed_and_the_run_goes_on(
     # as before migration 0002 (no span): the next claim parses it, and the signed thinking
     # block it holds is still accepted by the API.
     run = start_run("thinker", THREE_TURNS)
-    claim = leases.claim_run(run.pk, "w1", 30)
+    claim = store.current().claim_run(run.pk, "w1", 30)
     assert claim is not None
     turn = llm.create_turn(
         registry.get("thinker").request_for(run.model), messages_for(run.pk), interrupt=Interrupt()
     )
-    assert leases.append_step(claim, 1, "model_turn", turn.body, turn.request_id)
+    assert store.current().append_step(
+        claim, StepWrite(1, "model_turn", turn.body, turn.request_id)
+    )
     assert AgentStep.objects.get(run_id=run.pk, seq=1).content_span is None
     assert load_log(run.pk).conversation.messages() == [
         {"role": "user", "content": THREE_TURNS},
         {"role": "assistant", "content": turn.message["content"]},
     ]
-    assert leases.release_lease(claim)
+    assert store.current().release_lease(claim)
     run_worker()
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
@@ -165,19 +168,21 @@ def test_a_claim_rebuilds_from_the_log_and_sends_the_same_bytes(
     chosen = store.current()  # the runner commits through the chosen store
     append_step = chosen.append_step
 
-    def drain_after_the_tool_results(claim: Any, seq: int, *args: Any, **kwargs: Any) -> bool:
-        if seq == 2:
+    def drain_after_the_tool_results(
+        claim: Any, step: StepWrite, *args: Any, **kwargs: Any
+    ) -> bool:
+        if step.seq == 2:
             drain.set()  # the worker stops before its next step
-        return append_step(claim, seq, *args, **kwargs)
+        return append_step(claim, step, *args, **kwargs)
 
     monkeypatch.setattr(chosen, "append_step", drain_after_the_tool_results)
-    first = leases.claim_run(run.pk, "w1", 30)
+    first = store.current().claim_run(run.pk, "w1", 30)
     assert first is not None
     # Seq 2 commits while the second call is in flight: the claim ends after that turn.
     assert advance_run(first, drain=drain) == "released"
     assert len(fake_api.requests) == 2
     assert AgentRun.objects.get(pk=run.pk).last_seq == 3
-    second = leases.claim_run(run.pk, "w2", 30)
+    second = store.current().claim_run(run.pk, "w2", 30)
     assert second is not None
     assert advance_run(second) == "succeeded"
     steps = steps_of(run.pk)
@@ -212,15 +217,17 @@ def test_migration_0002_counts_the_tokens_of_open_runs() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_of_a_fresh_run_brings_its_task_step(fake_api: FakeAnthropic) -> None:
     run = start_run("tester", '@lookup {"key": "a"}')
-    (claim,) = leases.claim_runs("w1", 30, 1)
+    (claim,) = store.current().claim_runs("w1", 30, 1)
     task_step = AgentStep.objects.get(run_id=run.pk, seq=0)
     assert claim.task_payload == task_step.payload
     assert load_log(run.pk).conversation.json() == b"[" + user_message(task_step.payload) + b"]"
     turn = llm.create_turn(
         registry.get("tester").request_for(run.model), messages_for(run.pk), interrupt=Interrupt()
     )
-    assert leases.append_step(claim, 1, "model_turn", turn.body, turn.request_id)
-    assert leases.release_lease(claim)
-    (again,) = leases.claim_runs("w2", 30, 1)
+    assert store.current().append_step(
+        claim, StepWrite(1, "model_turn", turn.body, turn.request_id)
+    )
+    assert store.current().release_lease(claim)
+    (again,) = store.current().claim_runs("w2", 30, 1)
     assert again.run_id == run.pk
     assert again.task_payload is None  # the log has more than the task: read by load_log

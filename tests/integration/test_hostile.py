@@ -21,7 +21,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from durable_agents import Agent, effects, leases, store, tool
+from durable_agents import Agent, effects, store, tool
 from durable_agents import worker as worker_module
 from durable_agents.api import approve_intent, cancel_run, resolve_intent, start_run
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
@@ -509,8 +509,8 @@ def test_a_cancel_that_commits_first_means_the_approved_call_never_starts(
     run, intent = parked_drop()
     approve_intent(intent.pk, approver())
     AgentRun.objects.filter(pk=run.pk).update(status="pending")
-    claim = leases.claim_run(run.pk, "w", 30)
+    claim = store.current().claim_run(run.pk, "w", 30)
     assert claim is not None
     assert cancel_run(run.pk)
-    assert not leases.start_intent_execution(claim, intent)
+    assert not store.current().start_intent_execution(claim, intent)
     assert ToolIntent.objects.get(pk=intent.pk).status == IntentStatus.APPROVED

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 import durable_agents
-from durable_agents import housekeeping, leases, metrics, signals
+from durable_agents import housekeeping, metrics, signals, store
 from durable_agents.models import (
     AgentEvent,
     AgentRun,
@@ -56,7 +56,7 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
     retired_waiting = durable_agents.start_run("tester", "b", model="claude-gone-1")
     AgentRun.objects.filter(pk=retired_waiting.pk).update(status=RunStatus.WAITING)
     held = durable_agents.start_run("tester", "c", model="claude-gone-1")
-    assert leases.claim_run(held.pk, "busy-worker", 60) is not None
+    assert store.current().claim_run(held.pk, "busy-worker", 60) is not None
     undeployed = durable_agents.start_run("tester", "d")
     AgentRun.objects.filter(pk=undeployed.pk).update(prompt_version="v0")
     healthy = durable_agents.start_run("tester", "e")

@@ -18,9 +18,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import durable_agents
-from durable_agents import leases
-from durable_agents.leases import LeaseLoss
+from durable_agents import store
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
+from durable_agents.store import LeaseLoss
 from durable_agents.worker import Worker, _Held
 from tests.conftest import backend_waits_on_lock, wait_for
 from tests.testapp import inflight_agents
@@ -43,16 +43,16 @@ def background_worker(worker_thread: Any) -> Iterator[Any]:
 @pytest.mark.django_db(transaction=True)
 def test_one_heartbeat_statement_renews_every_lease_and_names_the_runs_to_stop() -> None:
     runs = [start(f"Run {i}.") for i in range(30)]
-    claims = leases.claim_runs("worker-a", 60, 30)
+    claims = store.current().claim_runs("worker-a", 60, 30)
     assert len(claims) == 30
     by_id = {c.run_id: c for c in claims}
     cancelled, stolen, finished = runs[0].pk, runs[1].pk, runs[2].pk
     durable_agents.cancel_run(cancelled)
     # Another worker took this one over after its lease expired.
     AgentRun.objects.filter(pk=stolen).update(lease_until="2000-01-01T00:00:00Z")
-    assert leases.claim_run(stolen, "worker-b", 60) is not None
+    assert store.current().claim_run(stolen, "worker-b", 60) is not None
     # Its own slot ended this one just now: not a loss.
-    assert leases.finish_run(by_id[finished], RunStatus.SUCCEEDED, result="done")
+    assert store.current().finish_run(by_id[finished], RunStatus.SUCCEEDED, result="done")
     AgentRun.objects.filter(pk__in=[r.pk for r in runs[3:]]).update(
         lease_until="2000-01-01T00:00:00Z"
     )
@@ -84,7 +84,7 @@ def test_a_run_finished_while_the_heartbeat_waits_for_its_row_is_not_called_lost
     from tests.conftest import database_url
 
     run = start("Finish me.")
-    claim = leases.claim_run(run.pk, "worker-a", 60)
+    claim = store.current().claim_run(run.pk, "worker-a", 60)
     assert claim is not None
     worker = Worker(worker_id="worker-a", lease_seconds=60, handle_signals=False)
     worker._held[run.pk] = _Held(claim)
@@ -194,9 +194,9 @@ def test_the_notify_trigger_fires_for_new_woken_and_cancelled_runs() -> None:
     try:
         run = start("Notify me.")
         assert received() == ["run"]
-        claim = leases.claim_run(run.pk, "w", 60)
+        claim = store.current().claim_run(run.pk, "w", 60)
         assert claim is not None
-        assert leases.release_lease(claim)  # handed back: claimable again
+        assert store.current().release_lease(claim)  # handed back: claimable again
         assert received() == ["run"]
         durable_agents.cancel_run(run.pk)
         assert received() == [f"cancel:{run.pk}"]

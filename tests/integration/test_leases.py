@@ -11,7 +11,6 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.models.functions import Now
 
 import durable_agents
-from durable_agents import leases
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -20,6 +19,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
+from durable_agents.store import Claim, NextClaim, Parked, StepWrite, current, postgres
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +34,7 @@ def _expire(run_id: object) -> None:
 
 def test_claim_takes_oldest_first_and_sets_the_fence() -> None:
     first, second = _runs(2)
-    [claim] = leases.claim_runs("w1", 30)
+    [claim] = current().claim_runs("w1", 30)
     assert claim.run_id == first.id
     run = AgentRun.objects.get(pk=first.id)
     assert (run.status, run.lease_owner, run.attempt, run.stalled_claims) == (
@@ -44,14 +44,14 @@ def test_claim_takes_oldest_first_and_sets_the_fence() -> None:
         1,
     )
     assert claim.attempt == 1
-    [other] = leases.claim_runs("w2", 30)
+    [other] = current().claim_runs("w2", 30)
     assert other.run_id == second.id
-    assert leases.claim_runs("w3", 30) == []
+    assert current().claim_runs("w3", 30) == []
 
 
 def test_lease_expiry_comes_from_the_database_clock() -> None:
     _runs(1)
-    [claim] = leases.claim_runs("w1", 120)
+    [claim] = current().claim_runs("w1", 120)
     run = AgentRun.objects.get(pk=claim.run_id)
     db_now = AgentRun.objects.annotate(db_now=Now()).values_list("db_now", flat=True).first()
     remaining = (run.lease_until - db_now).total_seconds()
@@ -62,34 +62,36 @@ def test_waiting_finished_and_leased_runs_are_not_claimable() -> None:
     waiting, done, leased, expired = _runs(4)
     AgentRun.objects.filter(pk=waiting.id).update(status=RunStatus.WAITING)
     AgentRun.objects.filter(pk=done.id).update(status=RunStatus.SUCCEEDED)
-    assert [c.run_id for c in leases.claim_runs("w1", 30, limit=2)] == [leased.id, expired.id]
+    assert [c.run_id for c in current().claim_runs("w1", 30, limit=2)] == [leased.id, expired.id]
     _expire(expired.id)
-    [again] = leases.claim_runs("w2", 30, limit=5)
+    [again] = current().claim_runs("w2", 30, limit=5)
     assert again.run_id == expired.id
     assert again.attempt == 2
 
 
 def test_fencing_a_worker_whose_lease_was_taken_over_cannot_commit() -> None:
     run = _runs(1)[0]
-    [stale] = leases.claim_runs("slow-worker", 30)
-    assert leases.append_step(stale, 1, StepKind.MODEL_TURN, '{"content": []}')
+    [stale] = current().claim_runs("slow-worker", 30)
+    assert current().append_step(stale, StepWrite(1, StepKind.MODEL_TURN, '{"content": []}'))
     _expire(run.id)
-    [fresh] = leases.claim_runs("new-worker", 30)
+    [fresh] = current().claim_runs("new-worker", 30)
     assert fresh.attempt == stale.attempt + 1
 
     effect = ToolEffect(key="k" * 64, run_id=run.id, seq=1, call_index=0, tool="t", result="r")
-    assert not leases.append_step(stale, 2, StepKind.TOOL_RESULT, "[]", effects=[effect])
-    assert not leases.renew_lease(stale)
-    assert not leases.finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
-    assert not leases.release_lease(stale)
+    assert not current().append_step(
+        stale, StepWrite(2, StepKind.TOOL_RESULT, "[]", effects=[effect])
+    )
+    assert not current().renew_lease(stale)
+    assert not current().finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
+    assert not current().release_lease(stale)
     intent = ToolIntent(run_id=run.id, seq=1, call_index=0, tool="t", input={}, key="i" * 64)
-    assert leases.park_on_intent(stale, intent, new=True) is leases.Parked.FENCE_FAILED
+    assert current().park_on_intent(stale, intent, new=True) is Parked.FENCE_FAILED
     assert not ToolIntent.objects.filter(key="i" * 64).exists()  # rolled back with the park
     # The effect happened, so it is recorded even though the step was refused.
     assert ToolEffect.objects.filter(key="k" * 64).exists()
     assert list(AgentStep.objects.filter(run_id=run.id).values_list("seq", flat=True)) == [0, 1]
 
-    assert leases.append_step(fresh, 2, StepKind.TOOL_RESULT, "[]")
+    assert current().append_step(fresh, StepWrite(2, StepKind.TOOL_RESULT, "[]"))
     step = AgentStep.objects.get(run_id=run.id, seq=2)
     assert (step.worker, step.attempt) == ("new-worker", 2)
     assert AgentRun.objects.get(pk=run.id).status == RunStatus.RUNNING
@@ -97,13 +99,15 @@ def test_fencing_a_worker_whose_lease_was_taken_over_cannot_commit() -> None:
 
 def test_append_refuses_gaps_duplicates_and_cancelled_runs() -> None:
     run = _runs(1)[0]
-    [claim] = leases.claim_runs("w1", 30)
-    assert not leases.append_step(claim, 2, StepKind.MODEL_TURN, "{}")  # gap: seq 1 missing
-    assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
-    assert not leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")  # seq 1 again
+    [claim] = current().claim_runs("w1", 30)
+    assert not current().append_step(
+        claim, StepWrite(2, StepKind.MODEL_TURN, "{}")
+    )  # gap: seq 1 missing
+    assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
+    assert not current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))  # seq 1 again
     assert AgentRun.objects.get(pk=run.id).last_seq == 1
     durable_agents.cancel_run(run.id)
-    assert not leases.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")
+    assert not current().append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]"))
     assert AgentStep.objects.filter(run_id=run.id).count() == 2
 
 
@@ -116,19 +120,19 @@ def test_the_primary_key_forbids_a_second_step_at_the_same_seq() -> None:
 def test_committing_a_step_resets_the_no_progress_count_and_renews() -> None:
     run = _runs(1)[0]
     for attempt in range(3):
-        [claim] = leases.claim_runs("w", 30)
+        [claim] = current().claim_runs("w", 30)
         assert claim.attempt == attempt + 1
         _expire(run.id)
     assert AgentRun.objects.get(pk=run.id).stalled_claims == 3
-    [claim] = leases.claim_runs("w", 30)
-    assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
+    [claim] = current().claim_runs("w", 30)
+    assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
     assert AgentRun.objects.get(pk=run.id).stalled_claims == 0
 
 
 def test_release_without_counting_the_claim() -> None:
     run = _runs(1)[0]
-    [claim] = leases.claim_runs("w", 30)
-    assert leases.release_lease(claim, count_claim=False)
+    [claim] = current().claim_runs("w", 30)
+    assert current().release_lease(claim, count_claim=False)
     run.refresh_from_db()
     assert (run.status, run.lease_owner, run.lease_until, run.stalled_claims) == (
         RunStatus.PENDING,
@@ -136,7 +140,7 @@ def test_release_without_counting_the_claim() -> None:
         None,
         0,
     )
-    [again] = leases.claim_runs("w2", 30)  # claimable at once, no expiry to wait for
+    [again] = current().claim_runs("w2", 30)  # claimable at once, no expiry to wait for
     assert again.run_id == run.id
 
 
@@ -150,7 +154,7 @@ def test_concurrent_claimers_never_share_a_run() -> None:
         barrier.wait()
         mine = []
         try:
-            while batch := leases.claim_runs(name, 30, limit=2):
+            while batch := current().claim_runs(name, 30, limit=2):
                 mine.extend(c.run_id for c in batch)
         finally:
             connections.close_all()
@@ -184,7 +188,7 @@ def test_claim_skips_a_row_locked_by_another_transaction_without_waiting() -> No
     holder.start()
     assert holding.wait(10)
     try:
-        [claim] = leases.claim_runs("w", 30)
+        [claim] = current().claim_runs("w", 30)
         assert claim.run_id == free.id
     finally:
         done.set()
@@ -211,7 +215,7 @@ def test_claim_is_not_blocked_by_a_step_insert_in_flight() -> None:
     inserter.start()
     assert inserted.wait(10)
     try:
-        claims = leases.claim_runs("w", 30)
+        claims = current().claim_runs("w", 30)
         assert [c.run_id for c in claims] == [run.id]
     finally:
         done.set()
@@ -221,7 +225,7 @@ def test_claim_is_not_blocked_by_a_step_insert_in_flight() -> None:
 @pytest.mark.postgres
 def test_the_claim_query_can_use_the_partial_index() -> None:
     _runs(3)
-    subquery = leases._CLAIMABLE_SQL
+    subquery = postgres.CLAIMABLE_SQL
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
         cursor.execute("EXPLAIN " + subquery.replace("%(limit)s", "1"))
@@ -257,9 +261,9 @@ def test_the_step_commit_is_prepared_when_the_database_options_allow(threshold: 
     connection.ensure_connection()
     connection.connection.prepare_threshold = threshold
     try:
-        [claim] = leases.claim_runs("w", 30)
+        [claim] = current().claim_runs("w", 30)
         for seq in range(1, 9):
-            assert leases.append_step(claim, seq, StepKind.MODEL_TURN, "{}")
+            assert current().append_step(claim, StepWrite(seq, StepKind.MODEL_TURN, "{}"))
         assert _prepared_appends() == (0 if threshold is None else 1)
     finally:
         connection.connection.prepare_threshold = None
@@ -273,10 +277,8 @@ def test_database_instrumentation_sees_every_step_commit() -> None:
     one of them although it binds on the server."""
     from django.test.utils import CaptureQueriesContext
 
-    from durable_agents.store import NextClaim
-
     first, second = _runs(2)
-    [claim] = leases.claim_runs("w", 30)
+    [claim] = current().claim_runs("w", 30)
     seen: list[str] = []
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -285,9 +287,11 @@ def test_database_instrumentation_sees_every_step_commit() -> None:
 
     next_claim = NextClaim("w", 30, take=lambda: True, give_back=lambda: None)
     with connection.execute_wrapper(spy), CaptureQueriesContext(connection) as logged:
-        assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
-        assert leases.append_step(
-            claim, 2, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok"), then_claim=next_claim
+        assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
+        assert current().append_step(
+            claim,
+            StepWrite(2, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok")),
+            then_claim=next_claim,
         )
     assert next_claim.claim is not None and next_claim.claim.run_id == second.id
     appends = [sql for sql in seen if "INSERT INTO agent_step" in sql]
@@ -298,12 +302,16 @@ def test_database_instrumentation_sees_every_step_commit() -> None:
 
 def test_the_last_step_ends_the_run_in_the_same_statement() -> None:
     run = _runs(1)[0]
-    [stale] = leases.claim_runs("slow-worker", 30)
+    [stale] = current().claim_runs("slow-worker", 30)
     _expire(run.id)
-    [claim] = leases.claim_runs("w", 30)
-    assert not leases.append_step(stale, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "x"))
+    [claim] = current().claim_runs("w", 30)
+    assert not current().append_step(
+        stale, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "x"))
+    )
     assert AgentRun.objects.get(pk=run.id).status == RunStatus.RUNNING
-    assert leases.append_step(claim, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "done"))
+    assert current().append_step(
+        claim, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "done"))
+    )
     run.refresh_from_db()
     assert (run.status, run.result, run.last_seq, run.lease_owner, run.lease_until) == (
         RunStatus.SUCCEEDED,
@@ -313,7 +321,9 @@ def test_the_last_step_ends_the_run_in_the_same_statement() -> None:
         None,
     )
     assert run.finished_at is not None
-    assert not leases.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")  # over: nothing more
+    assert not current().append_step(
+        claim, StepWrite(2, StepKind.TOOL_RESULT, "[]")
+    )  # over: nothing more
 
 
 class Tickets:
@@ -323,8 +333,8 @@ class Tickets:
         self.available = available
         self.taken = self.given_back = 0
 
-    def offer(self, owner: str = "w1") -> leases.NextClaim:
-        return leases.NextClaim(owner, 30, take=self.take, give_back=self.give_back)
+    def offer(self, owner: str = "w1") -> NextClaim:
+        return NextClaim(owner, 30, take=self.take, give_back=self.give_back)
 
     def take(self) -> bool:
         self.taken += self.available
@@ -337,11 +347,11 @@ class Tickets:
 @pytest.mark.postgres
 def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
     first, second = _runs(2)
-    [claim] = leases.claim_runs("w1", 30)
+    [claim] = current().claim_runs("w1", 30)
     tickets = Tickets()
     then = tickets.offer()
-    assert leases.append_step(
-        claim, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok"), then_claim=then
+    assert current().append_step(
+        claim, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok")), then_claim=then
     )
     done = AgentRun.objects.get(pk=first.pk)
     assert (done.status, done.result, done.lease_owner, done.last_seq) == (
@@ -360,33 +370,35 @@ def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
     assert then.claim.task_payload == AgentStep.objects.get(run_id=second.pk, seq=0).payload
     assert (tickets.taken, tickets.given_back) == (1, 0)
     # The claim it returned holds: its steps commit.
-    assert leases.append_step(then.claim, 1, StepKind.MODEL_TURN, "{}")
+    assert current().append_step(then.claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
 
 
 @pytest.mark.postgres
 def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_declines() -> None:
     first, second = _runs(2)
-    [claim] = leases.claim_runs("w1", 30)
+    [claim] = current().claim_runs("w1", 30)
     tickets = Tickets()
-    stale = leases.Claim(claim.run, "w1", claim.attempt + 1, 30)
+    stale = Claim(claim.run, "w1", claim.attempt + 1, 30)
     then = tickets.offer()
-    assert not leases.append_step(
-        stale, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", ""), then_claim=then
+    assert not current().append_step(
+        stale, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")), then_claim=then
     )
     assert then.claim is None and (tickets.taken, tickets.given_back) == (1, 1)
     assert AgentRun.objects.get(pk=second.pk).status == "pending"
 
     declined = Tickets(available=False).offer()
-    assert leases.append_step(
-        claim, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", ""), then_claim=declined
+    assert current().append_step(
+        claim,
+        StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")),
+        then_claim=declined,
     )
     assert declined.claim is None
     assert AgentRun.objects.get(pk=second.pk).status == "pending"
 
-    [claim2] = leases.claim_runs("w1", 30)
+    [claim2] = current().claim_runs("w1", 30)
     assert claim2.run_id == second.pk
     then = tickets.offer()
-    assert leases.append_step(
-        claim2, 1, StepKind.MODEL_TURN, "{}", finish=("succeeded", ""), then_claim=then
+    assert current().append_step(
+        claim2, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")), then_claim=then
     )
     assert then.claim is None and tickets.given_back == 2  # nothing left to claim

@@ -17,6 +17,7 @@ import pytest
 from durable_agents import store
 from durable_agents.api import start_run
 from durable_agents.models import AgentRun, AgentStep, ToolEffect
+from durable_agents.store import StepWrite
 from durable_agents.worker import Worker
 from tests.conftest import backend_waits_on_lock, database_url, wait_for
 from tests.fakeserver import FakeAnthropic
@@ -35,19 +36,19 @@ class RowLock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, seq: int) -> None:
         self.conn: psycopg.Connection | None = None
         self.taken = threading.Event()
-        # The store the worker's runs use (the runner commits through it, not through the
-        # ``leases`` facade).
+        # The store the worker's runs use (the runner commits every step through its
+        # ``append_step``).
         chosen = store.current()
         append_step = chosen.append_step
 
-        def locked_append(claim: Any, step_seq: int, *args: Any, **kwargs: Any) -> bool:
-            if step_seq == seq and self.conn is None:
+        def locked_append(claim: Any, step: StepWrite, *args: Any, **kwargs: Any) -> bool:
+            if step.seq == seq and self.conn is None:
                 self.conn = psycopg.connect(database_url())
                 self.conn.execute(
                     "SELECT 1 FROM agent_run WHERE id = %s FOR UPDATE", (claim.run_id,)
                 )
                 self.taken.set()
-            return append_step(claim, step_seq, *args, **kwargs)
+            return append_step(claim, step, *args, **kwargs)
 
         monkeypatch.setattr(chosen, "append_step", locked_append)
 

@@ -20,11 +20,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
 
-from durable_agents import effects, leases, llm
+from durable_agents import effects, llm, store
 from durable_agents.agents import Agent, registry
 from durable_agents.api import approve_intent, cancel_run, messages_for, requeue_run, start_run
 from durable_agents.interrupt import Interrupt
 from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
+from durable_agents.store import StepWrite
 from durable_agents.tools import tool
 from durable_agents.worker import Worker
 from tests.conftest import run_worker, wait_for
@@ -405,14 +406,16 @@ def test_a_recorded_call_in_the_middle_of_a_turn_is_not_run_again(
     )
     # An earlier worker committed the model turn (seq 1), completed the turn's middle call,
     # and died before the turn's results were committed; its lease then expired.
-    crashed = leases.claim_run(run.pk, "crashed-worker", 30)
+    crashed = store.current().claim_run(run.pk, "crashed-worker", 30)
     assert crashed is not None
     turn = llm.create_turn(
         registry.get("tester").request_params(run.model),
         messages_for(run.pk),
         interrupt=Interrupt(),
     )
-    assert leases.append_step(crashed, 1, "model_turn", turn.body, turn.request_id)
+    assert store.current().append_step(
+        crashed, StepWrite(1, "model_turn", turn.body, turn.request_id)
+    )
     key = effects.idempotency_key(run.pk, 1, 1, "charge", charge_input)
     ToolEffect.objects.create(
         key=key,
@@ -531,7 +534,7 @@ def test_undeployed_prompt_version_is_handed_back_then_dead_lettered(
         "prompt version 'v0-gone' of agent 'tester' is not deployed on worker old-worker ("
     )
     assert run.error.endswith("); deploy it again or cancel the run")
-    assert leases.claim_runs("eager-worker", 5) == []  # not claimable during the pause
+    assert store.current().claim_runs("eager-worker", 5) == []  # not claimable during the pause
     da_settings(MAX_ATTEMPTS=2, UNDEPLOYED_RETRY_SECONDS=0)
     for _ in range(3):
         AgentRun.objects.filter(pk=run.pk).update(lease_until=None)
@@ -619,7 +622,7 @@ def test_retry_after_longer_than_the_lease_keeps_the_run(fake_api: FakeAnthropic
         past = (
             AgentRun.objects.filter(pk=run.pk).alias(now=Now()).filter(now__gt=lease_until).exists()
         )
-        stolen.extend(leases.claim_runs("thief", 1.5))
+        stolen.extend(store.current().claim_runs("thief", 1.5))
         if thieves % 5 == 0:
             other = run_worker(worker_id="thief-worker", lease_seconds=1.5)
             assert other.stats.claims == 0

@@ -29,6 +29,7 @@ from durable_agents.store import (
     LeaseLoss,
     PortableStore,
     PostgresStore,
+    StepWrite,
     Store,
     store_for,
 )
@@ -114,11 +115,11 @@ def test_the_fence_refuses_a_stale_attempt(env: Env) -> None:
     env.expire(run_id)
     fresh = env.claim(run_id, "w1")  # the same worker name, a new attempt
     assert fresh.attempt == stale.attempt + 1
-    assert not env.store.append_step(stale, 1, StepKind.MODEL_TURN, "{}")
+    assert not env.store.append_step(stale, StepWrite(1, StepKind.MODEL_TURN, "{}"))
     assert not env.store.renew_lease(stale)
     assert not env.store.finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
     assert not env.store.release_lease(stale)
-    assert env.store.append_step(fresh, 1, StepKind.MODEL_TURN, "{}")
+    assert env.store.append_step(fresh, StepWrite(1, StepKind.MODEL_TURN, "{}"))
     run = env.run(run_id)
     assert (run.status, run.last_seq, run.lease_owner) == (RunStatus.RUNNING, 1, "w1")
 
@@ -126,10 +127,10 @@ def test_the_fence_refuses_a_stale_attempt(env: Env) -> None:
 def test_a_seq_gap_or_repeat_is_refused(env: Env) -> None:
     run_id = env.start()
     claim = env.claim(run_id)
-    assert not env.store.append_step(claim, 2, StepKind.MODEL_TURN, "{}")  # gap
-    assert env.store.append_step(claim, 1, StepKind.MODEL_TURN, "{}")
-    assert not env.store.append_step(claim, 1, StepKind.MODEL_TURN, "{}")  # again
-    assert env.store.append_step(claim, 2, StepKind.TOOL_RESULT, "[]", tokens=7)
+    assert not env.store.append_step(claim, StepWrite(2, StepKind.MODEL_TURN, "{}"))  # gap
+    assert env.store.append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
+    assert not env.store.append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))  # again
+    assert env.store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]", tokens=7))
     assert env.seqs(run_id) == [0, 1, 2]
     run = env.run(run_id)
     assert (run.last_seq, run.stalled_claims, run.tokens_used) == (2, 0, 7)
@@ -138,15 +139,17 @@ def test_a_seq_gap_or_repeat_is_refused(env: Env) -> None:
 def test_effects_are_recorded_even_when_the_fence_fails(env: Env) -> None:
     run_id = env.start()
     stale = env.claim(run_id)
-    assert env.store.append_step(stale, 1, StepKind.MODEL_TURN, "{}")
+    assert env.store.append_step(stale, StepWrite(1, StepKind.MODEL_TURN, "{}"))
     env.expire(run_id)
     fresh = env.claim(run_id, "w2")
     first = effect(run_id, "k1", "the call happened")
-    assert not env.store.append_step(stale, 2, StepKind.TOOL_RESULT, "[]", effects=[first])
+    assert not env.store.append_step(
+        stale, StepWrite(2, StepKind.TOOL_RESULT, "[]", effects=[first])
+    )
     assert env.store.recorded_effects(run_id, 1)["k1"].result == "the call happened"
     # A second recording of the key changes nothing (ON CONFLICT DO NOTHING).
     again = effect(run_id, "k1", "a second run of the call")
-    assert env.store.append_step(fresh, 2, StepKind.TOOL_RESULT, "[]", effects=[again])
+    assert env.store.append_step(fresh, StepWrite(2, StepKind.TOOL_RESULT, "[]", effects=[again]))
     env.store.record_effect(again)
     assert env.store.recorded_effects(run_id, 1)["k1"].result == "the call happened"
     assert env.seqs(run_id) == [0, 1, 2]
@@ -191,14 +194,14 @@ def test_the_heartbeat_names_cancelled_and_lost_runs(env: Env) -> None:
     assert answer == {cancelled.run_id: LeaseLoss.CANCELLED, lost.run_id: LeaseLoss.LOST}
     assert env.store.renew_leases("w1", [], 60) == {}
     assert env.run(held.run_id).lease_owner == "w1"
-    assert env.store.append_step(held, 1, StepKind.MODEL_TURN, "{}")
+    assert env.store.append_step(held, StepWrite(1, StepKind.MODEL_TURN, "{}"))
 
 
 def test_the_last_step_ends_the_run(env: Env) -> None:
     run_id = env.start()
     claim = env.claim(run_id)
     assert env.store.append_step(
-        claim, 1, StepKind.MODEL_TURN, "{}", finish=(RunStatus.SUCCEEDED, "done")
+        claim, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=(RunStatus.SUCCEEDED, "done"))
     )
     run = env.run(run_id)
     assert (run.status, run.result, run.lease_owner, run.lease_until) == (
@@ -208,7 +211,7 @@ def test_the_last_step_ends_the_run(env: Env) -> None:
         None,
     )
     assert run.finished_at is not None
-    assert not env.store.append_step(claim, 2, StepKind.TOOL_RESULT, "[]")
+    assert not env.store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]"))
     assert not env.store.cancel_run(run_id)
 
 

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
-from durable_agents import leases, telemetry  # noqa: E402
+from durable_agents import store, telemetry  # noqa: E402
 from durable_agents.agents import Agent, registry  # noqa: E402
 from durable_agents.api import start_run  # noqa: E402
 from durable_agents.models import AgentRun, AgentStep  # noqa: E402
@@ -250,7 +250,7 @@ def test_every_claim_joins_the_trace_after_a_hand_back_and_after_a_crash(
         assert parent_id(chat) == first.context.span_id
 
     # Claim 2: a worker takes the run and dies at once (its lease is left to expire).
-    (crashed,) = leases.claim_runs("w-crashed", 5)
+    (crashed,) = store.current().claim_runs("w-crashed", 5)
     assert crashed.attempt == 2
     AgentRun.objects.filter(pk=run.pk).update(
         lease_until=timezone.now() - datetime.timedelta(seconds=1)

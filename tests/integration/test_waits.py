@@ -31,7 +31,7 @@ from durable_agents.models import (
     ToolEffect,
     WaitKind,
 )
-from durable_agents.store import current
+from durable_agents.store import StepWrite, current
 from tests.conftest import run_worker, wait_for
 from tests.fakeserver import FakeAnthropic
 
@@ -510,7 +510,9 @@ def test_finish_and_claim_hands_a_due_wait_what_ended_it(
     time_passes(napping)
     next_claim = NextClaim("w1", 30, take=lambda: True, give_back=lambda: None)
     assert current().append_step(
-        claim, 1, "model_turn", "{}", finish=(RunStatus.SUCCEEDED, "hi"), then_claim=next_claim
+        claim,
+        StepWrite(1, "model_turn", "{}", finish=(RunStatus.SUCCEEDED, "hi")),
+        then_claim=next_claim,
     )
     assert next_claim.claim is not None and next_claim.claim.run_id == napping.pk
     assert next_claim.claim.run.woken_by == {"timer": True}

@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from durable_agents import leases
 from durable_agents.store import postgres
 
 
@@ -96,10 +95,3 @@ def test_the_last_step_ends_the_run_as_finish_run_does() -> None:
             assert column in sql
         for column in ("lease_owner = NULL", "lease_until = NULL", "finished_at = now()"):
             assert column in sql
-
-
-def test_the_facade_keeps_the_former_names() -> None:
-    assert leases._CLAIM_SQL is postgres.CLAIM_SQL
-    assert leases._CLAIMABLE_SQL is postgres.CLAIMABLE_SQL
-    assert leases._APPEND_SQL_PLAIN is postgres.APPEND_STEP_SQL
-    assert leases._APPEND_SQL_FINISH is postgres.APPEND_LAST_STEP_SQL
