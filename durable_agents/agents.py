@@ -23,6 +23,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_agents.exceptions import AgentNotFound
 from durable_agents.tools import Tool
 
 __all__ = ["Agent", "AgentNotFound", "AgentRegistry", "get_agent", "registry"]
@@ -48,10 +49,6 @@ AUTOMATIC_CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
 
 # The AgentRun columns that store name, version and model are this long.
 _MAX_LABEL_CHARS = 200
-
-
-class AgentNotFound(LookupError):
-    """No agent is registered under the name (or name and version) asked for."""
 
 
 def _canonical_json(value: Any) -> str:

@@ -26,6 +26,8 @@ from typing import Any
 
 import jsonschema
 
+from durable_agents.exceptions import ToolInputError
+
 __all__ = [
     "EFFECTS",
     "EffectClass",
@@ -71,10 +73,6 @@ _MAX_MESSAGE_CHARS = 4000
 
 _ARGS_HEADERS = ("Args:", "Arguments:")
 _ARG_LINE_RE = re.compile(r"^\*{0,2}(?P<name>\w+)\s*(?:\([^)]*\))?\s*:\s*(?P<text>.*)$")
-
-
-class ToolInputError(ValueError):
-    """The model's input for a tool does not match the tool's schema (the model can retry)."""
 
 
 # --------------------------------------------------------------------------- docstrings
