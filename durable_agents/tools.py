@@ -548,6 +548,36 @@ class Tool:
         )
 
 
+# What ``@tool(effect=...)`` takes, spelled out so that a type checker catches a misspelt effect.
+EffectName = typing.Literal["pure", "idempotent", "non_idempotent", "irreversible"]
+
+
+@typing.overload
+def tool(
+    func: None = None,
+    /,
+    *,
+    effect: EffectName | EffectClass,
+    name: str | None = None,
+    description: str | None = None,
+    input_schema: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+@typing.overload
+def tool(
+    func: Callable[..., Any],
+    /,
+    *,
+    effect: EffectName | EffectClass | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    input_schema: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> typing.NoReturn: ...
+
+
 def tool(
     func: Callable[..., Any] | None = None,
     /,
