@@ -1,17 +1,32 @@
 """durable_agents: LLM agent runs that live in the database and survive any worker's death.
 
-The public surface (see README): ``Agent``, ``tool``, and the run operations re-exported from
-``durable_agents.api``. The operations are imported lazily so that importing ``durable_agents``
-in a settings module or an ``agents.py`` never touches the app registry.
+The public surface (see README): ``Agent``, ``tool``, ``Wait``, ``ask_person``, and the run
+operations of ``durable_agents.api``. The operations are imported lazily so that importing
+``durable_agents`` in a settings module or an ``agents.py`` never touches the app registry; a
+type checker sees them imported here, with their real signatures.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from durable_agents.agents import Agent
 from durable_agents.tools import tool
 from durable_agents.waits import Wait, ask_person
+
+if TYPE_CHECKING:
+    from durable_agents.api import (
+        answer_question,
+        approve_intent,
+        cancel_run,
+        messages_for,
+        reject_intent,
+        requeue_run,
+        resolve_intent,
+        send_event,
+        spawn_run,
+        start_run,
+    )
 
 __all__ = [
     "Agent",
@@ -30,23 +45,14 @@ __all__ = [
     "resolve_intent",
 ]
 
-_API_NAMES = {
-    "send_event",
-    "spawn_run",
-    "answer_question",
-    "start_run",
-    "cancel_run",
-    "requeue_run",
-    "messages_for",
-    "approve_intent",
-    "reject_intent",
-    "resolve_intent",
-}
+# The names above that live in ``durable_agents.api``, which imports the models.
+_API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person"}
 
+if not TYPE_CHECKING:
+    # Hidden from the type checker, which would otherwise take any misspelt name for ``Any``.
+    def __getattr__(name: str) -> object:
+        if name in _API_NAMES:
+            from durable_agents import api
 
-def __getattr__(name: str) -> Any:
-    if name in _API_NAMES:
-        from durable_agents import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'durable_agents' has no attribute {name!r}")
+            return getattr(api, name)
+        raise AttributeError(f"module 'durable_agents' has no attribute {name!r}")

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_agents.exceptions import AgentNotFound
 from durable_agents.tools import Tool
 
 __all__ = ["Agent", "AgentNotFound", "AgentRegistry", "get_agent", "registry"]
@@ -48,10 +49,6 @@ AUTOMATIC_CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
 
 # The AgentRun columns that store name, version and model are this long.
 _MAX_LABEL_CHARS = 200
-
-
-class AgentNotFound(LookupError):
-    """No agent is registered under the name (or name and version) asked for."""
 
 
 def _canonical_json(value: Any) -> str:
@@ -82,89 +79,32 @@ class Agent:
         cache: bool = False,
         register: bool = True,
     ) -> None:
-        for label, value in (("name", name), ("version", version), ("model", model)):
-            if not isinstance(value, str) or not value.strip():
-                raise ImproperlyConfigured(
-                    f"Agent {label} must be a non-empty string, got {value!r}"
-                )
-            if len(value) > _MAX_LABEL_CHARS:
-                raise ImproperlyConfigured(
-                    f"Agent {label} {value[:40]!r}... is longer than {_MAX_LABEL_CHARS} characters"
-                )
+        _check_labels(name=name, version=version, model=model)
         where = f"agent {name}@{version}"
-
-        if not isinstance(system, str | list):
-            raise ImproperlyConfigured(
-                f"{where}: system must be a string or a list of text blocks, got {system!r}"
-            )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ImproperlyConfigured(
-                f"{where}: max_tokens must be a positive integer, got {max_tokens!r}"
-            )
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ImproperlyConfigured(f"{where}: max_turns must be at least 1, got {max_turns!r}")
-        for label, limit in (
-            ("max_total_tokens", max_total_tokens),
-            ("max_wall_seconds", max_wall_seconds),
-            ("tool_timeout", tool_timeout),
-        ):
-            if limit is not None and (
-                isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
-            ):
-                raise ImproperlyConfigured(f"{where}: {label} must be positive, got {limit!r}")
-        if on_text is not None and not callable(on_text):
-            raise ImproperlyConfigured(f"{where}: on_text must be callable, got {on_text!r}")
-        if thinking is not None:
-            if not isinstance(thinking, dict):
-                raise ImproperlyConfigured(f"{where}: thinking must be a dict, got {thinking!r}")
-            budget = thinking.get("budget_tokens")
-            # The API refuses this on every call; better to fail at import than on each run.
-            if isinstance(budget, int) and budget >= max_tokens:
-                raise ImproperlyConfigured(
-                    f"{where}: thinking budget_tokens ({budget}) must be less than "
-                    f"max_tokens ({max_tokens})"
-                )
-
-        params = {} if params is None else params
-        if not isinstance(params, dict):
-            raise ImproperlyConfigured(f"{where}: params must be a dict, got {params!r}")
-        reserved = [key for key in params if key in RESERVED_PARAMS]
-        if reserved:
-            raise ImproperlyConfigured(
-                f"{where}: params must not contain {', '.join(map(repr, reserved))}; "
-                "pass model, system, tools, max_tokens, thinking and betas as Agent arguments "
-                "(messages and stream are set by the runtime)"
-            )
-        if not isinstance(cache, bool):
-            raise ImproperlyConfigured(f"{where}: cache must be True or False, got {cache!r}")
-        if cache and "cache_control" in params:
-            raise ImproperlyConfigured(
-                f"{where}: cache=True sends a top-level cache_control of its own; leave "
-                "cache_control out of params (or set it there and leave cache off)"
-            )
+        _check_limits(
+            where,
+            system=system,
+            max_tokens=max_tokens,
+            max_turns=max_turns,
+            optional={
+                "max_total_tokens": max_total_tokens,
+                "max_wall_seconds": max_wall_seconds,
+                "tool_timeout": tool_timeout,
+            },
+        )
+        _check_callable(where, on_text=on_text)
+        _check_thinking(where, thinking, max_tokens)
+        params = _checked_params(where, params, cache)
         betas = _checked_betas(where, betas)
-
-        tools = list(tools)
-        tools_by_name: dict[str, Tool] = {}
-        for item in tools:
-            if not isinstance(item, Tool):
-                shown = getattr(item, "__qualname__", None) or repr(item)
-                raise ImproperlyConfigured(
-                    f"{where}: {shown} is not a tool; decorate it with @tool(effect=...)"
-                )
-            if item.name in tools_by_name:
-                raise ImproperlyConfigured(
-                    f"{where}: two tools are named {item.name!r} "
-                    f"({tools_by_name[item.name]!r} and {item!r}); tool names must be unique"
-                )
-            tools_by_name[item.name] = item
+        tools_by_name = _tools_by_name(where, tools)
 
         self.name = name
         self.version = version
         self.model = model
         # Private copies: the fingerprint must not drift because a caller mutated a dict later.
         self.system = copy.deepcopy(system)
-        self.tools: tuple[Tool, ...] = tuple(tools)
+        # In the order given (names are unique, so none was dropped).
+        self.tools: tuple[Tool, ...] = tuple(tools_by_name.values())
         self.tools_by_name = tools_by_name
         self.max_tokens = max_tokens
         self.thinking = copy.deepcopy(thinking)
@@ -185,15 +125,19 @@ class Agent:
         # own; TOOL_TIMEOUT caps both (see ``timeout_for``).
         self.tool_timeout = tool_timeout
 
+        self._check_serialisable(where)
+        if register:
+            registry.register(self)
+
+    def _check_serialisable(self, where: str) -> None:
+        """The fingerprint is the canonical JSON of the request: it must be computable now,
+        not on the first run's first call."""
         try:
             self.fingerprint()
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(
                 f"{where}: the request parameters are not JSON-serialisable: {exc}"
             ) from exc
-
-        if register:
-            registry.register(self)
 
     @property
     def label(self) -> str:
@@ -251,6 +195,104 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.label} model={self.model} tools={len(self.tools)}>"
+
+
+def _check_labels(**labels: Any) -> None:
+    """Name, version and model: non-empty strings that fit their columns."""
+    for label, value in labels.items():
+        if not isinstance(value, str) or not value.strip():
+            raise ImproperlyConfigured(f"Agent {label} must be a non-empty string, got {value!r}")
+        if len(value) > _MAX_LABEL_CHARS:
+            raise ImproperlyConfigured(
+                f"Agent {label} {value[:40]!r}... is longer than {_MAX_LABEL_CHARS} characters"
+            )
+
+
+def _is_positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def _check_limits(
+    where: str, *, system: Any, max_tokens: Any, max_turns: Any, optional: dict[str, Any]
+) -> None:
+    """The system prompt's shape, and the numbers that bound a call and a run (``optional``:
+    limits that may be None, else must be positive numbers)."""
+    if not isinstance(system, str | list):
+        raise ImproperlyConfigured(
+            f"{where}: system must be a string or a list of text blocks, got {system!r}"
+        )
+    if not _is_positive_int(max_tokens):
+        raise ImproperlyConfigured(
+            f"{where}: max_tokens must be a positive integer, got {max_tokens!r}"
+        )
+    if not _is_positive_int(max_turns):
+        raise ImproperlyConfigured(f"{where}: max_turns must be at least 1, got {max_turns!r}")
+    for label, limit in optional.items():
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
+        ):
+            raise ImproperlyConfigured(f"{where}: {label} must be positive, got {limit!r}")
+
+
+def _check_callable(where: str, **callbacks: Any) -> None:
+    for label, value in callbacks.items():
+        if value is not None and not callable(value):
+            raise ImproperlyConfigured(f"{where}: {label} must be callable, got {value!r}")
+
+
+def _check_thinking(where: str, thinking: Any, max_tokens: int) -> None:
+    if thinking is None:
+        return
+    if not isinstance(thinking, dict):
+        raise ImproperlyConfigured(f"{where}: thinking must be a dict, got {thinking!r}")
+    budget = thinking.get("budget_tokens")
+    # The API refuses this on every call; better to fail at import than on each run.
+    if isinstance(budget, int) and budget >= max_tokens:
+        raise ImproperlyConfigured(
+            f"{where}: thinking budget_tokens ({budget}) must be less than "
+            f"max_tokens ({max_tokens})"
+        )
+
+
+def _checked_params(where: str, params: Any, cache: Any) -> dict[str, Any]:
+    """The other request parameters (``{}`` for None): a dict that sets none of the keys the
+    agent sets itself, nor a cache_control of its own next to ``cache=True``."""
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        raise ImproperlyConfigured(f"{where}: params must be a dict, got {params!r}")
+    reserved = [key for key in params if key in RESERVED_PARAMS]
+    if reserved:
+        raise ImproperlyConfigured(
+            f"{where}: params must not contain {', '.join(map(repr, reserved))}; "
+            "pass model, system, tools, max_tokens, thinking and betas as Agent arguments "
+            "(messages and stream are set by the runtime)"
+        )
+    if not isinstance(cache, bool):
+        raise ImproperlyConfigured(f"{where}: cache must be True or False, got {cache!r}")
+    if cache and "cache_control" in params:
+        raise ImproperlyConfigured(
+            f"{where}: cache=True sends a top-level cache_control of its own; leave "
+            "cache_control out of params (or set it there and leave cache off)"
+        )
+    return params
+
+
+def _tools_by_name(where: str, tools: Iterable[Any]) -> dict[str, Tool]:
+    """The agent's tools by name: each one a ``Tool``, no two with the same name."""
+    by_name: dict[str, Tool] = {}
+    for item in tools:
+        if not isinstance(item, Tool):
+            shown = getattr(item, "__qualname__", None) or repr(item)
+            raise ImproperlyConfigured(
+                f"{where}: {shown} is not a tool; decorate it with @tool(effect=...)"
+            )
+        if item.name in by_name:
+            raise ImproperlyConfigured(
+                f"{where}: two tools are named {item.name!r} "
+                f"({by_name[item.name]!r} and {item!r}); tool names must be unique"
+            )
+        by_name[item.name] = item
+    return by_name
 
 
 def _checked_betas(where: str, betas: Any) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from durable_agents.models import (
     ToolIntent,
 )
 from durable_agents.store import current
-from durable_agents.store.base import WaitRefused
+from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.text import has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
@@ -120,7 +120,9 @@ def send_event(name: str, payload: Any = None, *, user: Any = None) -> AgentEven
     return event
 
 
-def answer_question(run_id: Any, user: Any, text: str, *, question_id: Any = None) -> AgentQuestion:
+def answer_question(
+    run_id: RunId, user: Any, text: str, *, question_id: Any = None
+) -> AgentQuestion:
     """Answer the open question of a run (asked with the built-in ``ask_person`` tool): the
     answer, who gave it and when become the tool's result and the run goes on. Needs the
     permission ``durable_agents.answer_question``. ``question_id``: answer that question only
@@ -141,7 +143,7 @@ def answer_question(run_id: Any, user: Any, text: str, *, question_id: Any = Non
     return question
 
 
-def cancel_run(run_id: Any) -> bool:
+def cancel_run(run_id: RunId) -> bool:
     """Cancel a pending, running or waiting run, with its unfinished child runs. A worker
     holding one hears of it at once (PostgreSQL NOTIFY) or at its next heartbeat, and its
     fence refuses any further step. False if the run was already over."""
@@ -151,13 +153,14 @@ def cancel_run(run_id: Any) -> bool:
     return cancelled
 
 
-def requeue_run(run_id: Any) -> bool:
+def requeue_run(run_id: RunId) -> bool:
     """Send a dead run back to pending with a fresh no-progress count; its error stays as
     history until the run progresses."""
     return current().requeue_run(run_id)
 
 
-def messages_for(run_id: Any) -> list[dict[str, Any]]:
+def messages_for(run_id: RunId) -> list[dict[str, Any]]:
+    """The message list of a run, rebuilt from its step log exactly as the model was sent it."""
     return rebuild_messages(run_id)
 
 
@@ -177,7 +180,7 @@ def approve_intent(intent_id: Any, user: Any) -> ToolIntent:
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
 
 
-def reject_intent(intent_id: Any, user: Any, reason: str = "") -> ToolIntent:
+def reject_intent(intent_id: Any, user: Any, *, reason: str = "") -> ToolIntent:
     """Refuse a pending call; the model receives an error result naming who and why."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
 

@@ -8,6 +8,7 @@ a silenced id (``SILENCED_SYSTEM_CHECKS``) must keep silencing the same thing.
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -16,168 +17,236 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from durable_agents.conf import DEFAULTS, app_settings
+from durable_agents.conf import DEFAULTS, app_settings, declared_types
 
 # Referred to by runagents, whose --allow-offline lets this one check pass.
 OFFLINE_WITHOUT_DEBUG = "durable_agents.E011"
 
-# key: (whole number or any number, minimum, minimum allowed, None allowed)
-NUMBER_RULES: dict[str, tuple[str, float, bool, bool]] = {
-    "LEASE_SECONDS": ("number", 0, False, False),
-    "HEARTBEAT_SECONDS": ("number", 0, False, False),
-    "POLL_INTERVAL": ("number", 0, False, False),
-    "MAX_BACKOFF_SECONDS": ("number", 0, False, False),
-    "MODEL_TIMEOUT": ("number", 0, False, False),
-    "TOOL_TIMEOUT": ("number", 0, False, False),
-    "SHUTDOWN_GRACE_SECONDS": ("number", 0, True, False),
-    "UNDEPLOYED_RETRY_SECONDS": ("number", 0, True, False),
-    "RETENTION_DAYS": ("number", 0, False, True),
-    "MAX_ATTEMPTS": ("whole", 1, True, False),
-    "MAX_RESULT_CHARS": ("whole", 1, True, False),
-    "RETENTION_BATCH": ("whole", 1, True, False),
-    "METRICS_KEEP_DAYS": ("whole", 1, True, False),
-    "MODEL_RETRIES": ("whole", 0, True, False),
+# The bounds of each number setting: (minimum, whether the minimum itself is allowed). Whether
+# it must be a whole number, and whether None is allowed, come from its declared type.
+NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
+    "LEASE_SECONDS": (0, False),
+    "HEARTBEAT_SECONDS": (0, False),
+    "POLL_INTERVAL": (0, False),
+    "MAX_BACKOFF_SECONDS": (0, False),
+    "MODEL_TIMEOUT": (0, False),
+    "TOOL_TIMEOUT": (0, False),
+    "SHUTDOWN_GRACE_SECONDS": (0, True),
+    "UNDEPLOYED_RETRY_SECONDS": (0, True),
+    "RETENTION_DAYS": (0, False),
+    "MAX_ATTEMPTS": (1, True),
+    "MAX_RESULT_CHARS": (1, True),
+    "RETENTION_BATCH": (1, True),
+    "METRICS_KEEP_DAYS": (1, True),
+    "MODEL_RETRIES": (0, True),
     # The heartbeat, the listener and a pool of at least one.
-    "DB_POOL_SIZE": ("whole", 3, True, False),
-    "TOOL_THREADS": ("whole", 1, True, False),
-    "MAX_RUN_DEPTH": ("whole", 0, True, False),
-    "MAX_CHILD_RUNS": ("whole", 0, True, False),
+    "DB_POOL_SIZE": (3, True),
+    "TOOL_THREADS": (1, True),
+    "MAX_RUN_DEPTH": (0, True),
+    "MAX_CHILD_RUNS": (0, True),
 }
 
 
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    messages: list[CheckMessage] = []
     user = getattr(settings, "DURABLE_AGENTS", None) or {}
     if not isinstance(user, dict):
         return [Error("DURABLE_AGENTS must be a dict.", id="durable_agents.E001")]
-    for key in sorted(set(user) - set(DEFAULTS)):
-        messages.append(
-            Error(
-                f"DURABLE_AGENTS has an unknown key {key!r}.",
-                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
-                id="durable_agents.E002",
-            )
+    messages = [
+        *_unknown_keys(user),
+        *_bad_numbers(),
+        *_bad_booleans(),
+        *_bad_listen(),
+        *_bad_retired_models(),
+        *_bad_archiver(),
+        *_bad_tool_error_formatter(),
+    ]
+    if not messages:
+        # Only once the numbers are known to be numbers (and nothing else is wrong).
+        messages += _heartbeat_too_slow()
+    return [
+        *messages,
+        *_bad_betas(),
+        *_bad_client_factory(),
+        *_offline_without_debug(),
+        *_online_without_api_key(),
+    ]
+
+
+def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
+    return [
+        Error(
+            f"DURABLE_AGENTS has an unknown key {key!r}.",
+            hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+            id="durable_agents.E002",
         )
-    for key, (kind, minimum, inclusive, nullable) in NUMBER_RULES.items():
+        for key in sorted(set(user) - set(DEFAULTS))
+    ]
+
+
+def _bad_numbers() -> list[CheckMessage]:
+    types = declared_types()
+    messages: list[CheckMessage] = []
+    for key, (minimum, inclusive) in NUMBER_BOUNDS.items():
+        whole = types[key] is int
+        nullable = type(None) in typing.get_args(types[key])
         value = getattr(app_settings, key)
-        if value is None and nullable:
+        if (value is None and nullable) or _in_bounds(value, whole, minimum, inclusive):
             continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int if kind == "whole" else (int, float))
-            or value < minimum
-            or (value == minimum and not inclusive)
-        ):
-            bound = f">= {minimum}" if inclusive else f"> {minimum}"
-            messages.append(
-                Error(
-                    f"DURABLE_AGENTS[{key!r}] must be {'None or ' if nullable else ''}a "
-                    f"{'whole ' if kind == 'whole' else ''}number {bound}, not {value!r}.",
-                    id="durable_agents.E004" if kind == "whole" else "durable_agents.E003",
-                )
-            )
-    for key in ("OFFLINE", "NOTIFY", "OVERLAP_SAFE_COMMITS"):
-        if not isinstance(getattr(app_settings, key), bool):
-            messages.append(
-                Error(f"DURABLE_AGENTS[{key!r}] must be True or False.", id="durable_agents.E007")
-            )
-    listen = app_settings.LISTEN
-    if not isinstance(listen, (bool, dict)) or (
-        isinstance(listen, dict) and not all(isinstance(k, str) and k.isupper() for k in listen)
-    ):
+        bound = f">= {minimum}" if inclusive else f"> {minimum}"
         messages.append(
             Error(
-                "DURABLE_AGENTS['LISTEN'] must be True, False, or a dict of DATABASES keys.",
-                hint='For example {"HOST": "db.internal", "PORT": 5432}: the listener '
-                "connects there instead (around a transaction pooler, which cannot LISTEN).",
-                id="durable_agents.E013",
+                f"DURABLE_AGENTS[{key!r}] must be {'None or ' if nullable else ''}a "
+                f"{'whole ' if whole else ''}number {bound}, not {value!r}.",
+                id="durable_agents.E004" if whole else "durable_agents.E003",
             )
         )
+    return messages
+
+
+def _in_bounds(value: Any, whole: bool, minimum: float, inclusive: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        return False
+    # Written as the refusal so that NaN, which compares false to everything, stays allowed.
+    return not (value < minimum or (value == minimum and not inclusive))
+
+
+def _bad_booleans() -> list[CheckMessage]:
+    return [
+        Error(f"DURABLE_AGENTS[{key!r}] must be True or False.", id="durable_agents.E007")
+        for key, kind in declared_types().items()
+        if kind is bool and not isinstance(getattr(app_settings, key), bool)
+    ]
+
+
+def _bad_listen() -> list[CheckMessage]:
+    listen = app_settings.LISTEN
+    if isinstance(listen, bool) or (
+        isinstance(listen, dict) and all(isinstance(k, str) and k.isupper() for k in listen)
+    ):
+        return []
+    return [
+        Error(
+            "DURABLE_AGENTS['LISTEN'] must be True, False, or a dict of DATABASES keys.",
+            hint='For example {"HOST": "db.internal", "PORT": 5432}: the listener '
+            "connects there instead (around a transaction pooler, which cannot LISTEN).",
+            id="durable_agents.E013",
+        )
+    ]
+
+
+def _bad_retired_models() -> list[CheckMessage]:
     retired = app_settings.RETIRED_MODELS
-    if not isinstance(retired, (list, tuple, set, frozenset)) or not all(
+    if isinstance(retired, (list, tuple, set, frozenset)) and all(
         isinstance(m, str) for m in retired
     ):
-        messages.append(
-            Error(
-                "DURABLE_AGENTS['RETIRED_MODELS'] must be a list of model ids.",
-                id="durable_agents.E008",
-            )
+        return []
+    return [
+        Error(
+            "DURABLE_AGENTS['RETIRED_MODELS'] must be a list of model ids.",
+            id="durable_agents.E008",
         )
-    if app_settings.ARCHIVER:
-        try:
-            import_string(app_settings.ARCHIVER)
-        except ImportError as exc:
-            messages.append(
-                Error(
-                    f"DURABLE_AGENTS['ARCHIVER'] cannot be imported: {exc}",
-                    id="durable_agents.E009",
-                )
-            )
-    formatter_problem = _formatter_problem(app_settings.TOOL_ERROR_FORMATTER)
-    if formatter_problem:
-        messages.append(
+    ]
+
+
+def _bad_archiver() -> list[CheckMessage]:
+    if not app_settings.ARCHIVER:
+        return []
+    try:
+        import_string(app_settings.ARCHIVER)
+    except ImportError as exc:
+        return [
             Error(
-                f"DURABLE_AGENTS['TOOL_ERROR_FORMATTER'] {formatter_problem}.",
-                hint="Give the dotted path of a callable (tool_name, exception) -> str, or "
-                "None for the default text.",
-                id="durable_agents.E012",
+                f"DURABLE_AGENTS['ARCHIVER'] cannot be imported: {exc}",
+                id="durable_agents.E009",
             )
+        ]
+    return []
+
+
+def _bad_tool_error_formatter() -> list[CheckMessage]:
+    problem = _formatter_problem(app_settings.TOOL_ERROR_FORMATTER)
+    if not problem:
+        return []
+    return [
+        Error(
+            f"DURABLE_AGENTS['TOOL_ERROR_FORMATTER'] {problem}.",
+            hint="Give the dotted path of a callable (tool_name, exception) -> str, or "
+            "None for the default text.",
+            id="durable_agents.E012",
         )
+    ]
+
+
+def _heartbeat_too_slow() -> list[CheckMessage]:
     lease, beat = app_settings.LEASE_SECONDS, app_settings.HEARTBEAT_SECONDS
-    if not messages and beat * 2 > lease:
-        messages.append(
-            Warning(
-                f"HEARTBEAT_SECONDS ({beat}) is more than half of LEASE_SECONDS ({lease}).",
-                hint="Workers renew at most every third of the lease; keep the heartbeat "
-                "well below it so that one slow renewal does not lose the run.",
-                id="durable_agents.W001",
-            )
+    if beat * 2 <= lease:
+        return []
+    return [
+        Warning(
+            f"HEARTBEAT_SECONDS ({beat}) is more than half of LEASE_SECONDS ({lease}).",
+            hint="Workers renew at most every third of the lease; keep the heartbeat "
+            "well below it so that one slow renewal does not lose the run.",
+            id="durable_agents.W001",
         )
+    ]
+
+
+def _bad_betas() -> list[CheckMessage]:
     betas = app_settings.BETAS
-    if not isinstance(betas, (list, tuple)) or not all(isinstance(b, str) for b in betas):
-        messages.append(
-            Error("DURABLE_AGENTS['BETAS'] must be a list of strings.", id="durable_agents.E005")
-        )
+    if isinstance(betas, (list, tuple)) and all(isinstance(b, str) for b in betas):
+        return []
+    return [Error("DURABLE_AGENTS['BETAS'] must be a list of strings.", id="durable_agents.E005")]
+
+
+def _bad_client_factory() -> list[CheckMessage]:
     try:
         import_string(app_settings.CLIENT_FACTORY)
     except ImportError as exc:
-        messages.append(
+        return [
             Error(
                 f"DURABLE_AGENTS['CLIENT_FACTORY'] cannot be imported: {exc}",
                 id="durable_agents.E006",
             )
+        ]
+    return []
+
+
+def _offline_without_debug() -> list[CheckMessage]:
+    if app_settings.OFFLINE is not True or settings.DEBUG:
+        return []
+    return [
+        Error(
+            "DURABLE_AGENTS['OFFLINE'] is on while DEBUG is off: the offline scripted model "
+            "plays the '@tool {...}' lines written in a run's task, so whoever writes a "
+            "task decides which tools run, for real.",
+            hint="In production, turn OFFLINE off and give the workers ANTHROPIC_API_KEY; "
+            "never derive OFFLINE from a missing key. For a deliberate offline deployment "
+            "(a staging copy, CI), start workers with `runagents --allow-offline`, or add "
+            f"{OFFLINE_WITHOUT_DEBUG!r} to SILENCED_SYSTEM_CHECKS.",
+            id=OFFLINE_WITHOUT_DEBUG,
         )
-    if app_settings.OFFLINE is True and not settings.DEBUG:
-        messages.append(
-            Error(
-                "DURABLE_AGENTS['OFFLINE'] is on while DEBUG is off: the offline scripted model "
-                "plays the '@tool {...}' lines written in a run's task, so whoever writes a "
-                "task decides which tools run, for real.",
-                hint="In production, turn OFFLINE off and give the workers ANTHROPIC_API_KEY; "
-                "never derive OFFLINE from a missing key. For a deliberate offline deployment "
-                "(a staging copy, CI), start workers with `runagents --allow-offline`, or add "
-                f"{OFFLINE_WITHOUT_DEBUG!r} to SILENCED_SYSTEM_CHECKS.",
-                id=OFFLINE_WITHOUT_DEBUG,
-            )
-        )
+    ]
+
+
+def _online_without_api_key() -> list[CheckMessage]:
     if (
-        not app_settings.OFFLINE
-        and app_settings.CLIENT_FACTORY == DEFAULTS["CLIENT_FACTORY"]
-        and not os.environ.get("ANTHROPIC_API_KEY")
-        and not os.environ.get("ANTHROPIC_AUTH_TOKEN")
+        app_settings.OFFLINE
+        or app_settings.CLIENT_FACTORY != DEFAULTS["CLIENT_FACTORY"]
+        or os.environ.get("ANTHROPIC_API_KEY")
+        or os.environ.get("ANTHROPIC_AUTH_TOKEN")
     ):
-        messages.append(
-            Warning(
-                "ANTHROPIC_API_KEY is not set and OFFLINE is off: every model call will fail "
-                "to authenticate.",
-                hint="Set ANTHROPIC_API_KEY (or CLIENT_FACTORY) for the workers; web servers "
-                "do not need it. On a development machine without a key, turn OFFLINE on "
-                "explicitly (with DEBUG on) for the offline scripted model.",
-                id="durable_agents.W002",
-            )
+        return []
+    return [
+        Warning(
+            "ANTHROPIC_API_KEY is not set and OFFLINE is off: every model call will fail "
+            "to authenticate.",
+            hint="Set ANTHROPIC_API_KEY (or CLIENT_FACTORY) for the workers; web servers "
+            "do not need it. On a development machine without a key, turn OFFLINE on "
+            "explicitly (with DEBUG on) for the offline scripted model.",
+            id="durable_agents.W002",
         )
-    return messages
+    ]
 
 
 def _formatter_problem(path: Any) -> str | None:

@@ -1,87 +1,187 @@
 """Settings of durable_agents, read from ``settings.DURABLE_AGENTS`` with defaults.
 
-Read on every access (not cached at import) so that ``override_settings`` in tests and
-per-process configuration both work.
+``app_settings`` has one typed, documented attribute per setting (``DurableAgentsSettings``).
+Each is read on every access (not cached at import) so that ``override_settings`` in tests and
+per-process configuration both work; a name that is not a setting is an ``AttributeError``.
+The declarations below are the only copy of the defaults: the system checks take the known
+names, the defaults and the expected types from them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings as django_settings
 
-DEFAULTS: dict[str, Any] = {
-    "LEASE_SECONDS": 60,
-    "HEARTBEAT_SECONDS": 20,
-    "MAX_ATTEMPTS": 8,
-    "POLL_INTERVAL": 1.0,
-    # PostgreSQL: the most connections one worker process holds, all told: its heartbeat's,
-    # its listener's and its pool's. A pooled connection is held only while the worker talks
-    # to the database, never across a model or tool call, so this does not grow with the
-    # runs in flight.
-    "DB_POOL_SIZE": 8,
-    # PostgreSQL: LISTEN for new runs, wake-ups and cancellations (polling stays the fallback).
-    # True: on the database's own settings; False: poll only; a dict: overrides of the
-    # DATABASES entry for this one connection, e.g. {"PORT": 5432} to go around a
-    # transaction pooler, which cannot LISTEN.
-    "LISTEN": True,
-    # Plain ``def`` tools run on threads, each with its own database connection: at most this
-    # many tool calls of one worker run at once (the others wait their turn).
-    "TOOL_THREADS": 32,
-    "CLIENT_FACTORY": "durable_agents.llm.default_client",
-    "OFFLINE": False,
-    "BETAS": [],
-    # Retries of one model call inside one claim (429, 529, 5xx, connection errors).
-    "MODEL_RETRIES": 8,
-    # Longest pause between two retries when the server gives no retry-after.
-    "MAX_BACKOFF_SECONDS": 60.0,
-    # Tool results longer than this (in characters) are cut before the model sees them; the
-    # tool_effect ledger keeps the whole result.
-    "MAX_RESULT_CHARS": 1_000_000,
-    # Commit the results of pure and idempotent calls while the next model call is already
-    # on its way (one flushed commit per turn in the step's path instead of two). False: every
-    # step is committed before the next call goes out, whatever its tools.
-    "OVERLAP_SAFE_COMMITS": True,
-    # Seconds one tool call may take at most: the ceiling for ``@tool(timeout=)`` and
-    # ``Agent(tool_timeout=)``, and the timeout of tools that set neither. Past it the call's
-    # result is an error for the model and the worker slot is free again.
-    "TOOL_TIMEOUT": 600.0,
-    # Dotted path of a callable ``(tool_name, exception) -> str`` that writes the error text the
-    # model and the transcript see when a tool raises (to redact secrets from messages).
-    # None: "<tool> raised <Type>: <message>".
-    "TOOL_ERROR_FORMATTER": None,
-    # HTTP timeout of one model call, in seconds.
-    "MODEL_TIMEOUT": 600.0,
-    # A worker that lacks a run's prompt version (a rolling deploy: the code that started the
-    # run is newer than this worker) hands the run back for this long, for another worker.
-    # MAX_ATTEMPTS such claims in a row send it to the dead letter.
-    "UNDEPLOYED_RETRY_SECONDS": 30.0,
-    # After SIGTERM, steps in flight get this long to finish and commit before they are
-    # abandoned (uncommitted) and the worker exits. A second signal abandons them at once.
-    "SHUTDOWN_GRACE_SECONDS": 10.0,
-    # Housekeeping (see housekeeping.py): runs pinned to these models go to the dead letter.
-    "RETIRED_MODELS": [],
-    # Finished runs older than this many days are deleted (None: kept forever).
-    "RETENTION_DAYS": None,
-    "RETENTION_BATCH": 1000,
-    # Dotted path of a callable that receives each batch (a QuerySet of runs) before deletion.
-    "ARCHIVER": None,
-    "METRICS_KEEP_DAYS": 30,
-    # Child runs (spawn_run): how deep runs may nest (a run started by start_run is at depth 0)
-    # and how many children one run may spawn.
-    "MAX_RUN_DEPTH": 5,
-    "MAX_CHILD_RUNS": 100,
-    # E-mail staff when an intent waits or a run is dead-lettered (see notifications.py).
-    "NOTIFY": True,
-}
+__all__ = ["DEFAULTS", "DurableAgentsSettings", "Setting", "app_settings", "declared_types"]
+
+T = TypeVar("T")
+
+
+class Setting(Generic[T]):
+    """One setting: its default and what it does. Read on an instance, it is the value of
+    ``settings.DURABLE_AGENTS[name]`` at that moment, or the default."""
+
+    name: str
+
+    def __init__(self, default: T, doc: str) -> None:
+        self.default = default
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+
+    def __get__(self, instance: object | None, owner: type) -> Setting[T] | T:
+        if instance is None:
+            return self
+        user = getattr(django_settings, "DURABLE_AGENTS", None) or {}
+        # What the user wrote is checked by the system checks, not here: this is read often.
+        return typing.cast(T, user.get(self.name, self.default))
 
 
 class DurableAgentsSettings:
-    def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
+    """The settings of durable_agents (``settings.DURABLE_AGENTS``), all optional."""
+
+    LEASE_SECONDS: Setting[float] = Setting(
+        60, "Seconds a worker's claim on a run lasts unless its heartbeat renews it."
+    )
+    HEARTBEAT_SECONDS: Setting[float] = Setting(
+        20, "Seconds between two renewals of a worker's leases; well below LEASE_SECONDS."
+    )
+    MAX_ATTEMPTS: Setting[int] = Setting(
+        8, "Claims in a row without a new committed step before the run goes to the dead letter."
+    )
+    POLL_INTERVAL: Setting[float] = Setting(
+        1.0, "Seconds between two looks for claimable runs when nothing wakes the worker."
+    )
+    DB_POOL_SIZE: Setting[int] = Setting(
+        8,
+        "PostgreSQL: the most connections one worker process holds, all told: its heartbeat's, "
+        "its listener's and its pool's. A pooled connection is held only while the worker talks "
+        "to the database, never across a model or tool call, so this does not grow with the "
+        "runs in flight.",
+    )
+    LISTEN: Setting[bool | dict[str, Any]] = Setting(
+        True,
+        "PostgreSQL: LISTEN for new runs, wake-ups and cancellations (polling stays the "
+        "fallback). True: on the database's own settings; False: poll only; a dict: overrides "
+        "of the DATABASES entry for this one connection, e.g. {'PORT': 5432} to go around a "
+        "transaction pooler, which cannot LISTEN.",
+    )
+    TOOL_THREADS: Setting[int] = Setting(
+        32,
+        "Plain ``def`` tools run on threads, each with its own database connection: at most "
+        "this many tool calls of one worker run at once (the others wait their turn).",
+    )
+    CLIENT_FACTORY: Setting[str] = Setting(
+        "durable_agents.llm.default_client",
+        "Dotted path of a callable that returns the ``anthropic.Anthropic`` client.",
+    )
+    OFFLINE: Setting[bool] = Setting(
+        False, "True: the built-in offline scripted model answers instead of the API."
+    )
+    BETAS: Setting[list[str]] = Setting(
+        [], "anthropic-beta values sent on every model call (before each agent's own)."
+    )
+    MODEL_RETRIES: Setting[int] = Setting(
+        8, "Retries of one model call inside one claim (429, 529, 5xx, connection errors)."
+    )
+    MAX_BACKOFF_SECONDS: Setting[float] = Setting(
+        60.0, "Longest pause between two retries when the server gives no retry-after."
+    )
+    MAX_RESULT_CHARS: Setting[int] = Setting(
+        1_000_000,
+        "Tool results longer than this (in characters) are cut before the model sees them; "
+        "the tool_effect ledger keeps the whole result.",
+    )
+    OVERLAP_SAFE_COMMITS: Setting[bool] = Setting(
+        True,
+        "Commit the results of pure and idempotent calls while the next model call is already "
+        "on its way (one flushed commit per turn in the step's path instead of two). False: "
+        "every step is committed before the next call goes out, whatever its tools.",
+    )
+    TOOL_TIMEOUT: Setting[float] = Setting(
+        600.0,
+        "Seconds one tool call may take at most: the ceiling for ``@tool(timeout=)`` and "
+        "``Agent(tool_timeout=)``, and the timeout of tools that set neither. Past it the "
+        "call's result is an error for the model and the worker slot is free again.",
+    )
+    TOOL_ERROR_FORMATTER: Setting[str | None] = Setting(
+        None,
+        "Dotted path of a callable ``(tool_name, exception) -> str`` that writes the error text "
+        "the model and the transcript see when a tool raises (to redact secrets from messages). "
+        'None: "<tool> raised <Type>: <message>".',
+    )
+    MODEL_TIMEOUT: Setting[float] = Setting(600.0, "HTTP timeout of one model call, in seconds.")
+    UNDEPLOYED_RETRY_SECONDS: Setting[float] = Setting(
+        30.0,
+        "A worker that lacks a run's prompt version (a rolling deploy: the code that started "
+        "the run is newer than this worker) hands the run back for this long, for another "
+        "worker. MAX_ATTEMPTS such claims in a row send it to the dead letter.",
+    )
+    SHUTDOWN_GRACE_SECONDS: Setting[float] = Setting(
+        10.0,
+        "After SIGTERM, steps in flight get this long to finish and commit before they are "
+        "abandoned (uncommitted) and the worker exits. A second signal abandons them at once.",
+    )
+    RETIRED_MODELS: Setting[list[str]] = Setting(
+        [], "Housekeeping: runs pinned to these models go to the dead letter."
+    )
+    RETENTION_DAYS: Setting[float | None] = Setting(
+        None, "Housekeeping: finished runs older than this many days are deleted (None: kept)."
+    )
+    RETENTION_BATCH: Setting[int] = Setting(
+        1000, "Housekeeping: runs deleted per batch by the retention job."
+    )
+    ARCHIVER: Setting[str | None] = Setting(
+        None,
+        "Dotted path of a callable that receives each batch (a QuerySet of runs) before deletion.",
+    )
+    METRICS_KEEP_DAYS: Setting[int] = Setting(30, "Housekeeping: days of metric snapshots kept.")
+    MAX_RUN_DEPTH: Setting[int] = Setting(
+        5,
+        "Child runs (spawn_run): how deep runs may nest (a run started by start_run is at "
+        "depth 0).",
+    )
+    MAX_CHILD_RUNS: Setting[int] = Setting(100, "How many children one run may spawn.")
+    NOTIFY: Setting[bool] = Setting(
+        True, "E-mail staff when an intent waits or a run is dead-lettered."
+    )
+
+    if not typing.TYPE_CHECKING:
+        # Only for names that are not settings (the declared ones are found first); hidden
+        # from the type checker, which would otherwise accept any attribute.
+        def __getattr__(self, name: str) -> Any:
             raise AttributeError(f"durable_agents has no setting {name!r}")
-        user = getattr(django_settings, "DURABLE_AGENTS", None) or {}
-        return user.get(name, DEFAULTS[name])
+
+
+def _declared() -> dict[str, Setting[Any]]:
+    return {
+        name: value
+        for name, value in vars(DurableAgentsSettings).items()
+        if isinstance(value, Setting)
+    }
+
+
+# Each setting's default, by name (read-only).
+DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
+    {name: setting.default for name, setting in _declared().items()}
+)
+
+
+def declared_types() -> dict[str, Any]:
+    """Each setting's declared type (``float``, ``int | None``, ...), by name."""
+    hints = typing.get_type_hints(DurableAgentsSettings)
+    return {name: typing.get_args(hints[name])[0] for name in DEFAULTS}
 
 
 app_settings = DurableAgentsSettings()

@@ -19,6 +19,8 @@ import json
 import re
 from typing import Any
 
+from durable_agents.exceptions import Unstorable as Unstorable  # re-exported: its old home
+
 NUL_MARKER = "\u2400"  # ␀ SYMBOL FOR NULL
 SURROGATE_MARKER = "\ufffd"  # � REPLACEMENT CHARACTER
 
@@ -28,11 +30,6 @@ SURROGATE_MARKER = "\ufffd"  # � REPLACEMENT CHARACTER
 MAX_DEPTH = 100
 
 _UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")
-
-
-class Unstorable(ValueError):
-    """A value from outside that cannot be stored or sent as it is. The message completes
-    "the value ...": "nests deeper than 100 levels", "is not JSON-serialisable: ..."."""
 
 
 def has_unstorable(text: str) -> bool:

@@ -26,6 +26,8 @@ from typing import Any
 
 import jsonschema
 
+from durable_agents.exceptions import ToolInputError
+
 __all__ = [
     "EFFECTS",
     "EffectClass",
@@ -71,10 +73,6 @@ _MAX_MESSAGE_CHARS = 4000
 
 _ARGS_HEADERS = ("Args:", "Arguments:")
 _ARG_LINE_RE = re.compile(r"^\*{0,2}(?P<name>\w+)\s*(?:\([^)]*\))?\s*:\s*(?P<text>.*)$")
-
-
-class ToolInputError(ValueError):
-    """The model's input for a tool does not match the tool's schema (the model can retry)."""
 
 
 # --------------------------------------------------------------------------- docstrings
@@ -548,6 +546,36 @@ class Tool:
             f"<Tool {self.name} effect={self.effect} "
             f"func={getattr(self.func, '__module__', '?')}.{_qualname(self.func)}>"
         )
+
+
+# What ``@tool(effect=...)`` takes, spelled out so that a type checker catches a misspelt effect.
+EffectName = typing.Literal["pure", "idempotent", "non_idempotent", "irreversible"]
+
+
+@typing.overload
+def tool(
+    func: None = None,
+    /,
+    *,
+    effect: EffectName | EffectClass,
+    name: str | None = None,
+    description: str | None = None,
+    input_schema: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+@typing.overload
+def tool(
+    func: Callable[..., Any],
+    /,
+    *,
+    effect: EffectName | EffectClass | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    input_schema: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> typing.NoReturn: ...
 
 
 def tool(

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from durable_agents.exceptions import DurableAgentsError
 
-class ModelError(Exception):
+
+class ModelError(DurableAgentsError):
     """A model call that did not produce a turn."""
 
     def __init__(self, message: str, *, status: int | None = None, request_id: str | None = None):

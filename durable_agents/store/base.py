@@ -59,6 +59,7 @@ from typing import Any, TypeAlias
 
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
+from durable_agents.exceptions import DurableAgentsError
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -163,7 +164,7 @@ class WaitSpec:
     question: str | None = None
 
 
-class WaitRefused(Exception):
+class WaitRefused(DurableAgentsError):
     """A wait or a spawn that cannot be done as asked; the message is for the model."""
 
 

@@ -3,7 +3,7 @@
 Hypothesis generates model turns (tool names, inputs, the final text; NUL, lone surrogates,
 nesting far past any recursion limit, sizes up to a few MB) and the values the tools give back
 (chosen by the inputs of the ``fuzzer`` agent's tools, tests/testapp/fuzz_agents.py). The
-offline model plays them (``@@turn`` / ``@@final`` directives, durable_agents/offline.py),
+offline model plays them (``@@turn`` / ``@@final`` directives, durable_agents/offline/script.py),
 in-process burst workers advance each run one claim at a time, and for every example:
 
 (a) within MAX_ATTEMPTS + 1 claims the run is terminal (succeeded, failed, cancelled, dead) or

@@ -1,0 +1,47 @@
+"""The errors durable_agents raises to its users, under one base: ``DurableAgentsError``.
+
+``except DurableAgentsError`` catches every error that is ours. Each error also keeps the
+builtin class it had before the base existed (``AgentNotFound`` is still a ``LookupError``,
+``ToolInputError`` and ``Unstorable`` are still ``ValueError``), so code that catches the builtin
+goes on working.
+
+Where they live:
+
+- here: ``AgentNotFound`` (no agent under that name or version), ``ToolInputError`` (a tool's
+  input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
+  it is); their old modules (``agents``, ``tools``, ``text``) re-export them;
+- ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
+  ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
+- ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as
+  asked).
+
+Those two define their errors themselves so that this module imports nothing at all: importing
+it never loads the SDK, the store or the app registry.
+
+``durable_agents.Wait`` is deliberately *not* a ``DurableAgentsError``. It is not an error but
+the way tool code parks its run, and it must reach the runtime: a tool that wraps its helpers
+in ``except DurableAgentsError`` (to turn our errors into a message for the model) would
+otherwise swallow the wait and never park. The runtime's own control-flow exceptions (the
+runner's and the call threads') are private and never reach user code.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AgentNotFound", "DurableAgentsError", "ToolInputError", "Unstorable"]
+
+
+class DurableAgentsError(Exception):
+    """The base of every error durable_agents raises to its users."""
+
+
+class AgentNotFound(DurableAgentsError, LookupError):
+    """No agent is registered under the name (or name and version) asked for."""
+
+
+class ToolInputError(DurableAgentsError, ValueError):
+    """The model's input for a tool does not match the tool's schema (the model can retry)."""
+
+
+class Unstorable(DurableAgentsError, ValueError):
+    """A value from outside that cannot be stored or sent as it is. The message completes
+    "the value ...": "nests deeper than 100 levels", "is not JSON-serialisable: ..."."""

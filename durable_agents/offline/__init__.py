@@ -1,0 +1,67 @@
+r"""A deterministic, offline, scripted stand-in for the Anthropic Messages API.
+
+``POST /v1/messages``, as JSON or, with ``"stream": true``, as server-sent events. Used behind
+the real SDK through ``httpx2.MockTransport`` when no API key is configured
+(``offline_client()``), and by tests behind a real local HTTP server (``OfflineServer``).
+
+The script lives in the task (the text of the first user message): lines starting with ``@``
+are the model's turns, ``@@`` lines are directives (latency, hostile turns, the final text,
+repeats); see ``durable_agents.offline.script``.
+
+Thinking signatures are the point of this module: like the real API, a thinking block is only
+accepted back if everything it was produced from (model, system, tools, earlier messages, its
+text) is sent back byte-identical in value and key order. This is what lets tests prove that a
+durable store replays history verbatim. It deliberately imports neither Django nor the database.
+
+Long transcripts (server-side compaction, context editing, automatic prompt caching) are
+modelled as the real API documents them; see ``durable_agents.offline.compaction``.
+
+One module per job:
+
+- ``script``: the script language (plan lines and directives) and its parser;
+- ``signatures``: the canonical bytes of a value and the thinking signatures over them;
+- ``requests``: a request checked as the API checks it (fields, roles, signatures, caching);
+- ``compaction``: the compaction edit, the block it writes and the view of a request after it;
+- ``model``: ``ScriptedModel``, the answer to one request;
+- ``sse``: the answer as server-sent events;
+- ``transport``: ``offline_client`` (in-process) and ``OfflineServer`` (a real HTTP server);
+- ``wire``: what the model shares with the real API (constants, error answers, ids, JSON bytes).
+"""
+
+from durable_agents.deepjson import dumps_deep, loads_deep
+from durable_agents.offline.compaction import (
+    COMPACT_BETA,
+    CONTEXT_EDITING_BETA,
+    OFFLINE_MIN_COMPACTION_TRIGGER,
+)
+from durable_agents.offline.model import ScriptedModel
+from durable_agents.offline.script import (
+    PlanCall,
+    Script,
+    final_directive,
+    parse_script,
+    turn_directive,
+)
+from durable_agents.offline.signatures import canonical_bytes, sign
+from durable_agents.offline.transport import OfflineServer, offline_client
+from durable_agents.offline.wire import DEFAULT_SECRET, RETIRED_MODELS
+
+__all__ = [
+    "COMPACT_BETA",
+    "CONTEXT_EDITING_BETA",
+    "OFFLINE_MIN_COMPACTION_TRIGGER",
+    "RETIRED_MODELS",
+    "DEFAULT_SECRET",
+    "ScriptedModel",
+    "PlanCall",
+    "Script",
+    "parse_script",
+    "sign",
+    "canonical_bytes",
+    "offline_client",
+    "OfflineServer",
+    "turn_directive",
+    "final_directive",
+    "loads_deep",
+    "dumps_deep",
+]

@@ -1,0 +1,331 @@
+"""The offline model: ``ScriptedModel`` answers ``POST /v1/messages`` as a pure function of the
+request, playing the script written in the task."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx2
+
+from durable_agents.deepjson import loads_deep
+from durable_agents.offline.compaction import (
+    CompactionEdit,
+    View,
+    compaction_block,
+    compaction_edit,
+    view_of,
+)
+from durable_agents.offline.requests import (
+    cache_control,
+    check_signatures,
+    check_structure,
+    parse_body,
+)
+from durable_agents.offline.script import Script, script_of
+from durable_agents.offline.signatures import Signer, canonical_bytes
+from durable_agents.offline.sse import sse_events
+from durable_agents.offline.wire import (
+    DEFAULT_SECRET,
+    MESSAGES_PATH,
+    RETIRED_MODELS,
+    RequestError,
+    Response,
+    betas_of,
+    compaction_only,
+    hex24,
+    json_bytes,
+)
+
+
+@dataclasses.dataclass
+class _Request:
+    """A request that passed every check, with what the answer is computed from."""
+
+    model: str
+    system: Any
+    tools: Any
+    thinking_on: bool
+    compaction: CompactionEdit | None
+    cached: bool
+    view: View
+    signer: Signer  # over every message the model reads
+    parts: list[bytes]  # each read message's canonical bytes
+
+
+@dataclasses.dataclass
+class _Input:
+    """The input tokens billed: read in all, of which read from the prompt cache."""
+
+    read: int
+    cache_read: int
+    body_bytes: int  # of the request body the model reads (from the last compaction block on)
+
+
+class ScriptedModel:
+    """The offline model. ``respond`` is a pure function of the request (plus a sleep when the
+    task asks for latency): the same request bytes always give the same response bytes."""
+
+    def __init__(self, secret: bytes = DEFAULT_SECRET) -> None:
+        self.secret = secret
+
+    # -- transport adapters --------------------------------------------------------------
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        """Handler for ``httpx2.MockTransport``; streamed requests get a streamed body."""
+        status, headers, chunks = self.respond_stream(
+            request.method, request.url.path, request.headers, request.read()
+        )
+        return httpx2.Response(status, headers=headers, content=chunks)
+
+    def respond_stream(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], Iterator[bytes]]:
+        """Like ``respond``, but a request with ``"stream": true`` is answered with server-sent
+        events (``@@chunk_latency`` seconds apart) that assemble into exactly the message
+        ``respond`` would have returned."""
+        try:
+            streamed = loads_deep(body).get("stream") is True
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            streamed = False
+        if not streamed:
+            status, out_headers, out = self.respond(method, path, headers, body)
+            return status, out_headers, iter([out])
+        request_id = "req_offline_" + hex24("request", method, path, body)
+        try:
+            payload, latency, chunk_latency = self._answer(
+                method, path, body, request_id, streamed=True, headers=headers
+            )
+        except RequestError as e:
+            error = {
+                "type": "error",
+                "error": {"type": e.error_type, "message": e.message},
+                "request_id": request_id,
+            }
+            return e.status, self._headers(request_id), iter([self._dump(error)])
+        if latency:
+            time.sleep(latency)
+        sse_headers = {"content-type": "text/event-stream", "request-id": request_id}
+        return 200, sse_headers, sse_events(payload, chunk_latency)
+
+    # -- the API -------------------------------------------------------------------------
+
+    def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
+        request_id = "req_offline_" + hex24("request", method, path, body)
+        try:
+            payload, latency, _ = self._answer(method, path, body, request_id, headers=headers)
+        except RequestError as e:
+            payload = {
+                "type": "error",
+                "error": {"type": e.error_type, "message": e.message},
+                "request_id": request_id,
+            }
+            return e.status, self._headers(request_id), self._dump(payload)
+        if latency:
+            time.sleep(latency)
+        return 200, self._headers(request_id), self._dump(payload)
+
+    @staticmethod
+    def _headers(request_id: str) -> dict[str, str]:
+        return {"content-type": "application/json", "request-id": request_id}
+
+    @staticmethod
+    def _dump(payload: dict[str, Any]) -> bytes:
+        return json_bytes(payload, separators=(", ", ": "))
+
+    def _answer(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        request_id: str,
+        streamed: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[dict[str, Any], float, float]:
+        req = self._read(method, path, body, streamed, headers or {})
+        script = script_of(req.view.task)
+        turn = req.view.turns_before + sum(
+            1
+            for m in req.view.messages
+            if m["role"] == "assistant" and not compaction_only(m["content"])
+        )
+        billed = _input_of(req, body)
+        content: list[dict[str, Any]] = []
+        iterations: list[dict[str, Any]] = []
+        signer = req.signer
+        if req.compaction is not None and _compaction_fires(req, req.compaction):
+            block, signer = self._compact(req, turn, script, billed, iterations)
+            content.append(block)
+            if req.compaction.pause:
+                # Paused after the compaction: the message pass is the next request's.
+                usage = _usage_entry(None, 0, 0, 0, 0)
+                return self._message(
+                    req, body, turn, script, content, "compaction", usage, iterations
+                )
+        blocks, stop_reason = self._turn_blocks(
+            req.model, turn, script, req.view.task, req.thinking_on, signer
+        )
+        content.extend(blocks)
+        output = max(1, len(canonical_bytes(blocks)) // 4)
+        if req.cached:
+            created = billed.read - billed.cache_read
+            usage = _usage_entry(None, 0, created, billed.cache_read, output)
+        else:
+            usage = _usage_entry(None, billed.read, 0, 0, output)
+        if iterations:
+            iterations.append({"type": "message", **usage})
+        return self._message(req, body, turn, script, content, stop_reason, usage, iterations)
+
+    def _read(
+        self, method: str, path: str, body: bytes, streamed: bool, headers: Mapping[str, str]
+    ) -> _Request:
+        """The request, checked as the API checks it (else the error it would answer)."""
+        path = path.split("?", 1)[0]
+        if method.upper() != "POST" or path.rstrip("/") != MESSAGES_PATH:
+            raise RequestError(404, "not_found_error", f"{method.upper()} {path}: not found")
+        req = parse_body(body, streamed)
+        model: str = req["model"]
+        if not model.startswith("claude-") or model in RETIRED_MODELS:
+            raise RequestError(404, "not_found_error", f"model: {model}")
+        betas = betas_of(headers)
+        compaction = compaction_edit(req.get("context_management"), betas)
+        cached = cache_control(req.get("cache_control"))
+        messages: list[dict[str, Any]] = req["messages"]
+        check_structure(messages)
+        view = view_of(self.secret, model, messages, betas)
+        system, tools = req.get("system"), req.get("tools")
+        signer, parts = check_signatures(self.secret, model, system, tools, view)
+        thinking = req.get("thinking")
+        thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+        return _Request(model, system, tools, thinking_on, compaction, cached, view, signer, parts)
+
+    def _compact(
+        self,
+        req: _Request,
+        turn: int,
+        script: Script,
+        billed: _Input,
+        iterations: list[dict[str, Any]],
+    ) -> tuple[dict[str, Any], Signer]:
+        """The compaction block of this answer, with its pass in ``iterations``; ``billed``
+        becomes what the message pass reads (the summary instead of what it replaces). Returns
+        the block and the signer of the message pass, over the summary alone."""
+        assert req.compaction is not None
+        block = compaction_block(self.secret, req.model, turn, req.view, script, req.compaction)
+        iterations.append(
+            _usage_entry("compaction", billed.read, 0, 0, max(1, len(canonical_bytes(block)) // 4))
+        )
+        summary_bytes = canonical_bytes({"role": "assistant", "content": [block]})
+        billed.read = max(1, (billed.body_bytes - sum(len(p) for p in req.parts)) // 4)
+        billed.read += len(summary_bytes) // 4
+        billed.cache_read = 0
+        signer = Signer(self.secret, req.model, req.system, req.tools)
+        signer.add(summary_bytes)
+        return block, signer
+
+    @staticmethod
+    def _message(
+        req: _Request,
+        body: bytes,
+        turn: int,
+        script: Script,
+        content: list[dict[str, Any]],
+        stop_reason: str,
+        usage: dict[str, Any],
+        iterations: list[dict[str, Any]],
+    ) -> tuple[dict[str, Any], float, float]:
+        """The answer's message, and the latencies the script asks for."""
+        usage["service_tier"] = "standard"
+        if iterations:
+            usage["iterations"] = iterations
+        payload = {
+            "id": "msg_offline_" + hex24("message", body),
+            "type": "message",
+            "role": "assistant",
+            "model": req.model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+            "container": None,
+            # Not modelled by the SDK: lets tests check that the raw body is stored verbatim.
+            "offline_script": {"turn": turn, "plan_lines": len(script.plan)},
+        }
+        return payload, script.latency, script.chunk_latency
+
+    def _turn_blocks(
+        self,
+        model: str,
+        turn: int,
+        script: Script,
+        task_text: str,
+        thinking_on: bool,
+        signer: Signer,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The blocks of turn ``turn`` of the script (a thinking block signed by ``signer``,
+        the text, the calls) and its stop reason."""
+        if turn < len(script.plan):
+            calls = script.plan[turn]
+            names = ", ".join(c.name for c in calls)
+            thought = f"Turn {turn + 1} of {len(script.plan)}: the plan says to call {names}."
+            text = f"Step {turn + 1}: calling {names}."
+            stop_reason = "tool_use"
+        else:
+            calls = []
+            if script.final_text is not None:
+                text = script.final_text
+            elif script.plan:
+                text = f"Done. {len(script.plan)} planned turns completed."
+            else:
+                text = f"Offline model, no plan in the task: {script.first_line}"
+            thought = f"Turn {turn + 1}: nothing left to call, so the run ends."
+            stop_reason = "end_turn"
+        content: list[dict[str, Any]] = []
+        if thinking_on:
+            content.append(
+                {"type": "thinking", "thinking": thought, "signature": signer.sign(thought)}
+            )
+        content.append({"type": "text", "text": text})
+        for index, call in enumerate(calls):
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": "toolu_" + hex24("tool_use", model, turn, index, task_text),
+                    "name": call.name,
+                    "input": call.input,
+                }
+            )
+        return content, stop_reason
+
+
+def _input_of(req: _Request, body: bytes) -> _Input:
+    """What the model reads: the body less what precedes the last compaction block; with
+    automatic caching, all but the last two messages come from the cache."""
+    dropped = sum(len(canonical_bytes(m)) + 1 for m in req.view.dropped)  # and its comma
+    read_before = len(body) - dropped - sum(len(p) for p in req.parts[-2:])
+    cache_read = max(0, read_before // 4) if req.cached and len(req.parts) >= 3 else 0
+    return _Input(max(1, (len(body) - dropped) // 4), cache_read, len(body) - dropped)
+
+
+def _compaction_fires(req: _Request, compaction: CompactionEdit) -> bool:
+    """Whether the request's compaction edit fires: on a user turn, when what the model reads
+    reaches the trigger."""
+    return (
+        req.view.messages[-1]["role"] == "user"
+        and sum(len(p) for p in req.parts) // 4 >= compaction.trigger
+    )
+
+
+def _usage_entry(
+    kind: str | None, input_tokens: int, created: int, read: int, output: int
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {} if kind is None else {"type": kind}
+    entry.update(
+        input_tokens=input_tokens,
+        cache_creation_input_tokens=created,
+        cache_read_input_tokens=read,
+        output_tokens=output,
+    )
+    return entry
