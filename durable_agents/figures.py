@@ -32,6 +32,7 @@ from django.db.models import (
 from django.db.models.functions import Now, Substr, TruncHour
 from django.utils import timezone
 
+from durable_agents.counting import bounded_count
 from durable_agents.models import (
     FINISHED_STATUSES,
     AgentQuestion,
@@ -306,7 +307,6 @@ def _gauges(using: str) -> dict[str, Any]:
     intents and open questions as scalar subqueries (evaluated once); then the ended runs per
     status, each a bounded count (exact up to 10,000 rows, past that the planner's estimate),
     so that a table of ten million runs is not read at every scrape."""
-    from durable_agents.admin.listing import bounded_count
 
     def scalar(queryset: Any, function: str, column: str, output: Any) -> Subquery:
         value = Func(F(column), function=function, output_field=output)

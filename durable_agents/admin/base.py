@@ -23,7 +23,8 @@ from django.utils.translation import gettext
 from django.views.decorators.http import require_http_methods, require_POST
 
 from durable_agents.admin.format import Text
-from durable_agents.admin.listing import Count, EstimatingPaginator
+from durable_agents.admin.listing import EstimatingPaginator
+from durable_agents.counting import Count
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin as _ModelAdmin

@@ -21,11 +21,11 @@ from django.urls import URLPattern, path
 from django.utils.http import urlencode
 from django.utils.translation import gettext
 
-from durable_agents.admin import listing
+from durable_agents import counting
 from durable_agents.admin.format import cut_at_word
-from durable_agents.admin.listing import bounded_count
 from durable_agents.admin.run_actions import RUN_ACTION_LIMIT, RunActions
 from durable_agents.causes import error_reason
+from durable_agents.counting import bounded_count
 from durable_agents.models import (
     AgentRun,
     RunStatus,
@@ -72,7 +72,7 @@ class DeadLetterPage:
     groups: list[DeadGroup]
     number: int  # 1-based
     has_next: bool
-    total: listing.Count  # dead runs in all
+    total: counting.Count  # dead runs in all
 
 
 def dead_letter_page(number: int = 1) -> DeadLetterPage:

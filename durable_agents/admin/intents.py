@@ -53,8 +53,9 @@ from durable_agents.admin.format import (
     time_field,
 )
 from durable_agents.admin.forms import RejectForm, ResolveForm
-from durable_agents.admin.listing import EstimatingPaginator, count_at_most
+from durable_agents.admin.listing import EstimatingPaginator
 from durable_agents.admin.transcript import StepUrl, model_turn_for_intent
+from durable_agents.counting import count_at_most
 from durable_agents.models import (
     IntentStatus,
     ToolEffect,

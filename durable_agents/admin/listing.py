@@ -17,9 +17,10 @@ admin at ten million runs"). The flow of a runs-list request, and where each ste
 4. **Paging** reaches back ``EXACT_COUNT_LIMIT`` rows (``EstimatingPaginator.max_pages``
    pages), so that no page asks for a deep OFFSET; a filter or a search goes further.
 
-What differs between databases is behind ``Dialect``: PostgreSQL estimates counts from the
-planner and looks words up in its trigram indexes; the portable dialect (SQLite) has no
-estimate ("more than 10,000") and scans for words, which is fine at its sizes. Both match
+Counting itself is ``durable_agents.counting`` (the figures and the Prometheus gauges count
+the same way). What differs between databases in search is behind ``Dialect``: PostgreSQL
+looks words up in its trigram indexes; the portable dialect (SQLite) scans for words, which is
+fine at its sizes. Both match
 words the same way (``Dialect.contains_words``).
 """
 
@@ -31,17 +32,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.humanize.templatetags.humanize import intcomma, intword
+from django.contrib.humanize.templatetags.humanize import intcomma
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet, Value
 from django.utils.functional import cached_property
 from django.utils.translation import gettext, ngettext
 
+from durable_agents import counting
+from durable_agents.counting import Count, bounded_count
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
 
-# A count reads at most this many rows; past it the count is an estimate, and the pages stop.
-EXACT_COUNT_LIMIT = 10_000
 # Distinct values a filter lists (agents, models); more than that is not a filter any more.
 MAX_FILTER_VALUES = 100
 # Search by words or request id: the newest matches found through the index, at most this
@@ -79,10 +80,6 @@ class Dialect:
     """The portable dialect (SQLite, and the base of the others): no estimates; words are
     matched by scanning."""
 
-    def estimate_rows(self, queryset: QuerySet[Any]) -> int | None:
-        """The planner's estimate of how many rows ``queryset`` yields; None if unknown."""
-        return None
-
     # A word boundary in the database's regular expressions: Python's, through the REGEXP
     # function Django gives SQLite.
     word_boundary = r"\b"
@@ -118,16 +115,6 @@ class Dialect:
 
 
 class PostgresDialect(Dialect):
-    def estimate_rows(self, queryset: QuerySet[Any]) -> int | None:
-        compiler = queryset.order_by().query.get_compiler(using=queryset.db)
-        sql, params = compiler.as_sql()
-        with connections[queryset.db].cursor() as cursor:
-            cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
-            (plan,) = cursor.fetchone()
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        return int(plan[0]["Plan"]["Plan Rows"])
-
     word_boundary = r"\y"  # PostgreSQL's regular expressions: \b is a backspace there
 
     def escape_regex(self, text: str) -> str:
@@ -168,42 +155,6 @@ def dialect(using: str = "default") -> Dialect:
 # -- counting and paging --------------------------------------------------------------------
 
 
-def count_at_most(queryset: QuerySet[Any], limit: int) -> int:
-    """``min(count, limit + 1)``: reads at most ``limit + 1`` rows, through any index."""
-    return queryset.order_by().values("pk")[: limit + 1].count()
-
-
-@dataclass(frozen=True)
-class Count:
-    """A count as a page shows it: exact, or past EXACT_COUNT_LIMIT an estimate."""
-
-    value: int
-    exact: bool
-    at_least: bool = False  # no estimate to be had: ``value`` is only a lower bound
-
-    def describe(self, singular: str, plural: str) -> str:
-        """ "1 agent run", "4 agent runs", "about 1.2 million agent runs"."""
-        return f"{self} {singular if self.exact and self.value == 1 else plural}"
-
-    def __str__(self) -> str:
-        if self.exact:
-            return str(intcomma(self.value))
-        if self.at_least:
-            return gettext("more than %(count)s") % {"count": intcomma(self.value)}
-        return gettext("about %(count)s") % {"count": intword(self.value)}
-
-
-def bounded_count(queryset: QuerySet[Any]) -> Count:
-    """Exact up to EXACT_COUNT_LIMIT, else the planner's estimate (never below the limit)."""
-    exact = count_at_most(queryset, EXACT_COUNT_LIMIT)
-    if exact <= EXACT_COUNT_LIMIT:
-        return Count(exact, True)
-    estimate = dialect(queryset.db).estimate_rows(queryset)
-    if estimate is None:
-        return Count(EXACT_COUNT_LIMIT, exact=False, at_least=True)
-    return Count(max(estimate, exact), exact=False)
-
-
 class EstimatingPaginator(Paginator):  # type: ignore[type-arg]
     """Django's paginator for lists of millions: ``count`` is a ``bounded_count`` and the
     pages stop after EXACT_COUNT_LIMIT rows (no deep OFFSET)."""
@@ -223,7 +174,7 @@ class EstimatingPaginator(Paginator):  # type: ignore[type-arg]
 
     @property
     def max_pages(self) -> int:
-        return max(1, EXACT_COUNT_LIMIT // self.per_page)
+        return max(1, counting.EXACT_COUNT_LIMIT // self.per_page)
 
     @property
     def count_is_estimate(self) -> bool:

@@ -14,11 +14,11 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.translation import gettext, ngettext
 
-from durable_agents.admin import listing
+from durable_agents import counting
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
-from durable_agents.admin.listing import bounded_count
 from durable_agents.admin.waits import cut_summary
+from durable_agents.counting import bounded_count
 from durable_agents.figures import (
     ATTEMPTS_CAP,
     FINISHED_WINDOW,
@@ -172,7 +172,7 @@ class TableCount:
     total: int | None
     by_status: dict[str, int]
     taken_at: datetime.datetime | None  # of the snapshot; None for a bounded count
-    counted: listing.Count | None = None
+    counted: counting.Count | None = None
 
     @property
     def shown(self) -> str:

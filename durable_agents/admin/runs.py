@@ -44,17 +44,13 @@ from durable_agents.admin.format import (
     time_field,
 )
 from durable_agents.admin.forms import AnswerForm, SendEventForm, StartRunForm
-from durable_agents.admin.listing import (
-    EstimatingPaginator,
-    bounded_count,
-    search_note,
-    search_runs,
-)
+from durable_agents.admin.listing import EstimatingPaginator, search_note, search_runs
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
 from durable_agents.admin.transcript import block_text, build_transcript
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
 from durable_agents.agents import AgentNotFound
+from durable_agents.counting import bounded_count
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     AgentEvent,

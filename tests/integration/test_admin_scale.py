@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
-from durable_agents import housekeeping, store
+from durable_agents import counting, housekeeping, store
 from durable_agents.admin import AgentRunAdmin, listing
 from durable_agents.admin import dead_letter as views
 from durable_agents.causes import backfill_causes, cause_of
@@ -84,7 +84,7 @@ def test_backfill_gives_runs_dead_before_the_column_their_cause() -> None:
 
 @pytest.fixture
 def small_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(listing, "EXACT_COUNT_LIMIT", 5)
+    monkeypatch.setattr(counting, "EXACT_COUNT_LIMIT", 5)
     monkeypatch.setattr(AgentRunAdmin, "list_per_page", 2)
     yield
 
@@ -293,7 +293,7 @@ def test_each_admin_query_can_use_its_index() -> None:
     history = ToolIntent.objects.exclude(status=IntentStatus.PENDING).order_by("-created_at")
     assert "tool_intent_created" in plan(history[:50])
     # The planner's estimate is what the list prints past the exact limit.
-    assert isinstance(pg.estimate_rows(runs), int)
+    assert isinstance(counting.PostgresRowEstimator().estimate_rows(runs), int)
 
 
 # -- the intents list ---------------------------------------------------------------------
