@@ -7,7 +7,7 @@ resumed call is byte for byte the body of the call that was interrupted (thinkin
 bind values *and* key order), and no turn is parsed or serialised again to be sent: at step 2,000
 only the bytes copied and sent have grown. Nothing here normalises, strips or merges anything.
 
-Server-side compaction (API.md section 9). When the model's turn holds a ``compaction`` block,
+Server-side compaction. When the model's turn holds a ``compaction`` block,
 the API drops every message block before the last such block on every later call, and checks
 thinking signatures only from that block on. So a request whose ``messages`` start with the task
 and then go straight to the assistant message that holds the last compaction block is, for the

@@ -137,8 +137,8 @@ class AgentRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text=_("first claim"))
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    # -- waits (API.md section 8). What a waiting run waits for; kept after the wake, as the
-    # record of the last wait, and overwritten by the next.
+    # -- waits (timers, events, child runs, questions). What a waiting run waits for; kept
+    # after the wake, as the record of the last wait, and overwritten by the next.
     # Database defaults too: code deployed before this column existed (a rolling deploy) and
     # raw INSERTs can still create runs.
     waiting_for = models.CharField(

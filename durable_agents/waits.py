@@ -36,7 +36,7 @@ __all__ = ["Wait", "ask_person", "CallContext", "current_call"]
 MAX_EVENT_NAME = 200
 
 
-class Wait(Exception):  # noqa: N818 - the name is the public API (API.md section 8)
+class Wait(Exception):  # noqa: N818 - the name is the public API users raise
     """Raised by tool code to park its run until a timer, an event or child runs.
 
     Exactly one of ``seconds`` (a durable timer), ``until`` (an aware datetime), ``event`` (a

@@ -34,7 +34,7 @@ DURABLE_AGENTS = {
 if os.environ.get("DURABLE_AGENTS_MAX_ATTEMPTS"):
     DURABLE_AGENTS["MAX_ATTEMPTS"] = int(os.environ["DURABLE_AGENTS_MAX_ATTEMPTS"])
 
-# Worker subprocesses of the in-flight and PgBouncer tests (issue 10).
+# Worker subprocesses of the in-flight and PgBouncer tests.
 if os.environ.get("DA_DB_POOL_SIZE"):
     DURABLE_AGENTS["DB_POOL_SIZE"] = int(os.environ["DA_DB_POOL_SIZE"])
 if os.environ.get("DA_POLL_INTERVAL"):

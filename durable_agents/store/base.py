@@ -354,7 +354,7 @@ class Store(abc.ABC):
         the intent is approved again (the call runs again). Then wake the run. An intent that
         is not unknown is returned unchanged."""
 
-    # -- waits (API.md section 8) ---------------------------------------------------------
+    # -- waits: timers, events, child runs, questions -------------------------------------
 
     @abc.abstractmethod
     def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:

@@ -1,4 +1,4 @@
-"""The admin of long-running runs in a real browser (API.md section 8, issue 11): a person
+"""The admin of long-running runs in a real browser: a person
 answers a run's question on its page, a person sends the event that runs wait on from the
 events form, and a question made of markup stays text.
 

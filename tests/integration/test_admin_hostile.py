@@ -1,4 +1,4 @@
-"""The admin against hostile input and races (issue 9): confirmation pages act on what they
+"""The admin against hostile input and races: confirmation pages act on what they
 listed, a huge run renders a small page, malformed ids are 404s, text that cannot be encoded is
 marked, the dead letter groups by cause, search finds what operators see, and an approval
 approves exactly the input that was shown."""

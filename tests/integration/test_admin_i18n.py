@@ -1,4 +1,4 @@
-"""The admin speaks the user's language (issue 12): with German active (LocaleMiddleware and
+"""The admin speaks the user's language: with German active (LocaleMiddleware and
 Accept-Language, or LANGUAGE_CODE) the runs list, a run page, the operations page, messages
 and staff mails are German, from the catalogue in durable_agents/locale; what the model, a tool
 or a person wrote is never translated and stays escaped."""

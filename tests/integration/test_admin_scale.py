@@ -1,4 +1,4 @@
-"""The admin at production size (issue 13): the stored cause of a dead run, bounded counts and
+"""The admin at production size: the stored cause of a dead run, bounded counts and
 pages, skip-scan filters, indexed search, the dead letter by cause and the operations page's
 windows. Speed itself is measured by bench/admin_scale.py; these tests pin the behaviour and,
 on PostgreSQL, that each query has the shape its index answers."""

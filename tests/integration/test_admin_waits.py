@@ -1,4 +1,4 @@
-"""The admin of long-running runs (API.md sections 7 to 9, issue 11): what waiting runs wait for
+"""The admin of long-running runs: what waiting runs wait for
 (list, filter, run page), parents and children, questions and their answers, events and the
 "send the event" form and action, the operations page's waits, and the transcript's compaction
 blocks and cache figures. Every decision needs its permission, is CSRF-protected, goes through

@@ -1,4 +1,4 @@
-"""Long transcripts end to end (API.md section 9): runs of agents with server-side compaction,
+"""Long transcripts end to end: runs of agents with server-side compaction,
 thinking and automatic caching, through an in-process worker, the real SDK over HTTP and the
 offline model behind ``FakeAnthropic``, which checks every thinking signature it reads and
 drops what precedes the last compaction block, as the API does.

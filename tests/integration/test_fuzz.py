@@ -1,4 +1,4 @@
-"""Issue 9: a property-based fuzz suite of hostile model turns and tool results.
+"""A property-based fuzz suite of hostile model turns and tool results.
 
 Hypothesis generates model turns (tool names, inputs, the final text; NUL, lone surrogates,
 nesting far past any recursion limit, sizes up to a few MB) and the values the tools give back

@@ -1,6 +1,6 @@
-"""Issue 9's runtime findings, one regression test each: tool code that hangs, exits or raises
-secrets; poison runs that cannot even be dead-lettered; races between a person's decision, a
-worker that parks a run, a worker that lost its lease and a cancel.
+"""Hostile tool code and setups at run time, one regression test each: tool code that hangs,
+exits or raises secrets; poison runs that cannot even be dead-lettered; races between a
+person's decision, a worker that parks a run, a worker that lost its lease and a cancel.
 
 The races are made deterministic: an interleaving is injected at the point where it used to
 go wrong, or a row lock held from a second connection stops a statement where it must wait.

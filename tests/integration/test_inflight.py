@@ -1,4 +1,4 @@
-"""Issue 10: many runs in flight on a few database connections.
+"""Many runs in flight on a few database connections.
 
 The heartbeat renews every lease in one statement; LISTEN/NOTIFY picks up new runs and
 cancellations without polling; a worker subprocess keeps its connections to its pool while

@@ -1,4 +1,4 @@
-"""Long-running runs (API.md section 8): timers, events, child runs and questions, through a
+"""Long-running runs: timers, events, child runs and questions, through a
 real worker and the offline model over HTTP. The tools (tests/testapp/wait_agents.py) log every
 invocation with its key and ``woken_by``, so each test sees exactly how often a call ran.
 

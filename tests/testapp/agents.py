@@ -161,5 +161,5 @@ time_capped = Agent(
     max_wall_seconds=1.0,
 )
 
-# The fuzz suite's agents (issue 9) and the in-flight tests' agents (issue 10).
+# The fuzz suite's agents and the in-flight tests' agents.
 from tests.testapp import compaction_agents, fuzz_agents, inflight_agents, wait_agents  # noqa: E402, F401

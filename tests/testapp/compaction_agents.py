@@ -1,4 +1,4 @@
-"""Agents for the long-transcript tests (API.md section 9): server-side compaction through
+"""Agents for the long-transcript tests: server-side compaction through
 ``params={"context_management": ...}`` and ``betas``, automatic caching, thinking on so that the
 offline model checks every signature it reads."""
 

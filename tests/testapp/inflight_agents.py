@@ -1,4 +1,4 @@
-"""Agents for the in-flight tests (issue 10): a tool that holds its callers at a gate, and
+"""Agents for the in-flight tests: a tool that holds its callers at a gate, and
 ``async def`` tools."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Agents and tools for the long-running runs of API.md section 8: timers, events, child runs,
+"""Agents and tools for the long-running runs: timers, events, child runs,
 questions. Every tool records what it was called with in the receiver's log (``attempts``), so
 a test sees each invocation: its idempotency key and the ``woken_by`` it got."""
 

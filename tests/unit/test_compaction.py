@@ -1,4 +1,4 @@
-"""Long transcripts (API.md section 9), without a database: the offline model's compaction,
+"""Long transcripts, without a database: the offline model's compaction,
 context editing and caching; the history sent after a compaction; ``Agent(betas=, cache=)`` in
 the request, its headers and its fingerprint. Runs go through the real runner against an
 ``InMemoryStore``."""

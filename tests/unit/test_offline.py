@@ -412,7 +412,7 @@ def test_real_http_server_gives_the_same_bytes(client: anthropic.Anthropic) -> N
     assert over_http.request_id == in_process.request_id
 
 
-# --- hostile turns: @@turn, @@final, any depth (the fuzz suite, issue 9) -----------------
+# --- hostile turns: @@turn, @@final, any depth (the fuzz suite) -----------------------
 
 
 def respond_raw(task: str, messages: list[Any] | None = None, **params: Any) -> tuple[int, bytes]:
