@@ -17,7 +17,7 @@ method             receives                   reported by, and when
 ``model_attempt``  ``ModelAttempt``           ``llm.retries``: each attempt of a model call, once,
                                               with its outcome; the outcome of the call as a
                                               whole is that of its last attempt
-``tool_call``      ``ToolCall``               ``runner``: each call of a tool that was invoked
+``tool_call``      ``ToolCallEnd``            ``dispatch``: each call of a tool that was invoked
                                               (returned, raised or timed out)
 ``step_committed`` ``StepCommit``             ``runner``: each step it committed
 ``claim_ended``    ``ClaimEnd``               ``worker``: each claim, once, when its slot is done
@@ -27,7 +27,7 @@ method             receives                   reported by, and when
 ``model_call``     a ``ModelRequest``:        ``llm.retries.create_turn``: one model call; its
                    returns a ``ModelCall``    ``attempt()`` wraps each attempt
                    or None
-``tool_span``      a ``ToolRequest``:         ``runner``: one ``tool_use`` block of a turn run
+``tool_span``      a ``ToolRequest``:         ``dispatch``: one ``tool_use`` block of a turn
                    returns a ``ToolSpan``
                    or None
 =================  =========================  ==================================================
@@ -79,7 +79,7 @@ class ModelAttempt:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCallEnd:
     tool: str
     effect: str  # the tool's EffectClass
     outcome: ToolOutcome
@@ -178,7 +178,7 @@ class Observer:
     def model_attempt(self, event: ModelAttempt) -> None:
         pass
 
-    def tool_call(self, event: ToolCall) -> None:
+    def tool_call(self, event: ToolCallEnd) -> None:
         pass
 
     def step_committed(self, event: StepCommit) -> None:
@@ -236,7 +236,7 @@ def tool_call(
 ) -> None:
     observers = _observers
     if observers:
-        event = ToolCall(tool, str(effect), ToolOutcome(outcome), seconds, error_type)
+        event = ToolCallEnd(tool, str(effect), ToolOutcome(outcome), seconds, error_type)
         for observer in observers:
             observer.tool_call(event)
 

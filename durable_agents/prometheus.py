@@ -272,7 +272,7 @@ class Counting(observers.Observer):
         if event.outcome is ModelOutcome.OK:
             self.metrics.model_call_seconds.observe(event.seconds)
 
-    def tool_call(self, event: observers.ToolCall) -> None:
+    def tool_call(self, event: observers.ToolCallEnd) -> None:
         self.metrics.tool_calls.labels(event.effect, event.outcome.value).inc()
         self.metrics.tool_call_seconds.labels(event.effect).observe(event.seconds)
 

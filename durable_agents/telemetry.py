@@ -531,7 +531,7 @@ class Tracing(observers.Observer):
     def tool_span(self, request: observers.ToolRequest) -> ToolSpan | None:
         return _ToolSpan(request) if AVAILABLE else None
 
-    def tool_call(self, event: observers.ToolCall) -> None:
+    def tool_call(self, event: observers.ToolCallEnd) -> None:
         # What made the call in flight on this thread an error: its span's error.type.
         if event.error_type is None or not AVAILABLE:
             return

@@ -46,7 +46,7 @@ class Recording(observers.Observer):
     def model_attempt(self, event: observers.ModelAttempt) -> None:
         self.seen.append(("model_attempt", event))
 
-    def tool_call(self, event: observers.ToolCall) -> None:
+    def tool_call(self, event: observers.ToolCallEnd) -> None:
         self.seen.append(("tool_call", event))
 
     def step_committed(self, event: observers.StepCommit) -> None:
