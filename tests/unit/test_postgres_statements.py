@@ -1,14 +1,112 @@
-"""The PostgreSQL statements are written out in full (store/postgres.py); these checks keep the
-copies of the claim predicate and of the fence in step, so that none drifts or loses a clause.
-Text only: no database."""
+"""The PostgreSQL statements of store/postgres.py, checked as text (no database).
+
+Every statement is pinned byte for byte by its golden file in tests/sql/ (one file per
+``*_SQL`` constant, named after it, and the statements the step commit builds with tool
+effects): what runs is what the golden files say. After a deliberate change to a statement,
+rewrite them with one command and review the diff:
+
+    UPDATE_SQL_SNAPSHOTS=1 python -m pytest tests/unit/test_postgres_statements.py
+
+The other checks say what a snapshot cannot: which clauses the statements must share."""
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from durable_agents.models import ToolEffect
 from durable_agents.store import postgres
+
+GOLDEN = Path(__file__).resolve().parent.parent / "sql"
+UPDATE = os.environ.get("UPDATE_SQL_SNAPSHOTS") == "1"
+
+
+def constants() -> dict[str, str]:
+    """Every module-level statement of store/postgres.py: the ``*_SQL`` strings."""
+    return {
+        name: value
+        for name, value in vars(postgres).items()
+        if name.endswith("_SQL") and isinstance(value, str)
+    }
+
+
+class Capturing(postgres.PostgresStore):
+    """``PostgresStore`` that keeps the step commits it would send instead of sending them."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def _execute_append(self, sql: str, params: dict[str, Any]) -> bool:
+        self.sent.append(sql)
+        return True
+
+
+def built_with_effects() -> dict[str, str]:
+    """The step commits with tool effects, as ``PostgresStore._append`` builds them (two
+    effects: the VALUES list that ``_effect_rows`` writes into ``{rows}``)."""
+    effects = [
+        ToolEffect(key=f"k{i}", seq=3, call_index=i, tool="t", result={"ok": i}, is_error=False)
+        for i in range(2)
+    ]
+    built = {}
+    for name, finish in (
+        ("APPEND_STEP_WITH_EFFECTS_SQL", None),
+        ("APPEND_LAST_STEP_WITH_EFFECTS_SQL", ("succeeded", "done")),
+    ):
+        store = Capturing()
+        store._append({}, effects, finish, None)
+        (built[f"{name}.two_effects"],) = store.sent
+    return built
+
+
+def statements() -> dict[str, str]:
+    return {**constants(), **built_with_effects()}
+
+
+def rewrite_golden_files() -> None:
+    """UPDATE_SQL_SNAPSHOTS=1: the golden files become what runs now (and the files of
+    statements that are gone are removed)."""
+    GOLDEN.mkdir(exist_ok=True)
+    current = statements()
+    for stale in set(GOLDEN.glob("*.sql")) - {GOLDEN / f"{name}.sql" for name in current}:
+        stale.unlink()
+    for name, sql in current.items():
+        (GOLDEN / f"{name}.sql").write_bytes(sql.encode())
+
+
+def test_every_statement_has_a_golden_file_and_every_golden_file_a_statement() -> None:
+    if UPDATE:
+        rewrite_golden_files()
+    on_disk = sorted(path.name.removesuffix(".sql") for path in GOLDEN.glob("*.sql"))
+    assert on_disk == sorted(statements()), "run with UPDATE_SQL_SNAPSHOTS=1 to rewrite"
+
+
+@pytest.mark.parametrize("name", sorted(statements()))
+def test_the_statement_is_byte_identical_to_its_golden_file(name: str) -> None:
+    sql = statements()[name]
+    path = GOLDEN / f"{name}.sql"
+    if UPDATE:
+        rewrite_golden_files()
+    golden = path.read_bytes().decode() if path.exists() else ""
+    if sql != golden:
+        diff = difflib.unified_diff(
+            golden.splitlines(keepends=True),
+            sql.splitlines(keepends=True),
+            f"tests/sql/{name}.sql (golden)",
+            f"store/postgres.py {name} (what runs)",
+        )
+        # A difference in whitespace alone is hard to see in a diff: then the exact texts too.
+        exact = f"\n{golden!r}\n!=\n{sql!r}" if golden.split() == sql.split() else ""
+        pytest.fail(
+            f"{name} differs from its golden file (UPDATE_SQL_SNAPSHOTS=1 rewrites it after a "
+            "deliberate change):\n" + "".join(diff) + exact,
+            pytrace=False,
+        )
 
 
 def flat(sql: str) -> str:
