@@ -1,19 +1,31 @@
 """``PostgresStore``: the hot paths of the store as single statements, on the database clock.
 
-Each statement is written out in full below, as a named constant: what runs is what you read.
-The claim is one statement (lock, lease and counters), a step commit is one statement (fence,
-lease, step and the effects that go with it), the last step of a run and the claim of the
-worker's next run are one statement, and the heartbeat of a worker is one statement. The only
-formatting is the VALUES list of the effects (``{rows}``: one placeholder tuple per effect).
+The life of a run, and what moves it along on PostgreSQL:
 
-The claimable runs (the CTEs ``due``: waiting runs whose timer or timeout is past, and
-``ready``: pending runs and expired leases, oldest first; FOR NO KEY UPDATE SKIP LOCKED)
-appear in ``CLAIMABLE_SQL``, ``CLAIM_SQL`` and ``FINISH_AND_CLAIM_SQL``;
-tests/unit/test_postgres_statements.py keeps the three in step. The predicates on status match
-the partial indexes agent_run_wake and agent_run_claim.
+    claim        CLAIM_SQL              lock the claimable runs, lease them, attempt + 1
+    renew        RENEW_ALL_SQL          the heartbeat: every lease of a worker, one statement
+    append_step  APPEND_STEP_SQL        fence, renewed lease and the step, one statement
+                                        (its tool effects too: APPEND_STEP_WITH_EFFECTS_SQL)
+    finish       APPEND_LAST_STEP_SQL   the last step ends the run (and _WITH_EFFECTS_SQL);
+                 FINISH_AND_CLAIM_SQL   the same, and the claim of the worker's next run
+    release      PortableStore          the claim given back, the run pending again
+    park         PortableStore          the run waits: on an approval, a timer, an event, an
+                                        answer or its children; START_INTENT_SQL starts an
+                                        approved tool call under the fence
+    wake         CLAIM_SQL (due)        a due timer or timeout: the claim takes the run;
+                 PortableStore          an event, an answer, a child's end: pending again
 
-The other operations (finish, release, park, wake, decisions) are the ORM updates of
-``PortableStore``, which this class inherits: one UPDATE each on PostgreSQL too.
+The statements are composed from the named fragments below: ``FENCE`` (what every write of a
+claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``TAKE_CLAIMABLE_RUNS`` (the
+lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP`` (what a step does to its run),
+``RECORD_EFFECTS`` and ``STEP_INSERT``. The full text of every statement, exactly as it is
+sent, is in tests/sql/<NAME>.sql, one file per statement; tests/unit/test_postgres_statements.py
+fails when what runs differs from those files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites
+them after a deliberate change). The only formatting at run time is the VALUES list of the
+effects (``{rows}``: one placeholder tuple per effect).
+
+The other operations (release, park, wake, decisions, a finish without a step) are the ORM
+updates of ``PortableStore``, which this class inherits: one UPDATE each on PostgreSQL too.
 """
 
 from __future__ import annotations
@@ -36,47 +48,57 @@ from durable_agents.store.base import (
 from durable_agents.store.portable import PortableStore
 from durable_agents.text import storable_text
 
-# The runs a claim may take (for EXPLAIN in tests; CLAIM_SQL holds the same CTEs): first waiting
-# runs whose timer or timeout is due (late by definition), in wake_at order, through the
-# partial index agent_run_wake; then pending runs and runs whose lease expired, oldest first,
-# through agent_run_claim; %(limit)s in all. Both lock FOR NO KEY UPDATE SKIP LOCKED (the
-# lock a step's foreign key does not conflict with).
-CLAIMABLE_SQL = """
-WITH due AS (
-SELECT id FROM agent_run
- WHERE status = 'waiting'
-   AND wake_at <= now()
- ORDER BY wake_at
- LIMIT %(limit)s
-   FOR NO KEY UPDATE SKIP LOCKED
-), ready AS (
-SELECT id FROM agent_run
- WHERE status IN ('pending', 'running')
-   AND (lease_until IS NULL OR lease_until < now())
- ORDER BY created_at
- LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
-   FOR NO KEY UPDATE SKIP LOCKED
-)
-SELECT id FROM due UNION ALL SELECT id FROM ready"""
+# -- Fragments -------------------------------------------------------------------------------
 
-# Claim: lock, lease and counters in one statement. A run with nothing but its task gets its
-# log with the claim (no second read).
-CLAIM_SQL = """
-WITH due AS (
+# The fence: the run is still this claim's (owner and attempt) and still running. Every write a
+# worker makes for a claim carries it, so a worker whose lease expired and was taken over (the
+# claim that took it incremented attempt), or whose run was cancelled, changes nothing: its
+# UPDATE finds no row, and the rest of the statement, which reads that row, does nothing.
+FENCE = """\
+     WHERE id = %(run_id)s
+       AND lease_owner = %(owner)s
+       AND attempt = %(attempt)s
+       AND status = 'running'"""
+
+# A step commits only as the next one in the log (seq = last_seq + 1): no gap, and a step
+# committed twice (a retried commit whose first try landed) is refused the second time.
+STEP_FENCE = f"""\
+{FENCE}
+       AND last_seq = %(seq)s - 1"""
+
+# The runs a claim may take, as the CTEs ``due`` and ``ready`` ({and_also}: an extra condition
+# on both, or nothing; filled in by str.format, so no other brace may appear here). ``due``:
+# waiting runs whose timer or timeout is past (late by definition), in wake_at order;
+# ``ready``: pending runs and runs whose lease expired, oldest first; %(limit)s in all. The
+# predicates on status must imply those of the partial indexes agent_run_wake (status =
+# 'waiting', wake_at not null) and agent_run_claim (status in pending, running), or the planner
+# cannot use them and scans the table (tests/integration/test_leases.py EXPLAINs CLAIMABLE_SQL).
+# Both lock FOR NO KEY UPDATE SKIP LOCKED: workers skip each other's runs instead of queueing,
+# and a step's foreign key does not conflict with the lock.
+_CLAIMABLE_RUNS = """\
+due AS (
 SELECT id FROM agent_run
  WHERE status = 'waiting'
-   AND wake_at <= now()
+   AND wake_at <= now(){and_also}
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
 ), ready AS (
 SELECT id FROM agent_run
  WHERE status IN ('pending', 'running')
-   AND (lease_until IS NULL OR lease_until < now())
+   AND (lease_until IS NULL OR lease_until < now()){and_also}
  ORDER BY created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
-)
+)"""
+CLAIMABLE_RUNS = _CLAIMABLE_RUNS.format(and_also="")
+# The same runs, taken only if the fence of the statement's step held.
+CLAIMABLE_RUNS_IF_FENCED = _CLAIMABLE_RUNS.format(and_also="\n   AND EXISTS (SELECT 1 FROM fence)")
+
+# The claim of the runs of ``due`` and ``ready``: lease, attempt + 1 (what fences out the
+# previous holder) and counters, %(limit)s runs at most. The constant LIMIT lets the planner use
+# a nested loop on the primary key rather than a hash join over the table.
+TAKE_CLAIMABLE_RUNS = """\
 UPDATE agent_run AS run
    SET status = 'running',
        lease_owner = %(owner)s,
@@ -98,11 +120,76 @@ RETURNING run.*,
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
           ) AS task_payload"""
 
+# A step that keeps the run going, on the run's row: the step's seq and tokens, the claim
+# counted as progress (stalled_claims = 0) and the lease renewed. ``fence`` holds the run's id
+# only if the step fence held.
+FENCED_STEP = f"""\
+WITH fence AS (
+    UPDATE agent_run
+       SET last_seq = %(seq)s,
+           stalled_claims = 0,
+           tokens_used = tokens_used + %(tokens)s,
+           lease_until = now() + make_interval(secs => %(lease)s),
+           updated_at = now()
+{STEP_FENCE}
+ RETURNING id
+)"""
+
+# The last step of a run, on the run's row: the run ends instead of renewing its lease, with
+# the columns ``finish_run`` sets (error '', no lease, finished_at).
+FENCED_LAST_STEP = f"""\
+WITH fence AS (
+    UPDATE agent_run
+       SET last_seq = %(seq)s,
+           stalled_claims = 0,
+           tokens_used = tokens_used + %(tokens)s,
+           status = %(status)s,
+           result = %(result)s,
+           error = '',
+           lease_owner = NULL,
+           lease_until = NULL,
+           finished_at = now(),
+           updated_at = now()
+{STEP_FENCE}
+ RETURNING id
+)"""
+
+# The tool effects of a step, recorded whatever the fence says (the CTE does not read it): they
+# describe calls that happened. ``{rows}`` is the VALUES list, one placeholder tuple per effect
+# (``_effect_rows``); a key already recorded is kept as it is.
+RECORD_EFFECTS = """\
+recorded AS (
+    INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
+    VALUES {rows}
+    ON CONFLICT (key) DO NOTHING
+)"""
+
+# The step itself, one row if the fence held (it selects from ``fence``), none otherwise.
+STEP_INSERT = """\
+INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
+                        attempt, worker)
+SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
+       %(attempt)s, %(owner)s
+  FROM fence"""
+
+# -- Statements ------------------------------------------------------------------------------
+
+# The runs a claim may take, without taking them (tests EXPLAIN it: the partial indexes).
+CLAIMABLE_SQL = f"""
+WITH {CLAIMABLE_RUNS}
+SELECT id FROM due UNION ALL SELECT id FROM ready"""
+
+# Claim: lock, lease and counters in one statement.
+CLAIM_SQL = f"""
+WITH {CLAIMABLE_RUNS}
+{TAKE_CLAIMABLE_RUNS}"""
+
 # The heartbeat of a whole worker: one statement renews every lease it holds, whatever their
 # number, and names the runs it held that are no longer its own, with their status. The outer
 # SELECT locks those rows FOR SHARE: under READ COMMITTED that waits for a transaction that is
 # changing one (its slot finishing or parking it, a cancel) and reads the row as committed,
 # where the statement's own snapshot would still say 'running' and call a finished run lost.
+# Written out: its fence is FENCE over a list of (id, attempt) pairs, not one claim.
 RENEW_ALL_SQL = """
 WITH held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS held(id, attempt)
@@ -124,178 +211,26 @@ SELECT run.id, run.status
    FOR SHARE OF run"""
 
 # A step that keeps the run going: fence, renewed lease and the step, in one statement.
-APPEND_STEP_SQL = """WITH fence AS (
-    UPDATE agent_run
-       SET last_seq = %(seq)s,
-           stalled_claims = 0,
-           tokens_used = tokens_used + %(tokens)s,
-           lease_until = now() + make_interval(secs => %(lease)s),
-           updated_at = now()
-     WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
-       AND last_seq = %(seq)s - 1
- RETURNING id
-)
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
-  FROM fence"""
+APPEND_STEP_SQL = f"{FENCED_STEP}\n{STEP_INSERT}"
 
 # The last step of a run: the same fence, and the run ends instead of renewing its lease.
-APPEND_LAST_STEP_SQL = """WITH fence AS (
-    UPDATE agent_run
-       SET last_seq = %(seq)s,
-           stalled_claims = 0,
-           tokens_used = tokens_used + %(tokens)s,
-           status = %(status)s,
-           result = %(result)s,
-           error = '',
-           lease_owner = NULL,
-           lease_until = NULL,
-           finished_at = now(),
-           updated_at = now()
-     WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
-       AND last_seq = %(seq)s - 1
- RETURNING id
-)
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
-  FROM fence"""
+APPEND_LAST_STEP_SQL = f"{FENCED_LAST_STEP}\n{STEP_INSERT}"
 
-# APPEND_STEP_SQL with the tool effects of the step. The effects are recorded whatever the
-# fence says (the CTE does not read it): they describe calls that happened. ``{rows}`` is the
-# VALUES list, one placeholder tuple per effect (``_effect_rows``).
-APPEND_STEP_WITH_EFFECTS_SQL = """WITH fence AS (
-    UPDATE agent_run
-       SET last_seq = %(seq)s,
-           stalled_claims = 0,
-           tokens_used = tokens_used + %(tokens)s,
-           lease_until = now() + make_interval(secs => %(lease)s),
-           updated_at = now()
-     WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
-       AND last_seq = %(seq)s - 1
- RETURNING id
-),
-recorded AS (
-    INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
-    VALUES {rows}
-    ON CONFLICT (key) DO NOTHING
-)
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
-  FROM fence"""
-
-# APPEND_LAST_STEP_SQL with the tool effects of the step (``{rows}`` as above).
-APPEND_LAST_STEP_WITH_EFFECTS_SQL = """WITH fence AS (
-    UPDATE agent_run
-       SET last_seq = %(seq)s,
-           stalled_claims = 0,
-           tokens_used = tokens_used + %(tokens)s,
-           status = %(status)s,
-           result = %(result)s,
-           error = '',
-           lease_owner = NULL,
-           lease_until = NULL,
-           finished_at = now(),
-           updated_at = now()
-     WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
-       AND last_seq = %(seq)s - 1
- RETURNING id
-),
-recorded AS (
-    INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
-    VALUES {rows}
-    ON CONFLICT (key) DO NOTHING
-)
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
-  FROM fence"""
+# The same two with the tool effects of the step (``{rows}`` filled in by ``_append``).
+APPEND_STEP_WITH_EFFECTS_SQL = f"{FENCED_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
+APPEND_LAST_STEP_WITH_EFFECTS_SQL = f"{FENCED_LAST_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
 
 # The last step of a run and the claim of the worker's next run, in one statement: a busy
 # worker saves a round trip and a flushed commit per run. The claim happens only if the fence
-# held (``AND EXISTS (SELECT 1 FROM fence)``); the finished run is not claimable in the
-# statement's snapshot (its lease is still held there). One row: whether the step was
-# appended, then the next run's columns, or NULLs when there was none.
-FINISH_AND_CLAIM_SQL = """WITH fence AS (
-    UPDATE agent_run
-       SET last_seq = %(seq)s,
-           stalled_claims = 0,
-           tokens_used = tokens_used + %(tokens)s,
-           status = %(status)s,
-           result = %(result)s,
-           error = '',
-           lease_owner = NULL,
-           lease_until = NULL,
-           finished_at = now(),
-           updated_at = now()
-     WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
-       AND last_seq = %(seq)s - 1
- RETURNING id
-), appended AS (
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
-  FROM fence
+# held (CLAIMABLE_RUNS_IF_FENCED); the finished run is not claimable in the statement's
+# snapshot (its lease is still held there). One row: whether the step was appended, then the
+# next run's columns, or NULLs when there was none.
+FINISH_AND_CLAIM_SQL = f"""\
+{FENCED_LAST_STEP}, appended AS (
+{STEP_INSERT}
  RETURNING run_id
-), due AS (
-SELECT id FROM agent_run
- WHERE status = 'waiting'
-   AND wake_at <= now()
-   AND EXISTS (SELECT 1 FROM fence)
- ORDER BY wake_at
- LIMIT %(limit)s
-   FOR NO KEY UPDATE SKIP LOCKED
-), ready AS (
-SELECT id FROM agent_run
- WHERE status IN ('pending', 'running')
-   AND (lease_until IS NULL OR lease_until < now())
-   AND EXISTS (SELECT 1 FROM fence)
- ORDER BY created_at
- LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
-   FOR NO KEY UPDATE SKIP LOCKED
-), taken AS (
-UPDATE agent_run AS run
-   SET status = 'running',
-       lease_owner = %(owner)s,
-       lease_until = now() + make_interval(secs => %(lease)s),
-       attempt = run.attempt + 1,
-       stalled_claims = run.stalled_claims + 1,
-       started_at = coalesce(run.started_at, now()),
-       -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
-       woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
-                       WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
-                       ELSE '{"timeout": true}' END,
-       wake_at = NULL,
-       updated_at = now()
- WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
-                   LIMIT %(limit)s)
-RETURNING run.*,
-          -- A run with nothing but its task: its log comes with the claim (no second read).
-          (SELECT payload FROM agent_step
-            WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
-          ) AS task_payload
+), {CLAIMABLE_RUNS_IF_FENCED}, taken AS (
+{TAKE_CLAIMABLE_RUNS}
 )
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
   FROM (SELECT 1) AS one LEFT JOIN taken ON true"""
@@ -303,15 +238,12 @@ SELECT (SELECT count(*) FROM appended) AS appended, taken.*
 # approved -> executing and a renewed lease, only while the run is still this claim's and
 # running: a cancel that committed first makes the fence fail and the call never starts. The
 # run row stays locked until the intent row is updated.
-START_INTENT_SQL = """
+START_INTENT_SQL = f"""
 WITH fence AS (
     UPDATE agent_run
        SET lease_until = now() + make_interval(secs => %(lease)s),
            updated_at = now()
-     WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
+{FENCE}
  RETURNING id
 )
 UPDATE tool_intent

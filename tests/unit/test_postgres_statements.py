@@ -1,28 +1,117 @@
-"""The PostgreSQL statements are written out in full (store/postgres.py); these checks keep the
-copies of the claim predicate and of the fence in step, so that none drifts or loses a clause.
-Text only: no database."""
+"""The PostgreSQL statements of store/postgres.py, checked as text (no database).
+
+Every statement is pinned byte for byte by its golden file in tests/sql/ (one file per
+``*_SQL`` constant, named after it, and the statements the step commit builds with tool
+effects): what runs is what the golden files say. After a deliberate change to a statement,
+rewrite them with one command and review the diff:
+
+    UPDATE_SQL_SNAPSHOTS=1 python -m pytest tests/unit/test_postgres_statements.py
+
+The other checks say what a snapshot cannot: which clauses the statements must share."""
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from durable_agents.models import ToolEffect
 from durable_agents.store import postgres
 
+GOLDEN = Path(__file__).resolve().parent.parent / "sql"
+UPDATE = os.environ.get("UPDATE_SQL_SNAPSHOTS") == "1"
 
-def flat(sql: str) -> str:
-    return " ".join(sql.split())
+
+def constants() -> dict[str, str]:
+    """Every module-level statement of store/postgres.py: the ``*_SQL`` strings."""
+    return {
+        name: value
+        for name, value in vars(postgres).items()
+        if name.endswith("_SQL") and isinstance(value, str)
+    }
 
 
-FENCE = flat(
-    """WHERE id = %(run_id)s
-       AND lease_owner = %(owner)s
-       AND attempt = %(attempt)s
-       AND status = 'running'
-       AND last_seq = %(seq)s - 1"""
-)
-APPENDS = [
+class Capturing(postgres.PostgresStore):
+    """``PostgresStore`` that keeps the step commits it would send instead of sending them."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def _execute_append(self, sql: str, params: dict[str, Any]) -> bool:
+        self.sent.append(sql)
+        return True
+
+
+def built_with_effects() -> dict[str, str]:
+    """The step commits with tool effects, as ``PostgresStore._append`` builds them (two
+    effects: the VALUES list that ``_effect_rows`` writes into ``{rows}``)."""
+    effects = [
+        ToolEffect(key=f"k{i}", seq=3, call_index=i, tool="t", result="ok", is_error=False)
+        for i in range(2)
+    ]
+    built = {}
+    for name, finish in (
+        ("APPEND_STEP_WITH_EFFECTS_SQL", None),
+        ("APPEND_LAST_STEP_WITH_EFFECTS_SQL", ("succeeded", "done")),
+    ):
+        store = Capturing()
+        store._append({}, effects, finish, None)
+        (built[f"{name}.two_effects"],) = store.sent
+    return built
+
+
+def statements() -> dict[str, str]:
+    return {**constants(), **built_with_effects()}
+
+
+def rewrite_golden_files() -> None:
+    """UPDATE_SQL_SNAPSHOTS=1: the golden files become what runs now (and the files of
+    statements that are gone are removed)."""
+    GOLDEN.mkdir(exist_ok=True)
+    current = statements()
+    for stale in set(GOLDEN.glob("*.sql")) - {GOLDEN / f"{name}.sql" for name in current}:
+        stale.unlink()
+    for name, sql in current.items():
+        (GOLDEN / f"{name}.sql").write_bytes(sql.encode())
+
+
+def test_every_statement_has_a_golden_file_and_every_golden_file_a_statement() -> None:
+    if UPDATE:
+        rewrite_golden_files()
+    on_disk = sorted(path.name.removesuffix(".sql") for path in GOLDEN.glob("*.sql"))
+    assert on_disk == sorted(statements()), "run with UPDATE_SQL_SNAPSHOTS=1 to rewrite"
+
+
+@pytest.mark.parametrize("name", sorted(statements()))
+def test_the_statement_is_byte_identical_to_its_golden_file(name: str) -> None:
+    sql = statements()[name]
+    path = GOLDEN / f"{name}.sql"
+    if UPDATE:
+        rewrite_golden_files()
+    golden = path.read_bytes().decode() if path.exists() else ""
+    if sql != golden:
+        diff = difflib.unified_diff(
+            golden.splitlines(keepends=True),
+            sql.splitlines(keepends=True),
+            f"tests/sql/{name}.sql (golden)",
+            f"store/postgres.py {name} (what runs)",
+        )
+        # A difference in whitespace alone is hard to see in a diff: then the exact texts too.
+        exact = f"\n{golden!r}\n!=\n{sql!r}" if golden.split() == sql.split() else ""
+        pytest.fail(
+            f"{name} differs from its golden file (UPDATE_SQL_SNAPSHOTS=1 rewrites it after a "
+            "deliberate change):\n" + "".join(diff) + exact,
+            pytrace=False,
+        )
+
+
+# -- What the statements must share (a snapshot says "unchanged", these say "still right") ------
+
+WRITES_OF_A_STEP = [
     postgres.APPEND_STEP_SQL,
     postgres.APPEND_LAST_STEP_SQL,
     postgres.APPEND_STEP_WITH_EFFECTS_SQL,
@@ -31,52 +120,52 @@ APPENDS = [
 ]
 
 
-TAKE_CLAIMABLE = "SELECT id FROM due UNION ALL SELECT id FROM ready"
+@pytest.mark.parametrize("sql", [*WRITES_OF_A_STEP, postgres.START_INTENT_SQL])
+def test_every_write_of_a_claim_carries_the_whole_fence(sql: str) -> None:
+    fence = " ".join(postgres.FENCE.split())
+    assert fence.startswith("WHERE id = %(run_id)s AND lease_owner = %(owner)s")
+    assert "AND attempt = %(attempt)s AND status = 'running'" in fence
+    assert " ".join(sql.split()).count(fence) == 1
 
 
-def claimable_ctes() -> str:
-    """The CTEs ``due`` and ``ready`` of CLAIMABLE_SQL, without the leading WITH."""
-    ctes, take = flat(postgres.CLAIMABLE_SQL).split(") " + TAKE_CLAIMABLE)
-    assert take == ""
-    assert ctes.startswith("WITH due AS (")
-    return ctes.removeprefix("WITH ") + ")"
+@pytest.mark.parametrize("sql", WRITES_OF_A_STEP)
+def test_every_step_commits_only_as_the_next_one_in_the_log(sql: str) -> None:
+    assert sql.count(postgres.STEP_FENCE) == 1
+    assert postgres.STEP_FENCE.endswith("AND last_seq = %(seq)s - 1")
+    assert sql.count(postgres.STEP_INSERT) == 1
+    assert postgres.STEP_INSERT.endswith("FROM fence")  # no step when the fence failed
 
 
 def test_the_claim_takes_exactly_the_claimable_runs() -> None:
-    assert flat(postgres.CLAIM_SQL).startswith("WITH " + claimable_ctes() + " UPDATE agent_run")
+    assert postgres.CLAIMABLE_SQL.startswith("\nWITH " + postgres.CLAIMABLE_RUNS + "\n")
+    assert postgres.CLAIM_SQL == f"\nWITH {postgres.CLAIMABLE_RUNS}\n{postgres.TAKE_CLAIMABLE_RUNS}"
     # At most the limit in all, and a constant LIMIT the planner can use (a nested loop on the
     # primary key, not a hash join over the table).
-    take = f"WHERE run.id IN (SELECT id FROM ({TAKE_CLAIMABLE}) AS claimable LIMIT %(limit)s)"
-    assert take in flat(postgres.CLAIM_SQL)
+    take = "WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready)"
+    assert take + " AS claimable LIMIT %(limit)s)" in " ".join(postgres.TAKE_CLAIMABLE_RUNS.split())
 
 
 def test_due_waits_come_first_and_the_limit_is_shared() -> None:
-    ctes = claimable_ctes()
+    ctes = postgres.CLAIMABLE_RUNS
     assert ctes.index("due AS (") < ctes.index("ready AS (")
     assert "LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)" in ctes
     assert ctes.count("FOR NO KEY UPDATE SKIP LOCKED") == 2
 
 
 def test_finish_and_claim_claims_like_the_claim_but_only_after_the_fence_held() -> None:
-    fenced = claimable_ctes().replace(" ORDER BY", " AND EXISTS (SELECT 1 FROM fence) ORDER BY")
-    assert fenced.count("EXISTS (SELECT 1 FROM fence)") == 2
-    assert fenced in flat(postgres.FINISH_AND_CLAIM_SQL)
-    take = flat(postgres.CLAIM_SQL).split(" UPDATE agent_run AS run", 1)[1]
-    take = take.split(" RETURNING run.*")[0]
-    assert take in flat(postgres.FINISH_AND_CLAIM_SQL)
+    fenced = postgres.CLAIMABLE_RUNS_IF_FENCED
+    assert fenced.count("AND EXISTS (SELECT 1 FROM fence)") == 2
+    assert fenced.replace("\n   AND EXISTS (SELECT 1 FROM fence)", "") == postgres.CLAIMABLE_RUNS
+    assert fenced in postgres.FINISH_AND_CLAIM_SQL
+    assert postgres.TAKE_CLAIMABLE_RUNS in postgres.FINISH_AND_CLAIM_SQL
 
 
 def test_the_claim_tells_a_due_wait_what_ended_it() -> None:
-    for sql in (postgres.CLAIM_SQL, postgres.FINISH_AND_CLAIM_SQL):
-        assert "WHEN run.status <> 'waiting' THEN run.woken_by" in sql
-        assert "WHEN run.waiting_for = 'timer' THEN '{\"timer\": true}'" in sql
-        assert "ELSE '{\"timeout\": true}' END" in sql
-        assert "wake_at = NULL" in sql
-
-
-@pytest.mark.parametrize("sql", APPENDS)
-def test_every_step_commit_carries_the_whole_fence(sql: str) -> None:
-    assert flat(sql).count(FENCE) == 1
+    take = postgres.TAKE_CLAIMABLE_RUNS
+    assert "WHEN run.status <> 'waiting' THEN run.woken_by" in take
+    assert "WHEN run.waiting_for = 'timer' THEN '{\"timer\": true}'" in take
+    assert "ELSE '{\"timeout\": true}' END" in take
+    assert "wake_at = NULL" in take
 
 
 def test_the_effects_variants_only_add_the_ledger() -> None:
@@ -85,13 +174,16 @@ def test_the_effects_variants_only_add_the_ledger() -> None:
     assert (
         ledger.sub("", postgres.APPEND_LAST_STEP_WITH_EFFECTS_SQL) == postgres.APPEND_LAST_STEP_SQL
     )
+    # ``{rows}`` is filled in with str.format: no other brace may appear in these two.
     for sql in (postgres.APPEND_STEP_WITH_EFFECTS_SQL, postgres.APPEND_LAST_STEP_WITH_EFFECTS_SQL):
-        assert sql.count("{") == sql.count("{rows}") == 1
+        assert sql.count("{") == sql.count("}") == sql.count("{rows}") == 1
 
 
 def test_the_last_step_ends_the_run_as_finish_run_does() -> None:
     for sql in (postgres.APPEND_LAST_STEP_SQL, postgres.FINISH_AND_CLAIM_SQL):
-        for column in ("status = %(status)s", "result = %(result)s", "error = ''"):
-            assert column in sql
-        for column in ("lease_owner = NULL", "lease_until = NULL", "finished_at = now()"):
-            assert column in sql
+        assert postgres.FENCED_LAST_STEP in sql
+    for column in ("status = %(status)s", "result = %(result)s", "error = ''"):
+        assert column in postgres.FENCED_LAST_STEP
+    for column in ("lease_owner = NULL", "lease_until = NULL", "finished_at = now()"):
+        assert column in postgres.FENCED_LAST_STEP
+    assert "lease_until = now()" not in postgres.FENCED_LAST_STEP

@@ -1,0 +1,24 @@
+WITH fence AS (
+    UPDATE agent_run
+       SET last_seq = %(seq)s,
+           stalled_claims = 0,
+           tokens_used = tokens_used + %(tokens)s,
+           status = %(status)s,
+           result = %(result)s,
+           error = '',
+           lease_owner = NULL,
+           lease_until = NULL,
+           finished_at = now(),
+           updated_at = now()
+     WHERE id = %(run_id)s
+       AND lease_owner = %(owner)s
+       AND attempt = %(attempt)s
+       AND status = 'running'
+       AND last_seq = %(seq)s - 1
+ RETURNING id
+)
+INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
+                        attempt, worker)
+SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
+       %(attempt)s, %(owner)s
+  FROM fence

@@ -1,0 +1,24 @@
+WITH fence AS (
+    UPDATE agent_run
+       SET last_seq = %(seq)s,
+           stalled_claims = 0,
+           tokens_used = tokens_used + %(tokens)s,
+           lease_until = now() + make_interval(secs => %(lease)s),
+           updated_at = now()
+     WHERE id = %(run_id)s
+       AND lease_owner = %(owner)s
+       AND attempt = %(attempt)s
+       AND status = 'running'
+       AND last_seq = %(seq)s - 1
+ RETURNING id
+),
+recorded AS (
+    INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
+    VALUES (%(k0)s, %(run_id)s, %(s0)s, %(c0)s, %(t0)s, %(r0)s, %(e0)s), (%(k1)s, %(run_id)s, %(s1)s, %(c1)s, %(t1)s, %(r1)s, %(e1)s)
+    ON CONFLICT (key) DO NOTHING
+)
+INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
+                        attempt, worker)
+SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
+       %(attempt)s, %(owner)s
+  FROM fence
