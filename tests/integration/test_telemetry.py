@@ -20,22 +20,22 @@ from django.utils import timezone
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry import propagate, trace  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
+from opentelemetry.trace import SpanKind, StatusCode
 
-from durable_agents import store, telemetry  # noqa: E402
-from durable_agents.agents import Agent, registry  # noqa: E402
-from durable_agents.api import start_run  # noqa: E402
-from durable_agents.models import AgentRun, AgentStep  # noqa: E402
-from durable_agents.testing import drive  # noqa: E402
-from durable_agents.tools import tool  # noqa: E402
-from tests.conftest import run_worker  # noqa: E402
-from tests.fakeserver import FakeAnthropic, api_error  # noqa: E402
+from durable_agents import store, telemetry
+from durable_agents.agents import Agent, registry
+from durable_agents.api import start_run
+from durable_agents.models import AgentRun, AgentStep
+from durable_agents.testing import drive
+from durable_agents.tools import tool
+from tests.conftest import run_worker
+from tests.fakeserver import FakeAnthropic, api_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -308,7 +308,7 @@ def test_optional_and_unions() -> None:
         b: str | None,
         c: int | str,
         d: Union[int, str, None],  # noqa: UP007
-        e: None | float,
+        e: None | float,  # noqa: RUF036 - None first must work too
     ) -> None: ...
 
     assert _props(f) == {
