@@ -315,7 +315,8 @@ def test_reject_with_a_reason_reaches_the_model(
     )
     expect(transcript.locator(".da-intent")).to_contain_text(": “not on a Friday” · not run")
     result = AgentStep.objects.get(run=run, seq=2).data()[0]
-    assert result["is_error"] is True and expected in result["content"]
+    assert result["is_error"] is True
+    assert expected in result["content"]
 
 
 # ---------------------------------------------------------------------------------------------

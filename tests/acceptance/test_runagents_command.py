@@ -133,7 +133,8 @@ def test_allow_offline_starts_with_a_loud_warning() -> None:
     )
     assert done.returncode == 0, done.stdout
     assert "durable_agents.E011" not in done.stdout
-    assert "WARNING" in done.stdout and "OFFLINE is on with DEBUG off" in done.stdout
+    assert "WARNING" in done.stdout
+    assert "OFFLINE is on with DEBUG off" in done.stdout
     assert AgentRun.objects.get(pk=run.id).status == RunStatus.SUCCEEDED
 
 
@@ -161,7 +162,8 @@ def test_no_registered_agent_is_a_warning_at_start(
     call_command("runagents", "--burst")
     [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "no agents are registered" in warning.getMessage()
-    assert "agents.py" in warning.getMessage() and "INSTALLED_APPS" in warning.getMessage()
+    assert "agents.py" in warning.getMessage()
+    assert "INSTALLED_APPS" in warning.getMessage()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -116,7 +116,8 @@ def test_a_run_compacts_several_times_and_each_request_starts_at_the_compaction(
             status, _, body = fake_api.model.respond(
                 "POST", "/v1/messages", recorded.headers, recorded.body
             )
-            assert status == 200 and step.payload == body.decode()
+            assert status == 200
+            assert step.payload == body.decode()
         else:
             _, _, chunks = fake_api.model.respond_stream(
                 "POST", "/v1/messages", recorded.headers, recorded.body

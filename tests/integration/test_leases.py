@@ -293,7 +293,8 @@ def test_database_instrumentation_sees_every_step_commit() -> None:
             StepWrite(2, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok")),
             then_claim=next_claim,
         )
-    assert next_claim.claim is not None and next_claim.claim.run_id == second.id
+    assert next_claim.claim is not None
+    assert next_claim.claim.run_id == second.id
     appends = [sql for sql in seen if "INSERT INTO agent_step" in sql]
     assert len(appends) == 2
     assert [q["sql"] for q in logged.captured_queries if "INSERT INTO agent_step" in q["sql"]]
@@ -361,11 +362,14 @@ def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
         1,
     )
     # The same statement took the next run, as claim_runs would have.
-    assert then.claim is not None and then.claim.run_id == second.pk
+    assert then.claim is not None
+    assert then.claim.run_id == second.pk
     taken = AgentRun.objects.get(pk=second.pk)
     assert (taken.status, taken.lease_owner, taken.attempt) == ("running", "w1", 1)
-    assert taken.lease_until is not None and taken.started_at is not None
-    assert then.claim.attempt == 1 and then.claim.run.status == "running"
+    assert taken.lease_until is not None
+    assert taken.started_at is not None
+    assert then.claim.attempt == 1
+    assert then.claim.run.status == "running"
     assert then.claim.run.created_at == taken.created_at
     assert then.claim.task_payload == AgentStep.objects.get(run_id=second.pk, seq=0).payload
     assert (tickets.taken, tickets.given_back) == (1, 0)
@@ -383,7 +387,8 @@ def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_decline
     assert not current().append_step(
         stale, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")), then_claim=then
     )
-    assert then.claim is None and (tickets.taken, tickets.given_back) == (1, 1)
+    assert then.claim is None
+    assert (tickets.taken, tickets.given_back) == (1, 1)
     assert AgentRun.objects.get(pk=second.pk).status == "pending"
 
     declined = Tickets(available=False).offer()
@@ -401,4 +406,5 @@ def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_decline
     assert current().append_step(
         claim2, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")), then_claim=then
     )
-    assert then.claim is None and tickets.given_back == 2  # nothing left to claim
+    assert then.claim is None
+    assert tickets.given_back == 2  # nothing left to claim

@@ -121,7 +121,8 @@ def test_a_failing_notification_is_one_warning_line_then_quiet(
     line = record.getMessage()
     assert "\n" not in line
     assert "event 0" in line
-    assert "ConnectionRefusedError" in line and "refused" in line.lower()
+    assert "ConnectionRefusedError" in line
+    assert "refused" in line.lower()
 
 
 def test_at_debug_level_the_traceback_and_the_repeats_are_logged(

@@ -343,7 +343,8 @@ def test_nul_byte_from_a_tool_becomes_a_visible_marker(fake_api: FakeAnthropic) 
     assert reload(run).status == "succeeded"
     payload = AgentStep.objects.get(run_id=run.pk, seq=2).payload
     assert "before\u2400after" in payload
-    assert "\x00" not in payload and "\\u0000" not in payload
+    assert "\x00" not in payload
+    assert "\\u0000" not in payload
     assert ToolEffect.objects.get(run_id=run.pk).result == "before\u2400after"
 
 

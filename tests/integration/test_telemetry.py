@@ -349,7 +349,8 @@ def test_tool_errors_and_dead_runs_end_their_spans_in_error(
     start_run("tester", '@explode {"message": "boom"}\n@no_such_tool {}')
     assert run_worker().stats.dispositions == {"succeeded": 1}
     explode, unknown = spans_named("execute_tool")
-    assert explode.attributes is not None and unknown.attributes is not None
+    assert explode.attributes is not None
+    assert unknown.attributes is not None
     assert explode.attributes["error.type"] == "RuntimeError"
     assert explode.status.status_code is StatusCode.ERROR
     assert unknown.name == "execute_tool no_such_tool"
@@ -370,7 +371,8 @@ def test_tool_errors_and_dead_runs_end_their_spans_in_error(
     assert run_worker().stats.dispositions == {"dead": 1}
     (agent_span,) = spans_named("invoke_agent")
     (chat,) = spans_named("chat ")
-    assert agent_span.attributes is not None and chat.attributes is not None
+    assert agent_span.attributes is not None
+    assert chat.attributes is not None
     assert agent_span.attributes["durable_agents.disposition"] == "dead"
     assert agent_span.attributes["error.type"] == "dead"
     assert agent_span.status.status_code is StatusCode.ERROR
@@ -390,7 +392,8 @@ def test_content_is_recorded_with_the_opt_in(
     run_worker()
 
     first, second = spans_named("chat ")
-    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes is not None
+    assert second.attributes is not None
     assert json.loads(str(first.attributes["gen_ai.system_instructions"])) == [
         {"type": "text", "content": "You are the test agent."}
     ]

@@ -375,7 +375,8 @@ def test_compaction_fires_over_the_trigger_and_the_run_goes_on() -> None:
         ]
         usage = answer["usage"]
         compaction_pass, message_pass = usage["iterations"]
-        assert compaction_pass["type"] == "compaction" and message_pass["type"] == "message"
+        assert compaction_pass["type"] == "compaction"
+        assert message_pass["type"] == "message"
         # The top-level figures are the message pass alone.
         assert {k: usage[k] for k in message_pass if k != "type"} == {
             k: v for k, v in message_pass.items() if k != "type"
@@ -475,7 +476,8 @@ def test_a_failed_compaction_block_is_a_no_op() -> None:
 def test_automatic_caching_reads_the_previous_calls_prefix() -> None:
     _, answers, _ = play(cache_control={"type": "ephemeral"})
     first, second = answers[0]["usage"], answers[1]["usage"]
-    assert first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] > 0
+    assert first["cache_read_input_tokens"] == 0
+    assert first["cache_creation_input_tokens"] > 0
     assert second["cache_read_input_tokens"] >= first["cache_creation_input_tokens"] - 1
     assert second["cache_creation_input_tokens"] > 0
     for n, answer in enumerate(answers[:-1]):

@@ -113,7 +113,8 @@ def test_three_planned_turns_then_end_turn(client: anthropic.Anthropic) -> None:
     assert bodies[1]["content"][2]["input"] == {"ticket": "T-1", "status": "done"}
     assert bodies[3]["content"] == [{"type": "text", "text": "Done. 3 planned turns completed."}]
     ids = [c["id"] for b in bodies for c in b["content"] if c["type"] == "tool_use"]
-    assert len(set(ids)) == 4 and all(re.fullmatch(r"toolu_[0-9a-f]{24}", i) for i in ids)
+    assert len(set(ids)) == 4
+    assert all(re.fullmatch(r"toolu_[0-9a-f]{24}", i) for i in ids)
     assert len(messages) == 8
 
 
@@ -158,7 +159,8 @@ def test_latency_directive_sleeps_and_is_not_a_plan_line(client: anthropic.Anthr
     body = json.loads(call(client, [{"role": "user", "content": task}]).http_response.text)
     assert time.monotonic() - started >= 0.2
     assert body["offline_script"] == {"turn": 0, "plan_lines": 1}
-    assert body["content"][1]["name"] == "ping" and body["content"][1]["input"] == {}
+    assert body["content"][1]["name"] == "ping"
+    assert body["content"][1]["input"] == {}
 
 
 def test_unknown_directive_is_rejected(client: anthropic.Anthropic) -> None:
@@ -210,7 +212,8 @@ def test_raw_body_key_order_and_extra_field(client: anthropic.Anthropic) -> None
     assert '"offline_script": {"turn": 0, "plan_lines": 3}' in raw.http_response.text
     # The SDK still parses it; the extra field is what only the raw text keeps in order.
     message = raw.parse()
-    assert message.stop_reason == "tool_use" and message.content[0].type == "thinking"
+    assert message.stop_reason == "tool_use"
+    assert message.content[0].type == "thinking"
 
 
 # --- thinking signatures ----------------------------------------------------------------
@@ -361,7 +364,8 @@ def test_a_streamed_answer_assembles_into_the_plain_one(client: anthropic.Anthro
     with client.messages.stream(**request) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
-    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_stop"
     assert "content_block_delta" in kinds
     assert [b.to_dict() for b in final.content] == [b.to_dict() for b in plain.content]
     assert final.stop_reason == plain.stop_reason == "tool_use"
@@ -389,7 +393,8 @@ def test_malformed_request_is_400_with_error_shape(body: bytes, fragment: str) -
     assert headers["content-type"] == "application/json"
     error = json.loads(out)
     assert list(error) == ["type", "error", "request_id"]
-    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert error["type"] == "error"
+    assert error["error"]["type"] == "invalid_request_error"
     assert fragment in error["error"]["message"]
     assert error["request_id"] == headers["request-id"]
 
@@ -440,7 +445,8 @@ def test_turn_directive_plays_any_name_and_input_as_valid_utf8_json(
     assert task.isascii()  # escapes only: the task itself is plain text
     raw = call(client, [{"role": "user", "content": task}], tools=TOOLS).http_response.content
     text = raw.decode("utf-8")  # valid UTF-8: the lone surrogate is the escape \ud800
-    assert "\\ud800" in text and "\\u0000" in text
+    assert "\\ud800" in text
+    assert "\\u0000" in text
     first = json.loads(text)
     uses = [c for c in first["content"] if c["type"] == "tool_use"]
     assert [(u["name"], u["input"]) for u in uses] == calls
@@ -554,4 +560,5 @@ def test_a_streamed_hostile_answer_is_valid_utf8(client: anthropic.Anthropic) ->
     ) as response:
         raw = b"".join(response.http_response.iter_bytes())
     text = raw.decode("utf-8")
-    assert "n\\ud800" in text and "message_stop" in text
+    assert "n\\ud800" in text
+    assert "message_stop" in text

@@ -666,7 +666,8 @@ def test_enum_values_are_converted_back_to_members() -> None:
 
     assert paint.invoke({"color": "blue", "level": 2, "maybe": "red"}) == "BLUE"
     assert seen == [Color.BLUE, Level.HIGH, Color.RED]
-    assert type(seen[0]) is Color and type(seen[1]) is Level
+    assert type(seen[0]) is Color
+    assert type(seen[1]) is Level
 
     seen.clear()
     paint.invoke({"color": "red", "level": 1, "maybe": None})
