@@ -481,7 +481,7 @@ def test_dead_letter_groups_runs_that_differ_by_request_id(admin_client: Client)
     make_runs(1, RunStatus.DEAD, error=long_reason + "(request id req_C3)")
     response = admin_client.get(dead_letter_url())
     groups = response.context["groups"]
-    assert [(g.cause, g.count) for g in groups][0] == ("overloaded_error (request id <id>)", 3)
+    assert (groups[0].cause, groups[0].count) == ("overloaded_error (request id <id>)", 3)
     cut = next(g for g in groups if g.count == 1)
     # One whole example, cut at a word with an ellipsis, the whole reachable from its run.
     assert cut.example_cut

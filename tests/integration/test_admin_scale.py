@@ -6,7 +6,6 @@ on PostgreSQL, that each query has the shape its index answers."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -83,10 +82,9 @@ def test_backfill_gives_runs_dead_before_the_column_their_cause() -> None:
 
 
 @pytest.fixture
-def small_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(listing, "EXACT_COUNT_LIMIT", 5)
     monkeypatch.setattr(AgentRunAdmin, "list_per_page", 2)
-    yield
 
 
 def test_counts_are_exact_up_to_the_limit_then_an_estimate_that_says_so(

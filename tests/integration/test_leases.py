@@ -379,7 +379,7 @@ def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
 
 @pytest.mark.postgres
 def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_declines() -> None:
-    first, second = _runs(2)
+    _first, second = _runs(2)
     [claim] = current().claim_runs("w1", 30)
     tickets = Tickets()
     stale = Claim(claim.run, "w1", claim.attempt + 1, 30)

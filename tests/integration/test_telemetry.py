@@ -213,7 +213,7 @@ def test_spans_started_in_tool_code_are_children_of_its_execute_tool_span(
         max_tokens=256,
     )
     try:
-        run, caller = started_in_a_trace(agent.name, '@traced {"key": "a"}')
+        _run, caller = started_in_a_trace(agent.name, '@traced {"key": "a"}')
         assert run_worker().stats.dispositions == {"succeeded": 1}
     finally:
         registry.unregister(agent.name, agent.version)

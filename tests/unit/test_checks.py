@@ -111,7 +111,7 @@ def test_offline_without_debug_is_an_error(
     assert message.is_serious()
     assert "--allow-offline" in message.hint
     # `manage.py check` fails on it (it said nothing before).
-    with pytest.raises(SystemCheckError, match="durable_agents.E011"):
+    with pytest.raises(SystemCheckError, match=r"durable_agents\.E011"):
         call_command("check")
     settings.DEBUG = True
     assert da_checks.check_settings() == []

@@ -141,7 +141,7 @@ def test_unknown_tool_and_malformed_arguments_emitted_as_written(
         "@no_such_tool {not json && get_schema [1, 2]\n"
         '@get_schema "just a string" && set_status {"ticket": "a && b"}\n'
     )
-    messages, bodies = run_turns(client, task, 2, tools=TOOLS)
+    _messages, bodies = run_turns(client, task, 2, tools=TOOLS)
     uses = [[c for c in b["content"] if c["type"] == "tool_use"] for b in bodies]
     assert [(u["name"], u["input"]) for u in uses[0]] == [
         ("no_such_tool", {"_raw": "{not json"}),
@@ -494,7 +494,7 @@ def test_inputs_deeper_than_the_recursion_limit() -> None:
     status, out = respond_raw(task)
     assert status == 200
     first = loads_deep(out.decode("utf-8"))
-    use = [c for c in first["content"] if c["type"] == "tool_use"][0]
+    use = next(c for c in first["content"] if c["type"] == "tool_use")
     assert dumps_deep(use["input"]) == dumps_deep({"v": deep})
     # The turn goes back verbatim in the next request (with thinking: signed and checked).
     messages = [
@@ -547,7 +547,7 @@ def test_loads_deep_and_dumps_deep_agree_with_json(value: Any) -> None:
     "text", ["[1,]", '{"a" 1}', "[1] x", '{"a": [1, 2}', "", '"\\ud800', "[" * 2000]
 )
 def test_loads_deep_rejects_what_json_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(json.JSONDecodeError):
         loads_deep(text)
 
 

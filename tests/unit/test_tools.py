@@ -104,7 +104,7 @@ def test_missing_docstring_gives_empty_description() -> None:
 
 
 def test_missing_effect_raises_value_error_naming_function_and_effects() -> None:
-    with pytest.raises(ValueError) as excinfo:
+    with pytest.raises(ValueError, match="missing effect") as excinfo:
 
         @tool()
         def no_effect() -> None: ...
@@ -116,7 +116,7 @@ def test_missing_effect_raises_value_error_naming_function_and_effects() -> None
 
 
 def test_unknown_effect_raises_value_error_naming_function_and_effects() -> None:
-    with pytest.raises(ValueError) as excinfo:
+    with pytest.raises(ValueError, match="effect must be one of") as excinfo:
 
         @tool(effect="sideways")
         def weird() -> None: ...
@@ -142,12 +142,12 @@ def test_positional_effect_is_not_accepted() -> None:
 
 
 def test_args_and_kwargs_are_unsupported() -> None:
-    with pytest.raises(TypeError, match="unsupported signature for tool .*star_args"):
+    with pytest.raises(TypeError, match=r"unsupported signature for tool .*star_args"):
 
         @tool(effect="pure")
         def star_args(*args: int) -> None: ...
 
-    with pytest.raises(TypeError, match="unsupported signature for tool .*star_kwargs"):
+    with pytest.raises(TypeError, match=r"unsupported signature for tool .*star_kwargs"):
 
         @tool(effect="pure")
         def star_kwargs(a: int, **kwargs: int) -> None: ...
