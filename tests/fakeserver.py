@@ -95,6 +95,7 @@ class FakeAnthropic:
     @property
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address
         return f"http://{host}:{port}"
 
     def cut_next_stream(self, after_events: int, times: int = 1) -> None:

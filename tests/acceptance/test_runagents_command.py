@@ -3,7 +3,6 @@ line, and exits non-zero when its worker died."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 import durable_agents
 from durable_agents import store
@@ -192,7 +191,7 @@ def test_a_dead_slot_makes_the_command_exit_non_zero(
 
 
 def test_every_flag_has_help() -> None:
-    parser = argparse.ArgumentParser()
+    parser = CommandParser()
     Command().add_arguments(parser)
     own = [a for a in parser._actions if a.option_strings and a.dest != "help"]
     assert {a.dest for a in own} >= {"lease_seconds", "poll_interval", "allow_offline"}

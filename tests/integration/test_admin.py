@@ -124,7 +124,7 @@ def parked_intent(status: str = IntentStatus.PENDING, table: str = "t1") -> Tool
         run=run, seq=1, kind=StepKind.MODEL_TURN, payload=json.dumps(turn), request_id="req_1"
     )
     AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, last_seq=1)
-    return ToolIntent.objects.create(
+    return ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
         run=run,
         seq=1,
         call_index=0,
@@ -249,6 +249,7 @@ def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     assert "<details><summary>Thinking</summary>" in content
     assert "Step 1: calling lookup, explode." in content
     assert "{\n  &quot;key&quot;: &quot;k1&quot;\n}" in content  # pretty JSON, escaped
+    assert turn.request_id is not None
     assert turn.request_id in content
     assert "stop_reason <strong>tool_use</strong>" in content
     assert "value-of-k1" in content
@@ -304,7 +305,7 @@ def test_start_a_run_from_the_admin(admin_client: Client, spy: Any) -> None:
     )
     run = AgentRun.objects.get()
     assert response.status_code == 302
-    assert response.url == run_url(run)
+    assert response["Location"] == run_url(run)
     assert (run.agent, run.prompt_version, run.task) == ("tester", "v1", "do the thing")
     assert calls == [("tester", "do the thing")]
     assert AgentStep.objects.filter(run=run, seq=0, kind=StepKind.TASK).exists()
@@ -385,6 +386,7 @@ def test_approve_runs_the_call_once(admin_client: Client, superuser: Any, spy: A
 
     # The transcript tells the decision (a person's) from the outcome (the worker's).
     content = admin_client.get(run_url(run)).content.decode()
+    assert intent.decided_at is not None
     decided = intent.decided_at.strftime("%Y-%m-%d %H:%M:%S")
     assert f"<strong>approved</strong> by boss at {decided} ·" in content
     assert '<span class="da-outcome">done</span>' in content

@@ -158,6 +158,7 @@ def park(kind: str, agent: str = "waiter", **fields: Any) -> AgentRun:
 
 def park_on_question(text: str = "Go?") -> tuple[AgentRun, AgentQuestion]:
     run = park(WaitKind.QUESTION)
+    assert run.wait_key is not None
     return run, AgentQuestion.objects.create(run=run, key=run.wait_key, question=text)
 
 
@@ -181,7 +182,8 @@ def park_on_children(count: int, ended: int = 0) -> tuple[AgentRun, list[AgentRu
 
 def park_on_intent(tool: str = "drop_table") -> tuple[AgentRun, ToolIntent]:
     run = park(WaitKind.INTENT, agent="tester")
-    intent = ToolIntent.objects.create(
+    assert run.wait_key is not None
+    intent = ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
         run=run, seq=1, call_index=0, tool=tool, input={"table": "t"}, key=run.wait_key
     )
     return run, intent
@@ -424,6 +426,7 @@ def test_a_person_with_only_the_answer_permission_may_answer(django_user_model: 
     client.post(answer_url(run), {"question": question.pk, "answer": "go"})
     question.refresh_from_db()
     assert question.status == QuestionStatus.ANSWERED
+    assert question.answered_by is not None
     assert question.answered_by.username == "answerer"
 
 
@@ -662,6 +665,7 @@ def test_a_person_with_only_the_send_permission_sees_events_and_sends(
     event = AgentEvent.objects.get(name="go")
     assert event.is_sent
     assert event.payload is None
+    assert event.sent_by is not None
     assert event.sent_by.username == "sender"
     assert reload(run).status == RunStatus.PENDING
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ def _runs(count: int) -> list[AgentRun]:
     return [durable_agents.start_run("tester", f"task {i}") for i in range(count)]
 
 
-def _expire(run_id: object) -> None:
+def _expire(run_id: uuid.UUID) -> None:
     AgentRun.objects.filter(pk=run_id).update(lease_until=Now() - datetime.timedelta(seconds=1))
 
 
@@ -54,6 +55,8 @@ def test_lease_expiry_comes_from_the_database_clock() -> None:
     [claim] = current().claim_runs("w1", 120)
     run = AgentRun.objects.get(pk=claim.run_id)
     db_now = AgentRun.objects.annotate(db_now=Now()).values_list("db_now", flat=True).first()
+    assert run.lease_until is not None
+    assert db_now is not None
     remaining = (run.lease_until - db_now).total_seconds()
     assert 110 < remaining <= 120
 
@@ -84,7 +87,14 @@ def test_fencing_a_worker_whose_lease_was_taken_over_cannot_commit() -> None:
     assert not current().renew_lease(stale)
     assert not current().finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
     assert not current().release_lease(stale)
-    intent = ToolIntent(run_id=run.id, seq=1, call_index=0, tool="t", input={}, key="i" * 64)
+    intent = ToolIntent(
+        run_id=run.id,
+        seq=1,
+        call_index=0,
+        tool="t",
+        input={},
+        key="i" * 64,  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
+    )
     assert current().park_on_intent(stale, intent, new=True) is Parked.FENCE_FAILED
     assert not ToolIntent.objects.filter(key="i" * 64).exists()  # rolled back with the park
     # The effect happened, so it is recorded even though the step was refused.
@@ -152,7 +162,7 @@ def test_concurrent_claimers_never_share_a_run() -> None:
 
     def claimer(name: str) -> None:
         barrier.wait()
-        mine = []
+        mine: list[uuid.UUID] = []
         try:
             while batch := current().claim_runs(name, 30, limit=2):
                 mine.extend(c.run_id for c in batch)

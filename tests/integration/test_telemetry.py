@@ -124,6 +124,25 @@ def test_a_run_is_one_trace_of_claim_model_and_tool_spans(fake_api: FakeAnthropi
     assert chats[0].end_time <= tool_span.start_time <= chats[1].start_time  # type: ignore[operator]
 
     assert agent_span.kind is SpanKind.INTERNAL
+
+    def total(key: str) -> int:
+        counted = 0
+        for chat in chats:
+            assert chat.attributes is not None
+            value = chat.attributes[key]
+            assert isinstance(value, int), value
+            counted += value
+        return counted
+
+    usage = {
+        key: total(key)
+        for key in (
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "gen_ai.usage.cache_read.input_tokens",
+            "gen_ai.usage.cache_creation.input_tokens",
+        )
+    }
     assert dict(agent_span.attributes or {}) == {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.provider.name": "anthropic",
@@ -135,15 +154,7 @@ def test_a_run_is_one_trace_of_claim_model_and_tool_spans(fake_api: FakeAnthropi
         "durable_agents.worker.id": "w-otel",
         "durable_agents.disposition": "succeeded",
         "gen_ai.response.finish_reasons": ("tool_use", "end_turn"),
-        **{
-            key: sum(int(c.attributes[key]) for c in chats)  # type: ignore[index, arg-type]
-            for key in (
-                "gen_ai.usage.input_tokens",
-                "gen_ai.usage.output_tokens",
-                "gen_ai.usage.cache_read.input_tokens",
-                "gen_ai.usage.cache_creation.input_tokens",
-            )
-        },
+        **usage,
     }
     assert agent_span.status.status_code is StatusCode.UNSET
 

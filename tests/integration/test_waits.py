@@ -83,6 +83,8 @@ def test_a_timer_parks_the_run_without_a_worker_and_calls_the_tool_again(
     assert parked.waiting_for == WaitKind.TIMER
     assert parked.lease_owner is None
     assert parked.lease_until is None
+    assert parked.wake_at is not None
+    assert parked.waiting_since is not None
     due_in = (parked.wake_at - parked.waiting_since).total_seconds()
     assert 3599 <= due_in <= 3601
     assert not ToolEffect.objects.filter(run_id=run.pk).exists()  # no effect for the call
@@ -179,6 +181,8 @@ def test_an_event_wait_times_out(fake_api: FakeAnthropic, receiver: Any) -> None
     run = start('@await_event {"name": "never", "timeout": 3600}')
     run_worker()
     parked = reload(run)
+    assert parked.wake_at is not None
+    assert parked.waiting_since is not None
     assert 3599 <= (parked.wake_at - parked.waiting_since).total_seconds() <= 3601
     time_passes(run)
     run_worker()

@@ -84,7 +84,7 @@ def test_attributes() -> None:
 
 def test_arguments_are_keyword_only() -> None:
     with pytest.raises(TypeError):
-        Agent("migrator", "v1", "m")  # type: ignore[misc]
+        Agent("migrator", "v1", "m")  # type: ignore[call-arg]  # deliberately positional
 
 
 @pytest.mark.parametrize("field", ["name", "version", "model"])

@@ -13,6 +13,7 @@ from typing import Any
 
 import anthropic
 import pytest
+from anthropic.types import MessageParam
 
 from durable_agents.offline import (
     DEFAULT_SECRET,
@@ -354,7 +355,7 @@ def test_roles_must_alternate_from_user(client: anthropic.Anthropic) -> None:
 
 
 def test_a_streamed_answer_assembles_into_the_plain_one(client: anthropic.Anthropic) -> None:
-    request = {
+    request: dict[str, Any] = {
         "model": MODEL,
         "max_tokens": 512,
         "thinking": {"type": "enabled", "budget_tokens": 256},
@@ -554,7 +555,7 @@ def test_loads_deep_rejects_what_json_rejects(text: str) -> None:
 def test_a_streamed_hostile_answer_is_valid_utf8(client: anthropic.Anthropic) -> None:
     task = "Stream.\n" + turn_directive([("n\ud800", {"t": "\x00\udfff"})]) + "\n"
     task += final_directive("\ud800")
-    messages = [{"role": "user", "content": task}]
+    messages: list[MessageParam] = [{"role": "user", "content": task}]
     with client.messages.with_streaming_response.create(
         model=MODEL, max_tokens=64, messages=messages, stream=True
     ) as response:

@@ -191,7 +191,11 @@ def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
 
 def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent]) -> None:
     run_id = start(store, agents["main"], '@hook {"name": "cancel"}\n@lookup {"key": "b"}')
-    HOOKS["cancel"] = lambda: store.cancel_run(run_id)
+
+    def cancel() -> None:
+        store.cancel_run(run_id)
+
+    HOOKS["cancel"] = cancel
     assert advance_run(claim(store, run_id), store=store) is Disposition.CANCELLED
     run = store.run(run_id)
     assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, 1)
