@@ -424,7 +424,8 @@ class Child:
         )
 
     def ask(self, **request: Any) -> dict[str, Any]:
-        assert self.proc.stdin and self.proc.stdout
+        assert self.proc.stdin
+        assert self.proc.stdout
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()

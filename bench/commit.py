@@ -49,7 +49,8 @@ def _new_claim(owner: str) -> Any:
 
     run = durable_agents.start_run("bench", "commit floor")
     claims = store.current().claim_runs(owner, 3600, 1)
-    assert claims and claims[0].run_id == run.pk, "claimed another run"
+    assert claims, "claimed no run"
+    assert claims[0].run_id == run.pk, "claimed another run"
     return claims[0]
 
 

@@ -25,6 +25,7 @@ estimate of a few turns, so that one compaction falls about every ``--every`` tu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -326,7 +327,7 @@ def run(turns: int, every: int, thinking: bool, tail: int, slice_turns: int) -> 
         "compactions": len(compactions),
         "compaction_turns": compactions,
         "turns_between_compactions": statistics.fmean(
-            b - a for a, b in zip(compactions, compactions[1:], strict=False)
+            b - a for a, b in itertools.pairwise(compactions)
         )
         if len(compactions) > 1
         else float("nan"),

@@ -109,7 +109,7 @@ def make_server(port: int = 0, validate: bool = False) -> ThreadingHTTPServer:
             super().setup()
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else b""
             status, headers, out = model.respond(self.command, self.path, self.headers, body)
@@ -122,7 +122,7 @@ def make_server(port: int = 0, validate: bool = False) -> ThreadingHTTPServer:
 
         do_GET = do_POST
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     class Server(ThreadingHTTPServer):

@@ -59,170 +59,200 @@ def _plots(r: dict[str, Any]) -> list[str]:
     made = []
     loop, peers = r.get("loop"), r.get("peers")
     if loop or peers:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        labels, vals = [], []
-        if loop:
-            spr = loop["steps_per_run"]
-            labels += ["in-memory loop", "durable_agents"]
-            vals += [
-                spr * loop["runs"] / statistics.median(loop["inmemory_s"]),
-                loop["durable_steps_per_s"],
-            ]
-        if peers:
-            labels += ["durable_agents\n(peers run)", "DBOS Transact"]
-            vals += [peers["durable_steps_per_s"], peers["dbos_steps_per_s"]]
-        ax1.bar(labels, vals, color=["#999", "#2a7", "#2a7", "#c63"][: len(vals)])
-        ax1.set_ylabel("steps/s (one worker, 10-turn runs)")
-        ax1.set_title("10-turn runs: steps per second")
-        ax1.tick_params(axis="x", labelsize=8)
-        if peers:
-            ax2.bar(
-                ["durable_agents", "django-q2"],
-                [peers["durable_one_step_runs_per_s"], peers["q2_tasks_per_s"]],
-                color=["#2a7", "#c63"],
-            )
-            ax2.set_ylabel("runs (tasks)/s, one worker")
-            ax2.set_title("one-step runs")
-        fig.tight_layout()
-        fig.savefig(IMG / "bench_systems.png", dpi=110)
-        plt.close(fig)
-        made.append("bench_systems.png")
+        made.append(_systems_plot(plt, loop, peers))
     scale = r.get("scale")
     if scale:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        xs = [1000, scale["finished_large"]]
-        for key, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
-            ax.plot(xs, [scale["small"][key], scale["large"][key]], style, label=key[:3])
-        ax.set_xscale("log")
-        ax.set_xlabel("finished runs in agent_run (plus 10,000 pending)")
-        ax.set_ylabel("claim_runs latency (ms)")
-        ax.set_ylim(bottom=0)
-        ax.legend()
-        ax.set_title("claim latency vs table size")
-        fig.tight_layout()
-        fig.savefig(IMG / "bench_claim_latency.png", dpi=110)
-        plt.close(fig)
-        made.append("bench_claim_latency.png")
+        made.append(_claim_latency_plot(plt, scale))
     workers = r.get("workers")
     if workers:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        procs = [c for c in workers["configs"] if c["concurrency"] == 1]
-        slots = [c for c in workers["configs"] if c["procs"] == 1]
-        ax.plot(
-            [c["workers"] for c in procs],
-            [c["steps_per_s"] for c in procs],
-            "o-",
-            label="N processes x 1 slot",
-        )
-        ax.plot(
-            [c["workers"] for c in slots],
-            [c["steps_per_s"] for c in slots],
-            "s--",
-            label="1 process x N slots (--concurrency)",
-        )
-        ax.set_xscale("log", base=2)
-        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
-        ax.set_xlabel(f"workers ({workers['cpus']} CPUs)")
-        ax.set_ylabel("committed steps/s")
-        ax.set_ylim(bottom=0)
-        ax.legend()
-        ax.set_title("throughput vs workers")
-        fig.tight_layout()
-        fig.savefig(IMG / "bench_workers.png", dpi=110)
-        plt.close(fig)
-        made.append("bench_workers.png")
+        made.append(_workers_plot(plt, workers))
     longrun = r.get("longrun")
     if longrun:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        curve = {int(k): v for k, v in longrun["curve"].items()}
-        seqs = sorted(curve)
-
-        def rolling(vals: list[float], w: int = 25) -> list[float]:
-            # Mean, not median: model-turn and tool-result steps alternate.
-            return [statistics.fmean(vals[max(0, i - w) : i + w + 1]) for i in range(len(vals))]
-
-        ax.plot(seqs, rolling([curve[s]["step_ms"] for s in seqs]), label="durable step (total)")
-        ax.plot(
-            seqs,
-            rolling([curve[s]["step_ms"] - curve[s]["model_ms"] for s in seqs]),
-            label="durable step minus model call",
-        )
-        ax.plot(seqs, rolling([curve[s]["commit_ms"] for s in seqs]), label="append_step")
-        fresh = {int(k): v for k, v in longrun.get("fresh_curve", {}).items()}
-        if fresh:
-            fs = sorted(fresh)
-            ax.plot(fs, [fresh[s] for s in fs], "--", label="fresh runs' steps 2-21, in between")
-        im = {int(k): v for k, v in longrun["inmemory_curve"].items()}
-        ims = sorted(im)
-        ax.plot(ims, rolling([im[s] for s in ims]), ":", label="in-memory loop: model call")
-        ax.set_xlabel("step (seq) in one run")
-        ax.set_ylabel("ms (rolling mean of 51 steps)")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-        ax.set_title("per-step time vs run length")
-        fig.tight_layout()
-        fig.savefig(IMG / "bench_long_run.png", dpi=110)
-        plt.close(fig)
-        made.append("bench_long_run.png")
+        made.append(_long_run_plot(plt, longrun))
     memory = r.get("memory")
     if memory:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        s = memory["samples"]
-        ax.plot([x[1] for x in s], [x[2] / 1024 for x in s])
-        ax.set_xlabel("runs finished")
-        ax.set_ylabel("worker RSS (MB)")
-        ax.set_ylim(bottom=0)
-        ax.set_title("worker memory over runs")
-        fig.tight_layout()
-        fig.savefig(IMG / "bench_memory.png", dpi=110)
-        plt.close(fig)
-        made.append("bench_memory.png")
+        made.append(_memory_plot(plt, memory))
     inflight = r.get("inflight")
     if inflight and inflight.get("sizes"):
-        sizes = inflight["sizes"]
-        xs = [s["inflight"] for s in sizes]
-        sides = [x for x in ("app", "loop") if any(x in s["sides"] for s in sizes)]
-        labels = {"app": "durable_agents worker", "loop": "asyncio loop (seed)"}
-        styles = {"app": "o-", "loop": "s--"}
-        frozen_label = f"async prototype (frozen, {PROTOTYPE_COMMIT})"
-        frozen_x = [row.inflight for row in PROTOTYPE_INFLIGHT]
-
-        def series(side: str, key: str) -> tuple[list[int], list[float]]:
-            pts = [
-                (s["inflight"], s["sides"][side].get(key))
-                for s in sizes
-                if side in s["sides"] and s["sides"][side].get(key) is not None
-            ]
-            return [p[0] for p in pts], [p[1] for p in pts]
-
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        for side in sides:
-            ax1.plot(*series(side, "wall_s"), styles[side], label=labels[side])
-        ax1.plot(frozen_x, [row.wall_s for row in PROTOTYPE_INFLIGHT], "^-.", label=frozen_label)
-        ax1.plot(xs, [s["ideal_s"] for s in sizes], ":", color="#777", label="ideal")
-        ax1.set_xlabel("runs in flight (slots / tasks)")
-        ax1.set_ylabel(f"wall time (s); runs = {inflight['runs_factor']:g} x in flight")
-        ax1.set_ylim(bottom=0)
-        ax1.legend(fontsize=8)
-        ax1.set_title("wall time vs runs in flight")
-        for side in sides:
-            ax2.plot(*series(side, "peak_pg_connections"), styles[side], label=labels[side])
-        ax2.plot(
-            frozen_x,
-            [row.peak_pg_connections for row in PROTOTYPE_INFLIGHT],
-            "^-.",
-            label=frozen_label,
-        )
-        ax2.set_xlabel("runs in flight (slots / tasks)")
-        ax2.set_ylabel("peak PostgreSQL connections")
-        ax2.set_ylim(bottom=0)
-        ax2.legend(fontsize=8)
-        ax2.set_title("database connections vs runs in flight")
-        fig.tight_layout()
-        fig.savefig(IMG / "bench_inflight.png", dpi=110)
-        plt.close(fig)
-        made.append("bench_inflight.png")
+        made.append(_inflight_plot(plt, inflight))
     return made
+
+
+def _systems_plot(plt: Any, loop: dict[str, Any] | None, peers: dict[str, Any] | None) -> str:
+    """Steps per second against the in-memory loop and the peers; one-step runs against django-q2."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    labels, vals = [], []
+    if loop:
+        spr = loop["steps_per_run"]
+        labels += ["in-memory loop", "durable_agents"]
+        vals += [
+            spr * loop["runs"] / statistics.median(loop["inmemory_s"]),
+            loop["durable_steps_per_s"],
+        ]
+    if peers:
+        labels += ["durable_agents\n(peers run)", "DBOS Transact"]
+        vals += [peers["durable_steps_per_s"], peers["dbos_steps_per_s"]]
+    ax1.bar(labels, vals, color=["#999", "#2a7", "#2a7", "#c63"][: len(vals)])
+    ax1.set_ylabel("steps/s (one worker, 10-turn runs)")
+    ax1.set_title("10-turn runs: steps per second")
+    ax1.tick_params(axis="x", labelsize=8)
+    if peers:
+        ax2.bar(
+            ["durable_agents", "django-q2"],
+            [peers["durable_one_step_runs_per_s"], peers["q2_tasks_per_s"]],
+            color=["#2a7", "#c63"],
+        )
+        ax2.set_ylabel("runs (tasks)/s, one worker")
+        ax2.set_title("one-step runs")
+    fig.tight_layout()
+    fig.savefig(IMG / "bench_systems.png", dpi=110)
+    plt.close(fig)
+    return "bench_systems.png"
+
+
+def _claim_latency_plot(plt: Any, scale: dict[str, Any]) -> str:
+    """Claim latency against the size of agent_run."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [1000, scale["finished_large"]]
+    for key, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
+        ax.plot(xs, [scale["small"][key], scale["large"][key]], style, label=key[:3])
+    ax.set_xscale("log")
+    ax.set_xlabel("finished runs in agent_run (plus 10,000 pending)")
+    ax.set_ylabel("claim_runs latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title("claim latency vs table size")
+    fig.tight_layout()
+    fig.savefig(IMG / "bench_claim_latency.png", dpi=110)
+    plt.close(fig)
+    return "bench_claim_latency.png"
+
+
+def _workers_plot(plt: Any, workers: dict[str, Any]) -> str:
+    """Throughput against processes and slots."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    procs = [c for c in workers["configs"] if c["concurrency"] == 1]
+    slots = [c for c in workers["configs"] if c["procs"] == 1]
+    ax.plot(
+        [c["workers"] for c in procs],
+        [c["steps_per_s"] for c in procs],
+        "o-",
+        label="N processes x 1 slot",
+    )
+    ax.plot(
+        [c["workers"] for c in slots],
+        [c["steps_per_s"] for c in slots],
+        "s--",
+        label="1 process x N slots (--concurrency)",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    ax.set_xlabel(f"workers ({workers['cpus']} CPUs)")
+    ax.set_ylabel("committed steps/s")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title("throughput vs workers")
+    fig.tight_layout()
+    fig.savefig(IMG / "bench_workers.png", dpi=110)
+    plt.close(fig)
+    return "bench_workers.png"
+
+
+def _long_run_plot(plt: Any, longrun: dict[str, Any]) -> str:
+    """Per-step time along one long run."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    curve = {int(k): v for k, v in longrun["curve"].items()}
+    seqs = sorted(curve)
+
+    def rolling(vals: list[float], w: int = 25) -> list[float]:
+        # Mean, not median: model-turn and tool-result steps alternate.
+        return [statistics.fmean(vals[max(0, i - w) : i + w + 1]) for i in range(len(vals))]
+
+    ax.plot(seqs, rolling([curve[s]["step_ms"] for s in seqs]), label="durable step (total)")
+    ax.plot(
+        seqs,
+        rolling([curve[s]["step_ms"] - curve[s]["model_ms"] for s in seqs]),
+        label="durable step minus model call",
+    )
+    ax.plot(seqs, rolling([curve[s]["commit_ms"] for s in seqs]), label="append_step")
+    fresh = {int(k): v for k, v in longrun.get("fresh_curve", {}).items()}
+    if fresh:
+        fs = sorted(fresh)
+        ax.plot(fs, [fresh[s] for s in fs], "--", label="fresh runs' steps 2-21, in between")
+    im = {int(k): v for k, v in longrun["inmemory_curve"].items()}
+    ims = sorted(im)
+    ax.plot(ims, rolling([im[s] for s in ims]), ":", label="in-memory loop: model call")
+    ax.set_xlabel("step (seq) in one run")
+    ax.set_ylabel("ms (rolling mean of 51 steps)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("per-step time vs run length")
+    fig.tight_layout()
+    fig.savefig(IMG / "bench_long_run.png", dpi=110)
+    plt.close(fig)
+    return "bench_long_run.png"
+
+
+def _memory_plot(plt: Any, memory: dict[str, Any]) -> str:
+    """A worker's RSS over the runs it finished."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    s = memory["samples"]
+    ax.plot([x[1] for x in s], [x[2] / 1024 for x in s])
+    ax.set_xlabel("runs finished")
+    ax.set_ylabel("worker RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("worker memory over runs")
+    fig.tight_layout()
+    fig.savefig(IMG / "bench_memory.png", dpi=110)
+    plt.close(fig)
+    return "bench_memory.png"
+
+
+def _inflight_plot(plt: Any, inflight: dict[str, Any]) -> str:
+    """Wall time and database connections against runs in flight."""
+    sizes = inflight["sizes"]
+    xs = [s["inflight"] for s in sizes]
+    sides = [x for x in ("app", "loop") if any(x in s["sides"] for s in sizes)]
+    labels = {"app": "durable_agents worker", "loop": "asyncio loop (seed)"}
+    styles = {"app": "o-", "loop": "s--"}
+    frozen_label = f"async prototype (frozen, {PROTOTYPE_COMMIT})"
+    frozen_x = [row.inflight for row in PROTOTYPE_INFLIGHT]
+
+    def series(side: str, key: str) -> tuple[list[int], list[float]]:
+        pts = [
+            (s["inflight"], s["sides"][side].get(key))
+            for s in sizes
+            if side in s["sides"] and s["sides"][side].get(key) is not None
+        ]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for side in sides:
+        ax1.plot(*series(side, "wall_s"), styles[side], label=labels[side])
+    ax1.plot(frozen_x, [row.wall_s for row in PROTOTYPE_INFLIGHT], "^-.", label=frozen_label)
+    ax1.plot(xs, [s["ideal_s"] for s in sizes], ":", color="#777", label="ideal")
+    ax1.set_xlabel("runs in flight (slots / tasks)")
+    ax1.set_ylabel(f"wall time (s); runs = {inflight['runs_factor']:g} x in flight")
+    ax1.set_ylim(bottom=0)
+    ax1.legend(fontsize=8)
+    ax1.set_title("wall time vs runs in flight")
+    for side in sides:
+        ax2.plot(*series(side, "peak_pg_connections"), styles[side], label=labels[side])
+    ax2.plot(
+        frozen_x,
+        [row.peak_pg_connections for row in PROTOTYPE_INFLIGHT],
+        "^-.",
+        label=frozen_label,
+    )
+    ax2.set_xlabel("runs in flight (slots / tasks)")
+    ax2.set_ylabel("peak PostgreSQL connections")
+    ax2.set_ylim(bottom=0)
+    ax2.legend(fontsize=8)
+    ax2.set_title("database connections vs runs in flight")
+    fig.tight_layout()
+    fig.savefig(IMG / "bench_inflight.png", dpi=110)
+    plt.close(fig)
+    return "bench_inflight.png"
 
 
 def render() -> Path:
@@ -248,6 +278,33 @@ def render() -> Path:
     made = _plots(r)
     L: list[str] = []
     w = L.append
+    _header(w, m)
+    _targets(w, r)
+    w("")
+    _before_after(w, r, m)
+    for img in made:
+        w(f"![{img}](img/{img})")
+        w("")
+    _numbered_sections(w, r)
+    inf = r.get("inflight")
+    if inf:
+        _inflight_section(w, inf)
+    if r.get("waits"):
+        _waits_section(w, r["waits"])
+    if r.get("compaction"):
+        _compaction_section(w, r["compaction"])
+    if r.get("admin_scale"):
+        admin_scale_section(
+            w, r["admin_scale"], r.get("admin_scale_10m"), r.get("admin_scale_before")
+        )
+    _reproduce(w)
+    out = DOCS / "benchmarks.md"
+    out.write_text("\n".join(L))
+    return out
+
+
+def _header(w: Any, m: dict[str, Any]) -> None:
+    """The title, and the machine, software and workload the numbers come from."""
     w("# Benchmarks")
     w("")
     w(
@@ -293,271 +350,307 @@ def render() -> Path:
     if m.get("failures"):
         w(f"- **failed benchmarks**: {m['failures']}")
     w("")
+
+
+def _targets(w: Any, r: dict[str, Any]) -> None:
+    """The table of targets: each ratio, its goal and its verdict."""
     w("## Targets")
     w("")
     w("| # | target | durable_agents | reference | ratio | goal | verdict |")
     w("| --- | --- | --- | --- | --- | --- | --- |")
     for row in target_rows(r):
         w("| " + " | ".join(row) + " |")
+
+
+def _numbered_sections(w: Any, r: dict[str, Any]) -> None:
+    """The sections of the benchmarks that ran (each needs its own results)."""
     loop, peers, c = r.get("loop"), r.get("peers"), r.get("commit")
     s, wk, lr, mem = r.get("scale"), r.get("workers"), r.get("longrun"), r.get("memory")
-    w("")
-    _before_after(w, r, m)
-    for img in made:
-        w(f"![{img}](img/{img})")
-        w("")
-    if loop:
-        w("## 1. Loop overhead")
-        w("")
-        w(
-            f"{loop['runs']} runs x {loop['reps']} repetitions, medians. In-memory: the seed's "
-            "`while True` loop with `client.messages.create`. Durable: `Worker(concurrency=1, "
-            "burst=True).run()` in-process (the body of `runagents --burst`)."
-        )
-        w("")
-        w("| measure | value |")
-        w("| --- | --- |")
-        w(
-            f"| in-memory loop | {loop['inmemory_ms_per_run']:.2f} ms/run "
-            f"({loop['inmemory_model_calls_per_s']:.0f} model calls/s) |"
-        )
-        w(
-            f"| durable worker | {loop['durable_ms_per_run']:.2f} ms/run "
-            f"({loop['durable_steps_per_s']:.0f} steps/s) |"
-        )
-        if "ratio_strict" in loop:
-            w(
-                f"| durable worker, `OVERLAP_SAFE_COMMITS` off (every step committed before the "
-                f"next call) | {loop['durable_strict_ms_per_run']:.2f} ms/run, ratio "
-                f"{loop['ratio_strict']:.2f} |"
-            )
-        w(f"| start_run (enqueue, not in the ratio) | {loop['start_run_ms']:.2f} ms/run |")
-        w(f"| ratio incl. start_run | {loop['ratio_incl_start']:.2f} |")
-        w(
-            f"| `runagents --burst` subprocess wall (incl. ~interpreter + Django start-up) "
-            f"| {loop['runagents_burst_wall_s']:.2f} s for {loop['runs']} runs, ratio "
-            f"{loop['ratio_runagents_wall']:.2f} |"
-        )
-        w(
-            f"| raw samples (s) | in-memory {_fl(loop['inmemory_s'])}; durable {_fl(loop['durable_worker_s'])} |"
-        )
-        w("")
-        if c:
-            turns = loop["turns_per_run"]
-            floor = (loop["inmemory_ms_per_run"] + turns * c["append_step"]["p50_ms"]) / loop[
-                "inmemory_ms_per_run"
-            ]
-            w(
-                f"Arithmetic floor: each of the {turns} model turns must be committed before its "
-                f"tools run, so {turns} flushed commits stay in the step's path; at the measured "
-                f"append_step p50 ({c['append_step']['p50_ms']:.3f} ms, synchronous_commit on, "
-                f"measured alone) they add {turns * c['append_step']['p50_ms']:.1f} ms to the "
-                f"in-memory {loop['inmemory_ms_per_run']:.1f} ms/run ({floor:.2f}x) before any "
-                "other cost. The other 9 commits (pure tool results) overlap the next model call. "
-                "In the loop a commit costs more than alone: worker, fake API and PostgreSQL share "
-                "the machine's 2 CPUs (see the profile below)."
-            )
-            w("")
     p = r.get("profile_step")
+    if loop:
+        _loop_section(w, loop, c)
     if p:
-        w("## Where the time of a durable step goes")
-        w("")
-        w(
-            f"`bench/profile_step.py`: {p['runs']} runs ({p['steps']} steps) advanced in-process "
-            f"the way a worker slot does; {p['wall_ms_per_run']:.1f} ms/run, "
-            f"{p['wall_ms_per_step']:.2f} ms/step."
-        )
-        w("")
-        w("| bucket | ms/step | ms/run | calls/run |")
-        w("| --- | --- | --- | --- |")
-        for k, v in p["ms_per_step"].items():
-            w(
-                f"| {k} | {v:.3f} | {p['ms_per_run'].get(k, v * p['steps'] / p['runs']):.2f} "
-                f"| {p['calls_per_run'].get(k, '')} |"
-            )
-        t = p["round_trips"]
-        w("")
-        w(
-            f"Database round trips (libpq protocol trace, each client Query/Sync): "
-            f"**{t['per_run']:.1f} per run, {t['per_step']:.2f} per step**; time from the "
-            f"client's message to the server's ReadyForQuery, {t['db_ms_per_run']:.1f} ms/run in all:"
-        )
-        w("")
-        w("| statement | round trips/run | ms/run |")
-        w("| --- | --- | --- |")
-        for k, v in t["by_statement_per_run"].items():
-            w(f"| {k} | {v:.1f} | {t['db_ms_per_run_by_statement'].get(k, 0):.2f} |")
-        w("")
-        w(
-            f"INFO logging (a line per committed step, the default level outside the benchmarks) "
-            f"costs {p['log_info_ms_per_step']:.3f} ms/step (to /dev/null; negative = noise)."
-        )
-        w("The cProfile listing is in `bench/out/profile_step.txt`.")
-        w("")
+        _profile_section(w, p)
     if c:
-        w("## 3. Commit floor")
-        w("")
-        w("| statement | p50 ms | mean ms | p99 ms |")
-        w("| --- | --- | --- | --- |")
-        for k, label in (
-            ("append_step", "`Store.append_step` (Django, one CTE statement, autocommit)"),
-            ("raw_tx", "raw psycopg: BEGIN; INSERT agent_step; UPDATE agent_run; COMMIT"),
-            ("raw_cte", "append_step's SQL through raw psycopg (no Django)"),
-            ("append_step_async", "append_step with synchronous_commit=off (no WAL flush wait)"),
-            ("select1", "`SELECT 1` round trip"),
-        ):
-            x = c[k]
-            w(f"| {label} | {x['p50_ms']:.3f} | {x['mean_ms']:.3f} | {x['p99_ms']:.3f} |")
-        w("")
+        _commit_section(w, c)
     if peers:
-        w("## 2. Peers")
-        w("")
-        w(
-            f"- {peers['workload']}; DBOS: one workflow per run, `@DBOS.step` per model call and "
-            f"per tool call, PostgreSQL system database, one workflow at a time. Samples (s): "
-            f"durable {_fl(peers['durable_s'])}, DBOS {_fl(peers['dbos_s'])}."
-        )
-        q = peers["q2"]
-        w(
-            f"- django-q2 (ORM broker, `qcluster`, 1 worker, poll 0.05 s): {q['n']} tasks of one "
-            f"model call each, {q['span_s']:.2f} s from first start to last stop "
-            f"({q['wall_s']:.2f} s wall from cluster launch). durable_agents: {q['n']} one-step "
-            f"runs with one in-process worker, {_fl(peers['durable_one_step_s'])} s; "
-            f"`runagents --burst` subprocess incl. start-up and start_run: "
-            f"{peers['durable_one_step_runs_per_s_runagents_wall_incl_start']:.1f} runs/s."
-        )
-        w("")
+        _peers_section(w, peers)
     if s:
-        w("## 4. Claim latency at scale")
-        w("")
-        w("| finished runs | p50 ms | p90 ms | p99 ms | max ms |")
-        w("| --- | --- | --- | --- | --- |")
-        for key, n in (("small", 1000), ("large", s["finished_large"])):
-            x = s[key]
-            w(
-                f"| {n:,} | {x['p50_ms']:.3f} | {x['p90_ms']:.3f} | {x['p99_ms']:.3f} | {x['max_ms']:.3f} |"
-            )
-        w("")
-        w(
-            f"Both with {s['pending']:,} pending runs; {s['small']['n']} claims each, in alternating "
-            "blocks, each block in a fresh process after 20 warm-up claims; each claim is "
-            "`Store.claim_runs(owner, 60, 1)` timed in the client (round trips and Django "
-            "included), and the run is then finished with `finish_run`."
-        )
-        w("")
-        w("Claim query and its plan at the large size:")
-        w("")
-        w("```sql")
-        w(s["claim_select_sql"])
-        w("```")
-        w("```")
-        w(s["explain_large"])
-        w("```")
-        w("| relation | size at 1,000 | size at " + f"{s['finished_large']:,} |")
-        w("| --- | --- | --- |")
-        for name, rel in s["sizes_large"]["relations"].items():
-            small = s["sizes_small"]["relations"].get(name, {}).get("pretty", "?")
-            w(f"| {name} | {small} | {rel['pretty']} |")
-        w("")
+        _scale_section(w, s)
     if wk:
-        w("## 5. Workers")
-        w("")
-        w(
-            "Each configuration was timed right after a run of one worker, and its speedup is "
-            "against that run (the machine's speed drifts within minutes)."
-        )
-        w("")
-        w(
-            "| processes x slots | steps/s (DB clock) | one worker just before | speedup "
-            "| steps/s insert-to-done | lock-wait samples | ungranted-lock samples "
-            "| top wait events (active backends) |"
-        )
-        w("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for x in wk["configs"]:
-            w(
-                f"| {x['procs']} x {x['concurrency']} | {x['steps_per_s']:.0f} "
-                f"| {x.get('baseline_steps_per_s', x['steps_per_s']):.0f} | {x['speedup']:.2f} "
-                f"| {x['steps_per_s_wall']:.0f} | {x['lock_wait_samples']}/{x['lock_samples']} "
-                f"| {x['ungranted_lock_samples']} | {_ev(x['wait_events'])} |"
-            )
-        w("")
-        w(
-            f"Did any worker wait on a lock to claim? **{'yes' if wk['any_claim_lock_wait'] else 'no'}** "
-            f"(any lock wait at all: {'yes' if wk['any_lock_wait'] else 'no'}); pg_stat_activity and "
-            "pg_locks sampled every ~5 ms during each configuration. The wait events of active "
-            "backends show what limits scaling: IO:WALSync / LWLock:WALWrite are commits waiting "
-            "for the WAL flush (one flushed commit per step); the fake API, PostgreSQL and the "
-            "workers share the same CPUs."
-        )
-        w("")
+        _workers_section(w, wk)
     if lr:
-        w("## 6. Long runs")
-        w("")
-        w(
-            "| at step | mean step ms | model-turn step ms | tool-result step ms | model call ms "
-            "| durable part ms (mean) | append_step ms | in-memory model call ms |"
-        )
-        w("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        window = lr.get("window", [lr["steps"] - 50, lr["steps"]])
-        for label, sfx in (
-            (f"steps 2-{2 * lr.get('fresh_turns', 11) - 1} of fresh runs (in between)", "10"),
-            (f"steps {window[0]}-{window[1]} of the long run", "end"),
-        ):
-            w(
-                f"| {label} | {lr[f'step_ms_at_{sfx}']:.2f} "
-                f"| {lr.get(f'model_step_ms_at_{sfx}', float('nan')):.2f} "
-                f"| {lr.get(f'tool_step_ms_at_{sfx}', float('nan')):.2f} "
-                f"| {lr[f'model_call_ms_at_{sfx}']:.2f} | {lr[f'durable_part_ms_at_{sfx}']:.2f} "
-                f"| {lr[f'commit_ms_at_{sfx}']:.2f} | {lr[f'inmemory_call_ms_at_{sfx}']:.2f} |"
-            )
-        w("")
-        if "slices" in lr:
-            w(
-                f"Side by side: the {lr['steps'] + 1}-step run was advanced in {lr['slices']} "
-                f"claims of {lr['slice_steps']} steps, and after each one a fresh "
-                f"{lr.get('fresh_turns', 11)}-turn run was advanced from its start, so the two "
-                f"windows were timed in the same stretches of time ({lr['paired_slices']} paired "
-                f"slices; median of their per-slice ratios {lr['slice_ratio_median']:.2f}). The "
-                "first step of each claim (claim + rebuild) is not counted."
-            )
-            w("")
-        w(
-            "Mean step time over both step kinds (the target's figure); medians per kind and per "
-            "component. The request carries the whole history on every call, but it is built "
-            "from stored JSON text (nothing is re-serialised or re-parsed), so only the bytes on "
-            "the wire grow; the in-memory loop's column (the SDK serialising its message objects "
-            "on every call) shows what re-serialising costs. The durable part is the step minus "
-            "its model call: commit + tool + runner."
-        )
-        w(
-            f"Cold rebuild of {lr['steps'] + 1} steps: `load_log` p50 "
-            f"{lr['rebuild']['p50_ms']:.1f} ms (min {lr['rebuild']['min_ms']:.1f}); raw psycopg SELECT p50 {lr['raw_select']['p50_ms']:.1f} ms (min {lr['raw_select']['min_ms']:.1f}); "
-            f"raw SELECT + json.loads of every payload p50 "
-            f"{lr['raw_select_plus_json_loads']['p50_ms']:.1f} ms."
-        )
-        w("")
+        _longrun_section(w, lr)
     if mem:
-        w("## 7. Memory")
-        w("")
+        _memory_section(w, mem)
+
+
+def _loop_section(w: Any, loop: dict[str, Any], c: dict[str, Any] | None) -> None:
+    """1. Loop overhead: the in-memory loop against the durable worker, and the commit floor."""
+    w("## 1. Loop overhead")
+    w("")
+    w(
+        f"{loop['runs']} runs x {loop['reps']} repetitions, medians. In-memory: the seed's "
+        "`while True` loop with `client.messages.create`. Durable: `Worker(concurrency=1, "
+        "burst=True).run()` in-process (the body of `runagents --burst`)."
+    )
+    w("")
+    w("| measure | value |")
+    w("| --- | --- |")
+    w(
+        f"| in-memory loop | {loop['inmemory_ms_per_run']:.2f} ms/run "
+        f"({loop['inmemory_model_calls_per_s']:.0f} model calls/s) |"
+    )
+    w(
+        f"| durable worker | {loop['durable_ms_per_run']:.2f} ms/run "
+        f"({loop['durable_steps_per_s']:.0f} steps/s) |"
+    )
+    if "ratio_strict" in loop:
         w(
-            f"One `runagents --burst --concurrency {mem.get('concurrency', 1)}` process, "
-            f"{mem['runs']:,} one-step runs ({mem['runs_per_s']:.0f} runs/s): RSS "
-            f"{mem['rss_first_kb'] / 1024:.1f} MB at the first sample, "
-            f"{mem['rss_warm_kb'] / 1024:.1f} MB after {mem['rss_warm_at_runs']} runs, "
-            f"{mem['rss_end_kb'] / 1024:.1f} MB at the end (max {mem['rss_max_kb'] / 1024:.1f} MB)."
+            f"| durable worker, `OVERLAP_SAFE_COMMITS` off (every step committed before the "
+            f"next call) | {loop['durable_strict_ms_per_run']:.2f} ms/run, ratio "
+            f"{loop['ratio_strict']:.2f} |"
+        )
+    w(f"| start_run (enqueue, not in the ratio) | {loop['start_run_ms']:.2f} ms/run |")
+    w(f"| ratio incl. start_run | {loop['ratio_incl_start']:.2f} |")
+    w(
+        f"| `runagents --burst` subprocess wall (incl. ~interpreter + Django start-up) "
+        f"| {loop['runagents_burst_wall_s']:.2f} s for {loop['runs']} runs, ratio "
+        f"{loop['ratio_runagents_wall']:.2f} |"
+    )
+    w(
+        f"| raw samples (s) | in-memory {_fl(loop['inmemory_s'])}; durable {_fl(loop['durable_worker_s'])} |"
+    )
+    w("")
+    if c:
+        turns = loop["turns_per_run"]
+        floor = (loop["inmemory_ms_per_run"] + turns * c["append_step"]["p50_ms"]) / loop[
+            "inmemory_ms_per_run"
+        ]
+        w(
+            f"Arithmetic floor: each of the {turns} model turns must be committed before its "
+            f"tools run, so {turns} flushed commits stay in the step's path; at the measured "
+            f"append_step p50 ({c['append_step']['p50_ms']:.3f} ms, synchronous_commit on, "
+            f"measured alone) they add {turns * c['append_step']['p50_ms']:.1f} ms to the "
+            f"in-memory {loop['inmemory_ms_per_run']:.1f} ms/run ({floor:.2f}x) before any "
+            "other cost. The other 9 commits (pure tool results) overlap the next model call. "
+            "In the loop a commit costs more than alone: worker, fake API and PostgreSQL share "
+            "the machine's 2 CPUs (see the profile below)."
         )
         w("")
-    inf = r.get("inflight")
-    if inf:
-        _inflight_section(w, inf)
-    if r.get("waits"):
-        _waits_section(w, r["waits"])
-    if r.get("compaction"):
-        _compaction_section(w, r["compaction"])
-    if r.get("admin_scale"):
-        admin_scale_section(
-            w, r["admin_scale"], r.get("admin_scale_10m"), r.get("admin_scale_before")
+
+
+def _profile_section(w: Any, p: dict[str, Any]) -> None:
+    """Where the time of a durable step goes: buckets and database round trips."""
+    w("## Where the time of a durable step goes")
+    w("")
+    w(
+        f"`bench/profile_step.py`: {p['runs']} runs ({p['steps']} steps) advanced in-process "
+        f"the way a worker slot does; {p['wall_ms_per_run']:.1f} ms/run, "
+        f"{p['wall_ms_per_step']:.2f} ms/step."
+    )
+    w("")
+    w("| bucket | ms/step | ms/run | calls/run |")
+    w("| --- | --- | --- | --- |")
+    for k, v in p["ms_per_step"].items():
+        w(
+            f"| {k} | {v:.3f} | {p['ms_per_run'].get(k, v * p['steps'] / p['runs']):.2f} "
+            f"| {p['calls_per_run'].get(k, '')} |"
         )
+    t = p["round_trips"]
+    w("")
+    w(
+        f"Database round trips (libpq protocol trace, each client Query/Sync): "
+        f"**{t['per_run']:.1f} per run, {t['per_step']:.2f} per step**; time from the "
+        f"client's message to the server's ReadyForQuery, {t['db_ms_per_run']:.1f} ms/run in all:"
+    )
+    w("")
+    w("| statement | round trips/run | ms/run |")
+    w("| --- | --- | --- |")
+    for k, v in t["by_statement_per_run"].items():
+        w(f"| {k} | {v:.1f} | {t['db_ms_per_run_by_statement'].get(k, 0):.2f} |")
+    w("")
+    w(
+        f"INFO logging (a line per committed step, the default level outside the benchmarks) "
+        f"costs {p['log_info_ms_per_step']:.3f} ms/step (to /dev/null; negative = noise)."
+    )
+    w("The cProfile listing is in `bench/out/profile_step.txt`.")
+    w("")
+
+
+def _commit_section(w: Any, c: dict[str, Any]) -> None:
+    """3. Commit floor: one step's commit, through Django and raw psycopg."""
+    w("## 3. Commit floor")
+    w("")
+    w("| statement | p50 ms | mean ms | p99 ms |")
+    w("| --- | --- | --- | --- |")
+    for k, label in (
+        ("append_step", "`Store.append_step` (Django, one CTE statement, autocommit)"),
+        ("raw_tx", "raw psycopg: BEGIN; INSERT agent_step; UPDATE agent_run; COMMIT"),
+        ("raw_cte", "append_step's SQL through raw psycopg (no Django)"),
+        ("append_step_async", "append_step with synchronous_commit=off (no WAL flush wait)"),
+        ("select1", "`SELECT 1` round trip"),
+    ):
+        x = c[k]
+        w(f"| {label} | {x['p50_ms']:.3f} | {x['mean_ms']:.3f} | {x['p99_ms']:.3f} |")
+    w("")
+
+
+def _peers_section(w: Any, peers: dict[str, Any]) -> None:
+    """2. Peers: DBOS Transact and django-q2 on the same workload."""
+    w("## 2. Peers")
+    w("")
+    w(
+        f"- {peers['workload']}; DBOS: one workflow per run, `@DBOS.step` per model call and "
+        f"per tool call, PostgreSQL system database, one workflow at a time. Samples (s): "
+        f"durable {_fl(peers['durable_s'])}, DBOS {_fl(peers['dbos_s'])}."
+    )
+    q = peers["q2"]
+    w(
+        f"- django-q2 (ORM broker, `qcluster`, 1 worker, poll 0.05 s): {q['n']} tasks of one "
+        f"model call each, {q['span_s']:.2f} s from first start to last stop "
+        f"({q['wall_s']:.2f} s wall from cluster launch). durable_agents: {q['n']} one-step "
+        f"runs with one in-process worker, {_fl(peers['durable_one_step_s'])} s; "
+        f"`runagents --burst` subprocess incl. start-up and start_run: "
+        f"{peers['durable_one_step_runs_per_s_runagents_wall_incl_start']:.1f} runs/s."
+    )
+    w("")
+
+
+def _scale_section(w: Any, s: dict[str, Any]) -> None:
+    """4. Claim latency at scale, with the claim query's plan and the table sizes."""
+    w("## 4. Claim latency at scale")
+    w("")
+    w("| finished runs | p50 ms | p90 ms | p99 ms | max ms |")
+    w("| --- | --- | --- | --- | --- |")
+    for key, n in (("small", 1000), ("large", s["finished_large"])):
+        x = s[key]
+        w(
+            f"| {n:,} | {x['p50_ms']:.3f} | {x['p90_ms']:.3f} | {x['p99_ms']:.3f} | {x['max_ms']:.3f} |"
+        )
+    w("")
+    w(
+        f"Both with {s['pending']:,} pending runs; {s['small']['n']} claims each, in alternating "
+        "blocks, each block in a fresh process after 20 warm-up claims; each claim is "
+        "`Store.claim_runs(owner, 60, 1)` timed in the client (round trips and Django "
+        "included), and the run is then finished with `finish_run`."
+    )
+    w("")
+    w("Claim query and its plan at the large size:")
+    w("")
+    w("```sql")
+    w(s["claim_select_sql"])
+    w("```")
+    w("```")
+    w(s["explain_large"])
+    w("```")
+    w("| relation | size at 1,000 | size at " + f"{s['finished_large']:,} |")
+    w("| --- | --- | --- |")
+    for name, rel in s["sizes_large"]["relations"].items():
+        small = s["sizes_small"]["relations"].get(name, {}).get("pretty", "?")
+        w(f"| {name} | {small} | {rel['pretty']} |")
+    w("")
+
+
+def _workers_section(w: Any, wk: dict[str, Any]) -> None:
+    """5. Workers: throughput and lock waits per processes x slots."""
+    w("## 5. Workers")
+    w("")
+    w(
+        "Each configuration was timed right after a run of one worker, and its speedup is "
+        "against that run (the machine's speed drifts within minutes)."
+    )
+    w("")
+    w(
+        "| processes x slots | steps/s (DB clock) | one worker just before | speedup "
+        "| steps/s insert-to-done | lock-wait samples | ungranted-lock samples "
+        "| top wait events (active backends) |"
+    )
+    w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for x in wk["configs"]:
+        w(
+            f"| {x['procs']} x {x['concurrency']} | {x['steps_per_s']:.0f} "
+            f"| {x.get('baseline_steps_per_s', x['steps_per_s']):.0f} | {x['speedup']:.2f} "
+            f"| {x['steps_per_s_wall']:.0f} | {x['lock_wait_samples']}/{x['lock_samples']} "
+            f"| {x['ungranted_lock_samples']} | {_ev(x['wait_events'])} |"
+        )
+    w("")
+    w(
+        f"Did any worker wait on a lock to claim? **{'yes' if wk['any_claim_lock_wait'] else 'no'}** "
+        f"(any lock wait at all: {'yes' if wk['any_lock_wait'] else 'no'}); pg_stat_activity and "
+        "pg_locks sampled every ~5 ms during each configuration. The wait events of active "
+        "backends show what limits scaling: IO:WALSync / LWLock:WALWrite are commits waiting "
+        "for the WAL flush (one flushed commit per step); the fake API, PostgreSQL and the "
+        "workers share the same CPUs."
+    )
+    w("")
+
+
+def _longrun_section(w: Any, lr: dict[str, Any]) -> None:
+    """6. Long runs: step time at the start and at the end of a long run."""
+    w("## 6. Long runs")
+    w("")
+    w(
+        "| at step | mean step ms | model-turn step ms | tool-result step ms | model call ms "
+        "| durable part ms (mean) | append_step ms | in-memory model call ms |"
+    )
+    w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    window = lr.get("window", [lr["steps"] - 50, lr["steps"]])
+    for label, sfx in (
+        (f"steps 2-{2 * lr.get('fresh_turns', 11) - 1} of fresh runs (in between)", "10"),
+        (f"steps {window[0]}-{window[1]} of the long run", "end"),
+    ):
+        w(
+            f"| {label} | {lr[f'step_ms_at_{sfx}']:.2f} "
+            f"| {lr.get(f'model_step_ms_at_{sfx}', float('nan')):.2f} "
+            f"| {lr.get(f'tool_step_ms_at_{sfx}', float('nan')):.2f} "
+            f"| {lr[f'model_call_ms_at_{sfx}']:.2f} | {lr[f'durable_part_ms_at_{sfx}']:.2f} "
+            f"| {lr[f'commit_ms_at_{sfx}']:.2f} | {lr[f'inmemory_call_ms_at_{sfx}']:.2f} |"
+        )
+    w("")
+    if "slices" in lr:
+        w(
+            f"Side by side: the {lr['steps'] + 1}-step run was advanced in {lr['slices']} "
+            f"claims of {lr['slice_steps']} steps, and after each one a fresh "
+            f"{lr.get('fresh_turns', 11)}-turn run was advanced from its start, so the two "
+            f"windows were timed in the same stretches of time ({lr['paired_slices']} paired "
+            f"slices; median of their per-slice ratios {lr['slice_ratio_median']:.2f}). The "
+            "first step of each claim (claim + rebuild) is not counted."
+        )
+        w("")
+    w(
+        "Mean step time over both step kinds (the target's figure); medians per kind and per "
+        "component. The request carries the whole history on every call, but it is built "
+        "from stored JSON text (nothing is re-serialised or re-parsed), so only the bytes on "
+        "the wire grow; the in-memory loop's column (the SDK serialising its message objects "
+        "on every call) shows what re-serialising costs. The durable part is the step minus "
+        "its model call: commit + tool + runner."
+    )
+    w(
+        f"Cold rebuild of {lr['steps'] + 1} steps: `load_log` p50 "
+        f"{lr['rebuild']['p50_ms']:.1f} ms (min {lr['rebuild']['min_ms']:.1f}); raw psycopg SELECT p50 {lr['raw_select']['p50_ms']:.1f} ms (min {lr['raw_select']['min_ms']:.1f}); "
+        f"raw SELECT + json.loads of every payload p50 "
+        f"{lr['raw_select_plus_json_loads']['p50_ms']:.1f} ms."
+    )
+    w("")
+
+
+def _memory_section(w: Any, mem: dict[str, Any]) -> None:
+    """7. Memory: a worker's RSS over many runs."""
+    w("## 7. Memory")
+    w("")
+    w(
+        f"One `runagents --burst --concurrency {mem.get('concurrency', 1)}` process, "
+        f"{mem['runs']:,} one-step runs ({mem['runs_per_s']:.0f} runs/s): RSS "
+        f"{mem['rss_first_kb'] / 1024:.1f} MB at the first sample, "
+        f"{mem['rss_warm_kb'] / 1024:.1f} MB after {mem['rss_warm_at_runs']} runs, "
+        f"{mem['rss_end_kb'] / 1024:.1f} MB at the end (max {mem['rss_max_kb'] / 1024:.1f} MB)."
+    )
+    w("")
+
+
+def _reproduce(w: Any) -> None:
+    """The commands that produce these numbers."""
     w("## Reproduce")
     w("")
     w("```")
@@ -568,9 +661,6 @@ def render() -> Path:
     w(".venv/bin/python -m bench.admin_scale --sizes 10000,10000000 --reps 5 --out admin_scale_10m")
     w("```")
     w("")
-    out = DOCS / "benchmarks.md"
-    out.write_text("\n".join(L))
-    return out
 
 
 _INFLIGHT_HEAD = (

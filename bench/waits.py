@@ -352,7 +352,8 @@ def clone_db(name: str, template: str) -> str:
     """Database ``name`` as a copy of the migrated, unused ``template`` (no second migrate)."""
     import psycopg
 
-    assert name.startswith("da_bench") and template.startswith("da_bench"), (name, template)
+    assert name.startswith("da_bench"), name
+    assert template.startswith("da_bench"), template
     with psycopg.connect(common.ADMIN_DSN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')

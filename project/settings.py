@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -74,7 +75,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 
-DURABLE_AGENTS = {
+DURABLE_AGENTS: dict[str, Any] = {
     # The built-in offline scripted model plays the tool calls written in a run's task text, so
     # it is switched on explicitly (DURABLE_AGENTS_OFFLINE=1 or 0) and by default only with
     # DEBUG on. Never derive it from a missing API key: a worker host without the key would

@@ -69,7 +69,7 @@ class FakeAnthropic:
                 super().setup()
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
@@ -84,7 +84,7 @@ class FakeAnthropic:
                 self.end_headers()
                 self.wfile.write(out)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -95,6 +95,7 @@ class FakeAnthropic:
     @property
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address
         return f"http://{host}:{port}"
 
     def cut_next_stream(self, after_events: int, times: int = 1) -> None:

@@ -164,7 +164,8 @@ def waiting_run(task: str, agent: str = "thinker") -> tuple[AgentRun, ToolIntent
 def assert_apart(page: Page, first: str, second: str) -> None:
     """The two elements are on screen and their boxes do not intersect."""
     a, b = page.locator(first).bounding_box(), page.locator(second).bounding_box()
-    assert a and b, (first, a, second, b)
+    assert a, (first, a)
+    assert b, (second, b)
     apart = (
         a["x"] + a["width"] <= b["x"]
         or b["x"] + b["width"] <= a["x"]
@@ -315,7 +316,8 @@ def test_reject_with_a_reason_reaches_the_model(
     )
     expect(transcript.locator(".da-intent")).to_contain_text(": “not on a Friday” · not run")
     result = AgentStep.objects.get(run=run, seq=2).data()[0]
-    assert result["is_error"] is True and expected in result["content"]
+    assert result["is_error"] is True
+    assert expected in result["content"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,7 +448,9 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
     # The charts are drawn: every SVG has a size on screen.
     for chart in page.locator("svg.da-chart").all():
         box = chart.bounding_box()
-        assert box and box["width"] > 100 and box["height"] > 20, box
+        assert box
+        assert box["width"] > 100, box
+        assert box["height"] > 20, box
     hours = page.locator("#finished-per-hour svg")
     expect(hours.locator("line.da-baseline")).to_have_count(1)
     expect(hours.locator("text.da-axis").last).to_have_text("now")
@@ -471,7 +475,8 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
         scroll, client = results.evaluate("r => [r.scrollWidth, r.clientWidth]")
         assert scroll <= client, f"{width}px: table {scroll}px in {client}px"
         task = page.locator("#result_list th.column-task_excerpt").bounding_box()
-        assert task and task["width"] >= 150, (width, task)
+        assert task, width
+        assert task["width"] >= 150, (width, task)
         headers = page.locator("#result_list thead th").all_inner_texts()
         assert [h.strip().lower() for h in headers[1:]] == [
             *("run", "status", "agent", "task", "steps", "claims", "lease")

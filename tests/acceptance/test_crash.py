@@ -359,7 +359,8 @@ def test_sigkill_while_non_idempotent_tool_runs_reapplies_nothing(
     key = effects.idempotency_key(run.pk, 1, 0, "charge", tool_input)
     attempts = receiver.attempts("charge")
     assert [a["key"] for a in attempts] == [key, key]
-    assert attempts[0]["pid"] == first.pid and attempts[1]["pid"] != first.pid
+    assert attempts[0]["pid"] == first.pid
+    assert attempts[1]["pid"] != first.pid
     assert [a["key"] for a in receiver.applied("charge")] == [key]
 
     run.refresh_from_db()
@@ -428,7 +429,8 @@ def test_intent_approved_runs_the_tool_once(receiver: Receiver) -> None:
     assert [a["key"] for a in receiver.attempts("drop")] == [key]
     assert [a["key"] for a in receiver.applied("drop")] == [key]
     [result] = steps_of(run.pk)[2].data()
-    assert result["content"] == "dropped t1" and "is_error" not in result
+    assert result["content"] == "dropped t1"
+    assert "is_error" not in result
 
 
 def test_intent_rejected_tells_the_model_who_and_why(receiver: Receiver) -> None:

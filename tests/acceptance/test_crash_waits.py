@@ -47,7 +47,8 @@ def test_sigkill_between_wait_and_park_runs_the_call_again_with_the_same_key(
     (receiver.directory / "wait-release").unlink()
 
     run.refresh_from_db()
-    assert run.status == RunStatus.RUNNING and run.waiting_for == ""  # never parked
+    assert run.status == RunStatus.RUNNING
+    assert run.waiting_for == ""  # never parked
     assert not ToolEffect.objects.filter(run_id=run.pk).exists()
 
     # The lease runs out; the next worker calls the tool again (same key) and parks.
@@ -72,7 +73,8 @@ def test_sigkill_between_wait_and_park_runs_the_call_again_with_the_same_key(
     calls = receiver.calls("await_event")
     assert [c["key"] for c in calls] == [key, key, key]
     assert [c["woken_by"] is None for c in calls] == [True, True, False]
-    assert calls[0]["pid"] == first.pid and calls[1]["pid"] == second.pid
+    assert calls[0]["pid"] == first.pid
+    assert calls[1]["pid"] == second.pid
     assert calls[2]["woken_by"]["payload"] == {"status": "refunded"}
     # The provider saw the request twice with one key and applied it once.
     assert [a["key"] for a in receiver.attempts("request")] == [key, key]

@@ -3,7 +3,6 @@ line, and exits non-zero when its worker died."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 import durable_agents
 from durable_agents import store
@@ -133,7 +132,8 @@ def test_allow_offline_starts_with_a_loud_warning() -> None:
     )
     assert done.returncode == 0, done.stdout
     assert "durable_agents.E011" not in done.stdout
-    assert "WARNING" in done.stdout and "OFFLINE is on with DEBUG off" in done.stdout
+    assert "WARNING" in done.stdout
+    assert "OFFLINE is on with DEBUG off" in done.stdout
     assert AgentRun.objects.get(pk=run.id).status == RunStatus.SUCCEEDED
 
 
@@ -161,7 +161,8 @@ def test_no_registered_agent_is_a_warning_at_start(
     call_command("runagents", "--burst")
     [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "no agents are registered" in warning.getMessage()
-    assert "agents.py" in warning.getMessage() and "INSTALLED_APPS" in warning.getMessage()
+    assert "agents.py" in warning.getMessage()
+    assert "INSTALLED_APPS" in warning.getMessage()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -190,7 +191,7 @@ def test_a_dead_slot_makes_the_command_exit_non_zero(
 
 
 def test_every_flag_has_help() -> None:
-    parser = argparse.ArgumentParser()
+    parser = CommandParser()
     Command().add_arguments(parser)
     own = [a for a in parser._actions if a.option_strings and a.dest != "help"]
     assert {a.dest for a in own} >= {"lease_seconds", "poll_interval", "allow_offline"}

@@ -124,7 +124,7 @@ def parked_intent(status: str = IntentStatus.PENDING, table: str = "t1") -> Tool
         run=run, seq=1, kind=StepKind.MODEL_TURN, payload=json.dumps(turn), request_id="req_1"
     )
     AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, last_seq=1)
-    return ToolIntent.objects.create(
+    return ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
         run=run,
         seq=1,
         call_index=0,
@@ -195,7 +195,8 @@ def test_run_list_columns_and_filters(admin_client: Client) -> None:
     assert response.status_code == 200
     content = response.content.decode()
     assert 'class="da-badge"' in content
-    assert "first line of the task" in content and "second line" not in content
+    assert "first line of the task" in content
+    assert "second line" not in content
     assert ">5<" in content  # steps = last_seq + 1
     assert ">2<" in content  # claims
     # Short headers; one lease column; the error truncated under the task.
@@ -205,7 +206,8 @@ def test_run_list_columns_and_filters(admin_client: Client) -> None:
         assert not re.search(rf'column-{gone}[ "]', content), gone
     assert '<span class="da-list-error" title="boom xxx' in content
     assert "boom " + "x" * 54 + "…</span>" in content  # 60 characters
-    assert "host-1:<wbr>4242:<wbr>abc" in content and "until " in content
+    assert "host-1:<wbr>4242:<wbr>abc" in content
+    assert "until " in content
     assert " ago</span>" in content  # the age, under the run id
     AgentRun.objects.filter(pk=run.pk).update(lease_until=timezone.now())
     assert "expired" in admin_client.get(runs_url()).content.decode()
@@ -247,6 +249,7 @@ def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     assert "<details><summary>Thinking</summary>" in content
     assert "Step 1: calling lookup, explode." in content
     assert "{\n  &quot;key&quot;: &quot;k1&quot;\n}" in content  # pretty JSON, escaped
+    assert turn.request_id is not None
     assert turn.request_id in content
     assert "stop_reason <strong>tool_use</strong>" in content
     assert "value-of-k1" in content
@@ -261,9 +264,11 @@ def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     created = run.created_at.strftime("%Y-%m-%d %H:%M:%S")
     assert f'<div class="readonly">{created}</div>' in content
     assert turn.created_at.strftime("%Y-%m-%d %H:%M:%S") + "\n" in content
-    assert " p.m." not in content and " a.m." not in content
+    assert " p.m." not in content
+    assert " a.m." not in content
     # The claim count is called so, with what it counts.
-    assert ">Claims:</label>" in content and "Attempt:" not in content
+    assert ">Claims:</label>" in content
+    assert "Attempt:" not in content
     assert "how many times a worker took this run" in content
     # The run's token count, the sum of its turns' usage.
     assert run.tokens_used > 0
@@ -293,12 +298,14 @@ def test_start_a_run_from_the_admin(admin_client: Client, spy: Any) -> None:
     calls = spy("start_run")
     add_url = reverse("admin:durable_agents_agentrun_add")
     page = admin_client.get(add_url)
-    assert page.status_code == 200 and "tester @ v1" in page.content.decode()
+    assert page.status_code == 200
+    assert "tester @ v1" in page.content.decode()
     response = admin_client.post(
         add_url, {"agent": json.dumps(["tester", "v1"]), "task": "do the thing", "model": ""}
     )
     run = AgentRun.objects.get()
-    assert response.status_code == 302 and response.url == run_url(run)
+    assert response.status_code == 302
+    assert response["Location"] == run_url(run)
     assert (run.agent, run.prompt_version, run.task) == ("tester", "v1", "do the thing")
     assert calls == [("tester", "do the thing")]
     assert AgentStep.objects.filter(run=run, seq=0, kind=StepKind.TASK).exists()
@@ -361,7 +368,8 @@ def test_approve_runs_the_call_once(admin_client: Client, superuser: Any, spy: A
     assert run.status == RunStatus.PENDING
     assert len(calls) == 1
     entry = LogEntry.objects.get(object_id=str(intent.pk))
-    assert entry.action_flag == CHANGE and entry.user_id == superuser.pk
+    assert entry.action_flag == CHANGE
+    assert entry.user_id == superuser.pk
     assert "Approved" in entry.get_change_message()
 
     # A second decision changes nothing and says so.
@@ -378,6 +386,7 @@ def test_approve_runs_the_call_once(admin_client: Client, superuser: Any, spy: A
 
     # The transcript tells the decision (a person's) from the outcome (the worker's).
     content = admin_client.get(run_url(run)).content.decode()
+    assert intent.decided_at is not None
     decided = intent.decided_at.strftime("%Y-%m-%d %H:%M:%S")
     assert f"<strong>approved</strong> by boss at {decided} ·" in content
     assert '<span class="da-outcome">done</span>' in content
@@ -397,7 +406,8 @@ def test_reject_with_a_reason_reaches_the_model(admin_client: Client, superuser:
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
     result = AgentStep.objects.get(run=run, seq=2).data()[0]
-    assert result["is_error"] is True and "not on a Friday" in result["content"]
+    assert result["is_error"] is True
+    assert "not on a Friday" in result["content"]
     content = admin_client.get(run_url(run)).content.decode()
     assert "<strong>rejected</strong> by boss at " in content
     assert ': “not on a Friday” · <span class="da-outcome">not run</span>' in content
@@ -421,7 +431,8 @@ def test_resolve_unknown_intent_as_happened(admin_client: Client, spy: Any) -> N
     calls = spy("resolve_intent")
     intent = parked_intent(IntentStatus.UNKNOWN)
     page = admin_client.get(intent_url(intent)).content.decode()
-    assert "It happened" in page and 'value="Approve"' not in page
+    assert "It happened" in page
+    assert 'value="Approve"' not in page
     admin_client.post(
         intent_url(intent, "resolve"), {"happened": "yes", "result": "dropped by hand"}
     )
@@ -498,7 +509,8 @@ def test_decision_views_need_csrf_and_post(superuser: Any) -> None:
     assert client.post(cancel).status_code == 403
     # GET never changes state: approve shows its confirmation, cancel refuses.
     page = client.get(intent_url(intent, "approve"))
-    assert page.status_code == 200 and "Yes, approve this call" in page.content.decode()
+    assert page.status_code == 200
+    assert "Yes, approve this call" in page.content.decode()
     assert client.get(cancel).status_code == 405
     intent.refresh_from_db()
     assert intent.status == IntentStatus.PENDING
@@ -534,7 +546,8 @@ def test_bulk_approve_and_reject_actions(admin_client: Client, superuser: Any) -
     confirm = admin_client.post(intents_url(), {**data, "index": 0})
     assert confirm.status_code == 200
     content = confirm.content.decode()
-    assert 'name="reason"' in content and "will be skipped" in content
+    assert 'name="reason"' in content
+    assert "will be skipped" in content
 
     response = admin_client.post(
         intents_url(), {**data, "post": "yes", "reason": "no"}, follow=True
@@ -573,7 +586,8 @@ def test_cancel_action_confirms_then_cancels_only_active_runs(
     content = confirm.content.decode()
     assert "<strong>3</strong> agent runs will change" in content
     assert "<strong>1</strong> selected will be skipped" in content
-    assert not calls and not AgentRun.objects.filter(status=RunStatus.CANCELLED).exists()
+    assert not calls
+    assert not AgentRun.objects.filter(status=RunStatus.CANCELLED).exists()
 
     response = admin_client.post(runs_url(), {**data, "post": "yes"}, follow=True)
     assert any("Cancelled 3 run(s); 1 skipped" in m for m in messages_of(response))
@@ -639,7 +653,8 @@ def test_run_page_cancel_and_requeue_buttons(admin_client: Client, superuser: An
     run = intent.run
     page = admin_client.get(run_url(run)).content.decode()
     cancel = reverse("admin:durable_agents_agentrun_cancel", args=[run.pk])
-    assert f'action="{cancel}"' in page and "csrfmiddlewaretoken" in page
+    assert f'action="{cancel}"' in page
+    assert "csrfmiddlewaretoken" in page
     assert admin_client.post(cancel).status_code == 302
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
@@ -705,12 +720,14 @@ def test_operations_page_with_data(admin_client: Client) -> None:
     ctx = response.context
     # Without a metrics snapshot the table's size is a bounded count (exact up to 10,000);
     # with one, the snapshot's count, and the page says when it was taken.
-    assert ctx["table"].taken_at is None and ctx["table"].shown == "5"
+    assert ctx["table"].taken_at is None
+    assert ctx["table"].shown == "5"
     assert "housekeeping's metrics snapshot, which has not run yet" in response.content.decode()
     housekeeping.snapshot_metrics()
     response = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
     ctx = response.context
-    assert ctx["total_runs"] == 5 and ctx["table"].taken_at is not None
+    assert ctx["total_runs"] == 5
+    assert ctx["table"].taken_at is not None
     assert "as counted by housekeeping" in response.content.decode()
     # Live statuses now, finished runs over the last 24 hours.
     assert {b.label: b.value for b in ctx["live_bars"]} == {
@@ -721,18 +738,21 @@ def test_operations_page_with_data(admin_client: Client) -> None:
     }
     assert {b.label: b.value for b in ctx["finished_bars"]}["succeeded"] == 3
     assert ctx["oldest_pending"].task == "still pending"
-    assert ctx["steps_sample"] == 3 and ctx["steps_p50"] == 4.0 and ctx["steps_p95"] == 4.0
+    assert ctx["steps_sample"] == 3
+    assert ctx["steps_p50"] == 4.0
+    assert ctx["steps_p95"] == 4.0
     assert ctx["intents_waiting"] == 1
     assert ctx["hour_total"] == 3
     content = response.content.decode()
-    assert "<rect" in content and "Intents waiting for a person" in content
+    assert "<rect" in content
+    assert "Intents waiting for a person" in content
     # The hours stand on a baseline; the labels count back from the current hour, "now".
     assert '<line class="da-baseline"' in content
     labels = [b.axis_label for b in ctx["hour_bars"]]
-    assert labels[-1] == "now" and [i for i, label in enumerate(labels) if label] == list(
-        range(2, 24, 3)
-    )
-    assert "Claims per run" in content and "1 claim<" in content
+    assert labels[-1] == "now"
+    assert [i for i, label in enumerate(labels) if label] == list(range(2, 24, 3))
+    assert "Claims per run" in content
+    assert "1 claim<" in content
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django import forms
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.db import connection
@@ -88,7 +89,7 @@ def test_select_all_approval_never_decides_an_intent_created_after_the_page(
     admin_client: Client,
 ) -> None:
     shown = [parked_intent(table=f"t{i}") for i in range(3)]
-    data = {"action": "approve_intents", "select_across": "1"}
+    data: dict[str, str | list[str]] = {"action": "approve_intents", "select_across": "1"}
     data["_selected_action"] = [str(shown[0].pk)]
     url = intents_url() + "?status__exact=pending"
     confirm = admin_client.post(url, {**data, "index": 0})
@@ -248,20 +249,25 @@ def test_run_page_of_a_huge_run_stays_under_a_megabyte(admin_client: Client) -> 
     assert len(response.content) < 1_000_000, len(response.content)
     content = response.content.decode()
     # The newest steps, cut with links to the whole; the oldest are on other pages.
-    assert 'id="seq-1999"' in content and 'id="seq-1950"' in content
-    assert 'id="seq-1949"' not in content and 'id="seq-1"' not in content
+    assert 'id="seq-1999"' in content
+    assert 'id="seq-1950"' in content
+    assert 'id="seq-1949"' not in content
+    assert 'id="seq-1"' not in content
     assert "Transcript (2000 steps): steps 1950 to 1999, page 1 of 40" in content
     assert "the whole text (1000000 characters)" in content
     assert "?page=2#transcript" in content
     # The step before the page names the tool whose result opens it.
     first = re.search(r'id="seq-1950".*?</div>\s*</div>', content, re.S)
-    assert first and "result of lookup" in first.group()
+    assert first
+    assert "result of lookup" in first.group()
     # The effects' results are never read for the page (they would be 1 MB each).
     effect_sql = [q["sql"] for q in queries.captured_queries if '"tool_effect"' in q["sql"]]
-    assert effect_sql and not any('"tool_effect"."result"' in sql for sql in effect_sql)
+    assert effect_sql
+    assert not any('"tool_effect"."result"' in sql for sql in effect_sql)
 
     older = admin_client.get(run_url(run) + "?page=2")
-    assert older.status_code == 200 and len(older.content) < 1_000_000
+    assert older.status_code == 200
+    assert len(older.content) < 1_000_000
     assert 'id="seq-1949"' in older.content.decode()
     # The whole text of a step's block, as plain text that no browser runs.
     whole = admin_client.get(step_text_url(run, 1999) + "?block=0")
@@ -289,7 +295,8 @@ def test_transcript_pages_and_jumping_to_a_step(admin_client: Client) -> None:
     page = admin_client.get(run_url(run) + "?seq=5")
     assert page.status_code == 200
     content = page.content.decode()
-    assert 'id="seq-5"' in content and "page 3 of 3" in content
+    assert 'id="seq-5"' in content
+    assert "page 3 of 3" in content
     for bad in ("abc", "-4", "999", "1\x00"):
         assert admin_client.get(run_url(run), {"page": bad}).status_code == 200
         assert admin_client.get(run_url(run), {"seq": bad}).status_code == 200
@@ -303,7 +310,7 @@ def test_whole_texts_of_steps_effects_and_fields(
     AgentRun.objects.filter(pk=run.pk).update(
         status=RunStatus.DEAD, error=f"{SCRIPT} " + "e" * 10_000
     )
-    effect = ToolEffect.objects.create(
+    effect = ToolEffect.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
         key="k" * 64, run=run, seq=1, call_index=0, tool="lookup", result={"html": SCRIPT}
     )
     task = reverse("admin:durable_agents_agentrun_text", args=[run.pk, "task"])
@@ -311,10 +318,12 @@ def test_whole_texts_of_steps_effects_and_fields(
     result = reverse("admin:durable_agents_agentrun_effect_text", args=[run.pk, effect.key])
 
     page = admin_client.get(run_url(run)).content.decode()
-    assert task in page and error in page  # the fields are cut, with links
+    assert task in page
+    assert error in page  # the fields are cut, with links
     for url, expected in ((task, run.task), (step_text_url(run, 0), run.task)):
         response = viewer_client.get(url)
-        assert response.status_code == 200 and response.content.decode() == expected
+        assert response.status_code == 200
+        assert response.content.decode() == expected
         assert response["X-Content-Type-Options"] == "nosniff"
     assert viewer_client.get(error).content.decode().startswith(SCRIPT)
     assert json.loads(viewer_client.get(result).content) == {"html": SCRIPT}
@@ -371,7 +380,8 @@ def test_a_nul_in_a_reject_reason_is_a_form_error(admin_client: Client) -> None:
     assert not LogEntry.objects.exists()
     # A lone surrogate cannot come through an HTTP form (it is not UTF-8) but is refused too.
     form = RejectForm({"reason": "lone \ud800"})
-    assert not form.is_valid() and "reason" in form.errors
+    assert not form.is_valid()
+    assert "reason" in form.errors
 
 
 @pytest.mark.django_db
@@ -424,7 +434,8 @@ def test_start_a_run_offers_only_the_agents_own_models(
 ) -> None:
     add_url = reverse("admin:durable_agents_agentrun_add")
     page = admin_client.get(add_url).content.decode()
-    assert '<select name="model"' in page and '<option value="model-b">' in page
+    assert '<select name="model"' in page
+    assert '<option value="model-b">' in page
 
     def start(agent: list[str], model: str) -> Any:
         return admin_client.post(
@@ -433,13 +444,16 @@ def test_start_a_run_offers_only_the_agents_own_models(
 
     for agent, model in ((["tester", "v1"], "model-a"), (["multi", "v1"], "gpt-pinned-by-me")):
         response = start(agent, model)
-        assert response.status_code == 200 and 'class="errorlist' in response.content.decode()
+        assert response.status_code == 200
+        assert 'class="errorlist' in response.content.decode()
     assert not AgentRun.objects.exists()
     # Another version's model of the same agent is allowed.
     assert start(["multi", "v1"], "model-b").status_code == 302
     assert AgentRun.objects.get().model == "model-b"
-    form = StartRunForm()
-    assert ("", "The chosen version's own model") in form.fields["model"].choices
+    field = StartRunForm().fields["model"]
+    assert isinstance(field, forms.ChoiceField)
+    # A list once the form is built; the stubs allow what a field may be given.
+    assert ("", "The chosen version's own model") in field.choices  # type: ignore[operator]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,10 +484,11 @@ def test_dead_letter_groups_runs_that_differ_by_request_id(admin_client: Client)
     make_runs(1, RunStatus.DEAD, error=long_reason + "(request id req_C3)")
     response = admin_client.get(dead_letter_url())
     groups = response.context["groups"]
-    assert [(g.cause, g.count) for g in groups][0] == ("overloaded_error (request id <id>)", 3)
+    assert (groups[0].cause, groups[0].count) == ("overloaded_error (request id <id>)", 3)
     cut = next(g for g in groups if g.count == 1)
     # One whole example, cut at a word with an ellipsis, the whole reachable from its run.
-    assert cut.example_cut and cut.example.endswith("…")
+    assert cut.example_cut
+    assert cut.example.endswith("…")
     assert long_reason.startswith(cut.example[:-1])
     assert long_reason[len(cut.example) - 1] == " "  # the cut falls between words
     whole = reverse("admin:durable_agents_agentrun_text", args=[cut.example_run_id, "error"])
@@ -504,7 +519,8 @@ def test_dead_letter_group_operations_are_bound_to_the_runs_listed(
 def test_viewer_sees_the_dead_letter_without_operations(viewer_client: Client) -> None:
     make_runs(1, RunStatus.DEAD, error="gone")
     page = viewer_client.get(dead_letter_url())
-    assert page.status_code == 200 and "Requeue…" not in page.content.decode()
+    assert page.status_code == 200
+    assert "Requeue…" not in page.content.decode()
     url = dead_group_url(page.context["groups"][0], "requeue_runs")
     assert viewer_client.get(url).status_code == 403
 
@@ -698,12 +714,14 @@ def test_nul_and_lone_surrogates_from_the_model_are_marked(admin_client: Client)
     assert "\u2400 nul, \ufffd lone, &lt;script&gt;" in run_page
     confirm = admin_client.get(intent_url(intent, "approve"))
     # pretty_json keeps the lone surrogate (marked) and writes the NUL as a JSON escape.
-    assert confirm.status_code == 200 and "\ufffd\\u0000" in confirm.content.decode()
+    assert confirm.status_code == 200
+    assert "\ufffd\\u0000" in confirm.content.decode()
     # The fingerprint covers the real value, so the marked page still approves it.
     admin_client.post(intent_url(intent, "approve"), hidden_fields(confirm))
     assert statuses(intent) == [IntentStatus.APPROVED]
     whole = admin_client.get(step_text_url(intent.run, 2) + "?block=0")
-    assert whole.status_code == 200 and "\u2400 nul, \ufffd lone" in whole.content.decode()
+    assert whole.status_code == 200
+    assert "\u2400 nul, \ufffd lone" in whole.content.decode()
 
 
 @pytest.mark.django_db
@@ -711,7 +729,8 @@ def test_hostile_agent_and_lease_text_in_the_runs_list(admin_client: Client) -> 
     run = make_runs(1, RunStatus.RUNNING, error=SCRIPT)[0]
     AgentRun.objects.filter(pk=run.pk).update(lease_owner=SCRIPT, model=SCRIPT, agent=SCRIPT)
     response = admin_client.get(runs_url())
-    assert response.status_code == 200 and SCRIPT not in response.content.decode()
+    assert response.status_code == 200
+    assert SCRIPT not in response.content.decode()
     assert uuid.UUID(str(run.pk))  # the row is there
 
 

@@ -161,7 +161,8 @@ def test_the_operations_page_is_german_and_a_question_stays_escaped(
 def test_a_project_in_german_needs_no_middleware(german_site: None, admin_client: Client) -> None:
     hostile_waiting_run()
     content = page(admin_client, runs_url())
-    assert "Einen Lauf starten" in content and "Ausgewählte Läufe abbrechen" in content
+    assert "Einen Lauf starten" in content
+    assert "Ausgewählte Läufe abbrechen" in content
     assert SCRIPT not in content
 
 
@@ -195,5 +196,6 @@ def test_mails_are_written_in_the_project_language(
 def test_english_is_unchanged_without_a_language(admin_client: Client) -> None:
     assert django_settings.LANGUAGE_CODE.startswith("en")
     content = page(admin_client, runs_url())
-    assert "Start a run" in content and "Cancel selected runs" in content
+    assert "Start a run" in content
+    assert "Cancel selected runs" in content
     assert views.compact_age(timezone.now() - datetime.timedelta(hours=3)) == "3h"

@@ -158,6 +158,7 @@ def park(kind: str, agent: str = "waiter", **fields: Any) -> AgentRun:
 
 def park_on_question(text: str = "Go?") -> tuple[AgentRun, AgentQuestion]:
     run = park(WaitKind.QUESTION)
+    assert run.wait_key is not None
     return run, AgentQuestion.objects.create(run=run, key=run.wait_key, question=text)
 
 
@@ -181,7 +182,8 @@ def park_on_children(count: int, ended: int = 0) -> tuple[AgentRun, list[AgentRu
 
 def park_on_intent(tool: str = "drop_table") -> tuple[AgentRun, ToolIntent]:
     run = park(WaitKind.INTENT, agent="tester")
-    intent = ToolIntent.objects.create(
+    assert run.wait_key is not None
+    intent = ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
         run=run, seq=1, call_index=0, tool=tool, input={"table": "t"}, key=run.wait_key
     )
     return run, intent
@@ -237,7 +239,8 @@ def test_runs_can_be_filtered_by_what_they_wait_for(admin_client: Client) -> Non
     assert listed("?waits_for=timer") == {timer.pk}
     assert listed("?waits_for=question") == {asking.pk}
     filters = admin_client.get(runs_url()).content.decode()
-    assert "By waiting for" in filters and "?waits_for=runs" in filters
+    assert "By waiting for" in filters
+    assert "?waits_for=runs" in filters
     # Child runs, and the runs waiting on one event (the events list links there).
     parent, children = park_on_children(2)
     assert listed("?family=child") == {c.pk for c in children}
@@ -265,16 +268,19 @@ def test_run_page_shows_the_timer_and_the_event(admin_client: Client) -> None:
 def test_run_page_links_parent_and_children(admin_client: Client, superuser: Any) -> None:
     parent, children = park_on_children(3, ended=1)
     page = admin_client.get(run_url(parent)).content.decode()
-    assert "0 of 3" not in page and "1 of 3 child runs ended" in page
+    assert "0 of 3" not in page
+    assert "1 of 3 child runs ended" in page
     assert "Child runs (3, 1 ended)" in page
     for child in children:
         assert run_url(child) in page
     assert page.count("da-awaited") == 3
-    assert page.count(">Succeeded</span>") == 1 and page.count(">Pending</span>") == 2
+    assert page.count(">Succeeded</span>") == 1
+    assert page.count(">Pending</span>") == 2
 
     child_page = admin_client.get(run_url(children[0])).content.decode()
     assert f'<a href="{run_url(parent)}" id="parent-link">{parent.pk}</a>' in child_page
-    assert "Child run" in child_page and "k:0" in child_page
+    assert "Child run" in child_page
+    assert "k:0" in child_page
 
     # A child that ends counts as ended, whatever its end.
     api.cancel_run(children[1].pk)
@@ -312,7 +318,8 @@ def test_a_question_is_answered_on_the_run_page(
     run = parked('@ask_person {"question": "Which region do we migrate first?"}')
     question = AgentQuestion.objects.get(run_id=run.pk)
     page = admin_client.get(run_url(run)).content.decode()
-    assert 'id="open-question"' in page and 'id="answer-form"' in page
+    assert 'id="open-question"' in page
+    assert 'id="answer-form"' in page
     assert "Which region do we migrate first?" in page
     assert f'action="{answer_url(run)}"' in page
 
@@ -333,14 +340,16 @@ def test_a_question_is_answered_on_the_run_page(
     # Audited on the question and on the run.
     [on_question] = logs_for(question)
     [on_run] = logs_for(run)
-    assert on_question.action_flag == CHANGE and on_question.user == superuser
+    assert on_question.action_flag == CHANGE
+    assert on_question.user == superuser
     assert "eu-west first" in on_question.get_change_message()
     assert f"Answered question {question.pk}" in on_run.get_change_message()
     # The answered question shows its answer, who and when; no form any more.
     page = response.content.decode()
     assert 'id="answer-form"' not in page
     assert "answered by boss at 20" in page
-    assert "Last wait" in page and "&quot;answered_by&quot;: &quot;boss&quot;" in page
+    assert "Last wait" in page
+    assert "&quot;answered_by&quot;: &quot;boss&quot;" in page
 
     run_worker()
     done = reload(run)
@@ -394,7 +403,8 @@ def test_without_the_permission_there_is_no_form_and_a_forged_post_is_refused(
     calls = spy("answer_question")
     run, question = park_on_question()
     page = viewer_client.get(run_url(run)).content.decode()
-    assert 'id="open-question"' in page and 'id="answer-form"' not in page
+    assert 'id="open-question"' in page
+    assert 'id="answer-form"' not in page
     assert "Answering needs the permission durable_agents.answer_question" in page
     question_page = viewer_client.get(question_url(question)).content.decode()
     assert 'id="answer-form"' not in question_page
@@ -405,7 +415,8 @@ def test_without_the_permission_there_is_no_form_and_a_forged_post_is_refused(
     question.refresh_from_db()
     assert question.status == QuestionStatus.OPEN
     assert reload(run).status == RunStatus.WAITING
-    assert calls == [] and not LogEntry.objects.exists()
+    assert calls == []
+    assert not LogEntry.objects.exists()
 
 
 def test_a_person_with_only_the_answer_permission_may_answer(django_user_model: Any) -> None:
@@ -415,6 +426,7 @@ def test_a_person_with_only_the_answer_permission_may_answer(django_user_model: 
     client.post(answer_url(run), {"question": question.pk, "answer": "go"})
     question.refresh_from_db()
     assert question.status == QuestionStatus.ANSWERED
+    assert question.answered_by is not None
     assert question.answered_by.username == "answerer"
 
 
@@ -479,7 +491,8 @@ def test_questions_list_open_first_and_answer_from_the_question_page(
     assert reverse("admin:durable_agents_agentrun_change", args=[first.run_id]) in content
 
     page = admin_client.get(question_url(first)).content.decode()
-    assert 'id="answer-form"' in page and "First open?" in page
+    assert 'id="answer-form"' in page
+    assert "First open?" in page
     response = admin_client.post(
         question_url(first, "answer"), {"question": first.pk, "answer": "yes"}, follow=True
     )
@@ -517,11 +530,14 @@ def test_events_list_shows_awaited_and_sent_events(admin_client: Client, superus
     content = response.content.decode()
     rows = {e.name: e for e in response.context["cl"].result_list}
     assert [e.name for e in response.context["cl"].result_list][-1] == "refund:o-1"  # sent last
-    assert rows["deploy:42"]._waiting == 2 and rows["nobody-waits"]._waiting == 0
-    assert ">Awaited<" in content and ">Sent<" in content
+    assert rows["deploy:42"]._waiting == 2
+    assert rows["nobody-waits"]._waiting == 0
+    assert ">Awaited<" in content
+    assert ">Sent<" in content
     waiting_link = runs_url("?waits_for=event&amp;wait_event=deploy%3A42")
     assert f'<a href="{waiting_link}">2</a>' in content
-    assert SCRIPT not in content and "refunded &lt;script&gt;" in content
+    assert SCRIPT not in content
+    assert "refunded &lt;script&gt;" in content
     assert "Send an event" in content
     # Filter by sent.
     sent = admin_client.get(events_url("?sent=yes")).context["cl"].result_list
@@ -533,7 +549,8 @@ def test_send_an_event_from_the_form(admin_client: Client, superuser: Any, spy: 
     runs = [park(WaitKind.EVENT, wait_event="deploy:done") for _ in range(2)]
     other = park(WaitKind.EVENT, wait_event="deploy:other")
     form = admin_client.get(send_url() + "?name=deploy:done").content.decode()
-    assert 'value="deploy:done"' in form and "2 runs wait on “deploy:done” now." in form
+    assert 'value="deploy:done"' in form
+    assert "2 runs wait on “deploy:done” now." in form
 
     # Invalid JSON, NaN, and too deep: the form says why and nothing is sent.
     for payload, error in (
@@ -542,7 +559,8 @@ def test_send_an_event_from_the_form(admin_client: Client, superuser: Any, spy: 
         ("[" * 150 + "]" * 150, "nests deeper than 100 levels"),
     ):
         response = admin_client.post(send_url(), {"name": "deploy:done", "payload": payload})
-        assert response.status_code == 200 and error in response.content.decode(), payload
+        assert response.status_code == 200, payload
+        assert error in response.content.decode(), payload
     assert calls == []
     assert {reload(r).status for r in runs} == {RunStatus.WAITING}
 
@@ -555,11 +573,13 @@ def test_send_an_event_from_the_form(admin_client: Client, superuser: Any, spy: 
         response
     )
     assert calls == [("deploy:done", {"ok": True}, {"user": superuser})]
-    assert event.payload == {"ok": True} and event.sent_by == superuser
+    assert event.payload == {"ok": True}
+    assert event.sent_by == superuser
     assert {reload(r).status for r in runs} == {RunStatus.PENDING}
     assert reload(other).status == RunStatus.WAITING
     [entry] = logs_for(event)
-    assert entry.action_flag == ADDITION and entry.user == superuser
+    assert entry.action_flag == ADDITION
+    assert entry.user == superuser
 
     # Sent once: a second send changes nothing and says so.
     response = admin_client.post(
@@ -576,7 +596,8 @@ def test_an_event_nobody_awaits_yet_can_be_sent_and_a_later_wait_does_not_park(
 ) -> None:
     admin_client.post(send_url(), {"name": "ready:7", "payload": "[1, 2]"})
     event = AgentEvent.objects.get(name="ready:7")
-    assert event.is_sent and [e.action_flag for e in logs_for(event)] == [ADDITION]
+    assert event.is_sent
+    assert [e.action_flag for e in logs_for(event)] == [ADDITION]
     run = durable_agents.start_run("waiter", 'Wait.\n@await_event {"name": "ready:7"}')
     run_worker()
     assert reload(run).status == RunStatus.SUCCEEDED
@@ -586,7 +607,8 @@ def test_send_an_awaited_event_from_its_page(admin_client: Client, receiver: Any
     run = parked('@await_event {"name": "refund:o-9"}')
     event = AgentEvent.objects.get(name="refund:o-9")
     page = admin_client.get(event_url(event)).content.decode()
-    assert "1 run waits on this event" in page and run_url(run) in page
+    assert "1 run waits on this event" in page
+    assert run_url(run) in page
     assert f'action="{event_url(event, "send")}"' in page
     response = admin_client.post(
         event_url(event, "send"), {"payload": '{"status": "refunded"}'}, follow=True
@@ -595,7 +617,8 @@ def test_send_an_awaited_event_from_its_page(admin_client: Client, receiver: Any
     assert reload(run).status == RunStatus.PENDING
     assert [e.action_flag for e in logs_for(event)] == [CHANGE]  # the row existed, unsent
     page = response.content.decode()
-    assert 'id="send-event-form"' not in page and "refunded" in page
+    assert 'id="send-event-form"' not in page
+    assert "refunded" in page
     run_worker()
     done = reload(run)
     assert done.status == RunStatus.SUCCEEDED, done.error
@@ -626,7 +649,8 @@ def test_sending_events_needs_the_permission(viewer_client: Client, spy: Any) ->
             "payload": "1",
         },
     )
-    assert calls == [] and not AgentEvent.objects.get(pk=event.pk).is_sent
+    assert calls == []
+    assert not AgentEvent.objects.get(pk=event.pk).is_sent
     assert reload(run).status == RunStatus.WAITING
     assert not LogEntry.objects.exists()
 
@@ -639,7 +663,10 @@ def test_a_person_with_only_the_send_permission_sees_events_and_sends(
     assert client.get(events_url()).status_code == 200
     client.post(send_url(), {"name": "go", "payload": ""})
     event = AgentEvent.objects.get(name="go")
-    assert event.is_sent and event.payload is None and event.sent_by.username == "sender"
+    assert event.is_sent
+    assert event.payload is None
+    assert event.sent_by is not None
+    assert event.sent_by.username == "sender"
     assert reload(run).status == RunStatus.PENDING
 
 
@@ -665,13 +692,15 @@ def test_the_send_event_action_confirms_then_sends_for_the_runs_listed(
     assert "3 run(s) wait on this event in all" in content  # the unlisted one wakes too
     fields = hidden_fields(page)
     assert sorted(fields["_selected_action"]) == sorted(str(r.pk) for r in waiting)
-    assert fields["event"] == ["build:9"] and fields["action"] == ["send_events"]
+    assert fields["event"] == ["build:9"]
+    assert fields["action"] == ["send_events"]
     assert 'name="payload"' in content
     assert "1</strong> selected will be skipped" in content
 
     # An invalid payload shows the page again, with the error, and sends nothing.
     again = admin_client.post(runs_url(), {**fields, "payload": "{oops"})
-    assert again.status_code == 200 and "The payload is not JSON" in again.content.decode()
+    assert again.status_code == 200
+    assert "The payload is not JSON" in again.content.decode()
     assert not AgentEvent.objects.filter(name="build:9", sent_at__isnull=False).exists()
 
     response = admin_client.post(runs_url(), {**fields, "payload": '{"ok": 1}'}, follow=True)
@@ -679,7 +708,8 @@ def test_the_send_event_action_confirms_then_sends_for_the_runs_listed(
         "Sent event “build:9”: 2 of the 2 listed run(s) woke." in m for m in messages_of(response)
     )
     event = AgentEvent.objects.get(name="build:9")
-    assert event.payload == {"ok": 1} and event.sent_by == superuser
+    assert event.payload == {"ok": 1}
+    assert event.sent_by == superuser
     assert {reload(r).status for r in [*waiting, unlisted]} == {RunStatus.PENDING}
     assert reload(timer).status == RunStatus.WAITING
     assert len(logs_for(event)) == 1
@@ -717,7 +747,8 @@ def test_the_send_event_action_refuses_mixed_or_stale_selections(admin_client: C
     replay = admin_client.post(
         runs_url(), {**hidden_fields(page), "select_across": "1", "payload": "1"}
     )
-    assert replay.status_code == 200 and "Yes, send it" in replay.content.decode()
+    assert replay.status_code == 200
+    assert "Yes, send it" in replay.content.decode()
     assert not AgentEvent.objects.filter(name="c", sent_at__isnull=False).exists()
 
 
@@ -738,7 +769,8 @@ def test_operations_page_counts_waits_by_kind(admin_client: Client) -> None:
     rows = {row.kind: row for row in response.context["wait_rows"]}
     assert rows[WaitKind.TIMER].count == 2
     assert rows[WaitKind.TIMER].oldest_run.pk == oldest_timer.pk
-    assert rows[WaitKind.EVENT].count == 1 and rows[WaitKind.RUNS].count == 0
+    assert rows[WaitKind.EVENT].count == 1
+    assert rows[WaitKind.RUNS].count == 0
     assert response.context["waiting_total"] == 4
     assert response.context["questions_open"] == 1
     assert response.context["oldest_question"].pk == question.pk
@@ -840,7 +872,8 @@ def test_a_real_compacting_run_renders(admin_client: Client) -> None:
     page = admin_client.get(run_url(run))
     assert page.status_code == 200
     content = page.content.decode()
-    assert "Compaction summary" in content and "&quot;not&quot;: &quot;a string&quot;" in content
+    assert "Compaction summary" in content
+    assert "&quot;not&quot;: &quot;a string&quot;" in content
     assert "da-cache" not in content
 
 
@@ -898,9 +931,11 @@ def test_run_page_queries_do_not_grow_with_children_or_questions(
     # awaited, the questions and their count, the children and their count.
     with django_assert_max_num_queries(12):
         page = admin_client.get(run_url(many)).content.decode()
-    assert "Child runs (150)" in page and "50 more not listed" in page
+    assert "Child runs (150)" in page
+    assert "50 more not listed" in page
     assert "40 of 150 child runs ended" in page
-    assert "Questions (30)" in page and "30 in all" in page
+    assert "Questions (30)" in page
+    assert "30 in all" in page
 
 
 def test_pages_of_missing_or_malformed_ids_are_404(admin_client: Client) -> None:

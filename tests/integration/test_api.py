@@ -118,7 +118,7 @@ def test_start_run_unknown_agent_or_version() -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize("task", ["", "   ", "\n\t ", None, 42])
 def test_start_run_needs_a_non_empty_task(task: Any) -> None:
-    with pytest.raises(ValueError, match="^a run needs a non-empty task$"):
+    with pytest.raises(ValueError, match=r"^a run needs a non-empty task$"):
         start_run("tester", task)
     assert AgentRun.objects.count() == 0
 
@@ -327,7 +327,7 @@ def test_deciding_twice_is_harmless(waiting: Any, receiver: Any) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_reject_then_approve_stays_rejected(waiting: Any, receiver: Any) -> None:
-    run, intent = waiting
+    _run, intent = waiting
     alice = make_user("alice", can_approve=True)
     reject_intent(intent.pk, alice, reason="no")
     assert approve_intent(intent.pk, alice).status == "rejected"

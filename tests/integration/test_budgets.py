@@ -7,14 +7,14 @@ import json
 import pytest
 
 import durable_agents
-from durable_agents.models import AgentStep, RunStatus, StepKind
+from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
 from durable_agents.runner import tokens_of
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _seqs(run: object) -> list[int]:
+def _seqs(run: AgentRun) -> list[int]:
     return list(AgentStep.objects.filter(run=run).values_list("seq", flat=True))
 
 

@@ -101,7 +101,9 @@ def test_a_run_compacts_several_times_and_each_request_starts_at_the_compaction(
         assert messages[0] == {"role": "user", "content": TASK}
     for step, _ in compaction_turns:
         # The request after a compaction turn starts with the task and that turn, as stored.
-        start, end = step.content_span
+        span = step.content_span
+        assert span is not None
+        start, end = span
         opening = (
             f'"messages":[{{"role":"user","content":{json.dumps(TASK)}}},'
             f'{{"role":"assistant","content":{step.payload[start:end]}}}'
@@ -116,7 +118,8 @@ def test_a_run_compacts_several_times_and_each_request_starts_at_the_compaction(
             status, _, body = fake_api.model.respond(
                 "POST", "/v1/messages", recorded.headers, recorded.body
             )
-            assert status == 200 and step.payload == body.decode()
+            assert status == 200
+            assert step.payload == body.decode()
         else:
             _, _, chunks = fake_api.model.respond_stream(
                 "POST", "/v1/messages", recorded.headers, recorded.body

@@ -37,7 +37,9 @@ def test_superuser_and_three_runs_to_act_on(settings: Any) -> None:
     out = _call()
 
     user = get_user_model().objects.get(username=demo_admin.USERNAME)
-    assert user.is_superuser and user.is_staff and user.is_active
+    assert user.is_superuser
+    assert user.is_staff
+    assert user.is_active
     assert user.check_password(demo_admin.PASSWORD)
     assert user.email == ""  # no notification is mailed to the demo account
 
@@ -53,7 +55,8 @@ def test_superuser_and_three_runs_to_act_on(settings: Any) -> None:
     waiting = AgentRun.objects.get(status=RunStatus.WAITING, waiting_for=WaitKind.QUESTION)
     assert waiting.agent == "coordinator"
 
-    assert "admin / admin" in out and "local demo only" in out
+    assert "admin / admin" in out
+    assert "local demo only" in out
     assert "http://127.0.0.1:8000/admin/" in out
     assert f"/admin/durable_agents/toolintent/{intent.pk}/change/" in out
     assert f"/admin/durable_agents/agentrun/{dead.pk}/change/" in out

@@ -215,7 +215,8 @@ def check_step_log(run: AgentRun, sent: list[str], final_text: str | None = None
     steps = list(AgentStep.objects.filter(run_id=run.pk).order_by("seq"))
     seqs = [step.seq for step in steps]
     assert seqs == list(range(len(steps))), f"seqs are not contiguous from 0: {seqs}"
-    assert steps and steps[0].kind == "task"
+    assert steps
+    assert steps[0].kind == "task"
     assert run.last_seq == seqs[-1], (run.last_seq, seqs[-1])
 
     sent_bodies = set(sent)
@@ -246,7 +247,8 @@ def check_step_log(run: AgentRun, sent: list[str], final_text: str | None = None
     if run.status == "succeeded":
         assert steps[-1].kind == "model_turn"
         assert parsed[-1].get("stop_reason") == "end_turn"
-        assert run.result is not None and not has_unstorable(run.result)
+        assert run.result is not None
+        assert not has_unstorable(run.result)
         if final_text is not None and len(final_text) <= 10_000:
             # What the body carries: in JSON, the escapes of a surrogate pair ("\ud800\udc00")
             # are one character (U+10000); only lone surrogates get the marker.

@@ -94,10 +94,13 @@ def test_every_request_body_is_rebuilt_byte_for_byte_from_the_log(
     # load_log (one SELECT, one chunk) gives the same bytes as the step-by-step conversation.
     log = load_log(run.pk)
     assert log.conversation.json() == conversation_of(steps).json()
+    assert log.last is not None
     assert (len(log.conversation), log.turns, log.first_kind, log.last.seq) == (6, 3, "task", 5)
     # A turn's content is the provider's text, cut out of the stored body.
     turn = steps[1]
-    start, end = turn.content_span
+    span = turn.content_span
+    assert span is not None
+    start, end = span
     assert f'"content":{turn.payload[start:end]}}}'.encode() in recorded.body
 
 

@@ -193,7 +193,8 @@ def test_a_hung_non_idempotent_call_is_an_error_result_recorded_once(
     run = reload(run)
     assert run.status == "succeeded"
     [effect] = ToolEffect.objects.filter(run_id=run.pk)
-    assert effect.is_error and "timed out" in effect.result
+    assert effect.is_error
+    assert "timed out" in effect.result
 
 
 def test_a_hung_irreversible_call_leaves_its_intent_unknown_for_a_person(

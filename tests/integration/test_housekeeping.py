@@ -180,7 +180,8 @@ def test_metrics_and_snapshots() -> None:
     assert figures["waits_by_kind"]["intent"]["runs"] == 1
     assert figures["waits_by_kind"]["intent"]["oldest_age_seconds"] == 90 * 60
     assert figures["questions_open"] == 0
-    assert figures["finished_per_hour"][-1] == 2 and sum(figures["finished_per_hour"]) == 2
+    assert figures["finished_per_hour"][-1] == 2
+    assert sum(figures["finished_per_hour"]) == 2
     assert figures["oldest_pending_age_seconds"] == 2 * 3600
     out = io.StringIO()
     call_command("durable_agents_housekeeping", "--metrics", stdout=out)

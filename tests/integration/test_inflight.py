@@ -149,7 +149,7 @@ def test_a_cancel_notification_interrupts_the_model_call_in_flight(
     wait_for(lambda: worker.stats.dispositions.get("cancelled") == 1)
     assert AgentStep.objects.filter(run_id=run.pk).count() == 1  # only the task
     notified = [r for r in caplog.records if "cancelled (notified)" in r.getMessage()]
-    assert [r.run_id for r in notified] == [str(run.pk)]
+    assert [vars(r)["run_id"] for r in notified] == [str(run.pk)]
 
 
 @pytest.mark.postgres

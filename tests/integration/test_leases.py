@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ def _runs(count: int) -> list[AgentRun]:
     return [durable_agents.start_run("tester", f"task {i}") for i in range(count)]
 
 
-def _expire(run_id: object) -> None:
+def _expire(run_id: uuid.UUID) -> None:
     AgentRun.objects.filter(pk=run_id).update(lease_until=Now() - datetime.timedelta(seconds=1))
 
 
@@ -54,6 +55,8 @@ def test_lease_expiry_comes_from_the_database_clock() -> None:
     [claim] = current().claim_runs("w1", 120)
     run = AgentRun.objects.get(pk=claim.run_id)
     db_now = AgentRun.objects.annotate(db_now=Now()).values_list("db_now", flat=True).first()
+    assert run.lease_until is not None
+    assert db_now is not None
     remaining = (run.lease_until - db_now).total_seconds()
     assert 110 < remaining <= 120
 
@@ -84,7 +87,14 @@ def test_fencing_a_worker_whose_lease_was_taken_over_cannot_commit() -> None:
     assert not current().renew_lease(stale)
     assert not current().finish_run(stale, RunStatus.SUCCEEDED, result="stolen")
     assert not current().release_lease(stale)
-    intent = ToolIntent(run_id=run.id, seq=1, call_index=0, tool="t", input={}, key="i" * 64)
+    intent = ToolIntent(
+        run_id=run.id,
+        seq=1,
+        call_index=0,
+        tool="t",
+        input={},
+        key="i" * 64,  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
+    )
     assert current().park_on_intent(stale, intent, new=True) is Parked.FENCE_FAILED
     assert not ToolIntent.objects.filter(key="i" * 64).exists()  # rolled back with the park
     # The effect happened, so it is recorded even though the step was refused.
@@ -152,7 +162,7 @@ def test_concurrent_claimers_never_share_a_run() -> None:
 
     def claimer(name: str) -> None:
         barrier.wait()
-        mine = []
+        mine: list[uuid.UUID] = []
         try:
             while batch := current().claim_runs(name, 30, limit=2):
                 mine.extend(c.run_id for c in batch)
@@ -294,7 +304,8 @@ def test_database_instrumentation_sees_every_step_commit() -> None:
             StepWrite(2, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok")),
             then_claim=next_claim,
         )
-    assert next_claim.claim is not None and next_claim.claim.run_id == second.id
+    assert next_claim.claim is not None
+    assert next_claim.claim.run_id == second.id
     appends = [sql for sql in seen if "INSERT INTO agent_step" in sql]
     assert len(appends) == 2
     assert [q["sql"] for q in logged.captured_queries if "INSERT INTO agent_step" in q["sql"]]
@@ -362,11 +373,14 @@ def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
         1,
     )
     # The same statement took the next run, as claim_runs would have.
-    assert then.claim is not None and then.claim.run_id == second.pk
+    assert then.claim is not None
+    assert then.claim.run_id == second.pk
     taken = AgentRun.objects.get(pk=second.pk)
     assert (taken.status, taken.lease_owner, taken.attempt) == ("running", "w1", 1)
-    assert taken.lease_until is not None and taken.started_at is not None
-    assert then.claim.attempt == 1 and then.claim.run.status == "running"
+    assert taken.lease_until is not None
+    assert taken.started_at is not None
+    assert then.claim.attempt == 1
+    assert then.claim.run.status == "running"
     assert then.claim.run.created_at == taken.created_at
     assert then.claim.task_payload == AgentStep.objects.get(run_id=second.pk, seq=0).payload
     assert (tickets.taken, tickets.given_back) == (1, 0)
@@ -376,7 +390,7 @@ def test_the_last_step_of_a_run_can_claim_the_next_one() -> None:
 
 @pytest.mark.postgres
 def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_declines() -> None:
-    first, second = _runs(2)
+    _first, second = _runs(2)
     [claim] = current().claim_runs("w1", 30)
     tickets = Tickets()
     stale = Claim(claim.run, "w1", claim.attempt + 1, 30)
@@ -384,7 +398,8 @@ def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_decline
     assert not current().append_step(
         stale, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")), then_claim=then
     )
-    assert then.claim is None and (tickets.taken, tickets.given_back) == (1, 1)
+    assert then.claim is None
+    assert (tickets.taken, tickets.given_back) == (1, 1)
     assert AgentRun.objects.get(pk=second.pk).status == "pending"
 
     declined = Tickets(available=False).offer()
@@ -402,4 +417,5 @@ def test_no_next_claim_when_the_fence_fails_or_nothing_waits_or_the_slot_decline
     assert current().append_step(
         claim2, StepWrite(1, StepKind.MODEL_TURN, "{}", finish=("succeeded", "")), then_claim=then
     )
-    assert then.claim is None and tickets.given_back == 2  # nothing left to claim
+    assert then.claim is None
+    assert tickets.given_back == 2  # nothing left to claim

@@ -43,7 +43,7 @@ def no_mail_server(settings: Any, monkeypatch: pytest.MonkeyPatch) -> int:
 
 @pytest.fixture
 def staff() -> dict[str, Any]:
-    User = get_user_model()  # noqa: N806
+    User = get_user_model()
     permission = Permission.objects.get(codename="approve_toolintent")
     approver = User.objects.create_user("ann", "ann@example.com", is_staff=True)
     approver.user_permissions.add(permission)
@@ -121,7 +121,8 @@ def test_a_failing_notification_is_one_warning_line_then_quiet(
     line = record.getMessage()
     assert "\n" not in line
     assert "event 0" in line
-    assert "ConnectionRefusedError" in line and "refused" in line.lower()
+    assert "ConnectionRefusedError" in line
+    assert "refused" in line.lower()
 
 
 def test_at_debug_level_the_traceback_and_the_repeats_are_logged(
@@ -179,7 +180,7 @@ def test_different_failures_each_get_their_warning(
 @pytest.fixture
 def answerers() -> dict[str, Any]:
     """Staff who may answer questions (and one who may only approve intents)."""
-    User = get_user_model()  # noqa: N806
+    User = get_user_model()
     permission = Permission.objects.get(codename="answer_question")
     answerer = User.objects.create_user("fay", "fay@example.com", is_staff=True)
     answerer.user_permissions.add(permission)

@@ -85,7 +85,8 @@ def test_a_timer_ends_by_moving_the_fake_clock(
     # The driver moved the clock to the timer's due time: an hour, less the milliseconds
     # between the park and the move, plus the driver's millisecond past it.
     assert HOUR - 5 < durable_clock.offset <= HOUR + 0.01
-    assert result.waits_for == "" and result.waiting_for == ""
+    assert result.waits_for == ""
+    assert result.waiting_for == ""
 
 
 def test_timers_wait_leaves_the_run_waiting_until_the_test_moves_the_clock(
@@ -118,7 +119,8 @@ def test_an_event_from_the_test_wakes_the_run_before_its_timeout(
     )
     assert result.status == RunStatus.SUCCEEDED, result.error
     first, second = receiver.calls("await_event")
-    assert first["woken_by"] is None and first["key"] == second["key"]
+    assert first["woken_by"] is None
+    assert first["key"] == second["key"]
     assert second["woken_by"]["event"] == "refund:o-1"
     assert second["woken_by"]["payload"] == {"status": "refunded"}
     assert durable_clock.offset == 0  # the event, not the clock, ended the wait

@@ -236,7 +236,8 @@ def test_a_timer_parks_the_run_and_the_claim_takes_it_when_due_first(env: Env) -
     [first] = env.store.claim_runs("w2", 30, limit=1)  # due waits first
     [second] = env.store.claim_runs("w2", 30, limit=5)
     assert (first.run_id, second.run_id) == (timed, pending)
-    assert first.run.woken_by == {"timer": True} and first.run.wake_at is None
+    assert first.run.woken_by == {"timer": True}
+    assert first.run.wake_at is None
     assert second.run.woken_by is None
 
 
@@ -246,9 +247,12 @@ def test_an_event_wakes_its_waiters_once(env: Env) -> None:
     assert park(env, waiting, spec)[0] is Parked.PARKED
     assert park(env, other, WaitSpec(WaitKind.EVENT, "k2", event="other"))[0] is Parked.PARKED
     event, woken = env.store.send_event("ev", {"n": 1})
-    assert woken == 1 and event.payload == {"n": 1} and event.sent_at is not None
+    assert woken == 1
+    assert event.payload == {"n": 1}
+    assert event.sent_at is not None
     run = env.run(waiting)
-    assert run.status == RunStatus.PENDING and run.wake_at is None
+    assert run.status == RunStatus.PENDING
+    assert run.wake_at is None
     assert run.woken_by == {"event": "ev", "payload": {"n": 1}, "at": event.sent_at.isoformat()}
     assert env.run(other).status == RunStatus.WAITING
     again, woken = env.store.send_event("ev", {"n": 2})
@@ -256,7 +260,8 @@ def test_an_event_wakes_its_waiters_once(env: Env) -> None:
     # Sent before the wait: no park at all.
     late = env.start("c")
     outcome, woken_by = park(env, late, WaitSpec(WaitKind.EVENT, "k3", event="ev"))
-    assert outcome is Parked.READY and woken_by["payload"] == {"n": 1}
+    assert outcome is Parked.READY
+    assert woken_by["payload"] == {"n": 1}
     assert env.run(late).status == RunStatus.RUNNING
 
 
@@ -277,11 +282,14 @@ def test_a_question_is_answered_once_and_wakes_the_run(env: Env) -> None:
     spec = WaitSpec(WaitKind.QUESTION, "qk", question="Go?")
     assert park(env, run_id, spec)[0] is Parked.PARKED
     answered = env.store.answer_question(run_id, None, "yes")
-    assert answered is not None and answered.status == QuestionStatus.ANSWERED
+    assert answered is not None
+    assert answered.status == QuestionStatus.ANSWERED
     run = env.run(run_id)
-    assert run.status == RunStatus.PENDING and run.woken_by["answer"] == "yes"
+    assert run.status == RunStatus.PENDING
+    assert run.woken_by["answer"] == "yes"
     again = env.store.answer_question(run_id, None, "no")
-    assert again is not None and again.answer == "yes"
+    assert again is not None
+    assert again.answer == "yes"
     # Asked again by the same call (a crash after the wake): answered already, no park.
     assert park(env, run_id, spec) == (Parked.READY, answered.woken_by())
 
@@ -290,7 +298,8 @@ def test_children_wake_their_parent_when_all_ended(env: Env) -> None:
     parent = env.start("parent")
     claim = env.claim(parent)
     a, created = env.spawn(parent, "a")
-    assert created and env.spawn(parent, "a") == (a, False)  # once per key
+    assert created
+    assert env.spawn(parent, "a") == (a, False)  # once per key
     b, _ = env.spawn(parent, "b")
     stranger = env.start("stranger")
     with pytest.raises(WaitRefused, match="spawned"):

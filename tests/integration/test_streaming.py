@@ -36,7 +36,8 @@ def test_a_streamed_run_assembles_each_turn_exactly(fake_api: Any) -> None:
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     requests = fake_api.ok_requests()
-    assert len(requests) == 3 and all(r.json()["stream"] is True for r in requests)
+    assert len(requests) == 3
+    assert all(r.json()["stream"] is True for r in requests)
     # Each assembled turn equals, value for value and key for key, what the same request
     # answered without streaming; the signatures of the next requests verified it too.
     model = ScriptedModel()
@@ -74,12 +75,14 @@ def test_a_cut_stream_commits_nothing_and_is_retried(fake_api: Any, da_settings:
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     first, second = fake_api.requests[:2]
-    assert first.cut and first.events_sent == 5
+    assert first.cut
+    assert first.events_sent == 5
     assert first.body == second.body  # the same request again, byte for byte
     turns = _turns(run)
     assert len(turns) == 3
     thinking = turns[0]["content"][0]
-    assert thinking["type"] == "thinking" and thinking["signature"]  # never the cut one
+    assert thinking["type"] == "thinking"
+    assert thinking["signature"]  # never the cut one
     assert list(AgentStep.objects.filter(run=run).values_list("seq", flat=True)) == list(range(6))
 
 

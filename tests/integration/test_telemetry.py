@@ -20,22 +20,22 @@ from django.utils import timezone
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry import propagate, trace  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
+from opentelemetry.trace import SpanKind, StatusCode
 
-from durable_agents import store, telemetry  # noqa: E402
-from durable_agents.agents import Agent, registry  # noqa: E402
-from durable_agents.api import start_run  # noqa: E402
-from durable_agents.models import AgentRun, AgentStep  # noqa: E402
-from durable_agents.testing import drive  # noqa: E402
-from durable_agents.tools import tool  # noqa: E402
-from tests.conftest import run_worker  # noqa: E402
-from tests.fakeserver import FakeAnthropic, api_error  # noqa: E402
+from durable_agents import store, telemetry
+from durable_agents.agents import Agent, registry
+from durable_agents.api import start_run
+from durable_agents.models import AgentRun, AgentStep
+from durable_agents.testing import drive
+from durable_agents.tools import tool
+from tests.conftest import run_worker
+from tests.fakeserver import FakeAnthropic, api_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,6 +124,25 @@ def test_a_run_is_one_trace_of_claim_model_and_tool_spans(fake_api: FakeAnthropi
     assert chats[0].end_time <= tool_span.start_time <= chats[1].start_time  # type: ignore[operator]
 
     assert agent_span.kind is SpanKind.INTERNAL
+
+    def total(key: str) -> int:
+        counted = 0
+        for chat in chats:
+            assert chat.attributes is not None
+            value = chat.attributes[key]
+            assert isinstance(value, int), value
+            counted += value
+        return counted
+
+    usage = {
+        key: total(key)
+        for key in (
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "gen_ai.usage.cache_read.input_tokens",
+            "gen_ai.usage.cache_creation.input_tokens",
+        )
+    }
     assert dict(agent_span.attributes or {}) == {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.provider.name": "anthropic",
@@ -135,15 +154,7 @@ def test_a_run_is_one_trace_of_claim_model_and_tool_spans(fake_api: FakeAnthropi
         "durable_agents.worker.id": "w-otel",
         "durable_agents.disposition": "succeeded",
         "gen_ai.response.finish_reasons": ("tool_use", "end_turn"),
-        **{
-            key: sum(int(c.attributes[key]) for c in chats)  # type: ignore[index, arg-type]
-            for key in (
-                "gen_ai.usage.input_tokens",
-                "gen_ai.usage.output_tokens",
-                "gen_ai.usage.cache_read.input_tokens",
-                "gen_ai.usage.cache_creation.input_tokens",
-            )
-        },
+        **usage,
     }
     assert agent_span.status.status_code is StatusCode.UNSET
 
@@ -213,7 +224,7 @@ def test_spans_started_in_tool_code_are_children_of_its_execute_tool_span(
         max_tokens=256,
     )
     try:
-        run, caller = started_in_a_trace(agent.name, '@traced {"key": "a"}')
+        _run, caller = started_in_a_trace(agent.name, '@traced {"key": "a"}')
         assert run_worker().stats.dispositions == {"succeeded": 1}
     finally:
         registry.unregister(agent.name, agent.version)
@@ -349,7 +360,8 @@ def test_tool_errors_and_dead_runs_end_their_spans_in_error(
     start_run("tester", '@explode {"message": "boom"}\n@no_such_tool {}')
     assert run_worker().stats.dispositions == {"succeeded": 1}
     explode, unknown = spans_named("execute_tool")
-    assert explode.attributes is not None and unknown.attributes is not None
+    assert explode.attributes is not None
+    assert unknown.attributes is not None
     assert explode.attributes["error.type"] == "RuntimeError"
     assert explode.status.status_code is StatusCode.ERROR
     assert unknown.name == "execute_tool no_such_tool"
@@ -370,7 +382,8 @@ def test_tool_errors_and_dead_runs_end_their_spans_in_error(
     assert run_worker().stats.dispositions == {"dead": 1}
     (agent_span,) = spans_named("invoke_agent")
     (chat,) = spans_named("chat ")
-    assert agent_span.attributes is not None and chat.attributes is not None
+    assert agent_span.attributes is not None
+    assert chat.attributes is not None
     assert agent_span.attributes["durable_agents.disposition"] == "dead"
     assert agent_span.attributes["error.type"] == "dead"
     assert agent_span.status.status_code is StatusCode.ERROR
@@ -390,7 +403,8 @@ def test_content_is_recorded_with_the_opt_in(
     run_worker()
 
     first, second = spans_named("chat ")
-    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes is not None
+    assert second.attributes is not None
     assert json.loads(str(first.attributes["gen_ai.system_instructions"])) == [
         {"type": "text", "content": "You are the test agent."}
     ]

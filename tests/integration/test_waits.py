@@ -81,7 +81,10 @@ def test_a_timer_parks_the_run_without_a_worker_and_calls_the_tool_again(
     parked = reload(run)
     assert parked.status == RunStatus.WAITING
     assert parked.waiting_for == WaitKind.TIMER
-    assert parked.lease_owner is None and parked.lease_until is None
+    assert parked.lease_owner is None
+    assert parked.lease_until is None
+    assert parked.wake_at is not None
+    assert parked.waiting_since is not None
     due_in = (parked.wake_at - parked.waiting_since).total_seconds()
     assert 3599 <= due_in <= 3601
     assert not ToolEffect.objects.filter(run_id=run.pk).exists()  # no effect for the call
@@ -135,11 +138,13 @@ def test_an_event_wakes_the_run_once_and_a_second_send_is_a_no_op(
     run_worker()
     parked = reload(run)
     assert (parked.status, parked.waiting_for) == (RunStatus.WAITING, WaitKind.EVENT)
-    assert parked.wait_event == "refund:o-1" and parked.wake_at is None
+    assert parked.wait_event == "refund:o-1"
+    assert parked.wake_at is None
 
     first = api.send_event("refund:o-1", {"status": "refunded"})
     second = api.send_event("refund:o-1", {"status": "SECOND"})
-    assert second.pk == first.pk and second.payload == {"status": "refunded"}
+    assert second.pk == first.pk
+    assert second.payload == {"status": "refunded"}
     assert AgentEvent.objects.filter(name="refund:o-1").count() == 1
     woken = reload(run)
     assert woken.status == RunStatus.PENDING
@@ -164,7 +169,8 @@ def test_an_event_sent_before_the_wait_does_not_park_the_run(
     run_worker()
     done = reload(run)
     assert done.status == RunStatus.SUCCEEDED, done.error
-    assert done.waiting_for == "" and done.attempt == 1  # never parked
+    assert done.waiting_for == ""  # never parked
+    assert done.attempt == 1
     assert [c["woken_by"] and c["woken_by"]["payload"] for c in receiver.calls()] == [
         None,
         [1, 2, 3],
@@ -175,6 +181,8 @@ def test_an_event_wait_times_out(fake_api: FakeAnthropic, receiver: Any) -> None
     run = start('@await_event {"name": "never", "timeout": 3600}')
     run_worker()
     parked = reload(run)
+    assert parked.wake_at is not None
+    assert parked.waiting_since is not None
     assert 3599 <= (parked.wake_at - parked.waiting_since).total_seconds() <= 3601
     time_passes(run)
     run_worker()
@@ -247,7 +255,9 @@ def test_a_timeout_and_an_event_that_race_resume_the_run_once(
         assert reload(run).status == RunStatus.SUCCEEDED
     calls = receiver.calls()
     woken = [c for c in calls if c["woken_by"] is not None]
-    assert len(calls) == 10 and len(woken) == 5  # each run: one first call, one resume
+    # each run: one first call, one resume
+    assert len(calls) == 10
+    assert len(woken) == 5
 
 
 # --------------------------------------------------------------------------- child runs
@@ -284,7 +294,8 @@ def test_a_childs_failure_is_its_parents_information(
     # The children nap for an hour: the parent waits on them.
     run_worker(max_runs=1)
     children = list(AgentRun.objects.filter(parent_id=run.pk))
-    assert len(children) == 2 and reload(run).status == RunStatus.WAITING
+    assert len(children) == 2
+    assert reload(run).status == RunStatus.WAITING
     api.cancel_run(children[0].pk)
     assert reload(run).status == RunStatus.WAITING  # one child is still going
     AgentRun.objects.filter(pk=children[1].pk).update(status=RunStatus.DEAD, error="boom")
@@ -323,7 +334,8 @@ def test_the_fan_out_wait_times_out_with_the_runs_as_they_are(
     woken_by = receiver.calls("fan_out")[-1]["woken_by"]
     assert woken_by["timeout"] is True
     (outcome,) = woken_by["runs"].values()
-    assert outcome["status"] == "pending" and outcome["task"] == "Research slow"
+    assert outcome["status"] == "pending"
+    assert outcome["task"] == "Research slow"
 
 
 def test_spawn_run_is_idempotent_per_key(fake_api: FakeAnthropic, receiver: Any) -> None:
@@ -331,7 +343,8 @@ def test_spawn_run_is_idempotent_per_key(fake_api: FakeAnthropic, receiver: Any)
     run_worker(max_runs=1)
     assert reload(run).status == RunStatus.SUCCEEDED
     (child,) = AgentRun.objects.filter(parent_id=run.pk)
-    assert child.spawn_key and child.depth == 1
+    assert child.spawn_key
+    assert child.depth == 1
     assert tool_results(run)[0]["content"] == str(child.pk)
 
 
@@ -387,7 +400,8 @@ def test_an_irreversible_tool_may_not_wait(
     done = reload(run)
     assert done.status == RunStatus.SUCCEEDED
     (result,) = tool_results(done)
-    assert result["is_error"] is True and "may not wait" in result["content"]
+    assert result["is_error"] is True
+    assert "may not wait" in result["content"]
 
 
 # --------------------------------------------------------------------------- questions
@@ -410,7 +424,8 @@ def test_a_question_waits_for_a_person_with_the_permission(
     assert reload(run).status == RunStatus.WAITING
 
     answered = api.answer_question(run.pk, staff, "eu-west first, then us-east")
-    assert answered.status == QuestionStatus.ANSWERED and answered.answered_by == staff
+    assert answered.status == QuestionStatus.ANSWERED
+    assert answered.answered_by == staff
     again = api.answer_question(run.pk, staff, "changed my mind")
     assert again.answer == "eu-west first, then us-east"  # answered once
 
@@ -419,7 +434,8 @@ def test_a_question_waits_for_a_person_with_the_permission(
     assert done.status == RunStatus.SUCCEEDED, done.error
     value = result_value(done)
     assert value["answer"] == "eu-west first, then us-east"
-    assert value["answered_by"] == "ops" and value["answered_at"]
+    assert value["answered_by"] == "ops"
+    assert value["answered_at"]
 
 
 def test_cancelling_a_run_closes_its_open_question(fake_api: FakeAnthropic, receiver: Any) -> None:
@@ -514,9 +530,11 @@ def test_finish_and_claim_hands_a_due_wait_what_ended_it(
         StepWrite(1, "model_turn", "{}", finish=(RunStatus.SUCCEEDED, "hi")),
         then_claim=next_claim,
     )
-    assert next_claim.claim is not None and next_claim.claim.run_id == napping.pk
+    assert next_claim.claim is not None
+    assert next_claim.claim.run_id == napping.pk
     assert next_claim.claim.run.woken_by == {"timer": True}
-    assert next_claim.claim.run.wait_runs is None and next_claim.claim.run.depth == 0
+    assert next_claim.claim.run.wait_runs is None
+    assert next_claim.claim.run.depth == 0
 
 
 def test_an_answer_goes_to_the_question_the_person_was_shown(
@@ -529,4 +547,5 @@ def test_an_answer_goes_to_the_question_the_person_was_shown(
         api.answer_question(run.pk, staff, "no", question_id=shown.pk + 1000)
     assert reload(run).status == RunStatus.WAITING
     answered = api.answer_question(run.pk, staff, "yes", question_id=shown.pk)
-    assert answered.pk == shown.pk and answered.answer == "yes"
+    assert answered.pk == shown.pk
+    assert answered.answer == "yes"

@@ -5,6 +5,7 @@ generated model turn also decides what the tools give back."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, Literal
 
 from durable_agents import Agent, tool
@@ -102,43 +103,43 @@ BuildKind = Literal[
 BUILD_KINDS: tuple[str, ...] = BuildKind.__args__  # type: ignore[attr-defined]
 
 
+def _circular(size: int, text: str) -> Any:
+    loop: list[Any] = [text]
+    loop.append(loop)
+    return loop
+
+
+def _big_int(size: int, text: str) -> Any:
+    # More digits than int -> str allows by default (4,300): json.dumps raises ValueError.
+    return 10 ** min(size, 20_000)
+
+
+# One builder per kind, each given the call's size and text.
+_BUILDERS: dict[str, Callable[[int, str], Any]] = {
+    "text": lambda size, text: text,
+    "huge": lambda size, text: "x" * size,
+    "huge_hostile": lambda size, text: ("a\x00\ud800" * (size // 3 + 1))[:size],
+    "deep_list": lambda size, text: _deep(size, "list", text),
+    "deep_dict": lambda size, text: _deep(size, "dict", text),
+    "not_json": lambda size, text: object(),
+    "set": lambda size, text: {1, 2, text},
+    "bytes": lambda size, text: b"\x00\xff" + text.encode("utf-8", "surrogatepass"),
+    "circular": _circular,
+    "unprintable": lambda size, text: Unprintable(),
+    "nan": lambda size, text: {"nan": float("nan"), "inf": float("inf")},
+    "big_int": _big_int,
+    "tuple_keys": lambda size, text: {(1, 2): text},
+    "hostile_keys": lambda size, text: {f"k\x00{text}": "v\ud800", "\udfff": text},
+    "none": lambda size, text: None,
+}
+
+
 @tool(effect="pure")
 def build(kind: BuildKind, size: int = 0, text: str = "") -> Any:
     """Return a value of the given kind and size (a hostile tool result)."""
     if not 0 <= size <= MAX_SIZE:
         raise ValueError(f"size must be between 0 and {MAX_SIZE}")
-    if kind == "text":
-        return text
-    if kind == "huge":
-        return "x" * size
-    if kind == "huge_hostile":
-        return ("a\x00\ud800" * (size // 3 + 1))[:size]
-    if kind == "deep_list":
-        return _deep(size, "list", text)
-    if kind == "deep_dict":
-        return _deep(size, "dict", text)
-    if kind == "not_json":
-        return object()
-    if kind == "set":
-        return {1, 2, text}
-    if kind == "bytes":
-        return b"\x00\xff" + text.encode("utf-8", "surrogatepass")
-    if kind == "circular":
-        loop: list[Any] = [text]
-        loop.append(loop)
-        return loop
-    if kind == "unprintable":
-        return Unprintable()
-    if kind == "nan":
-        return {"nan": float("nan"), "inf": float("inf")}
-    if kind == "big_int":
-        # More digits than int -> str allows by default (4,300): json.dumps raises ValueError.
-        return 10 ** min(size, 20_000)
-    if kind == "tuple_keys":
-        return {(1, 2): text}
-    if kind == "hostile_keys":
-        return {f"k\x00{text}": "v\ud800", "\udfff": text}
-    return None  # "none"
+    return _BUILDERS.get(kind, _BUILDERS["none"])(size, text)
 
 
 EXCEPTIONS: dict[str, type[BaseException]] = {

@@ -84,7 +84,7 @@ def test_attributes() -> None:
 
 def test_arguments_are_keyword_only() -> None:
     with pytest.raises(TypeError):
-        Agent("migrator", "v1", "m")  # type: ignore[misc]
+        Agent("migrator", "v1", "m")  # type: ignore[call-arg]  # deliberately positional
 
 
 @pytest.mark.parametrize("field", ["name", "version", "model"])
@@ -95,7 +95,7 @@ def test_empty_name_version_model(field: str, value: Any) -> None:
 
 
 def test_overlong_name_is_rejected() -> None:
-    with pytest.raises(ImproperlyConfigured, match="Agent name .* is longer than 200 characters"):
+    with pytest.raises(ImproperlyConfigured, match=r"Agent name .* is longer than 200 characters"):
         make(name="x" * 201)
 
 

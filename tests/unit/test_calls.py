@@ -64,9 +64,11 @@ def test_an_interrupt_walks_away_from_a_call_in_flight() -> None:
         started.set()
         abort.wait(30)
 
-    threading.Thread(
-        target=lambda: (started.wait(10), interrupt.trigger("cancelled")), daemon=True
-    ).start()
+    def cancel_once_started() -> None:
+        started.wait(10)
+        interrupt.trigger("cancelled")
+
+    threading.Thread(target=cancel_once_started, daemon=True).start()
     with pytest.raises(calls.CallInterrupted, match="cancelled"):
         calls.run_abortable(hangs, interrupt, timeout=30)
 

@@ -15,7 +15,7 @@ from durable_agents.tools import tool
 
 
 def ids(messages: list[checks.CheckMessage]) -> list[str]:
-    return sorted(m.id for m in messages)
+    return sorted(str(m.id) for m in messages)
 
 
 def redact(tool_name: str, exc: BaseException) -> str:
@@ -109,9 +109,10 @@ def test_offline_without_debug_is_an_error(
     [message] = da_checks.check_settings()
     assert message.id == "durable_agents.E011" == da_checks.OFFLINE_WITHOUT_DEBUG
     assert message.is_serious()
+    assert message.hint is not None
     assert "--allow-offline" in message.hint
     # `manage.py check` fails on it (it said nothing before).
-    with pytest.raises(SystemCheckError, match="durable_agents.E011"):
+    with pytest.raises(SystemCheckError, match=r"durable_agents\.E011"):
         call_command("check")
     settings.DEBUG = True
     assert da_checks.check_settings() == []
@@ -178,6 +179,7 @@ def test_a_context_edit_without_its_beta(settings: Any) -> None:
         [warning] = da_checks.check_agents()
         assert warning.id == "durable_agents.W004"
         assert "compact_20260112, clear_tool_uses_20250919" in warning.msg
+        assert warning.hint is not None
         assert "'compact-2026-01-12'" in warning.hint
         settings.DURABLE_AGENTS = {"BETAS": ["compact-2026-01-12", "context-management-2025-06-27"]}
         assert da_checks.check_agents() == []
@@ -199,5 +201,6 @@ def test_a_context_edit_without_its_beta(settings: Any) -> None:
 
 
 def test_checks_are_registered() -> None:
-    registered = {c.__name__ for c in checks.registry.registry.get_checks()}
+    # The registered checks are plain functions (the stubs type them as a protocol).
+    registered = {c.__name__ for c in checks.registry.registry.get_checks()}  # type: ignore[attr-defined]
     assert {"check_settings", "check_database", "check_agents"} <= registered

@@ -294,7 +294,7 @@ def test_compaction_and_context_editing_need_their_betas() -> None:
     )
     assert status == 200
     # A turn holding a compaction block cannot be sent back without the beta either.
-    _, answers, requests = play(turns=8)
+    _, _answers, requests = play(turns=8)
     later = requests[-1]
     assert has_compaction(later[1]["content"])
     assert COMPACT_BETA in error_of({**plain, "messages": later}, headers={})
@@ -375,7 +375,8 @@ def test_compaction_fires_over_the_trigger_and_the_run_goes_on() -> None:
         ]
         usage = answer["usage"]
         compaction_pass, message_pass = usage["iterations"]
-        assert compaction_pass["type"] == "compaction" and message_pass["type"] == "message"
+        assert compaction_pass["type"] == "compaction"
+        assert message_pass["type"] == "message"
         # The top-level figures are the message pass alone.
         assert {k: usage[k] for k in message_pass if k != "type"} == {
             k: v for k, v in message_pass.items() if k != "type"
@@ -400,7 +401,7 @@ def test_compaction_fires_over_the_trigger_and_the_run_goes_on() -> None:
 
 
 def test_pause_after_compaction_returns_the_block_alone_and_the_turn_continues() -> None:
-    full, answers, requests = play(pause=True)
+    _full, answers, requests = play(pause=True)
     assert answers[-1]["stop_reason"] == "end_turn"
     assert answers[-1]["offline_script"]["turn"] == 16
     paused = [n for n, a in enumerate(answers) if a["stop_reason"] == "compaction"]
@@ -418,7 +419,7 @@ def test_pause_after_compaction_returns_the_block_alone_and_the_turn_continues()
 
 
 def test_the_compaction_block_and_what_follows_are_checked_what_precedes_is_not() -> None:
-    full, answers, _ = play()
+    full, _answers, _ = play()
     last = max(
         i for i, m in enumerate(full) if m["role"] == "assistant" and has_compaction(m["content"])
     )
@@ -475,7 +476,8 @@ def test_a_failed_compaction_block_is_a_no_op() -> None:
 def test_automatic_caching_reads_the_previous_calls_prefix() -> None:
     _, answers, _ = play(cache_control={"type": "ephemeral"})
     first, second = answers[0]["usage"], answers[1]["usage"]
-    assert first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] > 0
+    assert first["cache_read_input_tokens"] == 0
+    assert first["cache_creation_input_tokens"] > 0
     assert second["cache_read_input_tokens"] >= first["cache_creation_input_tokens"] - 1
     assert second["cache_creation_input_tokens"] > 0
     for n, answer in enumerate(answers[:-1]):

@@ -38,7 +38,7 @@ def take(store: InMemoryStore, run_id: Any, owner: str = "w1") -> Claim:
 
 
 def intent_for(run_id: Any, key: str = "k1") -> ToolIntent:
-    return ToolIntent(run_id=run_id, seq=1, call_index=0, tool="launch", input={}, key=key)
+    return ToolIntent(run_id=run_id, seq=1, call_index=0, tool="launch", input={}, key=key)  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
 
 
 def test_the_unit_tests_cannot_reach_the_database() -> None:
@@ -85,7 +85,8 @@ def test_parking_writes_the_intent_only_when_the_fence_holds(store: InMemoryStor
     assert store.intents_of(run_id) == []
     intent = intent_for(run_id)
     assert store.park_on_intent(claim, intent, new=True) is Parked.PARKED
-    assert intent.pk is not None and store.run(run_id).status == RunStatus.WAITING
+    assert intent.pk is not None
+    assert store.run(run_id).status == RunStatus.WAITING
 
 
 def test_a_decision_before_the_park_means_the_run_goes_on(store: InMemoryStore) -> None:
@@ -99,7 +100,8 @@ def test_a_decision_before_the_park_means_the_run_goes_on(store: InMemoryStore) 
     assert store.park_on_intent(second, intent) is Parked.DECIDED
     assert store.run(run_id).status == RunStatus.RUNNING
     store.reload_intent(intent)
-    assert intent.status == IntentStatus.APPROVED and intent.decided_by is person
+    assert intent.status == IntentStatus.APPROVED
+    assert intent.decided_by is person
 
 
 def test_a_crashed_call_is_parked_as_unknown_and_resolved(store: InMemoryStore) -> None:

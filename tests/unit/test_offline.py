@@ -13,6 +13,7 @@ from typing import Any
 
 import anthropic
 import pytest
+from anthropic.types import MessageParam
 
 from durable_agents.offline import (
     DEFAULT_SECRET,
@@ -113,7 +114,8 @@ def test_three_planned_turns_then_end_turn(client: anthropic.Anthropic) -> None:
     assert bodies[1]["content"][2]["input"] == {"ticket": "T-1", "status": "done"}
     assert bodies[3]["content"] == [{"type": "text", "text": "Done. 3 planned turns completed."}]
     ids = [c["id"] for b in bodies for c in b["content"] if c["type"] == "tool_use"]
-    assert len(set(ids)) == 4 and all(re.fullmatch(r"toolu_[0-9a-f]{24}", i) for i in ids)
+    assert len(set(ids)) == 4
+    assert all(re.fullmatch(r"toolu_[0-9a-f]{24}", i) for i in ids)
     assert len(messages) == 8
 
 
@@ -140,7 +142,7 @@ def test_unknown_tool_and_malformed_arguments_emitted_as_written(
         "@no_such_tool {not json && get_schema [1, 2]\n"
         '@get_schema "just a string" && set_status {"ticket": "a && b"}\n'
     )
-    messages, bodies = run_turns(client, task, 2, tools=TOOLS)
+    _messages, bodies = run_turns(client, task, 2, tools=TOOLS)
     uses = [[c for c in b["content"] if c["type"] == "tool_use"] for b in bodies]
     assert [(u["name"], u["input"]) for u in uses[0]] == [
         ("no_such_tool", {"_raw": "{not json"}),
@@ -158,7 +160,8 @@ def test_latency_directive_sleeps_and_is_not_a_plan_line(client: anthropic.Anthr
     body = json.loads(call(client, [{"role": "user", "content": task}]).http_response.text)
     assert time.monotonic() - started >= 0.2
     assert body["offline_script"] == {"turn": 0, "plan_lines": 1}
-    assert body["content"][1]["name"] == "ping" and body["content"][1]["input"] == {}
+    assert body["content"][1]["name"] == "ping"
+    assert body["content"][1]["input"] == {}
 
 
 def test_unknown_directive_is_rejected(client: anthropic.Anthropic) -> None:
@@ -210,7 +213,8 @@ def test_raw_body_key_order_and_extra_field(client: anthropic.Anthropic) -> None
     assert '"offline_script": {"turn": 0, "plan_lines": 3}' in raw.http_response.text
     # The SDK still parses it; the extra field is what only the raw text keeps in order.
     message = raw.parse()
-    assert message.stop_reason == "tool_use" and message.content[0].type == "thinking"
+    assert message.stop_reason == "tool_use"
+    assert message.content[0].type == "thinking"
 
 
 # --- thinking signatures ----------------------------------------------------------------
@@ -351,7 +355,7 @@ def test_roles_must_alternate_from_user(client: anthropic.Anthropic) -> None:
 
 
 def test_a_streamed_answer_assembles_into_the_plain_one(client: anthropic.Anthropic) -> None:
-    request = {
+    request: dict[str, Any] = {
         "model": MODEL,
         "max_tokens": 512,
         "thinking": {"type": "enabled", "budget_tokens": 256},
@@ -361,7 +365,8 @@ def test_a_streamed_answer_assembles_into_the_plain_one(client: anthropic.Anthro
     with client.messages.stream(**request) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
-    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_stop"
     assert "content_block_delta" in kinds
     assert [b.to_dict() for b in final.content] == [b.to_dict() for b in plain.content]
     assert final.stop_reason == plain.stop_reason == "tool_use"
@@ -389,7 +394,8 @@ def test_malformed_request_is_400_with_error_shape(body: bytes, fragment: str) -
     assert headers["content-type"] == "application/json"
     error = json.loads(out)
     assert list(error) == ["type", "error", "request_id"]
-    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert error["type"] == "error"
+    assert error["error"]["type"] == "invalid_request_error"
     assert fragment in error["error"]["message"]
     assert error["request_id"] == headers["request-id"]
 
@@ -440,7 +446,8 @@ def test_turn_directive_plays_any_name_and_input_as_valid_utf8_json(
     assert task.isascii()  # escapes only: the task itself is plain text
     raw = call(client, [{"role": "user", "content": task}], tools=TOOLS).http_response.content
     text = raw.decode("utf-8")  # valid UTF-8: the lone surrogate is the escape \ud800
-    assert "\\ud800" in text and "\\u0000" in text
+    assert "\\ud800" in text
+    assert "\\u0000" in text
     first = json.loads(text)
     uses = [c for c in first["content"] if c["type"] == "tool_use"]
     assert [(u["name"], u["input"]) for u in uses] == calls
@@ -488,7 +495,7 @@ def test_inputs_deeper_than_the_recursion_limit() -> None:
     status, out = respond_raw(task)
     assert status == 200
     first = loads_deep(out.decode("utf-8"))
-    use = [c for c in first["content"] if c["type"] == "tool_use"][0]
+    use = next(c for c in first["content"] if c["type"] == "tool_use")
     assert dumps_deep(use["input"]) == dumps_deep({"v": deep})
     # The turn goes back verbatim in the next request (with thinking: signed and checked).
     messages = [
@@ -541,17 +548,18 @@ def test_loads_deep_and_dumps_deep_agree_with_json(value: Any) -> None:
     "text", ["[1,]", '{"a" 1}', "[1] x", '{"a": [1, 2}', "", '"\\ud800', "[" * 2000]
 )
 def test_loads_deep_rejects_what_json_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(json.JSONDecodeError):
         loads_deep(text)
 
 
 def test_a_streamed_hostile_answer_is_valid_utf8(client: anthropic.Anthropic) -> None:
     task = "Stream.\n" + turn_directive([("n\ud800", {"t": "\x00\udfff"})]) + "\n"
     task += final_directive("\ud800")
-    messages = [{"role": "user", "content": task}]
+    messages: list[MessageParam] = [{"role": "user", "content": task}]
     with client.messages.with_streaming_response.create(
         model=MODEL, max_tokens=64, messages=messages, stream=True
     ) as response:
         raw = b"".join(response.http_response.iter_bytes())
     text = raw.decode("utf-8")
-    assert "n\\ud800" in text and "message_stop" in text
+    assert "n\\ud800" in text
+    assert "message_stop" in text

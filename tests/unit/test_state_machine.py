@@ -131,7 +131,9 @@ def test_a_final_turn_succeeds(store: InMemoryStore, agents: dict[str, Agent]) -
         None,
         None,
     )
-    assert run.result and run.finished_at is not None and run.tokens_used > 0
+    assert run.result
+    assert run.finished_at is not None
+    assert run.tokens_used > 0
     assert run.stalled_claims == 0
     assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]
 
@@ -146,7 +148,8 @@ def test_a_tool_call_then_a_final_turn(store: InMemoryStore, agents: dict[str, A
         StepKind.MODEL_TURN,
     ]
     [block] = payload(store, run_id, 2)
-    assert block["content"] == "value-of-a" and "is_error" not in block
+    assert block["content"] == "value-of-a"
+    assert "is_error" not in block
     # The call's effect was recorded with the step that carried its result.
     [effect] = store.recorded_effects(run_id, 1).values()
     assert (effect.tool, effect.result, effect.is_error) == ("lookup", "value-of-a", False)
@@ -188,7 +191,11 @@ def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
 
 def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent]) -> None:
     run_id = start(store, agents["main"], '@hook {"name": "cancel"}\n@lookup {"key": "b"}')
-    HOOKS["cancel"] = lambda: store.cancel_run(run_id)
+
+    def cancel() -> None:
+        store.cancel_run(run_id)
+
+    HOOKS["cancel"] = cancel
     assert advance_run(claim(store, run_id), store=store) is Disposition.CANCELLED
     run = store.run(run_id)
     assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, 1)
@@ -294,6 +301,7 @@ def test_the_last_step_claims_the_next_run_in_memory_too(
     second = start(store, agents["main"], "Say goodbye.")
     then = NextClaim("w1", 30, take=lambda: True, give_back=lambda: None)
     assert advance_run(claim(store, first), store=store, then_claim=then) is Disposition.SUCCEEDED
-    assert then.claim is not None and then.claim.run_id == second
+    assert then.claim is not None
+    assert then.claim.run_id == second
     assert then.claim.task_payload == json.dumps("Say goodbye.")
     assert advance_run(then.claim, store=store) is Disposition.SUCCEEDED

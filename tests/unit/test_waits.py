@@ -121,7 +121,8 @@ def test_a_timer_parks_then_the_same_call_resumes(
     assert advance_run(claim(store), store=store) is Disposition.SUCCEEDED
     assert [c[0] for c in CALLS] == ["count", "snooze", "snooze"]  # count did not run again
     (_, first_key, first_woken), (_, second_key, second_woken) = CALLS[1], CALLS[2]
-    assert first_key == second_key and first_woken is None
+    assert first_key == second_key
+    assert first_woken is None
     assert second_woken == {"timer": True}
     assert json.loads(results(store, run_id)[1]["content"]) == {"timer": True}
 
@@ -153,7 +154,8 @@ def test_ask_person_parks_until_answered(store: InMemoryStore, agent: Agent) -> 
     store.answer_question(run_id, None, "Yes, after 6pm")
     assert advance_run(claim(store), store=store) is Disposition.SUCCEEDED
     value = json.loads(results(store, run_id)[0]["content"])
-    assert value["answer"] == "Yes, after 6pm" and value["answered_at"]
+    assert value["answer"] == "Yes, after 6pm"
+    assert value["answered_at"]
 
 
 def test_a_cancel_while_waiting_ends_the_run(store: InMemoryStore, agent: Agent) -> None:

@@ -204,7 +204,8 @@ def test_a_dead_slot_stops_the_worker_with_exit_code_1(agent: Agent) -> None:
     start(broken, agent, "Say hello.", version="v-undeployed")
     running = Running(worker(broken))  # not burst: only the dead slot can stop it
     assert running.result() == 1
-    assert running.worker.slot_died.is_set() and running.worker.stopping.is_set()
+    assert running.worker.slot_died.is_set()
+    assert running.worker.stopping.is_set()
 
 
 @pytest.mark.parametrize("loss", [LeaseLoss.CANCELLED, LeaseLoss.LOST])
