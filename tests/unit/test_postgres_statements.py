@@ -41,7 +41,8 @@ class Capturing(postgres.PostgresStore):
     def __init__(self) -> None:
         self.sent: list[str] = []
 
-    def _execute_append(self, sql: str, params: dict[str, Any]) -> bool:
+    def _execute_append(self, sql: str, params: dict[str, Any]) -> bool:  # type: ignore[override]
+        # An instance method where the store's is static: it needs ``self.sent``.
         self.sent.append(sql)
         return True
 
