@@ -219,7 +219,7 @@ class RunAdvancer(ToolDispatch):
         if run.stalled_claims > app_settings.MAX_ATTEMPTS:
             try:
                 reason = self._stalled_reason()
-            except Exception as exc:  # noqa: BLE001 - the run must end whatever the log holds
+            except Exception as exc:  # the run must end whatever the log holds
                 reason = (
                     f"{run.stalled_claims - 1} claims in a row ended without committing a step "
                     f"(MAX_ATTEMPTS={app_settings.MAX_ATTEMPTS}); describing the step in "

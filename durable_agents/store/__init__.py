@@ -36,9 +36,9 @@ from durable_agents.store.portable import PortableStore
 from durable_agents.store.postgres import PostgresStore
 
 __all__ = [
+    "DIALECTS",
     "MAX_REASON_CHARS",
     "Claim",
-    "DIALECTS",
     "InMemoryStore",
     "LeaseLoss",
     "NextClaim",

@@ -365,7 +365,7 @@ class Store(abc.ABC):
         the intent is approved again (the call runs again). Then wake the run. An intent that
         is not unknown is returned unchanged."""
 
-    # -- waits (API.md section 8) ---------------------------------------------------------
+    # -- waits -----------------------------------------------------------------------------
 
     @abc.abstractmethod
     def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
@@ -423,7 +423,7 @@ class Store(abc.ABC):
             return
         try:
             self.wake_parent(parent_id)
-        except Exception:  # noqa: BLE001 - the child's end is committed; the sweep repairs
+        except Exception:  # the child's end is committed; the sweep repairs
             logger.exception("waking parent run %s failed; housekeeping will", parent_id)
 
     # -- operations on any run -----------------------------------------------------------
