@@ -30,19 +30,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Agent",
-    "tool",
     "Wait",
+    "answer_question",
+    "approve_intent",
     "ask_person",
+    "cancel_run",
+    "messages_for",
+    "reject_intent",
+    "requeue_run",
+    "resolve_intent",
     "send_event",
     "spawn_run",
-    "answer_question",
     "start_run",
-    "cancel_run",
-    "requeue_run",
-    "messages_for",
-    "approve_intent",
-    "reject_intent",
-    "resolve_intent",
+    "tool",
 ]
 
 # The names above that live in ``durable_agents.api``, which imports the models.

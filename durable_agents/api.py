@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model
 
 from durable_agents import effects, signals, telemetry, waits
 from durable_agents.agents import registry
@@ -29,6 +30,18 @@ from durable_agents.text import has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 ANSWER_PERMISSION = "durable_agents.answer_question"
+
+
+class Person(Protocol):
+    """Who decides an intent, answers a question or sends an event: ``request.user`` (a user
+    of ``AUTH_USER_MODEL``, or ``AnonymousUser``, which holds no permission) or any user object
+    with Django's permission check."""
+
+    def has_perm(self, perm: str, obj: Model | None = ...) -> bool: ...
+
+
+# The JSON a payload or a result may be: what ``json.dumps`` accepts.
+JSONValue: TypeAlias = Any
 
 
 def start_run(
@@ -102,7 +115,7 @@ def spawn_run(
     return run
 
 
-def send_event(name: str, payload: Any = None, *, user: Any = None) -> AgentEvent:
+def send_event(name: str, payload: JSONValue = None, *, user: Person | None = None) -> AgentEvent:
     """Store the event ``name`` with its JSON ``payload`` and wake every run waiting on it
     (``Wait(event=name)``). Stored once: a second send of the same name changes nothing and
     returns the first. A run that starts waiting on it later does not wait at all."""
@@ -121,7 +134,7 @@ def send_event(name: str, payload: Any = None, *, user: Any = None) -> AgentEven
 
 
 def answer_question(
-    run_id: RunId, user: Any, text: str, *, question_id: Any = None
+    run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
 ) -> AgentQuestion:
     """Answer the open question of a run (asked with the built-in ``ask_person`` tool): the
     answer, who gave it and when become the tool's result and the run goes on. Needs the
@@ -143,7 +156,7 @@ def answer_question(
     return question
 
 
-def cancel_run(run_id: RunId) -> bool:
+def cancel_run(run_id: RunId | str) -> bool:
     """Cancel a pending, running or waiting run, with its unfinished child runs. A worker
     holding one hears of it at once (PostgreSQL NOTIFY) or at its next heartbeat, and its
     fence refuses any further step. False if the run was already over."""
@@ -153,40 +166,47 @@ def cancel_run(run_id: RunId) -> bool:
     return cancelled
 
 
-def requeue_run(run_id: RunId) -> bool:
+def requeue_run(run_id: RunId | str) -> bool:
     """Send a dead run back to pending with a fresh no-progress count; its error stays as
     history until the run progresses."""
     return current().requeue_run(run_id)
 
 
-def messages_for(run_id: RunId) -> list[dict[str, Any]]:
+def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """The message list of a run, rebuilt from its step log exactly as the model was sent it."""
     return rebuild_messages(run_id)
 
 
-def _check_permission(user: Any) -> None:
+def _check_permission(user: Person | None) -> None:
     if user is None or not user.has_perm(APPROVE_PERMISSION):
         raise PermissionDenied(f"deciding tool intents needs the {APPROVE_PERMISSION} permission")
 
 
-def _decide(intent_id: Any, user: Any, from_status: str, to_status: str, reason: str) -> ToolIntent:
+def _decide(
+    intent_id: int, user: Person | None, from_status: str, to_status: str, reason: str
+) -> ToolIntent:
     _check_permission(user)
     return current().decide_intent(intent_id, user, from_status, to_status, reason)
 
 
-def approve_intent(intent_id: Any, user: Any) -> ToolIntent:
+def approve_intent(intent_id: int, user: Person | None) -> ToolIntent:
     """Allow a pending irreversible call to run; the run becomes claimable. Deciding an
     intent that was already decided changes nothing."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
 
 
-def reject_intent(intent_id: Any, user: Any, *, reason: str = "") -> ToolIntent:
+def reject_intent(intent_id: int, user: Person | None, *, reason: str = "") -> ToolIntent:
     """Refuse a pending call; the model receives an error result naming who and why."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
 
 
 def resolve_intent(
-    intent_id: Any, user: Any, *, happened: bool, result: Any = None, reason: str = ""
+    intent_id: int,
+    user: Person | None,
+    *,
+    happened: bool,
+    result: JSONValue = None,
+    reason: str = "",
 ) -> ToolIntent:
     """Settle an intent whose outcome is unknown (its worker died while the tool ran).
 

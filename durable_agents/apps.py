@@ -9,6 +9,7 @@ class DurableAgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported for what importing them registers: system checks, signal receivers.
         from durable_agents import checks, notifications, signals, telemetry  # noqa: F401
         from durable_agents import logging as run_logging
 

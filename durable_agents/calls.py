@@ -77,7 +77,7 @@ def _close_database_connections() -> None:
         from django.db import connections
 
         connections.close_all()
-    except Exception:  # noqa: BLE001 - a thread that ends must not fail on its way out
+    except Exception:  # a thread that ends must not fail on its way out
         logger.debug("closing a caller thread's database connections failed", exc_info=True)
 
 
@@ -128,17 +128,8 @@ def run_abortable(
         if meanwhile is not None:
             meanwhile()
         return call(threading.Event())
-    db.release()
-    if permits is not None:
-        _acquire(permits, interrupt)
-    if interrupt.is_set():
-        # Not even started: a call handed over now would begin while nobody waits for it.
-        if permits is not None:
-            permits.release()
-        raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
-    caller: _Caller | None = getattr(_callers, "caller", None)
-    if caller is None:
-        caller = _callers.caller = _Caller()
+    _prepare_start(interrupt, permits)
+    caller = _this_caller()
     outcome: dict[str, Any] = {}
     wake = threading.Event()
     abort = threading.Event()
@@ -149,7 +140,7 @@ def run_abortable(
     def job() -> None:
         try:
             outcome["value"] = context.run(call, abort)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+        except BaseException as exc:  # noqa: BLE001 - everything: handed to the waiting thread
             outcome["error"] = exc
         finally:
             if permits is not None:
@@ -184,6 +175,27 @@ def run_abortable(
     if not finished:
         raise CallTimedOut(timeout or 0.0)
     raise CallInterrupted(f"call abandoned: {interrupt.reason or 'interrupted'}")
+
+
+def _prepare_start(interrupt: Interrupt, permits: threading.Semaphore | None) -> None:
+    """Before a call is handed over: no connection kept while it runs, a permit taken (with
+    ``permits``), and ``CallInterrupted`` if the run was interrupted meanwhile."""
+    db.release()
+    if permits is not None:
+        _acquire(permits, interrupt)
+    if interrupt.is_set():
+        # Not even started: a call handed over now would begin while nobody waits for it.
+        if permits is not None:
+            permits.release()
+        raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
+
+
+def _this_caller() -> _Caller:
+    """This thread's caller thread, started on first use."""
+    caller: _Caller | None = getattr(_callers, "caller", None)
+    if caller is None:
+        caller = _callers.caller = _Caller()
+    return caller
 
 
 def _acquire(permits: threading.Semaphore, interrupt: Interrupt) -> None:
@@ -251,7 +263,7 @@ def await_abortable(
             return True, await make()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+        except BaseException as exc:  # noqa: BLE001 - everything: handed to the waiting thread
             return False, exc
 
     # run_coroutine_threadsafe schedules in a copy of this thread's context.

@@ -52,7 +52,7 @@ def use_pool(size: int, alias: str = DEFAULT_DB_ALIAS) -> bool:
     if not settings_dict["ENGINE"].endswith("postgresql"):
         return False
     try:
-        import psycopg_pool  # noqa: F401
+        import psycopg_pool  # noqa: F401 - only whether it is installed
     except ImportError:
         logger.warning(
             "psycopg_pool is not installed (pip install 'psycopg[pool]'): every worker thread "
@@ -155,7 +155,7 @@ class Listener:
             finally:
                 try:
                     wrapper.close()
-                except Exception:  # noqa: BLE001
+                except Exception:  # a failed close is only worth a debug line
                     logger.debug("closing the LISTEN connection failed", exc_info=True)
 
     def _dispatch(self, payload: str) -> None:

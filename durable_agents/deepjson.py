@@ -98,22 +98,41 @@ def dumps_deep(
     return "".join(out)
 
 
+def _fail(s: str, message: str, pos: int) -> json.JSONDecodeError:
+    return json.JSONDecodeError(message, s, pos)
+
+
+def _key_at(s: str, i: int) -> tuple[str, int]:
+    """An object's key and its ':' from ``i`` on: the key and the index past the ':'."""
+    i = _skip_ws(s, i)
+    if s[i : i + 1] != '"':
+        raise _fail(s, "Expecting property name enclosed in double quotes", i)
+    key, i = scanstring(s, i + 1)
+    i = _skip_ws(s, i)
+    if s[i : i + 1] != ":":
+        raise _fail(s, "Expecting ':' delimiter", i)
+    return key, i + 1
+
+
+def _scalar_at(s: str, i: int) -> tuple[Any, int]:
+    """The number or constant (null, true, false, NaN, Infinity) at ``i``, and the index past
+    it."""
+    number = NUMBER_RE.match(s, i)
+    if number is not None:
+        integer, frac, exp = number.groups()
+        value = float(integer + (frac or "") + (exp or "")) if frac or exp else int(integer)
+        return value, number.end()
+    for word, constant in _CONSTANTS:
+        if s.startswith(word, i):
+            return constant, i + len(word)
+    raise _fail(s, "Expecting value", i)
+
+
 def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
-    """``json.JSONDecoder().raw_decode(s, idx)`` without recursion."""
-
-    def fail(message: str, pos: int) -> json.JSONDecodeError:
-        return json.JSONDecodeError(message, s, pos)
-
-    def key_at(i: int) -> tuple[str, int]:
-        i = _skip_ws(s, i)
-        if s[i : i + 1] != '"':
-            raise fail("Expecting property name enclosed in double quotes", i)
-        key, i = scanstring(s, i + 1)
-        i = _skip_ws(s, i)
-        if s[i : i + 1] != ":":
-            raise fail("Expecting ':' delimiter", i)
-        return key, i + 1
-
+    """``json.JSONDecoder().raw_decode(s, idx)`` without recursion. One loop (it is the whole
+    cost of decoding a deep document): read a value; a container with values is opened and
+    its first value read next; a complete value goes in its container, closing every
+    container that ends with it, until the outermost one is complete."""
     # Open containers, innermost last: [the container, the key its next value goes under].
     stack: list[list[Any]] = []
     i = idx
@@ -128,7 +147,7 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
             if s[i : i + 1] == "}":
                 value, i = {}, i + 1
             else:
-                key, i = key_at(i)
+                key, i = _key_at(s, i)
                 stack.append([{}, key])
                 continue
         elif ch == "[":
@@ -139,18 +158,7 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
                 stack.append([[], None])
                 continue
         else:
-            number = NUMBER_RE.match(s, i)
-            if number is not None:
-                integer, frac, exp = number.groups()
-                value = float(integer + (frac or "") + (exp or "")) if frac or exp else int(integer)
-                i = number.end()
-            else:
-                for word, constant in _CONSTANTS:
-                    if s.startswith(word, i):
-                        value, i = constant, i + len(word)
-                        break
-                else:
-                    raise fail("Expecting value", i)
+            value, i = _scalar_at(s, i)
         # A value is complete: put it in its container, closing every container that ends.
         while True:
             if not stack:
@@ -165,7 +173,7 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
             ch = s[i : i + 1]
             if ch == ",":
                 if isinstance(container, dict):
-                    top[1], i = key_at(i + 1)
+                    top[1], i = _key_at(s, i + 1)
                 else:
                     i += 1
                 break
@@ -173,7 +181,7 @@ def _raw_decode_deep(s: str, idx: int = 0) -> tuple[Any, int]:
                 stack.pop()
                 value, i = container, i + 1
                 continue
-            raise fail("Expecting ',' delimiter", i)
+            raise _fail(s, "Expecting ',' delimiter", i)
 
 
 def loads_deep(text: str | bytes) -> Any:

@@ -298,7 +298,7 @@ class ToolDispatch:
                 f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
                 "finish in the background"
             )
-        except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's news
+        except BaseException as exc:  # the tool's failure is the model's news: catch everything
             error_type = type(exc).__qualname__
             logger.warning(
                 "tool %s raised %s: %s",

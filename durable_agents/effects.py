@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 from durable_agents.conf import app_settings
 from durable_agents.models import ToolEffect, ToolIntent
 from durable_agents.store import Store, current
+from durable_agents.store.base import RunId
 from durable_agents.text import Unstorable, json_text, storable_text
 
 logger = logging.getLogger("durable_agents.effects")
@@ -27,7 +28,7 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def idempotency_key(run_id: Any, seq: int, call_index: int, tool: Any, arguments: Any) -> str:
+def idempotency_key(run_id: RunId, seq: int, call_index: int, tool: Any, arguments: Any) -> str:
     try:
         shown = canonical_json(arguments)
     except (TypeError, ValueError, RecursionError):
@@ -65,7 +66,7 @@ def tool_error_text(tool_name: str, exc: BaseException) -> str:
         return f"{tool_name} raised {type(exc).__name__}"
 
 
-def recorded_effects(run_id: Any, seq: int, store: Store | None = None) -> dict[str, ToolEffect]:
+def recorded_effects(run_id: RunId, seq: int, store: Store | None = None) -> dict[str, ToolEffect]:
     """The calls of one turn that already completed, by key (one query per turn)."""
     return (store or current()).recorded_effects(run_id, seq)
 

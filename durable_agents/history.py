@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from durable_agents.deepjson import loads_deep, value_end
 from durable_agents.models import StepKind
 from durable_agents.store import Store, current
+from durable_agents.store.base import RunId
 
 _USER_OPEN = '{"role":"user","content":'
 _ASSISTANT_OPEN = '{"role":"assistant","content":'
@@ -201,7 +202,7 @@ class RunLog(NamedTuple):
     last: StepRow | None
 
 
-def load_steps(run_id: Any, after_seq: int = -1, store: Store | None = None) -> list[StepRow]:
+def load_steps(run_id: RunId, after_seq: int = -1, store: Store | None = None) -> list[StepRow]:
     """The log of a run from ``after_seq`` on, as plain rows (no model instances)."""
     return [StepRow(*row) for row in (store or current()).load_steps(run_id, after_seq)]
 
@@ -217,7 +218,7 @@ def _last_compaction(rows: list[Any]) -> int | None:
     return None
 
 
-def load_log(run_id: Any, store: Store | None = None, *, trim: bool = True) -> RunLog:
+def load_log(run_id: RunId | str, store: Store | None = None, *, trim: bool = True) -> RunLog:
     """Rebuild a run's conversation from its log (a claim does this once, then appends).
 
     One SELECT (``Store.load_log_rows``); each turn's content is cut out of its body at the
@@ -247,7 +248,7 @@ def task_log(payload: str) -> RunLog:
     return RunLog(conversation, 0, StepKind.TASK, StepRow(0, StepKind.TASK, payload))
 
 
-def rebuild_messages(run_id: Any) -> list[dict[str, Any]]:
+def rebuild_messages(run_id: RunId | str) -> list[dict[str, Any]]:
     """The run's whole conversation, parsed: every message of its log, in order (a transcript;
     after a compaction the next request sends only part of it, see ``load_log``)."""
     return load_log(run_id, trim=False).conversation.messages()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.db import models
@@ -15,6 +15,8 @@ from django.utils.translation import gettext_lazy as _
 from durable_agents.text import json_text
 
 if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
     # The stubs' TextField is generic (set and get types); Django's class takes no subscript.
     _TextField = models.TextField[Any, Any]
 else:
@@ -174,8 +176,8 @@ class AgentRun(models.Model):
 
     class Meta:
         db_table = "agent_run"
-        ordering = ["-created_at"]
-        indexes = [
+        ordering: ClassVar[list[str]] = ["-created_at"]
+        indexes: ClassVar[list[models.Index]] = [
             # The claim query scans only active runs in creation order. lease_until is left
             # out on purpose: heartbeats then touch no indexed column and stay HOT updates.
             models.Index(
@@ -220,7 +222,7 @@ class AgentRun(models.Model):
                 condition=models.Q(status="waiting", wait_event__isnull=False),
             ),
         ]
-        constraints = [
+        constraints: ClassVar[list[models.BaseConstraint]] = [
             models.UniqueConstraint(
                 fields=["parent", "spawn_key"],
                 name="agent_run_spawn_key",
@@ -269,8 +271,8 @@ class AgentStep(models.Model):
 
     class Meta:
         db_table = "agent_step"
-        ordering = ["run_id", "seq"]
-        indexes = [
+        ordering: ClassVar[list[str]] = ["run_id", "seq"]
+        indexes: ClassVar[list[models.Index]] = [
             # Support tickets quote the provider's request id; only model turns have one.
             models.Index(
                 fields=["request_id"],
@@ -310,7 +312,9 @@ class ToolEffect(models.Model):
 
     class Meta:
         db_table = "tool_effect"
-        indexes = [models.Index(fields=["run", "seq"], name="tool_effect_run_seq")]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["run", "seq"], name="tool_effect_run_seq")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} {self.key[:12]}"
@@ -359,9 +363,11 @@ class ToolIntent(models.Model):
 
     class Meta:
         db_table = "tool_intent"
-        ordering = ["created_at"]
-        permissions = [("approve_toolintent", _("Can approve, reject or resolve tool intents"))]
-        indexes = [
+        ordering: ClassVar[list[str]] = ["created_at"]
+        permissions: ClassVar[list[tuple[str, StrOrPromise]]] = [
+            ("approve_toolintent", _("Can approve, reject or resolve tool intents"))
+        ]
+        indexes: ClassVar[list[models.Index]] = [
             models.Index(fields=["status", "created_at"], name="tool_intent_status"),
             # The intents list at production size: decided intents newest first, by tool.
             models.Index(fields=["created_at"], name="tool_intent_created"),
@@ -393,8 +399,10 @@ class AgentEvent(models.Model):
 
     class Meta:
         db_table = "agent_event"
-        ordering = ["-created_at"]
-        permissions = [("send_event", _("Can send events to waiting runs"))]
+        ordering: ClassVar[list[str]] = ["-created_at"]
+        permissions: ClassVar[list[tuple[str, StrOrPromise]]] = [
+            ("send_event", _("Can send events to waiting runs"))
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -442,9 +450,13 @@ class AgentQuestion(models.Model):
 
     class Meta:
         db_table = "agent_question"
-        ordering = ["created_at"]
-        permissions = [("answer_question", _("Can answer questions that runs ask"))]
-        indexes = [models.Index(fields=["status", "created_at"], name="agent_question_status")]
+        ordering: ClassVar[list[str]] = ["created_at"]
+        permissions: ClassVar[list[tuple[str, StrOrPromise]]] = [
+            ("answer_question", _("Can answer questions that runs ask"))
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["status", "created_at"], name="agent_question_status")
+        ]
 
     def __str__(self) -> str:
         return f"question {self.pk} of run {self.run_id} ({self.status})"
@@ -467,7 +479,7 @@ class MetricsSnapshot(models.Model):
 
     class Meta:
         db_table = "agent_metrics"
-        ordering = ["-taken_at"]
+        ordering: ClassVar[list[str]] = ["-taken_at"]
         get_latest_by = "taken_at"
 
     def __str__(self) -> str:

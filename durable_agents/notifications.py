@@ -98,7 +98,7 @@ def notify(subject: str, body: str, codename: str = APPROVERS) -> None:
             async_task("durable_agents.notifications.send_notification", *args)
         else:
             send_notification(*args)
-    except Exception as exc:  # a notification must never take a worker down
+    except Exception as exc:  # noqa: BLE001 - a notification must never take a worker down
         _log_failure(subject, exc)
 
 

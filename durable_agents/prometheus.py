@@ -107,7 +107,7 @@ DB_CACHE_SECONDS = 5.0
 def available() -> bool:
     """Whether ``prometheus_client`` can be imported (the ``prometheus`` extra)."""
     try:
-        import prometheus_client  # noqa: F401
+        import prometheus_client  # noqa: F401 - only whether it is installed
     except ImportError:
         return False
     return True
@@ -322,7 +322,7 @@ class DatabaseCollector:
             from durable_agents import figures as database
 
             figures = database.read_figures(database.PROMETHEUS, using=self.using)
-        except Exception as exc:  # noqa: BLE001 - a scrape must still return this worker's own
+        except Exception as exc:  # noqa: BLE001 - a scrape must still return this worker's own figures
             self._failures += 1
             log = logger.warning if self._failures == 1 else logger.debug
             log("metrics: reading the database figures failed (%s: %s)", type(exc).__name__, exc)

@@ -565,7 +565,7 @@ class AgentRunner:
             return drive(run, **options)
 
 
-class offline_model(override_settings):  # noqa: N801 - used like override_settings
+class offline_model(override_settings):  # lower case: used like override_settings
     """Force the offline scripted model (and a fresh client) inside a block or a test."""
 
     def __init__(self) -> None:

@@ -51,7 +51,7 @@ def storable_text(text: Any, limit: int | None = None) -> str:
     else:
         try:
             shown = str(text)
-        except Exception as exc:  # a hostile __str__
+        except Exception as exc:  # noqa: BLE001 - a hostile __str__
             shown = f"<{type(text).__name__} that cannot be shown: {type(exc).__name__}>"
     if has_unstorable(shown):
         shown = _UNSTORABLE_RE.sub(_marker, shown)

@@ -155,6 +155,32 @@ def _is_union(origin: Any) -> bool:
 
 def _type_schema(hint: Any, where: str) -> dict[str, Any]:
     """JSON schema of one type hint; ``where`` names the parameter in error messages."""
+    bare = _bare_schema(hint)
+    if bare is not None:
+        return bare
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _annotated_schema(args, where)
+    if origin is typing.Literal:
+        return _enum_schema([v.value if isinstance(v, enum.Enum) else v for v in args])
+    if _is_union(origin):
+        return _union_schema(args, where)
+    if origin in (list, set, frozenset, Sequence):
+        return _array_schema(origin, args, where)
+    if origin is tuple:
+        return _tuple_schema(args, where)
+    if origin in (dict, Mapping):
+        return _object_schema(args, where)
+    raise TypeError(
+        f"{where}: unsupported type hint {hint!r} for a tool parameter; use str, int, float, "
+        "bool, list, tuple, dict, Literal, an Enum, a union of those, or pass input_schema="
+    )
+
+
+def _bare_schema(hint: Any) -> dict[str, Any] | None:
+    """The schema of a hint that takes no arguments (``int``, ``list``, an Enum...), or None
+    for one that does (``list[int]``, ``Literal[...]``...)."""
     if hint is inspect.Parameter.empty or hint is Any:
         return {}
     if hint is None or hint is type(None):
@@ -175,58 +201,62 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
         return {"type": "array", "uniqueItems": True}
     if hint is dict:
         return {"type": "object"}
+    return None
 
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is typing.Annotated:
-        schema = _type_schema(args[0], where)
-        notes = [a for a in args[1:] if isinstance(a, str)]
-        if notes:
-            schema["description"] = " ".join(notes)
-        return schema
-    if origin is typing.Literal:
-        return _enum_schema([v.value if isinstance(v, enum.Enum) else v for v in args])
-    if _is_union(origin):
-        # Optional[X] and X | None: null goes last, whatever order the union was written in.
-        arms = [a for a in args if a is not type(None)]
-        schemas = [_type_schema(a, where) for a in arms]
-        if len(arms) < len(args):
-            schemas.append({"type": "null"})
-        return {"anyOf": schemas}
-    if origin in (list, set, frozenset, Sequence):
-        schema = {"type": "array"}
-        if args and (items := _type_schema(args[0], where)):
-            schema["items"] = items
-        if origin in (set, frozenset):
-            schema["uniqueItems"] = True
-        return schema
-    if origin is tuple:
-        if not args or args == ((),):
-            return {"type": "array"} if not args else {"type": "array", "maxItems": 0}
-        if len(args) == 2 and args[1] is Ellipsis:
-            items = _type_schema(args[0], where)
-            return {"type": "array", "items": items} if items else {"type": "array"}
-        return {
-            "type": "array",
-            "prefixItems": [_type_schema(a, where) for a in args],
-            "minItems": len(args),
-            "maxItems": len(args),
-        }
-    if origin in (dict, Mapping):
-        schema = {"type": "object"}
-        if args:
-            if args[0] not in (str, Any):
-                # JSON object keys are always strings: the function would not get what it says.
-                raise TypeError(
-                    f"{where}: dict keys must be str in a tool signature, not {args[0]!r}"
-                )
-            if values := _type_schema(args[1], where):
-                schema["additionalProperties"] = values
-        return schema
-    raise TypeError(
-        f"{where}: unsupported type hint {hint!r} for a tool parameter; use str, int, float, "
-        "bool, list, tuple, dict, Literal, an Enum, a union of those, or pass input_schema="
-    )
+
+def _annotated_schema(args: tuple[Any, ...], where: str) -> dict[str, Any]:
+    """``Annotated[X, "note", ...]``: X's schema, the string notes as its description."""
+    schema = _type_schema(args[0], where)
+    notes = [a for a in args[1:] if isinstance(a, str)]
+    if notes:
+        schema["description"] = " ".join(notes)
+    return schema
+
+
+def _union_schema(args: tuple[Any, ...], where: str) -> dict[str, Any]:
+    # Optional[X] and X | None: null goes last, whatever order the union was written in.
+    arms = [a for a in args if a is not type(None)]
+    schemas = [_type_schema(a, where) for a in arms]
+    if len(arms) < len(args):
+        schemas.append({"type": "null"})
+    return {"anyOf": schemas}
+
+
+def _array_schema(origin: Any, args: tuple[Any, ...], where: str) -> dict[str, Any]:
+    """``list[X]``, ``set[X]``, ``frozenset[X]``, ``Sequence[X]``."""
+    schema: dict[str, Any] = {"type": "array"}
+    if args and (items := _type_schema(args[0], where)):
+        schema["items"] = items
+    if origin in (set, frozenset):
+        schema["uniqueItems"] = True
+    return schema
+
+
+def _tuple_schema(args: tuple[Any, ...], where: str) -> dict[str, Any]:
+    """``tuple[()]``, ``tuple[X, ...]`` or ``tuple[X, Y, ...]`` of a fixed length."""
+    if not args or args == ((),):
+        return {"type": "array"} if not args else {"type": "array", "maxItems": 0}
+    if len(args) == 2 and args[1] is Ellipsis:
+        items = _type_schema(args[0], where)
+        return {"type": "array", "items": items} if items else {"type": "array"}
+    return {
+        "type": "array",
+        "prefixItems": [_type_schema(a, where) for a in args],
+        "minItems": len(args),
+        "maxItems": len(args),
+    }
+
+
+def _object_schema(args: tuple[Any, ...], where: str) -> dict[str, Any]:
+    """``dict[str, X]`` and ``Mapping[str, X]``."""
+    schema: dict[str, Any] = {"type": "object"}
+    if args:
+        if args[0] not in (str, Any):
+            # JSON object keys are always strings: the function would not get what it says.
+            raise TypeError(f"{where}: dict keys must be str in a tool signature, not {args[0]!r}")
+        if values := _type_schema(args[1], where):
+            schema["additionalProperties"] = values
+    return schema
 
 
 def _qualname(func: Callable[..., Any]) -> str:

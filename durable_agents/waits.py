@@ -30,13 +30,13 @@ from typing import Any
 
 from durable_agents.tools import tool
 
-__all__ = ["Wait", "ask_person", "CallContext", "current_call"]
+__all__ = ["CallContext", "Wait", "ask_person", "current_call"]
 
 # Longest name of an event (the column's width).
 MAX_EVENT_NAME = 200
 
 
-class Wait(Exception):  # noqa: N818 - the name is the public API users raise
+class Wait(Exception):  # not ...Error: it is control flow, and its name is public API
     """Raised by tool code to park its run until a timer, an event or child runs.
 
     Exactly one of ``seconds`` (a durable timer), ``until`` (an aware datetime), ``event`` (a

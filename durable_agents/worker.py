@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, connection
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents import calls, db, observers
 from durable_agents.conf import app_settings
@@ -42,6 +43,7 @@ from durable_agents.interrupt import Interrupt
 from durable_agents.logging import bind_run
 from durable_agents.runner import SHUTDOWN, Disposition, advance_run
 from durable_agents.store import Claim, LeaseLoss, NextClaim, Store, current, dialect_store
+from durable_agents.store.base import RunId
 
 logger = logging.getLogger("durable_agents.worker")
 
@@ -114,7 +116,7 @@ class Worker:
         # Set by a second signal (or the end of the grace period): abandon what is in flight.
         self.abandon = threading.Event()
         self.stats = WorkerStats()
-        self._held: dict[object, _Held] = {}
+        self._held: dict[RunId, _Held] = {}
         self._lock = threading.Lock()
         # Set when a slot thread ended by an exception: the worker stops and exits non-zero,
         # so that its supervisor restarts it instead of leaving it running short of a slot.
@@ -429,7 +431,7 @@ class Worker:
             while not self.stopping.wait(self.heartbeat_seconds):
                 self.beat(own)
 
-    def beat(self, using: object = None) -> dict[object, LeaseLoss]:
+    def beat(self, using: BaseDatabaseWrapper | None = None) -> dict[RunId, LeaseLoss]:
         """One heartbeat: renew every lease held; returns the runs that were interrupted."""
         with self._lock:
             held = {

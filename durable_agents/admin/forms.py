@@ -162,7 +162,8 @@ class SendEventForm(EventPayloadForm):
             "sending a name again changes nothing."
         ),
     )
-    field_order = ["name", "payload"]
+    # Django's Form declares it per instance (a ClassVar would not type-check).
+    field_order = ["name", "payload"]  # noqa: RUF012
 
 
 class RejectForm(forms.Form):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -86,7 +86,7 @@ class RunActions(AgentsAdmin[AgentRun]):
     def requeue_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._run_operation(request, queryset, "requeue_runs")
 
-    RUN_OPERATIONS: dict[str, RunOperation] = {
+    RUN_OPERATIONS: ClassVar[dict[str, RunOperation]] = {
         "cancel_runs": RunOperation(
             statuses=tuple(CANCELLABLE_STATUSES),
             function=api.cancel_run,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -223,14 +223,14 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         },
     )
     # Labels and help of read-only fields come from the form's Meta (see get_form).
-    field_labels = {
+    field_labels: ClassVar[dict[str, StrOrPromise]] = {
         "attempt": _("claims"),
         "tokens_used": _("tokens used"),
         "waiting_for": _("waited for"),
         "wait_event": _("event"),
         "spawn_key": _("spawn key"),
     }
-    field_help_texts = {
+    field_help_texts: ClassVar[dict[str, StrOrPromise]] = {
         "attempt": CLAIMS_HELP,
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),

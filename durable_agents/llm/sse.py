@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import anthropic
 import httpx2
@@ -92,32 +92,46 @@ def stream_message(
                 )
             elif kind == "content_block_stop":
                 assert message is not None
-                index = data["index"]
-                if index in partial_json:
-                    text = partial_json.pop(index)
-                    message["content"][index]["input"] = json.loads(text) if text else {}
+                _close_block(message, data["index"], partial_json)
             elif kind == "message_delta":
                 assert message is not None
-                for key, value in (data.get("delta") or {}).items():
-                    message[key] = value
-                if "usage" in data:
-                    message.setdefault("usage", {}).update(data["usage"])
-                for key, value in data.items():
-                    # Top-level extras of the final delta, such as the context_management
-                    # (applied_edits) of context editing: part of the message as sent.
-                    if key not in ("type", "delta", "usage"):
-                        message[key] = value
+                _apply_message_delta(message, data)
             elif kind == "message_stop":
                 if message is None:
                     raise TransientModelError("stream ended without message_start")
                 return json.dumps(message, ensure_ascii=False), request_id
             elif kind == "error":
-                error = data.get("error") or {}
-                text = f"{error.get('type', 'error')}: {error.get('message', '')}"
-                if error.get("type") in ("overloaded_error", "api_error", "rate_limit_error"):
-                    raise TransientModelError(f"error event in the stream: {text}")
-                raise PermanentModelError(f"error event in the stream: {text}")
+                _raise_error_event(data)
         raise TransientModelError("the stream ended before message_stop; nothing was committed")
+
+
+def _close_block(message: dict[str, Any], index: int, partial_json: dict[int, str]) -> None:
+    """A content block ended: a tool call's input, streamed as JSON text, is parsed now."""
+    if index in partial_json:
+        text = partial_json.pop(index)
+        message["content"][index]["input"] = json.loads(text) if text else {}
+
+
+def _apply_message_delta(message: dict[str, Any], data: dict[str, Any]) -> None:
+    """The final delta: the stop reason and the like, the usage, and any top-level extras."""
+    for key, value in (data.get("delta") or {}).items():
+        message[key] = value
+    if "usage" in data:
+        message.setdefault("usage", {}).update(data["usage"])
+    for key, value in data.items():
+        # Top-level extras of the final delta, such as the context_management
+        # (applied_edits) of context editing: part of the message as sent.
+        if key not in ("type", "delta", "usage"):
+            message[key] = value
+
+
+def _raise_error_event(data: dict[str, Any]) -> NoReturn:
+    """An error event in the stream: transient (overloaded, api, rate limit) or not."""
+    error = data.get("error") or {}
+    text = f"{error.get('type', 'error')}: {error.get('message', '')}"
+    if error.get("type") in ("overloaded_error", "api_error", "rate_limit_error"):
+        raise TransientModelError(f"error event in the stream: {text}")
+    raise PermanentModelError(f"error event in the stream: {text}")
 
 
 def _apply_delta(

@@ -33,28 +33,11 @@ def parse_body(body: bytes, streamed: bool = False) -> dict[str, Any]:
 
 
 def check_structure(messages: list[Any]) -> None:
+    """What the API checks of the messages: each an object of blocks, the roles alternating
+    from ``user`` to a last ``user`` turn, and every tool call answered in the next message."""
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise invalid(f"messages.{i}: must be an object")
-        content = m.get("content")
-        if not isinstance(content, str | list):
-            raise invalid(f"messages.{i}.content: must be a string or a list of blocks")
-        for j, b in enumerate(blocks_of(content)):
-            if not isinstance(b, dict) or not isinstance(b.get("type"), str):
-                raise invalid(f"messages.{i}.content.{j}: must be a block with a `type`")
-        expected = "user" if i % 2 == 0 else "assistant"
-        if i and messages[i - 1].get("role") == "assistant":
-            expected = "user"
-            if compaction_only(messages[i - 1].get("content")):
-                # A turn paused after its compaction is continued by the next turn.
-                expected = "assistant" if m.get("role") == "assistant" else "user"
-        elif i:
-            expected = "assistant"
-        if m.get("role") != expected:
-            raise invalid(
-                f"messages.{i}.role: roles must alternate between `user` and `assistant`, "
-                f"starting with `user`; expected `{expected}`, got {m.get('role')!r}"
-            )
+        _check_blocks(i, m)
+        _check_role(i, m, messages)
     last = messages[-1]
     if last["role"] != "user" and not compaction_only(last["content"]):
         # The script keys on the number of assistant turns; a prefill would skew it.
@@ -62,7 +45,41 @@ def check_structure(messages: list[Any]) -> None:
             f"messages.{len(messages) - 1}: the last message must have role `user` "
             "(the offline model does not support prefill)"
         )
+    _check_tool_results(messages)
 
+
+def _check_blocks(i: int, m: Any) -> None:
+    """Message ``i`` is an object whose content is a string or a list of typed blocks."""
+    if not isinstance(m, dict):
+        raise invalid(f"messages.{i}: must be an object")
+    content = m.get("content")
+    if not isinstance(content, str | list):
+        raise invalid(f"messages.{i}.content: must be a string or a list of blocks")
+    for j, b in enumerate(blocks_of(content)):
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            raise invalid(f"messages.{i}.content.{j}: must be a block with a `type`")
+
+
+def _check_role(i: int, m: dict[str, Any], messages: list[Any]) -> None:
+    """Message ``i`` has the role that alternation asks for after the one before it."""
+    expected = "user" if i % 2 == 0 else "assistant"
+    if i and messages[i - 1].get("role") == "assistant":
+        expected = "user"
+        if compaction_only(messages[i - 1].get("content")):
+            # A turn paused after its compaction is continued by the next turn.
+            expected = "assistant" if m.get("role") == "assistant" else "user"
+    elif i:
+        expected = "assistant"
+    if m.get("role") != expected:
+        raise invalid(
+            f"messages.{i}.role: roles must alternate between `user` and `assistant`, "
+            f"starting with `user`; expected `{expected}`, got {m.get('role')!r}"
+        )
+
+
+def _check_tool_results(messages: list[Any]) -> None:
+    """Every ``tool_use`` of an assistant message has its ``tool_result`` in the next message,
+    and no ``tool_result`` answers a call that was not made there."""
     previous_ids: list[str] = []
     for i, m in enumerate(messages):
         blocks = blocks_of(m["content"])

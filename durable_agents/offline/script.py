@@ -64,9 +64,9 @@ def final_directive(text: str) -> str:
 class PlanCall:
     """One tool call of a plan line: the name as written and the input as written."""
 
-    __slots__ = ("name", "input")
+    __slots__ = ("input", "name")
 
-    def __init__(self, name: str, input: Any) -> None:  # noqa: A002 - mirrors the API field
+    def __init__(self, name: str, input: Any) -> None:  # ``input``: mirrors the API field
         self.name = name
         self.input = input
 

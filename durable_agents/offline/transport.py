@@ -56,7 +56,7 @@ class OfflineServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:  # the base class's names
                 pass  # keep test output quiet
 
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)

@@ -18,9 +18,9 @@ of a store they were given).
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from django.db import connection as default_connection
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
@@ -36,9 +36,9 @@ from durable_agents.store.portable import PortableStore
 from durable_agents.store.postgres import PostgresStore
 
 __all__ = [
+    "DIALECTS",
     "MAX_REASON_CHARS",
     "Claim",
-    "DIALECTS",
     "InMemoryStore",
     "LeaseLoss",
     "NextClaim",
@@ -66,7 +66,7 @@ def dialect_store(vendor: str) -> Store:
     return _instance(DIALECTS.get(vendor, PortableStore))
 
 
-def store_for(connection: Any) -> Store:
+def store_for(connection: BaseDatabaseWrapper) -> Store:
     """The store to use on ``connection`` (a Django ``DatabaseWrapper``) now: the portable
     one inside a caller's open transaction, the vendor's otherwise."""
     if connection.in_atomic_block:

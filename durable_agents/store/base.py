@@ -54,8 +54,11 @@ import dataclasses
 import datetime
 import enum
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
+
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
@@ -74,8 +77,12 @@ from durable_agents.text import storable_text
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
 MAX_REASON_CHARS = 20_000
 
-# A run's id: a UUID (or its text).
-RunId: TypeAlias = Any
+# A run's id (its primary key). What also takes the text of one says so: ``RunId | str``.
+RunId: TypeAlias = uuid.UUID
+# Who decides, answers or sends: an instance of the project's AUTH_USER_MODEL (the class of the
+# foreign keys it is stored in), which a reusable app cannot name in an annotation. ``api``
+# checks its permission before a store sees it.
+AuthUser: TypeAlias = Any
 # One row of a run's log as the rebuild reads it: seq, kind, payload, content_start, content_end.
 LogRow: TypeAlias = tuple[int, str, str, int | None, int | None]
 # One row of ``load_steps``: seq, kind, payload.
@@ -255,7 +262,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def renew_leases(
-        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+        self,
+        owner: str,
+        claims: Sequence[Claim],
+        lease_seconds: float,
+        using: BaseDatabaseWrapper | None = None,
     ) -> dict[RunId, LeaseLoss]:
         """Renew: the heartbeat of a whole worker. Renews the leases of ``claims`` (all of
         ``owner``) that still hold, and returns the runs whose work must stop: cancelled, or
@@ -339,7 +350,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def decide_intent(
-        self, intent_id: Any, user: Any, from_status: str, to_status: str, reason: str
+        self, intent_id: int, user: AuthUser, from_status: str, to_status: str, reason: str
     ) -> ToolIntent:
         """A person's decision: ``from_status`` -> ``to_status`` (approve, reject), by
         ``user``, then wake the run, under the intent's lock. An intent no longer in
@@ -347,7 +358,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def resolve_intent(
-        self, intent_id: Any, user: Any, *, outcome: tuple[str, bool] | None, reason: str
+        self, intent_id: int, user: AuthUser, *, outcome: tuple[str, bool] | None, reason: str
     ) -> ToolIntent:
         """Settle an ``unknown`` intent: ``outcome`` (text, is_error) of the call that did
         happen is recorded as its effect and the intent is done; None: it did not happen and
@@ -364,14 +375,14 @@ class Store(abc.ABC):
         Raises ``WaitRefused`` for runs that this run did not spawn."""
 
     @abc.abstractmethod
-    def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
+    def send_event(self, name: str, payload: Any, user: AuthUser = None) -> tuple[AgentEvent, int]:
         """Store the event ``name`` once and wake every run waiting on it, in one transaction
         (the wake is one UPDATE). A second send of the name changes nothing and returns the
         first. Returns the stored event and the number of runs woken."""
 
     @abc.abstractmethod
     def answer_question(
-        self, run_id: RunId, user: Any, text: str, question_id: Any = None
+        self, run_id: RunId | str, user: AuthUser, text: str, question_id: int | None = None
     ) -> AgentQuestion | None:
         """Answer the run's newest question (or ``question_id``, if it is the run's) while it
         is open, and wake the run. An answered question is returned as it is; None when there
@@ -402,7 +413,7 @@ class Store(abc.ABC):
         """The question asked by the ``ask_person`` call with this idempotency key."""
 
     @abc.abstractmethod
-    def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    def run_outcomes(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """``run_outcome`` of each run, by id text (runs that do not exist are left out)."""
 
     def child_ended(self, parent_id: RunId | None) -> None:
@@ -412,20 +423,20 @@ class Store(abc.ABC):
             return
         try:
             self.wake_parent(parent_id)
-        except Exception:  # noqa: BLE001 - the child's end is committed; the sweep repairs
+        except Exception:  # the child's end is committed; the sweep repairs
             logger.exception("waking parent run %s failed; housekeeping will", parent_id)
 
     # -- operations on any run -----------------------------------------------------------
 
     @abc.abstractmethod
-    def cancel_run(self, run_id: RunId) -> bool:
+    def cancel_run(self, run_id: RunId | str) -> bool:
         """Cancel a pending, running, waiting or dead run (lease freed, finished now), with
         its unfinished descendants and its open questions. A worker holding one is refused by
         its fence from then on. Then its parent learns of it (``child_ended``). False if the
         run was over."""
 
     @abc.abstractmethod
-    def requeue_run(self, run_id: RunId) -> bool:
+    def requeue_run(self, run_id: RunId | str) -> bool:
         """A dead run back to pending, with a fresh no-progress count (its error stays)."""
 
     @abc.abstractmethod
@@ -441,7 +452,7 @@ class Store(abc.ABC):
         """The run's status now (None: no such run)."""
 
     @abc.abstractmethod
-    def load_log_rows(self, run_id: RunId) -> list[LogRow]:
+    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
         """The whole log of a run, in seq order, for the rebuild (``history.load_log``)."""
 
     @abc.abstractmethod

@@ -17,10 +17,12 @@ import copy
 import datetime
 import itertools
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from django.db import IntegrityError
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 from django.utils import timezone
 
@@ -43,6 +45,7 @@ from durable_agents.models import (
 )
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
+    AuthUser,
     Claim,
     LeaseLoss,
     LogRow,
@@ -193,7 +196,7 @@ class InMemoryStore(Store):
             stored.created_at = self.now()
             self.effects[effect.key] = stored
 
-    def _intent(self, intent_id: Any) -> ToolIntent:
+    def _intent(self, intent_id: int) -> ToolIntent:
         try:
             return self.intents[intent_id]
         except KeyError:
@@ -235,7 +238,11 @@ class InMemoryStore(Store):
             return self._take([run], owner, lease_seconds)[0]
 
     def renew_leases(
-        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+        self,
+        owner: str,
+        claims: Sequence[Claim],
+        lease_seconds: float,
+        using: BaseDatabaseWrapper | None = None,
     ) -> dict[RunId, LeaseLoss]:
         with self.lock:
             missed: list[tuple[RunId, str | None]] = []
@@ -424,7 +431,7 @@ class InMemoryStore(Store):
             run.updated_at = self.now()
             return True
 
-    def _decided(self, intent: ToolIntent, user: Any, reason: str) -> None:
+    def _decided(self, intent: ToolIntent, user: AuthUser, reason: str) -> None:
         now = self.now()
         intent.decided_by = user
         intent.decided_at = now
@@ -432,7 +439,7 @@ class InMemoryStore(Store):
         intent.updated_at = now
 
     def decide_intent(
-        self, intent_id: Any, user: Any, from_status: str, to_status: str, reason: str
+        self, intent_id: int, user: AuthUser, from_status: str, to_status: str, reason: str
     ) -> ToolIntent:
         with self.lock:
             intent = self._intent(intent_id)
@@ -443,7 +450,7 @@ class InMemoryStore(Store):
             return _copy(intent)
 
     def resolve_intent(
-        self, intent_id: Any, user: Any, *, outcome: tuple[str, bool] | None, reason: str
+        self, intent_id: int, user: AuthUser, *, outcome: tuple[str, bool] | None, reason: str
     ) -> ToolIntent:
         with self.lock:
             intent = self._intent(intent_id)
@@ -470,9 +477,9 @@ class InMemoryStore(Store):
 
     # -- operations on any run -----------------------------------------------------------
 
-    def cancel_run(self, run_id: RunId) -> bool:
+    def cancel_run(self, run_id: RunId | str) -> bool:
         with self.lock:
-            run = self.runs.get(run_id)
+            run = self._stored(run_id)
             if run is None or run.status not in CANCELLABLE_STATUSES:
                 return False
             generation = [run]
@@ -492,9 +499,9 @@ class InMemoryStore(Store):
             self.child_ended(run.parent_id)
             return True
 
-    def requeue_run(self, run_id: RunId) -> bool:
+    def requeue_run(self, run_id: RunId | str) -> bool:
         with self.lock:
-            run = self.runs.get(run_id)
+            run = self._stored(run_id)
             if run is None or run.status != RunStatus.DEAD:
                 return False
             run.status = RunStatus.PENDING
@@ -574,13 +581,18 @@ class InMemoryStore(Store):
             )
         return event
 
+    def _stored(self, run_id: RunId | str) -> AgentRun | None:
+        """The run by its id. Runs are kept by UUID: the text of an id finds none here (the
+        database stores read it as the id)."""
+        return self.runs.get(run_id) if isinstance(run_id, uuid.UUID) else None
+
     def _by_text(self, run_id: str) -> AgentRun | None:
         for run in self.runs.values():
             if str(run.pk) == run_id:
                 return run
         return None
 
-    def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
+    def send_event(self, name: str, payload: Any, user: AuthUser = None) -> tuple[AgentEvent, int]:
         with self.lock:
             event = self._event(name)
             if event.is_sent:
@@ -603,7 +615,7 @@ class InMemoryStore(Store):
             return _copy(event), woken
 
     def answer_question(
-        self, run_id: RunId, user: Any, text: str, question_id: Any = None
+        self, run_id: RunId | str, user: AuthUser, text: str, question_id: int | None = None
     ) -> AgentQuestion | None:
         with self.lock:
             asked = [
@@ -619,7 +631,7 @@ class InMemoryStore(Store):
                 question.answer = storable_text(text)
                 question.answered_by = user
                 question.answered_at = self.now()
-                run = self.runs.get(run_id)
+                run = self._stored(run_id)
                 if (
                     run is not None
                     and run.status == RunStatus.WAITING
@@ -639,7 +651,7 @@ class InMemoryStore(Store):
             for sibling in siblings:
                 if sibling.spawn_key == child.spawn_key:
                     return _copy(sibling), False
-            parent = self.runs.get(child.parent_id)
+            parent = None if child.parent_id is None else self.runs.get(child.parent_id)
             status = None if parent is None else parent.status
             refuse_spawn(status, len(siblings), max_children)
             return self.create_run(child, task_payload), True
@@ -676,7 +688,7 @@ class InMemoryStore(Store):
             question = self.questions.get(key)
             return None if question is None else _copy(question)
 
-    def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    def run_outcomes(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         with self.lock:
             outcomes = {}
             for run_id in run_ids:
@@ -692,7 +704,9 @@ class InMemoryStore(Store):
             run = self.runs.get(run_id)
             return None if run is None else run.status
 
-    def load_log_rows(self, run_id: RunId) -> list[LogRow]:
+    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
+        if not isinstance(run_id, uuid.UUID):
+            return []  # kept by UUID, like the runs: the text of an id finds no log here
         with self.lock:
             return [
                 (s.seq, s.kind, s.payload, s.content_start, s.content_end)

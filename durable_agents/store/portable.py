@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
     DateTimeField,
@@ -47,6 +48,7 @@ from durable_agents.models import (
 )
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
+    AuthUser,
     Claim,
     LeaseLoss,
     LogRow,
@@ -114,6 +116,13 @@ def fenced(claim: Claim) -> QuerySet[AgentRun]:
 def ending(status: str, result: str | None, error: str) -> dict[str, Any]:
     """The columns a run's end sets, as ORM values (``base.ended`` plus ``finished_at``)."""
     return {**ended(status, result, error), "finished_at": Now()}
+
+
+def _run_pk(run_id: RunId | str) -> RunId:
+    """A run's id given as itself or as its text, converted by the id field as a lookup
+    converts it (``ValidationError`` for text that is not a UUID)."""
+    pk: RunId = AgentRun._meta.pk.to_python(run_id)
+    return pk
 
 
 class PortableStore(Store):
@@ -187,7 +196,11 @@ class PortableStore(Store):
             return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
     def renew_leases(
-        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+        self,
+        owner: str,
+        claims: Sequence[Claim],
+        lease_seconds: float,
+        using: BaseDatabaseWrapper | None = None,
     ) -> dict[RunId, LeaseLoss]:
         """Read, then renew what is still ours, in one IMMEDIATE transaction (SQLite: a single
         writer, so nothing changes in between). ``using`` is not needed here."""
@@ -367,7 +380,7 @@ class PortableStore(Store):
         )
 
     def decide_intent(
-        self, intent_id: Any, user: Any, from_status: str, to_status: str, reason: str
+        self, intent_id: int, user: AuthUser, from_status: str, to_status: str, reason: str
     ) -> ToolIntent:
         with transaction.atomic():
             intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
@@ -386,7 +399,7 @@ class PortableStore(Store):
         return intent
 
     def resolve_intent(
-        self, intent_id: Any, user: Any, *, outcome: tuple[str, bool] | None, reason: str
+        self, intent_id: int, user: AuthUser, *, outcome: tuple[str, bool] | None, reason: str
     ) -> ToolIntent:
         with transaction.atomic():
             intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
@@ -420,7 +433,8 @@ class PortableStore(Store):
 
     # -- operations on any run -----------------------------------------------------------
 
-    def cancel_run(self, run_id: RunId) -> bool:
+    def cancel_run(self, run_id: RunId | str) -> bool:
+        run_id = _run_pk(run_id)
         with transaction.atomic():
             parent_id = (
                 AgentRun.objects.filter(pk=run_id, status__in=CANCELLABLE_STATUSES)
@@ -457,7 +471,7 @@ class PortableStore(Store):
         )
         return cancelled
 
-    def requeue_run(self, run_id: RunId) -> bool:
+    def requeue_run(self, run_id: RunId | str) -> bool:
         return bool(
             AgentRun.objects.filter(pk=run_id, status=RunStatus.DEAD).update(
                 status=RunStatus.PENDING,
@@ -540,7 +554,7 @@ class PortableStore(Store):
         refuse_strangers(strangers)
         return {r: outcomes[r] for r in run_ids}
 
-    def send_event(self, name: str, payload: Any, user: Any = None) -> tuple[AgentEvent, int]:
+    def send_event(self, name: str, payload: Any, user: AuthUser = None) -> tuple[AgentEvent, int]:
         with transaction.atomic():
             event = self._locked_event(name)
             if event.is_sent:
@@ -558,10 +572,10 @@ class PortableStore(Store):
         return event, woken
 
     def answer_question(
-        self, run_id: RunId, user: Any, text: str, question_id: Any = None
+        self, run_id: RunId | str, user: AuthUser, text: str, question_id: int | None = None
     ) -> AgentQuestion | None:
         with transaction.atomic():
-            asked = AgentQuestion.objects.select_for_update().filter(run_id=run_id)
+            asked = AgentQuestion.objects.select_for_update().filter(run_id=_run_pk(run_id))
             if question_id is not None:
                 asked = asked.filter(pk=question_id)
             question = asked.order_by("-created_at", "-pk").first()
@@ -639,7 +653,7 @@ class PortableStore(Store):
     def question_for_key(self, key: str) -> AgentQuestion | None:
         return AgentQuestion.objects.filter(key=key).first()
 
-    def run_outcomes(self, run_ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    def run_outcomes(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         runs = AgentRun.objects.filter(pk__in=list(run_ids)).only(
             "pk", "status", "result", "error", "task"
         )
@@ -651,7 +665,7 @@ class PortableStore(Store):
     def current_status(self, run_id: RunId) -> str | None:
         return AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
-    def load_log_rows(self, run_id: RunId) -> list[LogRow]:
+    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
         with connection.cursor() as cursor:
             cursor.execute(LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
             rows: list[LogRow] = cursor.fetchall()

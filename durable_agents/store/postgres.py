@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connection
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.store.base import (
@@ -313,7 +314,11 @@ class PostgresStore(PortableStore):
         ]
 
     def renew_leases(
-        self, owner: str, claims: Sequence[Claim], lease_seconds: float, using: Any = None
+        self,
+        owner: str,
+        claims: Sequence[Claim],
+        lease_seconds: float,
+        using: BaseDatabaseWrapper | None = None,
     ) -> dict[RunId, LeaseLoss]:
         """One statement, on ``using`` (the heartbeat's own connection) if given."""
         if not claims:
@@ -420,7 +425,7 @@ class PostgresStore(PortableStore):
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
         """One statement; the run row stays locked until the intent row is updated."""
-        params = {
+        params: dict[str, Any] = {
             "run_id": claim.run_id,
             "owner": claim.owner,
             "attempt": claim.attempt,
