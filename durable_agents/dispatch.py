@@ -57,7 +57,9 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class ToolOutcome:
+class CallOutcome:
+    """What one invocation of a tool came to: the text the model reads, and how it ended."""
+
     text: str
     is_error: bool
     timed_out: bool = False
@@ -192,7 +194,7 @@ class ToolDispatch:
                     woken_by = self._park_on_wait(raised.wait, tool, call)
                     continue
                 except WaitRefused as exc:
-                    outcome = ToolOutcome(f"{tool.name}: {exc}", True)
+                    outcome = CallOutcome(f"{tool.name}: {exc}", True)
             return self._effect(call, outcome.text, outcome.is_error)
 
     def _woken_by(self, key: str) -> dict[str, Any] | None:
@@ -229,7 +231,7 @@ class ToolDispatch:
 
     def _run_tool(
         self, agent: Agent, tool: Tool, call: ToolCall, woken_by: dict[str, Any] | None = None
-    ) -> ToolOutcome:
+    ) -> CallOutcome:
         """Call the tool on the slot's caller thread (``async def`` tools: on the event loop),
         bounded by its timeout; whatever it raises (``SystemExit`` included) or returns becomes
         the call's result, but ``Wait`` (``WaitRaised``, for tools that may wait). An
@@ -254,7 +256,7 @@ class ToolDispatch:
         interrupt: Interrupt,
         timeout: float,
         woken_by: dict[str, Any] | None = None,
-    ) -> ToolOutcome:
+    ) -> CallOutcome:
         started = time.monotonic()
         timed_out = False
         error_type: str | None = None  # the span's error.type
@@ -322,7 +324,7 @@ class ToolDispatch:
             "timed out" if timed_out else "error" if is_error else "ok",
             (time.monotonic() - started) * 1000,
         )
-        return ToolOutcome(text, is_error, timed_out)
+        return CallOutcome(text, is_error, timed_out)
 
     def _irreversible(self, agent: Agent, tool: Tool, call: ToolCall) -> ToolEffect:
         """The call runs only once a person approved its intent, and at most once: behind a
