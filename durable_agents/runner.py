@@ -190,6 +190,8 @@ class RunAdvancer(ToolDispatch):
         self.interrupt = interrupt
         self.drain = drain
         self.then_claim = then_claim
+        # Tokens billed to the run so far (the budgets read it); each turn adds its own.
+        self.tokens: int = claim.run.tokens_used
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -235,7 +237,6 @@ class RunAdvancer(ToolDispatch):
             log = load_log(run.pk, store=self.store)
         if log.last is None or log.first_kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
-        self.tokens = run.tokens_used
         # Kept in memory (and appended to) while this claim lasts, so the log is read once per
         # claim, not once per step.
         last = _Step(log.last.seq, log.last.kind, loads_deep(log.last.payload))
