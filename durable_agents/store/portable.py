@@ -154,15 +154,17 @@ class PortableStore(Store):
         if run.start_key is None:
             run.save(force_insert=True)
             return None
-        same_key = AgentRun.objects.filter(agent=run.agent, start_key=run.start_key)
-        started = same_key.first()
+        # Unordered: the pair is unique (an ORDER BY would only tempt the planner away from
+        # agent_run_start_key).
+        same_key = AgentRun.objects.filter(agent=run.agent, start_key=run.start_key).order_by()
+        started = next(iter(same_key[:1]), None)
         if started is not None:
             return started
         try:
             with transaction.atomic():  # a savepoint: the transaction goes on after a loss
                 run.save(force_insert=True)
         except IntegrityError:
-            started = same_key.first()
+            started = next(iter(same_key[:1]), None)
             if started is None:  # another constraint refused the run
                 raise
             return started
