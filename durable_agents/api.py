@@ -16,6 +16,7 @@ from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.history import rebuild_messages
 from durable_agents.models import (
+    MAX_START_KEY,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -45,12 +46,43 @@ JSONValue: TypeAlias = Any
 
 
 def start_run(
-    agent: str, task: str, *, version: str | None = None, model: str | None = None
+    agent: str,
+    task: str,
+    *,
+    version: str | None = None,
+    model: str | None = None,
+    key: str | None = None,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
-    task as step 0. Raises ``AgentNotFound`` for an unknown agent or version."""
+    task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
+
+    ``key`` makes the start idempotent: while a run of this agent started with this key
+    exists, whatever its status (pending, running, waiting, succeeded, failed, dead,
+    cancelled), calling again with the key returns that run and starts nothing, however
+    many callers race on any number of workers. A web view that starts a run per request
+    passes a key the client sends again when it retries (a ticket's id, an order number),
+    so a retry gets the run the first attempt started. The first call's task wins: a later
+    call with the same key returns the first run unchanged, even if its task (or version,
+    or model) differs. Keys are per agent: the same key under two agents starts two runs.
+    A key is free again only once its run is deleted (``RETENTION_DAYS`` after it ended).
+    A key is a non-empty string of at most 200 characters without NUL or lone surrogates
+    (``ValueError`` otherwise, and nothing is created)."""
+    if key is not None:
+        _check_start_key(key)
     run = _new_run(agent, task, version, model)
+    run.start_key = key
     return current().create_run(run, json.dumps(task, ensure_ascii=False))
+
+
+def _check_start_key(key: object) -> None:
+    if not isinstance(key, str) or not key.strip():
+        raise ValueError("a start key must be a non-empty string")
+    if len(key) > MAX_START_KEY:
+        raise ValueError(
+            f"a start key has at most {MAX_START_KEY} characters; this one has {len(key)}"
+        )
+    if has_unstorable(key):
+        raise ValueError("a start key cannot contain NUL characters or lone surrogates")
 
 
 def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:

@@ -59,6 +59,8 @@ FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 # A run that waits on runs (``Wait(runs=...)``) is woken when each is in one of these: a child's
 # failure, cancellation or dead letter is its parent's information, not its parent's failure.
 ENDED_STATUSES = (*FINISHED_STATUSES, RunStatus.DEAD)
+# The longest key ``start_run(..., key=...)`` takes (the column agent_run.start_key).
+MAX_START_KEY = 200
 
 
 class WaitKind(models.TextChoices):
@@ -171,6 +173,9 @@ class AgentRun(models.Model):
     # The trace context of the code that started the run (W3C traceparent and tracestate as
     # JSON text; see telemetry.py): each claim's invoke_agent span joins that trace.
     trace_context = models.TextField(null=True, blank=True, editable=False)
+    # The caller's idempotency key (``start_run(..., key=...)``): one run per (agent, key),
+    # whatever its status, so a retried request gets the run it started the first time.
+    start_key = models.CharField(max_length=MAX_START_KEY, null=True, blank=True, editable=False)
 
     objects = AgentRunQuerySet.as_manager()
 
@@ -227,7 +232,15 @@ class AgentRun(models.Model):
                 fields=["parent", "spawn_key"],
                 name="agent_run_spawn_key",
                 condition=models.Q(spawn_key__isnull=False),
-            )
+            ),
+            # One run per (agent, start key). The key leads, so that the admin's search finds
+            # a run by its key alone through this index too; the pair is what is unique.
+            # Migration 0008 builds it CONCURRENTLY on PostgreSQL.
+            models.UniqueConstraint(
+                fields=["start_key", "agent"],
+                name="agent_run_start_key",
+                condition=models.Q(start_key__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

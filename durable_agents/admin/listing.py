@@ -10,7 +10,9 @@ admin at ten million runs"). The flow of a runs-list request, and where each ste
    can answer it: a whole run id (the primary key), the first characters of one (a range of
    the primary key), a request id or its prefix (``agent_step_request_id_prefix``), words of
    a task (``agent_step_task_trgm``, a trigram index on the task step, which is written once
-   and never updated) or of a dead or failed run's reason (``agent_run_error_trgm``).
+   and never updated) or of a dead or failed run's reason (``agent_run_error_trgm``). Whatever
+   the term looks like, a run started with exactly that key (``start_run(..., key=...)``) is
+   found too, through ``agent_run_start_key``, in the same query.
 3. **Counting** (``EstimatingPaginator``) is exact up to ``EXACT_COUNT_LIMIT`` rows, which it
    reads at most; past that the count is the planner's estimate and says so ("about 1.2
    million").
@@ -283,12 +285,17 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
       dead or failed runs whose reason holds them, runs of an agent or model of that exact
       name, and, for a single run of hex digits, the runs whose id starts with it.
 
+    Whatever the term, the run started with exactly that key is listed too (a key is often
+    an id of the caller's: a ticket's, an order's, a request's UUID).
+
     The matches by words or request id are looked up first, the newest MAX_SEARCH_MATCHES of
-    them (``capped`` says when there were more); the list then shows those.
+    them (``capped`` says when there were more); the list then shows those. The key adds no
+    query: it is one more condition of the list's own.
     """
     term = term.strip()
+    by_key = Q(start_key=term)
     try:
-        return SearchResult(queryset.filter(pk=uuid.UUID(term)))
+        return SearchResult(queryset.filter(Q(pk=uuid.UUID(term)) | by_key))
     except ValueError:
         pass
     if _REQUEST_ID.match(term):
@@ -297,7 +304,7 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
         named = _newest_ids(queryset.filter(status__in=REASON_STATUSES, error__contains=term))
         ids = list(dict.fromkeys(made + named))[:MAX_SEARCH_MATCHES]
         capped = len(made) > MAX_SEARCH_MATCHES or len(named) > MAX_SEARCH_MATCHES
-        return SearchResult(queryset.filter(pk__in=ids), capped=capped)
+        return SearchResult(queryset.filter(Q(pk__in=ids) | by_key), capped=capped)
     words = term.split()
     short = [word for word in words if len(word) < MIN_WORD_CHARS]
     indexed = [word for word in words if len(word) >= MIN_WORD_CHARS]
@@ -308,7 +315,7 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
     by_reason = _newest_ids(
         words_of.contains_words(queryset.filter(status__in=REASON_STATUSES), "error", indexed)
     )
-    found = Q(pk__in=list(dict.fromkeys(by_task + by_reason))[:MAX_SEARCH_MATCHES])
+    found = Q(pk__in=list(dict.fromkeys(by_task + by_reason))[:MAX_SEARCH_MATCHES]) | by_key
     if len(words) == 1:
         found |= Q(agent=term) | Q(model=term)
         id_range = _id_range(term)

@@ -145,7 +145,8 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     search_fields = ("task",)  # the whole search is search_runs: get_search_results
     search_help_text = _(
         "A run id or its first characters, a request id (req_...) or its first characters, "
-        "an agent or a model, or words of the task or of a dead or failed run's reason."
+        "a start key, an agent or a model, or words of the task or of a dead or failed run's "
+        "reason."
     )
     ordering = ("-created_at",)
     paginator = EstimatingPaginator
@@ -199,6 +200,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "result_text",
         "error_text",
         "fingerprint",
+        "start_key",
         "parent_link",
         "spawn_key",
         "depth",
@@ -229,9 +231,11 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "waiting_for": _("waited for"),
         "wait_event": _("event"),
         "spawn_key": _("spawn key"),
+        "start_key": _("start key"),
     }
     field_help_texts: ClassVar[dict[str, StrOrPromise]] = {
         "attempt": CLAIMS_HELP,
+        "start_key": _("the key it was started with: starting it again with it returns this run"),
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),
         "woken_by_text": _("what ended the wait: the waiting call receives it"),
@@ -250,6 +254,10 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets: list[Any] = list(super().get_fieldsets(request, obj))
+        if obj is not None and obj.start_key is not None:
+            # After the task, on the page of a run started with a key only.
+            name, options = fieldsets[0]
+            fieldsets[0] = (name, {**options, "fields": (*options["fields"], "start_key")})
         if obj is not None and obj.parent_id:
             fieldsets.insert(1, self.child_fieldset)
         if obj is not None and obj.waiting_for and obj.status != RunStatus.WAITING:

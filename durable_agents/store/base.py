@@ -2,7 +2,8 @@
 
 A run travels through these operations, in this order; each is one method of ``Store``::
 
-    create_run        -> agent_run (pending) + agent_step seq 0 (the task)
+    create_run        -> agent_run (pending) + agent_step seq 0 (the task); once per
+                         (agent, start_key) when the run has a key
     claim_runs        -> pending (or running with an expired lease) -> running, leased to one
                          worker; ``attempt`` + 1 (the fence), ``stalled_claims`` + 1
     renew_leases      -> the heartbeat: every lease one worker holds, in one statement
@@ -243,7 +244,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
         """Start of the flow: insert ``run`` (an unsaved, pending AgentRun) and its task as
-        step 0, together; returns the run as stored (database defaults filled in)."""
+        step 0, together; returns the run as stored (database defaults filled in).
+
+        A run with a ``start_key`` is inserted only if no run of its agent has that key,
+        whatever that run's status: otherwise nothing is written and that run is returned
+        as stored. Race-free: of concurrent callers with one key, one inserts and the others
+        get its run."""
 
     # -- claim and renew -----------------------------------------------------------------
 

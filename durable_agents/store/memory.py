@@ -208,6 +208,10 @@ class InMemoryStore(Store):
         with self.lock:
             if run.pk in self.runs:
                 raise IntegrityError(f"run {run.pk} exists")
+            if run.start_key is not None:
+                for started in self.runs.values():
+                    if started.agent == run.agent and started.start_key == run.start_key:
+                        return _copy(started)
             now = self.now()
             run.created_at = run.updated_at = now
             self.runs[run.pk] = _copy(run)

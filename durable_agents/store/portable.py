@@ -16,7 +16,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
@@ -132,10 +132,43 @@ class PortableStore(Store):
 
     def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
         with transaction.atomic():
-            run.save(force_insert=True)
+            started = self._insert_run(run)
+            if started is not None:
+                return started
             AgentStep.objects.create(run=run, seq=0, kind=StepKind.TASK, payload=task_payload)
         run.refresh_from_db()
         return run
+
+    @staticmethod
+    def _insert_run(run: AgentRun) -> AgentRun | None:
+        """Insert ``run``; None. A run with a start key whose agent has a run with that key
+        already is not inserted: that run is returned, as stored.
+
+        Race-free through the unique index ``agent_run_start_key``: on PostgreSQL a
+        concurrent caller's INSERT waits on the index entry until the first caller commits,
+        then fails, here inside a savepoint, and the next statement sees the first caller's
+        committed run (READ COMMITTED). On SQLite the IMMEDIATE transaction makes the read
+        and the insert one exclusive step already. The read comes first because a retry,
+        long after the first call, is the common case: it costs one indexed read, not a
+        failed INSERT (and the error line that it leaves in PostgreSQL's log)."""
+        if run.start_key is None:
+            run.save(force_insert=True)
+            return None
+        # Unordered: the pair is unique (an ORDER BY would only tempt the planner away from
+        # agent_run_start_key).
+        same_key = AgentRun.objects.filter(agent=run.agent, start_key=run.start_key).order_by()
+        started = next(iter(same_key[:1]), None)
+        if started is not None:
+            return started
+        try:
+            with transaction.atomic():  # a savepoint: the transaction goes on after a loss
+                run.save(force_insert=True)
+        except IntegrityError:
+            started = next(iter(same_key[:1]), None)
+            if started is None:  # another constraint refused the run
+                raise
+            return started
+        return None
 
     # -- claim and renew -----------------------------------------------------------------
 

@@ -234,6 +234,19 @@ def test_search_by_uuid_request_id_and_task(admin_client: Client) -> None:
     assert found("req_404") == []
 
 
+@pytest.mark.django_db
+def test_run_page_shows_the_start_key_when_there_is_one(admin_client: Client) -> None:
+    keyed = durable_agents.start_run("tester", "t", key="ticket-<b>7</b>")
+    plain = durable_agents.start_run("tester", "t")
+    page = admin_client.get(run_url(keyed)).content.decode()
+    assert "field-start_key" in page
+    assert "ticket-&lt;b&gt;7&lt;/b&gt;" in page  # escaped
+    assert "field-start_key" not in admin_client.get(run_url(plain)).content.decode()
+    listing = admin_client.get(runs_url()).content.decode()
+    assert "start_key" not in listing  # the list keeps its columns
+    assert "ticket-&lt;b&gt;" not in listing
+
+
 @pytest.mark.django_db(transaction=True)
 def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     task = 'Look it up.\n@lookup {"key": "k1"} && explode {"message": "kaput"}'

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.db.models import Count
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -192,6 +193,27 @@ def test_a_request_id_prefix_finds_the_run_that_made_the_request(admin_client: C
     assert listed(admin_client, "?q=req_011CXzz") == []
 
 
+def test_a_start_key_finds_its_run_exactly_in_the_same_queries(admin_client: Client) -> None:
+    keyed = durable_agents.start_run("tester", "Refund the order", key="ticket 7/2024")
+    uuid_key = "6f1c2a3b-0d4e-4f5a-8b6c-7d8e9f0a1b2c"
+    by_uuid = durable_agents.start_run("tester", "Refund the order", key=uuid_key)
+    by_request = durable_agents.start_run("tester", "Refund the order", key="req_client42")
+    durable_agents.start_run("thinker", "Refund the order")
+
+    def search(term: str) -> tuple[list[Any], int]:
+        with CaptureQueriesContext(connection) as queries:
+            found = listed(admin_client, "?" + urlencode({"q": term}))
+        return found, len(queries)
+
+    assert search("ticket 7/2024")[0] == [keyed.pk]
+    assert search(uuid_key)[0] == [by_uuid.pk]  # a key that looks like a run id
+    assert search("req_client42")[0] == [by_request.pk]  # or like a request id
+    assert search("ticket 7")[0] == []  # exactly the key: no prefix of it
+    # Finding by key is a condition of the list's own query: no query more than a search
+    # that names no key.
+    assert search("ticket 7/2024")[1] == search("ticket 7/2025")[1]
+
+
 # -- the dead letter ----------------------------------------------------------------------
 
 
@@ -278,7 +300,11 @@ def test_each_admin_query_can_use_its_index() -> None:
     reasons = runs.filter(status__in=listing.REASON_STATUSES)
     with connection.cursor() as cursor:  # rolled back with the test: the btree on status
         cursor.execute("DROP INDEX agent_run_status")  # would serve a table this small
-    assert "agent_run_error_trgm" in plan(pg.contains_words(reasons, "error", ["overloaded"]))
+    # Unordered: on a table never analysed the planner guesses its rows from the row's width,
+    # and with the newest first a backward scan of agent_run_created may win instead; what
+    # is asked here is whether the reason's condition can use its index.
+    by_reason = pg.contains_words(reasons, "error", ["overloaded"]).order_by()
+    assert "agent_run_error_trgm" in plan(by_reason)
     by_prefix = AgentStep.objects.filter(request_id__startswith="req_011")
     assert "agent_step_request_id_prefix" in plan(by_prefix)
     assert "agent_run_created" in plan(runs.order_by("-created_at")[:50])
@@ -292,6 +318,9 @@ def test_each_admin_query_can_use_its_index() -> None:
     assert "agent_run_finished" in plan(finished)
     waiting = runs.filter(status=RunStatus.WAITING).order_by().values_list("waiting_for")
     assert "agent_run_waiting" in plan(waiting.annotate(n=Count("*")))
+    # A run by its start key: the store's look-up (agent and key) and the search (key alone).
+    assert "agent_run_start_key" in plan(runs.filter(agent="x", start_key="k").order_by()[:1])
+    assert "agent_run_start_key" in plan(runs.filter(start_key="k").order_by())
     history = ToolIntent.objects.exclude(status=IntentStatus.PENDING).order_by("-created_at")
     assert "tool_intent_created" in plan(history[:50])
     # The planner's estimate is what the list prints past the exact limit.
@@ -366,3 +395,56 @@ def test_migration_0007_builds_again_an_index_an_interrupted_build_left_invalid(
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+def _index_is_valid(name: str) -> bool | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE c.relname = %s",
+            [name],
+        )
+        row = cursor.fetchone()
+    return None if row is None else bool(row[0])
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_migration_0008_runs_again_after_an_interrupted_build() -> None:
+    """An interrupted 0008 leaves the column added and maybe the unique index INVALID:
+    running it again keeps the column, builds the index again, and then keeps it."""
+    import importlib
+
+    migration = importlib.import_module("durable_agents.migrations.0008_run_start_key")
+    first = durable_agents.start_run("tester", "t", key="k1")
+    second = durable_agents.start_run("tester", "t", key="k2")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX agent_run_start_key")
+            AgentRun.objects.filter(pk=second.pk).update(start_key="k1")
+            # A duplicate makes the build fail half-way, leaving the index INVALID.
+            with pytest.raises(Exception, match="could not create unique index"):
+                cursor.execute(migration.create_index_sql("CONCURRENTLY"))
+        assert _index_is_valid("agent_run_start_key") is False
+        AgentRun.objects.filter(pk=second.pk).update(start_key="k2")
+    finally:
+        with connection.schema_editor(atomic=False) as editor:
+            migration.add_start_key(None, editor)
+    assert _index_is_valid("agent_run_start_key") is True
+    with connection.schema_editor(atomic=False) as editor:
+        migration.add_start_key(None, editor)  # complete already: nothing to do
+    assert durable_agents.start_run("tester", "t", key="k1").pk == first.pk
+    with pytest.raises(IntegrityError):
+        AgentRun.objects.filter(pk=second.pk).update(start_key="k1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0008_changes_nothing_when_run_again() -> None:
+    import importlib
+
+    migration = importlib.import_module("durable_agents.migrations.0008_run_start_key")
+    run = durable_agents.start_run("tester", "t", key="k1")
+    with connection.schema_editor(atomic=False) as editor:
+        migration.add_start_key(None, editor)
+    assert durable_agents.start_run("tester", "other", key="k1").pk == run.pk
+    assert AgentRun.objects.get(pk=run.pk).start_key == "k1"

@@ -7,12 +7,14 @@ Intents are produced the real way, by an in-process worker running a ``drop_tabl
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser, Permission
 from django.core.exceptions import PermissionDenied
+from django.db import connections
 
 import durable_agents
 from durable_agents import api, effects
@@ -25,7 +27,7 @@ from durable_agents.api import (
     resolve_intent,
     start_run,
 )
-from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
+from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
 
@@ -129,6 +131,120 @@ def test_start_run_refuses_a_task_the_database_cannot_store(task: str) -> None:
     with pytest.raises(ValueError, match="NUL characters or lone surrogates"):
         start_run("tester", task)
     assert AgentRun.objects.count() == 0
+
+
+# --------------------------------------------------------------------------- start_run(key=)
+
+
+@pytest.mark.django_db
+def test_a_start_key_returns_the_first_run_and_its_task_wins() -> None:
+    first = start_run("tester", "Refund ticket 7", key="ticket-7")
+    again = start_run("tester", "Refund ticket 7, again", key="ticket-7")
+    assert again.pk == first.pk
+    assert again.task == "Refund ticket 7"
+    assert again.start_key == "ticket-7"
+    assert AgentRun.objects.count() == 1
+    assert AgentStep.objects.filter(run_id=first.pk).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_start_key_is_per_agent_and_no_key_starts_a_run_each_time() -> None:
+    mine = start_run("tester", "t", key="ticket-7")
+    theirs = start_run("thinker", "t", key="ticket-7")
+    assert mine.pk != theirs.pk
+    assert start_run("tester", "t").pk != start_run("tester", "t").pk
+    assert AgentRun.objects.count() == 4
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", list(RunStatus))
+def test_a_start_key_finds_its_run_in_every_status(status: str) -> None:
+    first = start_run("tester", "t", key="order-42")
+    AgentRun.objects.filter(pk=first.pk).update(status=status)
+    again = start_run("tester", "another task", key="order-42")
+    assert (again.pk, again.status) == (first.pk, status)
+    assert AgentRun.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "non-empty string"),
+        ("   ", "non-empty string"),
+        (42, "non-empty string"),
+        (b"ticket-7", "non-empty string"),
+        ("k" * 201, "at most 200 characters; this one has 201"),
+        ("k" * 10_000, "at most 200 characters; this one has 10000"),
+        ("ticket\x007", "NUL characters or lone surrogates"),
+        ("ticket \ud800", "NUL characters or lone surrogates"),
+    ],
+)
+def test_a_bad_start_key_is_refused_and_starts_nothing(key: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        start_run("tester", "t", key=key)
+    assert AgentRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_start_key_of_200_characters_is_stored_whole() -> None:
+    key = "é" * 200
+    assert start_run("tester", "t", key=key).start_key == key
+    assert start_run("tester", "t", key=key).pk == AgentRun.objects.get(start_key=key).pk
+
+
+def _start_at_once(callers: int, at_once: int) -> tuple[list[Any], list[BaseException]]:
+    """``callers`` threads call ``start_run(key=...)`` with one key, released together; at
+    most ``at_once`` hold a database connection at a time. Each closes its connection."""
+    barrier = threading.Barrier(callers)
+    slots = threading.BoundedSemaphore(at_once)
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def caller(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            with slots:
+                try:
+                    got.append(start_run("tester", f"attempt {i}", key="ticket-100").pk)
+                finally:
+                    connections.close_all()
+        except BaseException as exc:  # noqa: BLE001 - every failure of a thread is reported
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return got, errors
+
+
+# The test server's max_connections is 100, shared with the test's own connection and other
+# clients: at most this many of the callers hold a connection at the same time.
+PG_CALLERS_AT_ONCE = 40
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_starts_with_one_key_make_one_run_on_postgres() -> None:
+    got, errors = _start_at_once(callers=100, at_once=PG_CALLERS_AT_ONCE)
+    assert errors == []
+    assert len(got) == 100
+    [run] = AgentRun.objects.filter(start_key="ticket-100")
+    assert set(got) == {run.pk}
+    assert AgentStep.objects.filter(run_id=run.pk).count() == 1
+    assert AgentRun.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_starts_with_one_key_make_one_run() -> None:
+    got, errors = _start_at_once(callers=8, at_once=8)
+    assert errors == []
+    assert len(got) == 8
+    [run] = AgentRun.objects.filter(start_key="ticket-100")
+    assert set(got) == {run.pk}
+    assert AgentStep.objects.filter(run_id=run.pk).count() == 1
 
 
 # --------------------------------------------------------------------------- cancel / requeue

@@ -49,6 +49,16 @@ class Env:
         run = AgentRun(id=uuid.uuid4(), agent="contract", prompt_version="v1", model="m", task=task)
         return self.store.create_run(run, json.dumps(task)).pk
 
+    def start_keyed(self, key: str, task: str = "t", agent: str = "contract") -> Any:
+        run = AgentRun(
+            id=uuid.uuid4(), agent=agent, prompt_version="v1", model="m", task=task, start_key=key
+        )
+        return self.store.create_run(run, json.dumps(task)).pk
+
+    def task_steps(self, run_id: Any) -> list[str]:
+        """The payloads of the run's task steps (one, however often it was started)."""
+        return [row[2] for row in self.store.load_log_rows(run_id) if row[1] == StepKind.TASK]
+
     def spawn(self, parent: Any, key: str, limit: int = 10) -> tuple[Any, bool]:
         child = AgentRun(
             id=uuid.uuid4(), agent="contract", prompt_version="v1", model="m", task=key
@@ -220,6 +230,42 @@ def test_the_last_step_ends_the_run(env: Env) -> None:
 
 def park(env: Env, run_id: Any, spec: WaitSpec) -> tuple[Parked, Any]:
     return env.store.park_on_wait(env.claim(run_id), spec)
+
+
+def test_a_start_key_starts_one_run_per_agent_and_the_first_task_wins(env: Env) -> None:
+    first = env.start_keyed("ticket-1", task="first")
+    again = env.start_keyed("ticket-1", task="second")
+    assert again == first
+    assert env.run(first).task == "first"
+    assert env.task_steps(first) == [json.dumps("first")]
+    assert env.run(first).start_key == "ticket-1"
+    # The key is per agent; other keys and no key start runs of their own.
+    other_agent = env.start_keyed("ticket-1", agent="other")
+    other_key = env.start_keyed("ticket-2")
+    assert len({first, other_agent, other_key}) == 3
+    assert env.start("no key") != env.start("no key")
+
+
+def _to_status(env: Env, run_id: Any, status: str) -> None:
+    """Take a fresh run to ``status`` through the store's own transitions."""
+    if status == RunStatus.CANCELLED:
+        assert env.store.cancel_run(run_id)
+    elif status == RunStatus.WAITING:
+        assert park(env, run_id, WaitSpec(WaitKind.TIMER, "k", seconds=60))[0] == Parked.PARKED
+    elif status != RunStatus.PENDING:
+        claim = env.claim(run_id)
+        if status != RunStatus.RUNNING:
+            assert env.store.finish_run(claim, status)
+
+
+@pytest.mark.parametrize("status", list(RunStatus))
+def test_a_start_key_finds_its_run_whatever_its_status(env: Env, status: str) -> None:
+    first = env.start_keyed("order-42", task="first")
+    _to_status(env, first, status)
+    assert env.run(first).status == status
+    assert env.start_keyed("order-42", task="second") == first
+    assert env.task_steps(first) == [json.dumps("first")]
+    assert env.run(first).status == status  # found, not changed
 
 
 def test_a_timer_parks_the_run_and_the_claim_takes_it_when_due_first(env: Env) -> None:
