@@ -44,13 +44,36 @@ class Person(Protocol):
 JSONValue: TypeAlias = Any
 
 
+# A run's priority: a small number of levels, like a queue's (not a timestamp).
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
+
+
 def start_run(
-    agent: str, task: str, *, version: str | None = None, model: str | None = None
+    agent: str,
+    task: str,
+    *,
+    version: str | None = None,
+    model: str | None = None,
+    priority: int = 0,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
-    task as step 0. Raises ``AgentNotFound`` for an unknown agent or version."""
+    task as step 0. ``priority``: 0 (the default) to 100; workers claim the highest first,
+    then the oldest. Raises ``AgentNotFound`` for an unknown agent or version, ``ValueError``
+    for a priority out of that range or not an int."""
+    _check_priority(priority)
     run = _new_run(agent, task, version, model)
+    run.priority = priority
     return current().create_run(run, json.dumps(task, ensure_ascii=False))
+
+
+def _check_priority(priority: object) -> None:
+    # bool is an int to Python, but True is no priority level.
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"a priority is an int, not {type(priority).__name__}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(
+            f"a priority is between {MIN_PRIORITY} and {MAX_PRIORITY} inclusive, not {priority}"
+        )
 
 
 def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
@@ -85,7 +108,8 @@ def spawn_run(
     """Start a child run of the run whose tool calls this, once per ``key``: calling it again
     with the same key (after a crash, or on the call's wake) returns the same run. The child
     is an ordinary run (pending), linked to its parent; ``raise Wait(runs=[...])`` waits for
-    children to end. Cancelling the parent cancels its unfinished children.
+    children to end. Cancelling the parent cancels its unfinished children. The child has its
+    parent's priority: a child of an urgent run is urgent too.
 
     Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH`` or
     ``MAX_CHILD_RUNS``, or when the parent is over."""

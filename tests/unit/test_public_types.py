@@ -24,6 +24,8 @@ durable_agents.reject_intent(1, None, "too risky")
 durable_agents.no_such_operation()
 durable_agents.tool(effect="pur")
 reveal_type(durable_agents.tool(effect="pure"))
+durable_agents.start_run("migrator", "Migrate the orders table.", priority=90)
+durable_agents.start_run("migrator", "Migrate the orders table.", priority="urgent")
 """
 
 
@@ -65,6 +67,11 @@ def test_start_run_returns_an_agent_run(mypy_report: dict[int, str]) -> None:
 def test_optional_arguments_are_keyword_only(mypy_report: dict[int, str]) -> None:
     assert "Too many positional arguments" in mypy_report[6]
     assert "Too many positional arguments" in mypy_report[7]
+
+
+def test_priority_is_a_typed_keyword(mypy_report: dict[int, str]) -> None:
+    assert 11 not in mypy_report, mypy_report[11]
+    assert 'incompatible type "str"; expected "int"' in mypy_report[12]
 
 
 def test_a_misspelt_operation_is_an_error(mypy_report: dict[int, str]) -> None:
