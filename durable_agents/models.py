@@ -204,6 +204,9 @@ class AgentRun(models.Model):
             models.Index(fields=["created_at"], name="agent_run_created"),
             models.Index(fields=["agent", "created_at"], name="agent_run_agent"),
             models.Index(fields=["model", "created_at"], name="agent_run_model"),
+            # The runs list by priority, newest first, and the filter's values by a skip scan
+            # (migration 0008). priority never changes after the insert: no HOT update lost.
+            models.Index(fields=["priority", "created_at"], name="agent_run_priority"),
             models.Index(
                 fields=["finished_at"],
                 name="agent_run_finished",

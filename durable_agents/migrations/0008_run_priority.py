@@ -5,6 +5,8 @@
   and code deployed before the column existed keeps inserting runs (at 0): a rolling deploy.
   No CHECK constraint on purpose: validating one would scan the table under that lock;
   ``start_run`` checks the range (0 to 100).
+- ``agent_run_priority`` on ``(priority, created_at)``: the admin's runs list filtered by
+  priority, newest first, and the filter's values found by a skip scan.
 - ``agent_run_claim`` becomes ``(priority DESC, created_at) WHERE status IN ('pending',
   'running')``, so that the claim still reads one index in its order and stops at its LIMIT.
 
@@ -31,6 +33,7 @@ NEW_CLAIM_INDEX = models.Index(
     fields=["-priority", "created_at"], name="agent_run_claim", condition=CLAIM_CONDITION
 )
 BUILDING = "agent_run_claim_building"
+PRIORITY_INDEX = models.Index(fields=["priority", "created_at"], name="agent_run_priority")
 
 
 def _has_priority(schema_editor: Any) -> bool:
@@ -95,6 +98,24 @@ def _swap(apps: Any, schema_editor: Any, old: models.Index, new: models.Index) -
     schema_editor.add_index(model, new)
 
 
+def add_priority_index(apps: Any, schema_editor: Any) -> None:
+    model = apps.get_model("durable_agents", "AgentRun")
+    if schema_editor.connection.vendor != "postgresql":
+        schema_editor.add_index(model, PRIORITY_INDEX)
+        return
+    with schema_editor.connection.cursor() as cursor:
+        state = _index_state(cursor, PRIORITY_INDEX.name)
+        if state is not None and state[0]:
+            return
+        if state is not None:  # left INVALID by an interrupted build
+            cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{PRIORITY_INDEX.name}"')
+        cursor.execute(str(PRIORITY_INDEX.create_sql(model, schema_editor, concurrently=True)))
+
+
+def remove_priority_index(apps: Any, schema_editor: Any) -> None:
+    schema_editor.remove_index(apps.get_model("durable_agents", "AgentRun"), PRIORITY_INDEX)
+
+
 def claim_index_by_priority(apps: Any, schema_editor: Any) -> None:
     _swap(apps, schema_editor, OLD_CLAIM_INDEX, NEW_CLAIM_INDEX)
 
@@ -134,6 +155,12 @@ class Migration(migrations.Migration):
             ],
             database_operations=[
                 migrations.RunPython(claim_index_by_priority, claim_index_by_age, atomic=False),
+            ],
+        ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[migrations.AddIndex(model_name="agentrun", index=PRIORITY_INDEX)],
+            database_operations=[
+                migrations.RunPython(add_priority_index, remove_priority_index, atomic=False),
             ],
         ),
     ]
