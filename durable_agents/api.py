@@ -45,6 +45,10 @@ class Person(Protocol):
 JSONValue: TypeAlias = Any
 
 
+# A run's priority: a small number of levels, like a queue's (not a timestamp).
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
+
+
 def start_run(
     agent: str,
     task: str,
@@ -52,6 +56,7 @@ def start_run(
     version: str | None = None,
     model: str | None = None,
     key: str | None = None,
+    priority: int = 0,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
@@ -63,14 +68,20 @@ def start_run(
     passes a key the client sends again when it retries (a ticket's id, an order number),
     so a retry gets the run the first attempt started. The first call's task wins: a later
     call with the same key returns the first run unchanged, even if its task (or version,
-    or model) differs. Keys are per agent: the same key under two agents starts two runs.
-    A key is free again only once its run is deleted (``RETENTION_DAYS`` after it ended).
-    A key is a non-empty string of at most 200 characters without NUL or lone surrogates
-    (``ValueError`` otherwise, and nothing is created)."""
+    model or priority) differs. Keys are per agent: the same key under two agents starts two
+    runs. A key is free again only once its run is deleted (``RETENTION_DAYS`` after it
+    ended). A key is a non-empty string of at most 200 characters without NUL or lone
+    surrogates.
+
+    ``priority``: 0 (the default) to 100; workers claim the highest first, then the oldest.
+
+    A bad key or priority is a ``ValueError``, and nothing is created."""
     if key is not None:
         _check_start_key(key)
+    _check_priority(priority)
     run = _new_run(agent, task, version, model)
     run.start_key = key
+    run.priority = priority
     return current().create_run(run, json.dumps(task, ensure_ascii=False))
 
 
@@ -83,6 +94,16 @@ def _check_start_key(key: object) -> None:
         )
     if has_unstorable(key):
         raise ValueError("a start key cannot contain NUL characters or lone surrogates")
+
+
+def _check_priority(priority: object) -> None:
+    # bool is an int to Python, but True is no priority level.
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"a priority is an int, not {type(priority).__name__}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(
+            f"a priority is between {MIN_PRIORITY} and {MAX_PRIORITY} inclusive, not {priority}"
+        )
 
 
 def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
@@ -117,7 +138,8 @@ def spawn_run(
     """Start a child run of the run whose tool calls this, once per ``key``: calling it again
     with the same key (after a crash, or on the call's wake) returns the same run. The child
     is an ordinary run (pending), linked to its parent; ``raise Wait(runs=[...])`` waits for
-    children to end. Cancelling the parent cancels its unfinished children.
+    children to end. Cancelling the parent cancels its unfinished children. The child has its
+    parent's priority: a child of an urgent run is urgent too.
 
     Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH`` or
     ``MAX_CHILD_RUNS``, or when the parent is over."""

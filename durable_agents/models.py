@@ -170,6 +170,16 @@ class AgentRun(models.Model):
         db_default=0,
         help_text=_("0 for a run started by start_run, its parent's + 1 for a child"),
     )
+    # How urgent the run is, 0 to 100 (``start_run(priority=...)``; a child run has its
+    # parent's): a claim takes the highest first, then the oldest. A database default, so that
+    # code deployed before this column existed (a rolling deploy) and raw INSERTs still create
+    # runs (at 0). A plain smallint, no CHECK: adding one would scan the table under an
+    # exclusive lock; start_run checks the range. Never changes after the insert.
+    priority = models.SmallIntegerField(
+        default=0,
+        db_default=0,
+        help_text=_("0 to 100: a claim takes the highest first, then the oldest"),
+    )
     # The trace context of the code that started the run (W3C traceparent and tracestate as
     # JSON text; see telemetry.py): each claim's invoke_agent span joins that trace.
     trace_context = models.TextField(null=True, blank=True, editable=False)
@@ -183,10 +193,11 @@ class AgentRun(models.Model):
         db_table = "agent_run"
         ordering: ClassVar[list[str]] = ["-created_at"]
         indexes: ClassVar[list[models.Index]] = [
-            # The claim query scans only active runs in creation order. lease_until is left
-            # out on purpose: heartbeats then touch no indexed column and stay HOT updates.
+            # The claim query scans only active runs, highest priority first, then in
+            # creation order, and stops at its LIMIT. lease_until is left out on purpose:
+            # heartbeats then touch no indexed column and stay HOT updates.
             models.Index(
-                fields=["created_at"],
+                fields=["-priority", "created_at"],
                 name="agent_run_claim",
                 condition=models.Q(status__in=["pending", "running"]),
             ),
@@ -198,6 +209,9 @@ class AgentRun(models.Model):
             models.Index(fields=["created_at"], name="agent_run_created"),
             models.Index(fields=["agent", "created_at"], name="agent_run_agent"),
             models.Index(fields=["model", "created_at"], name="agent_run_model"),
+            # The runs list by priority, newest first, and the filter's values by a skip scan
+            # (migration 0008). priority never changes after the insert: no HOT update lost.
+            models.Index(fields=["priority", "created_at"], name="agent_run_priority"),
             models.Index(
                 fields=["finished_at"],
                 name="agent_run_finished",

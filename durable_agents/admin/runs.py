@@ -127,17 +127,19 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "status_short",
         "agent_version",
         "task_excerpt",
+        "priority",
         "steps",
         "claims",
         "lease",
     )
     # At production size (docs/operating.md): every filter is an index condition, agent and
-    # model list their values by a skip scan, "created" is a range (no date hierarchy, which
-    # reads the dates of every row), and the list sorts by creation only.
+    # model and priority list their values by a skip scan, "created" is a range (no date
+    # hierarchy, which reads the dates of every row), and the list sorts by creation only.
     list_filter = (
         "status",
         WaitingForFilter,
         FamilyFilter,
+        ("priority", IndexedValuesFilter),
         ("agent", IndexedValuesFilter),
         ("model", IndexedValuesFilter),
         "created_at",
@@ -158,7 +160,17 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     fieldsets = (
         (
             None,
-            {"fields": ("id", "status_badge", "agent", "prompt_version", "model", "task_text")},
+            {
+                "fields": (
+                    "id",
+                    "status_badge",
+                    "agent",
+                    "prompt_version",
+                    "model",
+                    "priority",
+                    "task_text",
+                )
+            },
         ),
         (
             _("Progress"),
@@ -186,6 +198,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "agent",
         "prompt_version",
         "model",
+        "priority",
         "task_text",
         "steps",
         "tokens_used",

@@ -258,7 +258,8 @@ class Store(abc.ABC):
         """Claim: lease up to ``limit`` claimable runs, skipping rows others hold: first
         waiting runs whose ``wake_at`` is past (due timers and timeouts, in ``wake_at``
         order; ``woken_by`` becomes ``timer_woken_by``), then pending runs and running runs
-        whose lease expired, oldest ``created_at`` first. Each becomes running, owned by
+        whose lease expired, highest ``priority`` first, then oldest ``created_at`` first.
+        Each becomes running, owned by
         ``owner`` until now + ``lease_seconds``, with ``attempt`` and ``stalled_claims``
         incremented."""
 
@@ -400,6 +401,7 @@ class Store(abc.ABC):
     ) -> tuple[AgentRun, bool]:
         """Create ``child`` (unsaved, with ``parent_id`` and ``spawn_key`` set) and its task
         step, unless the parent already has a child with that key: that one is returned.
+        The child gets its parent's ``priority``, read under the parent's lock.
         Refused (``WaitRefused``) when the parent is over or has ``max_children`` already.
         Returns (run, created)."""
 

@@ -3,10 +3,10 @@
 No database access at all: runs, steps, effects and intents are unsaved model instances
 (``AgentRun(...)``, ``ToolEffect(...)``) kept in dicts; callers get copies, as they would get
 rows. The semantics are the SQL's: the fence (owner, attempt, status running, last_seq =
-seq - 1), claims in ``created_at`` order, leases that expire by the store's own clock (inject
-``now`` to move it), ``stalled_claims`` counted by claims and reset by progress or parking, the
-effect ledger's ``ON CONFLICT DO NOTHING``, and the intents' transitions. Each operation holds
-the lock throughout, as a transaction would.
+seq - 1), claims by ``priority`` then ``created_at``, leases that expire by the store's own
+clock (inject ``now`` to move it), ``stalled_claims`` counted by claims and reset by progress or
+parking, the effect ledger's ``ON CONFLICT DO NOTHING``, and the intents' transitions. Each
+operation holds the lock throughout, as a transaction would.
 
 Modelled on procrastinate's ``InMemoryConnector``.
 """
@@ -230,7 +230,8 @@ class InMemoryStore(Store):
             due = [run for run in self.runs.values() if self._due(run, now)]
             due.sort(key=lambda run: run.wake_at or now)  # a due run always has its wake_at
             candidates = [run for run in self.runs.values() if self._claimable(run, now)]
-            candidates.sort(key=lambda run: run.created_at)  # stable: ties keep insertion order
+            # Highest priority first, then oldest; stable: ties keep insertion order.
+            candidates.sort(key=lambda run: (-run.priority, run.created_at))
             return self._take((due + candidates)[:limit], owner, lease_seconds)
 
     def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
@@ -658,6 +659,8 @@ class InMemoryStore(Store):
             parent = None if child.parent_id is None else self.runs.get(child.parent_id)
             status = None if parent is None else parent.status
             refuse_spawn(status, len(siblings), max_children)
+            assert parent is not None  # refuse_spawn raised otherwise
+            child.priority = parent.priority  # a child of an urgent run is urgent
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:

@@ -180,7 +180,7 @@ class PortableStore(Store):
         return self._lock_and_take(
             [
                 AgentRun.objects.due().order_by("wake_at"),
-                AgentRun.objects.claimable().order_by("created_at"),
+                AgentRun.objects.claimable().order_by("-priority", "created_at"),
             ],
             owner,
             lease_seconds,
@@ -225,7 +225,7 @@ class PortableStore(Store):
                 started_at=Coalesce(F("started_at"), Now()),
                 updated_at=Now(),
             )
-            runs = AgentRun.objects.filter(pk__in=ids).order_by("created_at")
+            runs = AgentRun.objects.filter(pk__in=ids).order_by("-priority", "created_at")
             return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
     def renew_leases(
@@ -640,17 +640,21 @@ class PortableStore(Store):
             # The parent's row, locked: a cancel of the parent (which cancels its children)
             # and other spawns of it wait, so no child outlives a cancelled parent and the
             # count below holds.
-            status = (
+            parent = (
                 None  # no parent at all: refused below, as a parent that is gone
                 if child.parent_id is None
                 else AgentRun.objects.select_for_update(no_key=True)
                 .filter(pk=child.parent_id)
-                .values_list("status", flat=True)
+                .values_list("status", "priority")
                 .first()
             )
             refuse_spawn(
-                status, AgentRun.objects.filter(parent_id=child.parent_id).count(), max_children
+                None if parent is None else parent[0],
+                AgentRun.objects.filter(parent_id=child.parent_id).count(),
+                max_children,
             )
+            assert parent is not None  # refuse_spawn raised otherwise
+            child.priority = parent[1]  # a child of an urgent run is urgent
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:

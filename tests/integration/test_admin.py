@@ -247,6 +247,15 @@ def test_run_page_shows_the_start_key_when_there_is_one(admin_client: Client) ->
     assert "ticket-&lt;b&gt;" not in listing
 
 
+@pytest.mark.django_db
+def test_the_list_and_the_run_page_show_the_priority(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "urgent", priority=73)
+    listing_page = admin_client.get(runs_url()).content.decode()
+    assert '<td class="field-priority">73</td>' in listing_page
+    page = admin_client.get(run_url(run)).content.decode()
+    assert re.search(r'field-priority">.*?<div class="readonly">73</div>', page, re.S)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_run_page_shows_the_transcript(admin_client: Client) -> None:
     task = 'Look it up.\n@lookup {"key": "k1"} && explode {"message": "kaput"}'

@@ -141,6 +141,19 @@ def test_agent_and_model_filters_list_their_values_by_skip_scan(admin_client: Cl
     assert "created_at__gte" in page
 
 
+def test_the_priority_filter_lists_the_priorities_in_use(admin_client: Client) -> None:
+    urgent = durable_agents.start_run("tester", "urgent", priority=90)
+    for priority in (0, 20, 20):
+        durable_agents.start_run("tester", "t", priority=priority)
+    values: list[Any] = listing.distinct_values(AgentRun.objects.all(), "priority")
+    assert values == [0, 20, 90]  # ints: the column's own values
+    page = admin_client.get(runs_url()).content.decode()
+    for priority in (0, 20, 90):
+        assert f"?priority={priority}" in page
+    assert listed(admin_client, "?priority=90") == [urgent.pk]
+    assert len(listed(admin_client, "?priority=20")) == 2
+
+
 # -- search -------------------------------------------------------------------------------
 
 
@@ -310,6 +323,8 @@ def test_each_admin_query_can_use_its_index() -> None:
     assert "agent_run_created" in plan(runs.order_by("-created_at")[:50])
     assert "agent_run_agent" in plan(runs.filter(agent="x").order_by("-created_at")[:50])
     assert "agent_run_model" in plan(runs.filter(model="x").order_by("-created_at")[:50])
+    by_priority = runs.filter(priority=90).order_by("-created_at")[:50]
+    assert "agent_run_priority" in plan(by_priority)
     dead = runs.filter(status=RunStatus.DEAD, dead_cause="x").order_by("-created_at")
     assert "agent_run_dead_cause" in plan(dead[:50])
     finished = runs.filter(

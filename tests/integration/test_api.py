@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser, Permission
 from django.core.exceptions import PermissionDenied
-from django.db import connections
+from django.db import connection, connections
 
 import durable_agents
 from durable_agents import api, effects
@@ -245,6 +246,57 @@ def test_concurrent_starts_with_one_key_make_one_run() -> None:
     [run] = AgentRun.objects.filter(start_key="ticket-100")
     assert set(got) == {run.pk}
     assert AgentStep.objects.filter(run_id=run.pk).count() == 1
+
+
+# --------------------------------------------------------------------------- start_run(priority=)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("priority", [0, 1, 50, 100])
+def test_start_run_stores_its_priority(priority: int) -> None:
+    run = start_run("tester", "hello", priority=priority)
+    assert reload(run).priority == priority
+
+
+@pytest.mark.django_db
+def test_start_run_defaults_to_priority_0() -> None:
+    assert reload(start_run("tester", "hello")).priority == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("priority", [-1, 101, 32768, 10**12])
+def test_start_run_refuses_a_priority_out_of_range(priority: int) -> None:
+    with pytest.raises(ValueError, match=r"^a priority is between 0 and 100 inclusive"):
+        start_run("tester", "hello", priority=priority)
+    assert AgentRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("priority", [True, False, 5.0, "5", None])
+def test_start_run_refuses_a_priority_that_is_not_an_int(priority: Any) -> None:
+    with pytest.raises(ValueError, match=r"^a priority is an int, not "):
+        start_run("tester", "hello", priority=priority)
+    assert AgentRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_run_inserted_without_a_priority_gets_0() -> None:
+    # Code deployed before the column existed (a rolling deploy) inserts without it.
+    run = start_run("tester", "hello", priority=30)
+    new_id = uuid.uuid4()
+    id_field = AgentRun._meta.get_field("id")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO agent_run (id, agent, prompt_version, fingerprint, model, task, status,"
+            " attempt, stalled_claims, last_seq, error)"
+            " SELECT %s, agent, prompt_version, fingerprint, model, task, status, 0, 0, 0, ''"
+            " FROM agent_run WHERE id = %s",
+            [
+                id_field.get_db_prep_value(new_id, connection),
+                id_field.get_db_prep_value(run.pk, connection),
+            ],
+        )
+    assert AgentRun.objects.get(pk=new_id).priority == 0
 
 
 # --------------------------------------------------------------------------- cancel / requeue

@@ -45,8 +45,9 @@ class Env:
     # Time passes: every waiting run's timer or timeout is due.
     time_passes: Callable[[], None]
 
-    def start(self, task: str = "t") -> Any:
+    def start(self, task: str = "t", priority: int = 0) -> Any:
         run = AgentRun(id=uuid.uuid4(), agent="contract", prompt_version="v1", model="m", task=task)
+        run.priority = priority
         return self.store.create_run(run, json.dumps(task)).pk
 
     def start_keyed(self, key: str, task: str = "t", agent: str = "contract") -> Any:
@@ -181,6 +182,24 @@ def test_a_claim_skips_a_live_lease_and_takes_the_oldest_first(env: Env) -> None
     )
 
 
+def test_a_claim_takes_the_highest_priority_first_then_the_oldest(env: Env) -> None:
+    low = env.start("low", priority=10)
+    high = env.start("high", priority=90)
+    low_again = env.start("low again", priority=10)
+    default = env.start("default")
+    claimed = [env.store.claim_runs("w1", 30)[0].run_id for _ in range(4)]
+    assert claimed == [high, low, low_again, default]
+
+
+def test_a_claim_of_several_takes_the_most_urgent(env: Env) -> None:
+    default = env.start("default")
+    low = env.start("low", priority=1)
+    high = env.start("high", priority=100)
+    claims = env.store.claim_runs("w1", 30, limit=2)
+    assert [claim.run_id for claim in claims] == [high, low]
+    assert env.run(default).status == RunStatus.PENDING
+
+
 def test_an_expired_lease_makes_the_run_claimable(env: Env) -> None:
     run_id = env.start()
     env.claim(run_id)
@@ -311,6 +330,17 @@ def test_an_event_wakes_its_waiters_once(env: Env) -> None:
     assert env.run(late).status == RunStatus.RUNNING
 
 
+def test_runs_woken_by_an_event_are_claimed_by_priority(env: Env) -> None:
+    pending = env.start("pending, the oldest")
+    low = env.start("low", priority=20)
+    high = env.start("high", priority=80)
+    for run_id in (low, high):
+        assert park(env, run_id, WaitSpec(WaitKind.EVENT, "k", event="go"))[0] is Parked.PARKED
+    assert env.store.send_event("go", None)[1] == 2
+    claimed = [env.store.claim_runs("w1", 30)[0].run_id for _ in range(3)]
+    assert claimed == [high, low, pending]
+
+
 def test_a_timeout_is_told_from_a_timer(env: Env) -> None:
     run_id = env.start()
     park(env, run_id, WaitSpec(WaitKind.EVENT, "k", event="never", seconds=5))
@@ -373,6 +403,13 @@ def test_spawn_is_refused_past_the_limit_or_for_a_parent_that_is_over(env: Env) 
     env.store.cancel_run(parent)
     with pytest.raises(WaitRefused, match="cancelled"):
         env.spawn(parent, "three")
+
+
+def test_a_child_has_its_parents_priority(env: Env) -> None:
+    parent = env.start(priority=70)
+    child, _ = env.spawn(parent, "c")  # built with the default priority
+    grandchild, _ = env.spawn(child, "g")
+    assert (env.run(child).priority, env.run(grandchild).priority) == (70, 70)
 
 
 def test_a_cancel_takes_the_unfinished_descendants_with_it(env: Env) -> None:

@@ -10,7 +10,7 @@ SELECT id FROM agent_run
 SELECT id FROM agent_run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now())
- ORDER BY created_at
+ ORDER BY priority DESC, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
 )

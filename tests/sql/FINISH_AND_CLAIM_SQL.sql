@@ -36,7 +36,7 @@ SELECT id FROM agent_run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now())
    AND EXISTS (SELECT 1 FROM fence)
- ORDER BY created_at
+ ORDER BY priority DESC, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
 ), taken AS (

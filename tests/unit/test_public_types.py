@@ -26,6 +26,8 @@ durable_agents.tool(effect="pur")
 reveal_type(durable_agents.tool(effect="pure"))
 durable_agents.start_run("migrator", "Migrate the orders table.", key="ticket-7")
 durable_agents.start_run("migrator", "Migrate the orders table.", key=7)
+durable_agents.start_run("migrator", "Migrate the orders table.", priority=90)
+durable_agents.start_run("migrator", "Migrate the orders table.", priority="urgent")
 """
 
 
@@ -72,6 +74,11 @@ def test_optional_arguments_are_keyword_only(mypy_report: dict[int, str]) -> Non
 def test_a_start_key_is_an_optional_str(mypy_report: dict[int, str]) -> None:
     assert 11 not in mypy_report, mypy_report[11]
     assert 'incompatible type "int"; expected "str | None"' in mypy_report[12]
+
+
+def test_priority_is_a_typed_keyword(mypy_report: dict[int, str]) -> None:
+    assert 13 not in mypy_report, mypy_report[13]
+    assert 'incompatible type "str"; expected "int"' in mypy_report[14]
 
 
 def test_a_misspelt_operation_is_an_error(mypy_report: dict[int, str]) -> None:

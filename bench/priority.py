@@ -1,0 +1,155 @@
+"""Run priorities: what ordering the claim by ``priority DESC, created_at`` costs it.
+
+``Store.claim_runs`` latency in two databases of 100,000 pending runs each (``--pending``):
+in one they are spread over 5 priorities (0, 25, 50, 75, 100, interleaved in creation order),
+in the other all at priority 0, the plain case. Both are bulk-loaded (INSERT ... SELECT
+generate_series) and VACUUM ANALYZEd; then blocks of claims alternate between them (each block
+in a fresh worker-like process, warmed up first: ``bench.scale``'s child), so machine noise
+hits both alike. Each claimed run is finished at once, as a worker would. Target: claim p99
+with priorities / p99 all at 0 <= 1.2. Prints the claim's EXPLAIN (ANALYZE, BUFFERS) with
+priorities: it must read agent_run_claim in order, with no Sort node.
+
+``--before DIR``: also times the plain case with the code of another checkout (``DIR``, e.g.
+the main branch before priorities), in a third database whose claim index is the old one,
+``(created_at)``, in the same alternating blocks: the plain case before and after.
+
+    python -m bench.priority --quick
+    python -m bench.priority --before /path/to/checkout-of-main
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench.common import log
+
+SPREAD, FLAT, BEFORE = "da_bench_priority_spread", "da_bench_priority_flat", "da_bench_priority_0"
+LEVELS = (0, 25, 50, 75, 100)
+
+_COLUMNS = (
+    "id, agent, prompt_version, fingerprint, model, task, status, attempt, stalled_claims, "
+    "last_seq, error, created_at, updated_at, priority"
+)
+
+
+def load(url: str, pending: int, levels: int) -> float:
+    """``pending`` pending runs, the g-th at priority LEVELS[g % levels] (levels=1: all at 0)."""
+    import psycopg
+
+    t = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE agent_run CASCADE")
+        conn.execute(
+            f"INSERT INTO agent_run ({_COLUMNS}) "
+            "SELECT gen_random_uuid(), 'bench', '1', 'x', 'claude-bench-1', 'pending run ' || g,"
+            " 'pending', 0, 0, 0, '', now() - interval '1 day' + g * interval '1 ms',"
+            " now() - interval '1 day' + g * interval '1 ms', (%s::int[])[1 + g %% %s] "
+            "FROM generate_series(1, %s) g",
+            (list(LEVELS), levels, pending),
+        )
+        conn.execute("VACUUM ANALYZE agent_run")
+    return time.perf_counter() - t
+
+
+def old_claim_index(url: str) -> None:
+    """The claim index as it was before priorities: ``(created_at)``, active runs."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX agent_run_claim")
+        conn.execute(
+            "CREATE INDEX agent_run_claim ON agent_run (created_at)"
+            " WHERE status IN ('pending', 'running')"
+        )
+        conn.execute("ANALYZE agent_run")
+
+
+def claims_in(url: str, n: int, explain: bool = False, root: Path = common.ROOT) -> dict[str, Any]:
+    """``bench.scale``'s child (warm up, then time ``n`` claims) with the code of ``root``."""
+    proc = subprocess.run(
+        [common.PY, "-m", "bench.scale", "child", str(n), "1" if explain else "0"],
+        cwd=root,
+        env=common.bench_env(url, PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise RuntimeError(f"claims failed: {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
+    return json.loads(line[7:])
+
+
+def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str, Any]:
+    urls = {"spread": common.fresh_db(SPREAD), "flat": common.fresh_db(FLAT)}
+    load(urls["spread"], pending, len(LEVELS))
+    load(urls["flat"], pending, 1)
+    roots = {"spread": common.ROOT, "flat": common.ROOT}
+    if before is not None:
+        urls["before"] = common.fresh_db(BEFORE)
+        load(urls["before"], pending, 1)
+        old_claim_index(urls["before"])
+        roots["before"] = before
+    log(f"  loaded {pending:,} pending runs in each of {', '.join(urls)}")
+    lat: dict[str, list[float]] = {name: [] for name in urls}
+    for block in range(blocks):
+        order = list(urls) if block % 2 == 0 else list(reversed(urls))
+        for name in order:
+            lat[name] += claims_in(urls[name], claims // blocks, root=roots[name])["lat"]
+    explained = claims_in(urls["spread"], 1, explain=True)
+    res: dict[str, Any] = {name: common.summary_ms(values) for name, values in lat.items()}
+    res |= {
+        "pending": pending,
+        "levels": list(LEVELS),
+        "claim_sql": explained["sql"],
+        "explain_spread": explained["explain"],
+        "p99_ratio": res["spread"]["p99_ms"] / res["flat"]["p99_ms"],
+        "p50_ratio": res["spread"]["p50_ms"] / res["flat"]["p50_ms"],
+        "target": "claim p99 with 5 priorities / all at priority 0 <= 1.2",
+    }
+    plan = explained["explain"]
+    # The CTE ``ready`` (the pending runs): up to the next node of the statement's top level.
+    ready = plan.partition("CTE ready")[2].split("\n  ->", 1)[0]
+    res["index_in_order"] = "agent_run_claim" in ready and "Sort" not in ready
+    res["met"] = res["p99_ratio"] <= 1.2 and res["index_in_order"]
+    for name in urls:
+        log(
+            f"[priority] claim p50/p99 {name:6s}: {res[name]['p50_ms']:.3f}/"
+            f"{res[name]['p99_ms']:.3f} ms"
+        )
+    log(
+        f"[priority] p99 ratio spread/flat {res['p99_ratio']:.2f} (p50 {res['p50_ratio']:.2f});"
+        f" ready reads agent_run_claim in order, no Sort: {res['index_in_order']}"
+        f" -> {common.verdict(res['met'])} (<= 1.2)"
+    )
+    log("[priority] EXPLAIN with 5 priorities:\n" + plan)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser()
+    p.add_argument("--pending", type=int, default=100_000)
+    p.add_argument("--claims", type=int, default=2000)
+    p.add_argument("--blocks", type=int, default=4)
+    p.add_argument("--quick", action="store_true", help="400 claims in 2 blocks")
+    p.add_argument("--before", type=Path, help="a checkout whose code times the plain case")
+    p.add_argument("--keep", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.claims, a.blocks = 400, 2
+    res = run(a.pending, a.claims, a.blocks, a.before)
+    common.write_result("priority", res)
+    if not a.keep:
+        for name in (SPREAD, FLAT, BEFORE):
+            common.drop_db(name)
+    return res
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main()["met"] else 1)
