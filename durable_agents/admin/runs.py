@@ -127,7 +127,6 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "status_short",
         "agent_version",
         "task_excerpt",
-        "priority",
         "steps",
         "claims",
         "lease",
@@ -245,10 +244,12 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "wait_event": _("event"),
         "spawn_key": _("spawn key"),
         "start_key": _("start key"),
+        "priority": _("priority"),
     }
     field_help_texts: ClassVar[dict[str, StrOrPromise]] = {
         "attempt": CLAIMS_HELP,
         "start_key": _("the key it was started with: starting it again with it returns this run"),
+        "priority": _("0 to 100: workers claim the highest first, then the oldest"),
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),
         "woken_by_text": _("what ended the wait: the waiting call receives it"),
@@ -322,7 +323,15 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     @admin.display(description=_("status"))
     def status_short(self, obj: AgentRun) -> SafeString:
         label = RUN_SHORT_LABELS.get(obj.status, obj.get_status_display())
-        return badge(obj.status, label, RUN_COLORS, title=obj.get_status_display())
+        html = badge(obj.status, label, RUN_COLORS, title=obj.get_status_display())
+        if obj.priority:
+            # Under the status, not a column of its own: the list fits a 1280 px screen.
+            html = format_html(
+                '{}<br><span class="da-meta da-priority">{}</span>',
+                html,
+                gettext("priority %(priority)s") % {"priority": obj.priority},
+            )
+        return html
 
     @admin.display(description=_("agent"))
     def agent_version(self, obj: AgentRun) -> SafeString:
