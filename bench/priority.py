@@ -7,7 +7,7 @@ generate_series) and VACUUM ANALYZEd; then blocks of claims alternate between th
 in a fresh worker-like process, warmed up first: ``bench.scale``'s child), so machine noise
 hits both alike. Each claimed run is finished at once, as a worker would. Target: claim p99
 with priorities / p99 all at 0 <= 1.2. Prints the claim's EXPLAIN (ANALYZE, BUFFERS) with
-priorities: it must read agent_run_claim in order, with no Sort node.
+priorities: it must read agent_run_claim_priority in order, with no Sort node.
 
 ``--before DIR``: also times the plain case with the code of another checkout (``DIR``, e.g.
 the main branch before priorities), in a third database whose claim index is the old one,
@@ -59,15 +59,12 @@ def load(url: str, pending: int, levels: int) -> float:
 
 
 def old_claim_index(url: str) -> None:
-    """The claim index as it was before priorities: ``(created_at)``, active runs."""
+    """The claim indexes as they were before priorities: ``agent_run_claim`` (``created_at``,
+    active runs) alone."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP INDEX agent_run_claim")
-        conn.execute(
-            "CREATE INDEX agent_run_claim ON agent_run (created_at)"
-            " WHERE status IN ('pending', 'running')"
-        )
+        conn.execute("DROP INDEX IF EXISTS agent_run_claim_priority")
         conn.execute("ANALYZE agent_run")
 
 
@@ -116,7 +113,7 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
     plan = explained["explain"]
     # The CTE ``ready`` (the pending runs): up to the next node of the statement's top level.
     ready = plan.partition("CTE ready")[2].split("\n  ->", 1)[0]
-    res["index_in_order"] = "agent_run_claim" in ready and "Sort" not in ready
+    res["index_in_order"] = "agent_run_claim_priority" in ready and "Sort" not in ready
     res["met"] = res["p99_ratio"] <= 1.2 and res["index_in_order"]
     for name in urls:
         log(
@@ -125,7 +122,7 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         )
     log(
         f"[priority] p99 ratio spread/flat {res['p99_ratio']:.2f} (p50 {res['p50_ratio']:.2f});"
-        f" ready reads agent_run_claim in order, no Sort: {res['index_in_order']}"
+        f" ready reads agent_run_claim_priority in order, no Sort: {res['index_in_order']}"
         f" -> {common.verdict(res['met'])} (<= 1.2)"
     )
     log("[priority] EXPLAIN with 5 priorities:\n" + plan)

@@ -71,7 +71,9 @@ def start_run(
     model or priority) differs. Keys are per agent: the same key under two agents starts two
     runs. A key is free again only once its run is deleted (``RETENTION_DAYS`` after it
     ended). A key is a non-empty string of at most 200 characters without NUL or lone
-    surrogates.
+    surrogates. Called inside a transaction of yours, that transaction must be READ COMMITTED
+    (the default): under REPEATABLE READ or SERIALIZABLE a caller that loses the race cannot
+    see the winner's run, and gets the ``IntegrityError`` instead.
 
     ``priority``: 0 (the default) to 100; workers claim the highest first, then the oldest.
 
@@ -249,7 +251,7 @@ def approve_intent(intent_id: int, user: Person | None) -> ToolIntent:
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
 
 
-def reject_intent(intent_id: int, user: Person | None, *, reason: str = "") -> ToolIntent:
+def reject_intent(intent_id: int, user: Person | None, reason: str = "") -> ToolIntent:
     """Refuse a pending call; the model receives an error result naming who and why."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
 

@@ -198,6 +198,13 @@ class AgentRun(models.Model):
             # heartbeats then touch no indexed column and stay HOT updates.
             models.Index(
                 fields=["-priority", "created_at"],
+                name="agent_run_claim_priority",
+                condition=models.Q(status__in=["pending", "running"]),
+            ),
+            # The claim index of the release before priorities (oldest first): workers of that
+            # release read it during a rolling deploy. A later release drops it.
+            models.Index(
+                fields=["created_at"],
                 name="agent_run_claim",
                 condition=models.Q(status__in=["pending", "running"]),
             ),
@@ -210,7 +217,7 @@ class AgentRun(models.Model):
             models.Index(fields=["agent", "created_at"], name="agent_run_agent"),
             models.Index(fields=["model", "created_at"], name="agent_run_model"),
             # The runs list by priority, newest first, and the filter's values by a skip scan
-            # (migration 0008). priority never changes after the insert: no HOT update lost.
+            # (migration 0009). priority never changes after the insert: no HOT update lost.
             models.Index(fields=["priority", "created_at"], name="agent_run_priority"),
             models.Index(
                 fields=["finished_at"],

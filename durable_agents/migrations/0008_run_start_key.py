@@ -16,9 +16,10 @@ kept.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from django.db import migrations, models
+from django.db import OperationalError, migrations, models
 
 INDEX_NAME = "agent_run_start_key"
 
@@ -32,6 +33,13 @@ START_KEY = models.UniqueConstraint(
 # constraint above (``makemigrations --check`` compares the state; the SQL is spelled out so
 # that it can be made idempotent and CONCURRENTLY).
 ADD_COLUMN = 'ALTER TABLE "agent_run" ADD COLUMN "start_key" varchar(200) NULL'
+
+# How long the ALTER waits for its lock on agent_run before it gives up and tries again, and
+# how many times it tries: while it waits, every claim, heartbeat and commit would queue
+# behind it (a long transaction that holds agent_run would stall the whole fleet).
+LOCK_TIMEOUT = "3s"
+LOCK_ATTEMPTS = 20
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for lock_not_available
 
 
 def create_index_sql(how: str) -> str:
@@ -70,9 +78,31 @@ def _build_concurrently(schema_editor: Any, name: str, statement: str) -> None:
         cursor.execute(statement)
 
 
+def _alter_briefly(schema_editor: Any, statement: str) -> None:
+    """Run an ALTER TABLE on PostgreSQL with a short lock_timeout, again until it gets its
+    lock."""
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            with schema_editor.connection.cursor() as cursor:
+                cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+                try:
+                    cursor.execute(statement)
+                finally:
+                    cursor.execute("RESET lock_timeout")
+            return
+        except OperationalError as exc:
+            lost = getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+            if not lost or attempt == LOCK_ATTEMPTS:
+                raise
+            time.sleep(1.0)
+
+
 def add_start_key(apps: Any, schema_editor: Any) -> None:
     if not _has_column(schema_editor):
-        schema_editor.execute(ADD_COLUMN)
+        if _is_postgres(schema_editor):
+            _alter_briefly(schema_editor, ADD_COLUMN)
+        else:
+            schema_editor.execute(ADD_COLUMN)
     if _is_postgres(schema_editor):
         _build_concurrently(schema_editor, INDEX_NAME, create_index_sql("CONCURRENTLY"))
     else:  # SQLite: no concurrent build (nor tables of that size)

@@ -1,54 +1,81 @@
-"""Run priorities: the column ``agent_run.priority`` and the claim index in priority order.
+"""Run priorities: the column ``agent_run.priority`` and a claim index in priority order.
 
 - ``priority``: smallint NOT NULL with the database default 0. On PostgreSQL 11 and later,
   adding a column with a constant default rewrites nothing (a brief exclusive lock, no scan),
   and code deployed before the column existed keeps inserting runs (at 0): a rolling deploy.
   No CHECK constraint on purpose: validating one would scan the table under that lock;
-  ``start_run`` checks the range (0 to 100).
+  ``start_run`` checks the range (0 to 100). The ALTER waits at most LOCK_TIMEOUT for its lock
+  and is tried again, so that a long transaction holding ``agent_run`` never queues every
+  claim, heartbeat and commit behind the migration.
+- ``agent_run_claim_priority`` on ``(priority DESC, created_at) WHERE status IN ('pending',
+  'running')``: the claim reads it in its order and stops at its LIMIT.
+- ``agent_run_claim`` (``created_at``, the same condition) stays: workers of the previous
+  release, still claiming oldest first during a rolling deploy, read it. A later release drops
+  it, once no such worker can be running.
 - ``agent_run_priority`` on ``(priority, created_at)``: the admin's runs list filtered by
   priority, newest first, and the filter's values found by a skip scan.
-- ``agent_run_claim`` becomes ``(priority DESC, created_at) WHERE status IN ('pending',
-  'running')``, so that the claim still reads one index in its order and stops at its LIMIT.
 
-On PostgreSQL the new index is built with CREATE INDEX CONCURRENTLY under a temporary name,
-then the old one is dropped CONCURRENTLY and the new one renamed: workers go on claiming
-meanwhile (with the old index, then the new). Hence ``atomic = False``. The migration can be
-interrupted and run again: the column is added only if missing, an index that a previous
-attempt left INVALID is dropped and built again, and a claim index already in priority order
-is kept.
+On PostgreSQL the indexes are built with CREATE INDEX CONCURRENTLY: workers go on claiming
+meanwhile. Hence ``atomic = False``. The migration can be interrupted and run again, on every
+database: the column is added only if missing, an index that exists is kept, and one that a
+previous attempt left INVALID is dropped and built again.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from django.db import migrations, models
+from django.db import OperationalError, migrations, models
 
-CLAIM_CONDITION = models.Q(status__in=["pending", "running"])
-# The claim index before and after, and the name the new one is built under on PostgreSQL.
-OLD_CLAIM_INDEX = models.Index(
-    fields=["created_at"], name="agent_run_claim", condition=CLAIM_CONDITION
+CLAIM_BY_PRIORITY = models.Index(
+    fields=["-priority", "created_at"],
+    name="agent_run_claim_priority",
+    condition=models.Q(status__in=["pending", "running"]),
 )
-NEW_CLAIM_INDEX = models.Index(
-    fields=["-priority", "created_at"], name="agent_run_claim", condition=CLAIM_CONDITION
-)
-BUILDING = "agent_run_claim_building"
 PRIORITY_INDEX = models.Index(fields=["priority", "created_at"], name="agent_run_priority")
+
+# How long the ALTER waits for its lock on agent_run before it gives up and tries again, and
+# how many times it tries.
+LOCK_TIMEOUT = "3s"
+LOCK_ATTEMPTS = 20
+# PostgreSQL's SQLSTATE for lock_not_available.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _has_priority(schema_editor: Any) -> bool:
     with schema_editor.connection.cursor() as cursor:
-        columns = schema_editor.connection.introspection.get_table_description(
-            cursor, "agent_run"
-        )
+        columns = schema_editor.connection.introspection.get_table_description(cursor, "agent_run")
     return any(column.name == "priority" for column in columns)
 
 
+def _alter_briefly(schema_editor: Any, statement: str) -> None:
+    """Run an ALTER TABLE on PostgreSQL with a short lock_timeout, again until it gets its
+    lock: while it waits, every statement on agent_run would queue behind it."""
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            with schema_editor.connection.cursor() as cursor:
+                cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+                try:
+                    cursor.execute(statement)
+                finally:
+                    cursor.execute("RESET lock_timeout")
+            return
+        except OperationalError as exc:
+            lost = getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+            if not lost or attempt == LOCK_ATTEMPTS:
+                raise
+            time.sleep(1.0)
+
+
 def add_priority(apps: Any, schema_editor: Any) -> None:
-    if not _has_priority(schema_editor):
-        schema_editor.execute(
-            "ALTER TABLE agent_run ADD COLUMN priority smallint DEFAULT 0 NOT NULL"
-        )
+    if _has_priority(schema_editor):
+        return
+    statement = "ALTER TABLE agent_run ADD COLUMN priority smallint DEFAULT 0 NOT NULL"
+    if schema_editor.connection.vendor == "postgresql":
+        _alter_briefly(schema_editor, statement)
+    else:
+        schema_editor.execute(statement)
 
 
 def remove_priority(apps: Any, schema_editor: Any) -> None:
@@ -56,72 +83,48 @@ def remove_priority(apps: Any, schema_editor: Any) -> None:
         schema_editor.execute("ALTER TABLE agent_run DROP COLUMN priority")
 
 
-def _index_state(cursor: Any, name: str) -> tuple[bool, str] | None:
-    """(valid, definition) of the index ``name``, or None when there is none."""
-    cursor.execute(
-        "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i"
-        " JOIN pg_class c ON c.oid = i.indexrelid"
-        " WHERE c.relname = %s AND pg_catalog.pg_table_is_visible(c.oid)",
-        [name],
-    )
-    row = cursor.fetchone()
-    return None if row is None else (bool(row[0]), str(row[1]))
-
-
-def _swap_concurrently(apps: Any, schema_editor: Any, index: models.Index) -> None:
-    """Make ``agent_run_claim`` the index ``index`` without blocking writes: build it under
-    another name, drop the old one, rename."""
-    by_priority = index is NEW_CLAIM_INDEX
-    model = apps.get_model("durable_agents", "AgentRun")
+def _valid(schema_editor: Any, name: str) -> bool | None:
+    """Whether the index ``name`` is valid on PostgreSQL (True elsewhere), None if absent."""
     with schema_editor.connection.cursor() as cursor:
-        current = _index_state(cursor, index.name)
-        if current is not None and current[0] and ("priority" in current[1]) == by_priority:
-            return  # done already (a run of this migration that was interrupted at the end)
-        building = _index_state(cursor, BUILDING)
-        if building is not None and not building[0]:
-            cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{BUILDING}"')
-        if building is None or not building[0]:
-            temporary = models.Index(
-                fields=index.fields, name=BUILDING, condition=index.condition
-            )
-            cursor.execute(str(temporary.create_sql(model, schema_editor, concurrently=True)))
-        cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
-        cursor.execute(f'ALTER INDEX "{BUILDING}" RENAME TO "{index.name}"')
+        if schema_editor.connection.vendor != "postgresql":
+            found = schema_editor.connection.introspection.get_constraints(cursor, "agent_run")
+            return True if name in found else None
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE c.relname = %s AND pg_catalog.pg_table_is_visible(c.oid)",
+            [name],
+        )
+        row = cursor.fetchone()
+    return None if row is None else bool(row[0])
 
 
-def _swap(apps: Any, schema_editor: Any, old: models.Index, new: models.Index) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        _swap_concurrently(apps, schema_editor, new)
+def _build(apps: Any, schema_editor: Any, index: models.Index) -> None:
+    """Build ``index`` unless it exists and is valid; on PostgreSQL without blocking writes."""
+    valid = _valid(schema_editor, index.name)
+    if valid:
         return
-    model = apps.get_model("durable_agents", "AgentRun")
-    schema_editor.remove_index(model, old)
-    schema_editor.add_index(model, new)
-
-
-def add_priority_index(apps: Any, schema_editor: Any) -> None:
     model = apps.get_model("durable_agents", "AgentRun")
     if schema_editor.connection.vendor != "postgresql":
-        schema_editor.add_index(model, PRIORITY_INDEX)
+        schema_editor.add_index(model, index)
         return
-    with schema_editor.connection.cursor() as cursor:
-        state = _index_state(cursor, PRIORITY_INDEX.name)
-        if state is not None and state[0]:
-            return
-        if state is not None:  # left INVALID by an interrupted build
-            cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{PRIORITY_INDEX.name}"')
-        cursor.execute(str(PRIORITY_INDEX.create_sql(model, schema_editor, concurrently=True)))
+    if valid is False:  # left INVALID by an interrupted build
+        schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"')
+    schema_editor.execute(str(index.create_sql(model, schema_editor, concurrently=True)))
 
 
-def remove_priority_index(apps: Any, schema_editor: Any) -> None:
-    schema_editor.remove_index(apps.get_model("durable_agents", "AgentRun"), PRIORITY_INDEX)
+def _drop(schema_editor: Any, index: models.Index) -> None:
+    concurrently = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+    schema_editor.execute(f'DROP INDEX{concurrently} IF EXISTS "{index.name}"')
 
 
-def claim_index_by_priority(apps: Any, schema_editor: Any) -> None:
-    _swap(apps, schema_editor, OLD_CLAIM_INDEX, NEW_CLAIM_INDEX)
+def add_indexes(apps: Any, schema_editor: Any) -> None:
+    _build(apps, schema_editor, CLAIM_BY_PRIORITY)
+    _build(apps, schema_editor, PRIORITY_INDEX)
 
 
-def claim_index_by_age(apps: Any, schema_editor: Any) -> None:
-    _swap(apps, schema_editor, NEW_CLAIM_INDEX, OLD_CLAIM_INDEX)
+def remove_indexes(apps: Any, schema_editor: Any) -> None:
+    _drop(schema_editor, PRIORITY_INDEX)
+    _drop(schema_editor, CLAIM_BY_PRIORITY)
 
 
 class Migration(migrations.Migration):
@@ -150,17 +153,11 @@ class Migration(migrations.Migration):
         ),
         migrations.SeparateDatabaseAndState(
             state_operations=[
-                migrations.RemoveIndex(model_name="agentrun", name="agent_run_claim"),
-                migrations.AddIndex(model_name="agentrun", index=NEW_CLAIM_INDEX),
+                migrations.AddIndex(model_name="agentrun", index=CLAIM_BY_PRIORITY),
+                migrations.AddIndex(model_name="agentrun", index=PRIORITY_INDEX),
             ],
             database_operations=[
-                migrations.RunPython(claim_index_by_priority, claim_index_by_age, atomic=False),
-            ],
-        ),
-        migrations.SeparateDatabaseAndState(
-            state_operations=[migrations.AddIndex(model_name="agentrun", index=PRIORITY_INDEX)],
-            database_operations=[
-                migrations.RunPython(add_priority_index, remove_priority_index, atomic=False),
+                migrations.RunPython(add_indexes, remove_indexes, atomic=False),
             ],
         ),
     ]

@@ -71,7 +71,8 @@ STEP_FENCE = f"""\
 # on both, or nothing; filled in by str.format, so no other brace may appear here). ``due``:
 # waiting runs whose timer or timeout is past (late by definition), in wake_at order;
 # ``ready``: pending runs and runs whose lease expired, highest priority first, then oldest,
-# read in that order from agent_run_claim (priority DESC, created_at); %(limit)s in all.
+# read in that order from agent_run_claim_priority (priority DESC, created_at); %(limit)s in
+# all.
 # ``due`` ignores priority on purpose: a due timer is late already, and ordering it by
 # priority costs either a sort of every due run on each claim (agent_run_wake is on wake_at
 # alone: with a backlog of 20,000 due timers among 100,000 waiting runs, 23 ms a claim instead
@@ -79,8 +80,9 @@ STEP_FENCE = f"""\
 # due (0.6 ms instead of 0.04 ms at 100,000, growing with them). Events, answers and
 # children's ends wake a run to pending, where ``ready`` orders it by its priority. The
 # predicates on status must imply those of the partial indexes agent_run_wake (status =
-# 'waiting', wake_at not null) and agent_run_claim (status in pending, running), or the planner
-# cannot use them and scans the table (tests/integration/test_leases.py EXPLAINs CLAIMABLE_SQL).
+# 'waiting', wake_at not null) and agent_run_claim_priority (status in pending, running), or
+# the planner cannot use them and scans the table (tests/integration/test_leases.py EXPLAINs
+# CLAIMABLE_SQL).
 # Both lock FOR NO KEY UPDATE SKIP LOCKED: workers skip each other's runs instead of queueing,
 # and a step's foreign key does not conflict with the lock.
 _CLAIMABLE_RUNS = """\

@@ -463,3 +463,31 @@ def test_migration_0008_changes_nothing_when_run_again() -> None:
         migration.add_start_key(None, editor)
     assert durable_agents.start_run("tester", "other", key="k1").pk == run.pk
     assert AgentRun.objects.get(pk=run.pk).start_key == "k1"
+
+
+def _agent_run_indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        return set(connection.introspection.get_constraints(cursor, "agent_run"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0009_runs_again_and_builds_what_is_missing() -> None:
+    """0009 is not one transaction: run again after an interruption, it keeps the column and
+    the indexes that exist and builds the ones that are missing (on SQLite too). It keeps the
+    claim index of the previous release, which its workers read during a rolling deploy."""
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("durable_agents.migrations.0009_run_priority")
+    run = durable_agents.start_run("tester", "t", priority=7)
+    with connection.schema_editor(atomic=False) as editor:
+        editor.execute('DROP INDEX IF EXISTS "agent_run_priority"')
+    assert "agent_run_priority" not in _agent_run_indexes()
+    with connection.schema_editor(atomic=False) as editor:
+        migration.add_priority(apps, editor)
+        migration.add_indexes(apps, editor)
+        migration.add_indexes(apps, editor)  # and once more: nothing to do
+    indexes = _agent_run_indexes()
+    assert {"agent_run_priority", "agent_run_claim_priority", "agent_run_claim"} <= indexes
+    assert AgentRun.objects.get(pk=run.pk).priority == 7

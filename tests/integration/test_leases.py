@@ -241,7 +241,7 @@ def test_the_claim_query_can_use_the_partial_index() -> None:
         cursor.execute("EXPLAIN " + subquery.replace("%(limit)s", "1"))
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("RESET enable_seqscan")
-    assert "agent_run_claim" in plan
+    assert "agent_run_claim_priority" in plan
     assert "agent_run_wake" in plan
     assert "LockRows" in plan
 

@@ -20,7 +20,7 @@ run = durable_agents.start_run("migrator", "Migrate the orders table.", model="c
 reveal_type(run)
 reveal_type(durable_agents.cancel_run(run.id))
 durable_agents.start_run("migrator", "task", "v1", "claude-x", 1, 2)
-durable_agents.reject_intent(1, None, "too risky")
+durable_agents.send_event("refund:7", {"status": "paid"}, None)
 durable_agents.no_such_operation()
 durable_agents.tool(effect="pur")
 reveal_type(durable_agents.tool(effect="pure"))
