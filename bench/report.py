@@ -40,6 +40,14 @@ PROTOTYPE_INFLIGHT = (
 )
 
 
+def _save(plt: Any, fig: Any, name: str) -> str:
+    """Lay ``fig`` out, write it to docs/img/``name`` and free it; returns the name."""
+    fig.tight_layout()
+    fig.savefig(IMG / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def _load(name: str) -> dict[str, Any] | None:
     path = common.OUT / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -104,10 +112,7 @@ def _systems_plot(plt: Any, loop: dict[str, Any] | None, peers: dict[str, Any] |
         )
         ax2.set_ylabel("runs (tasks)/s, one worker")
         ax2.set_title("one-step runs")
-    fig.tight_layout()
-    fig.savefig(IMG / "bench_systems.png", dpi=110)
-    plt.close(fig)
-    return "bench_systems.png"
+    return _save(plt, fig, "bench_systems.png")
 
 
 def _claim_latency_plot(plt: Any, scale: dict[str, Any]) -> str:
@@ -122,10 +127,7 @@ def _claim_latency_plot(plt: Any, scale: dict[str, Any]) -> str:
     ax.set_ylim(bottom=0)
     ax.legend()
     ax.set_title("claim latency vs table size")
-    fig.tight_layout()
-    fig.savefig(IMG / "bench_claim_latency.png", dpi=110)
-    plt.close(fig)
-    return "bench_claim_latency.png"
+    return _save(plt, fig, "bench_claim_latency.png")
 
 
 def _workers_plot(plt: Any, workers: dict[str, Any]) -> str:
@@ -152,10 +154,7 @@ def _workers_plot(plt: Any, workers: dict[str, Any]) -> str:
     ax.set_ylim(bottom=0)
     ax.legend()
     ax.set_title("throughput vs workers")
-    fig.tight_layout()
-    fig.savefig(IMG / "bench_workers.png", dpi=110)
-    plt.close(fig)
-    return "bench_workers.png"
+    return _save(plt, fig, "bench_workers.png")
 
 
 def _long_run_plot(plt: Any, longrun: dict[str, Any]) -> str:
@@ -187,10 +186,7 @@ def _long_run_plot(plt: Any, longrun: dict[str, Any]) -> str:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.set_title("per-step time vs run length")
-    fig.tight_layout()
-    fig.savefig(IMG / "bench_long_run.png", dpi=110)
-    plt.close(fig)
-    return "bench_long_run.png"
+    return _save(plt, fig, "bench_long_run.png")
 
 
 def _memory_plot(plt: Any, memory: dict[str, Any]) -> str:
@@ -202,10 +198,7 @@ def _memory_plot(plt: Any, memory: dict[str, Any]) -> str:
     ax.set_ylabel("worker RSS (MB)")
     ax.set_ylim(bottom=0)
     ax.set_title("worker memory over runs")
-    fig.tight_layout()
-    fig.savefig(IMG / "bench_memory.png", dpi=110)
-    plt.close(fig)
-    return "bench_memory.png"
+    return _save(plt, fig, "bench_memory.png")
 
 
 def _inflight_plot(plt: Any, inflight: dict[str, Any]) -> str:
@@ -249,10 +242,7 @@ def _inflight_plot(plt: Any, inflight: dict[str, Any]) -> str:
     ax2.set_ylim(bottom=0)
     ax2.legend(fontsize=8)
     ax2.set_title("database connections vs runs in flight")
-    fig.tight_layout()
-    fig.savefig(IMG / "bench_inflight.png", dpi=110)
-    plt.close(fig)
-    return "bench_inflight.png"
+    return _save(plt, fig, "bench_inflight.png")
 
 
 def render() -> Path:

@@ -378,3 +378,12 @@ def created_title(obj: Any) -> str:
 def ago(when: Any) -> str:
     """``3h ago``: the age under an id or a name in a list."""
     return gettext("%(age)s ago") % {"age": compact_age(when)}
+
+
+def number_and_age(pk: Any, created_at: Any, title: str) -> SafeString:
+    """A list's id column: ``#12``, and under it its age (``title`` on hover: when)."""
+    if not created_at:
+        return format_html("#{}", pk)
+    return format_html(
+        '#{}<br><span class="da-meta" title="{}">{}</span>', pk, title, ago(created_at)
+    )

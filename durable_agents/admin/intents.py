@@ -47,6 +47,7 @@ from durable_agents.admin.format import (
     format_time,
     intent_badge,
     intent_fingerprint,
+    number_and_age,
     pretty_json,
     shown_json,
     shown_text,
@@ -159,14 +160,8 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     @admin.display(description=_("intent"), ordering="created_at")
     def intent_id(self, obj: ToolIntent) -> SafeString:
         """The id, and the intent's age under it (sorts by creation)."""
-        if not obj.created_at:
-            return format_html("#{}", obj.pk)
-        return format_html(
-            '#{}<br><span class="da-meta" title="{}">{}</span>',
-            obj.pk,
-            created_title(obj),
-            ago(obj.created_at),
-        )
+        title = created_title(obj) if obj.created_at else ""
+        return number_and_age(obj.pk, obj.created_at, title)
 
     @admin.display(description=_("tool"), ordering="tool")
     def tool_name(self, obj: ToolIntent) -> str:

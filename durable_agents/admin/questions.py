@@ -31,6 +31,7 @@ from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk
 from durable_agents.admin.format import (
     ago,
     format_time,
+    number_and_age,
     plain_text_response,
     question_badge,
     time_field,
@@ -199,14 +200,9 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
 
     @admin.display(description=_("question"), ordering="created_at")
     def question_id(self, obj: AgentQuestion) -> SafeString:
-        if not obj.created_at:
-            return format_html("#{}", obj.pk)
-        return format_html(
-            '#{}<br><span class="da-meta" title="{}">{}</span>',
-            obj.pk,
-            gettext("asked %(time)s") % {"time": format_time(obj.created_at)},
-            ago(obj.created_at),
-        )
+        when = obj.created_at
+        title = gettext("asked %(time)s") % {"time": format_time(when)} if when else ""
+        return number_and_age(obj.pk, when, title)
 
     @admin.display(description=_("asks"))
     def question_excerpt(self, obj: AgentQuestion) -> SafeString:

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from durable_agents import llm
+from durable_agents.store import InMemoryStore
+from durable_agents.store.memory import ManualClock
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +21,15 @@ def offline_and_quiet(settings: Any) -> Iterator[None]:
     llm.reset_clients()
     yield
     llm.reset_clients()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """The in-memory store's clock: leases and timers move only when a test advances it."""
+    return ManualClock()
+
+
+@pytest.fixture
+def store(clock: ManualClock) -> InMemoryStore:
+    """The store of a unit test: every transition, no database."""
+    return InMemoryStore(now=clock)

@@ -16,16 +16,6 @@ from durable_agents.store import Claim, InMemoryStore, Parked
 from durable_agents.store.memory import ManualClock
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def store(clock: ManualClock) -> InMemoryStore:
-    return InMemoryStore(now=clock)
-
-
 def start(store: InMemoryStore, task: str = "t") -> Any:
     run = AgentRun(id=uuid.uuid4(), agent="a", prompt_version="v1", model="m", task=task)
     return store.create_run(run, json.dumps(task)).pk

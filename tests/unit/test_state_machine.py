@@ -85,16 +85,6 @@ def agents() -> Iterator[dict[str, Agent]]:
         registry.unregister(agent.name, agent.version)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def store(clock: ManualClock) -> InMemoryStore:
-    return InMemoryStore(now=clock)
-
-
 def start(store: InMemoryStore, agent: Agent, task: str, fingerprint: str | None = None) -> Any:
     run = AgentRun(
         id=uuid.uuid4(),

@@ -68,16 +68,6 @@ def agent() -> Iterator[Agent]:
     registry.unregister(made.name, made.version)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def store(clock: ManualClock) -> InMemoryStore:
-    return InMemoryStore(now=clock)
-
-
 def start(store: InMemoryStore, agent: Agent, task: str, version: str | None = None) -> Any:
     run = AgentRun(
         id=uuid.uuid4(),
