@@ -153,6 +153,12 @@ class DurableAgentsSettings:
         "depth 0).",
     )
     MAX_CHILD_RUNS: Setting[int] = Setting(100, "How many children one run may spawn.")
+    RATE_LIMITS: Setting[dict[str, Any]] = Setting(
+        {},
+        'Fleet-wide limits per model ("*" for any other): requests_per_minute, '
+        "input_tokens_per_minute, output_tokens_per_minute, burst_seconds. Without them the "
+        "fleet learns each model's limits from the API's rate-limit headers.",
+    )
     NOTIFY: Setting[bool] = Setting(
         True, "E-mail staff when an intent waits or a run is dead-lettered."
     )

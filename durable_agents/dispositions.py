@@ -14,6 +14,8 @@ class Disposition(enum.StrEnum):
     DEAD = "dead"
     WAITING = "waiting"  # parked (a person, a timer, an event, child runs); no worker holds it
     RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
+    # Handed back to wait for model capacity (a rate limit, a 429's pause, a 529), uncounted.
+    THROTTLED = "throttled"
     CANCELLED = "cancelled"
     LOST = "lost"  # another worker holds it now
     ERROR = "error"  # an unexpected error in this app (the worker handed the run back)
@@ -24,6 +26,7 @@ FAILED = Disposition.FAILED
 DEAD = Disposition.DEAD
 WAITING = Disposition.WAITING
 RELEASED = Disposition.RELEASED
+THROTTLED = Disposition.THROTTLED
 CANCELLED = Disposition.CANCELLED
 LOST = Disposition.LOST
 

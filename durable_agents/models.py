@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.text import json_text
@@ -71,6 +72,9 @@ class WaitKind(models.TextChoices):
     EVENT = "event", _("an event")
     RUNS = "runs", _("child runs")
     QUESTION = "question", _("an answer")
+    # A pending run handed back until its model has capacity again (a rate limit, a 429's
+    # pause): it holds no slot, no connection and no attempt meanwhile.
+    CAPACITY = "capacity", _("model capacity")
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):
@@ -518,3 +522,80 @@ class MetricsSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"metrics at {self.taken_at:%Y-%m-%d %H:%M}"
+
+
+class ModelCapacity(models.Model):
+    """The fleet's share of one model's rate limits: three token buckets (requests, input
+    tokens, output tokens per minute) refilled continuously, and a pause after a 429.
+
+    One row per model, shared by every worker: a grant takes from the buckets under the row's
+    lock (``durable_agents.capacity``), so the fleet as a whole stays within the limits, not
+    each worker on its own. Limits come from ``RATE_LIMITS`` or, without it, from what the API
+    says in its ``anthropic-ratelimit-*`` headers. A limit of NULL means none (no bucket).
+    """
+
+    model = models.CharField(max_length=200, primary_key=True)
+    # Whether the limits are RATE_LIMITS' (True) or learned from the API's headers.
+    configured = models.BooleanField(default=False)
+    requests_per_minute = models.FloatField(null=True, blank=True)
+    input_tokens_per_minute = models.FloatField(null=True, blank=True)
+    output_tokens_per_minute = models.FloatField(null=True, blank=True)
+    # A bucket holds this many seconds of its limit: what a burst may take at once.
+    burst_seconds = models.FloatField(default=10.0)
+    # What each bucket holds as of refilled_at (may go below 0: a call larger than a bucket
+    # goes out when the bucket is full, and the debt is paid back before the next one).
+    requests_level = models.FloatField(default=0.0)
+    input_level = models.FloatField(default=0.0)
+    output_level = models.FloatField(default=0.0)
+    refilled_at = models.DateTimeField(default=timezone.now)
+    # After a 429: no call to this model goes out before then, from any worker.
+    paused_until = models.DateTimeField(null=True, blank=True)
+    # The highest priority among runs handed back for capacity lately, and until when it
+    # counts: a run of a lower priority is refused capacity meanwhile, so grants go to the
+    # higher priority first.
+    waiting_priority = models.SmallIntegerField(null=True, blank=True)
+    waiting_priority_until = models.DateTimeField(null=True, blank=True)
+    # Moving averages of what one call charges (estimates settled by usage): how many calls
+    # the token buckets have room for, for a claimer deciding how many runs to take.
+    input_per_call = models.FloatField(default=0.0)
+    output_per_call = models.FloatField(default=0.0)
+    calls = models.BigIntegerField(default=0)
+    rate_limited = models.BigIntegerField(default=0, help_text=_("429 answers"))
+    pauses = models.BigIntegerField(default=0)
+    capacity_waits = models.BigIntegerField(
+        default=0, help_text=_("runs handed back to wait for capacity")
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "model_capacity"
+        verbose_name_plural = "model capacity"
+
+    def __str__(self) -> str:
+        return self.model
+
+
+class CapacityEventKind(models.TextChoices):
+    RATE_LIMITED = "rate_limited", _("429 rate limited")
+    OVERLOADED = "overloaded", _("529 overloaded")
+    PAUSED = "paused", _("paused")
+
+
+class CapacityEvent(models.Model):
+    """A 429, a 529 or a fleet-wide pause of a model: rare by design (the buckets keep the fleet
+    under the limits), kept for the capacity page's last hour and pruned by housekeeping."""
+
+    model = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=CapacityEventKind.choices)
+    at = models.DateTimeField(default=timezone.now)
+    # The pause's length, or the retry-after the API asked for.
+    seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        db_table = "capacity_event"
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["at"], name="capacity_event_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.kind} at {self.at}"

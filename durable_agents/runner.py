@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from durable_agents import llm, observers, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
+from durable_agents.capacity import Estimate, Grant, observed
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
 from durable_agents.dispatch import ToolCall, ToolDispatch, result_block
@@ -44,6 +45,7 @@ from durable_agents.dispositions import (
     RELEASED,
     SHUTDOWN,
     SUCCEEDED,
+    THROTTLED,
     WAITING,
     Disposition,
     Stop,
@@ -58,7 +60,7 @@ from durable_agents.history import (
 )
 from durable_agents.interrupt import Interrupt
 from durable_agents.logging import bind_run
-from durable_agents.models import AgentRun, RunStatus, StepKind
+from durable_agents.models import AgentRun, RunStatus, StepKind, WaitKind
 from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Store, current
 from durable_agents.store.base import StepWrite
 from durable_agents.text import json_text, storable_text
@@ -73,6 +75,7 @@ __all__ = [
     "RELEASED",
     "SHUTDOWN",
     "SUCCEEDED",
+    "THROTTLED",
     "WAITING",
     "Disposition",
     "RunAdvancer",
@@ -156,6 +159,28 @@ TOKEN_FIELDS = (
 CONTINUE_STOP_REASONS = ("pause_turn", "compaction")
 
 
+# Bytes of a request per input token, for the estimate a call takes from the input bucket
+# before it goes out (its usage settles the difference).
+BYTES_PER_TOKEN = 4
+# How long a model pauses after a 429 without retry-after.
+RATE_LIMITED_SECONDS = 10.0
+
+
+def charged_tokens(message: dict[str, Any]) -> tuple[int, int]:
+    """What a turn charged to the API's rate limits: input tokens (cache writes included,
+    cache reads not: they do not count toward input tokens per minute) and output tokens;
+    summed over the passes of ``usage.iterations`` when the server ran several."""
+    usage = message.get("usage") or {}
+    passes = usage.get("iterations")
+    if not isinstance(passes, list) or not passes:
+        passes = [usage]
+
+    def total(key: str) -> int:
+        return sum(int(item.get(key) or 0) for item in passes if isinstance(item, dict))
+
+    return total("input_tokens") + total("cache_creation_input_tokens"), total("output_tokens")
+
+
 def tokens_of(message: dict[str, Any]) -> int:
     """Tokens billed for one turn: input (cached or not) plus output. When the server ran more
     than one pass (a compaction, then the message), ``usage.iterations`` lists each and the
@@ -192,6 +217,8 @@ class RunAdvancer(ToolDispatch):
         self.then_claim = then_claim
         # Tokens billed to the run so far (the budgets read it); each turn adds its own.
         self.tokens: int = claim.run.tokens_used
+        # The size of what every call sends besides the messages (system, tools, ...).
+        self._request_bytes: int | None = None
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -254,7 +281,9 @@ class RunAdvancer(ToolDispatch):
         """Call the model and commit its turn; a final turn ends the run instead."""
         if at.pending is None:
             self._check_budgets(agent, at.turns)
-        turn = self._call_model(agent, params, at.conversation.json(), at.pending)
+        messages = at.conversation.json()
+        grant = self._take_capacity(params, messages, at.pending)
+        turn = self._call_model(agent, params, messages, at.pending, grant)
         turn_tokens = tokens_of(turn.message)
         self.tokens += turn_tokens
         step = StepWrite(
@@ -270,8 +299,10 @@ class RunAdvancer(ToolDispatch):
             # the worker's next run).
             last_step = dataclasses.replace(step, finish=(SUCCEEDED, text_of(turn.message)))
             self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim)
+            self._settle(grant, turn)
             raise self._finished(SUCCEEDED)
         self._commit(step, ms=turn.elapsed_ms)
+        self._settle(grant, turn)
         at.conversation.append(assistant_message(turn.body, turn.content_span))
         last = _Step(step.seq, StepKind.MODEL_TURN, turn.message, fresh=True)
         return _Position(at.conversation, at.turns + 1, last)
@@ -407,7 +438,8 @@ class RunAdvancer(ToolDispatch):
         agent: Agent,
         params: dict[str, Any],
         messages: bytes,
-        pending: Callable[[], None] | None = None,
+        pending: Callable[[], None] | None,
+        grant: Grant,
     ) -> llm.ModelTurn:
         on_text = None
         if agent.on_text is not None:
@@ -424,18 +456,90 @@ class RunAdvancer(ToolDispatch):
                 stream=agent.stream,
                 on_text=on_text,
                 meanwhile=pending,
+                retry_rate_limits=False,
             )
         except llm.PermanentModelError as exc:
+            self._give_back(grant)
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
         except llm.ModelCallInterrupted:
             self._check_interrupt()
             raise
         except llm.TransientModelError as exc:
+            self._not_the_runs_fault(grant, exc)
+            self._give_back(grant)
             logger.warning(
                 "run %s: model unavailable, handing the run back: %s", self.run.pk, exc.message
             )
             self.store.release_lease(self.claim, error=f"model call failed: {exc.message}")
             raise Stop(RELEASED) from exc
+
+    # -- model capacity (capacity/gate.py: the fleet's buckets) -----------------------------
+
+    def _take_capacity(
+        self, params: dict[str, Any], messages: bytes, pending: Callable[[], None] | None
+    ) -> Grant:
+        """Capacity for the next model call, from the fleet's buckets; or the run is handed
+        back to wait for it (after committing ``pending``, the step that goes with the call)."""
+        if self._request_bytes is None:
+            self._request_bytes = len(json_text({k: v for k, v in params.items() if k != "model"}))
+        estimate = Estimate(
+            input_tokens=(self._request_bytes + len(messages)) // BYTES_PER_TOKEN + 1,
+            output_tokens=int(params.get("max_tokens") or 0),
+        )
+        grant = self.store.capacity.acquire(str(params["model"]), estimate, self.run.priority)
+        if not grant.granted:
+            if pending is not None:
+                pending()
+            self._wait_for_capacity(grant.model, grant.wait_seconds, grant.reason)
+        return grant
+
+    def _not_the_runs_fault(self, grant: Grant, exc: llm.TransientModelError) -> None:
+        """A 429 pauses the model for the whole fleet, and the run waits for the pause to
+        end; a 529 whose retries ran out hands the run back too. Neither counts against the
+        run: however long they last, no run is dead-lettered for them."""
+        if exc.rate_limited:
+            seconds = exc.retry_after if exc.retry_after is not None else RATE_LIMITED_SECONDS
+            self.store.capacity.rate_limited(grant.model, seconds, observed(exc.rate_headers))
+            self._wait_for_capacity(grant.model, seconds, f"429 from the API: {exc.message}")
+        if exc.overloaded:
+            self._give_back(grant)
+            self.store.capacity.overloaded(grant.model)
+            # As long as the next retry would have waited: the retries of this claim are over.
+            backoff = min(
+                float(app_settings.MAX_BACKOFF_SECONDS),
+                0.5 * 2.0 ** min(int(app_settings.MODEL_RETRIES), 16),
+            )
+            seconds = backoff if exc.retry_after is None else exc.retry_after
+            self._wait_for_capacity(grant.model, seconds, f"the API is overloaded: {exc.message}")
+
+    def _wait_for_capacity(self, model: str, seconds: float, reason: str) -> NoReturn:
+        """Hand the run back, pending, claimable again in ``seconds``: it holds no slot, no
+        connection and no attempt meanwhile (the claim is not counted as a stall)."""
+        self.store.capacity.handed_back(model, self.run.priority, seconds)
+        released = self.store.release_lease(
+            self.claim, count_claim=False, hold_seconds=seconds, waiting_for=WaitKind.CAPACITY
+        )
+        if not released:
+            self._fence_failed()
+        logger.info(
+            "run %s waits %.2fs for capacity of %s (%s)", self.run.pk, seconds, model, reason
+        )
+        raise Stop(THROTTLED)
+
+    def _settle(self, grant: Grant, turn: llm.ModelTurn) -> None:
+        """The call answered: its usage settles what the grant took, its headers correct the
+        buckets. After the commit: a failure here costs accuracy, never the answer."""
+        try:
+            self.store.capacity.settle(
+                grant, charged_tokens(turn.message), observed(turn.rate_headers)
+            )
+        except DatabaseError as exc:
+            logger.warning("run %s: settling model capacity failed: %s", self.run.pk, exc)
+
+    def _give_back(self, grant: Grant) -> None:
+        """The call charged nothing (refused or failed): what its grant took comes back."""
+        if grant.limited:
+            self.store.capacity.settle(grant, None, None)
 
     # -- commits and endings ---------------------------------------------------------------
 

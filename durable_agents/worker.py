@@ -37,6 +37,7 @@ from django.db import DatabaseError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents import calls, db, observers
+from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.interrupt import Interrupt
@@ -67,6 +68,10 @@ class WorkerStats:
 # Most runs one claim statement takes: a worker starting with a thousand free slots fills
 # them in a few statements, none of which holds row locks for long.
 MAX_CLAIM_BATCH = 100
+# Runs to claim when no model limits them.
+NO_LIMIT = 1 << 30
+# The claimer waiting for model capacity looks again after at least this long.
+MIN_CAPACITY_WAIT = 0.02
 
 
 class Worker:
@@ -117,6 +122,8 @@ class Worker:
         self.abandon = threading.Event()
         self.stats = WorkerStats()
         self._held: dict[RunId, _Held] = {}
+        # The last look at model capacity found less room than this worker has slots.
+        self._capacity_short = False
         self._lock = threading.Lock()
         # Set when a slot thread ended by an exception: the worker stops and exits non-zero,
         # so that its supervisor restarts it instead of leaving it running short of a slot.
@@ -305,7 +312,13 @@ class Worker:
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
                 continue
-            wanted = self._take_tickets(min(free, MAX_CLAIM_BATCH))
+            room, next_in = self._capacity_room()
+            if room == 0:
+                # No model the fleet uses has room for a call: claim when one has.
+                self._wake.wait(min(max(next_in, MIN_CAPACITY_WAIT), self.poll_interval))
+                self._wake.clear()
+                continue
+            wanted = self._take_tickets(min(free, MAX_CLAIM_BATCH, room))
             if wanted == 0:  # max_runs reached: end once the last run is done
                 if busy == 0:
                     return
@@ -355,6 +368,20 @@ class Worker:
                         return
             self._wake.wait(self.poll_interval)
 
+    def _capacity_room(self) -> tuple[int, float]:
+        """How many runs to claim at most for the models' capacity (``NO_LIMIT`` when a model
+        the fleet's agents use has no limits), and how soon there is room where there is
+        none. A claim takes no more runs than the buckets have calls for: the others stay
+        pending, holding nothing, and are claimed highest priority first when there is room.
+        A run that needs no call or finds the room taken meanwhile is handed back (runner)."""
+        try:
+            outlook = self._store().capacity.outlook()
+        except DatabaseError:
+            return NO_LIMIT, 0.0  # the claim that follows says what is wrong
+        room = outlook.room_for({agent.model for agent in registry.all()})
+        self._capacity_short = room is not None and room < self.concurrency
+        return (NO_LIMIT if room is None else room), outlook.next_in
+
     def _slot_freed(self) -> None:
         with self._lock:
             self._busy -= 1
@@ -387,7 +414,11 @@ class Worker:
         then_claim = NextClaim(
             self.worker_id,
             self.lease_seconds,
-            take=lambda: not self.stopping.is_set() and self._take_ticket(),
+            # The next run comes with the last step only while capacity is plentiful; else the
+            # claimer takes runs as the buckets have room, highest priority first.
+            take=lambda: (
+                not self.stopping.is_set() and not self._capacity_short and self._take_ticket()
+            ),
             give_back=self._forget_ticket,
         )
         with bind_run(claim.run_id):

@@ -71,7 +71,12 @@ def content_span(body: str) -> tuple[int, int] | None:
         return None
 
 
-def read_turn(text: str, request_id: str | None, started: float) -> ModelTurn:
+def read_turn(
+    text: str,
+    request_id: str | None,
+    started: float,
+    rate_headers: dict[str, str] | None = None,
+) -> ModelTurn:
     """The answer as a ModelTurn. Raises ValueError for a body that is not JSON (a proxy's
     error page: worth a retry) and PermanentModelError for JSON that is not a message: asking
     again would pay for another answer that cannot be used, so the run ends at once."""
@@ -90,6 +95,7 @@ def read_turn(text: str, request_id: str | None, started: float) -> ModelTurn:
         message=message,
         elapsed_ms=(time.monotonic() - started) * 1000,
         content_span=content_span(text),
+        rate_headers=rate_headers or {},
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anthropic
 import httpx2
@@ -93,15 +93,36 @@ def sends_raw_bodies(client: anthropic.Anthropic) -> bool:
     return isinstance(client, anthropic.Anthropic)
 
 
-def post_message(
-    client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]
-) -> tuple[str, str | None]:
-    """One non-streamed call; the response body verbatim and the provider's request id."""
+RATE_LIMIT_PREFIX = "anthropic-ratelimit-"
+
+# What one call answered: the response body verbatim, the provider's request id, and the
+# response's rate-limit headers.
+Answer = tuple[str, str | None, dict[str, str]]
+
+
+def rate_limit_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The ``anthropic-ratelimit-*`` headers of a response, lower-cased, and nothing else."""
+    if not headers:
+        return {}
+    return {
+        key.lower(): value
+        for key, value in headers.items()
+        if key.lower().startswith(RATE_LIMIT_PREFIX)
+    }
+
+
+def post_message(client: anthropic.Anthropic, body: bytes, extra_headers: dict[str, str]) -> Answer:
+    """One non-streamed call; the response body verbatim, the provider's request id and the
+    rate-limit headers."""
     if not sends_raw_bodies(client):
         raw = client.messages.with_raw_response.create(
             **json.loads(body), extra_headers=extra_headers or None
         )
-        return raw.http_response.content.decode("utf-8"), raw.request_id
+        return (
+            raw.http_response.content.decode("utf-8"),
+            raw.request_id,
+            rate_limit_headers(raw.http_response.headers),
+        )
     # Errors raise the SDK's APIStatusError subclasses, as messages.create would.
     response = client.post(
         MESSAGES_PATH,
@@ -109,4 +130,8 @@ def post_message(
         content=body,
         options={"headers": extra_headers} if extra_headers else {},
     )
-    return response.content.decode("utf-8"), response.headers.get("request-id")
+    return (
+        response.content.decode("utf-8"),
+        response.headers.get("request-id"),
+        rate_limit_headers(response.headers),
+    )

@@ -12,11 +12,32 @@ from durable_agents.exceptions import DurableAgentsError
 class ModelError(DurableAgentsError):
     """A model call that did not produce a turn."""
 
-    def __init__(self, message: str, *, status: int | None = None, request_id: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        rate_headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.request_id = request_id
+        # What the server asked: seconds before asking again, and its rate-limit headers.
+        self.retry_after = retry_after
+        self.rate_headers = rate_headers or {}
+
+    @property
+    def rate_limited(self) -> bool:
+        """A 429: this organisation is over a rate limit (not the run's fault)."""
+        return self.status == 429
+
+    @property
+    def overloaded(self) -> bool:
+        """A 529: the API is busy for everyone (not the run's fault either)."""
+        return self.status == 529
 
 
 class PermanentModelError(ModelError):
@@ -38,3 +59,5 @@ class ModelTurn:
     message: dict[str, Any]  # json.loads(body)
     elapsed_ms: float
     content_span: tuple[int, int] | None = None  # of the message's content in body
+    # The answer's anthropic-ratelimit-* headers: what remains of the API's buckets.
+    rate_headers: dict[str, str] = dataclasses.field(default_factory=dict)

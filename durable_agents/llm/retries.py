@@ -29,7 +29,13 @@ from durable_agents import calls, observers
 from durable_agents.conf import app_settings
 from durable_agents.interrupt import Interrupt
 from durable_agents.llm.body import read_turn, request_body
-from durable_agents.llm.client import configured, get_client, post_message
+from durable_agents.llm.client import (
+    Answer,
+    configured,
+    get_client,
+    post_message,
+    rate_limit_headers,
+)
 from durable_agents.llm.errors import (
     ModelCallInterrupted,
     ModelError,
@@ -85,11 +91,18 @@ def classify(exc: Exception, model: str) -> ModelError:
         status = exc.status_code
         message = _error_message(exc)
         request_id = exc.request_id
-        should_retry = exc.response.headers.get("x-should-retry") if exc.response else None
+        headers = exc.response.headers if exc.response else None
+        should_retry = headers.get("x-should-retry") if headers is not None else None
         if should_retry == "true" or (
             should_retry != "false" and (status in RETRYABLE_STATUSES or status >= 500)
         ):
-            return TransientModelError(message, status=status, request_id=request_id)
+            return TransientModelError(
+                message,
+                status=status,
+                request_id=request_id,
+                retry_after=_retry_after(headers),
+                rate_headers=rate_limit_headers(headers),
+            )
         if status == 404:
             return PermanentModelError(
                 f"model {model!r} is not available (retired or unknown): {message}",
@@ -121,6 +134,7 @@ def create_turn(
     stream: bool = False,
     on_text: Callable[[str], None] | None = None,
     meanwhile: Callable[[], None] | None = None,
+    retry_rate_limits: bool = True,
 ) -> ModelTurn:
     """Call the Messages API until it answers, retrying what may be retried.
 
@@ -135,6 +149,9 @@ def create_turn(
     ``meanwhile`` (the commit of the previous step) runs exactly once on this thread: while the
     first attempt is in flight, or before anything is raised. If it raises, the call is
     abandoned and its exception propagates.
+
+    ``retry_rate_limits=False``: a 429 is raised at once (``TransientModelError.rate_limited``,
+    with its ``retry_after``), for a caller that waits for capacity fleet-wide instead.
     """
     # Copying a client costs about half a millisecond: the cached one is configured already.
     client = get_client() if client is None else configured(client)
@@ -155,7 +172,16 @@ def create_turn(
     spans = observers.model_call(params, messages, stream=stream, client=client)
     try:
         return _create_turn(
-            client, body, model, extra_headers, interrupt, stream, on_text, once, spans
+            client,
+            body,
+            model,
+            extra_headers,
+            interrupt,
+            stream,
+            on_text,
+            once,
+            spans,
+            retry_rate_limits,
         )
     except BaseException:
         if once is not None:
@@ -190,8 +216,9 @@ def _create_turn(
     on_text: Callable[[str], None] | None,
     meanwhile: _Once | None,
     spans: observers.ModelCall,
+    retry_rate_limits: bool = True,
 ) -> ModelTurn:
-    def call(abort: threading.Event) -> tuple[str, str | None]:
+    def call(abort: threading.Event) -> Answer:
         if stream:
             return stream_message(client, body, extra_headers, abort, on_text)
         return post_message(client, body, extra_headers)
@@ -201,13 +228,14 @@ def _create_turn(
     while True:
         last = retry >= retries  # whatever the last attempt raises is what the call raises
         try:
-            return _attempt(call, model, interrupt, meanwhile, spans, last=last)
+            return _attempt(
+                call, model, interrupt, meanwhile, spans, last=last, retry_429=retry_rate_limits
+            )
         except TransientModelError as error:
-            if last or not _retryable(error):
+            if last or not _retryable(error) or (error.rate_limited and not retry_rate_limits):
                 raise
             exc = error.__cause__
-            headers = exc.response.headers if isinstance(exc, anthropic.APIStatusError) else None
-            delay = _retry_after(headers)
+            delay = error.retry_after
             if delay is None:
                 delay = _backoff(retry)
             logger.warning(
@@ -241,13 +269,14 @@ def _outcome(error: ModelError, last: bool) -> ModelOutcome:
 
 
 def _attempt(
-    call: Callable[[threading.Event], tuple[str, str | None]],
+    call: Callable[[threading.Event], Answer],
     model: str,
     interrupt: Interrupt,
     meanwhile: _Once | None,
     spans: observers.ModelCall,
     *,
     last: bool,
+    retry_429: bool = True,
 ) -> ModelTurn:
     """One call (one ``chat`` span), reported once: the turn, or a ``ModelError`` whose
     ``__cause__`` is what went wrong. ``last``: no retry follows a transient error."""
@@ -257,14 +286,15 @@ def _attempt(
     try:
         turn = _call_once(call, model, interrupt, meanwhile, spans, started)
     except ModelError as error:
-        observers.model_attempt(model, _outcome(error, last), time.monotonic() - started)
+        final = last or (error.rate_limited and not retry_429)
+        observers.model_attempt(model, _outcome(error, final), time.monotonic() - started)
         raise
     observers.model_attempt(model, ModelOutcome.OK, turn.elapsed_ms / 1000)
     return turn
 
 
 def _call_once(
-    call: Callable[[threading.Event], tuple[str, str | None]],
+    call: Callable[[threading.Event], Answer],
     model: str,
     interrupt: Interrupt,
     meanwhile: _Once | None,
@@ -274,12 +304,14 @@ def _call_once(
     with spans.attempt() as span:
         try:
             try:
-                text, request_id = calls.run_abortable(call, interrupt, meanwhile=meanwhile)
+                text, request_id, headers = calls.run_abortable(
+                    call, interrupt, meanwhile=meanwhile
+                )
             except calls.CallInterrupted as exc:
                 raise ModelCallInterrupted(
                     f"model call abandoned: {interrupt.reason or 'interrupted'}"
                 ) from exc
-            return span.answered(read_turn(text, request_id, started))
+            return span.answered(read_turn(text, request_id, started, headers))
         except ModelCallInterrupted:
             raise
         except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:

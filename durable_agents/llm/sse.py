@@ -18,7 +18,12 @@ from typing import Any, NoReturn
 import anthropic
 import httpx2
 
-from durable_agents.llm.client import MESSAGES_PATH, sends_raw_bodies
+from durable_agents.llm.client import (
+    MESSAGES_PATH,
+    Answer,
+    rate_limit_headers,
+    sends_raw_bodies,
+)
 from durable_agents.llm.errors import (
     ModelCallInterrupted,
     PermanentModelError,
@@ -62,7 +67,7 @@ def stream_message(
     extra_headers: dict[str, str],
     abort: threading.Event,
     on_text: Callable[[str], None] | None,
-) -> tuple[str, str | None]:
+) -> Answer:
     """Stream one turn and assemble it from the raw events, keeping every field the server sent
     (the SDK's accumulator drops extras on deltas). Nothing is returned unless message_stop
     arrived: a cut stream raises and the caller retries; no partial turn is ever committed."""
@@ -99,7 +104,11 @@ def stream_message(
             elif kind == "message_stop":
                 if message is None:
                     raise TransientModelError("stream ended without message_start")
-                return json.dumps(message, ensure_ascii=False), request_id
+                return (
+                    json.dumps(message, ensure_ascii=False),
+                    request_id,
+                    rate_limit_headers(http_response.headers),
+                )
             elif kind == "error":
                 _raise_error_event(data)
         raise TransientModelError("the stream ended before message_stop; nothing was committed")

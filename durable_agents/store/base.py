@@ -54,10 +54,11 @@ import abc
 import dataclasses
 import datetime
 import enum
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -74,6 +75,9 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.text import storable_text
+
+if TYPE_CHECKING:
+    from durable_agents.capacity.gate import CapacityGate
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
 MAX_REASON_CHARS = 20_000
@@ -239,6 +243,14 @@ class Store(abc.ABC):
         connections of its threads (a database store, this default), or nothing."""
         return DatabaseConnections()
 
+    @functools.cached_property
+    def capacity(self) -> CapacityGate:
+        """The fleet's grants of model capacity (rate limits, pauses after a 429), kept where
+        this store keeps runs: the ORM's gate here, one in memory for ``InMemoryStore``."""
+        from durable_agents.capacity.portable import PortableCapacity
+
+        return PortableCapacity()
+
     # -- create --------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -316,11 +328,13 @@ class Store(abc.ABC):
         error: str | None = None,
         count_claim: bool = True,
         hold_seconds: float | None = None,
+        waiting_for: WaitKind | None = None,
     ) -> bool:
         """Release: hand the run back (pending); fenced. ``count_claim=False`` takes back the
         no-progress count of this claim (a shutdown is not the run's fault).
         ``hold_seconds`` keeps it claimable by nobody for that long (the lease column doubles
-        as a not-before time); otherwise it is claimable at once."""
+        as a not-before time); otherwise it is claimable at once. ``waiting_for`` records
+        what the pending run waits for meanwhile (model capacity), since now."""
 
     @abc.abstractmethod
     def park_on_intent(

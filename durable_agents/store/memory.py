@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import itertools
 import threading
 import uuid
@@ -26,6 +27,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 from django.utils import timezone
 
+from durable_agents.capacity.gate import CapacityGate
+from durable_agents.capacity.memory import InMemoryCapacity
 from durable_agents.connections import WorkerConnections
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
@@ -106,6 +109,11 @@ class InMemoryStore(Store):
     def worker_connections(self) -> WorkerConnections:
         """No database: a worker on this store has no connection to look after."""
         return WorkerConnections()
+
+    @functools.cached_property
+    def capacity(self) -> CapacityGate:
+        """Model capacity in memory, on this store's clock."""
+        return InMemoryCapacity(self.now)
 
     # -- inspection (tests) --------------------------------------------------------------
 
@@ -353,6 +361,7 @@ class InMemoryStore(Store):
         error: str | None = None,
         count_claim: bool = True,
         hold_seconds: float | None = None,
+        waiting_for: WaitKind | None = None,
     ) -> bool:
         with self.lock:
             run = self._fenced(claim)
@@ -366,6 +375,9 @@ class InMemoryStore(Store):
                 run.error = storable_text(error, MAX_REASON_CHARS)
             if not count_claim:
                 run.stalled_claims = max(run.stalled_claims - 1, 0)
+            if waiting_for is not None:
+                run.waiting_for = waiting_for
+                run.waiting_since = self.now()
             return True
 
     def park_on_intent(

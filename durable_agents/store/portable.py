@@ -322,6 +322,7 @@ class PortableStore(Store):
         error: str | None = None,
         count_claim: bool = True,
         hold_seconds: float | None = None,
+        waiting_for: WaitKind | None = None,
     ) -> bool:
         changes: dict[str, Any] = {
             "status": RunStatus.PENDING,
@@ -333,6 +334,9 @@ class PortableStore(Store):
             changes["error"] = storable_text(error, MAX_REASON_CHARS)
         if not count_claim:
             changes["stalled_claims"] = Greatest(F("stalled_claims") - 1, 0)
+        if waiting_for is not None:
+            changes["waiting_for"] = waiting_for
+            changes["waiting_since"] = Now()
         return bool(fenced(claim).update(**changes))
 
     def park_on_intent(

@@ -170,7 +170,9 @@ def test_a_rebuilt_claim_sends_the_same_trimmed_bytes(
     # The model fails once right after a compaction; the run is handed back, claimed again,
     # and the conversation is rebuilt from the log (load_log): the request must be the one
     # that failed, byte for byte, starting at the compaction.
-    da_settings(MODEL_RETRIES=0)
+    # No retry within the claim, and no wait before the next claim (a 529 whose retries ran
+    # out hands the run back to wait as long as the next retry would have).
+    da_settings(MODEL_RETRIES=0, MAX_BACKOFF_SECONDS=0)
     agent = COMPACTORS[(False, False)]
     armed = {"done": False}
 

@@ -194,7 +194,7 @@ def test_each_model_call_attempt_is_counted_once_by_its_outcome(
     before = scrape(metrics)
     # The first claim: a retry, then the retries are over (the run is handed back); the
     # next claim: a permanent refusal (the run is dead-lettered).
-    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded"), times=2)
+    fake_api.fail_next(api_error(500, "api_error", "Internal server error"), times=2)
     fake_api.fail_next(api_error(400, "invalid_request_error", "bad thing"))
     start_run("tester", '@lookup {"key": "a"}')
     assert run_worker().stats.dispositions == {"released": 1, "dead": 1}

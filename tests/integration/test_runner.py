@@ -587,8 +587,9 @@ def test_bad_request_is_dead_lettered_with_its_message(fake_api: FakeAnthropic) 
 def test_transient_errors_are_retried_within_the_claim(
     fake_api: FakeAnthropic, da_settings: Any
 ) -> None:
+    # A 429 is not retried by the run alone: see test_capacity.py (the fleet pauses).
     da_settings(MAX_BACKOFF_SECONDS=0.05)
-    fake_api.fail_next(api_error(429, "rate_limit_error", "slow down"))
+    fake_api.fail_next(api_error(408, "timeout_error", "Request timed out"))
     fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded"))
     fake_api.fail_next(api_error(500, "api_error", "Internal server error"))
     run = start_run("tester", '@lookup {"key": "a"}')
@@ -596,7 +597,7 @@ def test_transient_errors_are_retried_within_the_claim(
     run = reload(run)
     assert worker.stats.dispositions == {"succeeded": 1}
     assert (run.status, run.error, run.attempt, run.stalled_claims) == ("succeeded", "", 1, 0)
-    assert [r.status for r in fake_api.requests] == [429, 529, 500, 200, 200]
+    assert [r.status for r in fake_api.requests] == [408, 529, 500, 200, 200]
     # The retried request is the same request.
     assert len({r.body for r in fake_api.requests[:4]}) == 1
     assert [s.attempt for s in steps_of(run)] == [0, 1, 1, 1]
@@ -604,7 +605,8 @@ def test_transient_errors_are_retried_within_the_claim(
 
 @pytest.mark.postgres
 def test_retry_after_longer_than_the_lease_keeps_the_run(fake_api: FakeAnthropic) -> None:
-    fake_api.fail_next(api_error(429, "rate_limit_error", "slow down", **{"retry-after": "4"}))
+    # A 529's retry-after is waited for within the claim (a 429 hands the run back instead).
+    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded", **{"retry-after": "4"}))
     run = start_run("tester", '@lookup {"key": "a"}')
     worker, thread = background_worker(worker_id="holder", lease_seconds=1.5, heartbeat_seconds=0.3)
     wait_for(lambda: len(fake_api.requests) == 1, timeout=10)
@@ -641,7 +643,7 @@ def test_retry_after_longer_than_the_lease_keeps_the_run(fake_api: FakeAnthropic
     run = reload(run)
     assert worker.stats.dispositions == {"succeeded": 1}
     assert (run.status, run.attempt) == ("succeeded", 1)
-    assert [r.status for r in fake_api.requests] == [429, 200, 200]
+    assert [r.status for r in fake_api.requests] == [529, 200, 200]
     assert fake_api.requests[1].at - fake_api.requests[0].at >= 3.9
     steps = steps_of(run)
     assert [s.attempt for s in steps[1:]] == [1, 1, 1]
@@ -652,7 +654,8 @@ def test_exhausted_retries_hand_back_then_dead_letter(
     fake_api: FakeAnthropic, da_settings: Any
 ) -> None:
     da_settings(MODEL_RETRIES=1, MAX_ATTEMPTS=2, MAX_BACKOFF_SECONDS=0.05)
-    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded"), times=4)
+    # An outage (500s), not a rate limit or an overload: those never dead-letter a run.
+    fake_api.fail_next(api_error(500, "api_error", "Internal server error"), times=4)
     run = start_run("tester", '@lookup {"key": "a"}')
 
     first = run_worker(max_runs=1)
@@ -661,8 +664,8 @@ def test_exhausted_retries_hand_back_then_dead_letter(
     assert run.status == "pending"
     assert (run.lease_owner, run.lease_until) == (None, None)
     assert (run.attempt, run.stalled_claims, run.last_seq) == (1, 1, 0)
-    assert run.error == "model call failed: overloaded_error: Overloaded"
-    assert [r.status for r in fake_api.requests] == [529, 529]
+    assert run.error == "model call failed: api_error: Internal server error"
+    assert [r.status for r in fake_api.requests] == [500, 500]
 
     second = run_worker()
     assert second.stats.dispositions == {"released": 1, "dead": 1}
@@ -673,9 +676,9 @@ def test_exhausted_retries_hand_back_then_dead_letter(
         "2 claims in a row ended without committing a step (MAX_ATTEMPTS=2); "
         "last committed step: seq 0;"
     )
-    assert run.error.endswith("; last error: model call failed: overloaded_error: Overloaded")
+    assert run.error.endswith("; last error: model call failed: api_error: Internal server error")
     # The claim that dead-letters makes no model call.
-    assert [r.status for r in fake_api.requests] == [529] * 4
+    assert [r.status for r in fake_api.requests] == [500] * 4
     assert len(steps_of(run)) == 1
 
     # A person requeues it; the model is back, the run finishes.
@@ -685,7 +688,7 @@ def test_exhausted_retries_hand_back_then_dead_letter(
     run_worker()
     run = reload(run)
     assert (run.status, run.error, run.stalled_claims) == ("succeeded", "", 0)
-    assert [r.status for r in fake_api.requests] == [529] * 4 + [200, 200]
+    assert [r.status for r in fake_api.requests] == [500] * 4 + [200, 200]
 
 
 # --------------------------------------------------------------------------- cancellation
@@ -735,7 +738,7 @@ def test_cancel_while_a_tool_runs_commits_nothing_more(
 
 def test_cancel_during_a_retry_wait_stops_at_once(fake_api: FakeAnthropic) -> None:
     # An hour to wait: a worker that ends within the minute below did not wait it out.
-    fake_api.fail_next(api_error(429, "rate_limit_error", "slow down", **{"retry-after": "3600"}))
+    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded", **{"retry-after": "3600"}))
     run = start_run("tester", '@lookup {"key": "a"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     wait_for(lambda: len(fake_api.requests) == 1, timeout=10)
@@ -744,7 +747,7 @@ def test_cancel_during_a_retry_wait_stops_at_once(fake_api: FakeAnthropic) -> No
     assert not thread.is_alive()
     assert worker.stats.dispositions == {"cancelled": 1}
     assert reload(run).status == "cancelled"
-    assert [r.status for r in fake_api.requests] == [429]
+    assert [r.status for r in fake_api.requests] == [529]
     assert len(steps_of(run)) == 1
 
 

@@ -242,7 +242,7 @@ def test_every_claim_joins_the_trace_after_a_hand_back_and_after_a_crash(
     fake_api: FakeAnthropic, da_settings: Any
 ) -> None:
     da_settings(MODEL_RETRIES=1, MAX_BACKOFF_SECONDS=0.05)
-    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded"), times=2)
+    fake_api.fail_next(api_error(500, "api_error", "Internal server error"), times=2)
     run, caller = started_in_a_trace("tester", '@lookup {"key": "a"}')
 
     # Claim 1: both attempts of the model call fail; the run is handed back.
@@ -255,7 +255,7 @@ def test_every_claim_joins_the_trace_after_a_hand_back_and_after_a_crash(
     assert len(failed) == 2
     for chat in failed:
         assert chat.attributes is not None
-        assert chat.attributes["error.type"] == "overloaded_error"
+        assert chat.attributes["error.type"] == "api_error"
         assert chat.attributes["anthropic.request.id"] == "req_fault"
         assert chat.status.status_code is StatusCode.ERROR
         assert parent_id(chat) == first.context.span_id

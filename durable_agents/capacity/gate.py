@@ -1,0 +1,232 @@
+"""``CapacityGate``: the fleet's grants of model capacity, one interface per kind of store.
+
+The whole flow of one model call, from the runner's side:
+
+    acquire   before the call: refill the model's buckets, then take one request, the
+              estimated input tokens and max_tokens; or refuse, with how long to wait
+              (the run is then handed back, pending, and holds nothing while it waits)
+    settle    when the call answered: give back what the estimate took too much, per the
+              answer's usage; lower the buckets to what the API's headers say remains
+    rate_limited
+              a 429: pause the model for the whole fleet until its retry-after, once
+    handed_back
+              a run waits for capacity: count it, and refuse lower priorities meanwhile
+    outlook   the claimer's view: how many calls each model has room for now
+
+Every operation locks the model's row (``ModelCapacity``), changes it with the arithmetic of
+``buckets.py`` and saves it, so every worker of the fleet shares one set of buckets. A model
+without ``RATE_LIMITS`` and without a row (the API never sent rate-limit headers, never
+answered 429) costs no database access at all.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from durable_agents.capacity import buckets
+from durable_agents.capacity.buckets import Estimate
+from durable_agents.capacity.headers import Observed
+from durable_agents.capacity.limits import ModelLimits, configured_limits
+from durable_agents.models import CapacityEventKind, ModelCapacity
+
+T = TypeVar("T")
+
+# How long a worker trusts that a model has no row (no limits configured or learned): a
+# worker that learns limits creates the row, and the others see it within this time.
+ABSENT_TTL_SECONDS = 2.0
+# The shortest wait a refused run is given: below it, handing a run back costs more than
+# the wait.
+MIN_WAIT_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The answer to ``acquire``: granted, or how long to wait and why."""
+
+    model: str
+    estimate: Estimate
+    granted: bool
+    wait_seconds: float = 0.0
+    reason: str = ""
+    # Whether the model has buckets at all: an unlimited grant needs no settling.
+    limited: bool = False
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """The claimer's view of capacity: calls each limited model has room for now, and how
+    soon one more call fits where none does."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    next_in: float = 0.0
+
+    def room_for(self, models: set[str]) -> int | None:
+        """Calls the given models have room for in all, or None when one of them is not
+        limited (any number of its runs may be claimed)."""
+        if not models or not models <= set(self.calls):
+            return None
+        return sum(self.calls[model] for model in models)
+
+
+class CapacityGate(abc.ABC):
+    """Grants of model capacity shared by the fleet; see the flow above."""
+
+    def __init__(self) -> None:
+        self._absent: dict[str, float] = {}
+        self._absent_lock = threading.Lock()
+
+    # -- what a store provides ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _locked(
+        self, model: str, create: bool
+    ) -> AbstractContextManager[tuple[ModelCapacity | None, datetime.datetime]]:
+        """The model's row locked for update and the store's time (the database's clock),
+        the row created first if ``create``; saved on a clean exit when ``save`` was called."""
+
+    @abc.abstractmethod
+    def _save(self, row: ModelCapacity) -> None:
+        """Store ``row`` (inside ``_locked``)."""
+
+    @abc.abstractmethod
+    def _rows(self) -> tuple[list[ModelCapacity], datetime.datetime]:
+        """Every model's row (unlocked) and the store's time."""
+
+    @abc.abstractmethod
+    def _record_event(self, model: str, kind: str, seconds: float | None) -> None:
+        """Append a ``CapacityEvent``."""
+
+    # -- the flow ----------------------------------------------------------------------------
+
+    def acquire(self, model: str, estimate: Estimate, priority: int) -> Grant:
+        limits = configured_limits(model)
+        if limits is None and self._known_absent(model):
+            return Grant(model, estimate, granted=True)
+
+        def grant(row: ModelCapacity | None, now: datetime.datetime) -> Grant:
+            if row is None:
+                return Grant(model, estimate, granted=True)
+            self._configure(row, limits)
+            buckets.refill(row, now)
+            refused = buckets.refusal(row, estimate, priority, now)
+            if refused is not None:
+                self._save(row)
+                wait = max(refused.seconds, MIN_WAIT_SECONDS)
+                return Grant(model, estimate, False, wait, refused.reason, limited=True)
+            buckets.take(row, estimate)
+            self._save(row)
+            return Grant(model, estimate, granted=True, limited=True)
+
+        return self._with_row(model, limits is not None, grant)
+
+    def settle(self, grant: Grant, used: tuple[int, int] | None, observed: Observed | None) -> None:
+        """The call of ``grant`` ended: ``used`` is (input tokens charged, output tokens) from
+        its usage, None if it charged nothing; ``observed``, its rate-limit headers."""
+        if not grant.limited and observed is None:
+            return
+        limits = configured_limits(grant.model)
+
+        def apply(row: ModelCapacity | None, now: datetime.datetime) -> None:
+            assert row is not None
+            self._configure(row, limits)
+            buckets.refill(row, now)
+            if grant.limited:
+                buckets.give_back(row, grant.estimate, used)
+            if observed is not None:
+                buckets.learn(row, observed)
+            self._save(row)
+
+        self._with_row(grant.model, True, apply)
+
+    def rate_limited(self, model: str, retry_after: float, observed: Observed | None) -> None:
+        """A 429: the model pauses for the whole fleet for ``retry_after`` seconds."""
+        limits = configured_limits(model)
+
+        def apply(row: ModelCapacity | None, now: datetime.datetime) -> None:
+            assert row is not None
+            self._configure(row, limits)
+            buckets.refill(row, now)
+            if observed is not None:
+                buckets.learn(row, observed)
+            buckets.pause(row, retry_after, now)
+            self._save(row)
+
+        self._with_row(model, True, apply)
+        self._record_event(model, CapacityEventKind.RATE_LIMITED, retry_after)
+
+    def overloaded(self, model: str) -> None:
+        """A 529: the API is busy for everyone; recorded, the fleet's share unchanged."""
+        self._record_event(model, CapacityEventKind.OVERLOADED, None)
+
+    def handed_back(self, model: str, priority: int, seconds: float) -> None:
+        """A run of ``priority`` waits ``seconds`` for this model's capacity."""
+
+        def apply(row: ModelCapacity | None, now: datetime.datetime) -> None:
+            if row is not None:
+                buckets.note_waiting(row, priority, seconds, now)
+                self._save(row)
+
+        self._with_row(model, False, apply)
+
+    def outlook(self) -> Outlook:
+        rows, now = self._rows()
+        calls: dict[str, int] = {}
+        next_in = 0.0
+        for row in rows:
+            # A row without limits is still paused after a 429; once that is over it has
+            # room for any number of calls.
+            room, wait = buckets.calls_available(row, now)
+            calls[row.model] = room
+            if room == 0:
+                next_in = wait if next_in == 0 else min(next_in, wait)
+        return Outlook(calls, next_in)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _with_row(
+        self,
+        model: str,
+        create: bool,
+        then: Callable[[ModelCapacity | None, datetime.datetime], T],
+    ) -> T:
+        with self._locked(model, create) as (row, now):
+            if row is None:
+                self._mark_absent(model)
+            else:
+                self._forget_absent(model)
+            return then(row, now)
+
+    @staticmethod
+    def _configure(row: ModelCapacity, limits: ModelLimits | None) -> None:
+        if limits is not None:
+            buckets.configure(row, limits)
+        elif row.configured:
+            # RATE_LIMITS no longer names the model: learn its limits from the API again.
+            row.configured = False
+
+    def _known_absent(self, model: str) -> bool:
+        with self._absent_lock:
+            until = self._absent.get(model)
+            return until is not None and until > time.monotonic()
+
+    def _mark_absent(self, model: str) -> None:
+        with self._absent_lock:
+            self._absent[model] = time.monotonic() + ABSENT_TTL_SECONDS
+
+    def _forget_absent(self, model: str) -> None:
+        with self._absent_lock:
+            self._absent.pop(model, None)
+
+
+def new_row(model: str, now: datetime.datetime) -> ModelCapacity:
+    return ModelCapacity(model=model, refilled_at=now, updated_at=now)
+
+
+__all__ = ["CapacityGate", "Estimate", "Grant", "Outlook", "new_row"]
