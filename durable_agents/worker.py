@@ -375,10 +375,10 @@ class Worker:
         pending, holding nothing, and are claimed highest priority first when there is room.
         A run that needs no call or finds the room taken meanwhile is handed back (runner)."""
         try:
-            outlook = self._store().capacity.outlook()
+            outlook = self._store().capacity.outlook({agent.model for agent in registry.all()})
         except DatabaseError:
             return NO_LIMIT, 0.0  # the claim that follows says what is wrong
-        room = outlook.room_for({agent.model for agent in registry.all()})
+        room = outlook.room
         self._capacity_short = room is not None and room < self.concurrency
         return (NO_LIMIT if room is None else room), outlook.next_in
 

@@ -28,6 +28,8 @@ BUCKETS = (
 )
 # Weight of the newest call in the moving averages of what a call charges.
 AVERAGE_WEIGHT = 0.1
+# What ``calls_available`` answers for a model without limits.
+UNLIMITED = 1_000_000
 # How long a run refused for a higher priority's sake waits before it asks again.
 PRIORITY_HOLD_SECONDS = 1.0
 
@@ -205,7 +207,7 @@ def calls_available(row: ModelCapacity, now: datetime.datetime) -> tuple[int, fl
         room = min(room, max(level, 0.0) / need)
         if level < need:
             wait = max(wait, (need - level) / (limit / 60.0))
-    calls = 1_000_000 if room == math.inf else int(room)
+    calls = UNLIMITED if room == math.inf else min(int(room), UNLIMITED)
     return calls, wait
 
 

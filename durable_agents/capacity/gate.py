@@ -61,18 +61,19 @@ class Grant:
 
 @dataclass(frozen=True)
 class Outlook:
-    """The claimer's view of capacity: calls each limited model has room for now, and how
-    soon one more call fits where none does."""
+    """The claimer's view of capacity: calls each model has room for now (None: not limited,
+    any number), and how soon one more call fits where none does."""
 
-    calls: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int | None] = field(default_factory=dict)
     next_in: float = 0.0
 
-    def room_for(self, models: set[str]) -> int | None:
-        """Calls the given models have room for in all, or None when one of them is not
-        limited (any number of its runs may be claimed)."""
-        if not models or not models <= set(self.calls):
+    @property
+    def room(self) -> int | None:
+        """Calls the models have room for in all, or None when one of them is not limited
+        (any number of its runs may be claimed)."""
+        if not self.calls or any(calls is None for calls in self.calls.values()):
             return None
-        return sum(self.calls[model] for model in models)
+        return sum(calls for calls in self.calls.values() if calls is not None)
 
 
 class CapacityGate(abc.ABC):
@@ -175,15 +176,23 @@ class CapacityGate(abc.ABC):
 
         self._with_row(model, False, apply)
 
-    def outlook(self) -> Outlook:
+    def outlook(self, models: set[str]) -> Outlook:
+        """Room for calls to each of ``models`` now: a model without a row has the burst of its
+        ``RATE_LIMITS`` (a full bucket), or no limit at all."""
         rows, now = self._rows()
-        calls: dict[str, int] = {}
+        by_model = {row.model: row for row in rows if row.model in models}
+        calls: dict[str, int | None] = {}
         next_in = 0.0
-        for row in rows:
+        for model in models:
+            row = by_model.get(model)
+            if row is None:
+                calls[model] = _full_bucket(configured_limits(model))
+                continue
+            self._configure(row, configured_limits(model))
             # A row without limits is still paused after a 429; once that is over it has
             # room for any number of calls.
             room, wait = buckets.calls_available(row, now)
-            calls[row.model] = room
+            calls[model] = None if room >= buckets.UNLIMITED else room
             if room == 0:
                 next_in = wait if next_in == 0 else min(next_in, wait)
         return Outlook(calls, next_in)
@@ -223,6 +232,14 @@ class CapacityGate(abc.ABC):
     def _forget_absent(self, model: str) -> None:
         with self._absent_lock:
             self._absent.pop(model, None)
+
+
+def _full_bucket(limits: ModelLimits | None) -> int | None:
+    """Calls a full bucket of ``limits`` has room for (requests alone: what a call of the
+    model charges in tokens is not known before its first answer)."""
+    if limits is None or limits.requests_per_minute is None:
+        return None
+    return max(int(limits.requests_per_minute * limits.burst_seconds / 60.0), 1)
 
 
 def new_row(model: str, now: datetime.datetime) -> ModelCapacity:
