@@ -17,6 +17,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from durable_agents.capacity.limits import ANY_MODEL, limit_problems
 from durable_agents.conf import DEFAULTS, app_settings, declared_types
 
 # Referred to by runagents, whose --allow-offline lets this one check pass.
@@ -60,6 +61,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_retired_models(),
         *_bad_archiver(),
         *_bad_tool_error_formatter(),
+        *_bad_rate_limits(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
@@ -132,6 +134,20 @@ def _bad_listen() -> list[CheckMessage]:
             "connects there instead (around a transaction pooler, which cannot LISTEN).",
             id="durable_agents.E013",
         )
+    ]
+
+
+def _bad_rate_limits() -> list[CheckMessage]:
+    """Each problem of ``RATE_LIMITS`` (a limit that is not a positive number, an unknown key):
+    at start-up, rather than a model whose limit is silently not enforced."""
+    return [
+        Error(
+            f"DURABLE_AGENTS['RATE_LIMITS']: {problem}.",
+            hint='For example {"claude-fable-5-1": {"requests_per_minute": 4000, '
+            '"input_tokens_per_minute": 2000000, "output_tokens_per_minute": 400000}}.',
+            id="durable_agents.E020",
+        )
+        for problem in limit_problems(app_settings.RATE_LIMITS)
     ]
 
 
@@ -325,7 +341,25 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                     id="durable_agents.W004",
                 )
             )
-    return messages
+    return [*messages, *_rate_limits_for_unknown_models({a.model for a in registry.all()})]
+
+
+def _rate_limits_for_unknown_models(models: set[str]) -> list[CheckMessage]:
+    """A model in RATE_LIMITS that no agent uses: most likely a typo, and the model meant
+    goes unlimited."""
+    limits = app_settings.RATE_LIMITS
+    if not isinstance(limits, dict) or not models:
+        return []
+    return [
+        Warning(
+            f"DURABLE_AGENTS['RATE_LIMITS'] names model {name!r}, which no registered agent uses.",
+            hint=f"The agents use {', '.join(sorted(models))}. A misspelt model goes unlimited; "
+            'use "*" for the limits of any model not named.',
+            id="durable_agents.W020",
+        )
+        for name in sorted(set(limits) - models - {ANY_MODEL}, key=str)
+        if isinstance(name, str)
+    ]
 
 
 # The anthropic-beta each server-side context edit needs (NOTES-anthropic-sdk, long transcripts).

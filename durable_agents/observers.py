@@ -22,6 +22,8 @@ method             receives                   reported by, and when
 ``step_committed`` ``StepCommit``             ``runner``: each step it committed
 ``claim_ended``    ``ClaimEnd``               ``worker``: each claim, once, when its slot is done
                                               with it (a sweep or a ``cancel_run`` is no claim)
+``capacity_wait``  ``CapacityWait``           ``runner``: a run handed back to wait for model
+                                              capacity (buckets short, a 429's pause, a 529)
 ``agent_span``     a ``Claim``: returns an    ``runner.advance_run``: one claim advancing one run
                    ``AgentSpan`` or None
 ``model_call``     a ``ModelRequest``:        ``llm.retries.create_turn``: one model call; its
@@ -91,6 +93,21 @@ class ToolCallEnd:
 class StepCommit:
     kind: str  # StepKind: model_turn, tool_result
     seconds: float
+
+
+class WaitReason(enum.StrEnum):
+    """Why a run waits for model capacity."""
+
+    CAPACITY = "capacity"  # the fleet's buckets have no room for the call now
+    RATE_LIMITED = "rate_limited"  # a 429: the model is paused for the fleet
+    OVERLOADED = "overloaded"  # a 529 whose retries ran out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CapacityWait:
+    model: str
+    reason: WaitReason
+    seconds: float  # how long the run is held back
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,6 +204,9 @@ class Observer:
     def claim_ended(self, event: ClaimEnd) -> None:
         pass
 
+    def capacity_wait(self, event: CapacityWait) -> None:
+        pass
+
     def agent_span(self, claim: Claim) -> AgentSpan | None:
         return None
 
@@ -255,6 +275,14 @@ def claim_ended(disposition: str, run_id: object) -> None:
         event = ClaimEnd(run_id, str(disposition))
         for observer in observers:
             observer.claim_ended(event)
+
+
+def capacity_wait(model: str, reason: WaitReason, seconds: float) -> None:
+    observers = _observers
+    if observers:
+        event = CapacityWait(model, reason, seconds)
+        for observer in observers:
+            observer.capacity_wait(event)
 
 
 def agent_span(claim: Claim) -> AgentSpan:

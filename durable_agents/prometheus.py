@@ -57,6 +57,7 @@ CLAIM_OUTCOMES = (
     "dead",
     "waiting",
     "released",
+    "throttled",
     "cancelled",
     "lost",
     "error",
@@ -125,6 +126,8 @@ class _Metrics:
     model_call_seconds: Any
     step_commit_seconds: Any
     tool_call_seconds: Any
+    capacity_waits: Any
+    capacity_wait_seconds: Any
     collector: DatabaseCollector
     others: list[Any] = field(default_factory=list)
 
@@ -185,9 +188,23 @@ def _create(db_cache_seconds: float) -> _Metrics:
         "durable_agents_worker_slots", "Runs this worker may hold at once (--concurrency)"
     )
     slots.set_function(_slots)
+    capacity_waits = Counter(
+        "durable_agents_capacity_waits",
+        "Runs handed back to wait for model capacity, by model and reason: capacity (the "
+        "fleet's buckets have no room now), rate_limited (a 429 paused the model for the "
+        "fleet), overloaded (a 529 whose retries ran out)",
+        ["model", "reason"],
+    )
+    capacity_wait_seconds = Counter(
+        "durable_agents_capacity_wait_seconds",
+        "Seconds runs were held back to wait for model capacity, by model and reason",
+        ["model", "reason"],
+    )
     collector = DatabaseCollector(cache_seconds=db_cache_seconds)
     REGISTRY.register(collector)
     return _Metrics(
+        capacity_waits=capacity_waits,
+        capacity_wait_seconds=capacity_wait_seconds,
         claims=claims,
         steps_committed=steps,
         model_calls=model_calls,
@@ -271,6 +288,12 @@ class Counting(observers.Observer):
         self.metrics.model_calls.labels(event.outcome.value).inc()
         if event.outcome is ModelOutcome.OK:
             self.metrics.model_call_seconds.observe(event.seconds)
+
+    def capacity_wait(self, event: observers.CapacityWait) -> None:
+        self.metrics.capacity_waits.labels(event.model, event.reason.value).inc()
+        self.metrics.capacity_wait_seconds.labels(event.model, event.reason.value).inc(
+            event.seconds
+        )
 
     def tool_call(self, event: observers.ToolCallEnd) -> None:
         self.metrics.tool_calls.labels(event.effect, event.outcome.value).inc()

@@ -490,7 +490,9 @@ class RunAdvancer(ToolDispatch):
         if not grant.granted:
             if pending is not None:
                 pending()
-            self._wait_for_capacity(grant.model, grant.wait_seconds, grant.reason)
+            self._wait_for_capacity(
+                grant.model, grant.wait_seconds, grant.reason, observers.WaitReason.CAPACITY
+            )
         return grant
 
     def _not_the_runs_fault(self, grant: Grant, exc: llm.TransientModelError) -> None:
@@ -500,7 +502,12 @@ class RunAdvancer(ToolDispatch):
         if exc.rate_limited:
             seconds = exc.retry_after if exc.retry_after is not None else RATE_LIMITED_SECONDS
             self.store.capacity.rate_limited(grant.model, seconds, observed(exc.rate_headers))
-            self._wait_for_capacity(grant.model, seconds, f"429 from the API: {exc.message}")
+            self._wait_for_capacity(
+                grant.model,
+                seconds,
+                f"429 from the API: {exc.message}",
+                observers.WaitReason.RATE_LIMITED,
+            )
         if exc.overloaded:
             self._give_back(grant)
             self.store.capacity.overloaded(grant.model)
@@ -510,9 +517,16 @@ class RunAdvancer(ToolDispatch):
                 0.5 * 2.0 ** min(int(app_settings.MODEL_RETRIES), 16),
             )
             seconds = backoff if exc.retry_after is None else exc.retry_after
-            self._wait_for_capacity(grant.model, seconds, f"the API is overloaded: {exc.message}")
+            self._wait_for_capacity(
+                grant.model,
+                seconds,
+                f"the API is overloaded: {exc.message}",
+                observers.WaitReason.OVERLOADED,
+            )
 
-    def _wait_for_capacity(self, model: str, seconds: float, reason: str) -> NoReturn:
+    def _wait_for_capacity(
+        self, model: str, seconds: float, reason: str, why: observers.WaitReason
+    ) -> NoReturn:
         """Hand the run back, pending, claimable again in ``seconds``: it holds no slot, no
         connection and no attempt meanwhile (the claim is not counted as a stall)."""
         self.store.capacity.handed_back(model, self.run.priority, seconds)
@@ -521,6 +535,7 @@ class RunAdvancer(ToolDispatch):
         )
         if not released:
             self._fence_failed()
+        observers.capacity_wait(model, why, seconds)
         logger.info(
             "run %s waits %.2fs for capacity of %s (%s)", self.run.pk, seconds, model, reason
         )

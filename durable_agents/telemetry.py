@@ -531,6 +531,20 @@ class Tracing(observers.Observer):
     def tool_span(self, request: observers.ToolRequest) -> ToolSpan | None:
         return _ToolSpan(request) if AVAILABLE else None
 
+    def capacity_wait(self, event: observers.CapacityWait) -> None:
+        # An event on the claim's invoke_agent span (current on this thread): the claim ends
+        # there, and the next claim's span says when the run went on.
+        if not AVAILABLE:
+            return
+        trace.get_current_span().add_event(
+            "durable_agents.capacity_wait",
+            {
+                "gen_ai.request.model": event.model,
+                "durable_agents.capacity.reason": event.reason.value,
+                "durable_agents.capacity.wait_seconds": event.seconds,
+            },
+        )
+
     def tool_call(self, event: observers.ToolCallEnd) -> None:
         # What made the call in flight on this thread an error: its span's error.type.
         if event.error_type is None or not AVAILABLE:

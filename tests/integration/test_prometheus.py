@@ -208,6 +208,30 @@ def test_each_model_call_attempt_is_counted_once_by_its_outcome(
     assert claims(before, after) == {"released": 1, "dead": 1}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_429_is_counted_as_a_wait_for_capacity_not_an_error(
+    fake_api: FakeAnthropic, da_settings: Callable[..., None], metrics: str
+) -> None:
+    da_settings(MODEL_RETRIES=0)
+    fake_api.fail_next(api_error(429, "rate_limit_error", "slow down", **{"retry-after": "2"}))
+    start_run("tester", '@lookup {"key": "a"}')
+    before = scrape(metrics)
+    assert run_worker(max_runs=1).stats.dispositions == {"throttled": 1}
+    after = scrape(metrics)
+
+    def moved(name: str) -> float:
+        labels = {"model": "claude-test-1", "reason": "rate_limited"}
+        return value(after, name, **labels) - (
+            value(before, name, **labels)
+            if (name, tuple(sorted(labels.items()))) in before
+            else 0.0
+        )
+
+    assert moved("durable_agents_capacity_waits_total") == 1
+    assert moved("durable_agents_capacity_wait_seconds_total") == 2
+    assert claims(before, after) == {"throttled": 1}
+
+
 # -- the counters: an observer of the engine's reports --------------------------------------
 
 

@@ -64,6 +64,17 @@ def test_the_test_settings_pass() -> None:
         ({"TOOL_ERROR_FORMATTER": "nowhere.format_error"}, ["durable_agents.E012"]),
         ({"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.NOT_CALLABLE"}, ["durable_agents.E012"]),
         ({"TOOL_ERROR_FORMATTER": redact}, ["durable_agents.E012"]),  # a path, not the function
+        # One error per problem of RATE_LIMITS.
+        ({"RATE_LIMITS": {"*": {"requests_per_minute": 0}}}, ["durable_agents.E020"]),
+        (
+            {"RATE_LIMITS": {"*": {"requests_per_minute": "many", "tokens": 5}}},
+            ["durable_agents.E020"],
+        ),
+        (
+            {"RATE_LIMITS": {"a": {"input_tokens_per_minute": -1}, "b": []}},
+            ["durable_agents.E020", "durable_agents.E020"],
+        ),
+        ({"RATE_LIMITS": ["claude"]}, ["durable_agents.E020"]),
     ],
 )
 def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: list[str]) -> None:
@@ -79,6 +90,7 @@ def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: li
         {"TOOL_ERROR_FORMATTER": None},
         {"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.redact"},
         {"RETIRED_MODELS": ["claude-2.1"]},
+        {"RATE_LIMITS": {"*": {"requests_per_minute": 4000, "burst_seconds": 60}}},
     ],
 )
 def test_valid_settings(da_settings: Any, values: dict[str, Any]) -> None:
@@ -204,3 +216,9 @@ def test_checks_are_registered() -> None:
     # The registered checks are plain functions (the stubs type them as a protocol).
     registered = {c.__name__ for c in checks.registry.registry.get_checks()}  # type: ignore[attr-defined]
     assert {"check_settings", "check_database", "check_agents"} <= registered
+
+
+def test_rate_limits_for_a_model_no_agent_uses_warn(da_settings: Any) -> None:
+    da_settings(RATE_LIMITS={"claude-tset-1": {"requests_per_minute": 50}, "*": {}})
+    (warning,) = [m for m in da_checks.check_agents() if m.id == "durable_agents.W020"]
+    assert "'claude-tset-1'" in warning.msg
