@@ -37,7 +37,6 @@ from django.db import DatabaseError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents import calls, db, observers
-from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.interrupt import Interrupt
@@ -72,6 +71,8 @@ MAX_CLAIM_BATCH = 100
 NO_LIMIT = 1 << 30
 # The claimer waiting for model capacity looks again after at least this long.
 MIN_CAPACITY_WAIT = 0.02
+# How long a model counts as one the claimable runs use after a run of it was last claimed.
+MODELS_SEEN_SECONDS = 300.0
 
 
 class Worker:
@@ -124,6 +125,8 @@ class Worker:
         self._held: dict[RunId, _Held] = {}
         # The last look at model capacity found less room than this worker has slots.
         self._capacity_short = False
+        # The models of runs claimed lately, and when each was last seen (monotonic).
+        self._models_seen: dict[str, float] = {}
         self._lock = threading.Lock()
         # Set when a slot thread ended by an exception: the worker stops and exits non-zero,
         # so that its supervisor restarts it instead of leaving it running short of a slot.
@@ -354,6 +357,7 @@ class Worker:
                 failed_claims = 0
             self._forget_tickets(wanted - len(claims))
             if claims:
+                self._saw_models(claims)
                 with self._lock:
                     self._busy += len(claims)
                 for claim in claims:
@@ -374,13 +378,31 @@ class Worker:
         none. A claim takes no more runs than the buckets have calls for: the others stay
         pending, holding nothing, and are claimed highest priority first when there is room.
         A run that needs no call or finds the room taken meanwhile is handed back (runner)."""
+        models = self._models_claimed()
+        if not models:
+            return NO_LIMIT, 0.0  # nothing claimed lately: the first claims show the models
         try:
-            outlook = self._store().capacity.outlook({agent.model for agent in registry.all()})
+            outlook = self._store().capacity.outlook(models)
         except DatabaseError:
             return NO_LIMIT, 0.0  # the claim that follows says what is wrong
         room = outlook.room
         self._capacity_short = room is not None and room < self.concurrency
         return (NO_LIMIT if room is None else room), outlook.next_in
+
+    def _models_claimed(self) -> set[str]:
+        """The models of the runs this worker claimed lately: the ones whose capacity decides
+        how many runs to claim (a model no claimable run uses must not hold the others)."""
+        horizon = time.monotonic() - MODELS_SEEN_SECONDS
+        with self._lock:
+            for model in [m for m, seen in self._models_seen.items() if seen < horizon]:
+                del self._models_seen[model]
+            return set(self._models_seen)
+
+    def _saw_models(self, claims: list[Claim]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for claim in claims:
+                self._models_seen[claim.run.model] = now
 
     def _slot_freed(self) -> None:
         with self._lock:
@@ -411,6 +433,7 @@ class Worker:
 
     def _work(self, claim: Claim) -> Claim | None:
         """Advance ``claim``; returns the run claimed with its last step, if any."""
+        self._saw_models([claim])
         then_claim = NextClaim(
             self.worker_id,
             self.lease_seconds,

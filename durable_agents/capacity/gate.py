@@ -217,8 +217,11 @@ class CapacityGate(abc.ABC):
         if limits is not None:
             buckets.configure(row, limits)
         elif row.configured:
-            # RATE_LIMITS no longer names the model: learn its limits from the API again.
+            # RATE_LIMITS no longer names the model: no limits until the API's headers teach
+            # them again.
             row.configured = False
+            for limit_field, _ in buckets.BUCKETS:
+                setattr(row, limit_field, None)
 
     def _known_absent(self, model: str) -> bool:
         with self._absent_lock:

@@ -115,31 +115,32 @@ def test_grants_are_race_free_between_connections(da_settings: Any) -> None:
 
 
 def test_the_claimer_takes_no_more_runs_than_there_is_room_for(da_settings: Any) -> None:
-    # Every model limited ("*"): the test app's other agents use other models, each with a
-    # bucket of its own that no call has touched.
+    from durable_agents.worker import NO_LIMIT, Worker
+
+    for _ in range(8):
+        start_run("tester", '@lookup {"key": "a"}')
+    worker = Worker(concurrency=8, handle_signals=False, burst=True)
+    assert worker._capacity_room()[0] == NO_LIMIT  # nothing claimed yet: no model known
+    # The room is that of the models of the runs the worker claimed lately: the test model,
+    # three calls at once, and another model (a run of it claimed too), limited by "*" in a
+    # bucket of its own, one call at once.
     da_settings(
         RATE_LIMITS={
             MODEL: {"requests_per_minute": 60, "burst_seconds": 3},
             "*": {"requests_per_minute": 6, "burst_seconds": 10},
         }
     )
-    from durable_agents.agents import registry
-
-    others = len({agent.model for agent in registry.all()} - {MODEL})
-    for _ in range(8):
-        start_run("tester", '@lookup {"key": "a"}')
-    from durable_agents.worker import NO_LIMIT, Worker
-
-    worker = Worker(concurrency=8, handle_signals=False, burst=True)
-    room, _ = worker._capacity_room()
-    assert room == 3 + others  # a full bucket: three calls, and one for each other model
+    worker._saw_models(store.current().claim_runs("w", 30, 1))
+    worker._models_seen["claude-other-1"] = worker._models_seen[MODEL]
+    assert worker._capacity_room()[0] == 3 + 1
     store.current().capacity.acquire(MODEL, Estimate(10, 10), 0)
-    room, _ = worker._capacity_room()
-    assert room == 2 + others
+    assert worker._capacity_room()[0] == 2 + 1
     for _ in range(2):
         store.current().capacity.acquire(MODEL, Estimate(10, 10), 0)
-    room, _next_in = worker._capacity_room()
-    assert room == others
+    store.current().capacity.acquire("claude-other-1", Estimate(10, 10), 0)
+    room, next_in = worker._capacity_room()
+    assert room == 0
+    assert 0 < next_in <= 1.0  # the test model's next request, in a second at most
     da_settings(RATE_LIMITS={MODEL: {"requests_per_minute": 60, "burst_seconds": 3}})
-    room, _ = worker._capacity_room()
-    assert room == NO_LIMIT  # the other models are not limited any more
+    # The other model's bucket now has no limit: any number of its runs may be claimed.
+    assert worker._capacity_room()[0] == NO_LIMIT
