@@ -3,6 +3,7 @@
 DATABASE_URL must name a PostgreSQL database whose name starts with ``da_bench``.
 """
 
+import json
 import os
 
 from project.settings import *  # noqa: F403
@@ -23,6 +24,12 @@ DURABLE_AGENTS = {
     "MODEL_RETRIES": 2,
     "NOTIFY": False,
 }
+# bench/quota.py runs the app as a new user would (the default MODEL_RETRIES) and, when asked,
+# with RATE_LIMITS (JSON).
+if os.environ.get("DA_BENCH_MODEL_RETRIES"):
+    DURABLE_AGENTS["MODEL_RETRIES"] = int(os.environ["DA_BENCH_MODEL_RETRIES"])
+if os.environ.get("DA_BENCH_RATE_LIMITS"):
+    DURABLE_AGENTS["RATE_LIMITS"] = json.loads(os.environ["DA_BENCH_RATE_LIMITS"])
 # bench/inflight.py varies the worker's connection pool (set only when asked: a worker without
 # the pool does not know the key).
 if os.environ.get("DA_BENCH_POOL_SIZE"):
