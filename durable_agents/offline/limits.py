@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import functools
 import math
 import re
 import threading
@@ -90,8 +91,13 @@ def billed_output_tokens(usage: Mapping[str, Any]) -> int:
 
 def rfc3339(at: float) -> str:
     """``at`` (seconds since the epoch) as an RFC 3339 UTC time, rounded up to the second."""
-    moment = datetime.datetime.fromtimestamp(math.ceil(at - _EPSILON), datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _second(math.ceil(at - _EPSILON))
+
+
+@functools.lru_cache(maxsize=1024)
+def _second(at: int) -> str:
+    # Cached: every answer carries up to four of these, and they change once a second.
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclasses.dataclass
