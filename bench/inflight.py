@@ -56,7 +56,7 @@ def slow_api(
 ) -> contextlib.AbstractContextManager[str]:
     """``python -m bench.slowapi`` in its own process; yields its base URL."""
     args = ["bench.slowapi", "--port", "0"]
-    args += ["--min-latency", str(min_latency), "--max-latency", str(max_latency)]
+    args += ["--latency", f"{min_latency}-{max_latency}"]
     if seed is not None:
         args += ["--seed", str(seed)]
     return common.serving(args, "slow fake API")

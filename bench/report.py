@@ -287,6 +287,7 @@ def render() -> Path:
         admin_scale_section(
             w, r["admin_scale"], r.get("admin_scale_10m"), r.get("admin_scale_before")
         )
+    _fakes(w)
     _reproduce(w)
     out = DOCS / "benchmarks.md"
     out.write_text("\n".join(L))
@@ -636,6 +637,69 @@ def _memory_section(w: Any, mem: dict[str, Any]) -> None:
         f"{mem['rss_warm_kb'] / 1024:.1f} MB after {mem['rss_warm_at_runs']} runs, "
         f"{mem['rss_end_kb'] / 1024:.1f} MB at the end (max {mem['rss_max_kb'] / 1024:.1f} MB)."
     )
+    w("")
+
+
+_FAKE_FLAGS = [
+    (
+        "`--rpm N`, `--itpm N`, `--otpm N`",
+        "unlimited",
+        "requests, input tokens, output tokens per minute: token buckets that refill "
+        "continuously (limit / 60 a second) up to their capacity, as the API's do",
+    ),
+    ("`--burst-seconds S`", "60", "a bucket holds S seconds of its limit (a burst's most)"),
+    (
+        "`--latency MIN-MAX`",
+        "0 (fakeapi), 2-6 (slowapi)",
+        "seconds before each answer, uniform (one figure: fixed)",
+    ),
+    (
+        "`--overloaded-rate F`",
+        "0",
+        "the fraction of requests answered 529 `overloaded_error`, before any limit is charged",
+    ),
+    ("`--seed N`", "none", "the random sequences of the latencies and of the 529s"),
+]
+
+
+def _fakes(w: Any) -> None:
+    """The fake APIs' flags and their /stats: how to run a benchmark under rate limits."""
+    w("## The fake Messages APIs under rate limits")
+    w("")
+    w(
+        "`bench/fakeapi.py` (zero latency, a thread per connection) and `bench/slowapi.py` "
+        "(latency, one asyncio process) take the same flags (`bench/gate.py`), so that a "
+        "benchmark can run against an API that limits it as the real one does:"
+    )
+    w("")
+    w("| flag | default | what |")
+    w("| --- | --- | --- |")
+    for flag, default, what in _FAKE_FLAGS:
+        w(f"| {flag} | {default} | {what} |")
+    w("")
+    w(
+        "A request is charged `len(body) // 4` input tokens (what its usage reports: a long "
+        "transcript costs ITPM by its size, though the fake never parses it) and its "
+        "`max_tokens` of output, settled to the answer's output tokens (12) when it is sent. "
+        "A request some bucket cannot serve gets a 429 `rate_limit_error` at once, with "
+        "`retry-after` (whole seconds) and the `anthropic-ratelimit-*` headers every answer "
+        "carries. The limiter is the offline model's (`durable_agents.offline.RateLimits`)."
+    )
+    w("")
+    w(
+        "`GET /stats` returns JSON: `answered`, `rejected_429`, `overloaded_529`, `in_flight`, "
+        "`peak_in_flight`, `buckets` (per limited measure: limit, capacity, level, remaining, "
+        "reset) and `keys`, the same counts per concurrency key, read from a `[key:NAME]` "
+        "marker in the task (the first user message), so that a benchmark can show that no "
+        "more than N requests of one key were ever in flight. `POST /stats/reset` zeroes the "
+        "counts and fills the buckets. Without limits the fakes only count, a few "
+        "microseconds a request."
+    )
+    w("")
+    w("```")
+    w("python -m bench.slowapi --port 0 --rpm 4000 --itpm 400000 --otpm 80000 --latency 0.5-1.5")
+    w("curl -s http://127.0.0.1:PORT/stats")
+    w("```")
     w("")
 
 

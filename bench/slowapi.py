@@ -1,4 +1,4 @@
-"""A slow fake Messages API: ``python -m bench.slowapi --port 0 --min-latency 2 --max-latency 6``.
+"""A slow fake Messages API: ``python -m bench.slowapi --port 0 --latency 2-6``.
 
 The answers of ``bench.fakeapi.ZeroLatencyModel`` (the offline script in the task), each sent
 after a uniform random delay (``asyncio.sleep``), so that a client spends its time waiting on
@@ -11,6 +11,11 @@ For pickup latency it records, per task (keyed by the task's first line, e.g.
 arrived; ``GET /_log`` returns them as a JSON object. ``GET /_stats`` returns counters: requests
 served, connections open now and at most, and how late the sleeps woke up (if the loop falls
 behind, ``late_max_ms`` grows).
+
+Rate limits, 529s and ``GET /stats``: the flags and endpoints of ``bench.gate`` (``--rpm``,
+``--itpm``, ``--otpm``, ``--burst-seconds``, ``--overloaded-rate``; ``--latency MIN-MAX``, 2-6 s
+by default). A 429 or 529 is answered at once; an admitted request is in flight (and holds its
+``max_tokens`` of output) until its answer is sent, after its latency.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import re
 import resource
 import socket
 import sys
 import time
 
-from bench.fakeapi import ZeroLatencyModel
+from bench.fakeapi import OUTPUT_TOKENS, ZeroLatencyModel
+from bench.gate import Gate, add_arguments
+from durable_agents.offline import Admission
 
 # The task is the first message: its text runs from the first string value of "content" (or
 # of "text", when the content is a list of blocks) up to the first escape (the "\n" after the
@@ -34,7 +40,14 @@ from bench.fakeapi import ZeroLatencyModel
 _MESSAGES = re.compile(rb'"messages"\s*:\s*\[')
 _FIRST_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"((?:[^"\\])*)')
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    529: "Overloaded",
+}
 
 
 def raise_nofile() -> int:
@@ -55,11 +68,9 @@ def first_line(body: bytes) -> str | None:
 
 
 class SlowAPI:
-    def __init__(self, min_latency: float, max_latency: float, seed: int | None) -> None:
+    def __init__(self, gate: Gate) -> None:
         self.model = ZeroLatencyModel()
-        self.rng = random.Random(seed)
-        self.min_latency = min_latency
-        self.max_latency = max_latency
+        self.gate = gate
         self.first_seen: dict[str, float] = {}
         self.requests = 0
         self.open = 0
@@ -67,11 +78,6 @@ class SlowAPI:
         self.late_max = 0.0
         self.late_sum = 0.0
         self.sleeps = 0
-
-    def latency(self) -> float:
-        if self.max_latency <= self.min_latency:
-            return self.min_latency
-        return self.rng.uniform(self.min_latency, self.max_latency)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -125,6 +131,9 @@ class SlowAPI:
         self, method: str, path: str, headers: dict[str, str], body: bytes, arrived: float
     ) -> tuple[int, dict[str, str], bytes]:
         json_ct = {"content-type": "application/json"}
+        own = self.gate.endpoint(method, path)
+        if own is not None:
+            return own
         if method == "GET" and path == "/_log":
             return 200, json_ct, json.dumps(self.first_seen).encode()
         if method == "GET" and path == "/_stats":
@@ -145,25 +154,32 @@ class SlowAPI:
         if key is not None and key not in self.first_seen:
             self.first_seen[key] = arrived
         try:
-            status, out_headers, out = self.model.respond(method, path, headers, body)
+            call = self.model.read(body)
         except Exception as exc:  # noqa: BLE001 - a broken request is the client's bug: say so
             msg = json.dumps(
                 {"type": "error", "error": {"type": "api_error", "message": repr(exc)}}
             )
             return 500, json_ct, msg.encode()
-        delay = self.latency()
-        if delay > 0:
-            due = time.monotonic() + delay
-            await asyncio.sleep(delay)
-            late = time.monotonic() - due
-            self.sleeps += 1
-            self.late_sum += late
-            self.late_max = max(self.late_max, late)
+        admitted = self.gate.enter(call.input_tokens, call.max_tokens, call.key)
+        if not isinstance(admitted, Admission):
+            return admitted  # a 529 or a 429, at once
+        status, out_headers, out = self.model.answer(call)
+        delay = self.gate.latency()
+        try:
+            if delay > 0:
+                due = time.monotonic() + delay
+                await asyncio.sleep(delay)
+                late = time.monotonic() - due
+                self.sleeps += 1
+                self.late_sum += late
+                self.late_max = max(self.late_max, late)
+        finally:  # cancelled (the server stops) or not, the request is no longer in flight
+            out_headers.update(self.gate.leave(admitted, OUTPUT_TOKENS))
         return status, out_headers, out
 
 
 async def serve(args: argparse.Namespace) -> None:
-    api = SlowAPI(args.min_latency, args.max_latency, args.seed)
+    api = SlowAPI(Gate.from_args(args))
     server = await asyncio.start_server(
         api.handle, "127.0.0.1", args.port, backlog=args.backlog, limit=1 << 20
     )
@@ -177,14 +193,9 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--min-latency", type=float, default=2.0, help="seconds")
-    parser.add_argument("--max-latency", type=float, default=6.0, help="seconds")
-    parser.add_argument("--latency", type=float, default=None, help="fixed latency (seconds)")
-    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--backlog", type=int, default=4096)
+    add_arguments(parser, latency="2-6")
     args = parser.parse_args(argv)
-    if args.latency is not None:
-        args.min_latency = args.max_latency = args.latency
     raise_nofile()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args))

@@ -465,11 +465,12 @@ def claim_bench(
 def api_main(argv: list[str]) -> None:
     """``python -m bench.waits api``: the zero-latency fake, recording every request's arrival
     (``GET /_arrivals``: [[first line of the task, time.time(), turn], ...])."""
+    from bench.gate import Gate
     from bench.slowapi import SlowAPI, first_line, raise_nofile
 
     class RecordingAPI(SlowAPI):
         def __init__(self) -> None:
-            super().__init__(0.0, 0.0, None)
+            super().__init__(Gate())
             self.arrivals: list[tuple[str | None, float, int]] = []
 
         async def answer(

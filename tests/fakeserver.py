@@ -3,6 +3,9 @@ ThreadingHTTPServer, recording every request body and able to inject faults.
 
 Worker subprocesses reach it through ANTHROPIC_BASE_URL, so the SDK's whole HTTP path is
 exercised, and the test process sees every body the workers sent.
+
+``FakeAnthropic(rate_limits=RateLimits(...))`` limits requests as the API does (the offline
+model's limiter): 429s with ``retry-after`` and the ``anthropic-ratelimit-*`` headers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from durable_agents.deepjson import loads_deep
-from durable_agents.offline import ScriptedModel
+from durable_agents.offline import RateLimits, ScriptedModel
 
 Fault = tuple[int, dict[str, str], bytes]
 
@@ -29,6 +32,7 @@ class Recorded:
     headers: dict[str, str]
     status: int
     at: float = field(default_factory=time.monotonic)
+    answer_headers: dict[str, str] = field(default_factory=dict)
     events_sent: int = 0
     cut: bool = False
     client_closed: bool = False
@@ -52,8 +56,8 @@ def api_error(status: int, error_type: str, message: str, **headers: str) -> Fau
 
 
 class FakeAnthropic:
-    def __init__(self) -> None:
-        self.model = ScriptedModel()
+    def __init__(self, rate_limits: RateLimits | None = None) -> None:
+        self.model = ScriptedModel(rate_limits=rate_limits)
         self.requests: list[Recorded] = []
         self._faults: list[Fault] = []
         self._cuts: list[int] = []
@@ -116,7 +120,7 @@ class FakeAnthropic:
         with self._lock:
             cut = self._cuts.pop(0) if self._cuts else None
         status, out_headers, chunks = self.model.respond_stream("POST", handler.path, headers, body)
-        record = Recorded(body, headers, status)
+        record = Recorded(body, headers, status, answer_headers=out_headers)
         with self._lock:
             self.requests.append(record)
         handler.send_response(status)
@@ -156,7 +160,7 @@ class FakeAnthropic:
                 self.before_answer(loads_deep(body))
         status, out_headers, out = fault or self.model.respond(method, path, headers, body)
         with self._lock:
-            self.requests.append(Recorded(body, headers, status))
+            self.requests.append(Recorded(body, headers, status, answer_headers=out_headers))
         return status, out_headers, out
 
     def ok_requests(self) -> list[Recorded]:

@@ -13,6 +13,11 @@ accepted back if everything it was produced from (model, system, tools, earlier 
 text) is sent back byte-identical in value and key order. This is what lets tests prove that a
 durable store replays history verbatim. It deliberately imports neither Django nor the database.
 
+Given ``RateLimits`` (``offline_client(rate_limits=...)``, ``ScriptedModel(rate_limits=...)``),
+it limits requests per minute and input and output tokens per minute as the API does: token
+buckets, 429 ``rate_limit_error`` answers with ``retry-after``, ``anthropic-ratelimit-*``
+headers on every answer; see ``durable_agents.offline.limits``.
+
 Long transcripts (server-side compaction, context editing, automatic prompt caching) are
 modelled as the real API documents them; see ``durable_agents.offline.compaction``.
 
@@ -23,6 +28,7 @@ One module per job:
 - ``requests``: a request checked as the API checks it (fields, roles, signatures, caching);
 - ``compaction``: the compaction edit, the block it writes and the view of a request after it;
 - ``model``: ``ScriptedModel``, the answer to one request;
+- ``limits``: ``RateLimits``, the API's rate limits (token buckets, 429s, their headers);
 - ``sse``: the answer as server-sent events;
 - ``transport``: ``offline_client`` (in-process) and ``OfflineServer`` (a real HTTP server);
 - ``wire``: what the model shares with the real API (constants, error answers, ids, JSON bytes).
@@ -34,6 +40,7 @@ from durable_agents.offline.compaction import (
     CONTEXT_EDITING_BETA,
     OFFLINE_MIN_COMPACTION_TRIGGER,
 )
+from durable_agents.offline.limits import Admission, RateLimits, Rejection, billed_input_tokens
 from durable_agents.offline.model import ScriptedModel
 from durable_agents.offline.script import (
     PlanCall,
@@ -52,10 +59,14 @@ __all__ = [
     "DEFAULT_SECRET",
     "OFFLINE_MIN_COMPACTION_TRIGGER",
     "RETIRED_MODELS",
+    "Admission",
     "OfflineServer",
     "PlanCall",
+    "RateLimits",
+    "Rejection",
     "Script",
     "ScriptedModel",
+    "billed_input_tokens",
     "canonical_bytes",
     "dumps_deep",
     "final_directive",

@@ -1,5 +1,6 @@
 """The offline model: ``ScriptedModel`` answers ``POST /v1/messages`` as a pure function of the
-request, playing the script written in the task."""
+request, playing the script written in the task; given ``RateLimits``, it also limits requests
+as the API does (429s, ``anthropic-ratelimit-*`` headers)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ from durable_agents.offline.compaction import (
     compaction_block,
     compaction_edit,
     view_of,
+)
+from durable_agents.offline.limits import (
+    Admission,
+    RateLimits,
+    Rejection,
+    billed_input_tokens,
+    billed_output_tokens,
+    key_of,
 )
 from durable_agents.offline.requests import (
     cache_control,
@@ -45,6 +54,7 @@ class _Request:
     """A request that passed every check, with what the answer is computed from."""
 
     model: str
+    max_tokens: int
     system: Any
     tools: Any
     thinking_on: bool
@@ -53,6 +63,25 @@ class _Request:
     view: View
     signer: Signer  # over every message the model reads
     parts: list[bytes]  # each read message's canonical bytes
+
+
+@dataclasses.dataclass
+class _Answer:
+    """The answer to a request that passed every check, and how it is to be sent."""
+
+    payload: dict[str, Any]
+    latency: float
+    chunk_latency: float
+    max_tokens: int
+    task: str
+
+    def admit(self, limits: RateLimits | None) -> Admission | Rejection | None:
+        """Charge the rate limits for it as its request starts (``None``: no limits). What it
+        is charged is what its usage bills, so a client that settles with usage agrees."""
+        if limits is None:
+            return None
+        billed = billed_input_tokens(self.payload["usage"])
+        return limits.admit(billed, self.max_tokens, key_of(self.task))
 
 
 @dataclasses.dataclass
@@ -66,10 +95,21 @@ class _Input:
 
 class ScriptedModel:
     """The offline model. ``respond`` is a pure function of the request (plus a sleep when the
-    task asks for latency): the same request bytes always give the same response bytes."""
+    task asks for latency): the same request bytes always give the same response bytes.
 
-    def __init__(self, secret: bytes = DEFAULT_SECRET) -> None:
+    ``rate_limits``: limit requests as the API does (``RateLimits``, shared by every client of
+    this model). A request is charged its usage's billed input tokens (``input_tokens`` plus
+    ``cache_creation_input_tokens``) and its ``max_tokens`` as it starts, corrected to its
+    output tokens when its answer is complete; a request some bucket cannot serve gets a 429
+    ``rate_limit_error`` with ``retry-after``, and every answer the ``anthropic-ratelimit-*``
+    headers. A task may name its concurrency key with a ``[key:NAME]`` marker, counted in
+    ``rate_limits.stats()``."""
+
+    def __init__(
+        self, secret: bytes = DEFAULT_SECRET, *, rate_limits: RateLimits | None = None
+    ) -> None:
         self.secret = secret
+        self.rate_limits = rate_limits
 
     # -- transport adapters --------------------------------------------------------------
 
@@ -95,41 +135,71 @@ class ScriptedModel:
             return status, out_headers, iter([out])
         request_id = "req_offline_" + hex24("request", method, path, body)
         try:
-            payload, latency, chunk_latency = self._answer(
-                method, path, body, request_id, streamed=True, headers=headers
-            )
+            answer = self._answer(method, path, body, request_id, streamed=True, headers=headers)
         except RequestError as e:
-            error = {
-                "type": "error",
-                "error": {"type": e.error_type, "message": e.message},
-                "request_id": request_id,
-            }
-            return e.status, self._headers(request_id), iter([self._dump(error)])
-        if latency:
-            time.sleep(latency)
-        sse_headers = {"content-type": "text/event-stream", "request-id": request_id}
-        return 200, sse_headers, sse_events(payload, chunk_latency)
+            status, out_headers, out = self._error(e, request_id)
+            return status, out_headers, iter([out])
+        admission = answer.admit(self.rate_limits)
+        if isinstance(admission, Rejection):
+            status, out_headers, out = self._rejected(admission, request_id)
+            return status, out_headers, iter([out])
+        if answer.latency:
+            time.sleep(answer.latency)
+        sse_headers = self._headers(request_id)
+        sse_headers["content-type"] = "text/event-stream"
+        chunks = sse_events(answer.payload, answer.chunk_latency)
+        if admission is not None:
+            chunks = self._settling(chunks, admission, answer.payload["usage"])
+        return 200, sse_headers, chunks
+
+    def _settling(
+        self, chunks: Iterator[bytes], admission: Admission, usage: dict[str, Any]
+    ) -> Iterator[bytes]:
+        """``chunks``, then the request's end: settled when the stream ends or is dropped."""
+        assert self.rate_limits is not None
+        try:
+            yield from chunks
+        finally:
+            self.rate_limits.settle(admission, billed_output_tokens(usage))
 
     # -- the API -------------------------------------------------------------------------
 
     def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
         request_id = "req_offline_" + hex24("request", method, path, body)
         try:
-            payload, latency, _ = self._answer(method, path, body, request_id, headers=headers)
+            answer = self._answer(method, path, body, request_id, headers=headers)
         except RequestError as e:
-            payload = {
-                "type": "error",
-                "error": {"type": e.error_type, "message": e.message},
-                "request_id": request_id,
-            }
-            return e.status, self._headers(request_id), self._dump(payload)
-        if latency:
-            time.sleep(latency)
-        return 200, self._headers(request_id), self._dump(payload)
+            return self._error(e, request_id)
+        admission = answer.admit(self.rate_limits)
+        if isinstance(admission, Rejection):
+            return self._rejected(admission, request_id)
+        if answer.latency:
+            time.sleep(answer.latency)
+        if admission is not None:
+            assert self.rate_limits is not None
+            self.rate_limits.settle(admission, billed_output_tokens(answer.payload["usage"]))
+        return 200, self._headers(request_id), self._dump(answer.payload)
 
-    @staticmethod
-    def _headers(request_id: str) -> dict[str, str]:
-        return {"content-type": "application/json", "request-id": request_id}
+    def _headers(self, request_id: str) -> dict[str, str]:
+        headers = {"content-type": "application/json", "request-id": request_id}
+        if self.rate_limits is not None:
+            headers.update(self.rate_limits.headers())
+        return headers
+
+    def _error(self, e: RequestError, request_id: str) -> Response:
+        payload = {
+            "type": "error",
+            "error": {"type": e.error_type, "message": e.message},
+            "request_id": request_id,
+        }
+        return e.status, self._headers(request_id), self._dump(payload)
+
+    def _rejected(self, rejection: Rejection, request_id: str) -> Response:
+        """The API's 429: its error body, ``retry-after`` and the rate-limit headers."""
+        headers = {"content-type": "application/json", "request-id": request_id}
+        headers.update(rejection.headers)
+        payload = {**rejection.body(), "request_id": request_id}
+        return 429, headers, self._dump(payload)
 
     @staticmethod
     def _dump(payload: dict[str, Any]) -> bytes:
@@ -143,7 +213,7 @@ class ScriptedModel:
         request_id: str,
         streamed: bool = False,
         headers: Mapping[str, str] | None = None,
-    ) -> tuple[dict[str, Any], float, float]:
+    ) -> _Answer:
         req = self._read(method, path, body, streamed, headers or {})
         script = script_of(req.view.task)
         turn = req.view.turns_before + sum(
@@ -199,7 +269,18 @@ class ScriptedModel:
         signer, parts = check_signatures(self.secret, model, system, tools, view)
         thinking = req.get("thinking")
         thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
-        return _Request(model, system, tools, thinking_on, compaction, cached, view, signer, parts)
+        return _Request(
+            model,
+            req["max_tokens"],
+            system,
+            tools,
+            thinking_on,
+            compaction,
+            cached,
+            view,
+            signer,
+            parts,
+        )
 
     def _compact(
         self,
@@ -235,7 +316,7 @@ class ScriptedModel:
         stop_reason: str,
         usage: dict[str, Any],
         iterations: list[dict[str, Any]],
-    ) -> tuple[dict[str, Any], float, float]:
+    ) -> _Answer:
         """The answer's message, and the latencies the script asks for."""
         usage["service_tier"] = "standard"
         if iterations:
@@ -253,7 +334,7 @@ class ScriptedModel:
             # Not modelled by the SDK: lets tests check that the raw body is stored verbatim.
             "offline_script": {"turn": turn, "plan_lines": len(script.plan)},
         }
-        return payload, script.latency, script.chunk_latency
+        return _Answer(payload, script.latency, script.chunk_latency, req.max_tokens, req.view.task)
 
     def _turn_blocks(
         self,

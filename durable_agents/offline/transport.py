@@ -10,14 +10,25 @@ from typing import Any
 import anthropic
 import httpx2
 
+from durable_agents.offline.limits import RateLimits
 from durable_agents.offline.model import ScriptedModel
 
 
-def offline_client(*, scripted: ScriptedModel | None = None, **kwargs: Any) -> anthropic.Anthropic:
+def offline_client(
+    *,
+    scripted: ScriptedModel | None = None,
+    rate_limits: RateLimits | None = None,
+    **kwargs: Any,
+) -> anthropic.Anthropic:
     """A real ``anthropic.Anthropic`` whose HTTP goes to a ``ScriptedModel`` in-process.
 
-    ``kwargs`` go to ``anthropic.Anthropic`` and may override the defaults below."""
-    model = scripted or ScriptedModel()
+    ``rate_limits``: the model limits requests as the API does (429s the SDK raises as
+    ``anthropic.RateLimitError``, ``anthropic-ratelimit-*`` headers); share one ``RateLimits``
+    between clients to share the limits. ``kwargs`` go to ``anthropic.Anthropic`` and may
+    override the defaults below."""
+    if scripted is not None and rate_limits is not None:
+        raise ValueError("give rate_limits to the ScriptedModel or to offline_client, not both")
+    model = scripted or ScriptedModel(rate_limits=rate_limits)
     options: dict[str, Any] = {
         "api_key": "offline",
         "base_url": "http://offline.invalid",

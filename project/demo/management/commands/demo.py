@@ -17,6 +17,10 @@
 Uses the offline scripted model (the tasks carry the plan it plays): the demo settings turn
 it on while DEBUG is on, as in ``make run``; ``DURABLE_AGENTS_OFFLINE=0`` sends the tasks to
 the real API instead. The offline model is never tied to a missing API key.
+
+``--rpm N``: the offline model limits requests per minute as the API does, one limit shared
+by every worker of the demo (as the API's is by an organisation): it is served over HTTP on
+127.0.0.1 and the workers' 429s, waits for ``retry-after`` and retries show in their logs.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.db.models import Count
 
 import durable_agents
+from durable_agents import llm
+from durable_agents.conf import app_settings
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -47,6 +53,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
+from durable_agents.offline import OfflineServer, RateLimits, ScriptedModel
 from durable_agents.worker import Worker
 
 MIGRATION = """Migrate the orders table: add a note column, backfill it, retire orders_old.
@@ -100,8 +107,22 @@ class Command(BaseCommand):
         parser.add_argument(
             "--speed-runs", type=int, default=30, help="runs for the closing throughput figure"
         )
+        parser.add_argument(
+            "--rpm",
+            type=int,
+            default=None,
+            help="the offline model allows this many requests per minute (429s beyond)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        limits = self._limited_model(options["rpm"]) if options["rpm"] is not None else None
+        try:
+            self._story(options)
+        finally:
+            if limits is not None:
+                self._limits_report(limits)
+
+    def _story(self, options: dict[str, Any]) -> None:
         migration = durable_agents.start_run("migrator", MIGRATION)
         extra = [
             durable_agents.start_run("migrator", SMALLER[i % len(SMALLER)])
@@ -164,6 +185,37 @@ class Command(BaseCommand):
         self._speed(options["speed_runs"])
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _limited_model(self, rpm: int) -> RateLimits:
+        """Serve the offline model, limited to ``rpm``, on 127.0.0.1 for every worker of the
+        demo (subprocesses included: they inherit the environment) through the real SDK."""
+        if not app_settings.OFFLINE:
+            raise CommandError("--rpm limits the offline model, which is off")
+        try:
+            limits = RateLimits(requests_per_minute=rpm)
+        except ValueError as e:
+            raise CommandError(f"--rpm: {e}") from e
+        server = OfflineServer(ScriptedModel(rate_limits=limits)).start()
+        os.environ.update(
+            ANTHROPIC_BASE_URL=server.base_url,
+            ANTHROPIC_API_KEY="offline-demo",
+            DURABLE_AGENTS_OFFLINE="0",
+        )
+        settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "OFFLINE": False}
+        llm.reset_clients()
+        self._say(
+            f"the offline model allows {rpm} requests per minute (a bucket of {rpm} that "
+            f"refills continuously) to all workers together, at {server.base_url}"
+        )
+        return limits
+
+    def _limits_report(self, limits: RateLimits) -> None:
+        stats = limits.stats()
+        self._say(
+            f"rate limits: {stats['answered']} requests answered, {stats['rejected_429']} "
+            f"refused with a 429 (each retried after its retry-after), at most "
+            f"{stats['peak_in_flight']} in flight at once"
+        )
 
     def _worker(self, name: str, *flags: str) -> subprocess.Popen:
         command = [
