@@ -170,6 +170,15 @@ def measure(
                 (PRIORITY,),
             )
         ]
+        # Model turns committed in each 5 s from the first insert: where the time went.
+        timeline = [
+            int(n)
+            for (_, n) in conn.execute(
+                "SELECT floor(EXTRACT(EPOCH FROM s.created_at - f.t0) / 5) AS slot, count(*)"
+                " FROM agent_step s, (SELECT min(created_at) AS t0 FROM agent_run) f"
+                " WHERE s.kind = 'model_turn' GROUP BY 1 ORDER BY 1"
+            )
+        ]
         waits = (
             conn.execute(
                 "SELECT coalesce(sum(capacity_waits), 0), coalesce(sum(pauses), 0)"
@@ -208,6 +217,7 @@ def measure(
         "makespan_ratio": float(span or 0) / ideal,
         "priority_p50_s": common.pct(priority_latency, 50),
         "priority_p95_s": common.pct(priority_latency, 95),
+        "turns_per_5s": timeline,
         "capacity_waits": int(waits[0]),
         "pauses": int(waits[1]),
     }
@@ -217,7 +227,8 @@ def measure(
         f" makespan {res['makespan_s']:.1f} s vs ideal {ideal:.1f} s"
         f" ({res['makespan_ratio']:.2f}x);"
         f" priority runs p50 {res['priority_p50_s']:.1f} s, p95 {res['priority_p95_s']:.1f} s;"
-        f" waits for capacity {res['capacity_waits']}, pauses {res['pauses']}"
+        f" waits for capacity {res['capacity_waits']}, pauses {res['pauses']};"
+        f" model turns per 5 s: {timeline}"
     )
     return res
 

@@ -537,6 +537,9 @@ class ModelCapacity(models.Model):
     model = models.CharField(max_length=200, primary_key=True)
     # Whether the limits are RATE_LIMITS' (True) or learned from the API's headers.
     configured = models.BooleanField(default=False)
+    # Limits not known yet (no RATE_LIMITS, no answer so far): the first calls go out at a
+    # modest pace until an answer's headers say the real limits (or that there are none).
+    probing = models.BooleanField(default=False)
     requests_per_minute = models.FloatField(null=True, blank=True)
     input_tokens_per_minute = models.FloatField(null=True, blank=True)
     output_tokens_per_minute = models.FloatField(null=True, blank=True)

@@ -162,6 +162,9 @@ CONTINUE_STOP_REASONS = ("pause_turn", "compaction")
 # Bytes of a request per input token, for the estimate a call takes from the input bucket
 # before it goes out (its usage settles the difference).
 BYTES_PER_TOKEN = 4
+# A call that finds the buckets short by at most this many seconds reserves its room and waits
+# in its slot (no connection held); a longer wait hands the run back to the queue.
+RESERVE_SECONDS = 1.0
 # How long a model pauses after a 429 without retry-after.
 RATE_LIMITED_SECONDS = 10.0
 
@@ -486,7 +489,15 @@ class RunAdvancer(ToolDispatch):
             input_tokens=(self._request_bytes + len(messages)) // BYTES_PER_TOKEN + 1,
             output_tokens=int(params.get("max_tokens") or 0),
         )
-        grant = self.store.capacity.acquire(str(params["model"]), estimate, self.run.priority)
+        grant = self.store.capacity.acquire(
+            str(params["model"]), estimate, self.run.priority, max_wait=RESERVE_SECONDS
+        )
+        if grant.granted and grant.wait_seconds > 0 and self.interrupt.wait(grant.wait_seconds):
+            # Interrupted while waiting for the reserved room: the call never goes out.
+            self._give_back(grant)
+            if pending is not None:
+                pending()
+            self._check_interrupt()
         if not grant.granted:
             if pending is not None:
                 pending()
@@ -501,7 +512,9 @@ class RunAdvancer(ToolDispatch):
         run: however long they last, no run is dead-lettered for them."""
         if exc.rate_limited:
             seconds = exc.retry_after if exc.retry_after is not None else RATE_LIMITED_SECONDS
-            self.store.capacity.rate_limited(grant.model, seconds, observed(exc.rate_headers))
+            self.store.capacity.rate_limited(
+                grant.model, seconds, observed(exc.rate_headers), self.run.priority
+            )
             self._wait_for_capacity(
                 grant.model,
                 seconds,
@@ -529,7 +542,6 @@ class RunAdvancer(ToolDispatch):
     ) -> NoReturn:
         """Hand the run back, pending, claimable again in ``seconds``: it holds no slot, no
         connection and no attempt meanwhile (the claim is not counted as a stall)."""
-        self.store.capacity.handed_back(model, self.run.priority, seconds)
         released = self.store.release_lease(
             self.claim, count_claim=False, hold_seconds=seconds, waiting_for=WaitKind.CAPACITY
         )

@@ -67,6 +67,8 @@ class WorkerStats:
 # Most runs one claim statement takes: a worker starting with a thousand free slots fills
 # them in a few statements, none of which holds row locks for long.
 MAX_CLAIM_BATCH = 100
+# Runs a worker claims before it knows their models (it has claimed nothing lately).
+FIRST_CLAIMS = 10
 # Runs to claim when no model limits them.
 NO_LIMIT = 1 << 30
 # The claimer waiting for model capacity looks again after at least this long.
@@ -380,14 +382,29 @@ class Worker:
         A run that needs no call or finds the room taken meanwhile is handed back (runner)."""
         models = self._models_claimed()
         if not models:
-            return NO_LIMIT, 0.0  # nothing claimed lately: the first claims show the models
+            # Nothing claimed lately: a few runs first, whose models show what to ask about.
+            return FIRST_CLAIMS, 0.0
         try:
             outlook = self._store().capacity.outlook(models)
         except DatabaseError:
             return NO_LIMIT, 0.0  # the claim that follows says what is wrong
         room = outlook.room
         self._capacity_short = room is not None and room < self.concurrency
+        if self._capacity_short:
+            self._claim_first_in_line()
         return (NO_LIMIT if room is None else room), outlook.next_in
+
+    def _claim_first_in_line(self) -> None:
+        """Capacity is short: the claimable run first in line (highest priority) asks its
+        model's capacity to refuse lower priorities for a moment, so that the next claim
+        finds room for it rather than the runs already in slots taking it all."""
+        try:
+            first = self._store().first_claimable()
+            if first is not None:
+                model, priority = first
+                self._store().capacity.queued(model, priority)
+        except DatabaseError:
+            logger.debug("looking for the first claimable run failed", exc_info=True)
 
     def _models_claimed(self) -> set[str]:
         """The models of the runs this worker claimed lately: the ones whose capacity decides

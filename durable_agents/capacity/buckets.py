@@ -13,9 +13,11 @@ in debt, so no call waits forever.
 from __future__ import annotations
 
 import datetime
+import enum
 import math
 from dataclasses import dataclass
 
+from durable_agents.capacity import limits as limits_module
 from durable_agents.capacity.headers import Observed
 from durable_agents.capacity.limits import LIMIT_FIELDS, ModelLimits
 from durable_agents.models import ModelCapacity
@@ -46,12 +48,19 @@ class Estimate:
         return (1.0, float(self.input_tokens), float(self.output_tokens))
 
 
+class RefusalKind(enum.Enum):
+    PAUSED = "paused"  # after a 429
+    PRIORITY = "priority"  # a higher priority waits
+    BUCKET = "bucket"  # a bucket is short
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a call may not go out now, and how long until it may."""
 
     seconds: float
     reason: str
+    kind: RefusalKind = RefusalKind.BUCKET
 
 
 def capacity_of(row: ModelCapacity, limit_field: str) -> float | None:
@@ -79,7 +88,7 @@ def refusal(
     """Why ``estimate`` may not go out now (the row refilled to ``now``), or None."""
     if row.paused_until is not None and row.paused_until > now:
         seconds = (row.paused_until - now).total_seconds()
-        return Refusal(seconds, f"paused after a 429 for {seconds:.1f}s more")
+        return Refusal(seconds, f"paused after a 429 for {seconds:.1f}s more", RefusalKind.PAUSED)
     if (
         row.waiting_priority is not None
         and row.waiting_priority > priority
@@ -87,7 +96,9 @@ def refusal(
         and row.waiting_priority_until > now
     ):
         seconds = min((row.waiting_priority_until - now).total_seconds(), PRIORITY_HOLD_SECONDS)
-        return Refusal(seconds, f"runs of priority {row.waiting_priority} wait first")
+        return Refusal(
+            seconds, f"runs of priority {row.waiting_priority} wait first", RefusalKind.PRIORITY
+        )
     worst: Refusal | None = None
     for (limit_field, level_field), need in zip(BUCKETS, estimate.needs(), strict=True):
         capacity = capacity_of(row, limit_field)
@@ -131,6 +142,7 @@ def configure(row: ModelCapacity, limits: ModelLimits) -> bool:
     a full bucket, a lowered one clips its level)."""
     changed = not row.configured or row.burst_seconds != limits.burst_seconds
     row.configured = True
+    row.probing = False
     row.burst_seconds = limits.burst_seconds
     for limit_field, level_field in BUCKETS:
         limit = getattr(limits, limit_field)
@@ -149,6 +161,17 @@ def learn(row: ModelCapacity, observed: Observed) -> None:
     """What the API said: its limits (unless ``RATE_LIMITS`` sets them), and what remains in
     its buckets, which lowers ours (never raises them: the API's bucket is larger than ours,
     and what it has left may be other clients' to take)."""
+    if row.probing:
+        # The real limits replace the probe's, and the buckets hold what the API says remains
+        # (up to their capacity): the burst the probe held back is there to be used.
+        row.probing = False
+        row.burst_seconds = limits_module.DEFAULT_BURST_SECONDS
+        for (limit_field, level_field), report in zip(
+            BUCKETS, (observed.requests, observed.input, observed.output), strict=True
+        ):
+            if report is not None:
+                setattr(row, limit_field, report.limit)
+                setattr(row, level_field, min(report.remaining, capacity_of(row, limit_field) or 0))
     for (limit_field, level_field), report in zip(
         BUCKETS, (observed.requests, observed.input, observed.output), strict=True
     ):
@@ -177,10 +200,19 @@ def pause(row: ModelCapacity, seconds: float, now: datetime.datetime) -> None:
     row.pauses += 1
 
 
-def note_waiting(row: ModelCapacity, priority: int, seconds: float, now: datetime.datetime) -> None:
-    """A run of ``priority`` was handed back to wait ``seconds`` for capacity: until it is
-    claimed again, runs of a lower priority are refused (grants go highest first)."""
-    row.capacity_waits += 1
+def note_waiting(
+    row: ModelCapacity,
+    priority: int,
+    seconds: float,
+    now: datetime.datetime,
+    *,
+    count: bool = True,
+) -> None:
+    """A run of ``priority`` was handed back to wait ``seconds`` for capacity (or is pending,
+    ``count=False``): until it is claimed, runs of a lower priority are refused (grants go
+    highest first)."""
+    if count:
+        row.capacity_waits += 1
     until = now + datetime.timedelta(seconds=seconds + PRIORITY_HOLD_SECONDS)
     current = row.waiting_priority
     expired = row.waiting_priority_until is None or row.waiting_priority_until <= now
@@ -188,6 +220,28 @@ def note_waiting(row: ModelCapacity, priority: int, seconds: float, now: datetim
         row.waiting_priority, row.waiting_priority_until = priority, until
     elif priority == current and row.waiting_priority_until is not None:
         row.waiting_priority_until = max(row.waiting_priority_until, until)
+
+
+# A model whose limits are not known yet: at most this many calls at once, then this many a
+# minute, until an answer's headers say more (the API also refuses sharp increases).
+PROBE_REQUESTS_PER_MINUTE = 60.0
+PROBE_BURST_SECONDS = 10.0
+
+
+def start_probing(row: ModelCapacity) -> None:
+    """A model never called, without RATE_LIMITS: a modest request limit until the first
+    answer (``learn``, or ``stop_probing`` when it carries no rate-limit headers)."""
+    row.probing = True
+    row.requests_per_minute = PROBE_REQUESTS_PER_MINUTE
+    row.burst_seconds = PROBE_BURST_SECONDS
+    row.requests_level = PROBE_REQUESTS_PER_MINUTE * PROBE_BURST_SECONDS / 60.0
+
+
+def stop_probing(row: ModelCapacity) -> None:
+    """An answer without rate-limit headers (a provider that sends none): no limits."""
+    row.probing = False
+    for limit_field, _ in BUCKETS:
+        setattr(row, limit_field, None)
 
 
 def calls_available(row: ModelCapacity, now: datetime.datetime) -> tuple[int, float]:

@@ -9,8 +9,8 @@ The whole flow of one model call, from the runner's side:
               answer's usage; lower the buckets to what the API's headers say remains
     rate_limited
               a 429: pause the model for the whole fleet until its retry-after, once
-    handed_back
-              a run waits for capacity: count it, and refuse lower priorities meanwhile
+    queued    the claimer found a run of a higher priority waiting to be claimed: lower
+              priorities are refused for a moment, so that the room goes to it
     outlook   the claimer's view: how many calls each model has room for now
 
 Every operation locks the model's row (``ModelCapacity``), changes it with the arithmetic of
@@ -41,6 +41,9 @@ T = TypeVar("T")
 # How long a worker trusts that a model has no row (no limits configured or learned): a
 # worker that learns limits creates the row, and the others see it within this time.
 ABSENT_TTL_SECONDS = 2.0
+# The longest a run refused for want of room is held back before it is claimable again (a
+# paused model holds its runs until the pause ends).
+MAX_HOLD_SECONDS = 1.0
 # The shortest wait a refused run is given: below it, handing a run back costs more than
 # the wait.
 MIN_WAIT_SECONDS = 0.05
@@ -106,26 +109,50 @@ class CapacityGate(abc.ABC):
 
     # -- the flow ----------------------------------------------------------------------------
 
-    def acquire(self, model: str, estimate: Estimate, priority: int) -> Grant:
+    def acquire(
+        self, model: str, estimate: Estimate, priority: int, max_wait: float = 0.0
+    ) -> Grant:
+        """Capacity for one call of ``priority``. ``max_wait``: when the buckets would have
+        room within that many seconds, the call reserves it now (the buckets go into debt)
+        and is granted with ``wait_seconds`` to wait before it goes out; longer waits, a
+        pause and higher priorities waiting are refusals."""
         limits = configured_limits(model)
         if limits is None and self._known_absent(model):
             return Grant(model, estimate, granted=True)
 
         def grant(row: ModelCapacity | None, now: datetime.datetime) -> Grant:
-            if row is None:
-                return Grant(model, estimate, granted=True)
+            assert row is not None
             self._configure(row, limits)
+            if limits is None and not _limited(row) and row.calls == 0:
+                buckets.start_probing(row)  # never called: ramp up until the headers say
+            if not _limited(row) and not _paused(row, now):
+                self._mark_absent(model)
+                return Grant(model, estimate, granted=True)
             buckets.refill(row, now)
             refused = buckets.refusal(row, estimate, priority, now)
-            if refused is not None:
-                self._save(row)
+            reserve = (
+                refused is not None
+                and refused.kind is buckets.RefusalKind.BUCKET
+                and refused.seconds <= max_wait
+            )
+            if refused is not None and not reserve:
                 wait = max(refused.seconds, MIN_WAIT_SECONDS)
+                if refused.kind is not buckets.RefusalKind.PAUSED:
+                    # Short of room (or behind a higher priority): claimable again soon, and
+                    # claimed in priority order as room returns; the claimer takes no more
+                    # runs than there is room for, so they do not come back all at once.
+                    wait = min(wait, MAX_HOLD_SECONDS)
+                # The run is handed back for this long: counted, and its priority served
+                # first meanwhile (in the same write: no second round trip).
+                buckets.note_waiting(row, priority, wait, now)
+                self._save(row)
                 return Grant(model, estimate, False, wait, refused.reason, limited=True)
             buckets.take(row, estimate)
             self._save(row)
-            return Grant(model, estimate, granted=True, limited=True)
+            wait = refused.seconds if refused is not None else 0.0
+            return Grant(model, estimate, True, wait, limited=True)
 
-        return self._with_row(model, limits is not None, grant)
+        return self._with_row(model, True, grant)
 
     def settle(self, grant: Grant, used: tuple[int, int] | None, observed: Observed | None) -> None:
         """The call of ``grant`` ended: ``used`` is (input tokens charged, output tokens) from
@@ -142,12 +169,17 @@ class CapacityGate(abc.ABC):
                 buckets.give_back(row, grant.estimate, used)
             if observed is not None:
                 buckets.learn(row, observed)
+            elif row.probing and used is not None:
+                buckets.stop_probing(row)  # an answer without headers: the API sends none
             self._save(row)
 
         self._with_row(grant.model, True, apply)
 
-    def rate_limited(self, model: str, retry_after: float, observed: Observed | None) -> None:
-        """A 429: the model pauses for the whole fleet for ``retry_after`` seconds."""
+    def rate_limited(
+        self, model: str, retry_after: float, observed: Observed | None, priority: int = 0
+    ) -> None:
+        """A 429: the model pauses for the whole fleet for ``retry_after`` seconds; the run of
+        ``priority`` that got it is handed back to wait for the pause's end."""
         limits = configured_limits(model)
 
         def apply(row: ModelCapacity | None, now: datetime.datetime) -> None:
@@ -157,6 +189,7 @@ class CapacityGate(abc.ABC):
             if observed is not None:
                 buckets.learn(row, observed)
             buckets.pause(row, retry_after, now)
+            buckets.note_waiting(row, priority, retry_after, now)
             self._save(row)
 
         self._with_row(model, True, apply)
@@ -166,12 +199,18 @@ class CapacityGate(abc.ABC):
         """A 529: the API is busy for everyone; recorded, the fleet's share unchanged."""
         self._record_event(model, CapacityEventKind.OVERLOADED, None)
 
-    def handed_back(self, model: str, priority: int, seconds: float) -> None:
-        """A run of ``priority`` waits ``seconds`` for this model's capacity."""
+    def queued(self, model: str, priority: int) -> None:
+        """Runs of ``priority`` wait to be claimed for this model: lower priorities are
+        refused its capacity for a moment, so that the claim finds room for them."""
 
         def apply(row: ModelCapacity | None, now: datetime.datetime) -> None:
-            if row is not None:
-                buckets.note_waiting(row, priority, seconds, now)
+            if row is not None and (
+                row.waiting_priority is None
+                or row.waiting_priority_until is None
+                or row.waiting_priority_until <= now
+                or row.waiting_priority <= priority
+            ):
+                buckets.note_waiting(row, priority, 0.0, now, count=False)
                 self._save(row)
 
         self._with_row(model, False, apply)
@@ -237,10 +276,21 @@ class CapacityGate(abc.ABC):
             self._absent.pop(model, None)
 
 
+def _limited(row: ModelCapacity) -> bool:
+    return any(getattr(row, limit_field) is not None for limit_field, _ in buckets.BUCKETS)
+
+
+def _paused(row: ModelCapacity, now: datetime.datetime) -> bool:
+    return row.paused_until is not None and row.paused_until > now
+
+
 def _full_bucket(limits: ModelLimits | None) -> int | None:
     """Calls a full bucket of ``limits`` has room for (requests alone: what a call of the
-    model charges in tokens is not known before its first answer)."""
-    if limits is None or limits.requests_per_minute is None:
+    model charges in tokens is not known before its first answer). Without limits, the model
+    was never called: as many calls as its probe lets through (``buckets.start_probing``)."""
+    if limits is None:
+        return int(buckets.PROBE_REQUESTS_PER_MINUTE * buckets.PROBE_BURST_SECONDS / 60.0)
+    if limits.requests_per_minute is None:
         return None
     return max(int(limits.requests_per_minute * limits.burst_seconds / 60.0), 1)
 

@@ -23,6 +23,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('model', models.CharField(max_length=200, primary_key=True, serialize=False)),
                 ('configured', models.BooleanField(default=False)),
+                ('probing', models.BooleanField(default=False)),
                 ('requests_per_minute', models.FloatField(blank=True, null=True)),
                 ('input_tokens_per_minute', models.FloatField(blank=True, null=True)),
                 ('output_tokens_per_minute', models.FloatField(blank=True, null=True)),

@@ -474,6 +474,11 @@ class Store(abc.ABC):
         """The run's status now (None: no such run)."""
 
     @abc.abstractmethod
+    def first_claimable(self) -> tuple[str, int] | None:
+        """The model and priority of the pending run a claim would take first (due waits
+        aside), or None: whom the next room for a model call is for."""
+
+    @abc.abstractmethod
     def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
         """The whole log of a run, in seq order, for the rebuild (``history.load_log``)."""
 

@@ -723,6 +723,15 @@ class InMemoryStore(Store):
             run = self.runs.get(run_id)
             return None if run is None else run.status
 
+    def first_claimable(self) -> tuple[str, int] | None:
+        with self.lock:
+            now = self.now()
+            candidates = [run for run in self.runs.values() if self._claimable(run, now)]
+            if not candidates:
+                return None
+            first = min(candidates, key=lambda run: (-run.priority, run.created_at))
+            return first.model, first.priority
+
     def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
         if not isinstance(run_id, uuid.UUID):
             return []  # kept by UUID, like the runs: the text of an id finds no log here

@@ -706,6 +706,15 @@ class PortableStore(Store):
     def current_status(self, run_id: RunId) -> str | None:
         return AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
+    def first_claimable(self) -> tuple[str, int] | None:
+        # The claim's own order, read from its index (agent_run_claim_priority).
+        return (
+            AgentRun.objects.claimable()
+            .order_by("-priority", "created_at")
+            .values_list("model", "priority")
+            .first()
+        )
+
     def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
         with connection.cursor() as cursor:
             cursor.execute(LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])

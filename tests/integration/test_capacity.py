@@ -115,12 +115,12 @@ def test_grants_are_race_free_between_connections(da_settings: Any) -> None:
 
 
 def test_the_claimer_takes_no_more_runs_than_there_is_room_for(da_settings: Any) -> None:
-    from durable_agents.worker import NO_LIMIT, Worker
+    from durable_agents.worker import FIRST_CLAIMS, NO_LIMIT, Worker
 
     for _ in range(8):
         start_run("tester", '@lookup {"key": "a"}')
     worker = Worker(concurrency=8, handle_signals=False, burst=True)
-    assert worker._capacity_room()[0] == NO_LIMIT  # nothing claimed yet: no model known
+    assert worker._capacity_room()[0] == FIRST_CLAIMS  # nothing claimed yet: no model known
     # The room is that of the models of the runs the worker claimed lately: the test model,
     # three calls at once, and another model (a run of it claimed too), limited by "*" in a
     # bucket of its own, one call at once.

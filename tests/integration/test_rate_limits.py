@@ -44,14 +44,16 @@ def limited_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fake
     server.close()
 
 
-def test_the_worker_waits_out_retry_after_and_the_run_succeeds(
+def test_a_429_pauses_the_model_until_retry_after_and_the_run_succeeds(
     limited_api: FakeAnthropic,
 ) -> None:
+    # Each 429 pauses the model for the fleet and hands the run back (throttled, uncounted);
+    # the next claim sends the same request once the pause is over.
     run = start_run(
         "tester", '[key:tenant-1] two lookups\n@lookup {"key": "a"}\n@lookup {"key": "b"}'
     )
     worker = run_worker()
-    assert worker.stats.dispositions == {"succeeded": 1}
+    assert worker.stats.dispositions == {"succeeded": 1, "throttled": 2}
     assert AgentRun.objects.get(pk=run.pk).status == "succeeded"
     requests = limited_api.requests
     assert [r.status for r in requests] == [200, 429, 200, 429, 200]

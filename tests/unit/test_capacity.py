@@ -15,6 +15,7 @@ from durable_agents.agents import Agent, registry
 from durable_agents.capacity import Estimate, Outlook, buckets, limit_problems, observed
 from durable_agents.capacity.headers import BucketReport, Observed
 from durable_agents.capacity.limits import ModelLimits
+from durable_agents.capacity import gate as gate_module
 from durable_agents.capacity.memory import InMemoryCapacity
 from durable_agents.models import AgentRun, ModelCapacity, RunStatus, WaitKind
 from durable_agents.runner import Disposition, advance_run
@@ -175,15 +176,56 @@ def limits(settings: Any) -> Any:
     return set_limits
 
 
-def test_a_model_without_limits_costs_nothing(clock: ManualClock) -> None:
+def test_a_model_never_called_ramps_up_until_its_first_answer(clock: ManualClock) -> None:
     gate = InMemoryCapacity(clock)
+    # No RATE_LIMITS, no answer yet: ten calls at once, then one a second.
+    grants = [gate.acquire(MODEL, Estimate(100, 100), 0) for _ in range(11)]
+    assert [g.granted for g in grants] == [True] * 10 + [False]
+    assert grants[-1].wait_seconds == pytest.approx(1.0)
+    assert gate.rows[MODEL].probing
+    # The first answer's headers say the real limits.
+    gate.settle(
+        grants[0],
+        (100, 10),
+        observed(
+            {
+                "anthropic-ratelimit-requests-limit": "1200",
+                "anthropic-ratelimit-requests-remaining": "1100",
+            }
+        ),
+    )
+    row = gate.rows[MODEL]
+    assert (row.probing, row.requests_per_minute) == (False, 1200)
+    clock.advance(1)
+    assert gate.acquire(MODEL, Estimate(100, 100), 0).granted  # 20 a second now
+
+
+def test_a_model_whose_answers_carry_no_limits_costs_nothing(clock: ManualClock) -> None:
+    gate = InMemoryCapacity(clock)
+    first = gate.acquire(MODEL, Estimate(100, 100), 0)
+    gate.settle(first, (100, 10), None)  # an answer without rate-limit headers
+    assert not gate.rows[MODEL].probing
     grant = gate.acquire(MODEL, Estimate(100, 100), 0)
     assert (grant.granted, grant.limited) == (True, False)
-    assert gate.rows == {}
-    gate.settle(grant, (100, 10), None)
-    assert gate.rows == {}
+    assert gate._known_absent(MODEL)  # the next calls do not even read the row
     assert gate.outlook({MODEL}) == Outlook({MODEL: None}, 0.0)
     assert gate.outlook({MODEL}).room is None
+
+
+def test_a_short_wait_is_reserved_a_long_one_refused(clock: ManualClock, limits: Any) -> None:
+    limits(**{MODEL: {"requests_per_minute": 60, "burst_seconds": 1}})  # one a second
+    gate = InMemoryCapacity(clock)
+    assert gate.acquire(MODEL, Estimate(1, 1), 0, max_wait=1.0).wait_seconds == 0
+    reserved = gate.acquire(MODEL, Estimate(1, 1), 0, max_wait=1.0)
+    assert reserved.granted
+    assert reserved.wait_seconds == pytest.approx(1.0)
+    refused = gate.acquire(MODEL, Estimate(1, 1), 0, max_wait=1.0)
+    assert not refused.granted
+    # Behind the reservation: two seconds away, so handed back; claimable again within a
+    # second (the claimer takes runs in priority order as room returns).
+    assert refused.wait_seconds == pytest.approx(gate_module.MAX_HOLD_SECONDS)
+    gate.queued(MODEL, 5)
+    assert not gate.acquire(MODEL, Estimate(1, 1), 0, max_wait=5.0).granted  # priority first
 
 
 def test_the_gate_grants_what_the_limits_allow_and_says_how_long_to_wait(
@@ -195,7 +237,8 @@ def test_the_gate_grants_what_the_limits_allow_and_says_how_long_to_wait(
     assert (first.granted, second.granted, third.granted) == (True, True, False)
     assert third.wait_seconds == pytest.approx(1.0)
     assert third.reason == "requests per minute"
-    assert gate.outlook({MODEL, "other"}).calls == {MODEL: 0, "other": None}
+    # A model never called has the room of its probe (a few calls until it answers).
+    assert gate.outlook({MODEL, "other"}).calls == {MODEL: 0, "other": 10}
     assert gate.outlook({MODEL}).room == 0
     assert gate.outlook({MODEL}).next_in == pytest.approx(1.0)
     clock.advance(1)
@@ -280,11 +323,13 @@ def test_a_run_without_capacity_is_handed_back_uncounted_and_goes_on_later(
     )
     assert run.last_seq == 2  # the turn and its tool result are committed
     assert run.stalled_claims == 0
-    assert run.lease_until == clock() + datetime.timedelta(seconds=10)
-    assert store.claim_runs("w2", 30, 10) == []  # nobody takes it before it may call
+    # Claimable again within a second (the claimer takes no more runs than there is room
+    # for; a claim that comes too soon finds no room and hands it back again).
+    assert run.lease_until == clock() + datetime.timedelta(seconds=1)
+    assert store.claim_runs("w2", 30, 10) == []  # nobody takes it before then
     # However many times it is refused, the run is never dead-lettered for it.
-    for _ in range(5):
-        clock.advance(5)
+    for _ in range(12):
+        clock.advance(1)
         again = store.claim_runs("w2", 30, 10)
         if again:
             assert advance_run(again[0], store=store) in (
