@@ -13,9 +13,9 @@ import pytest
 
 from durable_agents.agents import Agent, registry
 from durable_agents.capacity import Estimate, Outlook, buckets, limit_problems, observed
+from durable_agents.capacity import gate as gate_module
 from durable_agents.capacity.headers import BucketReport, Observed
 from durable_agents.capacity.limits import ModelLimits
-from durable_agents.capacity import gate as gate_module
 from durable_agents.capacity.memory import InMemoryCapacity
 from durable_agents.models import AgentRun, ModelCapacity, RunStatus, WaitKind
 from durable_agents.runner import Disposition, advance_run
