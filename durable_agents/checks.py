@@ -145,7 +145,7 @@ def _bad_rate_limits() -> list[CheckMessage]:
             f"DURABLE_AGENTS['RATE_LIMITS']: {problem}.",
             hint='For example {"claude-fable-5-1": {"requests_per_minute": 4000, '
             '"input_tokens_per_minute": 2000000, "output_tokens_per_minute": 400000}}.',
-            id="durable_agents.E020",
+            id="durable_agents.E030",
         )
         for problem in limit_problems(app_settings.RATE_LIMITS)
     ]
@@ -355,7 +355,7 @@ def _rate_limits_for_unknown_models(models: set[str]) -> list[CheckMessage]:
             f"DURABLE_AGENTS['RATE_LIMITS'] names model {name!r}, which no registered agent uses.",
             hint=f"The agents use {', '.join(sorted(models))}. A misspelt model goes unlimited; "
             'use "*" for the limits of any model not named.',
-            id="durable_agents.W020",
+            id="durable_agents.W030",
         )
         for name in sorted(set(limits) - models - {ANY_MODEL}, key=str)
         if isinstance(name, str)

@@ -65,16 +65,16 @@ def test_the_test_settings_pass() -> None:
         ({"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.NOT_CALLABLE"}, ["durable_agents.E012"]),
         ({"TOOL_ERROR_FORMATTER": redact}, ["durable_agents.E012"]),  # a path, not the function
         # One error per problem of RATE_LIMITS.
-        ({"RATE_LIMITS": {"*": {"requests_per_minute": 0}}}, ["durable_agents.E020"]),
+        ({"RATE_LIMITS": {"*": {"requests_per_minute": 0}}}, ["durable_agents.E030"]),
         (
             {"RATE_LIMITS": {"*": {"requests_per_minute": "many", "tokens": 5}}},
-            ["durable_agents.E020"],
+            ["durable_agents.E030"],
         ),
         (
             {"RATE_LIMITS": {"a": {"input_tokens_per_minute": -1}, "b": []}},
-            ["durable_agents.E020", "durable_agents.E020"],
+            ["durable_agents.E030", "durable_agents.E030"],
         ),
-        ({"RATE_LIMITS": ["claude"]}, ["durable_agents.E020"]),
+        ({"RATE_LIMITS": ["claude"]}, ["durable_agents.E030"]),
     ],
 )
 def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: list[str]) -> None:
@@ -220,5 +220,5 @@ def test_checks_are_registered() -> None:
 
 def test_rate_limits_for_a_model_no_agent_uses_warn(da_settings: Any) -> None:
     da_settings(RATE_LIMITS={"claude-tset-1": {"requests_per_minute": 50}, "*": {}})
-    (warning,) = [m for m in da_checks.check_agents() if m.id == "durable_agents.W020"]
+    (warning,) = [m for m in da_checks.check_agents() if m.id == "durable_agents.W030"]
     assert "'claude-tset-1'" in warning.msg
