@@ -39,6 +39,7 @@ __all__ = [
     "REQUIRED_PRICES",
     "Price",
     "Usage",
+    "add_cost",
     "cost_of",
     "format_usd",
     "price_for",
@@ -224,6 +225,14 @@ def cost_of(model: str, usage: Usage) -> Decimal | None:
     """What ``usage`` cost at ``model``'s price, in USD; None: the model has no price."""
     price = price_for(model)
     return None if price is None else price.cost(usage)
+
+
+def add_cost(total: Decimal | None, cost: Decimal | None) -> Decimal | None:
+    """A running cost plus one turn's: None ("no price") only while no turn had a price.
+    The statements write the same as coalesce(total + cost, cost, total)."""
+    if cost is None:
+        return total
+    return cost if total is None else total + cost
 
 
 def format_usd(cost: Decimal | None, places: int = 4) -> str:

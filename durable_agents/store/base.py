@@ -232,14 +232,6 @@ def usage_shard(run_id: RunId) -> int:
     return run_id.int % USAGE_SHARDS
 
 
-def add_cost(total: Decimal | None, cost: Decimal | None) -> Decimal | None:
-    """A running cost plus one turn's: None ("no price") only while no turn had a price.
-    The statements write the same as coalesce(total + cost, cost, total)."""
-    if cost is None:
-        return total
-    return cost if total is None else total + cost
-
-
 def lease_losses(missed: Sequence[tuple[RunId, str | None]]) -> dict[RunId, LeaseLoss]:
     """``renew_leases``'s answer from the runs it did not renew, with the status each had: a
     run that its own slot just finished, parked or released is not a loss."""

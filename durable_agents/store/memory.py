@@ -43,6 +43,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
+from durable_agents.pricing import add_cost
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
@@ -56,7 +57,6 @@ from durable_agents.store.base import (
     StepWrite,
     Store,
     WaitSpec,
-    add_cost,
     ended,
     lease_losses,
     refuse_spawn,

@@ -14,8 +14,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from durable_agents.models import AgentRun, AgentUsageDay
-from durable_agents.pricing import Usage
-from durable_agents.store.base import add_cost, usage_shard
+from durable_agents.pricing import Usage, add_cost
+from durable_agents.store.base import usage_shard
 
 # The rollup's rows in memory (``InMemoryStore``), by the key of the table's unique index.
 UsageRows = dict[tuple[datetime.date, str, str, str, int], AgentUsageDay]

@@ -25,7 +25,7 @@ from durable_agents.models import (
     ToolEffect,
     WaitKind,
 )
-from durable_agents.pricing import Usage
+from durable_agents.pricing import Usage, add_cost
 from durable_agents.store import (
     Claim,
     InMemoryStore,
@@ -36,7 +36,7 @@ from durable_agents.store import (
     Store,
     store_for,
 )
-from durable_agents.store.base import Parked, WaitRefused, WaitSpec, add_cost
+from durable_agents.store.base import Parked, WaitRefused, WaitSpec
 from durable_agents.store.memory import ManualClock
 
 
