@@ -17,6 +17,9 @@ from django.utils import timezone
 import durable_agents
 from durable_agents.models import AgentRun, AgentUsageDay
 from tests.conftest import run_worker
+from tests.integration.test_admin_i18n import german_client
+
+__all__ = ["german_client"]  # the fixture, imported for the German page
 
 PRICES = {"claude-test-1": {"input": 3.0, "output": 15.0}}
 
@@ -129,3 +132,18 @@ def test_the_operations_page_without_turns(admin_client: Client) -> None:
     content = admin_client.get(operations_url()).content.decode()
     assert "No model turns in that window." in content
     assert "Cost of model turns, last 7 days (UTC): $0.0000" in content
+
+
+def test_the_cost_texts_are_german(german_client: Client) -> None:
+    run = with_cost("priced", "0.5")
+    AgentUsageDay.objects.create(
+        day=timezone.now().astimezone(datetime.UTC).date(), agent="tester", model="m", turns=1
+    )
+    content = german_client.get(operations_url()).content.decode()
+    for german in ("Kosten der Modellzüge, letzte 7 Tage (UTC)", "Modellzüge", "heute"):
+        assert german in content, german
+    assert "kein Preis" in content  # the row's model has no price
+    content = german_client.get(runs_url()).content.decode()
+    assert 'title="100 Tokens">$0.5000<' in content
+    content = german_client.get(run_url(run)).content.decode()
+    assert "Kosten" in content
