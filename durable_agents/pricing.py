@@ -36,6 +36,7 @@ from durable_agents.conf import app_settings
 __all__ = [
     "COST_PLACES",
     "OPTIONAL_PRICES",
+    "QUANTUM",
     "REQUIRED_PRICES",
     "Price",
     "Usage",

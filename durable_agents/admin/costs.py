@@ -6,18 +6,31 @@ import dataclasses
 from decimal import Decimal
 
 from django.contrib.humanize.templatetags.humanize import intcomma
+from django.db import connection
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 
 from durable_agents.models import AgentRun
-from durable_agents.pricing import add_cost, format_usd
+from durable_agents.pricing import QUANTUM, add_cost, format_usd
 
-# A run page adds up at most this many descendants' costs (each level one indexed query on
-# parent_id); past it the family's figure says "at least".
+# A run page adds up at most this many descendants' costs; past it the family's figure says
+# "at least".
 FAMILY_LIMIT = 10_000
 # Generations read at most: far past MAX_RUN_DEPTH, a guard against a cycle written by hand.
 FAMILY_DEPTH = 64
+# A run's descendants, generation by generation through the index on parent_id, read until
+# FAMILY_LIMIT + 1 are found (the recursion stops there on PostgreSQL and SQLite alike):
+# how many there are and what they cost together, in one query.
+FAMILY_SQL = """
+WITH RECURSIVE family(id, cost_usd, generation) AS (
+    SELECT id, cost_usd, 1 FROM agent_run WHERE parent_id = %s
+    UNION ALL
+    SELECT run.id, run.cost_usd, family.generation + 1
+      FROM agent_run AS run JOIN family ON run.parent_id = family.id
+     WHERE family.generation < %s
+)
+SELECT count(*), sum(cost_usd) FROM (SELECT cost_usd FROM family LIMIT %s) AS found"""
 
 
 def cost_text(run: AgentRun) -> str:
@@ -48,25 +61,20 @@ class FamilyCost:
 
 
 def family_cost(run: AgentRun) -> FamilyCost:
-    """The run's cost plus its descendants', one generation per query through the index on
-    ``parent_id`` (one query for a run without children)."""
-    total, counted, parents = run.cost_usd, 0, [run.pk]
-    for _ in range(FAMILY_DEPTH):
-        room = FAMILY_LIMIT - counted
-        rows = list(
-            AgentRun.objects.filter(parent_id__in=parents)
-            .order_by()
-            .values_list("pk", "cost_usd")[: room + 1]
+    """The run's cost plus its descendants' (``FAMILY_SQL``: one query)."""
+    pk = AgentRun._meta.pk
+    assert pk is not None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            FAMILY_SQL,
+            [pk.get_db_prep_value(run.pk, connection), FAMILY_DEPTH, FAMILY_LIMIT + 1],
         )
-        for _pk, cost in rows[:room]:
-            total = add_cost(total, cost)
-        counted += min(len(rows), room)
-        if len(rows) > room:
-            return FamilyCost(total, counted, complete=False)
-        if not rows:
-            break
-        parents = [pk for pk, _cost in rows]
-    return FamilyCost(total, counted, complete=True)
+        row = cursor.fetchone()
+    found, cost = (row[0], row[1]) if row is not None else (0, None)
+    # SQLite sums decimals as floats: through their text, to the stored precision.
+    cost = None if cost is None else Decimal(str(cost)).quantize(QUANTUM)
+    complete = found <= FAMILY_LIMIT
+    return FamilyCost(add_cost(run.cost_usd, cost), found, complete)
 
 
 def run_page_cost(run: AgentRun) -> SafeString | str:
@@ -83,7 +91,7 @@ def run_page_cost(run: AgentRun) -> SafeString | str:
             family.descendants,
         )
     else:
-        note = gettext("at least %(total)s with its first %(count)s descendant runs")
+        note = gettext("at least %(total)s with the first %(count)s of its descendant runs")
     return format_html(
         '{} <span class="da-meta" id="family-cost">({})</span>',
         own,

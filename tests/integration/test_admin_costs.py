@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
+from durable_agents.admin import costs
 from durable_agents.models import AgentRun, AgentUsageDay
 from tests.conftest import run_worker
 from tests.integration.test_admin_i18n import german_client
@@ -64,7 +65,9 @@ def test_a_run_page_shows_its_cost_next_to_its_tokens(admin_client: Client) -> N
     assert "no price" in admin_client.get(run_url(unpriced)).content.decode()
 
 
-def test_a_parents_page_adds_its_descendants_costs(admin_client: Client) -> None:
+def test_a_parents_page_adds_its_descendants_costs(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     parent = with_cost("parent", "0.5")
     child = with_cost("child", "0.25")
     grandchild = with_cost("grandchild", "0.125")
@@ -76,6 +79,11 @@ def test_a_parents_page_adds_its_descendants_costs(admin_client: Client) -> None
     # A child's page: its own subtree.
     content = admin_client.get(run_url(child)).content.decode()
     assert "($0.3750 with its 1 descendant run)" in content
+    # Past the limit the figure is a lower bound, and says so.
+    monkeypatch.setattr(costs, "FAMILY_LIMIT", 1)
+    content = admin_client.get(run_url(parent)).content.decode()
+    assert "(at least $0." in content
+    assert "with the first 2 of its descendant runs)" in content
 
 
 @pytest.mark.django_db(transaction=True)
