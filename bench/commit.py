@@ -4,20 +4,27 @@ All against the same tables of one bench database, synchronous_commit on, one co
 interleaved in rounds so that background noise hits both alike. Also measured, to split the
 cost: a ``SELECT 1`` round trip, the append_step SQL through raw psycopg (Django's share), and
 append_step with synchronous_commit off (the WAL flush's share).
+
+``append_step`` commits a step that is no model turn (a tool result's statement);
+``append_turn`` the same step as a model turn, priced, whose statement also upserts the day's
+rollup row (agent_usage_day): the two side by side are the rollup's cost on the commit.
+``BENCH_COMMIT_DB`` names another bench database (``da_bench*``), for runs side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import uuid
+from decimal import Decimal
 from typing import Any
 
 from bench import common
 from bench.common import log
 
-DB = "da_bench_commit"
+DB = os.environ.get("BENCH_COMMIT_DB", "da_bench_commit")
 
 # A model turn's body as the fake API sends it (~700 bytes), stored verbatim by append_step.
 PAYLOAD = json.dumps(
@@ -62,10 +69,12 @@ def run(n: int, rounds: int) -> dict[str, Any]:
     from django.db import connection
 
     from durable_agents import store
+    from durable_agents.pricing import Usage
     from durable_agents.store import StepWrite
     from durable_agents.store.postgres import APPEND_STEP_SQL
 
     claim = _new_claim("bench-commit")
+    turn_claim = _new_claim("bench-commit-turn")
     cte_run = _new_claim("bench-commit-cte")
     async_claim = _new_claim("bench-commit-async")
     raw_run = uuid.uuid4()
@@ -79,10 +88,11 @@ def run(n: int, rounds: int) -> dict[str, Any]:
             (raw_run,),
         )
 
-    seq = {"da": 0, "raw": 0, "cte": 0, "async": 0}
-    times: dict[str, list[float]] = {
-        k: [] for k in ("append_step", "raw_tx", "raw_cte", "append_step_async", "select1")
-    }
+    seq = {"da": 0, "turn": 0, "raw": 0, "cte": 0, "async": 0}
+    series = ("append_step", "append_turn", "raw_tx", "raw_cte", "append_step_async", "select1")
+    times: dict[str, list[float]] = {k: [] for k in series}
+    usage = Usage(input_tokens=400, output_tokens=40, cache_read_tokens=2000)
+    cost = Decimal("0.00126")
 
     def da_once() -> None:
         seq["da"] += 1
@@ -91,6 +101,16 @@ def run(n: int, rounds: int) -> dict[str, Any]:
             claim, StepWrite(seq["da"], "model_turn", PAYLOAD, "req_x")
         )
         times["append_step"].append(time.perf_counter() - t)
+        assert ok
+
+    def turn_once() -> None:
+        seq["turn"] += 1
+        step = StepWrite(
+            seq["turn"], "model_turn", PAYLOAD, "req_x", tokens=usage.total, usage=usage, cost=cost
+        )
+        t = time.perf_counter()
+        ok = store.current().append_step(turn_claim, step)
+        times["append_turn"].append(time.perf_counter() - t)
         assert ok
 
     def raw_once() -> None:
@@ -126,6 +146,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
             "content_end": None,
             "request_id": "req_x",
             "tokens": 0,
+            "cost": None,
         }
         t = time.perf_counter()
         with raw_auto.cursor() as cur:
@@ -151,21 +172,16 @@ def run(n: int, rounds: int) -> dict[str, Any]:
         raw_auto.execute("SELECT 1").fetchone()
         times["select1"].append(time.perf_counter() - t)
 
+    interleaved = (da_once, turn_once, raw_once, cte_once, async_once, select1_once)
     for _ in range(50):  # warm-up
-        da_once(), raw_once(), cte_once(), async_once(), select1_once()
+        for once in interleaved:
+            once()
     for k in times:
         times[k].clear()
     for _ in range(rounds):
-        for _ in range(n // rounds):
-            da_once()
-        for _ in range(n // rounds):
-            raw_once()
-        for _ in range(n // rounds):
-            cte_once()
-        for _ in range(n // rounds):
-            async_once()
-        for _ in range(n // rounds):
-            select1_once()
+        for once in interleaved:
+            for _ in range(n // rounds):
+                once()
     raw.close()
     raw_auto.close()
     connection.close()
@@ -173,6 +189,8 @@ def run(n: int, rounds: int) -> dict[str, Any]:
     a, r = res["append_step"]["p50_ms"], res["raw_tx"]["p50_ms"]
     res["ratio_p50"] = a / r
     res["ratio_mean"] = res["append_step"]["mean_ms"] / res["raw_tx"]["mean_ms"]
+    res["turn_ratio_p50"] = res["append_turn"]["p50_ms"] / r
+    res["turn_over_step_p50"] = res["append_turn"]["p50_ms"] / a
     res["target"] = "append_step / raw INSERT+UPDATE transaction <= 2"
     res["met"] = res["ratio_p50"] <= 2
     res["n"] = n
@@ -180,6 +198,11 @@ def run(n: int, rounds: int) -> dict[str, Any]:
         f"[commit] append_step p50 {a:.3f} ms (mean {res['append_step']['mean_ms']:.3f}), raw tx "
         f"p50 {r:.3f} ms (mean {res['raw_tx']['mean_ms']:.3f}): ratio {res['ratio_p50']:.2f} -> "
         f"{common.verdict(res['met'])} (<= 2)"
+    )
+    log(
+        f"[commit] model turn with the rollup upsert p50 {res['append_turn']['p50_ms']:.3f} ms "
+        f"(mean {res['append_turn']['mean_ms']:.3f}): ratio to raw tx "
+        f"{res['turn_ratio_p50']:.2f}, to append_step {res['turn_over_step_p50']:.2f}"
     )
     log(
         f"[commit] split: same SQL via raw psycopg {res['raw_cte']['p50_ms']:.3f} ms, "

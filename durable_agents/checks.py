@@ -62,6 +62,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_archiver(),
         *_bad_tool_error_formatter(),
         *_bad_rate_limits(),
+        *_bad_prices(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
@@ -191,6 +192,38 @@ def _bad_tool_error_formatter() -> list[CheckMessage]:
             "None for the default text.",
             id="durable_agents.E012",
         )
+    ]
+
+
+# One id per kind of problem in PRICES (see ``pricing.price_problems``).
+PRICE_CHECK_IDS = {
+    "entry": "durable_agents.E020",  # not a dict of model -> dict, or a key not a model name
+    "missing": "durable_agents.E021",  # an entry without "input" or "output"
+    "unknown": "durable_agents.E022",  # an entry with a key that is not a price
+    "number": "durable_agents.E023",  # a price that is not a finite number >= 0
+}
+PRICE_HINT = (
+    'USD per million tokens by model, e.g. {"claude-fable-5-1": {"input": 3.0, "output": 15.0, '
+    '"cache_read": 0.3, "cache_write": 3.75}}; "*" prices any other model.'
+)
+
+
+def _bad_prices() -> list[CheckMessage]:
+    from durable_agents.pricing import price_problems
+
+    prices = app_settings.PRICES
+    if not isinstance(prices, dict):
+        return [
+            Error(
+                f"DURABLE_AGENTS['PRICES'] must be a dict, not {prices!r}.",
+                hint=PRICE_HINT,
+                id=PRICE_CHECK_IDS["entry"],
+            )
+        ]
+    return [
+        Error(f"DURABLE_AGENTS['PRICES']{text}.", hint=PRICE_HINT, id=PRICE_CHECK_IDS[kind])
+        for model, entry in prices.items()
+        for kind, text in price_problems(model, entry)
     ]
 
 
@@ -341,7 +374,11 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                     id="durable_agents.W004",
                 )
             )
-    return [*messages, *_rate_limits_for_unknown_models({a.model for a in registry.all()})]
+    return [
+        *messages,
+        *_rate_limits_for_unknown_models({a.model for a in registry.all()}),
+        *_unused_prices(registry.all()),
+    ]
 
 
 def _rate_limits_for_unknown_models(models: set[str]) -> list[CheckMessage]:
@@ -359,6 +396,26 @@ def _rate_limits_for_unknown_models(models: set[str]) -> list[CheckMessage]:
         )
         for name in sorted(set(limits) - models - {ANY_MODEL}, key=str)
         if isinstance(name, str)
+    ]
+
+
+def _unused_prices(agents: list[Any]) -> list[CheckMessage]:
+    """A model in PRICES that no registered agent uses is most likely a typo: the runs of
+    the model meant would go unpriced (runs started with another model than their agent's
+    are possible, hence a warning)."""
+    prices = app_settings.PRICES
+    if not isinstance(prices, dict):
+        return []
+    used = {agent.model for agent in agents}
+    return [
+        Warning(
+            f"DURABLE_AGENTS['PRICES'] prices {model!r}, which no registered agent uses.",
+            hint=f"Agents use: {', '.join(sorted(used)) or 'none'}. A misspelt model name "
+            'leaves its runs without a price ("no price" in the admin).',
+            id="durable_agents.W010",
+        )
+        for model in prices
+        if isinstance(model, str) and model != "*" and model not in used
     ]
 
 

@@ -162,6 +162,15 @@ class DurableAgentsSettings:
     NOTIFY: Setting[bool] = Setting(
         True, "E-mail staff when an intent waits or a run is dead-lettered."
     )
+    PRICES: Setting[dict[str, dict[str, float]]] = Setting(
+        {},
+        'USD per million tokens, by model name ("*": any other model): {"input": ..., '
+        '"output": ...} and optionally "cache_read", "cache_write" (5-minute writes) '
+        'and "cache_write_1h" (else 0.1x, 1.25x and 2x the input price, as the Messages API '
+        "bills them). Each run's cost_usd and the daily rollup agent_usage_day are priced with "
+        "it when a turn is committed; turns of a model without a price cost nothing and the "
+        'run shows "no price".',
+    )
 
     if not typing.TYPE_CHECKING:
         # Only for names that are not settings (the declared ones are found first); hidden

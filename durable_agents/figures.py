@@ -14,6 +14,7 @@ import enum
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
@@ -27,6 +28,7 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    Sum,
     TextField,
 )
 from django.db.models.functions import Now, Substr, TruncHour
@@ -37,6 +39,7 @@ from durable_agents.models import (
     FINISHED_STATUSES,
     AgentQuestion,
     AgentRun,
+    AgentUsageDay,
     QuestionStatus,
     RunStatus,
     ToolIntent,
@@ -53,6 +56,8 @@ FINISHED_WINDOW = datetime.timedelta(hours=24)
 # agent_run_status); waiting runs are counted by kind of wait.
 LIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.DEAD)
 UNFINISHED_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+# The UTC days (today included) of the cost figures.
+COST_DAYS = 7
 # Characters of the oldest open question read (never the whole text).
 QUESTION_HEAD_CHARS = 200
 
@@ -77,6 +82,9 @@ class Part(enum.Flag):
     ATTEMPTS = enum.auto()  # claims per finished run, every finished run
     FINISHED_WINDOW = enum.auto()  # runs finished in FINISHED_WINDOW, by status and claims
     PER_HOUR = enum.auto()  # runs finished in each of the last 24 clock hours
+    # Model turns, tokens and cost by UTC day, agent and model over the last COST_DAYS days,
+    # from the rollup agent_usage_day (one aggregate over its few rows per day).
+    COSTS = enum.auto()
 
 
 PROMETHEUS = Part.GAUGES
@@ -101,6 +109,7 @@ OPERATIONS_PAGE = (
     | Part.STEPS
     | Part.FINISHED_WINDOW
     | Part.PER_HOUR
+    | Part.COSTS
 )
 
 
@@ -125,6 +134,18 @@ class Queue:
 
 
 @dataclass(frozen=True)
+class UsageFigure:
+    """Model turns of one agent and model on one UTC day, from the rollup."""
+
+    day: datetime.date
+    agent: str
+    model: str
+    turns: int
+    tokens: int  # input, cache and output
+    cost: Decimal | None  # None: none of these turns had a price
+
+
+@dataclass(frozen=True)
 class Figures:
     """The figures as of ``taken_at``; the parts not read are empty (or None)."""
 
@@ -139,6 +160,7 @@ class Figures:
     attempts: Mapping[int, int] = field(default_factory=dict)  # capped claims -> runs
     finished: Mapping[tuple[str, int], int] = field(default_factory=dict)  # in the window
     per_hour: tuple[tuple[datetime.datetime, int], ...] = ()
+    usage: tuple[UsageFigure, ...] = ()  # the last COST_DAYS days, oldest first
 
     def age(self, since: datetime.datetime | None) -> datetime.timedelta | None:
         return None if since is None else self.taken_at - since
@@ -201,7 +223,37 @@ def read_figures(
     if Part.QUESTIONS in parts:
         values["questions"] = _questions(using, oldest=Part.OLDEST_QUESTION in parts)
     values.update(_finished(runs, parts, now))
+    if Part.COSTS in parts:
+        values["usage"] = usage_by_day(now, days=COST_DAYS, using=using)
     return Figures(taken_at=now, **values)
+
+
+def usage_by_day(
+    now: datetime.datetime, *, days: int = 7, using: str = DEFAULT_DB_ALIAS
+) -> tuple[UsageFigure, ...]:
+    """The rollup's rows of the last ``days`` UTC days (today included), their shards and
+    concurrency keys summed: one aggregate over the day range of its unique index, whose
+    rows grow with agents and models, never with runs or steps."""
+    today = now.astimezone(datetime.UTC).date()
+    rows = (
+        AgentUsageDay.objects.using(using)
+        .filter(day__gt=today - datetime.timedelta(days=days))
+        .order_by()
+        .values_list("day", "agent", "model")
+        .annotate(
+            n=Sum("turns"),
+            read=Sum("input_tokens"),
+            out=Sum("output_tokens"),
+            cached=Sum("cache_read_tokens"),
+            written=Sum("cache_write_tokens"),
+            cost=Sum("cost_usd"),
+        )
+        .order_by("day", "agent", "model")
+    )
+    return tuple(
+        UsageFigure(day, agent, model, n, read + out + cached + written, cost)
+        for day, agent, model, n, read, out, cached, written, cost in rows
+    )
 
 
 def _waits(runs: QuerySet[AgentRun], *, with_runs: bool) -> tuple[WaitFigure, ...]:

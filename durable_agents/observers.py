@@ -20,6 +20,9 @@ method             receives                   reported by, and when
 ``tool_call``      ``ToolCallEnd``            ``dispatch``: each call of a tool that was invoked
                                               (returned, raised or timed out)
 ``step_committed`` ``StepCommit``             ``runner``: each step it committed
+``turn_cost``      ``TurnCost``               ``runner``: each answered model turn, once, with
+                                              its cost at PRICES (None: no price), before its
+                                              commit (it is paid whatever becomes of that)
 ``claim_ended``    ``ClaimEnd``               ``worker``: each claim, once, when its slot is done
                                               with it (a sweep or a ``cancel_run`` is no claim)
 ``capacity_wait``  ``CapacityWait``           ``runner``: a run handed back to wait for model
@@ -48,6 +51,7 @@ import dataclasses
 import enum
 import threading
 from collections.abc import Mapping
+from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -108,6 +112,13 @@ class CapacityWait:
     model: str
     reason: WaitReason
     seconds: float  # how long the run is held back
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnCost:
+    agent: str
+    model: str
+    cost: Decimal | None  # USD at the PRICES setting; None: the model has no price
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +218,9 @@ class Observer:
     def capacity_wait(self, event: CapacityWait) -> None:
         pass
 
+    def turn_cost(self, event: TurnCost) -> None:
+        pass
+
     def agent_span(self, claim: Claim) -> AgentSpan | None:
         return None
 
@@ -267,6 +281,14 @@ def step_committed(kind: str, seconds: float) -> None:
         event = StepCommit(str(kind), seconds)
         for observer in observers:
             observer.step_committed(event)
+
+
+def turn_cost(agent: str, model: str, cost: Decimal | None) -> None:
+    observers = _observers
+    if observers:
+        event = TurnCost(agent, model, cost)
+        for observer in observers:
+            observer.turn_cost(event)
 
 
 def claim_ended(disposition: str, run_id: object) -> None:

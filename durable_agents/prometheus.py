@@ -10,7 +10,9 @@ What is measured, all named ``durable_agents_*``:
 
 - in this process, as it happens: claims by outcome, steps committed by kind, model calls by
   outcome, tool calls by effect class and outcome, the latency of model calls, step commits
-  and tool calls, and the runs this worker holds in flight (read at scrape time);
+  and tool calls, what its model turns cost by agent and model (``durable_agents_cost_usd``,
+  priced by the PRICES setting), and the runs this worker holds in flight (read at scrape
+  time);
 - in the database, at scrape time: runs by status, waiting runs by what they wait for, running
   runs whose lease expired, the age of the oldest pending run, intents waiting for a person,
   open questions. ``DatabaseCollector`` reads all of them with one grouped query and keeps the
@@ -21,7 +23,8 @@ What is measured, all named ``durable_agents_*``:
 Each figure counted in this process comes from one report: claims by outcome from the
 worker's ``claim_ended`` (once for every claim, when its slot is done with it: a sweep or a
 ``cancel_run`` is no claim), model calls from the model client's ``model_attempt``, tool calls
-and step commits from the runner's ``tool_call`` and ``step_committed``.
+and step commits from the runner's ``tool_call`` and ``step_committed``, costs from its
+``turn_cost`` (every answered turn, committed or not: each was paid for).
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class _Metrics:
     tool_call_seconds: Any
     capacity_waits: Any
     capacity_wait_seconds: Any
+    cost: Any
     collector: DatabaseCollector
     others: list[Any] = field(default_factory=list)
 
@@ -220,6 +224,12 @@ def _create(db_cache_seconds: float) -> _Metrics:
             buckets=STEP_COMMIT_BUCKETS,
         ),
         tool_call_seconds=tool_seconds,
+        cost=Counter(
+            "durable_agents_cost_usd",
+            "USD this worker paid for model turns, at the PRICES setting, by agent and model "
+            "(turns of a model without a price are not counted)",
+            ["agent", "model"],
+        ),
         collector=collector,
         others=[in_flight, slots],
     )
@@ -281,6 +291,10 @@ class Counting(observers.Observer):
     def step_committed(self, event: observers.StepCommit) -> None:
         self.metrics.steps_committed.labels(event.kind).inc()
         self.metrics.step_commit_seconds.observe(event.seconds)
+
+    def turn_cost(self, event: observers.TurnCost) -> None:
+        if event.cost is not None:
+            self.metrics.cost.labels(event.agent, event.model).inc(float(event.cost))
 
     def model_attempt(self, event: observers.ModelAttempt) -> None:
         if event.outcome is ModelOutcome.INTERRUPTED:

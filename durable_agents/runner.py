@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import llm, observers, signals
+from durable_agents import llm, observers, pricing, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.capacity import Estimate, Grant, observed
 from durable_agents.conf import app_settings
@@ -289,6 +289,11 @@ class RunAdvancer(ToolDispatch):
         turn = self._call_model(agent, params, messages, at.pending, grant)
         turn_tokens = tokens_of(turn.message)
         self.tokens += turn_tokens
+        # Priced at the run's model (what it was started with and every call sends); the
+        # turn is paid whatever becomes of its commit, so it is reported now.
+        usage = pricing.usage_of(turn.message)
+        cost = pricing.cost_of(self.run.model, usage)
+        observers.turn_cost(self.run.agent, self.run.model, cost)
         step = StepWrite(
             at.last.seq + 1,
             StepKind.MODEL_TURN,
@@ -296,6 +301,8 @@ class RunAdvancer(ToolDispatch):
             turn.request_id,
             content_span=turn.content_span,
             tokens=turn_tokens,
+            usage=usage,
+            cost=cost,
         )
         if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
             # The last turn: commit it and end the run in one statement (which may also claim

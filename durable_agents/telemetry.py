@@ -5,7 +5,8 @@ installed.
 Tracing follows the OpenTelemetry GenAI semantic conventions:
 
 - ``invoke_agent {agent}`` (INTERNAL): one claim advancing one run (``agent_span``);
-- ``chat {model}`` (CLIENT): one model call, each retry its own span (``model_call``);
+- ``chat {model}`` (CLIENT): one model call, each retry its own span (``model_call``), with
+  ``durable_agents.cost_usd``, its turn's cost at the PRICES setting, when its model has one;
 - ``execute_tool {tool}`` (INTERNAL): one tool call of a turn (``tool_span``); a failed
   call's ``error.type`` comes from its ``tool_call`` report.
 
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from durable_agents import observers
+from durable_agents import observers, pricing
 from durable_agents.observers import AgentSpan, ModelCall, ModelSpan, ToolSpan
 
 try:
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from durable_agents.store.base import Claim
 
 PROVIDER = "anthropic"
+# The cost of a chat span's turn in USD at the PRICES setting (not a semantic convention).
+COST_ATTRIBUTE = "durable_agents.cost_usd"
 # The opt-in of the GenAI instrumentations of OpenTelemetry Python: "true" (or SPAN_ONLY,
 # SPAN_AND_EVENT) records message content on the spans. Off by default.
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -334,6 +337,11 @@ class _ModelSpan(ModelSpan):
         if stop_reason is not None:
             span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
         span.set_attributes(usage)
+        # What the turn cost at PRICES (a dict lookup and a few multiplications); no
+        # attribute for a model without a price.
+        cost = pricing.cost_of(str(self.call.params.get("model")), pricing.usage_of(message))
+        if cost is not None:
+            span.set_attribute(COST_ATTRIBUTE, float(cost))
         if turn.request_id:  # named as on the Anthropic SDK's own spans
             span.set_attribute("anthropic.request.id", turn.request_id)
         if capture_content():

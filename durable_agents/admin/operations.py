@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.humanize.templatetags.humanize import intcomma
@@ -21,6 +22,7 @@ from durable_agents.admin.waits import cut_summary
 from durable_agents.counting import bounded_count
 from durable_agents.figures import (
     ATTEMPTS_CAP,
+    COST_DAYS,
     FINISHED_WINDOW,
     OPERATIONS_PAGE,
     PERCENTILE_SAMPLE,
@@ -38,6 +40,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
+from durable_agents.pricing import add_cost, format_usd
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Bar:
     link: str = ""
     axis_label: str = ""  # printed under the bar (vertical charts), empty for most bars
     text: str = ""  # what the page prints for ``label``, when that is not ``label`` itself
+    shown: str = ""  # what the page prints for ``value``, when that is not the number (a cost)
 
 
 def horizontal_bars(
@@ -164,6 +168,59 @@ def hour_bars(figures: Figures) -> list[Bar]:
 
 
 @dataclass
+class CostRow:
+    """One agent and model on the operations page: its model turns, tokens and cost over the
+    last COST_DAYS days, and today's cost. A cost of None: none of its turns had a price."""
+
+    agent: str
+    model: str
+    turns: int = 0
+    tokens: int = 0
+    cost: Decimal | None = None
+    today: Decimal | None = None
+
+    @property
+    def cost_text(self) -> str:
+        return format_usd(self.cost) or gettext("no price")
+
+    @property
+    def today_text(self) -> str:
+        return format_usd(self.today) or ("—" if self.cost is not None else gettext("no price"))
+
+
+def cost_rows(figures: Figures) -> list[CostRow]:
+    """Each agent and model of the rollup's last days, the most expensive first (those
+    without a price last)."""
+    today = figures.taken_at.astimezone(datetime.UTC).date()
+    rows: dict[tuple[str, str], CostRow] = {}
+    for used in figures.usage:
+        row = rows.setdefault((used.agent, used.model), CostRow(used.agent, used.model))
+        row.turns += used.turns
+        row.tokens += used.tokens
+        row.cost = add_cost(row.cost, used.cost)
+        if used.day == today:
+            row.today = add_cost(row.today, used.cost)
+    return sorted(rows.values(), key=lambda r: (r.cost is None, -(r.cost or 0), r.agent, r.model))
+
+
+def cost_day_bars(figures: Figures) -> list[Bar]:
+    """The cost of every agent together on each of the last COST_DAYS UTC days, oldest
+    first (a day without a priced turn at 0)."""
+    today = figures.taken_at.astimezone(datetime.UTC).date()
+    days = [today - datetime.timedelta(days=back) for back in range(COST_DAYS - 1, -1, -1)]
+    totals: dict[datetime.date, Decimal] = dict.fromkeys(days, Decimal(0))
+    for used in figures.usage:
+        if used.day in totals and used.cost is not None:
+            totals[used.day] += used.cost
+    # Bar lengths in micro-dollars (the geometry is whole units); the page prints the cost.
+    bars = horizontal_bars([(day.isoformat(), int(totals[day] * 1_000_000)) for day in days])
+    for bar, day in zip(bars, days, strict=True):
+        bar.shown = format_usd(totals[day])
+        bar.text = gettext("today") if day == today else day.strftime("%m-%d")
+    return bars
+
+
+@dataclass
 class TableCount:
     """How many runs the table holds, and where the figure comes from: the latest metrics
     snapshot (exact when housekeeping took it) or, without one, a bounded count (exact up to
@@ -240,6 +297,11 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "hour_chart_width": 24 * 20,
         # The bars stand on this line (they are drawn 12 units down, under their value).
         "hour_baseline_y": HOUR_CHART_HEIGHT + 12,
+        "cost_rows": cost_rows(figures),
+        "cost_day_bars": cost_day_bars(figures),
+        "cost_chart_height": COST_DAYS * 22,
+        "cost_days": COST_DAYS,
+        "cost_total": format_usd(sum((u.cost for u in figures.usage if u.cost), Decimal(0))),
     }
 
 

@@ -26,6 +26,7 @@ from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api
 from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
+from durable_agents.admin.costs import list_cost, run_page_cost
 from durable_agents.admin.dead_letter import DeadLetterPages
 from durable_agents.admin.filters import FamilyFilter, IndexedValuesFilter, WaitingForFilter
 from durable_agents.admin.format import (
@@ -127,7 +128,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "status_short",
         "agent_version",
         "task_excerpt",
-        "steps",
+        "steps_and_cost",
         "claims",
         "lease",
     )
@@ -177,6 +178,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
                 "fields": (
                     "steps",
                     "tokens_used",
+                    "cost",
                     "attempt",
                     "stalled_claims",
                     "lease_owner",
@@ -201,6 +203,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "task_text",
         "steps",
         "tokens_used",
+        "cost",
         "attempt",
         "stalled_claims",
         "lease_owner",
@@ -378,6 +381,16 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     @admin.display(description=_("steps"))
     def steps(self, obj: AgentRun) -> int:
         return obj.last_seq + 1  # seq 0 is the task; no per-row query
+
+    @admin.display(description=_("steps"))
+    def steps_and_cost(self, obj: AgentRun) -> SafeString:
+        """The steps, and under them what the run cost (its tokens in the title)."""
+        return format_html("{}{}", obj.last_seq + 1, list_cost(obj))
+
+    @admin.display(description=_("cost"))
+    def cost(self, obj: AgentRun) -> SafeString | str:
+        """What its model turns cost at PRICES, and with its child runs' when it has any."""
+        return run_page_cost(obj)
 
     @admin.display(description=_("claims"))
     def claims(self, obj: AgentRun) -> int:

@@ -58,6 +58,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -66,6 +67,7 @@ from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.exceptions import DurableAgentsError
 from durable_agents.models import (
+    USAGE_SHARDS,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -74,6 +76,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
+from durable_agents.pricing import Usage
 from durable_agents.text import storable_text
 
 if TYPE_CHECKING:
@@ -142,6 +145,12 @@ class StepWrite:
     # Where the turn's content array lies in ``payload`` (the rebuild splices it verbatim).
     content_span: tuple[int, int] | None = None
     tokens: int = 0  # tokens the step billed, added to the run's tokens_used
+    # A model turn's billed tokens by kind: the turn is counted in the daily rollup
+    # (agent_usage_day) by the same commit. None for other steps.
+    usage: Usage | None = None
+    # What the turn cost in USD at PRICES, added to the run's cost_usd and the rollup's; None:
+    # no price (the run's cost stays NULL, "no price", rather than $0).
+    cost: Decimal | None = None
 
 
 class LeaseLoss(enum.Enum):
@@ -220,6 +229,11 @@ def ended(status: str, result: str | None, error: str) -> dict[str, Any]:
         "lease_owner": None,
         "lease_until": None,
     }
+
+
+def usage_shard(run_id: RunId) -> int:
+    """The rollup shard of a run's turns: fixed per run, spread evenly over USAGE_SHARDS."""
+    return run_id.int % USAGE_SHARDS
 
 
 def lease_losses(missed: Sequence[tuple[RunId, str | None]]) -> dict[RunId, LeaseLoss]:
@@ -310,7 +324,20 @@ class Store(abc.ABC):
 
         ``step.effects`` are recorded whatever the fence says (a recorded call never runs
         again); a key already recorded is left as it was. False: the fence failed, nothing
-        appended."""
+        appended.
+
+        A model turn (``step.usage``) adds ``step.cost`` to the run's ``cost_usd`` and is
+        counted in the day's rollup (``agent_usage_day``), in the same commit. It was paid for
+        whatever the fence says: when the fence fails, or the database refuses the step, the
+        turn is still counted (``count_unstored_turn``) in the run's ``tokens_used`` and
+        ``cost_usd`` and in the rollup, though not in its log."""
+
+    @abc.abstractmethod
+    def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:
+        """A model turn that was paid for but not committed (its fence failed, or the
+        database refused it): its tokens and cost are added to the run and to the rollup,
+        unfenced (counters only: no status, lease or log changes). Never called for a turn
+        that was committed, so nothing is counted twice."""
 
     # -- end, hand back, park ------------------------------------------------------------
 

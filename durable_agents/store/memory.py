@@ -46,6 +46,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
+from durable_agents.pricing import add_cost
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
@@ -66,6 +67,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.rollup import UsageRows, count_in_rows
 from durable_agents.text import storable_text
 
 M = TypeVar("M", bound=Model)
@@ -105,6 +107,8 @@ class InMemoryStore(Store):
         self.events: dict[str, AgentEvent] = {}
         self.questions: dict[str, AgentQuestion] = {}  # by the asking call's key
         self._row_ids = itertools.count(1)
+        # The daily rollup, by (day, concurrency_key, agent, model, shard) as in the table.
+        self.usage_days: UsageRows = {}
 
     def worker_connections(self) -> WorkerConnections:
         """No database: a worker on this store has no connection to look after."""
@@ -304,11 +308,12 @@ class InMemoryStore(Store):
                 if may_claim:
                     assert then_claim is not None
                     then_claim.give_back()
+                self.count_unstored_turn(claim, step)
                 return False
             now = self.now()
             run.last_seq = step.seq
             run.stalled_claims = 0
-            run.tokens_used += step.tokens
+            self._count_turn(run, step)
             run.updated_at = now
             if step.finish is None:
                 run.lease_until = self._expiry(claim.lease_seconds)
@@ -341,6 +346,22 @@ class InMemoryStore(Store):
                 else:
                     then_claim.give_back()
             return True
+
+    def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:
+        if step.usage is None:
+            return
+        with self.lock:
+            run = self.runs.get(claim.run_id)
+            if run is not None:
+                self._count_turn(run, step)
+
+    def _count_turn(self, run: AgentRun, step: StepWrite) -> None:
+        """A step's tokens and cost on its run; a model turn in the day's rollup too."""
+        run.tokens_used += step.tokens
+        run.cost_usd = add_cost(run.cost_usd, step.cost)
+        if step.usage is not None:
+            day = self.now().astimezone(datetime.UTC).date()
+            count_in_rows(self.usage_days, day, run, step.usage, step.cost)
 
     # -- end, hand back, park ------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
@@ -66,6 +66,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.text import storable_text
 
 # The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
@@ -272,12 +273,36 @@ class PortableStore(Store):
         """This is where a step gets committed on SQLite (or in a caller's transaction): the
         fence and the insert in one transaction. ``then_claim`` is never used here (it is
         left unclaimed; the worker claims its next run by itself)."""
+        try:
+            appended = self._append_fenced(claim, step)
+        except DataError:
+            self.count_unstored_turn(claim, step)
+            raise
+        if not appended:
+            self.count_unstored_turn(claim, step)
+        elif step.finish is not None:
+            self.child_ended(claim.run.parent_id)
+        return appended
+
+    def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:
+        if step.usage is None:
+            return
+        with transaction.atomic():
+            changes: dict[str, Any] = {"tokens_used": F("tokens_used") + step.tokens}
+            if step.cost is not None:
+                changes["cost_usd"] = added_cost(step.cost)
+            AgentRun.objects.filter(pk=claim.run_id).update(**changes)
+            record_usage(claim.run, step.usage, step.cost)
+
+    def _append_fenced(self, claim: Claim, step: StepWrite) -> bool:
         with transaction.atomic():
             if step.effects:
                 ToolEffect.objects.bulk_create(step.effects, ignore_conflicts=True)
             changes: dict[str, Any] = {"lease_until": lease_expiry(claim.lease_seconds)}
             if step.finish is not None:
                 changes = ending(step.finish[0], step.finish[1], "")
+            if step.cost is not None:
+                changes["cost_usd"] = added_cost(step.cost)
             if not (
                 fenced(claim)
                 .filter(last_seq=step.seq - 1)
@@ -290,6 +315,8 @@ class PortableStore(Store):
                 )
             ):
                 return False
+            if step.usage is not None:
+                record_usage(claim.run, step.usage, step.cost)
             AgentStep.objects.create(
                 run_id=claim.run_id,
                 seq=step.seq,
@@ -301,8 +328,6 @@ class PortableStore(Store):
                 attempt=claim.attempt,
                 worker=claim.owner,
             )
-        if step.finish is not None:
-            self.child_ended(claim.run.parent_id)
         return True
 
     # -- end, hand back, park ------------------------------------------------------------

@@ -5,9 +5,13 @@ The life of a run, and what moves it along on PostgreSQL:
     claim        CLAIM_SQL              lock the claimable runs, lease them, attempt + 1
     renew        RENEW_ALL_SQL          the heartbeat: every lease of a worker, one statement
     append_step  APPEND_STEP_SQL        fence, renewed lease and the step, one statement
-                                        (its tool effects too: APPEND_STEP_WITH_EFFECTS_SQL)
-    finish       APPEND_LAST_STEP_SQL   the last step ends the run (and _WITH_EFFECTS_SQL);
+                                        (its tool effects too: APPEND_STEP_WITH_EFFECTS_SQL;
+                                        a model turn counted in the rollup: APPEND_TURN_SQL)
+    finish       APPEND_LAST_STEP_SQL   the last step ends the run (and _WITH_EFFECTS_SQL,
+                                        APPEND_LAST_TURN_SQL);
                  FINISH_AND_CLAIM_SQL   the same, and the claim of the worker's next run
+                                        (FINISH_TURN_AND_CLAIM_SQL for a model turn)
+    unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
     release      PortableStore          the claim given back, the run pending again
     park         PortableStore          the run waits: on an approval, a timer, an event, an
                                         answer or its children; START_INTENT_SQL starts an
@@ -18,11 +22,12 @@ The life of a run, and what moves it along on PostgreSQL:
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
 claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``TAKE_CLAIMABLE_RUNS`` (the
 lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP`` (what a step does to its run),
-``RECORD_EFFECTS`` and ``STEP_INSERT``. The full text of every statement, exactly as it is
-sent, is in tests/sql/<NAME>.sql, one file per statement; tests/unit/test_postgres_statements.py
-fails when what runs differs from those files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites
-them after a deliberate change). The only formatting at run time is the VALUES list of the
-effects (``{rows}``: one placeholder tuple per effect).
+``RECORD_EFFECTS``, ``RECORD_USAGE`` (the daily rollup of model turns) and ``STEP_INSERT``.
+The full text of every statement, exactly as it is sent, is in tests/sql/<NAME>.sql, one file
+per statement; tests/unit/test_postgres_statements.py fails when what runs differs from those
+files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites them after a deliberate change). The
+only formatting at run time is the VALUES list of the effects (``{rows}``: one placeholder
+tuple per effect).
 
 The other operations (release, park, wake, decisions, a finish without a step) are the ORM
 updates of ``PortableStore``, which this class inherits: one UPDATE each on PostgreSQL too.
@@ -31,13 +36,15 @@ updates of ``PortableStore``, which this class inherits: one UPDATE each on Post
 from __future__ import annotations
 
 import contextlib
+import textwrap
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
+from durable_agents.pricing import Usage
 from durable_agents.store.base import (
     Claim,
     LeaseLoss,
@@ -45,6 +52,7 @@ from durable_agents.store.base import (
     RunId,
     StepWrite,
     lease_losses,
+    usage_shard,
 )
 from durable_agents.store.portable import PortableStore
 from durable_agents.text import storable_text
@@ -130,19 +138,25 @@ RETURNING run.*,
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
           ) AS task_payload"""
 
-# A step that keeps the run going, on the run's row: the step's seq and tokens, the claim
-# counted as progress (stalled_claims = 0) and the lease renewed. ``fence`` holds the run's id
-# only if the step fence held.
+# What a turn adds to its run's cost: NULL ("no price") stays NULL until a turn has a price.
+# coalesce(total + cost, cost, total): both known, the sum; no total yet, the cost; no cost
+# (an unpriced turn, or not a model turn), the total as it was.
+ADD_COST = "coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd)"
+
+# A step that keeps the run going, on the run's row: the step's seq, tokens and cost, the
+# claim counted as progress (stalled_claims = 0) and the lease renewed. ``fence`` holds the
+# run's id (with the agent and model the rollup is keyed by) only if the step fence held.
 FENCED_STEP = f"""\
 WITH fence AS (
     UPDATE agent_run
        SET last_seq = %(seq)s,
            stalled_claims = 0,
            tokens_used = tokens_used + %(tokens)s,
+           cost_usd = {ADD_COST},
            lease_until = now() + make_interval(secs => %(lease)s),
            updated_at = now()
 {STEP_FENCE}
- RETURNING id
+ RETURNING id, agent, model
 )"""
 
 # The last step of a run, on the run's row: the run ends instead of renewing its lease, with
@@ -153,6 +167,7 @@ WITH fence AS (
        SET last_seq = %(seq)s,
            stalled_claims = 0,
            tokens_used = tokens_used + %(tokens)s,
+           cost_usd = {ADD_COST},
            status = %(status)s,
            result = %(result)s,
            error = '',
@@ -161,7 +176,7 @@ WITH fence AS (
            finished_at = now(),
            updated_at = now()
 {STEP_FENCE}
- RETURNING id
+ RETURNING id, agent, model
 )"""
 
 # The tool effects of a step, recorded whatever the fence says (the CTE does not read it): they
@@ -172,6 +187,35 @@ recorded AS (
     INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
     VALUES {rows}
     ON CONFLICT (key) DO NOTHING
+)"""
+
+# A model turn counted in the day's rollup (UTC, on the database clock), one row per (day,
+# concurrency key, agent, model, shard) of the runs in ``{source}`` (none: nothing counted).
+# The shard (``usage_shard``: fixed per run) spreads one agent's turns over USAGE_SHARDS rows,
+# so that concurrent commits of different runs rarely wait for the same row lock; readers
+# sum the shards. The concurrency key is '' until runs have one: then it is read from
+# ``{source}`` like the agent and the model, and nothing else changes.
+_RECORD_USAGE = """\
+INSERT INTO agent_usage_day AS used (day, concurrency_key, agent, model, shard, turns,
+                                     input_tokens, output_tokens, cache_read_tokens,
+                                     cache_write_tokens, cost_usd)
+SELECT (now() AT TIME ZONE 'UTC')::date, '', agent, model, %(shard)s, 1,
+       %(input_tokens)s, %(output_tokens)s, %(cache_read_tokens)s, %(cache_write_tokens)s,
+       %(cost)s::numeric
+  FROM {source}
+    ON CONFLICT (day, concurrency_key, agent, model, shard) DO UPDATE
+   SET turns = used.turns + 1,
+       input_tokens = used.input_tokens + EXCLUDED.input_tokens,
+       output_tokens = used.output_tokens + EXCLUDED.output_tokens,
+       cache_read_tokens = used.cache_read_tokens + EXCLUDED.cache_read_tokens,
+       cache_write_tokens = used.cache_write_tokens + EXCLUDED.cache_write_tokens,
+       cost_usd = coalesce(used.cost_usd + EXCLUDED.cost_usd, EXCLUDED.cost_usd, used.cost_usd)"""
+
+# The rollup of a committed turn: counted only if the fence held (it selects from ``fence``),
+# in the step's own statement, so a turn is counted exactly once with its commit.
+RECORD_USAGE = f"""\
+usage AS (
+{textwrap.indent(_RECORD_USAGE.format(source="fence"), "    ")}
 )"""
 
 # The step itself, one row if the fence held (it selects from ``fence``), none otherwise.
@@ -226,6 +270,10 @@ APPEND_STEP_SQL = f"{FENCED_STEP}\n{STEP_INSERT}"
 # The last step of a run: the same fence, and the run ends instead of renewing its lease.
 APPEND_LAST_STEP_SQL = f"{FENCED_LAST_STEP}\n{STEP_INSERT}"
 
+# The same two for a model turn, which is also counted in the day's rollup.
+APPEND_TURN_SQL = f"{FENCED_STEP},\n{RECORD_USAGE}\n{STEP_INSERT}"
+APPEND_LAST_TURN_SQL = f"{FENCED_LAST_STEP},\n{RECORD_USAGE}\n{STEP_INSERT}"
+
 # The same two with the tool effects of the step (``{rows}`` filled in by ``_append``).
 APPEND_STEP_WITH_EFFECTS_SQL = f"{FENCED_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
 APPEND_LAST_STEP_WITH_EFFECTS_SQL = f"{FENCED_LAST_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
@@ -244,6 +292,31 @@ FINISH_AND_CLAIM_SQL = f"""\
 )
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
   FROM (SELECT 1) AS one LEFT JOIN taken ON true"""
+
+# The same for a run's last model turn, counted in the day's rollup too: what a busy worker
+# sends at the end of every run.
+FINISH_TURN_AND_CLAIM_SQL = f"""\
+{FENCED_LAST_STEP}, {RECORD_USAGE}, appended AS (
+{STEP_INSERT}
+ RETURNING run_id
+), {CLAIMABLE_RUNS_IF_FENCED}, taken AS (
+{TAKE_CLAIMABLE_RUNS}
+)
+SELECT (SELECT count(*) FROM appended) AS appended, taken.*
+  FROM (SELECT 1) AS one LEFT JOIN taken ON true"""
+
+# A model turn that was paid for but not committed (its fence failed: the run was taken over
+# or cancelled meanwhile; or the step was refused): its tokens and cost still count, on the
+# run and in the rollup. Unfenced, and counters only: no status, lease, seq or log changes.
+UNSTORED_TURN_SQL = f"""
+WITH run AS (
+    UPDATE agent_run
+       SET tokens_used = tokens_used + %(tokens)s,
+           cost_usd = {ADD_COST}
+     WHERE id = %(run_id)s
+ RETURNING id, agent, model
+)
+{_RECORD_USAGE.format(source="run")}"""
 
 # approved -> executing and a renewed lease, only while the run is still this claim's and
 # running: a cancel that committed first makes the fence fail and the call never starts. The
@@ -284,6 +357,17 @@ def _effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
             }
         )
     return ", ".join(rows)
+
+
+def _usage_params(claim: Claim, usage: Usage) -> dict[str, Any]:
+    """The parameters of the rollup's upsert (``RECORD_USAGE``) for one model turn."""
+    return {
+        "shard": usage_shard(claim.run_id),
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
 
 
 @contextlib.contextmanager
@@ -362,17 +446,37 @@ class PostgresStore(PortableStore):
             "content_end": step.content_span[1] if step.content_span else None,
             "request_id": step.request_id,
             "tokens": step.tokens,
+            "cost": step.cost,
         }
+        if step.usage is not None:
+            params.update(_usage_params(claim, step.usage))
         finish = step.finish
         if finish is not None:
             params["status"] = finish[0]
             params["result"] = None if finish[1] is None else storable_text(finish[1])
-        if finish is not None:
+        try:
             appended = self._append(params, step.effects, finish, then_claim)
-            if appended:
-                self.child_ended(claim.run.parent_id)
-            return appended
-        return self._append(params, step.effects, finish, then_claim)
+        except DataError:
+            if step.usage is not None:
+                self.count_unstored_turn(claim, step)
+            raise
+        if not appended and step.usage is not None:
+            self.count_unstored_turn(claim, step)
+        if appended and finish is not None:
+            self.child_ended(claim.run.parent_id)
+        return appended
+
+    def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:
+        if step.usage is None:
+            return
+        params: dict[str, Any] = {
+            "run_id": claim.run_id,
+            "tokens": step.tokens,
+            "cost": step.cost,
+            **_usage_params(claim, step.usage),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(UNSTORED_TURN_SQL, params)
 
     def _append(
         self,
@@ -381,6 +485,7 @@ class PostgresStore(PortableStore):
         finish: tuple[str, str | None] | None,
         then_claim: NextClaim | None,
     ) -> bool:
+        turn = "shard" in params  # a model turn: counted in the rollup too
         if finish is not None and then_claim is not None and not effects:
             return self._finish_and_claim(params, then_claim)
         if effects:
@@ -389,6 +494,8 @@ class PostgresStore(PortableStore):
             else:
                 template = APPEND_LAST_STEP_WITH_EFFECTS_SQL
             sql = template.format(rows=_effect_rows(effects, params))
+        elif turn:
+            sql = APPEND_TURN_SQL if finish is None else APPEND_LAST_TURN_SQL
         else:
             sql = APPEND_STEP_SQL if finish is None else APPEND_LAST_STEP_SQL
         return self._execute_append(sql, params)
@@ -401,13 +508,16 @@ class PostgresStore(PortableStore):
 
     def _finish_and_claim(self, params: dict[str, Any], then_claim: NextClaim) -> bool:
         """``append_step`` of a run's last step that also claims the next run, if the slot
-        may (``then_claim.take()``)."""
+        may (``then_claim.take()``); a model turn (its rollup parameters) is counted too."""
+        turn = "shard" in params
         if not then_claim.take():
-            return self._execute_append(APPEND_LAST_STEP_SQL, params)
+            return self._execute_append(
+                APPEND_LAST_TURN_SQL if turn else APPEND_LAST_STEP_SQL, params
+            )
         params = {**params, "lease": float(then_claim.lease_seconds), "limit": 1}
         with binding_cursor() as cursor:
             try:
-                cursor.execute(FINISH_AND_CLAIM_SQL, params)
+                cursor.execute(FINISH_TURN_AND_CLAIM_SQL if turn else FINISH_AND_CLAIM_SQL, params)
                 row = cursor.fetchone()
             except BaseException:
                 then_claim.give_back()

@@ -232,6 +232,20 @@ def test_a_429_is_counted_as_a_wait_for_capacity_not_an_error(
     assert claims(before, after) == {"throttled": 1}
 
 
+def test_what_model_turns_cost_is_counted_by_agent_and_model(
+    fake_api: FakeAnthropic, da_settings: Callable[..., None], metrics: str
+) -> None:
+    da_settings(PRICES={"claude-test-1": {"input": 3.0, "output": 15.0}})
+    labels = {"agent": "tester", "model": "claude-test-1"}
+    before = scrape(metrics).get(("durable_agents_cost_usd_total", tuple(sorted(labels.items()))))
+    runs = [start_run("tester", '@lookup {"key": "a"}') for _ in range(2)]
+    assert run_worker().stats.dispositions == {"succeeded": 2}
+    after = value(scrape(metrics), "durable_agents_cost_usd_total", **labels)
+    paid = sum(AgentRun.objects.get(pk=run.pk).cost_usd or 0 for run in runs)
+    assert paid > 0
+    assert after - (before or 0.0) == pytest.approx(float(paid), rel=1e-9)
+
+
 # -- the counters: an observer of the engine's reports --------------------------------------
 
 

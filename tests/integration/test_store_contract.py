@@ -9,6 +9,7 @@ import datetime
 import json
 import uuid
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -17,12 +18,14 @@ from django.db.models.functions import Now
 
 from durable_agents.models import (
     AgentRun,
+    AgentUsageDay,
     QuestionStatus,
     RunStatus,
     StepKind,
     ToolEffect,
     WaitKind,
 )
+from durable_agents.pricing import Usage, add_cost
 from durable_agents.store import (
     Claim,
     InMemoryStore,
@@ -75,6 +78,27 @@ class Env:
 
     def seqs(self, run_id: Any) -> list[int]:
         return [row[0] for row in self.store.load_log_rows(run_id)]
+
+    def usage(self) -> dict[tuple[str, str], tuple[Any, ...]]:
+        """The rollup summed over days and shards: (agent, model) -> (turns, input, output,
+        cache reads, cache writes, cost)."""
+        rows = (
+            list(self.store.usage_days.values())
+            if isinstance(self.store, InMemoryStore)
+            else list(AgentUsageDay.objects.all())
+        )
+        found: dict[tuple[str, str], tuple[Any, ...]] = {}
+        for row in rows:
+            turns, read, out, cached, written, cost = found.get((row.agent, row.model), (0,) * 6)
+            found[(row.agent, row.model)] = (
+                turns + row.turns,
+                read + row.input_tokens,
+                out + row.output_tokens,
+                cached + row.cache_read_tokens,
+                written + row.cache_write_tokens,
+                add_cost(cost or None, row.cost_usd),
+            )
+        return found
 
 
 def memory_env() -> Env:
@@ -452,3 +476,68 @@ def test_a_dead_run_carries_its_cause_until_it_leaves_the_dead_letter(env: Env) 
     failed = env.claim(env.start("c"))
     assert env.store.finish_run(failed, RunStatus.FAILED, error="tool raised")
     assert env.run(failed.run_id).dead_cause == ""
+
+
+# --------------------------------------------------------------------------- costs
+
+
+def turn(seq: int, cost: str | None, **usage: int) -> StepWrite:
+    counted = Usage(**usage)
+    return StepWrite(
+        seq,
+        StepKind.MODEL_TURN,
+        "{}",
+        tokens=counted.total,
+        usage=counted,
+        cost=None if cost is None else Decimal(cost),
+    )
+
+
+def test_a_turn_adds_its_cost_to_the_run_and_the_days_rollup(env: Env) -> None:
+    run_id = env.start()
+    claim = env.claim(run_id)
+    assert env.run(run_id).cost_usd is None  # nothing paid yet
+    assert env.store.append_step(claim, turn(1, "0.012345678", input_tokens=100, output_tokens=7))
+    assert env.store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]"))
+    last = dataclasses.replace(
+        turn(3, "0.5", input_tokens=5, cache_read_tokens=40, cache_write_5m_tokens=9),
+        finish=(RunStatus.SUCCEEDED, "done"),
+    )
+    assert env.store.append_step(claim, last)
+    run = env.run(run_id)
+    assert (run.cost_usd, run.tokens_used) == (Decimal("0.512345678"), 161)
+    # The tool result is no turn: two turns, their tokens by kind and their cost.
+    assert env.usage() == {("contract", "m"): (2, 105, 7, 40, 9, Decimal("0.512345678"))}
+
+
+def test_turns_without_a_price_leave_the_cost_unknown_not_zero(env: Env) -> None:
+    run_id = env.start()
+    claim = env.claim(run_id)
+    assert env.store.append_step(claim, turn(1, None, input_tokens=10))
+    assert env.run(run_id).cost_usd is None
+    assert env.usage() == {("contract", "m"): (1, 10, 0, 0, 0, None)}
+    # A priced turn after an unpriced one: what is known, not NULL.
+    assert env.store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]"))
+    assert env.store.append_step(claim, turn(3, "0.25", input_tokens=1))
+    assert env.store.append_step(claim, StepWrite(4, StepKind.TOOL_RESULT, "[]"))
+    assert env.store.append_step(claim, turn(5, None, input_tokens=1))
+    assert env.run(run_id).cost_usd == Decimal("0.25")
+    assert env.usage()[("contract", "m")][-1] == Decimal("0.25")
+
+
+def test_a_paid_turn_whose_fence_failed_is_counted_once(env: Env) -> None:
+    """The model was paid for the turn even though the run was taken over before its commit:
+    its tokens and cost count (not its step); the new holder's turn counts once more."""
+    run_id = env.start()
+    stale = env.claim(run_id)
+    env.expire(run_id)
+    fresh = env.claim(run_id, "w2")
+    assert not env.store.append_step(stale, turn(1, "0.1", input_tokens=3, output_tokens=4))
+    assert env.seqs(run_id) == [0]
+    assert (env.run(run_id).cost_usd, env.run(run_id).tokens_used) == (Decimal("0.1"), 7)
+    assert env.store.append_step(fresh, turn(1, "0.1", input_tokens=3, output_tokens=4))
+    assert (env.run(run_id).cost_usd, env.run(run_id).tokens_used) == (Decimal("0.2"), 14)
+    assert env.usage() == {("contract", "m"): (2, 6, 8, 0, 0, Decimal("0.2"))}
+    # A step that is no turn is never counted, committed or not.
+    assert not env.store.append_step(stale, StepWrite(2, StepKind.TOOL_RESULT, "[]", tokens=5))
+    assert env.run(run_id).tokens_used == 14

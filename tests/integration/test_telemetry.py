@@ -204,6 +204,27 @@ def test_a_run_is_one_trace_of_claim_model_and_tool_spans(fake_api: FakeAnthropi
         assert not CONTENT_KEYS & set(span.attributes or {}), span.name
 
 
+def test_a_chat_span_carries_its_turns_cost_when_the_model_has_a_price(
+    fake_api: FakeAnthropic, da_settings: Any
+) -> None:
+    da_settings(PRICES={"claude-test-1": {"input": 3.0, "output": 15.0}})
+    run = start_run("tester", '@lookup {"key": "a"}')
+    assert run_worker().stats.dispositions == {"succeeded": 1}
+    costs = [
+        float(dict(chat.attributes or {})["durable_agents.cost_usd"])  # type: ignore[arg-type]
+        for chat in spans_named("chat ")
+    ]
+    assert len(costs) == 2
+    assert all(cost > 0 for cost in costs)
+    assert sum(costs) == pytest.approx(float(reload(run).cost_usd or 0), rel=1e-9)
+    # Without a price: no attribute (not 0).
+    da_settings(PRICES={})
+    start_run("tester", "Say hello.")
+    run_worker()
+    last = spans_named("chat ")[-1]
+    assert "durable_agents.cost_usd" not in dict(last.attributes or {})
+
+
 def test_spans_started_in_tool_code_are_children_of_its_execute_tool_span(
     fake_api: FakeAnthropic,
 ) -> None:

@@ -3,6 +3,7 @@ WITH fence AS (
        SET last_seq = %(seq)s,
            stalled_claims = 0,
            tokens_used = tokens_used + %(tokens)s,
+           cost_usd = coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd),
            status = %(status)s,
            result = %(result)s,
            error = '',
@@ -15,7 +16,7 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id
+ RETURNING id, agent, model
 )
 INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
                         attempt, worker)

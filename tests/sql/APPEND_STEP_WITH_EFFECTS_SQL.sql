@@ -3,6 +3,7 @@ WITH fence AS (
        SET last_seq = %(seq)s,
            stalled_claims = 0,
            tokens_used = tokens_used + %(tokens)s,
+           cost_usd = coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd),
            lease_until = now() + make_interval(secs => %(lease)s),
            updated_at = now()
      WHERE id = %(run_id)s
@@ -10,7 +11,7 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id
+ RETURNING id, agent, model
 ),
 recorded AS (
     INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)

@@ -222,3 +222,60 @@ def test_rate_limits_for_a_model_no_agent_uses_warn(da_settings: Any) -> None:
     da_settings(RATE_LIMITS={"claude-tset-1": {"requests_per_minute": 50}, "*": {}})
     (warning,) = [m for m in da_checks.check_agents() if m.id == "durable_agents.W030"]
     assert "'claude-tset-1'" in warning.msg
+
+
+FABLE = {"input": 3.0, "output": 15.0}
+
+
+@pytest.mark.parametrize(
+    ("prices", "expected"),
+    [
+        (["claude-x"], ["durable_agents.E020"]),
+        ({"claude-x": 3.0}, ["durable_agents.E020"]),
+        ({"": FABLE}, ["durable_agents.E020"]),
+        ({"claude-x": {"input": 3.0}}, ["durable_agents.E021"]),
+        ({"claude-x": {}}, ["durable_agents.E021", "durable_agents.E021"]),
+        ({"claude-x": {**FABLE, "cache_reads": 0.3}}, ["durable_agents.E022"]),
+        ({"claude-x": {**FABLE, "output": "15"}}, ["durable_agents.E023"]),
+        ({"claude-x": {**FABLE, "input": True}}, ["durable_agents.E023"]),
+        ({"claude-x": {**FABLE, "cache_read": -0.1}}, ["durable_agents.E023"]),
+        ({"claude-x": {**FABLE, "cache_write": float("nan")}}, ["durable_agents.E023"]),
+        ({"claude-x": {**FABLE, "cache_write_1h": float("inf")}}, ["durable_agents.E023"]),
+        # One id per problem, each problem once.
+        (
+            {"claude-x": {"input": None, "typo": 1}},
+            ["durable_agents.E021", "durable_agents.E022", "durable_agents.E023"],
+        ),
+    ],
+)
+def test_invalid_prices(da_settings: Any, prices: Any, expected: list[str]) -> None:
+    da_settings(PRICES=prices)
+    assert ids(da_checks.check_settings()) == expected
+
+
+@pytest.mark.parametrize(
+    "prices",
+    [
+        {},
+        {"claude-x": FABLE},
+        {"*": {"input": 0, "output": 0}},
+        {"claude-x": {**FABLE, "cache_read": 0.3, "cache_write": 3.75, "cache_write_1h": 6}},
+    ],
+)
+def test_valid_prices(da_settings: Any, prices: Any) -> None:
+    da_settings(PRICES=prices)
+    assert da_checks.check_settings() == []
+
+
+def test_a_price_for_a_model_no_agent_uses_is_likely_a_typo(da_settings: Any) -> None:
+    agent = Agent(name="priced", version="v1", model="claude-x", system="s")
+    try:
+        da_settings(PRICES={"claude-x": FABLE, "*": FABLE})
+        assert [m for m in da_checks.check_agents() if m.id == "durable_agents.W010"] == []
+        da_settings(PRICES={"claude-y": FABLE})
+        [warning] = [m for m in da_checks.check_agents() if m.id == "durable_agents.W010"]
+        assert "'claude-y'" in warning.msg
+        assert warning.hint is not None
+        assert "claude-x" in warning.hint
+    finally:
+        registry.unregister(agent.name, agent.version)

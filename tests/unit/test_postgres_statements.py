@@ -118,6 +118,9 @@ WRITES_OF_A_STEP = [
     postgres.APPEND_STEP_WITH_EFFECTS_SQL,
     postgres.APPEND_LAST_STEP_WITH_EFFECTS_SQL,
     postgres.FINISH_AND_CLAIM_SQL,
+    postgres.APPEND_TURN_SQL,
+    postgres.APPEND_LAST_TURN_SQL,
+    postgres.FINISH_TURN_AND_CLAIM_SQL,
 ]
 
 
@@ -188,3 +191,33 @@ def test_the_last_step_ends_the_run_as_finish_run_does() -> None:
     for column in ("lease_owner = NULL", "lease_until = NULL", "finished_at = now()"):
         assert column in postgres.FENCED_LAST_STEP
     assert "lease_until = now()" not in postgres.FENCED_LAST_STEP
+
+
+USAGE_CTE = re.compile(r",\s*usage AS \(.*?used\.cost_usd\)\s*\)", re.S)
+
+
+def test_the_turn_variants_only_add_the_rollup_of_a_fenced_turn() -> None:
+    assert USAGE_CTE.sub("", postgres.APPEND_TURN_SQL) == postgres.APPEND_STEP_SQL
+    assert USAGE_CTE.sub("", postgres.APPEND_LAST_TURN_SQL) == postgres.APPEND_LAST_STEP_SQL
+    assert USAGE_CTE.sub("", postgres.FINISH_TURN_AND_CLAIM_SQL) == postgres.FINISH_AND_CLAIM_SQL
+    # Counted only if the fence held: the upsert reads the fence's row, nothing else.
+    usage = " ".join(postgres.RECORD_USAGE.split())
+    assert " FROM fence ON CONFLICT (day, concurrency_key, agent, model, shard) DO UPDATE" in usage
+    assert usage.count(" FROM ") == 1
+
+
+def test_every_step_adds_its_cost_as_it_adds_its_tokens() -> None:
+    for fragment in (postgres.FENCED_STEP, postgres.FENCED_LAST_STEP):
+        assert f"cost_usd = {postgres.ADD_COST}," in fragment
+        assert fragment.index("tokens_used = ") < fragment.index("cost_usd = ")
+    # NULL ("no price") stays NULL until a turn has a price; then the sum.
+    assert postgres.ADD_COST == (
+        "coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd)"
+    )
+
+
+def test_an_unstored_turn_changes_counters_only() -> None:
+    sql = postgres.UNSTORED_TURN_SQL
+    assert "SET tokens_used = tokens_used + %(tokens)s," in sql
+    for never in ("status", "lease_", "last_seq", "attempt", "agent_step"):
+        assert never not in sql.split("RETURNING")[0]

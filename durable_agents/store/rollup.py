@@ -1,0 +1,91 @@
+"""The daily rollup of model turns (``agent_usage_day``) and a run's cost, through the ORM:
+what ``PortableStore`` writes in the transaction of a turn's commit. ``PostgresStore`` writes
+the same in the commit statement itself (``RECORD_USAGE``, ``ADD_COST``)."""
+
+from __future__ import annotations
+
+import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import DecimalField, F, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from durable_agents.models import AgentRun, AgentUsageDay
+from durable_agents.pricing import Usage, add_cost
+from durable_agents.store.base import usage_shard
+
+# The rollup's rows in memory (``InMemoryStore``), by the key of the table's unique index.
+UsageRows = dict[tuple[datetime.date, str, str, str, int], AgentUsageDay]
+
+COST_FIELD = AgentRun._meta.get_field("cost_usd")
+
+
+def added_cost(cost: Decimal) -> Any:
+    """The expression of a cost column plus ``cost``: the cost itself while the column is
+    NULL (no priced turn yet). An unpriced turn (None) leaves the column alone: callers do
+    not set it."""
+    value = Value(cost, output_field=DecimalField(max_digits=20, decimal_places=9))
+    return Coalesce(F("cost_usd") + value, value, output_field=COST_FIELD)
+
+
+def utc_day() -> datetime.date:
+    """Today in UTC. The ORM path uses this process's clock; the PostgreSQL statement the
+    database's (a turn committed within a second of midnight may land on either day)."""
+    return timezone.now().astimezone(datetime.UTC).date()
+
+
+def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None) -> None:
+    """Count one model turn of ``run`` in today's row of its (agent, model, shard), creating
+    the row with the day's first turn. Inside the caller's transaction."""
+    key: dict[str, Any] = {
+        "day": utc_day(),
+        "concurrency_key": "",
+        "agent": run.agent,
+        "model": run.model,
+        "shard": usage_shard(run.pk),
+    }
+    counts: dict[str, Any] = {
+        "turns": F("turns") + 1,
+        "input_tokens": F("input_tokens") + usage.input_tokens,
+        "output_tokens": F("output_tokens") + usage.output_tokens,
+        "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
+        "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
+    }
+    if cost is not None:
+        counts["cost_usd"] = added_cost(cost)
+    rows = AgentUsageDay.objects.filter(**key)
+    if rows.update(**counts):
+        return
+    try:
+        with transaction.atomic():
+            AgentUsageDay.objects.create(
+                **key,
+                turns=1,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cache_read_tokens=usage.cache_read_tokens,
+                cache_write_tokens=usage.cache_write_tokens,
+                cost_usd=cost,
+            )
+    except IntegrityError:  # another commit created the day's row first (PostgreSQL)
+        rows.update(**counts)
+
+
+def count_in_rows(
+    rows: UsageRows, day: datetime.date, run: AgentRun, usage: Usage, cost: Decimal | None
+) -> None:
+    """``record_usage`` on rows kept in memory (unsaved instances), for ``InMemoryStore``."""
+    shard = usage_shard(run.pk)
+    row = rows.setdefault(
+        (day, "", run.agent, run.model, shard),
+        AgentUsageDay(day=day, agent=run.agent, model=run.model, shard=shard),
+    )
+    row.turns += 1
+    row.input_tokens += usage.input_tokens
+    row.output_tokens += usage.output_tokens
+    row.cache_read_tokens += usage.cache_read_tokens
+    row.cache_write_tokens += usage.cache_write_tokens
+    row.cost_usd = add_cost(row.cost_usd, cost)

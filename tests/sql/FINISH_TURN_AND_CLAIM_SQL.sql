@@ -1,0 +1,81 @@
+WITH fence AS (
+    UPDATE agent_run
+       SET last_seq = %(seq)s,
+           stalled_claims = 0,
+           tokens_used = tokens_used + %(tokens)s,
+           cost_usd = coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd),
+           status = %(status)s,
+           result = %(result)s,
+           error = '',
+           lease_owner = NULL,
+           lease_until = NULL,
+           finished_at = now(),
+           updated_at = now()
+     WHERE id = %(run_id)s
+       AND lease_owner = %(owner)s
+       AND attempt = %(attempt)s
+       AND status = 'running'
+       AND last_seq = %(seq)s - 1
+ RETURNING id, agent, model
+), usage AS (
+    INSERT INTO agent_usage_day AS used (day, concurrency_key, agent, model, shard, turns,
+                                         input_tokens, output_tokens, cache_read_tokens,
+                                         cache_write_tokens, cost_usd)
+    SELECT (now() AT TIME ZONE 'UTC')::date, '', agent, model, %(shard)s, 1,
+           %(input_tokens)s, %(output_tokens)s, %(cache_read_tokens)s, %(cache_write_tokens)s,
+           %(cost)s::numeric
+      FROM fence
+        ON CONFLICT (day, concurrency_key, agent, model, shard) DO UPDATE
+       SET turns = used.turns + 1,
+           input_tokens = used.input_tokens + EXCLUDED.input_tokens,
+           output_tokens = used.output_tokens + EXCLUDED.output_tokens,
+           cache_read_tokens = used.cache_read_tokens + EXCLUDED.cache_read_tokens,
+           cache_write_tokens = used.cache_write_tokens + EXCLUDED.cache_write_tokens,
+           cost_usd = coalesce(used.cost_usd + EXCLUDED.cost_usd, EXCLUDED.cost_usd, used.cost_usd)
+), appended AS (
+INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
+                        attempt, worker)
+SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
+       %(attempt)s, %(owner)s
+  FROM fence
+ RETURNING run_id
+), due AS (
+SELECT id FROM agent_run
+ WHERE status = 'waiting'
+   AND wake_at <= now()
+   AND EXISTS (SELECT 1 FROM fence)
+ ORDER BY wake_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED
+), ready AS (
+SELECT id FROM agent_run
+ WHERE status IN ('pending', 'running')
+   AND (lease_until IS NULL OR lease_until < now())
+   AND EXISTS (SELECT 1 FROM fence)
+ ORDER BY priority DESC, created_at
+ LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
+   FOR NO KEY UPDATE SKIP LOCKED
+), taken AS (
+UPDATE agent_run AS run
+   SET status = 'running',
+       lease_owner = %(owner)s,
+       lease_until = now() + make_interval(secs => %(lease)s),
+       attempt = run.attempt + 1,
+       stalled_claims = run.stalled_claims + 1,
+       started_at = coalesce(run.started_at, now()),
+       -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
+       woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
+                       WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
+                       ELSE '{"timeout": true}' END,
+       wake_at = NULL,
+       updated_at = now()
+ WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
+                   LIMIT %(limit)s)
+RETURNING run.*,
+          -- A run with nothing but its task: its log comes with the claim (no second read).
+          (SELECT payload FROM agent_step
+            WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
+          ) AS task_payload
+)
+SELECT (SELECT count(*) FROM appended) AS appended, taken.*
+  FROM (SELECT 1) AS one LEFT JOIN taken ON true
