@@ -153,6 +153,12 @@ class DurableAgentsSettings:
         "depth 0).",
     )
     MAX_CHILD_RUNS: Setting[int] = Setting(100, "How many children one run may spawn.")
+    CONCURRENCY_LIMITS: Setting[dict[str, int]] = Setting(
+        {},
+        "Per concurrency key, whatever the agent: at most this many runs with the key running "
+        "at once, fleet-wide; overrides the agent's concurrency_limit. 0 holds the key's runs "
+        "pending (a pause).",
+    )
     NOTIFY: Setting[bool] = Setting(
         True, "E-mail staff when an intent waits or a run is dead-lettered."
     )
