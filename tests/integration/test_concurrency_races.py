@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 THREADS = 16
 KEYS = 20
 LIMIT = 2
+LIMITS = {f"tenant:{k}": LIMIT for k in range(KEYS)}
 # The most runs of one key holding a slot (running, live lease), read in one statement.
 OVER_LIMIT_SQL = """
 SELECT concurrency_key, count(*) FROM agent_run
@@ -53,7 +54,7 @@ def in_threads(body: Callable[[int], Any], threads: int = THREADS) -> list[BaseE
     def run(i: int) -> None:
         try:
             body(i)
-        except BaseException as exc:  # reported by the test
+        except BaseException as exc:  # noqa: BLE001 (reported by the test, whatever it is)
             errors.append(exc)
         finally:
             connections.close_all()
@@ -159,5 +160,4 @@ def test_limits_hold_while_runs_end_park_and_go_back_concurrently() -> None:
     assert errors == []
     assert len(seen) > THREADS * rounds
     assert max(count for _, count in seen) <= LIMIT, max(seen, key=lambda s: s[1])
-    key, count = most_holders()
-    assert count <= LIMIT
+    assert most_holders()[1] <= LIMIT
