@@ -12,9 +12,10 @@ and the claim fair across keys within a priority.
   existed keeps inserting runs (a rolling deploy).
 - ``agent_concurrency_key``: one row per key (its fair-share clock; claims of the key's runs
   lock it to count the key's running runs race-free).
-- ``agent_concurrency_held(key)``, PostgreSQL: the key's running runs with a live lease,
-  counted by a VOLATILE function so that the count is taken on a fresh snapshot when the claim
-  evaluates it (store/concurrency.py explains why the claim needs that).
+- ``agent_concurrency_held(key)`` and ``agent_concurrency_holders(key)``, PostgreSQL: the key's
+  running runs with a live lease, counted on a fresh snapshot when the claim evaluates it
+  (VOLATILE; store/concurrency.py explains why the claim needs that), and on the claim
+  statement's own (STABLE, the cheap filter of its candidates).
 - ``agent_run_notify_key_freed``, PostgreSQL: a keyed run that stops running (it ends or
   parks) notifies the workers, as a new run does: one of its key's pending runs may now be
   claimable.
@@ -78,17 +79,33 @@ COLUMNS = {
     " DEFAULT STATEMENT_TIMESTAMP() NOT NULL",
 }
 
-# The running runs of a key whose lease is live. VOLATILE: in READ COMMITTED each call counts
-# on a snapshot of its own, taken when it is called (a STABLE function would see the calling
-# statement's snapshot). The claim calls it while holding, or after waiting for, the key's row.
-HELD_FUNCTION = """
+# The running runs of a key whose lease is live, twice. agent_concurrency_held is VOLATILE: in
+# READ COMMITTED each call counts on a snapshot of its own, taken when it is called; the claim
+# calls it while holding, or after waiting for, the key's row. agent_concurrency_holders is
+# STABLE: it counts on the calling statement's snapshot, as a subquery would, for the claim's
+# cheap filter of its candidates; a function rather than a subquery because the planner then
+# prices the filter at what it costs when runs have no key (nothing), not at an index scan
+# per row, which priced the claim high enough to be compiled (JIT) on every call. PL/pgSQL
+# keeps the plan of its query for the session (an SQL function plans it for every statement).
+HELD_FUNCTIONS = """
 CREATE OR REPLACE FUNCTION agent_concurrency_held(held_key text) RETURNS bigint
-LANGUAGE sql VOLATILE AS $$
-    SELECT count(*) FROM agent_run
-     WHERE concurrency_key = held_key
-       AND status = 'running'
-       AND lease_until >= now()
-$$
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM agent_run
+             WHERE concurrency_key = held_key
+               AND status = 'running'
+               AND lease_until >= now());
+END
+$$;
+CREATE OR REPLACE FUNCTION agent_concurrency_holders(held_key text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM agent_run
+             WHERE concurrency_key = held_key
+               AND status = 'running'
+               AND lease_until >= now());
+END
+$$;
 """
 
 KEY_FREED_TRIGGER = """
@@ -179,7 +196,7 @@ def remove_key_table(apps: Any, schema_editor: Any) -> None:
 def add_functions(apps: Any, schema_editor: Any) -> None:
     if not _is_postgres(schema_editor):
         return
-    schema_editor.execute(HELD_FUNCTION)
+    schema_editor.execute(HELD_FUNCTIONS)
     _briefly(
         schema_editor,
         "DROP TRIGGER IF EXISTS agent_run_notify_key_freed ON agent_run",
@@ -192,6 +209,7 @@ def remove_functions(apps: Any, schema_editor: Any) -> None:
         return
     _briefly(schema_editor, "DROP TRIGGER IF EXISTS agent_run_notify_key_freed ON agent_run")
     schema_editor.execute("DROP FUNCTION IF EXISTS agent_concurrency_held(text)")
+    schema_editor.execute("DROP FUNCTION IF EXISTS agent_concurrency_holders(text)")
 
 
 def _valid(schema_editor: Any, name: str) -> bool | None:

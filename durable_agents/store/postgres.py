@@ -76,14 +76,11 @@ KEY_LIMIT = (
     " run.concurrency_key)], run.concurrency_limit)"
 )
 
-# The runs of a run's key that hold a slot, counted on the statement's snapshot: the cheap
-# filter of the candidates (store/concurrency.py; ADMITTED decides, race-free). ``{freed}``:
-# less the run of the key this statement ends (FINISH_AND_CLAIM_SQL), or nothing.
-_HELD = """(
-           SELECT count(*) FROM agent_run AS held
-            WHERE held.concurrency_key = run.concurrency_key
-              AND held.status = 'running'
-              AND held.lease_until >= now()){freed}"""
+# The runs of a run's key that hold a slot, counted on the statement's snapshot (a STABLE
+# function: migration 0010 says why not a subquery): the cheap filter of the candidates
+# (store/concurrency.py; ADMITTED decides, race-free). ``{freed}``: less the run of the key
+# this statement ends (FINISH_AND_CLAIM_SQL), or nothing.
+_HELD = "agent_concurrency_holders(run.concurrency_key){freed}"
 
 # The runs a claim may take, as the CTEs ``due`` and ``ready`` ({and_also}: an extra condition
 # on both, or nothing; filled in by str.format, so no other brace may appear here), each with

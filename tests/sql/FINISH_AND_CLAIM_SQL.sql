@@ -25,11 +25,7 @@ SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %
  RETURNING run_id
 ), due AS (
 SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
-       CASE WHEN concurrency_key IS NULL THEN 0 ELSE (
-           SELECT count(*) FROM agent_run AS held
-            WHERE held.concurrency_key = run.concurrency_key
-              AND held.status = 'running'
-              AND held.lease_until >= now()) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key) END AS held,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key) END AS held,
        0 AS part, wake_at AS due_at, priority, fair_at, created_at
   FROM agent_run AS run
  WHERE status = 'waiting'
@@ -37,21 +33,13 @@ SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_positio
    AND EXISTS (SELECT 1 FROM fence)
    AND (run.concurrency_key IS NULL
         OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
-        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > (
-           SELECT count(*) FROM agent_run AS held
-            WHERE held.concurrency_key = run.concurrency_key
-              AND held.status = 'running'
-              AND held.lease_until >= now()) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key))
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key))
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
 ), ready AS (
 SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
-       CASE WHEN concurrency_key IS NULL THEN 0 ELSE (
-           SELECT count(*) FROM agent_run AS held
-            WHERE held.concurrency_key = run.concurrency_key
-              AND held.status = 'running'
-              AND held.lease_until >= now()) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key) END AS held,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key) END AS held,
        1 AS part, NULL::timestamptz AS due_at, priority, fair_at, created_at
   FROM agent_run AS run
  WHERE status IN ('pending', 'running')
@@ -59,11 +47,7 @@ SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_positio
    AND EXISTS (SELECT 1 FROM fence)
    AND (run.concurrency_key IS NULL
         OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
-        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > (
-           SELECT count(*) FROM agent_run AS held
-            WHERE held.concurrency_key = run.concurrency_key
-              AND held.status = 'running'
-              AND held.lease_until >= now()) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key))
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key))
  ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED

@@ -170,7 +170,7 @@ def test_a_keyed_claim_counts_afresh_under_the_keys_row_lock() -> None:
         " WHERE key IN (SELECT key FROM admitted)" in admitted
     )
     assert postgres.CLAIMABLE_RUNS.count(postgres.KEY_LIMIT) == 6  # selected, and the filter's
-    assert postgres.CLAIMABLE_RUNS.count("held.lease_until >= now()") == 4
+    assert postgres.CLAIMABLE_RUNS.count("agent_concurrency_holders(run.concurrency_key)") == 4
 
 
 def test_due_waits_come_first_and_the_limit_is_shared() -> None:
