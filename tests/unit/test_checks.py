@@ -64,6 +64,16 @@ def test_the_test_settings_pass() -> None:
         ({"TOOL_ERROR_FORMATTER": "nowhere.format_error"}, ["durable_agents.E012"]),
         ({"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.NOT_CALLABLE"}, ["durable_agents.E012"]),
         ({"TOOL_ERROR_FORMATTER": redact}, ["durable_agents.E012"]),  # a path, not the function
+        ({"CONCURRENCY_LIMITS": [("tenant:a", 2)]}, ["durable_agents.E014"]),
+        ({"CONCURRENCY_LIMITS": {"": 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {"k" * 201: 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {"a\x00b": 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {7: 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": -1}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": 2.0}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": True}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": None}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"": -1}}, ["durable_agents.E015", "durable_agents.E016"]),
     ],
 )
 def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: list[str]) -> None:
@@ -79,6 +89,7 @@ def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: li
         {"TOOL_ERROR_FORMATTER": None},
         {"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.redact"},
         {"RETIRED_MODELS": ["claude-2.1"]},
+        {"CONCURRENCY_LIMITS": {"tenant:a": 0, "tenant:b": 20}},  # 0: held (a pause)
     ],
 )
 def test_valid_settings(da_settings: Any, values: dict[str, Any]) -> None:
