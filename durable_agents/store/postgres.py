@@ -2,7 +2,8 @@
 
 The life of a run, and what moves it along on PostgreSQL:
 
-    claim        CLAIM_SQL              lock the claimable runs, lease them, attempt + 1
+    claim        CLAIM_SQL              lock the claimable runs, admit them within their
+                                        concurrency keys' limits, lease them, attempt + 1
     renew        RENEW_ALL_SQL          the heartbeat: every lease of a worker, one statement
     append_step  APPEND_STEP_SQL        fence, renewed lease and the step, one statement
                                         (its tool effects too: APPEND_STEP_WITH_EFFECTS_SQL)
@@ -16,8 +17,9 @@ The life of a run, and what moves it along on PostgreSQL:
                  PortableStore          an event, an answer, a child's end: pending again
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
-claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``TAKE_CLAIMABLE_RUNS`` (the
-lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP`` (what a step does to its run),
+claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``ADMITTED`` (those of them
+their concurrency keys leave room for, race-free: store/concurrency.py),
+``TAKE_CLAIMABLE_RUNS`` (the lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP`` (what a step does to its run),
 ``RECORD_EFFECTS`` and ``STEP_INSERT``. The full text of every statement, exactly as it is
 sent, is in tests/sql/<NAME>.sql, one file per statement; tests/unit/test_postgres_statements.py
 fails when what runs differs from those files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites
