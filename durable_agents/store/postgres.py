@@ -19,12 +19,13 @@ The life of a run, and what moves it along on PostgreSQL:
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
 claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``ADMITTED`` (those of them
 their concurrency keys leave room for, race-free: store/concurrency.py),
-``TAKE_CLAIMABLE_RUNS`` (the lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP`` (what a step does to its run),
-``RECORD_EFFECTS`` and ``STEP_INSERT``. The full text of every statement, exactly as it is
-sent, is in tests/sql/<NAME>.sql, one file per statement; tests/unit/test_postgres_statements.py
-fails when what runs differs from those files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites
-them after a deliberate change). The only formatting at run time is the VALUES list of the
-effects (``{rows}``: one placeholder tuple per effect).
+``TAKE_CLAIMABLE_RUNS`` (the lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP``
+(what a step does to its run), ``RECORD_EFFECTS`` and ``STEP_INSERT``. The full text of every
+statement, exactly as it is sent, is in tests/sql/<NAME>.sql, one file per statement;
+tests/unit/test_postgres_statements.py fails when what runs differs from those files by a
+byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites them after a deliberate change). The only
+formatting at run time is the VALUES list of the effects (``{rows}``: one placeholder tuple
+per effect).
 
 The other operations (release, park, wake, decisions, a finish without a step) are the ORM
 updates of ``PortableStore``, which this class inherits: one UPDATE each on PostgreSQL too.
