@@ -5,6 +5,7 @@
     python -m bench.run_all --only loop,commit
     python -m bench.run_all --only waits       # durable waits: about 2 minutes
     python -m bench.run_all --only admin_scale # the admin at 10,000 vs 1,000,000 runs
+    python -m bench.run_all --only keys        # concurrency keys: claim cost, fair share
     python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
 
 Each benchmark runs in its own process (each configures Django for its own da_bench_*
@@ -64,6 +65,9 @@ QUICK["compaction"] = ["--turns", "1000", "--every", "100"]
 # The admin at production size: 10,000 vs 1,000,000 runs (the filled databases are kept between
 # invocations; the first fill takes about 2 minutes). 10,000,000 is measured by hand, once:
 # python -m bench.admin_scale --sizes 10000,10000000 --reps 5 --out admin_scale_10m
+# Concurrency keys: the claim with 1,000 keys against none, and fair share (about 4 minutes).
+FULL["keys"] = []
+QUICK["keys"] = ["--quick"]
 FULL["admin_scale"] = []
 QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
 
@@ -140,8 +144,8 @@ def _git() -> dict[str, object]:
 
 BEFORE = common.OUT / "before"
 # Benchmarks never run for --before: the in-flight one did not exist before the rewrite, nor
-# waits and compaction before their features.
-NOT_BEFORE = {"inflight", "waits", "compaction", "admin_scale"}
+# waits, compaction and keys before their features.
+NOT_BEFORE = {"inflight", "waits", "compaction", "admin_scale", "keys"}
 
 
 def _loud(msg: str) -> None:

@@ -83,7 +83,6 @@ def child(nclaims: int, explain: bool) -> None:
 
     django.setup()
     from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
 
     from durable_agents.store import current
 
@@ -99,15 +98,16 @@ def child(nclaims: int, explain: bool) -> None:
         current().finish_run(claims[0], "succeeded")
     out: dict[str, Any] = {"lat": lat}
     if explain:
-        with CaptureQueriesContext(connection) as ctx:
-            claims = current().claim_runs("scale-explain", 60, 1)
-        current().finish_run(claims[0], "succeeded")
-        sql = next(q["sql"] for q in ctx.captured_queries if "SKIP LOCKED" in q["sql"])
+        # The claim statement with a claim's parameters, in a transaction rolled back (the
+        # claim binds on the server, so the text Django logs for it has no values).
+        from durable_agents.store import postgres
+
+        params = {**postgres.key_limits(), "owner": "scale-explain", "lease": 60.0, "limit": 1}
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + postgres.CLAIM_SQL, params)
             plan = "\n".join(r[0] for r in cur.fetchall())
             transaction.set_rollback(True)
-        out["sql"] = sql
+        out["sql"] = postgres.CLAIM_SQL
         out["explain"] = plan
     print("RESULT " + json.dumps(out), flush=True)
 

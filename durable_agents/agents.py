@@ -77,10 +77,12 @@ class Agent:
         tool_timeout: float | None = None,
         betas: list[str] | tuple[str, ...] = (),
         cache: bool = False,
+        concurrency_limit: int | None = None,
         register: bool = True,
     ) -> None:
         _check_labels(name=name, version=version, model=model)
         where = f"agent {name}@{version}"
+        _check_concurrency_limit(where, concurrency_limit)
         _check_limits(
             where,
             system=system,
@@ -124,6 +126,10 @@ class Agent:
         # Seconds a call of one of its tools may take when the tool sets no timeout of its
         # own; TOOL_TIMEOUT caps both (see ``timeout_for``).
         self.tool_timeout = tool_timeout
+        # At most this many of its runs with one concurrency key run at once, fleet-wide
+        # (CONCURRENCY_LIMITS[key] overrides it); pinned on each run when it starts. Not part
+        # of the request: left out of the fingerprint.
+        self.concurrency_limit = concurrency_limit
 
         self._check_serialisable(where)
         if register:
@@ -232,6 +238,19 @@ def _check_limits(
             isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
         ):
             raise ImproperlyConfigured(f"{where}: {label} must be positive, got {limit!r}")
+
+
+def _check_concurrency_limit(where: str, limit: Any) -> None:
+    """None, or a whole number >= 1 (a pause is ``CONCURRENCY_LIMITS[key] = 0``, per key)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ValueError(f"{where}: concurrency_limit must be an int or None, got {limit!r}")
+    if limit < 1:
+        raise ValueError(
+            f"{where}: concurrency_limit must be at least 1, got {limit}; to hold a key's "
+            "runs, set DURABLE_AGENTS['CONCURRENCY_LIMITS'][key] = 0"
+        )
 
 
 def _check_callable(where: str, **callbacks: Any) -> None:

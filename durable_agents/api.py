@@ -27,6 +27,7 @@ from durable_agents.models import (
 )
 from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
+from durable_agents.store.concurrency import check_concurrency_key
 from durable_agents.text import has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
@@ -57,6 +58,7 @@ def start_run(
     model: str | None = None,
     key: str | None = None,
     priority: int = 0,
+    concurrency_key: str | None = None,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
@@ -77,13 +79,24 @@ def start_run(
 
     ``priority``: 0 (the default) to 100; workers claim the highest first, then the oldest.
 
-    A bad key or priority is a ``ValueError``, and nothing is created."""
+    ``concurrency_key`` (e.g. ``"tenant:acme"``): at most the key's limit of runs with this key
+    run at once, across every worker: ``CONCURRENCY_LIMITS[key]`` if set, else the agent's
+    ``concurrency_limit``, else no limit. A pending or waiting run holds no slot; the others
+    wait pending for one. Within a priority, claims go fairly across keys: a key with a
+    thousand runs queued does not hold back one that starts ten a little later. The run's
+    child runs have its key. A concurrency key is a non-empty string of at most 200
+    characters without NUL.
+
+    A bad key, priority or concurrency key is a ``ValueError``, and nothing is created."""
     if key is not None:
         _check_start_key(key)
     _check_priority(priority)
+    if concurrency_key is not None:
+        check_concurrency_key(concurrency_key)
     run = _new_run(agent, task, version, model)
     run.start_key = key
     run.priority = priority
+    run.concurrency_key = concurrency_key
     return current().create_run(run, json.dumps(task, ensure_ascii=False))
 
 
@@ -126,6 +139,7 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
         task=task,
         # Every claim of the run joins the caller's trace (a child run: its parent's tool call).
         trace_context=telemetry.current_trace_context(),
+        concurrency_limit=definition.concurrency_limit,
     )
 
 
@@ -141,7 +155,8 @@ def spawn_run(
     with the same key (after a crash, or on the call's wake) returns the same run. The child
     is an ordinary run (pending), linked to its parent; ``raise Wait(runs=[...])`` waits for
     children to end. Cancelling the parent cancels its unfinished children. The child has its
-    parent's priority: a child of an urgent run is urgent too.
+    parent's priority and concurrency key: a child of an urgent run is urgent too, and a
+    tenant's children count toward the tenant's limit.
 
     Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH`` or
     ``MAX_CHILD_RUNS``, or when the parent is over."""

@@ -19,6 +19,7 @@ from django.utils.module_loading import import_string
 
 from durable_agents.capacity.limits import ANY_MODEL, limit_problems
 from durable_agents.conf import DEFAULTS, app_settings, declared_types
+from durable_agents.store.concurrency import check_concurrency_key
 
 # Referred to by runagents, whose --allow-offline lets this one check pass.
 OFFLINE_WITHOUT_DEBUG = "durable_agents.E011"
@@ -63,6 +64,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_tool_error_formatter(),
         *_bad_rate_limits(),
         *_bad_prices(),
+        *_bad_concurrency_limits(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
@@ -225,6 +227,42 @@ def _bad_prices() -> list[CheckMessage]:
         for model, entry in prices.items()
         for kind, text in price_problems(model, entry)
     ]
+
+
+def _bad_concurrency_limits() -> list[CheckMessage]:
+    """CONCURRENCY_LIMITS: a dict of concurrency keys (as ``start_run`` takes them) to whole
+    numbers >= 0. A claim leaves a bad entry out rather than fail on it."""
+    limits = app_settings.CONCURRENCY_LIMITS
+    if not isinstance(limits, dict):
+        return [
+            Error(
+                "DURABLE_AGENTS['CONCURRENCY_LIMITS'] must be a dict of concurrency keys to "
+                f"limits, not {limits!r}.",
+                id="durable_agents.E014",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for key, limit in limits.items():
+        try:
+            check_concurrency_key(key)
+        except ValueError as exc:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS['CONCURRENCY_LIMITS'] has the key {key!r}: {exc}.",
+                    id="durable_agents.E015",
+                )
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS['CONCURRENCY_LIMITS'][{key!r}] must be a whole number "
+                    f">= 0, not {limit!r}.",
+                    hint="0 holds the key's runs pending (a pause); remove the entry for the "
+                    "agent's own concurrency_limit.",
+                    id="durable_agents.E016",
+                )
+            )
+    return messages
 
 
 def _heartbeat_too_slow() -> list[CheckMessage]:

@@ -159,6 +159,12 @@ class DurableAgentsSettings:
         "input_tokens_per_minute, output_tokens_per_minute, burst_seconds. Without them the "
         "fleet learns each model's limits from the API's rate-limit headers.",
     )
+    CONCURRENCY_LIMITS: Setting[dict[str, int]] = Setting(
+        {},
+        "Per concurrency key, whatever the agent: at most this many runs with the key running "
+        "at once, fleet-wide; overrides the agent's concurrency_limit. 0 holds the key's runs "
+        "pending (a pause).",
+    )
     NOTIFY: Setting[bool] = Setting(
         True, "E-mail staff when an intent waits or a run is dead-lettered."
     )

@@ -62,6 +62,8 @@ FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 ENDED_STATUSES = (*FINISHED_STATUSES, RunStatus.DEAD)
 # The longest key ``start_run(..., key=...)`` takes (the column agent_run.start_key).
 MAX_START_KEY = 200
+# The longest ``start_run(..., concurrency_key=...)`` (the column agent_run.concurrency_key).
+MAX_CONCURRENCY_KEY = 200
 
 
 class WaitKind(models.TextChoices):
@@ -80,7 +82,7 @@ class WaitKind(models.TextChoices):
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):
     def claimable(self) -> AgentRunQuerySet:
         """Runs a worker may take now but due waits (``due``); served by the partial index
-        ``agent_run_claim``."""
+        ``agent_run_claim_fair``. Concurrency limits are the claim's (store/concurrency.py)."""
         return self.filter(status__in=CLAIMABLE_STATUSES).filter(
             models.Q(lease_until__isnull=True) | models.Q(lease_until__lt=Now())
         )
@@ -201,22 +203,49 @@ class AgentRun(models.Model):
     # whatever its status, so a retried request gets the run it started the first time.
     start_key = models.CharField(max_length=MAX_START_KEY, null=True, blank=True, editable=False)
 
+    # -- concurrency keys (``start_run(..., concurrency_key=...)``; a child run has its
+    # parent's). At most the key's limit of runs with one key run at once, fleet-wide: the
+    # claim enforces it (store/concurrency.py). None of these columns changes after the insert.
+    concurrency_key = models.CharField(
+        max_length=MAX_CONCURRENCY_KEY, null=True, blank=True, editable=False
+    )
+    # The agent's ``concurrency_limit`` when the run started, pinned like its version;
+    # CONCURRENCY_LIMITS[key] overrides it at every claim. None: no limit of the agent's.
+    # A plain integer, no CHECK: adding one would scan the table (``Agent`` checks it).
+    concurrency_limit = models.IntegerField(null=True, blank=True, editable=False)
+    # The run's turn among the runs of its priority: its creation for a run without a key; for
+    # a keyed run, a second after the key's previous run's turn, or its creation if later (so
+    # a key with a thousand queued runs does not hold back a key that starts ten). A claim
+    # takes the highest priority first, then the earliest turn. A database default, as for
+    # priority: code deployed before the column existed still creates runs.
+    fair_at = models.DateTimeField(
+        db_default=Now(),
+        editable=False,
+        help_text=_("its turn among the runs of its priority"),
+    )
+
     objects = AgentRunQuerySet.as_manager()
 
     class Meta:
         db_table = "agent_run"
         ordering: ClassVar[list[str]] = ["-created_at"]
         indexes: ClassVar[list[models.Index]] = [
-            # The claim query scans only active runs, highest priority first, then in
-            # creation order, and stops at its LIMIT. lease_until is left out on purpose:
-            # heartbeats then touch no indexed column and stay HOT updates.
+            # The claim query scans only active runs, highest priority first, then by turn
+            # (fair_at), then in creation order, and stops at its LIMIT. lease_until is left
+            # out on purpose: heartbeats then touch no indexed column and stay HOT updates.
+            models.Index(
+                fields=["-priority", "fair_at", "created_at"],
+                name="agent_run_claim_fair",
+                condition=models.Q(status__in=["pending", "running"]),
+            ),
+            # The claim indexes of the previous releases (highest priority first then oldest;
+            # oldest first): their workers read them during a rolling deploy. A later release
+            # drops them.
             models.Index(
                 fields=["-priority", "created_at"],
                 name="agent_run_claim_priority",
                 condition=models.Q(status__in=["pending", "running"]),
             ),
-            # The claim index of the release before priorities (oldest first): workers of that
-            # release read it during a rolling deploy. A later release drops it.
             models.Index(
                 fields=["created_at"],
                 name="agent_run_claim",
@@ -255,6 +284,18 @@ class AgentRun(models.Model):
                 name="agent_run_wake",
                 condition=models.Q(status="waiting", wake_at__isnull=False),
             ),
+            # The runs of a key that hold its slots (a claim counts them under the key's lock),
+            # and the runs list filtered by key, newest first (migration 0010).
+            models.Index(
+                fields=["concurrency_key"],
+                name="agent_run_key_running",
+                condition=models.Q(status="running", concurrency_key__isnull=False),
+            ),
+            models.Index(
+                fields=["concurrency_key", "created_at"],
+                name="agent_run_key",
+                condition=models.Q(concurrency_key__isnull=False),
+            ),
             # send_event wakes the runs waiting on its name.
             models.Index(
                 fields=["wait_event"],
@@ -284,6 +325,27 @@ class AgentRun(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+
+class ConcurrencyKey(models.Model):
+    """One row per concurrency key ever used: what claims of the key's runs lock, one after
+    the other, to count its running runs race-free, and the key's fair-share clock.
+
+    A claim that takes runs of the key updates ``claimed_at`` under the row's lock; a claim
+    that meets the row locked waits, and PostgreSQL then checks the key's count again with
+    what the first claim committed (store/concurrency.py says why this is race-free)."""
+
+    key = models.CharField(max_length=MAX_CONCURRENCY_KEY, primary_key=True)
+    # The turn (``AgentRun.fair_at``) of the key's next run, unless that is in the past.
+    next_fair_at = models.DateTimeField(db_default=Now())
+    # The last claim that took a run of the key.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "agent_concurrency_key"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class StepKind(models.TextChoices):

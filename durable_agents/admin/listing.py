@@ -286,14 +286,15 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
       name, and, for a single run of hex digits, the runs whose id starts with it.
 
     Whatever the term, the run started with exactly that key is listed too (a key is often
-    an id of the caller's: a ticket's, an order's, a request's UUID).
+    an id of the caller's: a ticket's, an order's, a request's UUID), and the runs of exactly
+    that concurrency key (the index agent_run_key).
 
     The matches by words or request id are looked up first, the newest MAX_SEARCH_MATCHES of
     them (``capped`` says when there were more); the list then shows those. The key adds no
     query: it is one more condition of the list's own.
     """
     term = term.strip()
-    by_key = Q(start_key=term)
+    by_key = Q(start_key=term) | Q(concurrency_key=term)
     try:
         return SearchResult(queryset.filter(Q(pk=uuid.UUID(term)) | by_key))
     except ValueError:

@@ -45,6 +45,9 @@ from durable_agents.admin.format import (
     time_field,
 )
 from durable_agents.admin.forms import AnswerForm, SendEventForm, StartRunForm
+from durable_agents.admin.keys import KeyFilter, attach_key_states
+from durable_agents.admin.keys import detail as key_detail
+from durable_agents.admin.keys import list_summary as key_list_summary
 from durable_agents.admin.listing import EstimatingPaginator, search_note, search_runs
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
@@ -93,6 +96,7 @@ class RunChangeList(CountedChangeList):
         super().get_results(request)
         # Evaluates the page's queryset once; the template iterates the same (cached) rows.
         attach_waits(list(self.result_list))
+        attach_key_states(list(self.result_list))
 
 
 def _run_text_field(
@@ -140,6 +144,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         WaitingForFilter,
         FamilyFilter,
         ("priority", IndexedValuesFilter),
+        KeyFilter,
         ("agent", IndexedValuesFilter),
         ("model", IndexedValuesFilter),
         "created_at",
@@ -147,8 +152,8 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     search_fields = ("task",)  # the whole search is search_runs: get_search_results
     search_help_text = _(
         "A run id or its first characters, a request id (req_...) or its first characters, "
-        "a start key, an agent or a model, or words of the task or of a dead or failed run's "
-        "reason."
+        "a start key, a concurrency key, an agent or a model, or words of the task or of a "
+        "dead or failed run's reason."
     )
     ordering = ("-created_at",)
     paginator = EstimatingPaginator
@@ -224,6 +229,7 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
         "wake_at_display",
         "wait_event",
         "woken_by_text",
+        "concurrency",
     )
     # Shown on the page of a child run, and of a run that has waited.
     child_fieldset = (_("Child run"), {"fields": ("parent_link", "spawn_key", "depth")})
@@ -275,6 +281,9 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
             # After the task, on the page of a run started with a key only.
             name, options = fieldsets[0]
             fieldsets[0] = (name, {**options, "fields": (*options["fields"], "start_key")})
+        if obj is not None and obj.concurrency_key is not None:
+            name, options = fieldsets[0]
+            fieldsets[0] = (name, {**options, "fields": (*options["fields"], "concurrency")})
         if obj is not None and obj.parent_id:
             fieldsets.insert(1, self.child_fieldset)
         if obj is not None and obj.waiting_for and obj.status != RunStatus.WAITING:
@@ -291,6 +300,10 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
             self._url("change", obj.parent_id),
             obj.parent_id,
         )
+
+    @admin.display(description=_("concurrency key"))
+    def concurrency(self, obj: AgentRun) -> SafeString | str:
+        return key_detail(obj)
 
     @admin.display(description=_("woken by"))
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:
@@ -334,6 +347,9 @@ class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
                 html,
                 gettext("priority %(priority)s") % {"priority": obj.priority},
             )
+        key = key_list_summary(obj)
+        if key is not None:  # the concurrency key too, for the same reason
+            html = format_html("{}<br>{}", html, key)
         return html
 
     @admin.display(description=_("agent"))

@@ -47,6 +47,7 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.pricing import add_cost
+from durable_agents.store import concurrency
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
@@ -109,6 +110,8 @@ class InMemoryStore(Store):
         self._row_ids = itertools.count(1)
         # The daily rollup, by (day, concurrency_key, agent, model, shard) as in the table.
         self.usage_days: UsageRows = {}
+        # Each concurrency key's next turn (``ConcurrencyKey.next_fair_at``).
+        self.next_turns: dict[str, datetime.datetime] = {}
 
     def worker_connections(self) -> WorkerConnections:
         """No database: a worker on this store has no connection to look after."""
@@ -225,7 +228,12 @@ class InMemoryStore(Store):
                     if started.agent == run.agent and started.start_key == run.start_key:
                         return _copy(started)
             now = self.now()
-            run.created_at = run.updated_at = now
+            run.created_at = run.updated_at = run.fair_at = now
+            if run.concurrency_key is not None:
+                key = run.concurrency_key
+                run.fair_at, self.next_turns[key] = concurrency.next_turn(
+                    now, self.next_turns.get(key)
+                )
             self.runs[run.pk] = _copy(run)
             self.steps[run.pk] = {
                 0: AgentStep(
@@ -242,9 +250,13 @@ class InMemoryStore(Store):
             due = [run for run in self.runs.values() if self._due(run, now)]
             due.sort(key=lambda run: run.wake_at or now)  # a due run always has its wake_at
             candidates = [run for run in self.runs.values() if self._claimable(run, now)]
-            # Highest priority first, then oldest; stable: ties keep insertion order.
-            candidates.sort(key=lambda run: (-run.priority, run.created_at))
-            return self._take((due + candidates)[:limit], owner, lease_seconds)
+            # Highest priority first, then by turn, then oldest; stable: ties keep insertion
+            # order.
+            candidates.sort(key=lambda run: (-run.priority, run.fair_at, run.created_at))
+            taken = concurrency.admit(
+                due + candidates, self._held(now), concurrency.overrides(), limit
+            )
+            return self._take(taken, owner, lease_seconds)
 
     def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
         with self.lock:
@@ -252,7 +264,22 @@ class InMemoryStore(Store):
             now = self.now()
             if run is None or not (self._claimable(run, now) or self._due(run, now)):
                 return None
+            if not concurrency.admit([run], self._held(now), concurrency.overrides(), 1):
+                return None
             return self._take([run], owner, lease_seconds)[0]
+
+    def _held(self, now: datetime.datetime) -> dict[str, int]:
+        """Each key's runs that hold a slot: running with a live lease."""
+        held: dict[str, int] = {}
+        for run in self.runs.values():
+            key = run.concurrency_key
+            if (
+                key is not None
+                and run.status == RunStatus.RUNNING
+                and not self._claimable(run, now)
+            ):
+                held[key] = held.get(key, 0) + 1
+        return held
 
     def renew_leases(
         self,
@@ -694,6 +721,7 @@ class InMemoryStore(Store):
             refuse_spawn(status, len(siblings), max_children)
             assert parent is not None  # refuse_spawn raised otherwise
             child.priority = parent.priority  # a child of an urgent run is urgent
+            child.concurrency_key = parent.concurrency_key  # and counts toward its key
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:
@@ -750,7 +778,7 @@ class InMemoryStore(Store):
             candidates = [run for run in self.runs.values() if self._claimable(run, now)]
             if not candidates:
                 return None
-            first = min(candidates, key=lambda run: (-run.priority, run.created_at))
+            first = min(candidates, key=lambda run: (-run.priority, run.fair_at, run.created_at))
             return first.model, first.priority
 
     def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:

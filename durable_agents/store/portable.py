@@ -46,6 +46,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
+from durable_agents.store import concurrency, key_rows
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
@@ -119,6 +120,13 @@ def ending(status: str, result: str | None, error: str) -> dict[str, Any]:
     return {**ended(status, result, error), "finished_at": Now()}
 
 
+def _take_turn(run: AgentRun) -> None:
+    """A keyed run's turn among the runs of its priority (``fair_at``), taken just before its
+    insert; a run without a key has its creation as its turn (the database default)."""
+    if run.concurrency_key is not None:
+        run.fair_at = key_rows.take_turn(run.concurrency_key)
+
+
 def _run_pk(run_id: RunId | str) -> RunId:
     """A run's id given as itself or as its text, converted by the id field as a lookup
     converts it (``ValidationError`` for text that is not a UUID)."""
@@ -153,6 +161,7 @@ class PortableStore(Store):
         long after the first call, is the common case: it costs one indexed read, not a
         failed INSERT (and the error line that it leaves in PostgreSQL's log)."""
         if run.start_key is None:
+            _take_turn(run)
             run.save(force_insert=True)
             return None
         # Unordered: the pair is unique (an ORDER BY would only tempt the planner away from
@@ -161,6 +170,7 @@ class PortableStore(Store):
         started = next(iter(same_key[:1]), None)
         if started is not None:
             return started
+        _take_turn(run)
         try:
             with transaction.atomic():  # a savepoint: the transaction goes on after a loss
                 run.save(force_insert=True)
@@ -181,7 +191,7 @@ class PortableStore(Store):
         return self._lock_and_take(
             [
                 AgentRun.objects.due().order_by("wake_at"),
-                AgentRun.objects.claimable().order_by("-priority", "created_at"),
+                AgentRun.objects.claimable().order_by("-priority", "fair_at", "created_at"),
             ],
             owner,
             lease_seconds,
@@ -204,15 +214,20 @@ class PortableStore(Store):
     def _lock_and_take(
         candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
     ) -> list[Claim]:
-        """Due waits first, then the other claimable runs, ``limit`` in all."""
+        """Due waits first, then the other claimable runs, ``limit`` in all, within the limits
+        of their concurrency keys (``key_rows.admit_locked``)."""
         with transaction.atomic():
+            limits = concurrency.overrides()
             ids: list[Any] = []
             for queryset in candidates:
                 if len(ids) >= limit:
                     break
-                ids += queryset.select_for_update(skip_locked=True, no_key=True).values_list(
-                    "pk", flat=True
-                )[: limit - len(ids)]
+                ids += (
+                    key_rows.within_limits(queryset, limits)
+                    .select_for_update(skip_locked=True, no_key=True, of=("self",))
+                    .values_list("pk", flat=True)[: limit - len(ids)]
+                )
+            ids = key_rows.admit_locked(ids, limits)
             if not ids:
                 return []
             AgentRun.objects.filter(pk__in=ids).update(
@@ -226,7 +241,9 @@ class PortableStore(Store):
                 started_at=Coalesce(F("started_at"), Now()),
                 updated_at=Now(),
             )
-            runs = AgentRun.objects.filter(pk__in=ids).order_by("-priority", "created_at")
+            runs = AgentRun.objects.filter(pk__in=ids).order_by(
+                "-priority", "fair_at", "created_at"
+            )
             return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
     def renew_leases(
@@ -674,7 +691,7 @@ class PortableStore(Store):
                 if child.parent_id is None
                 else AgentRun.objects.select_for_update(no_key=True)
                 .filter(pk=child.parent_id)
-                .values_list("status", "priority")
+                .values_list("status", "priority", "concurrency_key")
                 .first()
             )
             refuse_spawn(
@@ -684,6 +701,7 @@ class PortableStore(Store):
             )
             assert parent is not None  # refuse_spawn raised otherwise
             child.priority = parent[1]  # a child of an urgent run is urgent
+            child.concurrency_key = parent[2]  # and counts toward its key
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:
@@ -735,7 +753,7 @@ class PortableStore(Store):
         # The claim's own order, read from its index (agent_run_claim_priority).
         return (
             AgentRun.objects.claimable()
-            .order_by("-priority", "created_at")
+            .order_by("-priority", "fair_at", "created_at")
             .values_list("model", "priority")
             .first()
         )

@@ -2,7 +2,8 @@
 
 The life of a run, and what moves it along on PostgreSQL:
 
-    claim        CLAIM_SQL              lock the claimable runs, lease them, attempt + 1
+    claim        CLAIM_SQL              lock the claimable runs, admit them within their
+                                        concurrency keys' limits, lease them, attempt + 1
     renew        RENEW_ALL_SQL          the heartbeat: every lease of a worker, one statement
     append_step  APPEND_STEP_SQL        fence, renewed lease and the step, one statement
                                         (its tool effects too: APPEND_STEP_WITH_EFFECTS_SQL;
@@ -20,14 +21,15 @@ The life of a run, and what moves it along on PostgreSQL:
                  PortableStore          an event, an answer, a child's end: pending again
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
-claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``TAKE_CLAIMABLE_RUNS`` (the
-lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP`` (what a step does to its run),
-``RECORD_EFFECTS``, ``RECORD_USAGE`` (the daily rollup of model turns) and ``STEP_INSERT``.
-The full text of every statement, exactly as it is sent, is in tests/sql/<NAME>.sql, one file
-per statement; tests/unit/test_postgres_statements.py fails when what runs differs from those
-files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites them after a deliberate change). The
-only formatting at run time is the VALUES list of the effects (``{rows}``: one placeholder
-tuple per effect).
+claim carries), ``CLAIMABLE_RUNS`` (the runs a claim may take), ``ADMITTED`` (those of them
+their concurrency keys leave room for, race-free: store/concurrency.py),
+``TAKE_CLAIMABLE_RUNS`` (the lease a claim sets), ``FENCED_STEP`` and ``FENCED_LAST_STEP``
+(what a step does to its run), ``RECORD_EFFECTS``, ``RECORD_USAGE`` (the daily rollup of
+model turns) and ``STEP_INSERT``. The full text of every statement, exactly as it is sent,
+is in tests/sql/<NAME>.sql, one file per statement; tests/unit/test_postgres_statements.py
+fails when what runs differs from those files by a byte (``UPDATE_SQL_SNAPSHOTS=1`` rewrites
+them after a deliberate change). The only formatting at run time is the VALUES list of the
+effects (``{rows}``: one placeholder tuple per effect).
 
 The other operations (release, park, wake, decisions, a finish without a step) are the ORM
 updates of ``PortableStore``, which this class inherits: one UPDATE each on PostgreSQL too.
@@ -45,6 +47,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.pricing import Usage
+from durable_agents.store import concurrency
 from durable_agents.store.base import (
     Claim,
     LeaseLoss,
@@ -75,12 +78,28 @@ STEP_FENCE = f"""\
 {FENCE}
        AND last_seq = %(seq)s - 1"""
 
+# The limit of a run's concurrency key: CONCURRENCY_LIMITS[key] (the parallel arrays
+# %(limit_keys)s and %(limit_values)s), else the limit its agent had when it started, else none
+# (NULL), as for a run without a key.
+KEY_LIMIT = (
+    "coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[],"
+    " run.concurrency_key)], run.concurrency_limit)"
+)
+
+# The runs of a run's key that hold a slot, counted on the statement's snapshot (a STABLE
+# function: migration 0010 says why not a subquery): the cheap filter of the candidates
+# (store/concurrency.py; ADMITTED decides, race-free). ``{freed}``: less the run of the key
+# this statement ends (FINISH_AND_CLAIM_SQL), or nothing.
+_HELD = "agent_concurrency_holders(run.concurrency_key){freed}"
+
 # The runs a claim may take, as the CTEs ``due`` and ``ready`` ({and_also}: an extra condition
-# on both, or nothing; filled in by str.format, so no other brace may appear here). ``due``:
-# waiting runs whose timer or timeout is past (late by definition), in wake_at order;
-# ``ready``: pending runs and runs whose lease expired, highest priority first, then oldest,
-# read in that order from agent_run_claim_priority (priority DESC, created_at); %(limit)s in
-# all.
+# on both, or nothing; filled in by str.format, so no other brace may appear here), each with
+# its concurrency key, the key's limit, its holders and the run's place in the claim's order.
+# ``due``: waiting runs whose timer or timeout is past (late by definition), in wake_at order;
+# ``ready``: pending runs and runs whose lease expired, highest priority first, then by turn
+# (fair_at: fair across concurrency keys), then oldest, read in that order from
+# agent_run_claim_fair (priority DESC, fair_at, created_at); %(limit)s in all. Both skip the
+# runs whose key has no slot free.
 # ``due`` ignores priority on purpose: a due timer is late already, and ordering it by
 # priority costs either a sort of every due run on each claim (agent_run_wake is on wake_at
 # alone: with a backlog of 20,000 due timers among 100,000 waiting runs, 23 ms a claim instead
@@ -88,34 +107,94 @@ STEP_FENCE = f"""\
 # due (0.6 ms instead of 0.04 ms at 100,000, growing with them). Events, answers and
 # children's ends wake a run to pending, where ``ready`` orders it by its priority. The
 # predicates on status must imply those of the partial indexes agent_run_wake (status =
-# 'waiting', wake_at not null) and agent_run_claim_priority (status in pending, running), or
+# 'waiting', wake_at not null) and agent_run_claim_fair (status in pending, running), or
 # the planner cannot use them and scans the table (tests/integration/test_leases.py EXPLAINs
 # CLAIMABLE_SQL).
 # Both lock FOR NO KEY UPDATE SKIP LOCKED: workers skip each other's runs instead of queueing,
 # and a step's foreign key does not conflict with the lock.
 _CLAIMABLE_RUNS = """\
 due AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, {key_limit} AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE {held} END AS held,
+       0 AS part, wake_at AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status = 'waiting'
    AND wake_at <= now(){and_also}
+   AND {has_room}
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
 ), ready AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, {key_limit} AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE {held} END AS held,
+       1 AS part, NULL::timestamptz AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now()){and_also}
- ORDER BY priority DESC, created_at
+   AND {has_room}
+ ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
 )"""
-CLAIMABLE_RUNS = _CLAIMABLE_RUNS.format(and_also="")
-# The same runs, taken only if the fence of the statement's step held.
-CLAIMABLE_RUNS_IF_FENCED = _CLAIMABLE_RUNS.format(and_also="\n   AND EXISTS (SELECT 1 FROM fence)")
 
-# The claim of the runs of ``due`` and ``ready``: lease, attempt + 1 (what fences out the
-# previous holder) and counters, %(limit)s runs at most. The constant LIMIT lets the planner use
-# a nested loop on the primary key rather than a hash join over the table.
+# The candidates within their keys' limits on the snapshot (the n-th of a key only while its
+# holders leave room for n more), %(limit)s at most, and of their concurrency keys those the
+# claim may take runs of (store/concurrency.py says why this is race-free): ``wanted``, each
+# key's candidates and its lowest limit among them; ``admitted``, the keys whose row this
+# statement locks, in key order, waiting for a claim that holds one, and whose holders,
+# counted by agent_concurrency_held on a fresh snapshot (again after such a wait:
+# EvalPlanQual), leave room for them all; ``served``, the update of their rows that a claim
+# waiting for one of them sees. The function's snapshot has a command id of its own, so it
+# sees what this statement did before it: the run FINISH_AND_CLAIM_SQL ended (its ``fence``,
+# which ``ready`` read first) no longer counts there.
+ADMITTED = """\
+claimable AS (
+SELECT id, concurrency_key, key_limit
+  FROM (SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                     ORDER BY part, due_at, priority DESC, fair_at, created_at
+                                    ) AS nth
+          FROM (SELECT * FROM due UNION ALL SELECT * FROM ready) AS locked) AS ranked
+ WHERE concurrency_key IS NULL OR key_limit IS NULL OR held + nth <= key_limit
+ LIMIT %(limit)s
+), wanted AS (
+SELECT concurrency_key, count(*) AS runs, min(key_limit) AS key_limit
+  FROM claimable
+ WHERE concurrency_key IS NOT NULL
+ GROUP BY concurrency_key
+), admitted AS (
+SELECT k.key
+  FROM agent_concurrency_key AS k JOIN wanted ON wanted.concurrency_key = k.key
+ WHERE wanted.key_limit IS NULL
+    OR agent_concurrency_held(k.key) + wanted.runs <= wanted.key_limit
+ ORDER BY k.key
+   FOR NO KEY UPDATE OF k
+), served AS (
+UPDATE agent_concurrency_key SET claimed_at = now() WHERE key IN (SELECT key FROM admitted)
+)"""
+
+# The run ending in this statement (FINISH_AND_CLAIM_SQL's ``fence``) frees its key's slot:
+# the filter's count, on the statement's snapshot, still sees it running.
+_FREED = " - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key)"
+
+
+def _claimable_runs(and_also: str, freed: str) -> str:
+    held = _HELD.format(freed=freed)
+    has_room = (
+        f"(run.concurrency_key IS NULL\n        OR {KEY_LIMIT} IS NULL\n"
+        f"        OR {KEY_LIMIT} > {held})"
+    )
+    return _CLAIMABLE_RUNS.format(
+        and_also=and_also, key_limit=KEY_LIMIT, held=held, has_room=has_room
+    )
+
+
+CLAIMABLE_RUNS = _claimable_runs("", "")
+# The same runs, taken only if the fence of the statement's step held.
+CLAIMABLE_RUNS_IF_FENCED = _claimable_runs("\n   AND EXISTS (SELECT 1 FROM fence)", _FREED)
+
+# The claim of the admitted candidates: lease, attempt + 1 (what fences out the previous
+# holder) and counters. ``claimable`` has a constant LIMIT, which lets the planner use a nested
+# loop on the primary key rather than a hash join over the table.
 TAKE_CLAIMABLE_RUNS = """\
 UPDATE agent_run AS run
    SET status = 'running',
@@ -130,8 +209,9 @@ UPDATE agent_run AS run
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
-                   LIMIT %(limit)s)
+ WHERE run.id IN (SELECT id FROM claimable
+                   WHERE concurrency_key IS NULL
+                      OR concurrency_key IN (SELECT key FROM admitted))
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
@@ -145,7 +225,8 @@ ADD_COST = "coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd)"
 
 # A step that keeps the run going, on the run's row: the step's seq, tokens and cost, the
 # claim counted as progress (stalled_claims = 0) and the lease renewed. ``fence`` holds the
-# run's id (with the agent and model the rollup is keyed by) only if the step fence held.
+# run's id (with the agent, model and concurrency key the rollup is keyed by) only if the
+# step fence held.
 FENCED_STEP = f"""\
 WITH fence AS (
     UPDATE agent_run
@@ -156,7 +237,7 @@ WITH fence AS (
            lease_until = now() + make_interval(secs => %(lease)s),
            updated_at = now()
 {STEP_FENCE}
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 )"""
 
 # The last step of a run, on the run's row: the run ends instead of renewing its lease, with
@@ -176,7 +257,7 @@ WITH fence AS (
            finished_at = now(),
            updated_at = now()
 {STEP_FENCE}
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 )"""
 
 # The tool effects of a step, recorded whatever the fence says (the CTE does not read it): they
@@ -193,13 +274,13 @@ recorded AS (
 # concurrency key, agent, model, shard) of the runs in ``{source}`` (none: nothing counted).
 # The shard (``usage_shard``: fixed per run) spreads one agent's turns over USAGE_SHARDS rows,
 # so that concurrent commits of different runs rarely wait for the same row lock; readers
-# sum the shards. The concurrency key is '' until runs have one: then it is read from
-# ``{source}`` like the agent and the model, and nothing else changes.
+# sum the shards. A run without a concurrency key (NULL) is counted under ''.
 _RECORD_USAGE = """\
 INSERT INTO agent_usage_day AS used (day, concurrency_key, agent, model, shard, turns,
                                      input_tokens, output_tokens, cache_read_tokens,
                                      cache_write_tokens, cost_usd)
-SELECT (now() AT TIME ZONE 'UTC')::date, '', agent, model, %(shard)s, 1,
+SELECT (now() AT TIME ZONE 'UTC')::date, coalesce(concurrency_key, ''), agent, model,
+       %(shard)s, 1,
        %(input_tokens)s, %(output_tokens)s, %(cache_read_tokens)s, %(cache_write_tokens)s,
        %(cost)s::numeric
   FROM {source}
@@ -233,10 +314,17 @@ CLAIMABLE_SQL = f"""
 WITH {CLAIMABLE_RUNS}
 SELECT id FROM due UNION ALL SELECT id FROM ready"""
 
-# Claim: lock, lease and counters in one statement.
+# Claim: lock, admit, lease and counters in one statement. One row per run taken, or one row
+# of NULLs when none was; ``candidates``: how many the statement locked (more than it took:
+# a concurrency key had fewer slots than candidates, or its last slot went to another claim
+# meanwhile, and a claim again may take other runs).
 CLAIM_SQL = f"""
-WITH {CLAIMABLE_RUNS}
-{TAKE_CLAIMABLE_RUNS}"""
+WITH {CLAIMABLE_RUNS},
+{ADMITTED}, taken AS (
+{TAKE_CLAIMABLE_RUNS}
+)
+SELECT (SELECT count(*) FROM due) + (SELECT count(*) FROM ready) AS candidates, taken.*
+  FROM (SELECT 1) AS one LEFT JOIN taken ON true"""
 
 # The heartbeat of a whole worker: one statement renews every lease it holds, whatever their
 # number, and names the runs it held that are no longer its own, with their status. The outer
@@ -287,7 +375,8 @@ FINISH_AND_CLAIM_SQL = f"""\
 {FENCED_LAST_STEP}, appended AS (
 {STEP_INSERT}
  RETURNING run_id
-), {CLAIMABLE_RUNS_IF_FENCED}, taken AS (
+), {CLAIMABLE_RUNS_IF_FENCED},
+{ADMITTED}, taken AS (
 {TAKE_CLAIMABLE_RUNS}
 )
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
@@ -299,7 +388,8 @@ FINISH_TURN_AND_CLAIM_SQL = f"""\
 {FENCED_LAST_STEP}, {RECORD_USAGE}, appended AS (
 {STEP_INSERT}
  RETURNING run_id
-), {CLAIMABLE_RUNS_IF_FENCED}, taken AS (
+), {CLAIMABLE_RUNS_IF_FENCED},
+{ADMITTED}, taken AS (
 {TAKE_CLAIMABLE_RUNS}
 )
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
@@ -314,7 +404,7 @@ WITH run AS (
        SET tokens_used = tokens_used + %(tokens)s,
            cost_usd = {ADD_COST}
      WHERE id = %(run_id)s
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 )
 {_RECORD_USAGE.format(source="run")}"""
 
@@ -370,6 +460,29 @@ def _usage_params(claim: Claim, usage: Usage) -> dict[str, Any]:
     }
 
 
+# Claims in a row of one ``claim_runs`` while concurrency keys were lost to other claims.
+CLAIM_TRIES = 4
+
+
+def key_limits() -> dict[str, Any]:
+    """The parameters of CONCURRENCY_LIMITS in the claim: two parallel arrays."""
+    limits = concurrency.overrides()
+    return {"limit_keys": list(limits), "limit_values": list(limits.values())}
+
+
+def _run_from(columns: dict[str | None, Any]) -> AgentRun:
+    """The run of a row of ``agent_run``'s columns as the driver returned them, through each
+    field's own conversion (JSON text columns such as woken_by are parsed), as the ORM would."""
+    fields = AgentRun._meta.concrete_fields
+    values = [
+        f.from_db_value(columns[f.column], None, connection)
+        if hasattr(f, "from_db_value")
+        else columns[f.column]
+        for f in fields
+    ]
+    return AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+
+
 @contextlib.contextmanager
 def binding_cursor() -> Iterator[Any]:
     """The cursor of the step commit: a server-side-binding psycopg cursor (Django's own binds
@@ -399,14 +512,37 @@ class PostgresStore(PortableStore):
     per step commit, per finish-and-claim and per heartbeat."""
 
     def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
-        params = {"owner": owner, "lease": float(lease_seconds), "limit": limit}
-        runs = sorted(
-            AgentRun.objects.raw(CLAIM_SQL, params), key=lambda run: (-run.priority, run.created_at)
+        """CLAIM_SQL, again while a concurrency key's last slot went to another claim in the
+        middle of it (it then took fewer runs than it had candidates) and room is left."""
+        claims: list[Claim] = []
+        for _ in range(CLAIM_TRIES):
+            taken, lost = self._claim_once(owner, lease_seconds, limit - len(claims))
+            claims += taken
+            if not lost or len(claims) >= limit:
+                break
+        claims.sort(
+            key=lambda claim: (-claim.run.priority, claim.run.fair_at, claim.run.created_at)
         )
-        return [
-            Claim(run, owner, run.attempt, lease_seconds, getattr(run, "task_payload", None))
-            for run in runs
-        ]
+        return claims
+
+    @staticmethod
+    def _claim_once(owner: str, lease_seconds: float, limit: int) -> tuple[list[Claim], bool]:
+        """One CLAIM_SQL: the claims, and whether it locked candidates it did not take."""
+        params = {**key_limits(), "owner": owner, "lease": float(lease_seconds), "limit": limit}
+        with binding_cursor() as cursor:
+            cursor.execute(CLAIM_SQL, params)
+            rows = cursor.fetchall()
+            names = [column.name for column in cursor.description or ()]
+        claims = []
+        for row in rows:
+            taken = dict(zip(names[1:], row[1:], strict=True))
+            if taken["id"] is None:
+                continue
+            task_payload = taken.pop("task_payload")
+            run = _run_from(taken)
+            claims.append(Claim(run, owner, run.attempt, lease_seconds, task_payload))
+        candidates = rows[0][0] if rows else 0
+        return claims, candidates > len(claims)
 
     def renew_leases(
         self,
@@ -514,7 +650,7 @@ class PostgresStore(PortableStore):
             return self._execute_append(
                 APPEND_LAST_TURN_SQL if turn else APPEND_LAST_STEP_SQL, params
             )
-        params = {**params, "lease": float(then_claim.lease_seconds), "limit": 1}
+        params = {**params, **key_limits(), "lease": float(then_claim.lease_seconds), "limit": 1}
         with binding_cursor() as cursor:
             try:
                 cursor.execute(FINISH_TURN_AND_CLAIM_SQL if turn else FINISH_AND_CLAIM_SQL, params)
@@ -529,16 +665,7 @@ class PostgresStore(PortableStore):
             then_claim.give_back()
             return appended
         task_payload = taken.pop("task_payload")
-        fields = AgentRun._meta.concrete_fields
-        # The driver's values, through each field's own conversion (JSON text columns such as
-        # woken_by are parsed), as the ORM would.
-        values = [
-            f.from_db_value(taken[f.column], None, connection)
-            if hasattr(f, "from_db_value")
-            else taken[f.column]
-            for f in fields
-        ]
-        run = AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+        run = _run_from(taken)
         then_claim.claim = Claim(
             run, then_claim.owner, run.attempt, then_claim.lease_seconds, task_payload
         )

@@ -42,7 +42,7 @@ def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None) -> None:
     the row with the day's first turn. Inside the caller's transaction."""
     key: dict[str, Any] = {
         "day": utc_day(),
-        "concurrency_key": "",
+        "concurrency_key": run.concurrency_key or "",
         "agent": run.agent,
         "model": run.model,
         "shard": usage_shard(run.pk),
@@ -79,9 +79,10 @@ def count_in_rows(
 ) -> None:
     """``record_usage`` on rows kept in memory (unsaved instances), for ``InMemoryStore``."""
     shard = usage_shard(run.pk)
+    key = run.concurrency_key or ""
     row = rows.setdefault(
-        (day, "", run.agent, run.model, shard),
-        AgentUsageDay(day=day, agent=run.agent, model=run.model, shard=shard),
+        (day, key, run.agent, run.model, shard),
+        AgentUsageDay(day=day, concurrency_key=key, agent=run.agent, model=run.model, shard=shard),
     )
     row.turns += 1
     row.input_tokens += usage.input_tokens

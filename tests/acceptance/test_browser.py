@@ -467,6 +467,14 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
     AgentRun.objects.filter(status=RunStatus.WAITING).update(
         lease_owner="vm:31726:5c4f87", lease_until=timezone.now() + timedelta(minutes=5)
     )
+    # A long concurrency key under the status, and runs that wait for their key (a limit of 0,
+    # as CONCURRENCY_LIMITS would hold them).
+    AgentRun.objects.filter(pk=dead.pk).update(
+        concurrency_key="tenant:a-customer-with-a-rather-long-name-0042"
+    )
+    AgentRun.objects.filter(status=RunStatus.PENDING).update(
+        concurrency_key="tenant:paused", concurrency_limit=0
+    )
     for width in (1280, 1440):
         page.set_viewport_size({"width": width, "height": 800})
         page.goto(base + reverse("admin:durable_agents_agentrun_changelist"))

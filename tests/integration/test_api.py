@@ -605,3 +605,30 @@ def test_cancel_waiting_run_then_decide(waiting: Any, receiver: Any) -> None:
     assert reload(run).status == "cancelled"
     assert run_worker().stats.claims == 0
     assert receiver.attempts() == []
+
+
+# -------------------------------------------------------------------- start_run(concurrency_key=)
+
+
+@pytest.mark.django_db
+def test_start_run_stores_its_concurrency_key_and_the_agents_limit() -> None:
+    run = reload(start_run("tester", "hello", concurrency_key="tenant:acme"))
+    assert (run.concurrency_key, run.concurrency_limit) == ("tenant:acme", None)
+    assert reload(start_run("tester", "hello")).concurrency_key is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "^a concurrency key cannot be empty$"),
+        ("k" * 10_000, "^a concurrency key has at most 200 characters; this one has 10000$"),
+        ("a\x00b", "NUL characters or lone surrogates"),
+        (7, "^a concurrency key is a string, not int$"),
+        (b"tenant", "^a concurrency key is a string, not bytes$"),
+    ],
+)
+def test_start_run_refuses_a_bad_concurrency_key(key: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        start_run("tester", "hello", concurrency_key=key)
+    assert AgentRun.objects.count() == 0

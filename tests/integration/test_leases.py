@@ -238,10 +238,13 @@ def test_the_claim_query_can_use_the_partial_index() -> None:
     subquery = postgres.CLAIMABLE_SQL
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
-        cursor.execute("EXPLAIN " + subquery.replace("%(limit)s", "1"))
+        cursor.execute(
+            "EXPLAIN " + subquery.replace("%(limit)s", "1"),
+            {"limit_keys": ["tenant:a"], "limit_values": [2]},
+        )
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("RESET enable_seqscan")
-    assert "agent_run_claim_priority" in plan
+    assert "agent_run_claim_fair" in plan
     assert "agent_run_wake" in plan
     assert "LockRows" in plan
 

@@ -16,7 +16,7 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 )
 INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
                         attempt, worker)

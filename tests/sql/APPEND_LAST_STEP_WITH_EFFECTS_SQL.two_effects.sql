@@ -16,7 +16,7 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 ),
 recorded AS (
     INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)

@@ -16,13 +16,14 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 ),
 usage AS (
     INSERT INTO agent_usage_day AS used (day, concurrency_key, agent, model, shard, turns,
                                          input_tokens, output_tokens, cache_read_tokens,
                                          cache_write_tokens, cost_usd)
-    SELECT (now() AT TIME ZONE 'UTC')::date, '', agent, model, %(shard)s, 1,
+    SELECT (now() AT TIME ZONE 'UTC')::date, coalesce(concurrency_key, ''), agent, model,
+           %(shard)s, 1,
            %(input_tokens)s, %(output_tokens)s, %(cache_read_tokens)s, %(cache_write_tokens)s,
            %(cost)s::numeric
       FROM fence

@@ -1,16 +1,28 @@
 
 WITH due AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) END AS held,
+       0 AS part, wake_at AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status = 'waiting'
    AND wake_at <= now()
+   AND (run.concurrency_key IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key))
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
 ), ready AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) END AS held,
+       1 AS part, NULL::timestamptz AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now())
- ORDER BY priority DESC, created_at
+   AND (run.concurrency_key IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key))
+ ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
 )

@@ -1,19 +1,54 @@
 
 WITH due AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) END AS held,
+       0 AS part, wake_at AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status = 'waiting'
    AND wake_at <= now()
+   AND (run.concurrency_key IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key))
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
 ), ready AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) END AS held,
+       1 AS part, NULL::timestamptz AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now())
- ORDER BY priority DESC, created_at
+   AND (run.concurrency_key IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key))
+ ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
-)
+),
+claimable AS (
+SELECT id, concurrency_key, key_limit
+  FROM (SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                     ORDER BY part, due_at, priority DESC, fair_at, created_at
+                                    ) AS nth
+          FROM (SELECT * FROM due UNION ALL SELECT * FROM ready) AS locked) AS ranked
+ WHERE concurrency_key IS NULL OR key_limit IS NULL OR held + nth <= key_limit
+ LIMIT %(limit)s
+), wanted AS (
+SELECT concurrency_key, count(*) AS runs, min(key_limit) AS key_limit
+  FROM claimable
+ WHERE concurrency_key IS NOT NULL
+ GROUP BY concurrency_key
+), admitted AS (
+SELECT k.key
+  FROM agent_concurrency_key AS k JOIN wanted ON wanted.concurrency_key = k.key
+ WHERE wanted.key_limit IS NULL
+    OR agent_concurrency_held(k.key) + wanted.runs <= wanted.key_limit
+ ORDER BY k.key
+   FOR NO KEY UPDATE OF k
+), served AS (
+UPDATE agent_concurrency_key SET claimed_at = now() WHERE key IN (SELECT key FROM admitted)
+), taken AS (
 UPDATE agent_run AS run
    SET status = 'running',
        lease_owner = %(owner)s,
@@ -27,10 +62,14 @@ UPDATE agent_run AS run
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
-                   LIMIT %(limit)s)
+ WHERE run.id IN (SELECT id FROM claimable
+                   WHERE concurrency_key IS NULL
+                      OR concurrency_key IN (SELECT key FROM admitted))
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
           ) AS task_payload
+)
+SELECT (SELECT count(*) FROM due) + (SELECT count(*) FROM ready) AS candidates, taken.*
+  FROM (SELECT 1) AS one LEFT JOIN taken ON true

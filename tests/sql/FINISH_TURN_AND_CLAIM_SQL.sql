@@ -16,12 +16,13 @@ WITH fence AS (
        AND attempt = %(attempt)s
        AND status = 'running'
        AND last_seq = %(seq)s - 1
- RETURNING id, agent, model
+ RETURNING id, agent, model, concurrency_key
 ), usage AS (
     INSERT INTO agent_usage_day AS used (day, concurrency_key, agent, model, shard, turns,
                                          input_tokens, output_tokens, cache_read_tokens,
                                          cache_write_tokens, cost_usd)
-    SELECT (now() AT TIME ZONE 'UTC')::date, '', agent, model, %(shard)s, 1,
+    SELECT (now() AT TIME ZONE 'UTC')::date, coalesce(concurrency_key, ''), agent, model,
+           %(shard)s, 1,
            %(input_tokens)s, %(output_tokens)s, %(cache_read_tokens)s, %(cache_write_tokens)s,
            %(cost)s::numeric
       FROM fence
@@ -40,21 +41,56 @@ SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %
   FROM fence
  RETURNING run_id
 ), due AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key) END AS held,
+       0 AS part, wake_at AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status = 'waiting'
    AND wake_at <= now()
    AND EXISTS (SELECT 1 FROM fence)
+   AND (run.concurrency_key IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key))
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
 ), ready AS (
-SELECT id FROM agent_run
+SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) AS key_limit,
+       CASE WHEN concurrency_key IS NULL THEN 0 ELSE agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key) END AS held,
+       1 AS part, NULL::timestamptz AS due_at, priority, fair_at, created_at
+  FROM agent_run AS run
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now())
    AND EXISTS (SELECT 1 FROM fence)
- ORDER BY priority DESC, created_at
+   AND (run.concurrency_key IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
+        OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key) - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key))
+ ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
+),
+claimable AS (
+SELECT id, concurrency_key, key_limit
+  FROM (SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                     ORDER BY part, due_at, priority DESC, fair_at, created_at
+                                    ) AS nth
+          FROM (SELECT * FROM due UNION ALL SELECT * FROM ready) AS locked) AS ranked
+ WHERE concurrency_key IS NULL OR key_limit IS NULL OR held + nth <= key_limit
+ LIMIT %(limit)s
+), wanted AS (
+SELECT concurrency_key, count(*) AS runs, min(key_limit) AS key_limit
+  FROM claimable
+ WHERE concurrency_key IS NOT NULL
+ GROUP BY concurrency_key
+), admitted AS (
+SELECT k.key
+  FROM agent_concurrency_key AS k JOIN wanted ON wanted.concurrency_key = k.key
+ WHERE wanted.key_limit IS NULL
+    OR agent_concurrency_held(k.key) + wanted.runs <= wanted.key_limit
+ ORDER BY k.key
+   FOR NO KEY UPDATE OF k
+), served AS (
+UPDATE agent_concurrency_key SET claimed_at = now() WHERE key IN (SELECT key FROM admitted)
 ), taken AS (
 UPDATE agent_run AS run
    SET status = 'running',
@@ -69,8 +105,9 @@ UPDATE agent_run AS run
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
        updated_at = now()
- WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready) AS claimable
-                   LIMIT %(limit)s)
+ WHERE run.id IN (SELECT id FROM claimable
+                   WHERE concurrency_key IS NULL
+                      OR concurrency_key IN (SELECT key FROM admitted))
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step

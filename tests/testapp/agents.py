@@ -121,6 +121,26 @@ short = Agent(
 )
 
 
+@tool(effect="pure")
+def busy(key: str, seconds: float) -> str:
+    """Work a while for a concurrency key (the receiver logs when the work started and ended)."""
+    receiver.interval(key, seconds)
+    return f"worked {seconds}s for {key}"
+
+
+# At most 2 of its runs per concurrency key run at once (tests/acceptance/test_crash_keys.py).
+keyed = Agent(
+    name="keyed",
+    version="v1",
+    model="claude-test-1",
+    system="You share your tenant's slots.",
+    tools=[busy],
+    max_tokens=256,
+    max_turns=10,
+    concurrency_limit=2,
+)
+
+
 # Text deltas seen by the streaming agent's callback: (run id, text).
 STREAMED_TEXT: list[tuple[str, str]] = []
 

@@ -80,3 +80,29 @@ def calls(directory: Path, tool: str | None = None) -> list[dict[str, Any]]:
         return []
     lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     return [c for c in lines if tool is None or c["tool"] == tool]
+
+
+def interval(key: str, seconds: float) -> None:
+    """Work ``seconds`` for ``key``, logging when the work started and ended (wall clock, one
+    line each, from any process) in busy.log: tests measure how many overlapped per key."""
+    directory = _directory()
+    call = f"{os.getpid()}-{time.monotonic_ns()}"
+
+    def log(event: str) -> None:
+        if directory is not None:
+            line = json.dumps(
+                {"key": key, "event": event, "at": time.time(), "call": call, "pid": os.getpid()}
+            )
+            with open(directory / "busy.log", "a", encoding="utf-8") as out:
+                out.write(line + "\n")
+
+    log("start")
+    time.sleep(seconds)
+    log("end")
+
+
+def intervals(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "busy.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]

@@ -439,3 +439,16 @@ def test_get_agent_delegates_to_the_global_registry(
     assert get_agent("test-agents-get", "a") is a
     with pytest.raises(AgentNotFound, match="registered versions: a, b"):
         get_agent("test-agents-get", "c")
+
+
+@pytest.mark.parametrize("limit", [0, -1, 2.0, True, "5"])
+def test_a_concurrency_limit_is_a_whole_number_of_at_least_1(limit: Any) -> None:
+    with pytest.raises(ValueError, match="concurrency_limit must be"):
+        Agent(name="limited", version="1", model="m", concurrency_limit=limit, register=False)
+
+
+def test_the_concurrency_limit_is_not_part_of_the_fingerprint() -> None:
+    plain = Agent(name="limited", version="1", model="m", register=False)
+    limited = Agent(name="limited", version="1", model="m", concurrency_limit=5, register=False)
+    assert limited.concurrency_limit == 5
+    assert limited.fingerprint() == plain.fingerprint()

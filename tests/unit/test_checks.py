@@ -75,6 +75,16 @@ def test_the_test_settings_pass() -> None:
             ["durable_agents.E030", "durable_agents.E030"],
         ),
         ({"RATE_LIMITS": ["claude"]}, ["durable_agents.E030"]),
+        ({"CONCURRENCY_LIMITS": [("tenant:a", 2)]}, ["durable_agents.E014"]),
+        ({"CONCURRENCY_LIMITS": {"": 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {"k" * 201: 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {"a\x00b": 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {7: 2}}, ["durable_agents.E015"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": -1}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": 2.0}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": True}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"tenant:a": None}}, ["durable_agents.E016"]),
+        ({"CONCURRENCY_LIMITS": {"": -1}}, ["durable_agents.E015", "durable_agents.E016"]),
     ],
 )
 def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: list[str]) -> None:
@@ -91,6 +101,7 @@ def test_invalid_settings(da_settings: Any, values: dict[str, Any], expected: li
         {"TOOL_ERROR_FORMATTER": "tests.unit.test_checks.redact"},
         {"RETIRED_MODELS": ["claude-2.1"]},
         {"RATE_LIMITS": {"*": {"requests_per_minute": 4000, "burst_seconds": 60}}},
+        {"CONCURRENCY_LIMITS": {"tenant:a": 0, "tenant:b": 20}},  # 0: held (a pause)
     ],
 )
 def test_valid_settings(da_settings: Any, values: dict[str, Any]) -> None:

@@ -142,11 +142,38 @@ def test_every_step_commits_only_as_the_next_one_in_the_log(sql: str) -> None:
 
 def test_the_claim_takes_exactly_the_claimable_runs() -> None:
     assert postgres.CLAIMABLE_SQL.startswith("\nWITH " + postgres.CLAIMABLE_RUNS + "\n")
-    assert postgres.CLAIM_SQL == f"\nWITH {postgres.CLAIMABLE_RUNS}\n{postgres.TAKE_CLAIMABLE_RUNS}"
+    assert postgres.CLAIM_SQL.startswith(
+        f"\nWITH {postgres.CLAIMABLE_RUNS},\n{postgres.ADMITTED}, taken AS (\n"
+        f"{postgres.TAKE_CLAIMABLE_RUNS}\n)"
+    )
     # At most the limit in all, and a constant LIMIT the planner can use (a nested loop on the
     # primary key, not a hash join over the table).
-    take = "WHERE run.id IN (SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM ready)"
-    assert take + " AS claimable LIMIT %(limit)s)" in " ".join(postgres.TAKE_CLAIMABLE_RUNS.split())
+    admitted = " ".join(postgres.ADMITTED.split())
+    assert "FROM (SELECT * FROM due UNION ALL SELECT * FROM ready) AS locked" in admitted
+    assert "held + nth <= key_limit LIMIT %(limit)s )" in admitted
+    take = " ".join(postgres.TAKE_CLAIMABLE_RUNS.split())
+    assert (
+        "WHERE run.id IN (SELECT id FROM claimable WHERE concurrency_key IS NULL"
+        " OR concurrency_key IN (SELECT key FROM admitted))" in take
+    )
+
+
+def test_a_keyed_claim_counts_afresh_under_the_keys_row_lock() -> None:
+    """The race-free part of a keyed claim (store/concurrency.py): the keys' rows locked in
+    key order, waiting (no SKIP LOCKED), the holders counted by the VOLATILE function in the
+    lock's condition (evaluated again after a wait), and the rows updated, which is what makes
+    a waiting claim evaluate it again."""
+    admitted = " ".join(postgres.ADMITTED.split())
+    assert (
+        "OR agent_concurrency_held(k.key) + wanted.runs <= wanted.key_limit"
+        " ORDER BY k.key FOR NO KEY UPDATE OF k )" in admitted
+    )
+    assert (
+        "UPDATE agent_concurrency_key SET claimed_at = now()"
+        " WHERE key IN (SELECT key FROM admitted)" in admitted
+    )
+    assert postgres.CLAIMABLE_RUNS.count(postgres.KEY_LIMIT) == 6  # selected, and the filter's
+    assert postgres.CLAIMABLE_RUNS.count("agent_concurrency_holders(run.concurrency_key)") == 4
 
 
 def test_due_waits_come_first_and_the_limit_is_shared() -> None:
@@ -159,8 +186,11 @@ def test_due_waits_come_first_and_the_limit_is_shared() -> None:
 def test_finish_and_claim_claims_like_the_claim_but_only_after_the_fence_held() -> None:
     fenced = postgres.CLAIMABLE_RUNS_IF_FENCED
     assert fenced.count("AND EXISTS (SELECT 1 FROM fence)") == 2
-    assert fenced.replace("\n   AND EXISTS (SELECT 1 FROM fence)", "") == postgres.CLAIMABLE_RUNS
+    freed = "\n   AND EXISTS (SELECT 1 FROM fence)", postgres._FREED
+    assert fenced.count(freed[1]) == 4  # the run it ends frees its slot (filter and count)
+    assert fenced.replace(freed[0], "").replace(freed[1], "") == postgres.CLAIMABLE_RUNS
     assert fenced in postgres.FINISH_AND_CLAIM_SQL
+    assert postgres.ADMITTED in postgres.FINISH_AND_CLAIM_SQL
     assert postgres.TAKE_CLAIMABLE_RUNS in postgres.FINISH_AND_CLAIM_SQL
 
 

@@ -1,0 +1,112 @@
+"""Concurrency keys through the Django ORM (``PortableStore``): a keyed run's turn when it is
+created, and a claim's candidates within their keys' limits, race-free on PostgreSQL too (the
+rows of ``agent_concurrency_key`` locked in key order, then the holders counted in a statement
+of their own: a fresh snapshot under READ COMMITTED). store/concurrency.py says why."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest, Now
+
+from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus
+from durable_agents.store import concurrency
+
+
+def take_turn(key: str) -> datetime.datetime:
+    """The turn (``fair_at``) of a run of ``key`` created now, and the key's next turn moved
+    on past it, under the key's row lock (held until the caller's transaction ends)."""
+    ConcurrencyKey.objects.get_or_create(key=key)
+    ConcurrencyKey.objects.filter(key=key).update(
+        next_fair_at=ExpressionWrapper(
+            Greatest(F("next_fair_at"), Now()) + concurrency.FAIR_SPACING,
+            output_field=DateTimeField(),
+        )
+    )
+    following: datetime.datetime = (
+        ConcurrencyKey.objects.filter(key=key).values_list("next_fair_at", flat=True).get()
+    )
+    return following - concurrency.FAIR_SPACING
+
+
+def _holders() -> QuerySet[AgentRun]:
+    """Runs that hold a slot of their key: running with a live lease."""
+    return AgentRun.objects.filter(
+        concurrency_key__isnull=False, status=RunStatus.RUNNING, lease_until__gte=Now()
+    )
+
+
+def within_limits(queryset: QuerySet[AgentRun], limits: Mapping[str, int]) -> QuerySet[AgentRun]:
+    """``queryset`` without the keyed runs whose key is at its limit, counted on the
+    statement's snapshot: the cheap filter of a claim's candidates (``admit_locked`` decides)."""
+    held = Subquery(
+        _holders()
+        .filter(concurrency_key=OuterRef("concurrency_key"))
+        .order_by()
+        .values("concurrency_key")
+        .annotate(n=Count("pk"))
+        .values("n")[:1],
+        output_field=IntegerField(),
+    )
+    cap: Any = F("concurrency_limit")
+    if limits:
+        cap = Case(
+            *(When(concurrency_key=key, then=Value(value)) for key, value in limits.items()),
+            default=F("concurrency_limit"),
+            output_field=IntegerField(),
+        )
+    return queryset.alias(key_held=Coalesce(held, 0), key_cap=cap).filter(
+        Q(concurrency_key__isnull=True) | Q(key_cap__isnull=True) | Q(key_held__lt=F("key_cap"))
+    )
+
+
+def admit_locked(ids: Sequence[Any], limits: Mapping[str, int]) -> list[Any]:
+    """Of the claim's candidates ``ids`` (locked, in claim order), those it may take: the rows
+    of their keys locked in key order, the holders counted afresh, and each key it takes runs
+    of marked (``claimed_at``), which a claim waiting for the row sees when it gets it."""
+    if not ids:
+        return []
+    found = {
+        run.pk: run
+        for run in AgentRun.objects.filter(pk__in=list(ids)).only(
+            "pk", "concurrency_key", "concurrency_limit"
+        )
+    }
+    runs = [found[pk] for pk in ids if pk in found]
+    keyed = sorted({run.concurrency_key for run in runs if run.concurrency_key is not None})
+    if not keyed:
+        return [run.pk for run in runs]
+    ConcurrencyKey.objects.bulk_create(
+        [ConcurrencyKey(key=key) for key in keyed], ignore_conflicts=True
+    )
+    locked = ConcurrencyKey.objects.select_for_update(no_key=True).filter(key__in=keyed)
+    list(locked.order_by("key").values_list("key", flat=True))  # the locks, in key order
+    counts = (
+        _holders()
+        .filter(concurrency_key__in=keyed)
+        .order_by()
+        .values("concurrency_key")
+        .annotate(n=Count("pk"))
+        .values_list("concurrency_key", "n")
+    )
+    held = {key: n for key, n in counts if key is not None}
+    taken = concurrency.admit(runs, held, limits, len(runs))
+    served = {run.concurrency_key for run in taken if run.concurrency_key is not None}
+    ConcurrencyKey.objects.filter(key__in=served).update(claimed_at=Now())
+    return [run.pk for run in taken]
