@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         requeue_run,
         resolve_intent,
         send_event,
+        set_key_budget,
         spawn_run,
         start_run,
     )
@@ -40,6 +41,7 @@ __all__ = [
     "requeue_run",
     "resolve_intent",
     "send_event",
+    "set_key_budget",
     "spawn_run",
     "start_run",
     "tool",

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
 
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 
-from durable_agents import effects, signals, telemetry, waits
+from durable_agents import budgets, effects, signals, telemetry, waits
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.history import rebuild_messages
@@ -241,6 +242,24 @@ def requeue_run(run_id: RunId | str) -> bool:
     """Send a dead run back to pending with a fresh no-progress count; its error stays as
     history until the run progresses."""
     return current().requeue_run(run_id)
+
+
+# Who may set a concurrency key's budget (the admin's change form of the key asks the same).
+BUDGET_PERMISSION = "durable_agents.change_concurrencykey"
+
+
+def set_key_budget(
+    key: str, usd_per_day: Decimal | float | int | None, *, user: Person | None = None
+) -> int:
+    """Set concurrency key ``key``'s budget in USD per UTC day, replacing ``BUDGETS``' for it
+    (None: ``BUDGETS`` decides again). The key's runs waiting for their budget go back to the
+    queue at once (a budget still spent parks them again at their next call). Returns how
+    many. ``user``, when given, must have the ``change_concurrencykey`` permission."""
+    if user is not None and not user.has_perm(BUDGET_PERMISSION):
+        raise PermissionDenied(f"setting a key's budget needs the {BUDGET_PERMISSION} permission")
+    check_concurrency_key(key)
+    amount = None if usd_per_day is None else budgets.check_amount(usd_per_day)
+    return current().set_key_budget(key, amount)
 
 
 def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from durable_agents.budgets import budget_problems
 from durable_agents.capacity.limits import ANY_MODEL, limit_problems
 from durable_agents.conf import DEFAULTS, app_settings, declared_types
 from durable_agents.store.concurrency import check_concurrency_key
@@ -63,6 +64,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_archiver(),
         *_bad_tool_error_formatter(),
         *_bad_rate_limits(),
+        *_bad_budgets(),
         *_bad_prices(),
         *_bad_concurrency_limits(),
     ]
@@ -151,6 +153,19 @@ def _bad_rate_limits() -> list[CheckMessage]:
             id="durable_agents.E030",
         )
         for problem in limit_problems(app_settings.RATE_LIMITS)
+    ]
+
+
+def _bad_budgets() -> list[CheckMessage]:
+    """Each problem of ``BUDGETS`` (a budget that is not a number >= 0, a wrong shape)."""
+    return [
+        Error(
+            f"DURABLE_AGENTS['BUDGETS']: {problem}.",
+            hint='For example {"tenant:acme": {"usd_per_day": 50}, "*": {"usd_per_day": 5}}; '
+            "a budget needs PRICES for the models its runs use.",
+            id="durable_agents.E031",
+        )
+        for problem in budget_problems(app_settings.BUDGETS)
     ]
 
 

@@ -165,6 +165,12 @@ class DurableAgentsSettings:
         "at once, fleet-wide; overrides the agent's concurrency_limit. 0 holds the key's runs "
         "pending (a pause).",
     )
+    BUDGETS: Setting[dict[str, dict[str, float]]] = Setting(
+        {},
+        'Per concurrency key ("*" for any other key): {"usd_per_day": N}. A key that spent its '
+        "budget (at PRICES) in the UTC day waits, its runs pending, until the next day or "
+        "until its budget is raised in the admin.",
+    )
     NOTIFY: Setting[bool] = Setting(
         True, "E-mail staff when an intent waits or a run is dead-lettered."
     )

@@ -15,10 +15,11 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from durable_agents import metrics, signals
+from durable_agents import budgets, metrics, signals
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.models import (
@@ -51,7 +52,12 @@ def sweep() -> dict[str, int]:
     """Dead-letter active runs pinned to a retired model or to a prompt version that is no
     longer deployed, with a reason a person can act on."""
     active = AgentRun.objects.not_leased()
-    moved = {"retired_model": 0, "undeployed_prompt": 0, "parents_woken": wake_stranded_parents()}
+    moved = {
+        "retired_model": 0,
+        "undeployed_prompt": 0,
+        "parents_woken": wake_stranded_parents(),
+        "budget_woken": wake_budget_waiters(),
+    }
     for model in app_settings.RETIRED_MODELS:
         moved["retired_model"] += _dead_letter(
             active.filter(model=model),
@@ -68,6 +74,33 @@ def sweep() -> dict[str, int]:
                 "it again to resume the run, or cancel it",
             )
     return moved
+
+
+def wake_budget_waiters(limit: int = 1000) -> int:
+    """Hand back the runs that wait for their key's budget when the key has room again: a
+    budget raised in BUDGETS by a deploy (one raised with ``set_key_budget`` wakes them at
+    once, and the next UTC day ends every such wait by itself)."""
+    store = current()
+    waiting = AgentRun.objects.filter(status=RunStatus.PENDING, waiting_for=WaitKind.BUDGET)
+    keys = (
+        waiting.filter(lease_until__gt=Now())
+        .exclude(concurrency_key=None)
+        .order_by()
+        .values_list("concurrency_key", flat=True)
+        .distinct()[:limit]
+    )
+    woken = 0
+    for key in keys:
+        if key is None:
+            continue
+        budget = budgets.configured_budget(key)
+        spent, override = store.spent_today(key)
+        budget = override if override is not None else budget
+        if budget is None or spent < budget:
+            woken += waiting.filter(concurrency_key=key).update(lease_until=None, updated_at=Now())
+    if woken:
+        logger.info("%d runs waiting for their key's budget handed back: it has room", woken)
+    return woken
 
 
 def wake_stranded_parents(limit: int = 1000, store: Store | None = None) -> int:

@@ -77,6 +77,9 @@ class WaitKind(models.TextChoices):
     # A pending run handed back until its model has capacity again (a rate limit, a 429's
     # pause): it holds no slot, no connection and no attempt meanwhile.
     CAPACITY = "capacity", _("model capacity")
+    # A pending run whose concurrency key spent its budget for the UTC day: handed back until
+    # the next day, or until someone raises the budget.
+    BUDGET = "budget", _("its key's budget")
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):
@@ -340,6 +343,15 @@ class ConcurrencyKey(models.Model):
     next_fair_at = models.DateTimeField(db_default=Now())
     # The last claim that took a run of the key.
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # The key's budget in USD per UTC day as staff set it in the admin, replacing BUDGETS'
+    # (NULL: BUDGETS decides).
+    usd_per_day = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text=_("USD per UTC day; empty: the BUDGETS setting decides"),
+    )
 
     class Meta:
         db_table = "agent_concurrency_key"

@@ -105,6 +105,7 @@ class WaitReason(enum.StrEnum):
     CAPACITY = "capacity"  # the fleet's buckets have no room for the call now
     RATE_LIMITED = "rate_limited"  # a 429: the model is paused for the fleet
     OVERLOADED = "overloaded"  # a 529 whose retries ran out
+    BUDGET = "budget"  # the run's concurrency key spent its budget for the UTC day
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import llm, observers, pricing, signals
+from durable_agents import budgets, llm, observers, pricing, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.capacity import Estimate, Grant, observed
 from durable_agents.conf import app_settings
@@ -285,6 +285,7 @@ class RunAdvancer(ToolDispatch):
         if at.pending is None:
             self._check_budgets(agent, at.turns)
         messages = at.conversation.json()
+        self._check_key_budget(str(params["model"]), at.pending)
         grant = self._take_capacity(params, messages, at.pending)
         turn = self._call_model(agent, params, messages, at.pending, grant)
         turn_tokens = tokens_of(turn.message)
@@ -513,6 +514,28 @@ class RunAdvancer(ToolDispatch):
             )
         return grant
 
+    def _check_key_budget(self, model: str, pending: Callable[[], None] | None) -> None:
+        """A run whose concurrency key spent its budget today waits for the next UTC day
+        (or for its budget to be raised), pending, before it pays for another turn."""
+        key = self.run.concurrency_key
+        budget = budgets.configured_budget(key) if key else None
+        if key is None or budget is None:
+            return
+        spent, override = self.store.spent_today(key)
+        if override is not None:
+            budget = override
+        if spent < budget:
+            return
+        if pending is not None:
+            pending()
+        self._wait_for_capacity(
+            model,
+            budgets.seconds_to_next_day(self.store.now()),
+            f"key {key!r} spent ${spent:.4f} of its ${budget} today",
+            observers.WaitReason.BUDGET,
+            WaitKind.BUDGET,
+        )
+
     def _not_the_runs_fault(self, grant: Grant, exc: llm.TransientModelError) -> None:
         """A 429 pauses the model for the whole fleet, and the run waits for the pause to
         end; a 529 whose retries ran out hands the run back too. Neither counts against the
@@ -545,12 +568,17 @@ class RunAdvancer(ToolDispatch):
             )
 
     def _wait_for_capacity(
-        self, model: str, seconds: float, reason: str, why: observers.WaitReason
+        self,
+        model: str,
+        seconds: float,
+        reason: str,
+        why: observers.WaitReason,
+        kind: WaitKind = WaitKind.CAPACITY,
     ) -> NoReturn:
         """Hand the run back, pending, claimable again in ``seconds``: it holds no slot, no
         connection and no attempt meanwhile (the claim is not counted as a stall)."""
         released = self.store.release_lease(
-            self.claim, count_claim=False, hold_seconds=seconds, waiting_for=WaitKind.CAPACITY
+            self.claim, count_claim=False, hold_seconds=seconds, waiting_for=kind
         )
         if not released:
             self._fence_failed()

@@ -20,15 +20,29 @@ whoever comes later, whatever their language.
 
 from django.contrib import admin
 
+from durable_agents.admin.budgets import ConcurrencyKeyAdmin
 from durable_agents.admin.events import AgentEventAdmin
 from durable_agents.admin.intents import ToolIntentAdmin
 from durable_agents.admin.questions import AgentQuestionAdmin
 from durable_agents.admin.runs import AgentRunAdmin
-from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, ToolIntent
+from durable_agents.models import (
+    AgentEvent,
+    AgentQuestion,
+    AgentRun,
+    ConcurrencyKey,
+    ToolIntent,
+)
 
 admin.site.register(AgentRun, AgentRunAdmin)
 admin.site.register(ToolIntent, ToolIntentAdmin)
 admin.site.register(AgentQuestion, AgentQuestionAdmin)
 admin.site.register(AgentEvent, AgentEventAdmin)
+admin.site.register(ConcurrencyKey, ConcurrencyKeyAdmin)
 
-__all__ = ["AgentEventAdmin", "AgentQuestionAdmin", "AgentRunAdmin", "ToolIntentAdmin"]
+__all__ = [
+    "AgentEventAdmin",
+    "AgentQuestionAdmin",
+    "AgentRunAdmin",
+    "ConcurrencyKeyAdmin",
+    "ToolIntentAdmin",
+]

@@ -62,6 +62,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
@@ -256,6 +257,10 @@ class Store(abc.ABC):
         """What a worker using this store must manage besides calling it: the Django
         connections of its threads (a database store, this default), or nothing."""
         return DatabaseConnections()
+
+    def now(self) -> datetime.datetime:
+        """The time as this store tells it (``InMemoryStore``: its own clock)."""
+        return timezone.now()
 
     @functools.cached_property
     def capacity(self) -> CapacityGate:
@@ -499,6 +504,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def current_status(self, run_id: RunId) -> str | None:
         """The run's status now (None: no such run)."""
+
+    @abc.abstractmethod
+    def spent_today(self, key: str) -> tuple[Decimal, Decimal | None]:
+        """What runs of concurrency key ``key`` cost in the UTC day so far (the rollup), and
+        the key's budget as staff set it (None: the BUDGETS setting decides)."""
+
+    @abc.abstractmethod
+    def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
+        """Set (None: clear) ``key``'s budget override and hand back at once the key's runs
+        that wait for their budget; returns how many."""
 
     @abc.abstractmethod
     def first_claimable(self) -> tuple[str, int] | None:

@@ -20,6 +20,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from django.db import IntegrityError
@@ -110,6 +111,8 @@ class InMemoryStore(Store):
         self._row_ids = itertools.count(1)
         # The daily rollup, by (day, concurrency_key, agent, model, shard) as in the table.
         self.usage_days: UsageRows = {}
+        # Budgets staff set per concurrency key (``ConcurrencyKey.usd_per_day``).
+        self.key_budgets: dict[str, Decimal] = {}
         # Each concurrency key's next turn (``ConcurrencyKey.next_fair_at``).
         self.next_turns: dict[str, datetime.datetime] = {}
 
@@ -771,6 +774,33 @@ class InMemoryStore(Store):
         with self.lock:
             run = self.runs.get(run_id)
             return None if run is None else run.status
+
+    def spent_today(self, key: str) -> tuple[Decimal, Decimal | None]:
+        with self.lock:
+            day = self.now().astimezone(datetime.UTC).date()
+            spent = sum(
+                (row.cost_usd or Decimal(0))
+                for (row_day, row_key, *_), row in self.usage_days.items()
+                if row_day == day and row_key == key
+            )
+            return Decimal(spent), self.key_budgets.get(key)
+
+    def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
+        with self.lock:
+            if usd_per_day is None:
+                self.key_budgets.pop(key, None)
+            else:
+                self.key_budgets[key] = usd_per_day
+            woken = 0
+            for run in self.runs.values():
+                if (
+                    run.status == RunStatus.PENDING
+                    and run.waiting_for == WaitKind.BUDGET
+                    and run.concurrency_key == key
+                ):
+                    run.lease_until = None
+                    woken += 1
+            return woken
 
     def first_claimable(self) -> tuple[str, int] | None:
         with self.lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
+from decimal import Decimal
 from collections.abc import Iterator
 from typing import Any
 
@@ -341,3 +342,49 @@ def test_a_run_without_capacity_is_handed_back_uncounted_and_goes_on_later(
     gate = store.capacity
     assert isinstance(gate, InMemoryCapacity)
     assert gate.rows[MODEL].capacity_waits >= 1
+
+
+# -- budgets per concurrency key --------------------------------------------------------------
+
+
+def test_a_key_over_its_budget_waits_for_the_next_day_or_a_raise(
+    store: InMemoryStore, clock: ManualClock, agent: Agent, settings: Any
+) -> None:
+    # Each turn of the offline model costs something at this price; the key may spend nothing
+    # more once one turn is paid.
+    settings.DURABLE_AGENTS = {
+        **settings.DURABLE_AGENTS,
+        "MAX_ATTEMPTS": 1,
+        "PRICES": {MODEL: {"input": 1000.0, "output": 1000.0}},
+        "BUDGETS": {"tenant:a": {"usd_per_day": 0.001}},
+    }
+    run = AgentRun(
+        id=uuid.uuid4(),
+        agent=agent.name,
+        prompt_version=agent.version,
+        model=agent.model,
+        fingerprint=agent.fingerprint(agent.model),
+        task='@capacity_lookup {"key": "a"}',
+        concurrency_key="tenant:a",
+    )
+    run_id = store.create_run(run, json.dumps(run.task)).pk
+    claim = store.claim_run(run_id, "w1", 30)
+    assert claim is not None
+    # The first turn is paid; before the second the key is over budget: the run waits.
+    assert advance_run(claim, store=store) is Disposition.THROTTLED
+    waiting = store.run(run_id)
+    assert (waiting.status, waiting.waiting_for, waiting.stalled_claims) == (
+        RunStatus.PENDING,
+        WaitKind.BUDGET,
+        0,
+    )
+    midnight = datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC)  # the clock's next day
+    assert waiting.lease_until == midnight
+    spent, override = store.spent_today("tenant:a")
+    assert spent > Decimal("0.001")
+    assert override is None
+    # Staff raise the budget: the run goes back to the queue at once and finishes.
+    assert store.set_key_budget("tenant:a", Decimal(100)) == 1
+    again = store.claim_run(run_id, "w2", 30)
+    assert again is not None
+    assert advance_run(again, store=store) is Disposition.SUCCEEDED

@@ -1,0 +1,101 @@
+"""Concurrency keys' budgets in the admin: each key with its budget in force (``BUDGETS``, or
+the one staff set here), what it spent today, and how many of its runs wait for it. The one
+field that can be changed is the key's budget, by staff with ``change_concurrencykey``: saving
+goes through ``durable_agents.set_key_budget`` (its runs waiting for the budget go back to the
+queue at once) and the admin writes its LogEntry, as for any change form."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Count, DecimalField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+from durable_agents import api, budgets
+from durable_agents.admin.base import AgentsAdmin
+from durable_agents.models import (
+    AgentRun,
+    AgentUsageDay,
+    ConcurrencyKey,
+    RunStatus,
+    WaitKind,
+)
+from durable_agents.store.rollup import utc_day
+
+MONEY = DecimalField(max_digits=20, decimal_places=9)
+
+
+class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
+    list_display = ("key", "budget_in_force", "usd_per_day", "spent", "waiting")
+    fields = ("key", "usd_per_day", "budget_setting")
+    readonly_fields = ("key", "budget_setting")
+    search_fields = ("=key",)
+    ordering = ("key",)
+    list_per_page = 50
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a key exists once a run has it
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the claim locks the key's row
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ConcurrencyKey]:
+        # Two subqueries per page row (the day's rollup rows of the key, its runs waiting for
+        # the budget): each through an index, whatever the number of keys.
+        spent = (
+            AgentUsageDay.objects.filter(day=utc_day(), concurrency_key=OuterRef("key"))
+            .order_by()
+            .values("concurrency_key")
+            .annotate(total=Sum("cost_usd"))
+            .values("total")
+        )
+        waiting = (
+            AgentRun.objects.filter(
+                status=RunStatus.PENDING,
+                waiting_for=WaitKind.BUDGET,
+                concurrency_key=OuterRef("key"),
+            )
+            .order_by()
+            .values("concurrency_key")
+            .annotate(n=Count("pk", filter=Q(pk__isnull=False)))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                spent_today=Coalesce(Subquery(spent, output_field=MONEY), Decimal(0)),
+                waiting_runs=Coalesce(Subquery(waiting), 0),
+            )
+        )
+
+    @admin.display(description=_("budget (BUDGETS)"))
+    def budget_setting(self, obj: ConcurrencyKey) -> str:
+        budget = budgets.configured_budget(obj.key)
+        return "—" if budget is None else f"${budget}"
+
+    @admin.display(description=_("budget in force, USD per day"))
+    def budget_in_force(self, obj: ConcurrencyKey) -> str:
+        budget = obj.usd_per_day
+        if budget is None:
+            budget = budgets.configured_budget(obj.key)
+        return "—" if budget is None else f"${budget}"
+
+    @admin.display(description=_("spent today (UTC)"))
+    def spent(self, obj: ConcurrencyKey) -> str:
+        return f"${getattr(obj, 'spent_today', 0):.4f}"
+
+    @admin.display(description=_("runs waiting for the budget"))
+    def waiting(self, obj: ConcurrencyKey) -> int:
+        return int(getattr(obj, "waiting_runs", 0))
+
+    def save_model(
+        self, request: HttpRequest, obj: ConcurrencyKey, form: Any, change: bool
+    ) -> None:
+        # Through the API: its permission check, and the key's waiting runs handed back.
+        api.set_key_budget(obj.key, obj.usd_per_day, user=request.user)

@@ -1,0 +1,99 @@
+"""Concurrency keys' budgets in the admin and through the API: who may set one, what setting it
+does to the key's waiting runs, and the audit trail."""
+
+from __future__ import annotations
+
+import datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.exceptions import PermissionDenied
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from durable_agents import housekeeping
+from durable_agents.api import set_key_budget, start_run
+from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus, WaitKind
+
+pytestmark = pytest.mark.django_db
+
+
+def waiting_for_budget(key: str) -> AgentRun:
+    """A run of ``key`` parked for its budget until tomorrow, as the runner parks one."""
+    run = start_run("tester", "Say hello.", concurrency_key=key)
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.PENDING,
+        waiting_for=WaitKind.BUDGET,
+        lease_until=timezone.now() + datetime.timedelta(hours=5),
+    )
+    return AgentRun.objects.get(pk=run.pk)
+
+
+def change_url(key: str) -> str:
+    return reverse("admin:durable_agents_concurrencykey_change", args=[key])
+
+
+def test_raising_a_budget_in_the_admin_wakes_the_keys_runs_and_is_audited(
+    admin_client: Client, superuser: Any, da_settings: Any
+) -> None:
+    da_settings(BUDGETS={"*": {"usd_per_day": 1}})
+    run = waiting_for_budget("tenant:<b>acme</b>")
+    other = waiting_for_budget("tenant:other")
+    listing = admin_client.get(reverse("admin:durable_agents_concurrencykey_changelist"))
+    assert listing.status_code == 200
+    assert b"tenant:&lt;b&gt;acme&lt;/b&gt;" in listing.content  # escaped, not markup
+    assert b"tenant:<b>acme" not in listing.content
+    page = admin_client.get(change_url(run.concurrency_key or ""))
+    assert page.status_code == 200
+    response = admin_client.post(change_url(run.concurrency_key or ""), {"usd_per_day": "25"})
+    assert response.status_code == 302
+    assert ConcurrencyKey.objects.get(key=run.concurrency_key).usd_per_day == Decimal(25)
+    assert AgentRun.objects.get(pk=run.pk).lease_until is None  # back in the queue
+    assert AgentRun.objects.get(pk=other.pk).lease_until is not None  # another key's: not
+    entry = LogEntry.objects.get(object_id=run.concurrency_key)
+    assert (entry.action_flag, entry.user_id) == (CHANGE, superuser.pk)
+
+
+def test_only_staff_with_the_permission_set_a_budget(da_settings: Any) -> None:
+    da_settings(BUDGETS={"*": {"usd_per_day": 1}})
+    run = waiting_for_budget("tenant:acme")
+    staff = get_user_model().objects.create_user("viewer", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_concurrencykey"))
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff)
+    assert client.get(change_url("tenant:acme")).status_code == 200  # may look
+    assert client.post(change_url("tenant:acme"), {"usd_per_day": "99"}).status_code == 403
+    with pytest.raises(PermissionDenied):
+        set_key_budget("tenant:acme", 99, user=staff)
+    assert ConcurrencyKey.objects.get(key="tenant:acme").usd_per_day is None
+    assert AgentRun.objects.get(pk=run.pk).lease_until is not None
+
+
+def test_the_change_form_needs_its_csrf_token(superuser: Any) -> None:
+    start_run("tester", "Say hello.", concurrency_key="tenant:acme")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(superuser)
+    assert client.post(change_url("tenant:acme"), {"usd_per_day": "5"}).status_code == 403
+    assert ConcurrencyKey.objects.get(key="tenant:acme").usd_per_day is None
+
+
+@pytest.mark.parametrize("amount", [-1, "lots", float("nan"), float("inf"), True])
+def test_a_budget_that_is_not_an_amount_is_refused(amount: Any) -> None:
+    with pytest.raises(ValueError, match="usd_per_day"):
+        set_key_budget("tenant:acme", amount)
+    with pytest.raises(ValueError, match="concurrency key"):
+        set_key_budget("", 5)
+
+
+def test_housekeeping_wakes_a_keys_runs_once_its_budget_has_room(da_settings: Any) -> None:
+    da_settings(BUDGETS={"tenant:acme": {"usd_per_day": 0}})
+    run = waiting_for_budget("tenant:acme")
+    assert housekeeping.wake_budget_waiters() == 0  # spent 0 of 0: still no room
+    da_settings(BUDGETS={"tenant:acme": {"usd_per_day": 10}})  # raised by a deploy
+    assert housekeeping.wake_budget_waiters() == 1
+    assert AgentRun.objects.get(pk=run.pk).lease_until is None
