@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from decimal import Decimal
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
