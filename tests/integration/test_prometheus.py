@@ -232,6 +232,7 @@ def test_a_429_is_counted_as_a_wait_for_capacity_not_an_error(
     assert claims(before, after) == {"throttled": 1}
 
 
+@pytest.mark.django_db(transaction=True)
 def test_what_model_turns_cost_is_counted_by_agent_and_model(
     fake_api: FakeAnthropic, da_settings: Callable[..., None], metrics: str
 ) -> None:
