@@ -192,23 +192,10 @@ def _create(db_cache_seconds: float) -> _Metrics:
         "durable_agents_worker_slots", "Runs this worker may hold at once (--concurrency)"
     )
     slots.set_function(_slots)
-    capacity_waits = Counter(
-        "durable_agents_capacity_waits",
-        "Runs handed back to wait for model capacity, by model and reason: capacity (the "
-        "fleet's buckets have no room now), rate_limited (a 429 paused the model for the "
-        "fleet), overloaded (a 529 whose retries ran out)",
-        ["model", "reason"],
-    )
-    capacity_wait_seconds = Counter(
-        "durable_agents_capacity_wait_seconds",
-        "Seconds runs were held back to wait for model capacity, by model and reason",
-        ["model", "reason"],
-    )
     collector = DatabaseCollector(cache_seconds=db_cache_seconds)
     REGISTRY.register(collector)
     return _Metrics(
-        capacity_waits=capacity_waits,
-        capacity_wait_seconds=capacity_wait_seconds,
+        **_quota_metrics(),
         claims=claims,
         steps_committed=steps,
         model_calls=model_calls,
@@ -224,15 +211,36 @@ def _create(db_cache_seconds: float) -> _Metrics:
             buckets=STEP_COMMIT_BUCKETS,
         ),
         tool_call_seconds=tool_seconds,
-        cost=Counter(
+        collector=collector,
+        others=[in_flight, slots],
+    )
+
+
+def _quota_metrics() -> dict[str, Any]:
+    """The counters of the fleet's quota: waits for model capacity, and what turns cost."""
+    from prometheus_client import Counter
+
+    return {
+        "capacity_waits": Counter(
+            "durable_agents_capacity_waits",
+            "Runs handed back to wait for model capacity, by model and reason: capacity (the "
+            "fleet's buckets have no room now), rate_limited (a 429 paused the model for the "
+            "fleet), overloaded (a 529 whose retries ran out), budget (the run's concurrency "
+            "key spent its budget for the day)",
+            ["model", "reason"],
+        ),
+        "capacity_wait_seconds": Counter(
+            "durable_agents_capacity_wait_seconds",
+            "Seconds runs were held back to wait for model capacity, by model and reason",
+            ["model", "reason"],
+        ),
+        "cost": Counter(
             "durable_agents_cost_usd",
             "USD this worker paid for model turns, at the PRICES setting, by agent and model "
             "(turns of a model without a price are not counted)",
             ["agent", "model"],
         ),
-        collector=collector,
-        others=[in_flight, slots],
-    )
+    }
 
 
 def enable(db_cache_seconds: float = DB_CACHE_SECONDS) -> None:

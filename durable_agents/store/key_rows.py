@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
+from django.db import transaction
 from django.db.models import (
     Case,
     Count,
@@ -20,13 +22,15 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    Sum,
     Value,
     When,
 )
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus
+from durable_agents.models import AgentRun, AgentUsageDay, ConcurrencyKey, RunStatus, WaitKind
 from durable_agents.store import concurrency
+from durable_agents.store.rollup import utc_day
 
 
 def take_turn(key: str) -> datetime.datetime:
@@ -110,3 +114,23 @@ def admit_locked(ids: Sequence[Any], limits: Mapping[str, int]) -> list[Any]:
     served = {run.concurrency_key for run in taken if run.concurrency_key is not None}
     ConcurrencyKey.objects.filter(key__in=served).update(claimed_at=Now())
     return [run.pk for run in taken]
+
+
+def spent_today(key: str) -> tuple[Decimal, Decimal | None]:
+    """What runs of ``key`` cost today (UTC; the rollup, every shard, agent and model) and
+    the budget staff set for the key (None: BUDGETS decides)."""
+    spent = AgentUsageDay.objects.filter(day=utc_day(), concurrency_key=key).aggregate(
+        total=Sum("cost_usd")
+    )["total"]
+    override = ConcurrencyKey.objects.filter(key=key).values_list("usd_per_day", flat=True).first()
+    return Decimal(spent or 0), override
+
+
+def set_budget(key: str, usd_per_day: Decimal | None) -> int:
+    """Set ``key``'s budget (None: clear it) and hand back its runs waiting for the budget (a
+    budget still spent parks them again at their next call); returns how many."""
+    with transaction.atomic():
+        ConcurrencyKey.objects.update_or_create(key=key, defaults={"usd_per_day": usd_per_day})
+        return AgentRun.objects.filter(
+            status=RunStatus.PENDING, waiting_for=WaitKind.BUDGET, concurrency_key=key
+        ).update(lease_until=None, updated_at=Now())

@@ -25,7 +25,6 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     QuerySet,
-    Sum,
     TextField,
     Value,
     When,
@@ -40,8 +39,6 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     AgentStep,
-    AgentUsageDay,
-    ConcurrencyKey,
     IntentStatus,
     QuestionStatus,
     RunStatus,
@@ -71,7 +68,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
-from durable_agents.store.rollup import added_cost, record_usage, utc_day
+from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.text import storable_text
 
 # The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
@@ -754,22 +751,10 @@ class PortableStore(Store):
         return AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
     def spent_today(self, key: str) -> tuple[Decimal, Decimal | None]:
-        spent = AgentUsageDay.objects.filter(day=utc_day(), concurrency_key=key).aggregate(
-            total=Sum("cost_usd")
-        )["total"]
-        override = (
-            ConcurrencyKey.objects.filter(key=key).values_list("usd_per_day", flat=True).first()
-        )
-        return Decimal(spent or 0), override
+        return key_rows.spent_today(key)
 
     def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
-        with transaction.atomic():
-            ConcurrencyKey.objects.update_or_create(key=key, defaults={"usd_per_day": usd_per_day})
-            # Its runs waiting for the budget go back to the queue now (a lowered budget
-            # parks them again at their next call).
-            return AgentRun.objects.filter(
-                status=RunStatus.PENDING, waiting_for=WaitKind.BUDGET, concurrency_key=key
-            ).update(lease_until=None, updated_at=Now())
+        return key_rows.set_budget(key, usd_per_day)
 
     def first_claimable(self) -> tuple[str, int] | None:
         # The claim's own order, read from its index (agent_run_claim_priority).
