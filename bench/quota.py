@@ -181,6 +181,17 @@ def measure(
                 " WHERE s.kind = 'model_turn' GROUP BY 1 ORDER BY 1"
             )
         ]
+        events = (
+            [
+                f"{kind} at {float(offset):.1f}s for {seconds}s"
+                for kind, offset, seconds in conn.execute(
+                    "SELECT kind, EXTRACT(EPOCH FROM at - (SELECT min(created_at) FROM agent_run)),"
+                    " seconds FROM capacity_event ORDER BY at LIMIT 10"
+                )
+            ]
+            if _has_table(conn, "capacity_event")
+            else []
+        )
         waits = (
             conn.execute(
                 "SELECT coalesce(sum(capacity_waits), 0), coalesce(sum(pauses), 0)"
@@ -220,6 +231,7 @@ def measure(
         "priority_p50_s": common.pct(priority_latency, 50),
         "priority_p95_s": common.pct(priority_latency, 95),
         "turns_per_5s": timeline,
+        "capacity_events": events,
         "capacity_waits": int(waits[0]),
         "pauses": int(waits[1]),
     }
@@ -230,7 +242,7 @@ def measure(
         f" ({res['makespan_ratio']:.2f}x);"
         f" priority runs p50 {res['priority_p50_s']:.1f} s, p95 {res['priority_p95_s']:.1f} s;"
         f" waits for capacity {res['capacity_waits']}, pauses {res['pauses']};"
-        f" model turns per 5 s: {timeline}"
+        f" model turns per 5 s: {timeline}; 429s, 529s and pauses: {events or 'none'}"
     )
     return res
 
