@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import budgets, llm, observers, pricing, signals
+from durable_agents import budgets, db, llm, observers, pricing, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.capacity import Estimate, Grant, observed
 from durable_agents.conf import app_settings
@@ -500,12 +500,16 @@ class RunAdvancer(ToolDispatch):
         grant = self.store.capacity.acquire(
             str(params["model"]), estimate, self.run.priority, max_wait=RESERVE_SECONDS
         )
-        if grant.granted and grant.wait_seconds > 0 and self.interrupt.wait(grant.wait_seconds):
-            # Interrupted while waiting for the reserved room: the call never goes out.
-            self._give_back(grant)
-            if pending is not None:
-                pending()
-            self._check_interrupt()
+        if grant.granted and grant.wait_seconds > 0:
+            # The reserved room is a moment away: the slot waits for it without a connection
+            # (a worker's few pooled connections serve every slot's commits meanwhile).
+            db.release()
+            if self.interrupt.wait(grant.wait_seconds):
+                # Interrupted meanwhile: the call never goes out.
+                self._give_back(grant)
+                if pending is not None:
+                    pending()
+                self._check_interrupt()
         if not grant.granted:
             if pending is not None:
                 pending()
