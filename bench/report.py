@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench import common
+from bench.report_fleet import keys_crash_section, quota_section
 
 DOCS = common.ROOT / "docs"
 IMG = DOCS / "img"
@@ -262,6 +263,10 @@ def render() -> Path:
         "admin_scale",
         "admin_scale_10m",
         "admin_scale_before",
+        "quota_rpm",
+        "quota_itpm",
+        "keys_crash",
+        "keys_crash_slow",
     ]
     r = {n: d for n in names if (d := _load(n)) is not None}
     m = r.get("machine", {})
@@ -287,11 +292,21 @@ def render() -> Path:
         admin_scale_section(
             w, r["admin_scale"], r.get("admin_scale_10m"), r.get("admin_scale_before")
         )
+    _fleet_sections(w, r)
     _fakes(w)
     _reproduce(w)
     out = DOCS / "benchmarks.md"
     out.write_text("\n".join(L))
     return out
+
+
+def _fleet_sections(w: Any, r: dict[str, Any]) -> None:
+    """One model quota shared by a fleet, and concurrency keys across a crash."""
+    quotas = {n.removeprefix("quota_"): r[n] for n in ("quota_rpm", "quota_itpm") if r.get(n)}
+    if quotas:
+        quota_section(w, quotas)
+    if r.get("keys_crash"):
+        keys_crash_section(w, r["keys_crash"], r.get("keys_crash_slow"))
 
 
 def _header(w: Any, m: dict[str, Any]) -> None:
@@ -1245,6 +1260,37 @@ def _row_waits(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _row_quota(r: dict[str, Any]) -> list[Row]:
+    q = r["quota_rpm"]
+    a = q["after"]
+    return [
+        Row(
+            "Q",
+            f"{a['runs']} runs on a {q['rpm']} rpm quota: makespan vs ideal",
+            f"{a['makespan_s']:.1f} s, {a['rejected_429']} 429s, {a['dead_or_failed']} dead",
+            f"{a['ideal_s']:.1f} s",
+            f"{a['makespan_ratio']:.2f}",
+            "<= 1.1",
+            _v(q["met"]),
+        )
+    ]
+
+
+def _row_keys_crash(r: dict[str, Any]) -> list[Row]:
+    kc = r["keys_crash"]
+    return [
+        Row(
+            "K",
+            f"{kc['keys']} keys of limit {kc['limit']}, a worker SIGKILLed: peak in flight per key",
+            f"{kc['max_peak']}",
+            f"{kc['succeeded']} of {kc['runs']} runs succeeded",
+            "-",
+            f"<= {kc['limit']}, all succeed",
+            _v(kc["met"]),
+        )
+    ]
+
+
 _ROWS = (
     ("loop", _row_1),
     ("peers", _row_2a),
@@ -1256,6 +1302,8 @@ _ROWS = (
     ("longrun", _row_6b),
     ("memory", _row_7),
     ("waits", _row_waits),
+    ("quota_rpm", _row_quota),
+    ("keys_crash", _row_keys_crash),
 )
 
 
@@ -1341,9 +1389,16 @@ def _ev(d: dict[str, int]) -> str:
 
 
 def print_section(name: str) -> None:
-    """Print one section (``admin_scale``) for splicing into docs/benchmarks.md by hand: a
+    """Print one section (``admin_scale``, or ``fleet``: quota and keys_crash) for splicing into docs/benchmarks.md by hand: a
     fresh checkout lacks the older benchmarks' JSON, so the page is not re-rendered whole."""
     lines: list[str] = []
+    if name == "fleet":
+        r = {
+            n: d
+            for n in ("quota_rpm", "quota_itpm", "keys_crash", "keys_crash_slow")
+            if (d := _load(n))
+        }
+        _fleet_sections(lines.append, r)
     if name == "admin_scale":
         a = _load("admin_scale")
         if a is None:

@@ -6,6 +6,8 @@
     python -m bench.run_all --only waits       # durable waits: about 2 minutes
     python -m bench.run_all --only admin_scale # the admin at 10,000 vs 1,000,000 runs
     python -m bench.run_all --only keys        # concurrency keys: claim cost, fair share
+    python -m bench.run_all --only quota       # many runs, one rate-limited model quota
+    python -m bench.run_all --only keys_crash  # keys of limit 2, one of 3 workers SIGKILLed
     python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
 
 Each benchmark runs in its own process (each configures Django for its own da_bench_*
@@ -68,6 +70,13 @@ QUICK["compaction"] = ["--turns", "1000", "--every", "100"]
 # Concurrency keys: the claim with 1,000 keys against none, and fair share (about 4 minutes).
 FULL["keys"] = []
 QUICK["keys"] = ["--quick"]
+# Many runs, one model quota: two workers against a fake that rate-limits like the API (about
+# 2 minutes; 1 with --quick).
+FULL["quota"] = []
+QUICK["quota"] = ["--quick"]
+# Concurrency keys across a crash: 50 keys of limit 2, three workers, one SIGKILLed (about 30 s).
+FULL["keys_crash"] = []
+QUICK["keys_crash"] = ["--quick"]
 FULL["admin_scale"] = []
 QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
 
@@ -144,8 +153,9 @@ def _git() -> dict[str, object]:
 
 BEFORE = common.OUT / "before"
 # Benchmarks never run for --before: the in-flight one did not exist before the rewrite, nor
-# waits, compaction and keys before their features.
-NOT_BEFORE = {"inflight", "waits", "compaction", "admin_scale", "keys"}
+# waits, compaction, keys, quota and keys_crash before their features (quota measures a
+# checkout before its own way: python -m bench.quota --before DIR).
+NOT_BEFORE = {"inflight", "waits", "compaction", "admin_scale", "keys", "quota", "keys_crash"}
 
 
 def _loud(msg: str) -> None:

@@ -30,6 +30,14 @@ if os.environ.get("DA_BENCH_MODEL_RETRIES"):
     DURABLE_AGENTS["MODEL_RETRIES"] = int(os.environ["DA_BENCH_MODEL_RETRIES"])
 if os.environ.get("DA_BENCH_RATE_LIMITS"):
     DURABLE_AGENTS["RATE_LIMITS"] = json.loads(os.environ["DA_BENCH_RATE_LIMITS"])
+# bench/keys_crash.py: per-key limits (JSON), and a short lease, so that the runs of a worker it
+# kills come back within seconds (the heartbeat stays under a third of the lease).
+if os.environ.get("DA_BENCH_CONCURRENCY_LIMITS"):
+    DURABLE_AGENTS["CONCURRENCY_LIMITS"] = json.loads(os.environ["DA_BENCH_CONCURRENCY_LIMITS"])
+if os.environ.get("DA_BENCH_LEASE_SECONDS"):
+    DURABLE_AGENTS["LEASE_SECONDS"] = float(os.environ["DA_BENCH_LEASE_SECONDS"])
+if os.environ.get("DA_BENCH_HEARTBEAT_SECONDS"):
+    DURABLE_AGENTS["HEARTBEAT_SECONDS"] = float(os.environ["DA_BENCH_HEARTBEAT_SECONDS"])
 # bench/inflight.py varies the worker's connection pool (set only when asked: a worker without
 # the pool does not know the key).
 if os.environ.get("DA_BENCH_POOL_SIZE"):
