@@ -26,6 +26,7 @@ from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api
 from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
+from durable_agents.admin.capacity import CapacityPage
 from durable_agents.admin.costs import list_cost, run_page_cost
 from durable_agents.admin.dead_letter import DeadLetterPages
 from durable_agents.admin.filters import FamilyFilter, IndexedValuesFilter, WaitingForFilter
@@ -123,7 +124,7 @@ CLAIMS_HELP = _(
 ERROR_FIRST_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
 
 
-class AgentRunAdmin(OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
+class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
     # the run id, the model under the agent, the error (truncated) under the task, one lease
     # column and short headers; admin.css sets the widths.
