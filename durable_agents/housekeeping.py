@@ -26,6 +26,7 @@ from durable_agents.models import (
     FINISHED_STATUSES,
     AgentEvent,
     AgentRun,
+    CapacityEvent,
     MetricsSnapshot,
     RunStatus,
     WaitKind,
@@ -57,6 +58,7 @@ def sweep() -> dict[str, int]:
         "undeployed_prompt": 0,
         "parents_woken": wake_stranded_parents(),
         "budget_woken": wake_budget_waiters(),
+        "capacity_events_pruned": prune_capacity_events(),
     }
     for model in app_settings.RETIRED_MODELS:
         moved["retired_model"] += _dead_letter(
@@ -74,6 +76,17 @@ def sweep() -> dict[str, int]:
                 "it again to resume the run, or cancel it",
             )
     return moved
+
+
+# How long the record of 429s, 529s and pauses is kept (the capacity page shows the last hour).
+CAPACITY_EVENTS_KEPT = datetime.timedelta(days=7)
+
+
+def prune_capacity_events(now: datetime.datetime | None = None) -> int:
+    """Delete the 429s, 529s and pauses recorded more than a week ago."""
+    cutoff = (now or timezone.now()) - CAPACITY_EVENTS_KEPT
+    deleted, _ = CapacityEvent.objects.filter(at__lt=cutoff).delete()
+    return deleted
 
 
 def wake_budget_waiters(limit: int = 1000) -> int:

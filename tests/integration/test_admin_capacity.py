@@ -85,3 +85,18 @@ def test_the_page_needs_the_view_permission() -> None:
     assert client.get(reverse(URL)).status_code == 403
     staff.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
     assert client.get(reverse(URL)).status_code == 200
+
+
+def test_housekeeping_prunes_the_capacity_record_after_a_week() -> None:
+    from durable_agents import housekeeping
+
+    now = timezone.now()
+    old = CapacityEvent.objects.create(
+        model="m", kind="paused", at=now - datetime.timedelta(days=8)
+    )
+    recent = CapacityEvent.objects.create(
+        model="m", kind="paused", at=now - datetime.timedelta(days=6)
+    )
+    assert housekeeping.prune_capacity_events(now) == 1
+    assert list(CapacityEvent.objects.values_list("pk", flat=True)) == [recent.pk]
+    assert not CapacityEvent.objects.filter(pk=old.pk).exists()

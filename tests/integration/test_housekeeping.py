@@ -75,6 +75,7 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
             "undeployed_prompt": 1,
             "parents_woken": 0,
             "budget_woken": 0,
+            "capacity_events_pruned": 0,
         }
     finally:
         signals.run_dead_lettered.disconnect(listener)
