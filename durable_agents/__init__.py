@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         resolve_intent,
         send_event,
         set_key_budget,
+        set_key_limit,
         spawn_run,
         start_run,
     )
@@ -42,6 +43,7 @@ __all__ = [
     "resolve_intent",
     "send_event",
     "set_key_budget",
+    "set_key_limit",
     "spawn_run",
     "start_run",
     "tool",

@@ -262,6 +262,19 @@ def set_key_budget(
     return current().set_key_budget(key, amount)
 
 
+def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) -> None:
+    """Set concurrency key ``key``'s limit (runs of it running at once, fleet-wide), replacing
+    ``CONCURRENCY_LIMITS``' and the agents' for it; 0 holds its runs pending; None: they decide
+    again. Workers' claims follow within a few seconds. ``user``, when given, must have the
+    ``change_concurrencykey`` permission."""
+    if user is not None and not user.has_perm(BUDGET_PERMISSION):
+        raise PermissionDenied(f"setting a key's limit needs the {BUDGET_PERMISSION} permission")
+    check_concurrency_key(key)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"a concurrency limit is a whole number >= 0 or None, not {limit!r}")
+    current().set_key_limit(key, limit)
+
+
 def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """The message list of a run, rebuilt from its step log exactly as the model was sent it."""
     return rebuild_messages(run_id)

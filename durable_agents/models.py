@@ -343,6 +343,15 @@ class ConcurrencyKey(models.Model):
     next_fair_at = models.DateTimeField(db_default=Now())
     # The last claim that took a run of the key.
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # The key's concurrency limit as staff set it in the admin, replacing CONCURRENCY_LIMITS'
+    # and the agents' (NULL: they decide; 0 holds the key's runs pending).
+    concurrency_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "runs of the key running at once; empty: CONCURRENCY_LIMITS and the agents decide"
+        ),
+    )
     # The key's budget in USD per UTC day as staff set it in the admin, replacing BUDGETS'
     # (NULL: BUDGETS decides).
     usd_per_day = models.DecimalField(

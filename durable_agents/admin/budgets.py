@@ -30,8 +30,15 @@ MONEY = DecimalField(max_digits=20, decimal_places=9)
 
 
 class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
-    list_display = ("key", "budget_in_force", "usd_per_day", "spent", "waiting")
-    fields = ("key", "usd_per_day", "budget_setting")
+    list_display = (
+        "key",
+        "concurrency_limit",
+        "budget_in_force",
+        "usd_per_day",
+        "spent",
+        "waiting",
+    )
+    fields = ("key", "concurrency_limit", "usd_per_day", "budget_setting")
     readonly_fields = ("key", "budget_setting")
     search_fields = ("=key",)
     ordering = ("key",)
@@ -97,5 +104,9 @@ class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
     def save_model(
         self, request: HttpRequest, obj: ConcurrencyKey, form: Any, change: bool
     ) -> None:
-        # Through the API: its permission check, and the key's waiting runs handed back.
-        api.set_key_budget(obj.key, obj.usd_per_day, user=request.user)
+        # Through the API: its permission checks, the key's waiting runs handed back, and
+        # this process's claims told of a new limit at once.
+        if "concurrency_limit" in form.changed_data:
+            api.set_key_limit(obj.key, obj.concurrency_limit, user=request.user)
+        if "usd_per_day" in form.changed_data:
+            api.set_key_budget(obj.key, obj.usd_per_day, user=request.user)

@@ -22,7 +22,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus
-from durable_agents.store import concurrency
+from durable_agents.store import concurrency, key_rows
 from durable_agents.text import storable_text
 
 # The filter lists this many keys (in key order); any other is reached from a run's page (its
@@ -72,7 +72,7 @@ def attach_key_states(runs: Sequence[AgentRun]) -> None:
         .values_list("concurrency_key", "n")
     )
     held = {key: n for key, n in counts if key is not None}
-    limits = concurrency.overrides()
+    limits = {**concurrency.overrides(), **key_rows.limit_overrides()}
     for run in runs:
         key = run.concurrency_key
         if key is not None:

@@ -1,7 +1,8 @@
-"""Budgets per concurrency key: ``agent_concurrency_key.usd_per_day``, the budget staff set in
-the admin (NULL: the BUDGETS setting decides). A nullable column without a default on a small
-table: PostgreSQL changes its catalogue only. ``waiting_for`` gains the choice "budget"
-(Python only: no SQL).
+"""A concurrency key's limit and budget as staff set them in the admin:
+``agent_concurrency_key.concurrency_limit`` (NULL: CONCURRENCY_LIMITS and the agents decide)
+and ``agent_concurrency_key.usd_per_day`` (NULL: the BUDGETS setting decides). Nullable
+columns without a default on a small table: PostgreSQL changes its catalogue only.
+``waiting_for`` gains the choice "budget" (Python only: no SQL).
 """
 
 from django.db import migrations, models
@@ -14,6 +15,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='concurrencykey',
+            name='concurrency_limit',
+            field=models.PositiveIntegerField(blank=True, help_text='runs of the key running at once; empty: CONCURRENCY_LIMITS and the agents decide', null=True),
+        ),
         migrations.AddField(
             model_name='concurrencykey',
             name='usd_per_day',

@@ -511,6 +511,11 @@ class Store(abc.ABC):
         the key's budget as staff set it (None: the BUDGETS setting decides)."""
 
     @abc.abstractmethod
+    def set_key_limit(self, key: str, limit: int | None) -> None:
+        """Set (None: clear) ``key``'s concurrency limit, which wins over CONCURRENCY_LIMITS
+        and the agents'; claims everywhere follow it within a few seconds."""
+
+    @abc.abstractmethod
     def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
         """Set (None: clear) ``key``'s budget override and hand back at once the key's runs
         that wait for their budget; returns how many."""

@@ -6,6 +6,8 @@ of their own: a fresh snapshot under READ COMMITTED). store/concurrency.py says 
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -134,3 +136,41 @@ def set_budget(key: str, usd_per_day: Decimal | None) -> int:
         return AgentRun.objects.filter(
             status=RunStatus.PENDING, waiting_for=WaitKind.BUDGET, concurrency_key=key
         ).update(lease_until=None, updated_at=Now())
+
+
+# How long a process trusts the limits staff set in the admin before it reads them again: a
+# raised limit reaches every worker's claims within this time.
+LIMIT_OVERRIDES_TTL = 2.0
+_limit_cache: dict[str, Any] = {"at": None, "limits": {}}
+_limit_lock = threading.Lock()
+
+
+def limit_overrides() -> dict[str, int]:
+    """The concurrency limits staff set per key (``ConcurrencyKey.concurrency_limit``), read
+    at most once per LIMIT_OVERRIDES_TTL per process: the claims' hot path stays one statement."""
+    now = time.monotonic()
+    with _limit_lock:
+        if _limit_cache["at"] is not None and now - _limit_cache["at"] < LIMIT_OVERRIDES_TTL:
+            return dict(_limit_cache["limits"])
+    limits = {
+        key: limit
+        for key, limit in ConcurrencyKey.objects.filter(
+            concurrency_limit__isnull=False
+        ).values_list("key", "concurrency_limit")
+        if limit is not None
+    }
+    with _limit_lock:
+        _limit_cache.update(at=now, limits=limits)
+    return dict(limits)
+
+
+def forget_limit_overrides() -> None:
+    with _limit_lock:
+        _limit_cache["at"] = None
+
+
+def set_limit(key: str, limit: int | None) -> None:
+    """Set ``key``'s concurrency limit (None: clear it); this process's claims see it at once,
+    the fleet's within LIMIT_OVERRIDES_TTL."""
+    ConcurrencyKey.objects.update_or_create(key=key, defaults={"concurrency_limit": limit})
+    forget_limit_overrides()

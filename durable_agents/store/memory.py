@@ -97,6 +97,8 @@ class InMemoryStore(InMemoryWaits):
         self._row_ids = itertools.count(1)
         # The daily rollup, by (day, concurrency_key, agent, model, shard) as in the table.
         self.usage_days: UsageRows = {}
+        # Limits staff set per concurrency key (``ConcurrencyKey.concurrency_limit``).
+        self.key_limits: dict[str, int] = {}
         # Budgets staff set per concurrency key (``ConcurrencyKey.usd_per_day``).
         self.key_budgets: dict[str, Decimal] = {}
         # Each concurrency key's next turn (``ConcurrencyKey.next_fair_at``).
@@ -242,9 +244,7 @@ class InMemoryStore(InMemoryWaits):
             # Highest priority first, then by turn, then oldest; stable: ties keep insertion
             # order.
             candidates.sort(key=lambda run: (-run.priority, run.fair_at, run.created_at))
-            taken = concurrency.admit(
-                due + candidates, self._held(now), concurrency.overrides(), limit
-            )
+            taken = concurrency.admit(due + candidates, self._held(now), self._limits(), limit)
             return self._take(taken, owner, lease_seconds)
 
     def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
@@ -253,7 +253,7 @@ class InMemoryStore(InMemoryWaits):
             now = self.now()
             if run is None or not (self._claimable(run, now) or self._due(run, now)):
                 return None
-            if not concurrency.admit([run], self._held(now), concurrency.overrides(), 1):
+            if not concurrency.admit([run], self._held(now), self._limits(), 1):
                 return None
             return self._take([run], owner, lease_seconds)[0]
 
@@ -588,6 +588,17 @@ class InMemoryStore(InMemoryWaits):
         with self.lock:
             run = self.runs.get(run_id)
             return None if run is None else run.status
+
+    def _limits(self) -> dict[str, int]:
+        """CONCURRENCY_LIMITS, and the limits set with ``set_key_limit`` (which win)."""
+        return {**concurrency.overrides(), **self.key_limits}
+
+    def set_key_limit(self, key: str, limit: int | None) -> None:
+        with self.lock:
+            if limit is None:
+                self.key_limits.pop(key, None)
+            else:
+                self.key_limits[key] = limit
 
     def spent_today(self, key: str) -> tuple[Decimal, Decimal | None]:
         with self.lock:

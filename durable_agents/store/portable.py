@@ -218,7 +218,7 @@ class PortableStore(Store):
         """Due waits first, then the other claimable runs, ``limit`` in all, within the limits
         of their concurrency keys (``key_rows.admit_locked``)."""
         with transaction.atomic():
-            limits = concurrency.overrides()
+            limits = {**concurrency.overrides(), **key_rows.limit_overrides()}
             ids: list[Any] = []
             for queryset in candidates:
                 if len(ids) >= limit:
@@ -752,6 +752,9 @@ class PortableStore(Store):
 
     def spent_today(self, key: str) -> tuple[Decimal, Decimal | None]:
         return key_rows.spent_today(key)
+
+    def set_key_limit(self, key: str, limit: int | None) -> None:
+        key_rows.set_limit(key, limit)
 
     def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
         return key_rows.set_budget(key, usd_per_day)

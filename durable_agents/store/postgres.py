@@ -47,7 +47,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.pricing import Usage
-from durable_agents.store import concurrency
+from durable_agents.store import concurrency, key_rows
 from durable_agents.store.base import (
     Claim,
     LeaseLoss,
@@ -465,8 +465,9 @@ CLAIM_TRIES = 4
 
 
 def key_limits() -> dict[str, Any]:
-    """The parameters of CONCURRENCY_LIMITS in the claim: two parallel arrays."""
-    limits = concurrency.overrides()
+    """The parameters of the keys' limits in the claim (CONCURRENCY_LIMITS, and the limits
+    staff set in the admin, which win): two parallel arrays."""
+    limits = {**concurrency.overrides(), **key_rows.limit_overrides()}
     return {"limit_keys": list(limits), "limit_values": list(limits.values())}
 
 

@@ -97,3 +97,24 @@ def test_housekeeping_wakes_a_keys_runs_once_its_budget_has_room(da_settings: An
     da_settings(BUDGETS={"tenant:acme": {"usd_per_day": 10}})  # raised by a deploy
     assert housekeeping.wake_budget_waiters() == 1
     assert AgentRun.objects.get(pk=run.pk).lease_until is None
+
+
+def test_a_limit_set_for_a_key_holds_the_claims_and_raising_it_lets_them_through(
+    admin_client: Client, superuser: Any
+) -> None:
+    from durable_agents import store
+    from durable_agents.api import set_key_limit
+
+    for _ in range(4):
+        start_run("tester", "Say hello.", concurrency_key="tenant:acme")
+    set_key_limit("tenant:acme", 0, user=superuser)  # staff pause the key
+    assert store.current().claim_runs("w1", 30, 10) == []
+    # Raised in the admin: the claims of this process follow at once.
+    response = admin_client.post(change_url("tenant:acme"), {"concurrency_limit": "2"})
+    assert response.status_code == 302
+    assert ConcurrencyKey.objects.get(key="tenant:acme").concurrency_limit == 2
+    assert len(store.current().claim_runs("w1", 30, 10)) == 2
+    assert store.current().claim_runs("w2", 30, 10) == []  # two running: the key is full
+    assert LogEntry.objects.filter(object_id="tenant:acme").count() == 1
+    with pytest.raises(ValueError, match="whole number"):
+        set_key_limit("tenant:acme", -1)
