@@ -143,6 +143,7 @@ class UsageFigure:
     turns: int
     tokens: int  # input, cache and output
     cost: Decimal | None  # None: none of these turns had a price
+    key: str = ""  # the runs' concurrency key ('': none)
 
 
 @dataclass(frozen=True)
@@ -231,15 +232,15 @@ def read_figures(
 def usage_by_day(
     now: datetime.datetime, *, days: int = 7, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[UsageFigure, ...]:
-    """The rollup's rows of the last ``days`` UTC days (today included), their shards and
-    concurrency keys summed: one aggregate over the day range of its unique index, whose
-    rows grow with agents and models, never with runs or steps."""
+    """The rollup's rows of the last ``days`` UTC days (today included) by day, agent, model
+    and concurrency key, their shards summed: one aggregate over the day range of its unique
+    index, whose rows grow with agents, models and keys, never with runs or steps."""
     today = now.astimezone(datetime.UTC).date()
     rows = (
         AgentUsageDay.objects.using(using)
         .filter(day__gt=today - datetime.timedelta(days=days))
         .order_by()
-        .values_list("day", "agent", "model")
+        .values_list("day", "agent", "model", "concurrency_key")
         .annotate(
             n=Sum("turns"),
             read=Sum("input_tokens"),
@@ -248,11 +249,11 @@ def usage_by_day(
             written=Sum("cache_write_tokens"),
             cost=Sum("cost_usd"),
         )
-        .order_by("day", "agent", "model")
+        .order_by("day", "agent", "model", "concurrency_key")
     )
     return tuple(
-        UsageFigure(day, agent, model, n, read + out + cached + written, cost)
-        for day, agent, model, n, read, out, cached, written, cost in rows
+        UsageFigure(day, agent, model, n, read + out + cached + written, cost, key)
+        for day, agent, model, key, n, read, out, cached, written, cost in rows
     )
 
 

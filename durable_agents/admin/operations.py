@@ -203,6 +203,28 @@ def cost_rows(figures: Figures) -> list[CostRow]:
     return sorted(rows.values(), key=lambda r: (r.cost is None, -(r.cost or 0), r.agent, r.model))
 
 
+# The concurrency keys the operations page lists by cost (the most expensive first).
+COST_KEYS = 10
+
+
+def key_cost_rows(figures: Figures) -> list[CostRow]:
+    """The COST_KEYS concurrency keys that cost the most over the rollup's last days (as
+    CostRows whose agent is the key), with today's cost: what a tenant's budget is held to."""
+    today = figures.taken_at.astimezone(datetime.UTC).date()
+    rows: dict[str, CostRow] = {}
+    for used in figures.usage:
+        if not used.key:
+            continue
+        row = rows.setdefault(used.key, CostRow(used.key, ""))
+        row.turns += used.turns
+        row.tokens += used.tokens
+        row.cost = add_cost(row.cost, used.cost)
+        if used.day == today:
+            row.today = add_cost(row.today, used.cost)
+    ranked = sorted(rows.values(), key=lambda r: (r.cost is None, -(r.cost or 0), r.agent))
+    return ranked[:COST_KEYS]
+
+
 def cost_day_bars(figures: Figures) -> list[Bar]:
     """The cost of every agent together on each of the last COST_DAYS UTC days, oldest
     first (a day without a priced turn at 0)."""
@@ -298,6 +320,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         # The bars stand on this line (they are drawn 12 units down, under their value).
         "hour_baseline_y": HOUR_CHART_HEIGHT + 12,
         "cost_rows": cost_rows(figures),
+        "key_cost_rows": key_cost_rows(figures),
         "cost_day_bars": cost_day_bars(figures),
         "cost_chart_height": COST_DAYS * 22,
         "cost_days": COST_DAYS,

@@ -155,3 +155,36 @@ def test_the_cost_texts_are_german(german_client: Client) -> None:
     assert 'title="100 Tokens">$0.5000<' in content
     content = german_client.get(run_url(run)).content.decode()
     assert "Kosten" in content
+
+
+@pytest.mark.django_db
+def test_the_operations_page_lists_cost_by_concurrency_key(admin_client: Any) -> None:
+    import datetime as _dt
+    from decimal import Decimal as _D
+
+    from django.urls import reverse as _reverse
+
+    from durable_agents.models import AgentUsageDay
+
+    today = _dt.datetime.now(_dt.UTC).date()
+    for key, cost in (("tenant:<b>", "1.50"), ("tenant:cheap", "0.25"), ("", "9.00")):
+        AgentUsageDay.objects.create(
+            day=today,
+            concurrency_key=key,
+            agent="tester",
+            model="m",
+            shard=0,
+            turns=3,
+            input_tokens=10,
+            output_tokens=5,
+            cache_read_tokens=0,
+            cache_write_tokens=0,
+            cost_usd=_D(cost),
+        )
+    response = admin_client.get(_reverse("admin:durable_agents_agentrun_operations"))
+    rows = response.context["key_cost_rows"]
+    assert [(r.agent, r.cost) for r in rows] == [
+        ("tenant:<b>", _D("1.50")),
+        ("tenant:cheap", _D("0.25")),
+    ]  # runs without a key are not a key's
+    assert "tenant:&lt;b&gt;" in response.content.decode()
