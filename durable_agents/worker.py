@@ -73,6 +73,9 @@ FIRST_CLAIMS = 10
 NO_LIMIT = 1 << 30
 # The claimer waiting for model capacity looks again after at least this long.
 MIN_CAPACITY_WAIT = 0.02
+# How often a claimer short of capacity marks the first claimable run's priority (the mark
+# lasts buckets.PRIORITY_HOLD_SECONDS, longer than this).
+FIRST_IN_LINE_SECONDS = 0.5
 # How long a model counts as one the claimable runs use after a run of it was last claimed.
 MODELS_SEEN_SECONDS = 300.0
 
@@ -127,6 +130,8 @@ class Worker:
         self._held: dict[RunId, _Held] = {}
         # The last look at model capacity found less room than this worker has slots.
         self._capacity_short = False
+        # When the claimer last marked the first claimable run's priority (monotonic).
+        self._first_in_line_at = -FIRST_IN_LINE_SECONDS
         # The models of runs claimed lately, and when each was last seen (monotonic).
         self._models_seen: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -397,7 +402,12 @@ class Worker:
     def _claim_first_in_line(self) -> None:
         """Capacity is short: the claimable run first in line (highest priority) asks its
         model's capacity to refuse lower priorities for a moment, so that the next claim
-        finds room for it rather than the runs already in slots taking it all."""
+        finds room for it rather than the runs already in slots taking it all. At most once
+        per FIRST_IN_LINE_SECONDS: the mark lasts longer than that."""
+        now = time.monotonic()
+        if now - self._first_in_line_at < FIRST_IN_LINE_SECONDS:
+            return
+        self._first_in_line_at = now
         try:
             first = self._store().first_claimable()
             if first is not None:
