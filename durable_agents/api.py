@@ -252,9 +252,10 @@ def set_key_budget(
     key: str, usd_per_day: Decimal | float | int | None, *, user: Person | None = None
 ) -> int:
     """Set concurrency key ``key``'s budget in USD per UTC day, replacing ``BUDGETS``' for it
-    (None: ``BUDGETS`` decides again). The key's runs waiting for their budget go back to the
-    queue at once (a budget still spent parks them again at their next call). Returns how
-    many. ``user``, when given, must have the ``change_concurrencykey`` permission."""
+    (None: ``BUDGETS`` decides again). Budgets hold only keys that ``BUDGETS`` names (or
+    covers with ``"*"``): give the key an entry there first. The key's runs waiting for their
+    budget go back to the queue at once (a budget still spent parks them again at their next
+    call). Returns how many. ``user``, when given, must have the ``change_concurrencykey`` permission."""
     if user is not None and not user.has_perm(BUDGET_PERMISSION):
         raise PermissionDenied(f"setting a key's budget needs the {BUDGET_PERMISSION} permission")
     check_concurrency_key(key)

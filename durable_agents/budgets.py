@@ -75,6 +75,16 @@ def configured_budget(key: str) -> Decimal | None:
         return None
 
 
+def in_force(key: str, override: Decimal | None) -> Decimal | None:
+    """The budget that holds ``key``'s runs: none unless ``BUDGETS`` gives the key one (its
+    own, or ``"*"``'s), and then the one staff set (``override``) if any. So a run of a key
+    without a BUDGETS entry never costs a read of what its key spent."""
+    configured = configured_budget(key)
+    if configured is None:
+        return None
+    return configured if override is None else override
+
+
 def check_amount(value: Any) -> Decimal:
     """A budget set at run time (``set_key_budget``): a finite number >= 0, or ValueError."""
     return _amount("usd_per_day", value)

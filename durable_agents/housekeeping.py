@@ -106,9 +106,8 @@ def wake_budget_waiters(limit: int = 1000) -> int:
     for key in keys:
         if key is None:
             continue
-        budget = budgets.configured_budget(key)
         spent, override = store.spent_today(key)
-        budget = override if override is not None else budget
+        budget = budgets.in_force(key, override)
         if budget is None or spent < budget:
             woken += waiting.filter(concurrency_key=key).update(lease_until=None, updated_at=Now())
     if woken:

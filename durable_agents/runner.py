@@ -522,13 +522,11 @@ class RunAdvancer(ToolDispatch):
         """A run whose concurrency key spent its budget today waits for the next UTC day
         (or for its budget to be raised), pending, before it pays for another turn."""
         key = self.run.concurrency_key
-        budget = budgets.configured_budget(key) if key else None
-        if key is None or budget is None:
+        if key is None or budgets.configured_budget(key) is None:
             return
         spent, override = self.store.spent_today(key)
-        if override is not None:
-            budget = override
-        if spent < budget:
+        budget = budgets.in_force(key, override)
+        if budget is None or spent < budget:
             return
         if pending is not None:
             pending()
@@ -559,10 +557,7 @@ class RunAdvancer(ToolDispatch):
             self._give_back(grant)
             self.store.capacity.overloaded(grant.model)
             # As long as the next retry would have waited: the retries of this claim are over.
-            backoff = min(
-                float(app_settings.MAX_BACKOFF_SECONDS),
-                0.5 * 2.0 ** min(int(app_settings.MODEL_RETRIES), 16),
-            )
+            backoff = llm.retries.backoff_ceiling(int(app_settings.MODEL_RETRIES))
             seconds = backoff if exc.retry_after is None else exc.retry_after
             self._wait_for_capacity(
                 grant.model,

@@ -88,9 +88,7 @@ class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
 
     @admin.display(description=_("budget in force, USD per day"))
     def budget_in_force(self, obj: ConcurrencyKey) -> str:
-        budget = obj.usd_per_day
-        if budget is None:
-            budget = budgets.configured_budget(obj.key)
+        budget = budgets.in_force(obj.key, obj.usd_per_day)
         return "—" if budget is None else f"${budget}"
 
     @admin.display(description=_("spent today (UTC)"))

@@ -80,9 +80,14 @@ def _retry_after(headers: Any) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
+def backoff_ceiling(retry: int) -> float:
+    """Seconds before retry number ``retry`` + 1 when the server named none (before jitter):
+    doubling from half a second, at most MAX_BACKOFF_SECONDS."""
+    return min(float(app_settings.MAX_BACKOFF_SECONDS), 0.5 * 2.0 ** min(retry, 16))
+
+
 def _backoff(retry: int) -> float:
-    base = min(float(app_settings.MAX_BACKOFF_SECONDS), 0.5 * 2.0**retry)
-    return base * (0.75 + random.random() / 2)
+    return backoff_ceiling(retry) * (0.75 + random.random() / 2)
 
 
 def classify(exc: Exception, model: str) -> ModelError:
