@@ -255,7 +255,8 @@ def set_key_budget(
     (None: ``BUDGETS`` decides again). Budgets hold only keys that ``BUDGETS`` names (or
     covers with ``"*"``): give the key an entry there first. The key's runs waiting for their
     budget go back to the queue at once (a budget still spent parks them again at their next
-    call). Returns how many. ``user``, when given, must have the ``change_concurrencykey`` permission."""
+    call). Returns how many. ``user``, when given, must have the ``change_concurrencykey``
+    permission."""
     if user is not None and not user.has_perm(BUDGET_PERMISSION):
         raise PermissionDenied(f"setting a key's budget needs the {BUDGET_PERMISSION} permission")
     check_concurrency_key(key)
