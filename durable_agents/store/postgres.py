@@ -597,7 +597,10 @@ class PostgresStore(PortableStore):
             if step.usage is not None:
                 self.count_unstored_turn(claim, step)
             raise
-        if not appended and step.usage is not None:
+        if not appended and self.committed_by(claim, step.seq):
+            # A retry whose first try landed (outage.py): this claim's own step, committed.
+            appended = True
+        elif not appended and step.usage is not None:
             self.count_unstored_turn(claim, step)
         if appended and finish is not None:
             self.child_ended(claim.run.parent_id)
