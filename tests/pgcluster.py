@@ -213,8 +213,11 @@ class Clusters:
             timeout=120,
         )
         with open(data / "postgresql.auto.conf", "a") as conf:
+            # Promoted, it must not wait for a synchronous standby of its own (it has none):
+            # the primary's synchronous_standby_names came with the base backup.
             conf.write(
                 f"port = {port}\n"
+                "synchronous_standby_names = ''\n"
                 f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user={DB_USER} "
                 f"application_name={name}'\n"
             )

@@ -73,7 +73,8 @@ FENCE = """\
        AND status = 'running'"""
 
 # A step commits only as the next one in the log (seq = last_seq + 1): no gap, and a step
-# committed twice (a retried commit whose first try landed) is refused the second time.
+# committed twice (a retried commit whose first try landed) is refused the second time; the
+# store then finds it in the log as the claim's own (``committed_by``) and reports it committed.
 STEP_FENCE = f"""\
 {FENCE}
        AND last_seq = %(seq)s - 1"""

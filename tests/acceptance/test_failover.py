@@ -241,9 +241,7 @@ def assert_nothing_lost_or_repeated(
     again = reasked(api)
     assert again == {}, f"{len(again)} turns re-asked: {again}"
     # Every paid turn is in a log: as many model turns stored as answered.
-    stored = primary.execute(
-        "SELECT count(*) FROM agent_step WHERE kind = 'model_turn'", DB
-    )[0][0]
+    stored = primary.execute("SELECT count(*) FROM agent_step WHERE kind = 'model_turn'", DB)[0][0]
     assert stored == RUNS * TURNS == len(api.ok_requests())
     # Each charge ran once, with one key.
     keys = charges(receiver_dir)
@@ -326,7 +324,7 @@ def test_a_failover_to_an_asynchronous_standby_never_repeats_a_call_with_a_new_k
         assert all(len(set(k)) == 1 for k in keys.values()), keys
         from tests.testapp import receiver
 
-        applied = collections.Counter(a["payload"]["customer"] for a in receiver.applied(
-            tmp_path / "receiver"
-        ))
+        applied = collections.Counter(
+            a["payload"]["customer"] for a in receiver.applied(tmp_path / "receiver")
+        )
         assert set(applied.values()) == {1}
