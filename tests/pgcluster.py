@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 BIN = Path(os.environ.get("DA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 NEEDED = ("initdb", "pg_ctl", "pg_basebackup", "postgres")
 # Spare ports these tests may use; each cluster takes the first one free.
@@ -49,6 +47,8 @@ def require_binaries() -> None:
             reason = f"needs root (to run as {OS_USER!r} with runuser) or the {OS_USER} user"
     if not reason:
         return
+    import pytest  # only the tests get here; the bench checks the binaries before
+
     if os.environ.get("DA_REQUIRE_FAILOVER") == "1":
         pytest.fail(reason + " and DA_REQUIRE_FAILOVER=1")
     pytest.skip(reason)
