@@ -525,15 +525,11 @@ class Worker:
         were cancelled or taken over. On PostgreSQL on its own connection, outside the pool:
         slow tool code holding every pooled connection never delays a renewal."""
         with self.connections.heartbeat() as own:
+            retry = min(self.heartbeat_seconds, BEAT_RETRY_SECONDS)
             wait = self.heartbeat_seconds
             while not self.stopping.wait(wait):
                 self.beat(own)
-                failing = self._failed_beats > 0
-                wait = (
-                    min(self.heartbeat_seconds, BEAT_RETRY_SECONDS)
-                    if failing
-                    else (self.heartbeat_seconds)
-                )
+                wait = retry if self._failed_beats else self.heartbeat_seconds
 
     def beat(self, using: BaseDatabaseWrapper | None = None) -> dict[RunId, LeaseLoss]:
         """One heartbeat: renew every lease held; returns the runs that were interrupted."""

@@ -17,6 +17,8 @@ import collections
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WorkerProcess, wait_for
+from tests.conftest import ROOT, WorkerProcess, wait_for
 from tests.fakeserver import FakeAnthropic, Recorded, api_error
 from tests.pgcluster import Cluster, Clusters, clusters
 
@@ -93,14 +95,21 @@ def slow_api() -> Iterator[FakeAnthropic]:
     api.close()
 
 
+def run_manage(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def prepare(primary: Cluster, worker_env: dict[str, str]) -> None:
     """The app's tables on ``primary`` and the burst's runs, started through the public API
     (a subprocess of the app, as an application would)."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     primary.execute(f"CREATE DATABASE {DB}")
     env = {**worker_env, "DA_FAILOVER_TASKS": json.dumps([task(i) for i in range(RUNS)])}
     for command in (
@@ -113,13 +122,8 @@ def prepare(primary: Cluster, worker_env: dict[str, str]) -> None:
             "    durable_agents.start_run('tester', t)\n",
         ],
     ):
-        subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *command],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=120,
-        )
+        done = run_manage(command, env)
+        assert done.returncode == 0, done.stderr
 
 
 def base_env(api: FakeAnthropic, receiver_dir: Path, hosts: list[Cluster]) -> dict[str, str]:
@@ -297,6 +301,14 @@ def test_a_failover_to_a_synchronous_standby_loses_and_repeats_nothing(
         primary_now, workers, resumed = burst(tmp_path, slow_api, [primary, standby], fail_over)
         record_property("resumed_seconds", round(resumed, 2))
         assert_nothing_lost_or_repeated(primary_now, slow_api, tmp_path / "receiver", workers)
+        # Housekeeping, with the same two hosts, writes to the promoted standby (its metrics
+        # snapshot): the old primary, first in the list, is skipped.
+        housekeeping = run_manage(
+            ["durable_agents_housekeeping", "--metrics"],
+            base_env(slow_api, tmp_path / "receiver", [primary, standby]),
+        )
+        assert housekeeping.returncode == 0, housekeeping.stderr
+        assert "snapshot" in housekeeping.stdout
 
 
 def test_a_failover_to_an_asynchronous_standby_never_repeats_a_call_with_a_new_key(
