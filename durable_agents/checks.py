@@ -402,8 +402,13 @@ PRIMARY_ONLY = ("read-write", "primary")
 def check_database_hosts(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """A PostgreSQL DATABASES entry naming several hosts (a primary and its standbys, tried in
     order by libpq): writes must reach the one that is primary now."""
+    return database_host_problems(settings.DATABASES)
+
+
+def database_host_problems(databases: dict[str, Any]) -> list[CheckMessage]:
+    """``check_database_hosts`` of a DATABASES setting."""
     messages: list[CheckMessage] = []
-    for alias, entry in settings.DATABASES.items():
+    for alias, entry in databases.items():
         if not str(entry.get("ENGINE", "")).endswith("postgresql"):
             continue
         hosts = [h for h in str(entry.get("HOST") or "").split(",") if h.strip()]

@@ -159,9 +159,11 @@ def burst(
     api: FakeAnthropic,
     hosts: list[Cluster],
     cut: Callable[[], Cluster],
+    hold: bool = True,
 ) -> tuple[Cluster, list[WorkerProcess], float]:
     """Start the runs and two workers, call ``cut`` once a third of the turns were answered
-    (it returns the primary from then on), and wait for every run to end. Returns the primary,
+    (it returns the primary from then on; with ``hold``, while step commits are held in
+    flight), and wait for every run to end. Returns the primary,
     the workers (stopped) and how long after the cut the first step was committed again."""
     receiver_dir = tmp_path / "receiver"
     receiver_dir.mkdir()
@@ -177,7 +179,7 @@ def burst(
     ]
     try:
         wait_for(lambda: len(api.ok_requests()) >= RUNS * TURNS // 3, timeout=60)
-        with commits_held(hosts[0]):
+        with commits_held(hosts[0]) if hold else contextlib.nullcontext():
             cut_at = time.time()
             primary = cut()
         wait_for(lambda: all_over(primary), timeout=90, interval=0.2)
@@ -315,20 +317,32 @@ def test_a_failover_to_an_asynchronous_standby_never_repeats_a_call_with_a_new_k
     tmp_path: Path, slow_api: FakeAnthropic, record_property: Any
 ) -> None:
     """Asynchronous replication: the last commits before the crash may be lost with the old
-    primary, so a turn may be asked again and a call run again. Even then every run ends, and
-    a non-idempotent call that runs again carries the key it had (its receiver applies it
+    primary (here for certain: the standby is stopped while the primary commits a few more
+    steps), so turns are asked again and calls run again. Even then every run ends, and a
+    non-idempotent call that runs again carries the key it had (its receiver applies it
     once)."""
     with clusters() as made:
         primary, standby = _fail_over(made, synchronous=False)
 
+        def steps() -> int:
+            return int(primary.execute("SELECT count(*) FROM agent_step", DB)[0][0])  # type: ignore[call-overload]
+
         def fail_over() -> Cluster:
-            primary.stop("immediate")
+            standby.stop("fast")
+            behind = steps()
+            wait_for(lambda: steps() >= behind + 10, timeout=60, interval=0.05)
+            primary.stop("immediate")  # with the steps the standby never received
+            standby.start()
             standby.promote()
             return standby
 
-        primary_now, workers, resumed = burst(tmp_path, slow_api, [primary, standby], fail_over)
+        primary_now, workers, resumed = burst(
+            tmp_path, slow_api, [primary, standby], fail_over, hold=False
+        )
         record_property("resumed_seconds", round(resumed, 2))
         record_property("reasked", len(reasked(slow_api)))
+        # The lost commits cost turns: what the asynchronous standby risks, shown.
+        assert reasked(slow_api)
         logs = "\n".join(w.output()[-2000:] for w in workers)
         assert statuses(primary_now) == {"succeeded": RUNS}, logs
         keys = charges(tmp_path / "receiver")

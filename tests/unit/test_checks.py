@@ -297,20 +297,17 @@ def test_a_price_for_a_model_no_agent_uses_is_likely_a_typo(da_settings: Any) ->
         registry.unregister(agent.name, agent.version)
 
 
-def test_several_database_hosts_need_target_session_attrs(settings: Any) -> None:
+def test_several_database_hosts_need_target_session_attrs() -> None:
     """Several hosts without target_session_attrs=read-write warn (W040): after a failover
     libpq may connect to a read-only standby. Ports that do not match the hosts are an error
     (E040)."""
     entry = {"ENGINE": "django.db.backends.postgresql", "NAME": "x", "HOST": "db1,db2"}
-    settings.DATABASES = {**settings.DATABASES, "ha": {**entry, "PORT": "5432"}}
-    assert ids(da_checks.check_database_hosts()) == ["durable_agents.W040"]
-    settings.DATABASES = {
-        **settings.DATABASES,
-        "ha": {**entry, "PORT": "5432,5433", "OPTIONS": {"target_session_attrs": "read-write"}},
-    }
-    assert da_checks.check_database_hosts() == []
-    settings.DATABASES = {
-        **settings.DATABASES,
-        "ha": {**entry, "PORT": "1,2,3", "OPTIONS": {"target_session_attrs": "primary"}},
-    }
-    assert ids(da_checks.check_database_hosts()) == ["durable_agents.E040"]
+    check = da_checks.database_host_problems
+    assert ids(check({"ha": {**entry, "PORT": "5432"}})) == ["durable_agents.W040"]
+    primary_only = {"target_session_attrs": "read-write"}
+    assert check({"ha": {**entry, "PORT": "5432,5433", "OPTIONS": primary_only}}) == []
+    three = {**entry, "PORT": "1,2,3", "OPTIONS": {"target_session_attrs": "primary"}}
+    assert ids(check({"ha": three})) == ["durable_agents.E040"]
+    single = {**entry, "HOST": "db1", "PORT": "5432"}
+    assert check({"default": single}) == []
+    assert da_checks.check_database_hosts() == []  # the test settings: one host
