@@ -419,7 +419,7 @@ def database_host_problems(databases: dict[str, Any]) -> list[CheckMessage]:
                     f"DATABASES[{alias!r}] names {len(hosts)} host(s) and {len(ports)} ports.",
                     hint="Give one port for every host (in the same order), or a single port "
                     "for them all.",
-                    id="durable_agents.E040",
+                    id="durable_agents.E050",
                 )
             )
         attrs = (entry.get("OPTIONS") or {}).get("target_session_attrs")
@@ -431,7 +431,7 @@ def database_host_problems(databases: dict[str, Any]) -> list[CheckMessage]:
                     hint="libpq connects to the first host that answers, which after a "
                     "failover may be a read-only standby: every write of the workers and the "
                     'admin would fail there. Add "target_session_attrs": "read-write".',
-                    id="durable_agents.W040",
+                    id="durable_agents.W050",
                 )
             )
     return messages
