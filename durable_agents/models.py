@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents.exceptions import StoredValueError
 from durable_agents.text import json_text
 
 if TYPE_CHECKING:
@@ -31,7 +32,21 @@ class JSONTextField(_TextField):
     never sees a NUL byte); unlike a plain text column it round-trips any string exactly."""
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else json.loads(value)
+        return None if value is None else self.decode(value)
+
+    def decode(self, value: str) -> Any:
+        """The stored JSON text as a value; ``StoredValueError`` (naming the column) when it
+        does not decode, so that callers can tell a poisoned row from a bug of theirs."""
+        try:
+            return json.loads(value)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise StoredValueError(self.column_label(), f"{type(exc).__name__}: {exc}") from exc
+
+    def column_label(self) -> str:
+        """``table.column`` of this field, as an error names it."""
+        model = getattr(self, "model", None)
+        table = model._meta.db_table if model is not None else "?"
+        return f"{table}.{self.column}"
 
     def to_python(self, value: Any) -> Any:
         return value

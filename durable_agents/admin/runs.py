@@ -53,6 +53,7 @@ from durable_agents.admin.listing import EstimatingPaginator, search_note, searc
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
 from durable_agents.admin.transcript import block_text, build_transcript
+from durable_agents.admin.undecodable import Undecodable, run_reading_what_decodes
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
 from durable_agents.agents import AgentNotFound
 from durable_agents.counting import bounded_count
@@ -310,6 +311,8 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:
         if obj.woken_by is None:
             return self.get_empty_value_display()
+        if isinstance(obj.woken_by, Undecodable):
+            return text_html(shown_text(str(obj.woken_by)))
         return text_html(shown_text(pretty_json(obj.woken_by)))
 
     def get_form(
@@ -487,6 +490,19 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         dead = bounded_count(AgentRun.objects.dead())
         extra_context = {**(extra_context or {}), "dead_count": dead}
         return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        run = super().get_object(request, object_id, from_field)
+        if run is not None or from_field is not None:
+            return run
+        # Django reads a ValueError of the row's decoding (``StoredValueError``) as "no such
+        # run". A poison run's page shows what cannot be decoded instead.
+        try:
+            return run_reading_what_decodes(
+                self.get_queryset(request), clean_pk(AgentRun, object_id)
+            )
+        except ValueError:
+            return None
 
     def render_change_form(
         self,

@@ -13,6 +13,7 @@ Lease times come from the database clock (``Now()``), never from a worker's cloc
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -32,6 +33,7 @@ from django.db.models import (
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
 
+from durable_agents.exceptions import StoredValueError
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     ENDED_STATUSES,
@@ -77,6 +79,8 @@ LOG_SQL = (
     "SELECT seq, kind, payload, content_start, content_end FROM agent_step"
     " WHERE run_id = %s ORDER BY seq"
 )
+
+logger = logging.getLogger("durable_agents.store")
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 
@@ -211,8 +215,8 @@ class PortableStore(Store):
         )
         return claims[0] if claims else None
 
-    @staticmethod
     def _lock_and_take(
+        self,
         candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
     ) -> list[Claim]:
         """Due waits first, then the other claimable runs, ``limit`` in all, within the limits
@@ -242,10 +246,51 @@ class PortableStore(Store):
                 started_at=Coalesce(F("started_at"), Now()),
                 updated_at=Now(),
             )
-            runs = AgentRun.objects.filter(pk__in=ids).order_by(
-                "-priority", "fair_at", "created_at"
-            )
-            return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+            runs, poisoned = self._readable_runs(ids, owner)
+        for parent_id in poisoned:
+            self.child_ended(parent_id)
+        return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+
+    def _readable_runs(
+        self, ids: list[Any], owner: str
+    ) -> tuple[list[AgentRun], list[RunId | None]]:
+        """The runs just claimed, in the claim's order, read back; a run whose row cannot be
+        decoded (``StoredValueError``) is dead-lettered as poison instead of being returned
+        (with its parent, to be told). One such row must not fail the whole claim: it would
+        fail every claim of every worker, forever."""
+        order = ("-priority", "fair_at", "created_at")
+        try:
+            return list(AgentRun.objects.filter(pk__in=ids).order_by(*order)), []
+        except StoredValueError:
+            pass
+        runs: list[AgentRun] = []
+        poisoned: list[RunId | None] = []
+        for run_id in ids:
+            try:
+                runs.extend(AgentRun.objects.filter(pk=run_id))
+            except StoredValueError as exc:
+                dead, parent_id = self.dead_letter_poison(run_id, owner, None, exc)
+                if dead:
+                    poisoned.append(parent_id)
+        runs.sort(key=lambda run: (-run.priority, run.fair_at, run.created_at))
+        return runs, poisoned
+
+    def dead_letter_poison(
+        self, run_id: RunId, owner: str, attempt: int | None, exc: StoredValueError
+    ) -> tuple[bool, RunId | None]:
+        """Dead-letter a run that ``owner`` just claimed but whose row cannot be decoded,
+        fenced on that claim (and ``attempt``, when known). Returns whether it was, and its
+        parent's id: the caller tells the parent (``child_ended``) once its transaction is
+        over."""
+        reason = f"poison run: {exc}; dead-lettered on claim, since no worker can read it"
+        runs = AgentRun.objects.filter(pk=run_id, lease_owner=owner, status=RunStatus.RUNNING)
+        if attempt is not None:
+            runs = runs.filter(attempt=attempt)
+        parent_id = runs.values_list("parent_id", flat=True).first()
+        if not runs.update(updated_at=Now(), **ending(RunStatus.DEAD, None, reason)):
+            return False, None
+        logger.error("run %s dead-lettered: %s", run_id, reason)
+        return True, parent_id
 
     def renew_leases(
         self,
