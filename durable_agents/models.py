@@ -559,11 +559,13 @@ class AgentEvent(models.Model):
 
     def woken_by(self) -> dict[str, Any]:
         """What a run that waited on this event receives."""
-        return {
-            "event": self.name,
-            "payload": self.payload,
-            "at": self.sent_at.isoformat() if self.sent_at else None,
-        }
+        return {**self.wake_reference(), "payload": self.payload}
+
+    def wake_reference(self) -> dict[str, Any]:
+        """What each run this event wakes stores as its ``woken_by``: the event's name and
+        time, not its payload, which is stored once, here (twenty waiters of a large payload
+        would otherwise hold twenty copies). The woken call gets ``woken_by()`` whole."""
+        return {"event": self.name, "at": self.sent_at.isoformat() if self.sent_at else None}
 
 
 class QuestionStatus(models.TextChoices):

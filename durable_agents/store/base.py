@@ -463,6 +463,11 @@ class Store(abc.ABC):
         died between a child's end and the wake leaves its parent here)."""
 
     @abc.abstractmethod
+    def sent_event(self, name: str) -> AgentEvent | None:
+        """The event ``name`` if it was sent (a woken call reads its payload here: the runs
+        it woke store only a reference to it)."""
+
+    @abc.abstractmethod
     def question_for_key(self, key: str) -> AgentQuestion | None:
         """The question asked by the ``ask_person`` call with this idempotency key."""
 

@@ -142,7 +142,7 @@ class InMemoryWaits(Store):
                     and run.wait_event == name
                 ):
                     run.status = RunStatus.PENDING
-                    run.woken_by = event.woken_by()
+                    run.woken_by = event.wake_reference()
                     run.wake_at = None
                     run.updated_at = self.now()
                     woken += 1
@@ -219,6 +219,11 @@ class InMemoryWaits(Store):
                 if r.status == RunStatus.WAITING and r.waiting_for == WaitKind.RUNS
             ]
             return [r.pk for r in sorted(waiting, key=lambda r: r.created_at)[:limit]]
+
+    def sent_event(self, name: str) -> AgentEvent | None:
+        with self.lock:
+            event = self.events.get(name)
+            return None if event is None or not event.is_sent else _copy(event)
 
     def question_for_key(self, key: str) -> AgentQuestion | None:
         with self.lock:

@@ -692,7 +692,10 @@ class PortableStore(Store):
             woken = AgentRun.objects.filter(
                 status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
             ).update(
-                status=RunStatus.PENDING, woken_by=event.woken_by(), wake_at=None, updated_at=Now()
+                status=RunStatus.PENDING,
+                woken_by=event.wake_reference(),
+                wake_at=None,
+                updated_at=Now(),
             )
         return event, woken
 
@@ -779,6 +782,9 @@ class PortableStore(Store):
             .order_by("created_at")
             .values_list("pk", flat=True)[:limit]
         )
+
+    def sent_event(self, name: str) -> AgentEvent | None:
+        return AgentEvent.objects.filter(name=name, sent_at__isnull=False).first()
 
     def question_for_key(self, key: str) -> AgentQuestion | None:
         return AgentQuestion.objects.filter(key=key).first()
