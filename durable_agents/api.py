@@ -178,8 +178,9 @@ def spawn_run(
     parent's priority and concurrency key: a child of an urgent run is urgent too, and a
     tenant's children count toward the tenant's limit.
 
-    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH`` or
-    ``MAX_CHILD_RUNS``, or when the parent is over."""
+    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH``,
+    ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs of the whole tree, its root included),
+    or when the parent is over."""
     call = waits.current_call()
     if call is None:
         raise RuntimeError(
@@ -199,7 +200,10 @@ def spawn_run(
     child.depth = depth
     try:
         run, _ = current().spawn_run(
-            child, json.dumps(task, ensure_ascii=False), app_settings.MAX_CHILD_RUNS
+            child,
+            json.dumps(task, ensure_ascii=False),
+            app_settings.MAX_CHILD_RUNS,
+            app_settings.MAX_TREE_RUNS,
         )
     except WaitRefused as exc:
         raise ValueError(str(exc)) from None

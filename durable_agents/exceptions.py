@@ -9,7 +9,8 @@ Where they live:
 
 - here: ``AgentNotFound`` (no agent under that name or version), ``ToolInputError`` (a tool's
   input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
-  it is), ``StoredValueError`` (a stored value that cannot be read back); their old modules (``agents``, ``tools``, ``text``) re-export them;
+  it is), ``StoredValueError`` (a stored value that cannot be read back); their old modules
+  (``agents``, ``tools``, ``text``) re-export the first three;
 - ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
   ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
 - ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as

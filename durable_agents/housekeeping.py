@@ -61,6 +61,7 @@ def sweep() -> dict[str, int]:
         "retired_model": 0,
         "undeployed_prompt": 0,
         "parents_woken": wake_stranded_parents(),
+        "cascades_finished": finish_cancel_cascades(),
         "budget_woken": wake_budget_waiters(),
         "capacity_events_pruned": prune_capacity_events(),
     }
@@ -150,6 +151,23 @@ def _dead_letter_poison(store: Store, run_id: RunId, exc: Exception) -> None:
         signals.run_dead_lettered.send(sender=AgentRun, run_id=run_id, reason=reason)
     else:
         logger.error("run %s: %s (left as it is: a worker holds it)", run_id, reason)
+
+
+def finish_cancel_cascades(limit: int = 1000) -> int:
+    """Cancel the active runs whose parent is cancelled: a cancel reaches a big tree's
+    descendants in batches, one transaction each, after the run itself; a process that died
+    in the middle of that leaves the rest active, and this finishes the cascade."""
+    store = current()
+    orphans = list(
+        AgentRun.objects.active()
+        .filter(parent__status=RunStatus.CANCELLED)
+        .order_by()
+        .values_list("pk", flat=True)[:limit]
+    )
+    cancelled = sum(1 for run_id in orphans if store.cancel_run(run_id))
+    if cancelled:
+        logger.warning("%d runs of cancelled parents cancelled by the sweep", cancelled)
+    return cancelled
 
 
 def apply_retention(now: datetime.datetime | None = None) -> int:

@@ -199,6 +199,10 @@ class AgentRun(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
     )
     spawn_key = models.CharField(max_length=200, null=True, blank=True)
+    # The root of the run's tree (the run start_run started) for a child run; NULL for a root
+    # itself. spawn_run counts a tree's runs by it (MAX_TREE_RUNS) through agent_run_root.
+    # Never changes after the insert.
+    root_id = models.UUIDField(null=True, blank=True, editable=False)
     depth = models.PositiveSmallIntegerField(
         default=0,
         db_default=0,
@@ -270,6 +274,13 @@ class AgentRun(models.Model):
                 condition=models.Q(status__in=["pending", "running"]),
             ),
             models.Index(fields=["status", "created_at"], name="agent_run_status"),
+            # The runs of one tree (spawn_run's MAX_TREE_RUNS), child runs only; migration
+            # 0014 builds it CONCURRENTLY. root_id never changes: no HOT update lost.
+            models.Index(
+                fields=["root_id"],
+                name="agent_run_root",
+                condition=models.Q(root_id__isnull=False),
+            ),
             # The admin at production size (docs/operating.md): the runs list newest first,
             # by agent and by model, windows of finished runs and the dead letter by cause.
             # None of these columns changes while a run is claimed, renewed or committed, so

@@ -36,7 +36,6 @@ from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.capacity import Estimate, Grant, observed
 from durable_agents.conf import app_settings
 from durable_agents.deepjson import loads_deep
-from durable_agents.exceptions import StoredValueError
 from durable_agents.dispatch import ToolCall, ToolDispatch, result_block
 from durable_agents.dispositions import (
     CANCELLED,
@@ -51,6 +50,7 @@ from durable_agents.dispositions import (
     Disposition,
     Stop,
 )
+from durable_agents.exceptions import StoredValueError
 from durable_agents.history import (
     Conversation,
     assistant_message,

@@ -57,7 +57,7 @@ def event_name_problem(name: object) -> str | None:
     if bad is not None:
         return (
             f"a name cannot contain control characters or lone surrogates "
-            f"({ascii(bad.group())} at position {bad.start()})"
+            f"({bad.group()!a} at position {bad.start()})"
         )
     return None
 

@@ -172,7 +172,7 @@ class Worker:
         except DatabaseError:
             logger.warning("worker %s: waking stranded parent runs failed", self.worker_id)
             return
-        except Exception:  # noqa: BLE001 - a repair at start-up never keeps a worker from working
+        except Exception:
             logger.exception("worker %s: waking stranded parent runs failed", self.worker_id)
             return
         finally:

@@ -52,6 +52,7 @@ from durable_agents.models import (
 from durable_agents.store import concurrency, key_rows
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
+    RUN_CANCELLED,
     AuthUser,
     Claim,
     LeaseLoss,
@@ -81,6 +82,9 @@ LOG_SQL = (
 )
 
 logger = logging.getLogger("durable_agents.store")
+
+# Runs a cancel's cascade changes per transaction (``_cancel_descendants``).
+CANCEL_BATCH = 1000
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 
@@ -216,8 +220,7 @@ class PortableStore(Store):
         return claims[0] if claims else None
 
     def _lock_and_take(
-        self,
-        candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
+        self, candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
     ) -> list[Claim]:
         """Due waits first, then the other claimable runs, ``limit`` in all, within the limits
         of their concurrency keys (``key_rows.admit_locked``)."""
@@ -568,19 +571,37 @@ class PortableStore(Store):
             )
             if not self._cancel([run_id]):
                 return False
-            # The run's unfinished descendants, generation by generation (a tree bounded by
-            # MAX_CHILD_RUNS and MAX_RUN_DEPTH).
-            generation = [run_id]
-            while generation:
-                generation = list(
-                    AgentRun.objects.filter(parent_id__in=generation).values_list("pk", flat=True)
-                )
-                self._cancel(generation)
+        self._cancel_descendants(run_id)
         self.child_ended(parent_id)
         return True
 
+    def _cancel_descendants(self, run_id: RunId) -> int:
+        """Cancel the unfinished descendants of ``run_id`` (cancelled already), generation by
+        generation, CANCEL_BATCH runs per transaction: a tree of 100,000 runs never holds
+        100,000 row locks at once, nor blocks the runs' workers for the whole cascade.
+
+        No child escapes: the children of a run are read only after its cancel committed,
+        and a spawn locks its parent and refuses a child of a cancelled one, so a child
+        spawned concurrently is either committed before that read (and found) or refused.
+        A worker holding a descendant stops at its fence once its batch commits."""
+        cancelled = 0
+        parents = [run_id]
+        while parents:
+            batch, parents = parents[:CANCEL_BATCH], parents[CANCEL_BATCH:]
+            children = list(
+                AgentRun.objects.filter(parent_id__in=batch).order_by().values_list("pk", flat=True)
+            )
+            for start in range(0, len(children), CANCEL_BATCH):
+                with transaction.atomic():
+                    cancelled += self._cancel(children[start : start + CANCEL_BATCH])
+            parents += children
+        return cancelled
+
     @staticmethod
     def _cancel(run_ids: list[Any]) -> int:
+        """Cancel the cancellable runs of ``run_ids``, with their open questions and the
+        intents that wait for a person's approval (rejected: "run cancelled"), in the
+        caller's transaction: nothing is left in a person's queue for a run that is over."""
         if not run_ids:
             return 0
         cancelled = AgentRun.objects.filter(pk__in=run_ids, status__in=CANCELLABLE_STATUSES).update(
@@ -593,6 +614,12 @@ class PortableStore(Store):
         )
         AgentQuestion.objects.filter(run_id__in=run_ids, status=QuestionStatus.OPEN).update(
             status=QuestionStatus.CANCELLED
+        )
+        ToolIntent.objects.filter(run_id__in=run_ids, status=IntentStatus.PENDING).update(
+            status=IntentStatus.REJECTED,
+            reason=RUN_CANCELLED,
+            decided_at=Now(),
+            updated_at=Now(),
         )
         return cancelled
 
@@ -724,7 +751,11 @@ class PortableStore(Store):
         return question
 
     def spawn_run(
-        self, child: AgentRun, task_payload: str, max_children: int
+        self,
+        child: AgentRun,
+        task_payload: str,
+        max_children: int,
+        max_tree_runs: int | None = None,
     ) -> tuple[AgentRun, bool]:
         with transaction.atomic():
             existing = AgentRun.objects.filter(
@@ -732,6 +763,7 @@ class PortableStore(Store):
             ).first()
             if existing is not None:
                 return existing, False
+            root_id = self._lock_tree_root(child.parent_id)
             # The parent's row, locked: a cancel of the parent (which cancels its children)
             # and other spawns of it wait, so no child outlives a cancelled parent and the
             # count below holds.
@@ -747,11 +779,30 @@ class PortableStore(Store):
                 None if parent is None else parent[0],
                 AgentRun.objects.filter(parent_id=child.parent_id).count(),
                 max_children,
+                # The root and its descendants, counted under the root's lock.
+                1 + AgentRun.objects.filter(root_id=root_id).count() if root_id else 0,
+                max_tree_runs,
             )
             assert parent is not None  # refuse_spawn raised otherwise
             child.priority = parent[1]  # a child of an urgent run is urgent
             child.concurrency_key = parent[2]  # and counts toward its key
+            child.root_id = root_id
             return self.create_run(child, task_payload), True
+
+    @staticmethod
+    def _lock_tree_root(parent_id: RunId | None) -> RunId | None:
+        """The root of the tree a child of ``parent_id`` joins, its row locked (if it is still
+        there) before the parent's: every spawn in the tree takes this lock first, so they
+        count the tree's runs one at a time and never deadlock with each other or with a
+        cancel (which never holds a descendant's lock while it waits for an ancestor's)."""
+        if parent_id is None:
+            return None
+        row = AgentRun.objects.filter(pk=parent_id).values_list("root_id", flat=True).first()
+        root_id: RunId = row or parent_id  # root_id never changes: read without a lock
+        AgentRun.objects.select_for_update(no_key=True).filter(pk=root_id).values_list(
+            "pk", flat=True
+        ).first()
+        return root_id
 
     def wake_parent(self, parent_id: RunId) -> bool:
         with transaction.atomic():

@@ -527,9 +527,7 @@ class PostgresStore(PortableStore):
         )
         return claims
 
-    def _claim_once(
-        self, owner: str, lease_seconds: float, limit: int
-    ) -> tuple[list[Claim], bool]:
+    def _claim_once(self, owner: str, lease_seconds: float, limit: int) -> tuple[list[Claim], bool]:
         """One CLAIM_SQL: the claims, and whether it locked candidates it did not take."""
         params = {**key_limits(), "owner": owner, "lease": float(lease_seconds), "limit": limit}
         with binding_cursor() as cursor:
@@ -685,9 +683,7 @@ class PostgresStore(PortableStore):
         try:
             return _run_from(columns)
         except StoredValueError as exc:
-            dead, parent_id = self.dead_letter_poison(
-                columns["id"], owner, columns["attempt"], exc
-            )
+            dead, parent_id = self.dead_letter_poison(columns["id"], owner, columns["attempt"], exc)
         if dead:
             self.child_ended(parent_id)
         return None

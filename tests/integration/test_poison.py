@@ -129,9 +129,7 @@ def test_the_run_page_of_a_poison_run_renders_and_says_what_is_undecodable(
 
 def _waiting_on(ids_text: str) -> AgentRun:
     run = api.start_run("tester", "Wait on children.")
-    AgentRun.objects.filter(pk=run.pk).update(
-        status=RunStatus.WAITING, waiting_for=WaitKind.RUNS
-    )
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, waiting_for=WaitKind.RUNS)
     write_raw("agent_run", "wait_runs", ids_text, "id", run.pk.hex)
     return run
 
