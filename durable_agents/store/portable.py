@@ -13,7 +13,6 @@ Lease times come from the database clock (``Now()``), never from a worker's cloc
 from __future__ import annotations
 
 import datetime
-import logging
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -33,7 +32,6 @@ from django.db.models import (
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from durable_agents.exceptions import StoredValueError
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     ENDED_STATUSES,
@@ -52,7 +50,6 @@ from durable_agents.models import (
 from durable_agents.store import concurrency, key_rows
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
-    RUN_CANCELLED,
     AuthUser,
     Claim,
     LeaseLoss,
@@ -62,7 +59,6 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     StepWrite,
-    Store,
     WaitSpec,
     ended,
     lease_losses,
@@ -71,6 +67,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.text import storable_text
 
@@ -80,11 +77,6 @@ LOG_SQL = (
     "SELECT seq, kind, payload, content_start, content_end FROM agent_step"
     " WHERE run_id = %s ORDER BY seq"
 )
-
-logger = logging.getLogger("durable_agents.store")
-
-# Runs a cancel's cascade changes per transaction (``_cancel_descendants``).
-CANCEL_BATCH = 1000
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 
@@ -143,7 +135,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(Store):
+class PortableStore(PortableTrees):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------
@@ -253,47 +245,6 @@ class PortableStore(Store):
         for parent_id in poisoned:
             self.child_ended(parent_id)
         return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
-
-    def _readable_runs(
-        self, ids: list[Any], owner: str
-    ) -> tuple[list[AgentRun], list[RunId | None]]:
-        """The runs just claimed, in the claim's order, read back; a run whose row cannot be
-        decoded (``StoredValueError``) is dead-lettered as poison instead of being returned
-        (with its parent, to be told). One such row must not fail the whole claim: it would
-        fail every claim of every worker, forever."""
-        order = ("-priority", "fair_at", "created_at")
-        try:
-            return list(AgentRun.objects.filter(pk__in=ids).order_by(*order)), []
-        except StoredValueError:
-            pass
-        runs: list[AgentRun] = []
-        poisoned: list[RunId | None] = []
-        for run_id in ids:
-            try:
-                runs.extend(AgentRun.objects.filter(pk=run_id))
-            except StoredValueError as exc:
-                dead, parent_id = self.dead_letter_poison(run_id, owner, None, exc)
-                if dead:
-                    poisoned.append(parent_id)
-        runs.sort(key=lambda run: (-run.priority, run.fair_at, run.created_at))
-        return runs, poisoned
-
-    def dead_letter_poison(
-        self, run_id: RunId, owner: str, attempt: int | None, exc: StoredValueError
-    ) -> tuple[bool, RunId | None]:
-        """Dead-letter a run that ``owner`` just claimed but whose row cannot be decoded,
-        fenced on that claim (and ``attempt``, when known). Returns whether it was, and its
-        parent's id: the caller tells the parent (``child_ended``) once its transaction is
-        over."""
-        reason = f"poison run: {exc}; dead-lettered on claim, since no worker can read it"
-        runs = AgentRun.objects.filter(pk=run_id, lease_owner=owner, status=RunStatus.RUNNING)
-        if attempt is not None:
-            runs = runs.filter(attempt=attempt)
-        parent_id = runs.values_list("parent_id", flat=True).first()
-        if not runs.update(updated_at=Now(), **ending(RunStatus.DEAD, None, reason)):
-            return False, None
-        logger.error("run %s dead-lettered: %s", run_id, reason)
-        return True, parent_id
 
     def renew_leases(
         self,
@@ -575,54 +526,6 @@ class PortableStore(Store):
         self.child_ended(parent_id)
         return True
 
-    def _cancel_descendants(self, run_id: RunId) -> int:
-        """Cancel the unfinished descendants of ``run_id`` (cancelled already), generation by
-        generation, CANCEL_BATCH runs per transaction: a tree of 100,000 runs never holds
-        100,000 row locks at once, nor blocks the runs' workers for the whole cascade.
-
-        No child escapes: the children of a run are read only after its cancel committed,
-        and a spawn locks its parent and refuses a child of a cancelled one, so a child
-        spawned concurrently is either committed before that read (and found) or refused.
-        A worker holding a descendant stops at its fence once its batch commits."""
-        cancelled = 0
-        parents = [run_id]
-        while parents:
-            batch, parents = parents[:CANCEL_BATCH], parents[CANCEL_BATCH:]
-            children = list(
-                AgentRun.objects.filter(parent_id__in=batch).order_by().values_list("pk", flat=True)
-            )
-            for start in range(0, len(children), CANCEL_BATCH):
-                with transaction.atomic():
-                    cancelled += self._cancel(children[start : start + CANCEL_BATCH])
-            parents += children
-        return cancelled
-
-    @staticmethod
-    def _cancel(run_ids: list[Any]) -> int:
-        """Cancel the cancellable runs of ``run_ids``, with their open questions and the
-        intents that wait for a person's approval (rejected: "run cancelled"), in the
-        caller's transaction: nothing is left in a person's queue for a run that is over."""
-        if not run_ids:
-            return 0
-        cancelled = AgentRun.objects.filter(pk__in=run_ids, status__in=CANCELLABLE_STATUSES).update(
-            status=RunStatus.CANCELLED,
-            dead_cause="",
-            lease_owner=None,
-            lease_until=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        AgentQuestion.objects.filter(run_id__in=run_ids, status=QuestionStatus.OPEN).update(
-            status=QuestionStatus.CANCELLED
-        )
-        ToolIntent.objects.filter(run_id__in=run_ids, status=IntentStatus.PENDING).update(
-            status=IntentStatus.REJECTED,
-            reason=RUN_CANCELLED,
-            decided_at=Now(),
-            updated_at=Now(),
-        )
-        return cancelled
-
     def requeue_run(self, run_id: RunId | str) -> bool:
         return bool(
             AgentRun.objects.filter(pk=run_id, status=RunStatus.DEAD).update(
@@ -788,21 +691,6 @@ class PortableStore(Store):
             child.concurrency_key = parent[2]  # and counts toward its key
             child.root_id = root_id
             return self.create_run(child, task_payload), True
-
-    @staticmethod
-    def _lock_tree_root(parent_id: RunId | None) -> RunId | None:
-        """The root of the tree a child of ``parent_id`` joins, its row locked (if it is still
-        there) before the parent's: every spawn in the tree takes this lock first, so they
-        count the tree's runs one at a time and never deadlock with each other or with a
-        cancel (which never holds a descendant's lock while it waits for an ancestor's)."""
-        if parent_id is None:
-            return None
-        row = AgentRun.objects.filter(pk=parent_id).values_list("root_id", flat=True).first()
-        root_id: RunId = row or parent_id  # root_id never changes: read without a lock
-        AgentRun.objects.select_for_update(no_key=True).filter(pk=root_id).values_list(
-            "pk", flat=True
-        ).first()
-        return root_id
 
     def wake_parent(self, parent_id: RunId) -> bool:
         with transaction.atomic():

@@ -15,8 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from durable_agents import api
 from durable_agents.housekeeping import sweep
 from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent
-from durable_agents.store import current
-from durable_agents.store import portable as portable_store
+from durable_agents.store import current, portable_trees
 from durable_agents.store.base import WaitRefused
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
@@ -107,7 +106,7 @@ def _tree(fanout: int, depth: int) -> tuple[AgentRun, list[uuid.UUID]]:
 
 
 def test_a_cancel_reaches_every_descendant_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(portable_store, "CANCEL_BATCH", 10, raising=False)
+    monkeypatch.setattr(portable_trees, "CANCEL_BATCH", 10, raising=False)
     root, descendants = _tree(fanout=3, depth=4)  # 3 + 9 + 27 + 81 = 120 descendants
     with CaptureQueriesContext(connection) as queries:
         assert api.cancel_run(root.pk)
