@@ -53,7 +53,12 @@ from durable_agents.admin.listing import EstimatingPaginator, search_note, searc
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
 from durable_agents.admin.transcript import block_text, build_transcript
-from durable_agents.admin.undecodable import Undecodable, run_reading_what_decodes
+from durable_agents.admin.undecodable import (
+    Undecodable,
+    decode_raw,
+    reading_raw,
+    run_reading_what_decodes,
+)
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
 from durable_agents.agents import AgentNotFound
 from durable_agents.counting import bounded_count
@@ -92,10 +97,13 @@ class RunChangeList(CountedChangeList):
             # woken_by can hold an event's whole payload: the list never shows it.
             .defer("task", "result", "fingerprint", "woken_by")
         )
-        return queryset
+        # wait_runs as text, decoded per row: one run's undecodable wait cannot fail the list.
+        return reading_raw(queryset, "wait_runs")
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
+        for run in self.result_list:
+            decode_raw(run, "wait_runs")
         # Evaluates the page's queryset once; the template iterates the same (cached) rows.
         attach_waits(list(self.result_list))
         attach_key_states(list(self.result_list))

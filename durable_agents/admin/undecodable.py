@@ -29,20 +29,33 @@ def json_text_columns() -> list[JSONTextField]:
     return [f for f in AgentRun._meta.concrete_fields if isinstance(f, JSONTextField)]
 
 
-def run_reading_what_decodes(queryset: QuerySet[AgentRun], pk: Any) -> AgentRun | None:
-    """The run ``pk`` of ``queryset`` with its JSON text columns read as raw text: each that
-    decodes gets its value, each that does not an ``Undecodable`` carrying the reason."""
-    fields = json_text_columns()
-    raw = {f"raw_{f.attname}": Cast(F(f.attname), output_field=TextField()) for f in fields}
-    run = queryset.defer(*(f.attname for f in fields)).annotate(**raw).filter(pk=pk).first()
-    if run is None:
-        return None
-    for field in fields:
-        text = getattr(run, f"raw_{field.attname}")
+def reading_raw(queryset: QuerySet[AgentRun], *names: str) -> QuerySet[AgentRun]:
+    """``queryset`` with the JSON text columns ``names`` deferred and read as raw text instead
+    (``decode_raw`` then sets each on its run): one undecodable row cannot fail a page."""
+    raw = {f"raw_{name}": Cast(F(name), output_field=TextField()) for name in names}
+    return queryset.defer(*names).annotate(**raw)
+
+
+def decode_raw(run: AgentRun, *names: str) -> None:
+    """Set each of the columns ``names`` that ``reading_raw`` read on ``run``: its value, or an
+    ``Undecodable`` carrying the reason."""
+    for name in names:
+        field = AgentRun._meta.get_field(name)
+        assert isinstance(field, JSONTextField)
+        text = getattr(run, f"raw_{name}")
         try:
             value: Any = None if text is None else field.decode(text)
         except StoredValueError as exc:
             value = Undecodable(exc)
         # Set on the instance: a deferred field that is set is never loaded (and failing) again.
         setattr(run, field.attname, value)
+
+
+def run_reading_what_decodes(queryset: QuerySet[AgentRun], pk: Any) -> AgentRun | None:
+    """The run ``pk`` of ``queryset`` with its JSON text columns read as raw text: each that
+    decodes gets its value, each that does not an ``Undecodable`` carrying the reason."""
+    names = [f.attname for f in json_text_columns()]
+    run = reading_raw(queryset, *names).filter(pk=pk).first()
+    if run is not None:
+        decode_raw(run, *names)
     return run

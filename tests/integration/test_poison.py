@@ -127,6 +127,18 @@ def test_the_run_page_of_a_poison_run_renders_and_says_what_is_undecodable(
     assert "undecodable: agent_run.woken_by cannot be decoded" in page
 
 
+def test_the_runs_list_renders_past_a_run_whose_wait_cannot_be_read(
+    admin_client: Client,
+) -> None:
+    bad = _waiting_on("{broken")
+    good = api.start_run("tester", "Say hello.")
+    response = admin_client.get(reverse("admin:durable_agents_agentrun_changelist"))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert str(bad.pk)[:8] in page
+    assert str(good.pk)[:8] in page
+
+
 def _waiting_on(ids_text: str) -> AgentRun:
     run = api.start_run("tester", "Wait on children.")
     AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, waiting_for=WaitKind.RUNS)
