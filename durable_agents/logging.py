@@ -18,7 +18,7 @@ import contextlib
 import logging
 import re
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -71,11 +71,30 @@ def escape_record(record: logging.LogRecord) -> logging.LogRecord:
     if getattr(record, "escaped", False):
         return record
     record.escaped = True
-    plain = record.getMessage
-    record.getMessage = lambda: escape_controls(plain())  # type: ignore[method-assign]
+    # The template and each argument, not the formatted message: handlers that group by
+    # ``record.msg`` (error trackers) or pickle the record (SocketHandler) work as before.
+    if isinstance(record.msg, str):
+        record.msg = escape_controls(record.msg)
+    if isinstance(record.args, Mapping):
+        record.args = {key: _escaped_arg(value) for key, value in record.args.items()}
+    elif record.args:
+        record.args = tuple(_escaped_arg(arg) for arg in record.args)
     if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
         record.exc_text = _exception_text(record.exc_info)
     return record
+
+
+def _escaped_arg(value: Any) -> Any:
+    """A log argument from outside, escaped: text, and exceptions as their escaped text.
+    Numbers, ids and other values format without control characters: left as they are."""
+    if isinstance(value, str):
+        return escape_controls(value)
+    if isinstance(value, BaseException):
+        try:
+            return escape_controls(str(value))
+        except Exception:  # noqa: BLE001 - a hostile __str__
+            return f"<{type(value).__name__} that cannot be shown>"
+    return value
 
 
 def _exception_text(exc_info: Any) -> str:

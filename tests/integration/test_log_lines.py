@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import logging.handlers
 from collections.abc import Iterator
 
 import pytest
@@ -68,6 +69,9 @@ def test_the_filter_escapes_records_of_other_loggers() -> None:
     record = logging.LogRecord("tool.code", logging.INFO, __file__, 1, "said %s", (FORGED,), None)
     assert EscapeControlsFilter().filter(record)
     assert record.getMessage() == "said x\\nINFO run 123 succeeded"
+    assert record.msg == "said %s"  # the template is kept, for handlers that group by it
+    # A record that crosses processes is pickled: nothing unpicklable was added to it.
+    assert logging.handlers.SocketHandler("localhost", None).makePickle(record)
 
 
 def test_escape_controls_keeps_tabs_and_escapes_the_rest() -> None:
