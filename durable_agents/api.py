@@ -268,9 +268,11 @@ def answer_question(
 
 
 def cancel_run(run_id: RunId | str) -> bool:
-    """Cancel a pending, running or waiting run, with its unfinished child runs. A worker
-    holding one hears of it at once (PostgreSQL NOTIFY) or at its next heartbeat, and its
-    fence refuses any further step. False if the run was already over."""
+    """Cancel a pending, running or waiting run, with its unfinished descendants (after the
+    run itself, in batches of a thousand runs per transaction). Their intents that wait for
+    approval are rejected ("run cancelled") and their open questions cancelled, with each
+    run's cancel. A worker holding one hears of it at once (PostgreSQL NOTIFY) or at its next
+    heartbeat, and its fence refuses any further step. False if the run was already over."""
     cancelled = current().cancel_run(run_id)
     if cancelled:
         signals.run_finished.send(sender=AgentRun, run_id=run_id, status=RunStatus.CANCELLED)

@@ -516,9 +516,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def cancel_run(self, run_id: RunId | str) -> bool:
         """Cancel a pending, running, waiting or dead run (lease freed, finished now), with
-        its unfinished descendants and its open questions. A worker holding one is refused by
-        its fence from then on. Then its parent learns of it (``child_ended``). False if the
-        run was over."""
+        its unfinished descendants (database stores: in batches, a transaction each, after
+        the run's own), and in the same transaction as each run its open questions and its
+        intents that wait for approval (rejected, ``RUN_CANCELLED``). A worker holding one
+        is refused by its fence from then on. Then its parent learns of it
+        (``child_ended``). False if the run was over."""
 
     @abc.abstractmethod
     def requeue_run(self, run_id: RunId | str) -> bool:
