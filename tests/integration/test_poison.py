@@ -18,7 +18,7 @@ from django.urls import reverse
 from durable_agents import api
 from durable_agents.exceptions import DurableAgentsError, StoredValueError
 from durable_agents.housekeeping import sweep
-from durable_agents.models import AgentRun, RunStatus, ToolIntent, WaitKind
+from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolIntent, WaitKind
 from durable_agents.worker import Worker
 from tests.conftest import run_worker
 
@@ -111,6 +111,23 @@ def test_a_last_step_that_does_not_decode_dead_letters_its_run_at_once() -> None
     status, error = status_and_error(run)
     assert status == RunStatus.DEAD
     assert "agent_step.payload cannot be decoded" in error
+
+
+def test_a_recorded_effect_that_does_not_decode_dead_letters_its_run_at_once() -> None:
+    run = api.start_run("tester", '@lookup {"key": "a"}')
+    run_worker()
+    assert reload(run).status == RunStatus.SUCCEEDED
+    # Back to the moment after the call was recorded and before its result step committed
+    # (a worker that died there): the resume reads the recorded effect.
+    AgentStep.objects.filter(run_id=run.pk, seq__gte=2).delete()
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.PENDING, last_seq=1, result=None, finished_at=None
+    )
+    write_raw("tool_effect", "result", "{broken", "run_id", run.pk.hex)
+    run_worker()
+    status, error = status_and_error(run)
+    assert status == RunStatus.DEAD
+    assert "poison run: tool_effect.result cannot be decoded" in error
 
 
 def test_the_run_page_of_a_poison_run_renders_and_says_what_is_undecodable(
