@@ -47,6 +47,8 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "TOOL_THREADS": (1, True),
     "MAX_RUN_DEPTH": (0, True),
     "MAX_CHILD_RUNS": (0, True),
+    "MAX_TREE_RUNS": (1, True),
+    "MAX_EVENT_BYTES": (1, True),
 }
 
 

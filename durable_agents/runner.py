@@ -50,6 +50,7 @@ from durable_agents.dispositions import (
     Disposition,
     Stop,
 )
+from durable_agents.exceptions import StoredValueError
 from durable_agents.history import (
     Conversation,
     assistant_message,
@@ -227,7 +228,12 @@ class RunAdvancer(ToolDispatch):
 
     def advance(self) -> Disposition:
         try:
-            return self._loop()
+            try:
+                return self._loop()
+            except StoredValueError as exc:
+                # A stored value of the run (a step, an effect, an intent, a wait) cannot be
+                # read back: no later claim can either. A poison run, dead-lettered at once.
+                self._dead(f"poison run: {exc}")
         except Stop as stop:
             return stop.disposition
 
@@ -269,7 +275,12 @@ class RunAdvancer(ToolDispatch):
             self._dead("the step log has no task step at seq 0")
         # Kept in memory (and appended to) while this claim lasts, so the log is read once per
         # claim, not once per step.
-        last = _Step(log.last.seq, log.last.kind, loads_deep(log.last.payload))
+        try:
+            message = loads_deep(log.last.payload)
+        except ValueError as exc:
+            problem = f"step {log.last.seq}: {type(exc).__name__}: {exc}"
+            raise StoredValueError("agent_step.payload", problem) from exc
+        last = _Step(log.last.seq, log.last.kind, message)
         return agent, params, _Position(log.conversation, log.turns, last)
 
     @staticmethod

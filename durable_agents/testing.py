@@ -112,6 +112,10 @@ class RunResult:
     def woken_by(self) -> dict[str, Any] | None:
         """What ended the run's last wait (the ``woken_by`` its waiting tool received)."""
         woken_by: dict[str, Any] | None = self.run.woken_by
+        if isinstance(woken_by, dict) and "event" in woken_by and "payload" not in woken_by:
+            # The run refers to the event; its payload is stored once, on the event's row.
+            event = store.current().sent_event(str(woken_by["event"]))
+            woken_by = {**woken_by, "payload": None if event is None else event.payload}
         return woken_by
 
     @property

@@ -172,6 +172,9 @@ class Worker:
         except DatabaseError:
             logger.warning("worker %s: waking stranded parent runs failed", self.worker_id)
             return
+        except Exception:
+            logger.exception("worker %s: waking stranded parent runs failed", self.worker_id)
+            return
         finally:
             self.connections.release()
         if woken:
