@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
+from django.db.models.functions import Now
+from django.urls import reverse
 
 from durable_agents import checks as da_checks
 from durable_agents import credentials, store
 from durable_agents.api import start_run
-from durable_agents.models import AgentRun, RunStatus
+from durable_agents.figures import Part, read_figures
+from durable_agents.models import AgentRun, RunStatus, WaitKind
 from durable_agents.worker import Worker
 from tests.conftest import run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, api_error
@@ -205,3 +208,23 @@ def test_the_worker_summary_reads_as_plain_words(caplog: pytest.LogCaptureFixtur
     [line] = [r.getMessage() for r in caplog.records if " stopped after " in r.getMessage()]
     assert line.endswith("stopped after 1 claims: succeeded 1"), line
     assert "Disposition" not in line
+
+
+# -- the operations page ---------------------------------------------------------------------
+
+
+def test_the_oldest_wait_is_found_whatever_the_database(admin_client: Any) -> None:
+    # The store stamps waiting_since with the database's clock (Now()), as here.
+    older, newer = start_run("tester", "first"), start_run("tester", "second")
+    for run in (older, newer):
+        AgentRun.objects.filter(pk=run.pk).update(
+            status=RunStatus.WAITING, waiting_for=WaitKind.TIMER, waiting_since=Now()
+        )
+    figures = read_figures(Part.WAITS | Part.OLDEST_WAITING_RUNS)
+    [wait] = figures.waits
+    assert wait.runs == 2
+    assert wait.oldest_run is not None
+    assert wait.oldest_run.pk == AgentRun.objects.order_by("waiting_since", "pk").first().pk
+    page = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
+    assert page.status_code == 200
+    assert "waiting since" in page.content.decode()
