@@ -1,5 +1,9 @@
-"""The four tables of durable_agents: runs, their append-only step log, the effect ledger and
-intents of irreversible tool calls. Status changes live in ``store/``, not here."""
+"""The eleven tables of durable_agents: runs (``agent_run``), their append-only step log
+(``agent_step``), the effect ledger (``tool_effect``), intents of irreversible tool calls
+(``tool_intent``), events (``agent_event``), questions to people (``agent_question``),
+concurrency keys (``agent_concurrency_key``), the fleet's model capacity (``model_capacity``)
+and what it met (``capacity_event``), daily usage (``agent_usage_day``) and snapshots of the
+operations figures (``agent_metrics``). Status changes live in ``store/``, not here."""
 
 from __future__ import annotations
 
