@@ -303,7 +303,7 @@ def test_a_misspelt_setting_suggests_the_known_one(settings: Any) -> None:
     assert message.id == "durable_agents.E002"
     assert message.hint is not None
     assert message.hint.startswith("Did you mean 'LEASE_SECONDS'?")
-    settings.DURABLE_AGENTS = {"NOTHING_LIKE_IT": 1}
+    settings.DURABLE_AGENTS = {"OFFLINE": True, "NOTHING_LIKE_IT": 1}
     [message] = da_checks.check_settings()
     assert message.hint is not None
     assert message.hint.startswith("Known keys: ")
