@@ -745,3 +745,24 @@ class AgentUsageDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.agent} {self.model}"
+
+
+class OperationsEntry(AgentRun):
+    """No table of its own: the operations page's line in the admin's list of models (on
+    /admin/ and /admin/durable_agents/), which lists registered models only."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # the runs' view permission decides (admin/entries.py)
+        verbose_name = _("operations")
+        verbose_name_plural = _("operations")
+
+
+class DeadLetterEntry(AgentRun):
+    """No table of its own: the dead-letter page's line in the admin's list of models."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("dead letter")
+        verbose_name_plural = _("dead letter")

@@ -224,7 +224,9 @@ def test_the_oldest_wait_is_found_whatever_the_database(admin_client: Any) -> No
     [wait] = figures.waits
     assert wait.runs == 2
     assert wait.oldest_run is not None
-    assert wait.oldest_run.pk == AgentRun.objects.order_by("waiting_since", "pk").first().pk
+    first = AgentRun.objects.order_by("waiting_since", "pk").first()
+    assert first is not None
+    assert wait.oldest_run.pk == first.pk
     page = admin_client.get(reverse("admin:durable_agents_agentrun_operations"))
     assert page.status_code == 200
     assert "waiting since" in page.content.decode()
