@@ -754,8 +754,9 @@ class OperationsEntry(AgentRun):
     class Meta:
         proxy = True
         default_permissions = ()  # the runs' view permission decides (admin/entries.py)
-        verbose_name = _("operations")
-        verbose_name_plural = _("operations")
+        # Capitalised as the page's own title (the same words, the same translation).
+        verbose_name = _("Operations")
+        verbose_name_plural = _("Operations")
 
 
 class DeadLetterEntry(AgentRun):
@@ -764,5 +765,5 @@ class DeadLetterEntry(AgentRun):
     class Meta:
         proxy = True
         default_permissions = ()
-        verbose_name = _("dead letter")
-        verbose_name_plural = _("dead letter")
+        verbose_name = _("Dead letter")
+        verbose_name_plural = _("Dead letter")

@@ -26,6 +26,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        _entry("DeadLetterEntry", "dead letter"),
-        _entry("OperationsEntry", "operations"),
+        _entry("DeadLetterEntry", "Dead letter"),
+        _entry("OperationsEntry", "Operations"),
     ]
