@@ -73,8 +73,9 @@ check-wheel: venv
 
 ## make dist: build the wheel and the sdist into dist/ and print their paths (for
 ## `pip install dist/django_durable_agents-*.whl` elsewhere, until the package is on PyPI)
-dist: venv
+dist: demo-venv
 	rm -rf dist
+	$(PY) -m pip install --quiet "build>=1.0"
 	$(PY) -m build --outdir dist . >/dev/null
 	@ls -1 $(CURDIR)/dist/*
 
