@@ -1,5 +1,9 @@
-"""The four tables of durable_agents: runs, their append-only step log, the effect ledger and
-intents of irreversible tool calls. Status changes live in ``store/``, not here."""
+"""The eleven tables of durable_agents: runs (``agent_run``), their append-only step log
+(``agent_step``), the effect ledger (``tool_effect``), intents of irreversible tool calls
+(``tool_intent``), events (``agent_event``), questions to people (``agent_question``),
+concurrency keys (``agent_concurrency_key``), the fleet's model capacity (``model_capacity``)
+and what it met (``capacity_event``), daily usage (``agent_usage_day``) and snapshots of the
+operations figures (``agent_metrics``). Status changes live in ``store/``, not here."""
 
 from __future__ import annotations
 
@@ -769,3 +773,25 @@ class AgentUsageDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.agent} {self.model}"
+
+
+class OperationsEntry(AgentRun):
+    """No table of its own: the operations page's line in the admin's list of models (on
+    /admin/ and /admin/durable_agents/), which lists registered models only."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # the runs' view permission decides (admin/entries.py)
+        # Capitalised as the page's own title (the same words, the same translation).
+        verbose_name = _("Operations")
+        verbose_name_plural = _("Operations")
+
+
+class DeadLetterEntry(AgentRun):
+    """No table of its own: the dead-letter page's line in the admin's list of models."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("Dead letter")
+        verbose_name_plural = _("Dead letter")

@@ -295,3 +295,15 @@ def test_a_price_for_a_model_no_agent_uses_is_likely_a_typo(da_settings: Any) ->
         assert "claude-x" in warning.hint
     finally:
         registry.unregister(agent.name, agent.version)
+
+
+def test_a_misspelt_setting_suggests_the_known_one(settings: Any) -> None:
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "LEASE_SECOND": 30}
+    [message] = da_checks.check_settings()
+    assert message.id == "durable_agents.E002"
+    assert message.hint is not None
+    assert message.hint.startswith("Did you mean 'LEASE_SECONDS'?")
+    settings.DURABLE_AGENTS = {"OFFLINE": True, "NOTHING_LIKE_IT": 1}
+    [message] = da_checks.check_settings()
+    assert message.hint is not None
+    assert message.hint.startswith("Known keys: ")
