@@ -22,7 +22,7 @@ def _entry(name: str, verbose_name: str) -> migrations.CreateModel:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_agents", "0013_key_budget"),
+        ("durable_agents", "0014_run_root"),
     ]
 
     operations = [
