@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run admin test test-postgres test-sqlite test-django6 check-wheel lint venv clean
+.PHONY: run admin test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,19 +14,28 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The demo's own marker: only what the demo needs (requirements-demo.txt), unless the whole
+# development set is installed already.
+$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml
+	@if [ -f $(VENV)/.installed ]; then touch $@; exit 0; fi; \
+	  test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	  $(PY) -m pip install --quiet -r requirements-demo.txt && touch $@
+
+demo-venv: $(VENV)/.demo-installed
+
 ## make run: the demo on SQLite with the offline model (no API key needed)
-run: venv
+run: demo-venv
 	rm -f demo.sqlite3
 	$(PY) manage.py migrate --verbosity 0
 	$(PY) manage.py demo
 
 # `make admin` on a fresh checkout: the demo's database comes from `make run` first.
-demo.sqlite3: | venv
+demo.sqlite3: | demo-venv
 	$(MAKE) --no-print-directory run
 
 ## make admin: the admin on the demo's database, with a demo superuser (admin / admin, for the
 ## local demo only), a pending intent, a dead run and a waiting run to act on
-admin: venv demo.sqlite3
+admin: demo-venv demo.sqlite3
 	$(PY) manage.py migrate --verbosity 0
 	$(PY) manage.py demo_admin
 	$(PY) manage.py runserver 127.0.0.1:8000
@@ -61,6 +70,14 @@ test-django6: $(VENV6)/.installed
 ## make check-wheel: build the wheel and use it from a fresh venv and a minimal project
 check-wheel: venv
 	./scripts/check-wheel.sh
+
+## make dist: build the wheel and the sdist into dist/ and print their paths (for
+## `pip install dist/django_durable_agents-*.whl` elsewhere, until the package is on PyPI)
+dist: demo-venv
+	rm -rf dist
+	$(PY) -m pip install --quiet "build>=1.0"
+	$(PY) -m build --outdir dist . >/dev/null
+	@ls -1 $(CURDIR)/dist/*
 
 ## make lint: ruff, then mypy (its configuration and the files it checks are in mypy.ini)
 lint: venv

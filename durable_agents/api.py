@@ -29,9 +29,11 @@ from durable_agents.models import (
 from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
-from durable_agents.text import has_unstorable, storable_text
+from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
+# The longest model name (the column agent_run.model).
+MAX_MODEL_NAME = 200
 ANSWER_PERMISSION = "durable_agents.answer_question"
 
 
@@ -122,6 +124,21 @@ def _check_priority(priority: object) -> None:
         )
 
 
+def _check_model(model: object) -> None:
+    """A model name given to ``start_run``: it is sent to the API, shown in the admin and
+    used as a metric label, so it is a short printable string."""
+    if not isinstance(model, str):
+        raise ValueError(f"a model name is a string, not {type(model).__name__}")
+    if not model.strip():
+        raise ValueError("a model name cannot be empty")
+    if len(model) > MAX_MODEL_NAME:
+        raise ValueError(
+            f"a model name has at most {MAX_MODEL_NAME} characters; this one has {len(model)}"
+        )
+    if has_unstorable(model) or not model.isprintable():
+        raise ValueError("a model name cannot contain control characters or lone surrogates")
+
+
 def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
     if not isinstance(task, str) or not task.strip():
         raise ValueError("a run needs a non-empty task")
@@ -129,6 +146,8 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
         # The database cannot store NUL, nor UTF-8 encode a lone surrogate: say so now rather
         # than fail inside the INSERT.
         raise ValueError("a task cannot contain NUL characters or lone surrogates")
+    if model is not None:
+        _check_model(model)
     definition = registry.get(agent, version)
     pinned_model = model or definition.model
     return AgentRun(
@@ -159,8 +178,9 @@ def spawn_run(
     parent's priority and concurrency key: a child of an urgent run is urgent too, and a
     tenant's children count toward the tenant's limit.
 
-    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH`` or
-    ``MAX_CHILD_RUNS``, or when the parent is over."""
+    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH``,
+    ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs of the whole tree, its root included),
+    or when the parent is over."""
     call = waits.current_call()
     if call is None:
         raise RuntimeError(
@@ -180,7 +200,10 @@ def spawn_run(
     child.depth = depth
     try:
         run, _ = current().spawn_run(
-            child, json.dumps(task, ensure_ascii=False), app_settings.MAX_CHILD_RUNS
+            child,
+            json.dumps(task, ensure_ascii=False),
+            app_settings.MAX_CHILD_RUNS,
+            app_settings.MAX_TREE_RUNS,
         )
     except WaitRefused as exc:
         raise ValueError(str(exc)) from None
@@ -191,18 +214,34 @@ def send_event(name: str, payload: JSONValue = None, *, user: Person | None = No
     """Store the event ``name`` with its JSON ``payload`` and wake every run waiting on it
     (``Wait(event=name)``). Stored once: a second send of the same name changes nothing and
     returns the first. A run that starts waiting on it later does not wait at all."""
-    if not isinstance(name, str) or not name or len(name) > waits.MAX_EVENT_NAME:
-        raise ValueError(
-            f"an event needs a non-empty name of at most {waits.MAX_EVENT_NAME} characters"
-        )
-    try:
-        json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"an event's payload must be JSON: {exc}") from None
+    _check_event(name, payload)
     event, woken = current().send_event(name, payload, user)
     if woken:
         signals.event_sent.send(sender=AgentEvent, event=event, woken=woken)
     return event
+
+
+def _check_event(name: object, payload: object) -> None:
+    """``send_event``'s arguments, checked before anything is written: each problem is a
+    ``ValueError`` that says what is wrong (never the database's or the encoder's error)."""
+    problem = waits.event_name_problem(name)
+    if problem is not None:
+        raise ValueError(f"an event needs a valid name: {problem}")
+    try:
+        check_depth(payload)
+        # As the column stores it: lone surrogates escaped, NaN and infinities refused.
+        text = json.dumps(payload, allow_nan=False)
+    except Unstorable as exc:
+        raise ValueError(f"an event's payload must be JSON: the value {exc}") from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"an event's payload must be JSON: {storable_text(exc, 300)}") from None
+    size = len(text.encode("utf-8"))  # ASCII: json.dumps escapes everything else
+    limit = app_settings.MAX_EVENT_BYTES
+    if size > limit:
+        raise ValueError(
+            f"an event's payload is at most {limit} bytes of JSON (MAX_EVENT_BYTES); "
+            f"this one is {size}"
+        )
 
 
 def answer_question(
@@ -229,9 +268,11 @@ def answer_question(
 
 
 def cancel_run(run_id: RunId | str) -> bool:
-    """Cancel a pending, running or waiting run, with its unfinished child runs. A worker
-    holding one hears of it at once (PostgreSQL NOTIFY) or at its next heartbeat, and its
-    fence refuses any further step. False if the run was already over."""
+    """Cancel a pending, running or waiting run, with its unfinished descendants (after the
+    run itself, in batches of a thousand runs per transaction). Their intents that wait for
+    approval are rejected ("run cancelled") and their open questions cancelled, with each
+    run's cancel. A worker holding one hears of it at once (PostgreSQL NOTIFY) or at its next
+    heartbeat, and its fence refuses any further step. False if the run was already over."""
     cancelled = current().cancel_run(run_id)
     if cancelled:
         signals.run_finished.send(sender=AgentRun, run_id=run_id, status=RunStatus.CANCELLED)

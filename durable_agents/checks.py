@@ -7,6 +7,7 @@ a silenced id (``SILENCED_SYSTEM_CHECKS``) must keep silencing the same thing.
 
 from __future__ import annotations
 
+import difflib
 import os
 import typing
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections
+from django.core.checks.registry import CheckRegistry
+from django.db import DatabaseError, connections
 from django.utils.module_loading import import_string
 
 from durable_agents.budgets import budget_problems
@@ -47,6 +49,8 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "TOOL_THREADS": (1, True),
     "MAX_RUN_DEPTH": (0, True),
     "MAX_CHILD_RUNS": (0, True),
+    "MAX_TREE_RUNS": (1, True),
+    "MAX_EVENT_BYTES": (1, True),
 }
 
 
@@ -84,11 +88,18 @@ def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
     return [
         Error(
             f"DURABLE_AGENTS has an unknown key {key!r}.",
-            hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+            hint=_known_keys_hint(key),
             id="durable_agents.E002",
         )
-        for key in sorted(set(user) - set(DEFAULTS))
+        for key in sorted(set(user) - set(DEFAULTS), key=str)
     ]
+
+
+def _known_keys_hint(key: Any) -> str:
+    """ "Did you mean 'LEASE_SECONDS'?" for a misspelt key, then the known keys."""
+    known = f"Known keys: {', '.join(sorted(DEFAULTS))}."
+    close = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1) if key else []
+    return f"Did you mean {close[0]!r}? {known}" if close else known
 
 
 def _bad_numbers() -> list[CheckMessage]:
@@ -348,6 +359,63 @@ def _online_without_api_key() -> list[CheckMessage]:
             "explicitly (with DEBUG on) for the offline scripted model.",
             id="durable_agents.W002",
         )
+    ]
+
+
+# Checks of a process that calls the model: ``runagents`` runs them at start, with Django's.
+# They are not in Django's registry, whose checks every manage.py command runs (migrate, shell,
+# a web server's start): none of those needs an API key, and refusing them would break them.
+worker_checks = CheckRegistry()
+WORKER_WITHOUT_CREDENTIALS = "durable_agents.E040"
+
+
+@worker_checks.register("durable_agents_worker")
+def check_worker_credentials(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A worker that would call the API with no key: every run it claims would be refused."""
+    if not _online_without_api_key():
+        return []
+    return [
+        Error(
+            "this worker has no API credentials: OFFLINE is off, CLIENT_FACTORY is the "
+            "default and neither ANTHROPIC_API_KEY nor ANTHROPIC_AUTH_TOKEN is set, so every "
+            "model call would be refused.",
+            hint="Set ANTHROPIC_API_KEY in the worker's environment (or CLIENT_FACTORY for "
+            "another client). On a development machine without a key, set "
+            'DURABLE_AGENTS = {"OFFLINE": True} with DEBUG on: the offline scripted model '
+            f"answers instead. To start anyway, add {WORKER_WITHOUT_CREDENTIALS!r} to "
+            "SILENCED_SYSTEM_CHECKS.",
+            id=WORKER_WITHOUT_CREDENTIALS,
+        )
+    ]
+
+
+PROMPT_DRIFT = "durable_agents.W040"
+
+
+@register(Tags.database)
+def check_prompt_drift(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Runs in flight that the registered agents would dead-letter for prompt drift. Reads
+    the database, so only when asked: ``manage.py check --database default``, and
+    ``runagents`` at start."""
+    if not databases or "default" not in databases:
+        return []
+    from durable_agents.inflight import prompt_drift
+
+    try:
+        drifted = prompt_drift("default")
+    except DatabaseError:  # not migrated yet: nothing is in flight
+        return []
+    return [
+        Warning(
+            drift.describe() + ".",
+            hint="Give the changed agent a new version (Agent(version=...)) and keep the old "
+            "definition registered until its runs end; or restore the old definition.",
+            obj=f"{drift.agent}@{drift.version}",
+            id=PROMPT_DRIFT,
+        )
+        for drift in drifted
     ]
 
 

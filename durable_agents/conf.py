@@ -153,6 +153,16 @@ class DurableAgentsSettings:
         "depth 0).",
     )
     MAX_CHILD_RUNS: Setting[int] = Setting(100, "How many children one run may spawn.")
+    MAX_TREE_RUNS: Setting[int] = Setting(
+        1000,
+        "Child runs: how many runs one tree may hold in all, its root (a run started by "
+        "start_run) and every descendant, whatever their status; a spawn_run past it is "
+        "refused. MAX_CHILD_RUNS and MAX_RUN_DEPTH alone allow exponentially many.",
+    )
+    MAX_EVENT_BYTES: Setting[int] = Setting(
+        1024 * 1024,
+        "The largest payload send_event takes, in bytes of its JSON text (UTF-8).",
+    )
     RATE_LIMITS: Setting[dict[str, Any]] = Setting(
         {},
         'Fleet-wide limits per model ("*" for any other): requests_per_minute, '

@@ -98,6 +98,11 @@ def wait_spec(wait: waits.Wait, key: str) -> WaitSpec:
     if wait.kind == "timer":
         return WaitSpec(WaitKind.TIMER, key, seconds=wait.seconds, until=wait.until)
     if wait.kind == "event":
+        # Checked again here: tool code may have changed the name after ``Wait`` checked it,
+        # and a name the database refuses must be the tool's error, never a failed park.
+        problem = waits.event_name_problem(wait.event)
+        if problem is not None:
+            raise WaitRefused(f"invalid event name: {problem}")
         return WaitSpec(WaitKind.EVENT, key, seconds=wait.timeout, event=wait.event)
     return WaitSpec(WaitKind.RUNS, key, seconds=wait.timeout, runs=wait.runs)
 
@@ -220,6 +225,10 @@ class ToolDispatch:
         if run.waiting_for == WaitKind.RUNS and "runs" not in woken_by:
             # A timeout: the runs as they are now.
             woken_by["runs"] = self.store.run_outcomes(run.wait_runs or [])
+        if run.waiting_for == WaitKind.EVENT and "event" in woken_by and "payload" not in woken_by:
+            # The run stores a reference to the event: its payload is stored once, there.
+            event = self.store.sent_event(str(woken_by["event"]))
+            woken_by["payload"] = None if event is None else event.payload
         return woken_by
 
     def _park_on_wait(self, wait: waits.Wait, tool: Tool, call: ToolCall) -> dict[str, Any]:

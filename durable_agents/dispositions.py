@@ -16,6 +16,8 @@ class Disposition(enum.StrEnum):
     RELEASED = "released"  # handed back, claimable again (shutdown, transient model errors)
     # Handed back to wait for model capacity (a rate limit, a 429's pause, a 529), uncounted.
     THROTTLED = "throttled"
+    # Handed back uncounted: the API refused the worker's credentials (the worker pauses).
+    REFUSED = "refused"
     CANCELLED = "cancelled"
     LOST = "lost"  # another worker holds it now
     ERROR = "error"  # an unexpected error in this app (the worker handed the run back)
@@ -27,6 +29,7 @@ DEAD = Disposition.DEAD
 WAITING = Disposition.WAITING
 RELEASED = Disposition.RELEASED
 THROTTLED = Disposition.THROTTLED
+REFUSED = Disposition.REFUSED
 CANCELLED = Disposition.CANCELLED
 LOST = Disposition.LOST
 

@@ -9,7 +9,8 @@ Where they live:
 
 - here: ``AgentNotFound`` (no agent under that name or version), ``ToolInputError`` (a tool's
   input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
-  it is); their old modules (``agents``, ``tools``, ``text``) re-export them;
+  it is), ``StoredValueError`` (a stored value that cannot be read back); their old modules
+  (``agents``, ``tools``, ``text``) re-export the first three;
 - ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
   ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
 - ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as
@@ -27,7 +28,13 @@ runner's and the call threads') are private and never reach user code.
 
 from __future__ import annotations
 
-__all__ = ["AgentNotFound", "DurableAgentsError", "ToolInputError", "Unstorable"]
+__all__ = [
+    "AgentNotFound",
+    "DurableAgentsError",
+    "StoredValueError",
+    "ToolInputError",
+    "Unstorable",
+]
 
 
 class DurableAgentsError(Exception):
@@ -45,3 +52,23 @@ class ToolInputError(DurableAgentsError, ValueError):
 class Unstorable(DurableAgentsError, ValueError):
     """A value from outside that cannot be stored or sent as it is. The message completes
     "the value ...": "nests deeper than 100 levels", "is not JSON-serialisable: ..."."""
+
+
+class StoredValueError(DurableAgentsError, ValueError):
+    """A value stored in the database cannot be read back: its column holds text that does not
+    decode (invalid JSON written by hand or by a bug, a row encrypted under a key that is
+    gone). ``column`` names it (``agent_run.woken_by``), ``problem`` says what is wrong.
+
+    The engine treats a run it cannot read as poison: it is dead-lettered with this message
+    rather than retried, so that one bad row never stops a worker or a sweep."""
+
+    # The decoder's message is cut to this many characters: it may quote the stored text.
+    MAX_PROBLEM = 300
+
+    def __init__(self, column: str, problem: str) -> None:
+        problem = " ".join(str(problem).split())
+        if len(problem) > self.MAX_PROBLEM:
+            problem = problem[: self.MAX_PROBLEM] + "..."
+        self.column = column
+        self.problem = problem
+        super().__init__(f"{column} cannot be decoded: {problem}")

@@ -271,7 +271,11 @@ def _waits(runs: QuerySet[AgentRun], *, with_runs: bool) -> tuple[WaitFigure, ..
     oldest_filter = Q()
     for kind, _count, oldest in aggregated:
         if oldest is not None:
-            oldest_filter |= Q(waiting_for=kind, waiting_since=oldest)
+            # At most the oldest, not equal to it: SQLite stores a time written by the
+            # database (Now()) in milliseconds and compares it as text with the microseconds
+            # of the value read back, so equality never holds there. No wait is older than
+            # the oldest, so this still matches only it (and its ties).
+            oldest_filter |= Q(waiting_for=kind, waiting_since__lte=oldest)
     if with_runs and oldest_filter:
         for run in (
             waiting.filter(oldest_filter)

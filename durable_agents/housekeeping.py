@@ -14,7 +14,8 @@ import datetime
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import DataError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -22,6 +23,7 @@ from django.utils.module_loading import import_string
 from durable_agents import budgets, metrics, signals
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
+from durable_agents.exceptions import StoredValueError
 from durable_agents.models import (
     FINISHED_STATUSES,
     AgentEvent,
@@ -32,6 +34,8 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.store import Store, current
+from durable_agents.store.base import RunId
+from durable_agents.text import storable_text
 
 logger = logging.getLogger("durable_agents.housekeeping")
 
@@ -57,6 +61,7 @@ def sweep() -> dict[str, int]:
         "retired_model": 0,
         "undeployed_prompt": 0,
         "parents_woken": wake_stranded_parents(),
+        "cascades_finished": finish_cancel_cascades(),
         "budget_woken": wake_budget_waiters(),
         "capacity_events_pruned": prune_capacity_events(),
     }
@@ -122,10 +127,47 @@ def wake_stranded_parents(limit: int = 1000, store: Store | None = None) -> int:
     store = store or current()
     woken = 0
     for run_id in store.stranded_parents(limit):
-        if store.wake_parent(run_id):
-            woken += 1
-            logger.warning("run %s: its child runs had all ended; woken by the sweep", run_id)
+        try:
+            if store.wake_parent(run_id):
+                woken += 1
+                logger.warning("run %s: its child runs had all ended; woken by the sweep", run_id)
+        except POISON_ERRORS as exc:
+            # One run whose wait cannot be read (ids that are not run ids, undecodable JSON)
+            # must not stop the sweep, nor a worker starting with it: it is dead-lettered.
+            _dead_letter_poison(store, run_id, exc)
     return woken
+
+
+# What a run's own bad row raises when read: a stored value that does not decode, a run id
+# that is not one (ValidationError), a value of the wrong shape, a value the database refuses.
+POISON_ERRORS = (StoredValueError, ValidationError, ValueError, TypeError, DataError)
+
+
+def _dead_letter_poison(store: Store, run_id: RunId, exc: Exception) -> None:
+    problem = storable_text(" ".join(str(exc).split()), StoredValueError.MAX_PROBLEM)
+    reason = f"poison run: its wait on child runs cannot be read ({type(exc).__name__}: {problem})"
+    if store.dead_letter(run_id, reason):
+        logger.error("run %s dead-lettered by the sweep: %s", run_id, reason)
+        signals.run_dead_lettered.send(sender=AgentRun, run_id=run_id, reason=reason)
+    else:
+        logger.error("run %s: %s (left as it is: a worker holds it)", run_id, reason)
+
+
+def finish_cancel_cascades(limit: int = 1000) -> int:
+    """Cancel the active runs whose parent is cancelled: a cancel reaches a big tree's
+    descendants in batches, one transaction each, after the run itself; a process that died
+    in the middle of that leaves the rest active, and this finishes the cascade."""
+    store = current()
+    orphans = list(
+        AgentRun.objects.active()
+        .filter(parent__status=RunStatus.CANCELLED)
+        .order_by()
+        .values_list("pk", flat=True)[:limit]
+    )
+    cancelled = sum(1 for run_id in orphans if store.cancel_run(run_id))
+    if cancelled:
+        logger.warning("%d runs of cancelled parents cancelled by the sweep", cancelled)
+    return cancelled
 
 
 def apply_retention(now: datetime.datetime | None = None) -> int:

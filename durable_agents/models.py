@@ -1,5 +1,9 @@
-"""The four tables of durable_agents: runs, their append-only step log, the effect ledger and
-intents of irreversible tool calls. Status changes live in ``store/``, not here."""
+"""The eleven tables of durable_agents: runs (``agent_run``), their append-only step log
+(``agent_step``), the effect ledger (``tool_effect``), intents of irreversible tool calls
+(``tool_intent``), events (``agent_event``), questions to people (``agent_question``),
+concurrency keys (``agent_concurrency_key``), the fleet's model capacity (``model_capacity``)
+and what it met (``capacity_event``), daily usage (``agent_usage_day``) and snapshots of the
+operations figures (``agent_metrics``). Status changes live in ``store/``, not here."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents.exceptions import StoredValueError
 from durable_agents.text import json_text
 
 if TYPE_CHECKING:
@@ -31,7 +36,21 @@ class JSONTextField(_TextField):
     never sees a NUL byte); unlike a plain text column it round-trips any string exactly."""
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else json.loads(value)
+        return None if value is None else self.decode(value)
+
+    def decode(self, value: str) -> Any:
+        """The stored JSON text as a value; ``StoredValueError`` (naming the column) when it
+        does not decode, so that callers can tell a poisoned row from a bug of theirs."""
+        try:
+            return json.loads(value)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise StoredValueError(self.column_label(), f"{type(exc).__name__}: {exc}") from exc
+
+    def column_label(self) -> str:
+        """``table.column`` of this field, as an error names it."""
+        model = getattr(self, "model", None)
+        table = model._meta.db_table if model is not None else "?"
+        return f"{table}.{self.column}"
 
     def to_python(self, value: Any) -> Any:
         return value
@@ -184,6 +203,10 @@ class AgentRun(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
     )
     spawn_key = models.CharField(max_length=200, null=True, blank=True)
+    # The root of the run's tree (the run start_run started) for a child run; NULL for a root
+    # itself. spawn_run counts a tree's runs by it (MAX_TREE_RUNS) through agent_run_root.
+    # Never changes after the insert.
+    root_id = models.UUIDField(null=True, blank=True, editable=False)
     depth = models.PositiveSmallIntegerField(
         default=0,
         db_default=0,
@@ -255,6 +278,13 @@ class AgentRun(models.Model):
                 condition=models.Q(status__in=["pending", "running"]),
             ),
             models.Index(fields=["status", "created_at"], name="agent_run_status"),
+            # The runs of one tree (spawn_run's MAX_TREE_RUNS), child runs only; migration
+            # 0014 builds it CONCURRENTLY. root_id never changes: no HOT update lost.
+            models.Index(
+                fields=["root_id"],
+                name="agent_run_root",
+                condition=models.Q(root_id__isnull=False),
+            ),
             # The admin at production size (docs/operating.md): the runs list newest first,
             # by agent and by model, windows of finished runs and the dead letter by cause.
             # None of these columns changes while a run is claimed, renewed or committed, so
@@ -544,11 +574,13 @@ class AgentEvent(models.Model):
 
     def woken_by(self) -> dict[str, Any]:
         """What a run that waited on this event receives."""
-        return {
-            "event": self.name,
-            "payload": self.payload,
-            "at": self.sent_at.isoformat() if self.sent_at else None,
-        }
+        return {**self.wake_reference(), "payload": self.payload}
+
+    def wake_reference(self) -> dict[str, Any]:
+        """What each run this event wakes stores as its ``woken_by``: the event's name and
+        time, not its payload, which is stored once, here (twenty waiters of a large payload
+        would otherwise hold twenty copies). The woken call gets ``woken_by()`` whole."""
+        return {"event": self.name, "at": self.sent_at.isoformat() if self.sent_at else None}
 
 
 class QuestionStatus(models.TextChoices):
@@ -741,3 +773,25 @@ class AgentUsageDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.agent} {self.model}"
+
+
+class OperationsEntry(AgentRun):
+    """No table of its own: the operations page's line in the admin's list of models (on
+    /admin/ and /admin/durable_agents/), which lists registered models only."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # the runs' view permission decides (admin/entries.py)
+        # Capitalised as the page's own title (the same words, the same translation).
+        verbose_name = _("Operations")
+        verbose_name_plural = _("Operations")
+
+
+class DeadLetterEntry(AgentRun):
+    """No table of its own: the dead-letter page's line in the admin's list of models."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("Dead letter")
+        verbose_name_plural = _("Dead letter")

@@ -129,8 +129,9 @@ def _log_failure(subject: str, exc: Exception) -> None:
             _failures[kind] = (now, 0)
     suffix = ""
     if warn:
+        suffix = _mail_setup_hint(exc)
         if quiet:
-            suffix = f" ({quiet} identical failures since the last warning)"
+            suffix += f" ({quiet} identical failures since the last warning)"
         suffix += (
             f"; identical failures in the next {REPEAT_WARNING_SECONDS / 60:.0f} minutes are "
             "logged at DEBUG level"
@@ -144,6 +145,24 @@ def _log_failure(subject: str, exc: Exception) -> None:
         suffix,
         exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None,
     )
+
+
+def _mail_setup_hint(exc: Exception) -> str:
+    """For an SMTP server that cannot be reached (a new project sends with SMTP to
+    localhost:25, where nothing listens): which setting to change."""
+    backend = settings.EMAIL_BACKEND
+    # smtplib's errors and refused connections are OSErrors.
+    if backend != SMTP_BACKEND or not isinstance(exc, OSError):
+        return ""
+    return (
+        f". Mail goes by SMTP to {settings.EMAIL_HOST}:{settings.EMAIL_PORT}: set EMAIL_HOST "
+        "and EMAIL_PORT to a mail server, or EMAIL_BACKEND = "
+        "'django.core.mail.backends.console.EmailBackend' to print mails instead "
+        '(development), or turn these mails off with DURABLE_AGENTS = {"NOTIFY": False}'
+    )
+
+
+SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 
 
 def reset_failures() -> None:

@@ -49,8 +49,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -390,3 +391,19 @@ class _ToolSpans(_Together, ToolSpan):
     def result(self, text: str, is_error: bool) -> None:
         for span in self.entered:
             span.result(text, is_error)
+
+
+# What a tool's name becomes in a span's name, a span attribute or a metric label: a name the
+# model chose that is no tool of the agent's is this one label (the model may invent any
+# number of names, of any length, with any characters: unbounded cardinality and content in
+# the telemetry); a known name keeps [A-Za-z0-9_.-] only, the rest replaced, cut to 64.
+UNKNOWN_TOOL = "unknown_tool"
+MAX_TOOL_LABEL = 64
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def tool_label(name: object, known: Collection[str]) -> str:
+    """``name`` as a telemetry label: ``UNKNOWN_TOOL`` unless it is one of ``known``."""
+    if not isinstance(name, str) or name not in known:
+        return UNKNOWN_TOOL
+    return _NOT_LABEL.sub("_", name)[:MAX_TOOL_LABEL] or UNKNOWN_TOOL

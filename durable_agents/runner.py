@@ -31,7 +31,7 @@ from typing import Any, NoReturn, TypeVar
 from django.db import DatabaseError, DataError
 from django.utils import timezone
 
-from durable_agents import budgets, db, llm, observers, pricing, signals
+from durable_agents import budgets, credentials, db, llm, observers, pricing, signals
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.capacity import Estimate, Grant, observed
 from durable_agents.conf import app_settings
@@ -42,6 +42,7 @@ from durable_agents.dispositions import (
     DEAD,
     FAILED,
     LOST,
+    REFUSED,
     RELEASED,
     SHUTDOWN,
     SUCCEEDED,
@@ -50,6 +51,7 @@ from durable_agents.dispositions import (
     Disposition,
     Stop,
 )
+from durable_agents.exceptions import StoredValueError
 from durable_agents.history import (
     Conversation,
     assistant_message,
@@ -237,7 +239,12 @@ class RunAdvancer(ToolDispatch):
 
     def advance(self) -> Disposition:
         try:
-            return self._loop()
+            try:
+                return self._loop()
+            except StoredValueError as exc:
+                # A stored value of the run (a step, an effect, an intent, a wait) cannot be
+                # read back: no later claim can either. A poison run, dead-lettered at once.
+                self._dead(f"poison run: {exc}")
         except Stop as stop:
             return stop.disposition
 
@@ -279,7 +286,12 @@ class RunAdvancer(ToolDispatch):
             self._dead("the step log has no task step at seq 0")
         # Kept in memory (and appended to) while this claim lasts, so the log is read once per
         # claim, not once per step.
-        last = _Step(log.last.seq, log.last.kind, loads_deep(log.last.payload))
+        try:
+            message = loads_deep(log.last.payload)
+        except ValueError as exc:
+            problem = f"step {log.last.seq}: {type(exc).__name__}: {exc}"
+            raise StoredValueError("agent_step.payload", problem) from exc
+        last = _Step(log.last.seq, log.last.kind, message)
         return agent, params, _Position(log.conversation, log.turns, last)
 
     @staticmethod
@@ -298,6 +310,7 @@ class RunAdvancer(ToolDispatch):
         self._check_key_budget(str(params["model"]), at.pending)
         grant = self._take_capacity(params, messages, at.pending)
         turn = self._call_model(agent, params, messages, at.pending, grant)
+        credentials.accepted()
         turn_tokens = tokens_of(turn.message)
         self.tokens += turn_tokens
         # Priced at the run's model (what it was started with and every call sends); the
@@ -485,6 +498,8 @@ class RunAdvancer(ToolDispatch):
         except llm.ModelCallInterrupted:
             self._check_interrupt()
             raise
+        except llm.CredentialsRefused as exc:
+            self._credentials_refused(grant, exc)
         except llm.TransientModelError as exc:
             self._not_the_runs_fault(grant, exc)
             self._give_back(grant)
@@ -493,6 +508,15 @@ class RunAdvancer(ToolDispatch):
             )
             self.store.release_lease(self.claim, error=f"model call failed: {exc.message}")
             raise Stop(RELEASED) from exc
+
+    def _credentials_refused(self, grant: Grant, exc: llm.CredentialsRefused) -> NoReturn:
+        """The API refused the worker's key: hand the run back at once, uncounted (another
+        worker's key may work), and pause this worker's claims (``credentials``)."""
+        self._give_back(grant)
+        if not self.store.release_lease(self.claim, count_claim=False):
+            self._fence_failed()
+        credentials.refused(exc.status, exc.message)
+        raise Stop(REFUSED) from exc
 
     # -- model capacity (capacity/gate.py: the fleet's buckets) -----------------------------
 

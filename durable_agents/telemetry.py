@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from durable_agents import observers, pricing
 from durable_agents.observers import AgentSpan, ModelCall, ModelSpan, ToolSpan
+from durable_agents.text import storable_text
 
 try:
     from opentelemetry import context as otel_context
@@ -454,6 +455,9 @@ def _parts(content: Any) -> list[dict[str, Any]]:
 # -- execute_tool: one tool call -----------------------------------------------------------
 
 
+# The longest tool name a span records as the model asked for it (content opted in only).
+MAX_REQUESTED_NAME = 256
+
 _current_tool: contextvars.ContextVar[_ToolSpan | None] = contextvars.ContextVar(
     "durable_agents_tool_span", default=None
 )
@@ -471,9 +475,10 @@ class _ToolSpan(ToolSpan):
         self.finished = False
 
     def __enter__(self) -> Self:
-        name = self.call.get("name")
-        name = name if isinstance(name, str) else str(name)
-        tool = self.agent.tools_by_name.get(name)
+        requested = self.call.get("name")
+        # The model chose the name: an unknown one is one fixed label, never the span's name.
+        name = observers.tool_label(requested, self.agent.tools_by_name)
+        tool = self.agent.tools_by_name.get(requested) if isinstance(requested, str) else None
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
@@ -492,6 +497,10 @@ class _ToolSpan(ToolSpan):
         self.active = _Active(span)
         if self.active.recording and capture_content():
             span.set_attribute("gen_ai.tool.call.arguments", _json(self.call.get("input")))
+            if tool is None:
+                # Content opted in: the name the model asked for, as text (cut).
+                requested_text = storable_text(requested, MAX_REQUESTED_NAME)
+                span.set_attribute("durable_agents.tool.requested_name", requested_text)
         self._token = _current_tool.set(self)
         return self
 

@@ -112,6 +112,10 @@ class RunResult:
     def woken_by(self) -> dict[str, Any] | None:
         """What ended the run's last wait (the ``woken_by`` its waiting tool received)."""
         woken_by: dict[str, Any] | None = self.run.woken_by
+        if isinstance(woken_by, dict) and "event" in woken_by and "payload" not in woken_by:
+            # The run refers to the event; its payload is stored once, on the event's row.
+            event = store.current().sent_event(str(woken_by["event"]))
+            woken_by = {**woken_by, "payload": None if event is None else event.payload}
         return woken_by
 
     @property
@@ -269,8 +273,9 @@ def drive(
       them; for an intent whose outcome is unknown, "approve" resolves it as not having
       happened.
     - ``events``: what to send (``api.send_event``) when a run waits on an event: a dict of
-      name to payload, or a function of the name returning the payload (``KEEP_WAITING``:
-      send nothing). A name it does not know leaves the run waiting.
+      name to payload, or a function of the name returning the payload (or ``KEEP_WAITING``
+      to send nothing for that name); ``events=KEEP_WAITING`` sends nothing at all. A name
+      it does not know leaves the run waiting.
     - ``answers``: how to answer a question (``ask_person``), through ``api.answer_question``
       as a user with the permission: a dict of question text to answer, or a function of the
       question text returning the answer (None or ``KEEP_WAITING``: no answer).
@@ -431,7 +436,7 @@ class _Driver:
 
     def _send_event(self, run: AgentRun) -> bool:
         name = run.wait_event or ""
-        if self.events is None:
+        if self.events is None or self.events is KEEP_WAITING:
             payload = KEEP_WAITING
         elif callable(self.events):
             payload = self.events(name)
@@ -447,7 +452,7 @@ class _Driver:
         question = AgentQuestion.objects.filter(run=run, status=QuestionStatus.OPEN).first()
         if question is None:
             return False
-        if self.answers is None:
+        if self.answers is None or self.answers is KEEP_WAITING:
             answer = None
         elif callable(self.answers):
             answer = self.answers(question.question)

@@ -24,6 +24,7 @@ import contextvars
 import dataclasses
 import datetime
 import math
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -34,6 +35,31 @@ __all__ = ["CallContext", "Wait", "ask_person", "current_call"]
 
 # Longest name of an event (the column's width).
 MAX_EVENT_NAME = 200
+
+
+# Control characters (C0, DEL, C1: NUL among them, and CR/LF, which forge log lines) and lone
+# surrogates (which no UTF-8 column can store): never part of an event's name.
+_BAD_NAME_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def event_name_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as an event's name, or None when it is a valid one: a
+    non-empty string of at most MAX_EVENT_NAME characters without control characters or
+    lone surrogates. Checked before anything is written, by ``Wait(event=)`` (the model may
+    choose the name: a bad one is the tool's error, which the model sees) and ``send_event``."""
+    if not isinstance(name, str):
+        return f"a name is a string, not {type(name).__name__}"
+    if not name:
+        return "a name cannot be empty"
+    if len(name) > MAX_EVENT_NAME:
+        return f"a name has at most {MAX_EVENT_NAME} characters, this one has {len(name)}"
+    bad = _BAD_NAME_CHARS.search(name)
+    if bad is not None:
+        return (
+            f"a name cannot contain control characters or lone surrogates "
+            f"({bad.group()!a} at position {bad.start()})"
+        )
+    return None
 
 
 class Wait(Exception):  # not ...Error: it is control flow, and its name is public API
@@ -80,10 +106,9 @@ class Wait(Exception):  # not ...Error: it is control flow, and its name is publ
             self.kind = "timer"
             self.until = until
         elif event is not None:
-            if not isinstance(event, str) or not event or len(event) > MAX_EVENT_NAME:
-                raise ValueError(
-                    f"Wait(event=) needs a non-empty name of at most {MAX_EVENT_NAME} characters"
-                )
+            problem = event_name_problem(event)
+            if problem is not None:
+                raise ValueError(f"Wait(event=) needs a valid event name: {problem}")
             self.kind = "event"
             self.event = event
         else:

@@ -36,7 +36,7 @@ from typing import Any
 from django.db import DatabaseError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from durable_agents import calls, db, observers
+from durable_agents import calls, credentials, db, observers
 from durable_agents.conf import app_settings
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.interrupt import Interrupt
@@ -87,6 +87,13 @@ MODELS_SEEN_SECONDS = 300.0
 # After a failed heartbeat (the database restarts, or fails over), the next beat is tried this
 # soon rather than a whole period later: the leases must be renewed as soon as it answers.
 BEAT_RETRY_SECONDS = 1.0
+
+
+def _outcomes(dispositions: dict[str, int]) -> str:
+    """ ": succeeded 3, dead 1" (plain words, not the enum's repr), or "" for none."""
+    if not dispositions:
+        return ""
+    return ": " + ", ".join(f"{name!s} {count}" for name, count in dispositions.items())
 
 
 class Worker:
@@ -155,6 +162,8 @@ class Worker:
         self._wake = threading.Event()
         # The last claim filled every free slot: more runs may be claimable right now.
         self._backlog = False
+        # A burst worker whose key the API refuses stops claiming for good.
+        self._burst_over = False
         self.listener: db.Listener | None = None
         # Heartbeats in a row that failed (the database is away): the next is tried sooner.
         self._failed_beats = 0
@@ -182,6 +191,9 @@ class Worker:
             woken = wake_stranded_parents(store=self.store)
         except DatabaseError:
             logger.warning("worker %s: waking stranded parent runs failed", self.worker_id)
+            return
+        except Exception:
+            logger.exception("worker %s: waking stranded parent runs failed", self.worker_id)
             return
         finally:
             self.connections.release()
@@ -230,10 +242,10 @@ class Worker:
             slot.join(timeout=max(0.0, deadline - time.monotonic()))
         self.connections.close()
         logger.info(
-            "worker %s stopped after %d claims: %s",
+            "worker %s stopped after %d claims%s",
             self.worker_id,
             self.stats.claims,
-            self.stats.dispositions,
+            _outcomes(self.stats.dispositions),
         )
         if self.slot_died.is_set():
             logger.critical("worker %s exits with status 1: a slot died", self.worker_id)
@@ -323,7 +335,7 @@ class Worker:
         claimable and no slot is busy; with max_runs, until that many were claimed and done)."""
         failed_claims = 0  # in a row: the database is unreachable or refusing
         idle = True
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and not self._burst_over:
             with self._lock:
                 free = self.concurrency - self._busy
                 busy = self._busy
@@ -332,6 +344,8 @@ class Worker:
                 self._backlog = True
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
+                continue
+            if self._paused_for_credentials(busy):
                 continue
             room, next_in = self._capacity_room()
             if room == 0:
@@ -389,6 +403,23 @@ class Worker:
                     if self._busy == 0:
                         return
             self._wake.wait(self.poll_interval)
+
+    def _paused_for_credentials(self, busy: int) -> bool:
+        """The API refuses this process's key (``credentials``): wait out the pause instead of
+        claiming runs that would only be handed back. A burst worker ends instead."""
+        paused = credentials.pause_remaining()
+        if paused <= 0:
+            return False
+        if self.burst:
+            if busy == 0:
+                logger.info("worker %s: the burst ends, the API refuses its key", self.worker_id)
+                self._burst_over = True
+            else:
+                self._wake.wait(self.poll_interval)
+        else:
+            self._wake.wait(paused)
+        self._wake.clear()
+        return True
 
     def _capacity_room(self) -> tuple[int, float]:
         """How many runs to claim at most for the models' capacity (``NO_LIMIT`` when a model

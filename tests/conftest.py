@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from durable_agents import llm
+from durable_agents import credentials, llm
 from durable_agents.worker import Worker
 from tests.fakeserver import FakeAnthropic
 from tests.testapp import receiver as receiver_module
@@ -83,6 +83,13 @@ def receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Receiver:
     directory.mkdir()
     monkeypatch.setenv("DA_RECEIVER_DIR", str(directory))
     return Receiver(directory)
+
+
+@pytest.fixture(autouse=True)
+def _credentials_accepted() -> Iterator[None]:
+    """A test whose fake API refused the key must not pause the next test's workers."""
+    yield
+    credentials.reset()
 
 
 @pytest.fixture

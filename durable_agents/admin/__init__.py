@@ -21,6 +21,7 @@ whoever comes later, whatever their language.
 from django.contrib import admin
 
 from durable_agents.admin.budgets import ConcurrencyKeyAdmin
+from durable_agents.admin.entries import DeadLetterEntryAdmin, OperationsEntryAdmin
 from durable_agents.admin.events import AgentEventAdmin
 from durable_agents.admin.intents import ToolIntentAdmin
 from durable_agents.admin.questions import AgentQuestionAdmin
@@ -30,6 +31,8 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     ConcurrencyKey,
+    DeadLetterEntry,
+    OperationsEntry,
     ToolIntent,
 )
 
@@ -46,3 +49,6 @@ __all__ = [
     "ConcurrencyKeyAdmin",
     "ToolIntentAdmin",
 ]
+# Lines of the list of models on /admin/ that lead to the operations and dead-letter pages.
+admin.site.register(OperationsEntry, OperationsEntryAdmin)
+admin.site.register(DeadLetterEntry, DeadLetterEntryAdmin)

@@ -53,6 +53,12 @@ from durable_agents.admin.listing import EstimatingPaginator, search_note, searc
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
 from durable_agents.admin.transcript import block_text, build_transcript
+from durable_agents.admin.undecodable import (
+    Undecodable,
+    decode_raw,
+    reading_raw,
+    run_reading_what_decodes,
+)
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
 from durable_agents.agents import AgentNotFound
 from durable_agents.counting import bounded_count
@@ -91,10 +97,13 @@ class RunChangeList(CountedChangeList):
             # woken_by can hold an event's whole payload: the list never shows it.
             .defer("task", "result", "fingerprint", "woken_by")
         )
-        return queryset
+        # wait_runs as text, decoded per row: one run's undecodable wait cannot fail the list.
+        return reading_raw(queryset, "wait_runs")
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
+        for run in self.result_list:
+            decode_raw(run, "wait_runs")
         # Evaluates the page's queryset once; the template iterates the same (cached) rows.
         attach_waits(list(self.result_list))
         attach_key_states(list(self.result_list))
@@ -310,6 +319,8 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:
         if obj.woken_by is None:
             return self.get_empty_value_display()
+        if isinstance(obj.woken_by, Undecodable):
+            return text_html(shown_text(str(obj.woken_by)))
         return text_html(shown_text(pretty_json(obj.woken_by)))
 
     def get_form(
@@ -487,6 +498,19 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         dead = bounded_count(AgentRun.objects.dead())
         extra_context = {**(extra_context or {}), "dead_count": dead}
         return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        run = super().get_object(request, object_id, from_field)
+        if run is not None or from_field is not None:
+            return run
+        # Django reads a ValueError of the row's decoding (``StoredValueError``) as "no such
+        # run". A poison run's page shows what cannot be decoded instead.
+        try:
+            return run_reading_what_decodes(
+                self.get_queryset(request), clean_pk(AgentRun, object_id)
+            )
+        except ValueError:
+            return None
 
     def render_change_form(
         self,

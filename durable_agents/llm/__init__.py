@@ -15,6 +15,7 @@ monkeypatch a name must patch the module that looks it up (``llm.retries._backof
 from durable_agents.llm.body import content_span, request_body
 from durable_agents.llm.client import MESSAGES_PATH, default_client, get_client, reset_clients
 from durable_agents.llm.errors import (
+    CredentialsRefused,
     ModelCallInterrupted,
     ModelError,
     ModelTurn,
@@ -26,6 +27,7 @@ from durable_agents.llm.retries import RETRYABLE_STATUSES, classify, create_turn
 __all__ = [
     "MESSAGES_PATH",
     "RETRYABLE_STATUSES",
+    "CredentialsRefused",
     "ModelCallInterrupted",
     "ModelError",
     "ModelTurn",

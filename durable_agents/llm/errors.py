@@ -48,6 +48,12 @@ class TransientModelError(ModelError):
     """Retries inside this claim ran out (rate limits, overload, outages, auth)."""
 
 
+class CredentialsRefused(TransientModelError):
+    """The API refused the credentials (401, 403), or the client had none to send: not the
+    run's fault, and no retry of this claim can help. The run is handed back uncounted and the
+    worker pauses its claims (``durable_agents.credentials``)."""
+
+
 class ModelCallInterrupted(ModelError):
     """The run was cancelled, its lease lost, or the worker is stopping."""
 

@@ -37,6 +37,7 @@ from durable_agents.llm.client import (
     rate_limit_headers,
 )
 from durable_agents.llm.errors import (
+    CredentialsRefused,
     ModelCallInterrupted,
     ModelError,
     ModelTurn,
@@ -49,6 +50,8 @@ from durable_agents.observers import ModelOutcome
 logger = logging.getLogger("durable_agents.llm")
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
+# What the SDK raises (a TypeError) when a client has neither an API key nor a token to send.
+NO_CREDENTIALS = "Could not resolve authentication method"
 
 
 def _error_message(exc: anthropic.APIStatusError) -> str:
@@ -115,11 +118,9 @@ def classify(exc: Exception, model: str) -> ModelError:
                 request_id=request_id,
             )
         if status in (401, 403):
-            # Not the run's fault and not fixable by retrying now: hand the run back; the
-            # no-progress count dead-letters it if the key stays wrong.
-            return TransientModelError(
-                f"authentication failed ({status}): {message}", status=status, request_id=request_id
-            )
+            # Not the run's fault and not fixable by retrying now: the run is handed back
+            # uncounted and the worker pauses its claims until the key works.
+            return CredentialsRefused(message, status=status, request_id=request_id)
         return PermanentModelError(
             f"the API rejected the request ({status}): {message}",
             status=status,
@@ -127,6 +128,9 @@ def classify(exc: Exception, model: str) -> ModelError:
         )
     if isinstance(exc, anthropic.APIConnectionError):
         return TransientModelError(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, TypeError) and NO_CREDENTIALS in str(exc):
+        # The SDK found neither an API key nor a token to send: a refusal before the call.
+        return CredentialsRefused(" ".join(str(exc).strip('"').split()))
     return TransientModelError(f"{type(exc).__name__}: {exc}")
 
 
@@ -259,7 +263,7 @@ def _create_turn(
 def _retryable(error: ModelError) -> bool:
     # An authentication failure is transient (the run is handed back) but asking again now
     # cannot help.
-    return isinstance(error, TransientModelError) and error.status not in (401, 403)
+    return isinstance(error, TransientModelError) and not isinstance(error, CredentialsRefused)
 
 
 def _outcome(error: ModelError, last: bool) -> ModelOutcome:
@@ -319,7 +323,10 @@ def _call_once(
             return span.answered(read_turn(text, request_id, started, headers))
         except ModelCallInterrupted:
             raise
-        except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError) as exc:
-            # ValueError: an undecodable body; httpx2.HTTPError: a stream cut mid-way.
+        except (anthropic.APIError, ModelError, httpx2.HTTPError, ValueError, TypeError) as exc:
+            # ValueError: an undecodable body; httpx2.HTTPError: a stream cut mid-way;
+            # TypeError: a client without credentials (any other is re-raised as it was).
+            if isinstance(exc, TypeError) and NO_CREDENTIALS not in str(exc):
+                raise
             error = exc if isinstance(exc, ModelError) else classify(exc, model)
             raise error from exc

@@ -86,6 +86,9 @@ if TYPE_CHECKING:
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
 MAX_REASON_CHARS = 20_000
+# The reason of an intent that waited for approval when its run was cancelled: the cancel
+# rejects it, so that no person is asked to decide a call that can no longer happen.
+RUN_CANCELLED = "run cancelled"
 
 # A run's id (its primary key). What also takes the text of one says so: ``RunId | str``.
 RunId: TypeAlias = uuid.UUID
@@ -203,13 +206,30 @@ def refuse_strangers(strangers: Sequence[str]) -> None:
         )
 
 
-def refuse_spawn(parent_status: str | None, children: int, max_children: int) -> None:
+def refuse_spawn(
+    parent_status: str | None,
+    children: int,
+    max_children: int,
+    tree_runs: int = 0,
+    max_tree_runs: int | None = None,
+) -> None:
     """``spawn_run`` starts no child of a parent that is over (or gone), nor past
-    ``MAX_CHILD_RUNS``."""
+    ``MAX_CHILD_RUNS`` children of the parent, nor past ``max_tree_runs`` runs in the tree
+    (``tree_runs``: its root and every descendant so far)."""
     if parent_status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
         raise WaitRefused(f"the parent run is {parent_status or 'gone'}: no new child runs")
     if children >= max_children:
         raise WaitRefused(f"this run has {max_children} child runs already (MAX_CHILD_RUNS)")
+    if max_tree_runs is not None and tree_runs >= max_tree_runs:
+        raise WaitRefused(
+            f"this run's tree holds {tree_runs} runs already, its root included "
+            f"(MAX_TREE_RUNS={max_tree_runs}): no new child runs"
+        )
+
+
+def tree_root(parent: AgentRun) -> RunId:
+    """The root of the tree a child of ``parent`` joins: the parent's root, or the parent."""
+    return parent.root_id or parent.pk
 
 
 def run_outcome(run: AgentRun) -> dict[str, Any]:
@@ -459,13 +479,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def spawn_run(
-        self, child: AgentRun, task_payload: str, max_children: int
+        self,
+        child: AgentRun,
+        task_payload: str,
+        max_children: int,
+        max_tree_runs: int | None = None,
     ) -> tuple[AgentRun, bool]:
         """Create ``child`` (unsaved, with ``parent_id`` and ``spawn_key`` set) and its task
         step, unless the parent already has a child with that key: that one is returned.
-        The child gets its parent's ``priority``, read under the parent's lock.
-        Refused (``WaitRefused``) when the parent is over or has ``max_children`` already.
-        Returns (run, created)."""
+        The child gets its parent's ``priority`` and its tree's root (``root_id``), read
+        under the locks of the root and the parent (in that order: concurrent spawns
+        anywhere in one tree count its runs one at a time). Refused (``WaitRefused``) when
+        the parent is over, has ``max_children`` already, or its tree holds
+        ``max_tree_runs`` runs. Returns (run, created)."""
 
     @abc.abstractmethod
     def wake_parent(self, parent_id: RunId) -> bool:
@@ -477,6 +503,11 @@ class Store(abc.ABC):
     def stranded_parents(self, limit: int) -> list[RunId]:
         """Runs waiting on runs (housekeeping checks them with ``wake_parent``: a worker that
         died between a child's end and the wake leaves its parent here)."""
+
+    @abc.abstractmethod
+    def sent_event(self, name: str) -> AgentEvent | None:
+        """The event ``name`` if it was sent (a woken call reads its payload here: the runs
+        it woke store only a reference to it)."""
 
     @abc.abstractmethod
     def question_for_key(self, key: str) -> AgentQuestion | None:
@@ -501,9 +532,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def cancel_run(self, run_id: RunId | str) -> bool:
         """Cancel a pending, running, waiting or dead run (lease freed, finished now), with
-        its unfinished descendants and its open questions. A worker holding one is refused by
-        its fence from then on. Then its parent learns of it (``child_ended``). False if the
-        run was over."""
+        its unfinished descendants (database stores: in batches, a transaction each, after
+        the run's own), and in the same transaction as each run its open questions and its
+        intents that wait for approval (rejected, ``RUN_CANCELLED``). A worker holding one
+        is refused by its fence from then on. Then its parent learns of it
+        (``child_ended``). False if the run was over."""
 
     @abc.abstractmethod
     def requeue_run(self, run_id: RunId | str) -> bool:

@@ -48,6 +48,7 @@ from durable_agents.pricing import add_cost
 from durable_agents.store import concurrency
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
+    RUN_CANCELLED,
     AuthUser,
     Claim,
     LeaseLoss,
@@ -558,6 +559,11 @@ class InMemoryStore(InMemoryWaits):
                     for question in self.questions.values():
                         if question.run_id == each.pk and question.status == QuestionStatus.OPEN:
                             question.status = QuestionStatus.CANCELLED
+                    for intent in self.intents.values():
+                        if intent.run_id == each.pk and intent.status == IntentStatus.PENDING:
+                            intent.status = IntentStatus.REJECTED
+                            intent.reason = RUN_CANCELLED
+                            intent.decided_at = intent.updated_at = self.now()
                 ids = {each.pk for each in generation}
                 generation = [r for r in self.runs.values() if r.parent_id in ids]
             self.child_ended(run.parent_id)

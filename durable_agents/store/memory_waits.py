@@ -33,6 +33,7 @@ from durable_agents.store.base import (
     refuse_spawn,
     refuse_strangers,
     run_outcome,
+    tree_root,
 )
 from durable_agents.text import storable_text
 
@@ -142,7 +143,7 @@ class InMemoryWaits(Store):
                     and run.wait_event == name
                 ):
                     run.status = RunStatus.PENDING
-                    run.woken_by = event.woken_by()
+                    run.woken_by = event.wake_reference()
                     run.wake_at = None
                     run.updated_at = self.now()
                     woken += 1
@@ -178,7 +179,11 @@ class InMemoryWaits(Store):
             return _copy(question)
 
     def spawn_run(
-        self, child: AgentRun, task_payload: str, max_children: int
+        self,
+        child: AgentRun,
+        task_payload: str,
+        max_children: int,
+        max_tree_runs: int | None = None,
     ) -> tuple[AgentRun, bool]:
         with self.lock:
             siblings = [r for r in self.runs.values() if r.parent_id == child.parent_id]
@@ -187,8 +192,11 @@ class InMemoryWaits(Store):
                     return _copy(sibling), False
             parent = None if child.parent_id is None else self.runs.get(child.parent_id)
             status = None if parent is None else parent.status
-            refuse_spawn(status, len(siblings), max_children)
+            root_id = None if parent is None else tree_root(parent)
+            tree = 1 + sum(1 for r in self.runs.values() if r.root_id == root_id)
+            refuse_spawn(status, len(siblings), max_children, tree, max_tree_runs)
             assert parent is not None  # refuse_spawn raised otherwise
+            child.root_id = root_id
             child.priority = parent.priority  # a child of an urgent run is urgent
             child.concurrency_key = parent.concurrency_key  # and counts toward its key
             return self.create_run(child, task_payload), True
@@ -219,6 +227,11 @@ class InMemoryWaits(Store):
                 if r.status == RunStatus.WAITING and r.waiting_for == WaitKind.RUNS
             ]
             return [r.pk for r in sorted(waiting, key=lambda r: r.created_at)[:limit]]
+
+    def sent_event(self, name: str) -> AgentEvent | None:
+        with self.lock:
+            event = self.events.get(name)
+            return None if event is None or not event.is_sent else _copy(event)
 
     def question_for_key(self, key: str) -> AgentQuestion | None:
         with self.lock:

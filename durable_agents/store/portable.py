@@ -59,7 +59,6 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     StepWrite,
-    Store,
     WaitSpec,
     ended,
     lease_losses,
@@ -68,6 +67,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.text import storable_text
 
@@ -135,7 +135,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(Store):
+class PortableStore(PortableTrees):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------
@@ -211,9 +211,8 @@ class PortableStore(Store):
         )
         return claims[0] if claims else None
 
-    @staticmethod
     def _lock_and_take(
-        candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
+        self, candidates: list[QuerySet[AgentRun]], owner: str, lease_seconds: float, limit: int
     ) -> list[Claim]:
         """Due waits first, then the other claimable runs, ``limit`` in all, within the limits
         of their concurrency keys (``key_rows.admit_locked``)."""
@@ -242,10 +241,10 @@ class PortableStore(Store):
                 started_at=Coalesce(F("started_at"), Now()),
                 updated_at=Now(),
             )
-            runs = AgentRun.objects.filter(pk__in=ids).order_by(
-                "-priority", "fair_at", "created_at"
-            )
-            return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
+            runs, poisoned = self._readable_runs(ids, owner)
+        for parent_id in poisoned:
+            self.child_ended(parent_id)
+        return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
     def renew_leases(
         self,
@@ -526,33 +525,9 @@ class PortableStore(Store):
             )
             if not self._cancel([run_id]):
                 return False
-            # The run's unfinished descendants, generation by generation (a tree bounded by
-            # MAX_CHILD_RUNS and MAX_RUN_DEPTH).
-            generation = [run_id]
-            while generation:
-                generation = list(
-                    AgentRun.objects.filter(parent_id__in=generation).values_list("pk", flat=True)
-                )
-                self._cancel(generation)
+        self._cancel_descendants(run_id)
         self.child_ended(parent_id)
         return True
-
-    @staticmethod
-    def _cancel(run_ids: list[Any]) -> int:
-        if not run_ids:
-            return 0
-        cancelled = AgentRun.objects.filter(pk__in=run_ids, status__in=CANCELLABLE_STATUSES).update(
-            status=RunStatus.CANCELLED,
-            dead_cause="",
-            lease_owner=None,
-            lease_until=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        AgentQuestion.objects.filter(run_id__in=run_ids, status=QuestionStatus.OPEN).update(
-            status=QuestionStatus.CANCELLED
-        )
-        return cancelled
 
     def requeue_run(self, run_id: RunId | str) -> bool:
         return bool(
@@ -650,7 +625,10 @@ class PortableStore(Store):
             woken = AgentRun.objects.filter(
                 status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
             ).update(
-                status=RunStatus.PENDING, woken_by=event.woken_by(), wake_at=None, updated_at=Now()
+                status=RunStatus.PENDING,
+                woken_by=event.wake_reference(),
+                wake_at=None,
+                updated_at=Now(),
             )
         return event, woken
 
@@ -679,7 +657,11 @@ class PortableStore(Store):
         return question
 
     def spawn_run(
-        self, child: AgentRun, task_payload: str, max_children: int
+        self,
+        child: AgentRun,
+        task_payload: str,
+        max_children: int,
+        max_tree_runs: int | None = None,
     ) -> tuple[AgentRun, bool]:
         with transaction.atomic():
             existing = AgentRun.objects.filter(
@@ -687,6 +669,7 @@ class PortableStore(Store):
             ).first()
             if existing is not None:
                 return existing, False
+            root_id = self._lock_tree_root(child.parent_id)
             # The parent's row, locked: a cancel of the parent (which cancels its children)
             # and other spawns of it wait, so no child outlives a cancelled parent and the
             # count below holds.
@@ -702,10 +685,14 @@ class PortableStore(Store):
                 None if parent is None else parent[0],
                 AgentRun.objects.filter(parent_id=child.parent_id).count(),
                 max_children,
+                # The root and its descendants, counted under the root's lock.
+                1 + AgentRun.objects.filter(root_id=root_id).count() if root_id else 0,
+                max_tree_runs,
             )
             assert parent is not None  # refuse_spawn raised otherwise
             child.priority = parent[1]  # a child of an urgent run is urgent
             child.concurrency_key = parent[2]  # and counts toward its key
+            child.root_id = root_id
             return self.create_run(child, task_payload), True
 
     def wake_parent(self, parent_id: RunId) -> bool:
@@ -737,6 +724,9 @@ class PortableStore(Store):
             .order_by("created_at")
             .values_list("pk", flat=True)[:limit]
         )
+
+    def sent_event(self, name: str) -> AgentEvent | None:
+        return AgentEvent.objects.filter(name=name, sent_at__isnull=False).first()
 
     def question_for_key(self, key: str) -> AgentQuestion | None:
         return AgentQuestion.objects.filter(key=key).first()

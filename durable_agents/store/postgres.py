@@ -45,6 +45,7 @@ from typing import Any
 from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from durable_agents.exceptions import StoredValueError
 from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.pricing import Usage
 from durable_agents.store import concurrency, key_rows
@@ -527,8 +528,7 @@ class PostgresStore(PortableStore):
         )
         return claims
 
-    @staticmethod
-    def _claim_once(owner: str, lease_seconds: float, limit: int) -> tuple[list[Claim], bool]:
+    def _claim_once(self, owner: str, lease_seconds: float, limit: int) -> tuple[list[Claim], bool]:
         """One CLAIM_SQL: the claims, and whether it locked candidates it did not take."""
         params = {**key_limits(), "owner": owner, "lease": float(lease_seconds), "limit": limit}
         with binding_cursor() as cursor:
@@ -541,8 +541,9 @@ class PostgresStore(PortableStore):
             if taken["id"] is None:
                 continue
             task_payload = taken.pop("task_payload")
-            run = _run_from(taken)
-            claims.append(Claim(run, owner, run.attempt, lease_seconds, task_payload))
+            run = self._readable(taken, owner)
+            if run is not None:
+                claims.append(Claim(run, owner, run.attempt, lease_seconds, task_payload))
         candidates = rows[0][0] if rows else 0
         return claims, candidates > len(claims)
 
@@ -670,11 +671,26 @@ class PostgresStore(PortableStore):
             then_claim.give_back()
             return appended
         task_payload = taken.pop("task_payload")
-        run = _run_from(taken)
+        run = self._readable(taken, then_claim.owner)
+        if run is None:
+            then_claim.give_back()
+            return appended
         then_claim.claim = Claim(
             run, then_claim.owner, run.attempt, then_claim.lease_seconds, task_payload
         )
         return appended
+
+    def _readable(self, columns: dict[str | None, Any], owner: str) -> AgentRun | None:
+        """The run of a row just claimed; None when its row cannot be decoded: it is
+        dead-lettered as poison (fenced on this claim) rather than failing the claim, which
+        would fail every claim of every worker that takes it."""
+        try:
+            return _run_from(columns)
+        except StoredValueError as exc:
+            dead, parent_id = self.dead_letter_poison(columns["id"], owner, columns["attempt"], exc)
+        if dead:
+            self.child_ended(parent_id)
+        return None
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
         """One statement; the run row stays locked until the intent row is updated."""

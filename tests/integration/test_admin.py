@@ -182,6 +182,34 @@ def test_app_index_links_operations_and_dead_letter(admin_client: Client) -> Non
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("index", ["admin:index", "durable_agents"])
+def test_the_admin_index_lists_operations_and_dead_letter(admin_client: Client, index: str) -> None:
+    url = reverse(index) if index == "admin:index" else reverse("admin:app_list", args=[index])
+    content = admin_client.get(url).content.decode()
+    for page in ("operations", "dead_letter"):
+        entry = reverse(f"admin:durable_agents_{page.replace('_', '')}entry_changelist")
+        assert f'href="{entry}"' in content
+        followed = admin_client.get(entry)
+        assert followed.status_code == 302
+        assert followed["Location"] == reverse(f"admin:durable_agents_agentrun_{page}")
+
+
+@pytest.mark.django_db
+def test_the_index_entries_follow_the_runs_view_permission(client: Client) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    staff = User.objects.create_user("clerk", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_toolintent"))
+    client.force_login(staff)
+    assert "operationsentry" not in client.get(reverse("admin:index")).content.decode()
+    staff.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
+    staff = User.objects.get(pk=staff.pk)
+    client.force_login(staff)
+    content = client.get(reverse("admin:index")).content.decode()
+    assert reverse("admin:durable_agents_operationsentry_changelist") in content
+
+
+@pytest.mark.django_db
 def test_run_list_columns_and_filters(admin_client: Client) -> None:
     run = durable_agents.start_run("tester", "first line of the task\nsecond line")
     AgentRun.objects.filter(pk=run.pk).update(

@@ -74,6 +74,7 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
             "retired_model": 2,
             "undeployed_prompt": 1,
             "parents_woken": 0,
+            "cascades_finished": 0,
             "budget_woken": 0,
             "capacity_events_pruned": 0,
         }

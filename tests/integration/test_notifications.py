@@ -125,6 +125,20 @@ def test_a_failing_notification_is_one_warning_line_then_quiet(
     assert "refused" in line.lower()
 
 
+def test_an_unreachable_mail_server_names_the_settings_to_change(
+    staff: dict[str, Any], no_mail_server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="durable_agents.notifications")
+    for i in range(3):
+        notifications.notify(f"event {i}", "body")
+    [record] = caplog.records  # once, not per event
+    line = record.getMessage()
+    assert f"127.0.0.1:{no_mail_server}" in line
+    assert "EMAIL_BACKEND" in line
+    assert "console.EmailBackend" in line
+    assert '"NOTIFY": False' in line
+
+
 def test_at_debug_level_the_traceback_and_the_repeats_are_logged(
     staff: dict[str, Any], no_mail_server: int, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from durable_agents import api
 from durable_agents.effects import idempotency_key
 from durable_agents.models import IntentStatus, QuestionStatus, RunStatus, WaitKind
+from durable_agents.testing import KEEP_WAITING
 
 
 def test_the_demo_migrator_end_to_end(agent_runner: Any, durable_plan: Any) -> None:
@@ -134,6 +135,14 @@ def test_events_may_be_a_function_of_the_name(agent_runner: Any) -> None:
     )
     assert result.status == RunStatus.SUCCEEDED, result.error
     assert result.woken_by["payload"] == {"build": "17", "ok": True}
+
+
+def test_events_keep_waiting_sends_nothing(agent_runner: Any) -> None:
+    task = waiter_task('@await_event {"name": "refund:o-1"}')
+    result = agent_runner("waiter", task, events=KEEP_WAITING)
+    assert (result.status, result.waiting_for) == (RunStatus.WAITING, WaitKind.EVENT)
+    result = agent_runner.drive(result, events=lambda name: KEEP_WAITING)
+    assert (result.status, result.waiting_for) == (RunStatus.WAITING, WaitKind.EVENT)
 
 
 def test_an_event_the_test_does_not_know_leaves_the_run_waiting(agent_runner: Any) -> None:

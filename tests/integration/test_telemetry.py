@@ -385,7 +385,8 @@ def test_tool_errors_and_dead_runs_end_their_spans_in_error(
     assert unknown.attributes is not None
     assert explode.attributes["error.type"] == "RuntimeError"
     assert explode.status.status_code is StatusCode.ERROR
-    assert unknown.name == "execute_tool no_such_tool"
+    assert unknown.name == "execute_tool unknown_tool"
+    assert unknown.attributes["gen_ai.tool.name"] == "unknown_tool"
     assert unknown.attributes["error.type"] == "unknown_tool"
     assert "durable_agents.effect_class" not in unknown.attributes
 
@@ -466,3 +467,40 @@ def test_without_opentelemetry_runs_work_and_emit_nothing(
     assert run_worker().stats.dispositions == {"succeeded": 1}
     assert reload(run).status == "succeeded"
     assert [s.name for s in EXPORTER.get_finished_spans()] == ["caller"]
+
+
+def test_a_tool_name_the_model_invents_never_names_a_span(
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    invented = "x" * 300 + "\n<script>"
+    call = "@" + invented.replace("\n", "") + " {}"
+    start_run("tester", f"Say hello.\n{call}")
+    assert run_worker().stats.dispositions == {"succeeded": 1}
+    (unknown,) = spans_named("execute_tool")
+    assert unknown.name == "execute_tool unknown_tool"
+    assert unknown.attributes is not None
+    assert unknown.attributes["gen_ai.tool.name"] == "unknown_tool"
+    assert not any("xxx" in str(value) for value in unknown.attributes.values())
+
+    EXPORTER.clear()
+    monkeypatch.setenv(telemetry.CAPTURE_CONTENT_ENV, "true")
+    start_run("tester", f"Say hello.\n{call}")
+    assert run_worker().stats.dispositions == {"succeeded": 1}
+    (unknown,) = spans_named("execute_tool")
+    assert unknown.name == "execute_tool unknown_tool"
+    assert unknown.attributes is not None
+    requested = unknown.attributes["durable_agents.tool.requested_name"]
+    assert isinstance(requested, str)
+    assert requested.startswith("x" * 256)
+    assert "[cut:" in requested
+
+
+def test_tool_labels_are_bounded_and_plain() -> None:
+    from durable_agents.observers import tool_label
+
+    known = {"look up", "a" * 100, "fine-name.v2"}
+    assert tool_label("look up", known) == "look_up"
+    assert tool_label("a" * 100, known) == "a" * 64
+    assert tool_label("fine-name.v2", known) == "fine-name.v2"
+    assert tool_label("invented", known) == "unknown_tool"
+    assert tool_label(None, known) == "unknown_tool"

@@ -297,10 +297,22 @@ def test_a_price_for_a_model_no_agent_uses_is_likely_a_typo(da_settings: Any) ->
         registry.unregister(agent.name, agent.version)
 
 
+def test_a_misspelt_setting_suggests_the_known_one(settings: Any) -> None:
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "LEASE_SECOND": 30}
+    [message] = da_checks.check_settings()
+    assert message.id == "durable_agents.E002"
+    assert message.hint is not None
+    assert message.hint.startswith("Did you mean 'LEASE_SECONDS'?")
+    settings.DURABLE_AGENTS = {"OFFLINE": True, "NOTHING_LIKE_IT": 1}
+    [message] = da_checks.check_settings()
+    assert message.hint is not None
+    assert message.hint.startswith("Known keys: ")
+
+
 def test_several_database_hosts_need_target_session_attrs() -> None:
-    """Several hosts without target_session_attrs=read-write warn (W040): after a failover
+    """Several hosts without target_session_attrs=read-write warn (W050): after a failover
     libpq may connect to a read-only standby. Ports that do not match the hosts are an error
-    (E040)."""
+    (E050)."""
     entry = {"ENGINE": "django.db.backends.postgresql", "NAME": "x", "HOST": "db1,db2"}
     check = da_checks.database_host_problems
     assert ids(check({"ha": {**entry, "PORT": "5432"}})) == ["durable_agents.W050"]

@@ -167,7 +167,7 @@ def test_wait_arguments_are_checked() -> None:
         Wait(seconds=5, timeout=1)
     with pytest.raises(ValueError, match="not one"):
         Wait(runs=["not-a-uuid"])
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="valid event name: a name cannot be empty"):
         Wait(event="")
     with pytest.raises(ValueError, match="non-empty question"):
         AskPerson("  ")

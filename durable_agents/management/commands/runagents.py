@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    SystemCheckError,
+)
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
 
 from durable_agents import db, prometheus
 from durable_agents.agents import registry
-from durable_agents.checks import OFFLINE_WITHOUT_DEBUG
+from durable_agents.checks import OFFLINE_WITHOUT_DEBUG, PROMPT_DRIFT, worker_checks
 from durable_agents.conf import app_settings
+from durable_agents.inflight import prompt_drift, runs_held_by_others
 from durable_agents.worker import Worker
 
 logger = logging.getLogger("durable_agents.worker")
@@ -78,6 +86,13 @@ class Command(BaseCommand):
             help=f"address the metrics server listens on (default {DEFAULT_METRICS_ADDR}, every "
             "interface, which scrapers of containers need; 127.0.0.1 keeps it on this host)",
         )
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="refuse to start when a registered agent changed without a new version while "
+            f"runs started with the old definition are in flight (system check {PROMPT_DRIFT}); "
+            "without it the worker says so and starts",
+        )
 
     def execute(self, *args: Any, **options: Any) -> Any:
         # BaseCommand.execute runs the system checks before handle(); remember the flag so
@@ -87,21 +102,32 @@ class Command(BaseCommand):
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         if not getattr(self, "_allow_offline", False):
-            return super().check(*args, **kwargs)
+            return self._check_worker(*args, **kwargs)
         # --allow-offline is the operator's explicit answer to that one error: silence it for
         # this run through the documented mechanism, and nothing else. No thread runs yet.
         silenced = settings.SILENCED_SYSTEM_CHECKS
         settings.SILENCED_SYSTEM_CHECKS = [*silenced, OFFLINE_WITHOUT_DEBUG]
         try:
-            return super().check(*args, **kwargs)
+            return self._check_worker(*args, **kwargs)
         finally:
             settings.SILENCED_SYSTEM_CHECKS = silenced
+
+    def _check_worker(self, *args: Any, **kwargs: Any) -> None:
+        """Django's checks, then the worker's own (``checks.worker_checks``: an API key)."""
+        super().check(*args, **kwargs)
+        issues = [m for m in worker_checks.run_checks() if not m.is_silenced()]
+        errors = [m for m in issues if m.is_serious()]
+        for message in [m for m in issues if not m.is_serious()]:
+            self.stderr.write(str(message), self.style.WARNING)
+        if errors:
+            raise SystemCheckError("runagents cannot start:\n" + "\n".join(str(m) for m in errors))
 
     def handle(self, *args: Any, **options: Any) -> None:
         metrics = _metrics_address(options["metrics_port"], options["metrics_addr"])
         _ensure_console_logging()
         self._refuse_offline_in_production(options["allow_offline"])
         _ensure_database_ready(DEFAULT_DB_ALIAS)
+        _report_prompt_drift(strict=options["strict"])
         if not registry.all():
             # Not fatal (a worker may be started before the code that registers agents is
             # deployed), but it cannot advance anything: every run it claims is handed back
@@ -129,6 +155,8 @@ class Command(BaseCommand):
         if metrics is not None:
             _serve_metrics(worker, *metrics)
         code = worker.run()
+        if options["burst"]:
+            _report_held_leases(worker.worker_id)
         if code:
             # A slot died of a bug: a non-zero status tells the supervisor to restart us.
             sys.exit(code)
@@ -150,6 +178,43 @@ class Command(BaseCommand):
             "every model call, and the '@tool {...}' lines of a run's task text run those "
             "tools for real. Never do this where untrusted people can start runs."
         )
+
+
+def _report_prompt_drift(*, strict: bool) -> None:
+    """Before any claim: the agents whose definition changed under a version that runs in
+    flight are pinned to. A warning by default (one agent's drift must not stop every other
+    agent's runs); with --strict, a refusal (for a deploy that should stop there)."""
+    drifted = prompt_drift(DEFAULT_DB_ALIAS)
+    connections[DEFAULT_DB_ALIAS].close()
+    if not drifted:
+        return
+    lines = [drift.describe() for drift in drifted]
+    if strict:
+        raise CommandError(
+            "refusing to start (--strict): " + "; ".join(lines) + ". Give each changed agent a "
+            "new version, or restore its definition."
+        )
+    for line in lines:
+        logger.warning("%s (give it a new version, or restore the old definition)", line)
+
+
+def _report_held_leases(worker_id: str) -> None:
+    """After a burst: runs that another worker's lease still holds (one that was killed, say)
+    were not claimable; say how many and when the last comes free, rather than let "0 claims"
+    read as "nothing to do"."""
+    held = runs_held_by_others(worker_id)
+    connections[DEFAULT_DB_ALIAS].close()
+    if held is None:
+        return
+    count, last = held
+    seconds = max(0.0, (last - timezone.now()).total_seconds())
+    logger.info(
+        "%d run%s held by other workers' leases; the last expires in %.0f s (%s UTC)",
+        count,
+        " is" if count == 1 else "s are",
+        seconds,
+        last.astimezone(datetime.UTC).strftime("%H:%M:%S"),
+    )
 
 
 def _metrics_address(port: int | None, addr: str | None) -> tuple[int, str] | None:
