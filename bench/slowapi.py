@@ -10,7 +10,8 @@ For pickup latency it records, per task (keyed by the task's first line, e.g.
 "Benchmark run 17."), the wall time (``time.time()``) at which the first request for it
 arrived; ``GET /_log`` returns them as a JSON object. ``GET /_stats`` returns counters: requests
 served, connections open now and at most, and how late the sleeps woke up (if the loop falls
-behind, ``late_max_ms`` grows).
+behind, ``late_max_ms`` grows). ``GET /_turns`` returns ``[task, turn, answered]`` rows: how
+many times each turn of each task was answered (a turn answered twice was paid for twice).
 
 Rate limits, 529s and ``GET /stats``: the flags and endpoints of ``bench.gate`` (``--rpm``,
 ``--itpm``, ``--otpm``, ``--burst-seconds``, ``--overloaded-rate``; ``--latency MIN-MAX``, 2-6 s
@@ -78,6 +79,9 @@ class SlowAPI:
         self.late_max = 0.0
         self.late_sum = 0.0
         self.sleeps = 0
+        # Answered (200, paid) requests per (task's first line, assistant turns already in the
+        # history): a count above 1 is a turn asked again (GET /_turns; bench/failover.py).
+        self.turns: dict[tuple[str, int], int] = {}
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -136,6 +140,9 @@ class SlowAPI:
             return own
         if method == "GET" and path == "/_log":
             return 200, json_ct, json.dumps(self.first_seen).encode()
+        if method == "GET" and path == "/_turns":
+            rows = [[task, turn, n] for (task, turn), n in self.turns.items()]
+            return 200, json_ct, json.dumps(rows).encode()
         if method == "GET" and path == "/_stats":
             stats = {
                 "requests": self.requests,
@@ -175,6 +182,8 @@ class SlowAPI:
                 self.late_max = max(self.late_max, late)
         finally:  # cancelled (the server stops) or not, the request is no longer in flight
             out_headers.update(self.gate.leave(admitted, OUTPUT_TOKENS))
+        if status == 200 and key is not None:
+            self.turns[(key, call.turn)] = self.turns.get((key, call.turn), 0) + 1
         return status, out_headers, out
 
 

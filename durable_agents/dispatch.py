@@ -17,11 +17,13 @@ the last, which is committed with the tool_result step (``RunAdvancer._commit``)
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from durable_agents import calls, effects, observers, signals, waits
 from durable_agents.agents import Agent
@@ -40,6 +42,8 @@ from durable_agents.store import Claim, Parked, Store
 from durable_agents.store.base import WaitRefused, WaitSpec
 from durable_agents.text import Unstorable, check_depth, storable_text
 from durable_agents.tools import EffectClass, Tool, ToolInputError
+
+T = TypeVar("T")
 
 # The run's whole story is told by one logger, whichever module tells it.
 logger = logging.getLogger("durable_agents.runner")
@@ -115,6 +119,9 @@ class ToolDispatch:
     def _check_interrupt(self) -> None:
         raise NotImplementedError
 
+    def durably(self, operation: Callable[[], T], what: str) -> T:
+        raise NotImplementedError
+
     def _fence_failed(self) -> NoReturn:
         raise NotImplementedError
 
@@ -144,7 +151,12 @@ class ToolDispatch:
                     effect = self._call_tool(agent, ToolCall(seq, index, name, tool_input, key))
                     span.result(effect.result, effect.is_error)
                 if index < len(calls) - 1:
-                    self.store.record_effect(effect)
+                    # Recorded at once (again after a lost connection): a completed call
+                    # must not run again in the next claim.
+                    self.durably(
+                        functools.partial(self.store.record_effect, effect),
+                        f"recording call {index} of step {seq}",
+                    )
                 else:
                     final_effect = effect
             results.append(result_block(call.get("id", ""), effect))
@@ -182,7 +194,9 @@ class ToolDispatch:
 
         if tool.effect is EffectClass.IRREVERSIBLE:
             return self._irreversible(agent, tool, call)
-        if tool.effect is not EffectClass.PURE and not self.store.renew_lease(self.claim):
+        if tool.effect is not EffectClass.PURE and not self.durably(
+            functools.partial(self.store.renew_lease, self.claim), "renewal before a side effect"
+        ):
             # Before any side effect: make sure the run is still ours and not cancelled.
             self._fence_failed()
         return self._invoke(agent, tool, call)

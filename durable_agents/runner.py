@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from django.db import DatabaseError, DataError
 from django.utils import timezone
@@ -63,6 +63,7 @@ from durable_agents.history import (
 from durable_agents.interrupt import Interrupt
 from durable_agents.logging import bind_run
 from durable_agents.models import AgentRun, RunStatus, StepKind, WaitKind
+from durable_agents.outage import LeaseClock, retry_while_leased
 from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Store, current
 from durable_agents.store.base import StepWrite
 from durable_agents.text import json_text, storable_text
@@ -89,6 +90,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("durable_agents.runner")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -119,6 +122,7 @@ def advance_run(
     drain: threading.Event | None = None,
     then_claim: NextClaim | None = None,
     store: Store | None = None,
+    lease: LeaseClock | None = None,
 ) -> Disposition:
     """Advance one claimed run until it is parked or over; returns its disposition.
 
@@ -126,8 +130,10 @@ def advance_run(
     only stops before the next step (a worker shutting down gracefully). With ``then_claim``,
     the statement that commits the run's last turn also claims the worker's next run.
     ``store``: where the run lives (default: ``store.current()``, chosen now for the whole
-    claim); unit tests pass an ``InMemoryStore``."""
-    advancer = RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store)
+    claim); unit tests pass an ``InMemoryStore``. ``lease``: how long the claim's lease holds,
+    as the worker's heartbeat renews it (a commit cut by a lost connection is retried so long).
+    """
+    advancer = RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store, lease)
     with bind_run(claim.run_id), observers.agent_span(claim) as span:
         disposition = advancer.advance()
         span.finish(disposition)
@@ -212,9 +218,13 @@ class RunAdvancer(ToolDispatch):
         drain: threading.Event | None = None,
         then_claim: NextClaim | None = None,
         store: Store | None = None,
+        lease: LeaseClock | None = None,
     ) -> None:
         # Every read and write of the run goes through this store.
         self.store: Store = store or current()
+        # How long this claim's lease holds: a write cut by a lost connection is retried
+        # within it (outage.py). Renewed by each committed step and by the heartbeat.
+        self.lease = lease or LeaseClock(claim.lease_seconds, claim.leased_at)
         self.claim = claim
         self.run: AgentRun = claim.run
         self.interrupt = interrupt
@@ -640,8 +650,15 @@ class RunAdvancer(ToolDispatch):
         here), or stop: the fence failed, or the database refused what was to be stored."""
         seq, kind = step.seq, step.kind
         started = time.monotonic()
+        tries: list[float] = []
+
+        def append() -> bool:
+            tries.append(time.monotonic())
+            # A retry claims no next run: the first try may have claimed one already.
+            return self.store.append_step(self.claim, step, then_claim if len(tries) == 1 else None)
+
         try:
-            committed = self.store.append_step(self.claim, step, then_claim)
+            committed = self.durably(append, f"commit of step {seq}")
         except DataError as exc:
             # The database refuses what was to be stored (the statement wrote nothing). Trying
             # again would pay for the same answer and fail the same way: end the run now.
@@ -651,6 +668,8 @@ class RunAdvancer(ToolDispatch):
             )
         if not committed:
             self._fence_failed()
+        if step.finish is None:
+            self.lease.renewed(tries[-1])  # the step renewed the lease
         observers.step_committed(kind, time.monotonic() - started)
         logger.info(
             "run %s seq %d %s%s committed (%.1f ms)",
@@ -659,6 +678,13 @@ class RunAdvancer(ToolDispatch):
             kind,
             f" tool={tool}" if tool else "",
             ms,
+        )
+
+    def durably(self, operation: Callable[[], T], what: str) -> T:
+        """``operation``, a fenced write of this claim, tried again on a fresh connection when
+        the connection is lost, for as long as the lease holds (outage.py)."""
+        return retry_while_leased(
+            operation, lease=self.lease, what=f"run {self.run.pk}: {what}", interrupt=self.interrupt
         )
 
     def _check_interrupt(self) -> None:
@@ -685,9 +711,22 @@ class RunAdvancer(ToolDispatch):
     def _finish(
         self, disposition: Disposition, *, result: str | None = None, error: str = ""
     ) -> NoReturn:
-        if not self.store.finish_run(self.claim, disposition, result=result, error=error):
+        if not self._end(disposition, result=result, error=error):
             self._fence_failed()
         raise self._finished(disposition, error)
+
+    def _end(self, status: str, *, result: str | None = None, error: str = "") -> bool:
+        """``finish_run``, tried again after a lost connection; True too when a try whose
+        answer was lost did end the run (it has that status now)."""
+        tries = 0
+
+        def finish() -> bool:
+            nonlocal tries
+            tries += 1
+            return self.store.finish_run(self.claim, status, result=result, error=error)
+
+        ended = self.durably(finish, f"end ({status})")
+        return ended or (tries > 1 and self.store.current_status(self.run.pk) == status)
 
     def _finished(self, disposition: Disposition, error: str = "") -> Stop:
         """The run ended (committed already): log it, signal it, and return the ``Stop`` for
@@ -700,7 +739,7 @@ class RunAdvancer(ToolDispatch):
     def _dead(self, reason: str) -> NoReturn:
         reason = storable_text(reason, MAX_REASON_CHARS)
         try:
-            ended = self.store.finish_run(self.claim, RunStatus.DEAD, error=reason)
+            ended = self._end(RunStatus.DEAD, error=reason)
         except DatabaseError as exc:
             # Whatever the reason holds, the run must end: a poison run that cannot even be
             # dead-lettered would be claimed again forever.
@@ -709,7 +748,7 @@ class RunAdvancer(ToolDispatch):
                 f"dead-lettered; the reason could not be stored ({type(exc).__name__}); "
                 "see the worker's log for this run id"
             )
-            ended = self.store.finish_run(self.claim, RunStatus.DEAD, error=reason)
+            ended = self._end(RunStatus.DEAD, error=reason)
         if not ended:
             self._fence_failed()
         logger.error("run %s dead-lettered: %s", self.run.pk, reason)

@@ -41,6 +41,7 @@ from durable_agents.conf import app_settings
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.interrupt import Interrupt
 from durable_agents.logging import bind_run
+from durable_agents.outage import LeaseClock
 from durable_agents.runner import SHUTDOWN, Disposition, advance_run
 from durable_agents.store import Claim, LeaseLoss, NextClaim, Store, current, dialect_store
 from durable_agents.store.base import RunId
@@ -56,6 +57,11 @@ def default_worker_id() -> str:
 class _Held:
     claim: Claim
     interrupt: Interrupt = field(default_factory=Interrupt)
+    # How long the lease holds as this worker last renewed it (the claim, a step, a beat).
+    lease: LeaseClock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lease = LeaseClock(self.claim.lease_seconds, self.claim.leased_at)
 
 
 @dataclass
@@ -78,6 +84,9 @@ MIN_CAPACITY_WAIT = 0.02
 FIRST_IN_LINE_SECONDS = 0.5
 # How long a model counts as one the claimable runs use after a run of it was last claimed.
 MODELS_SEEN_SECONDS = 300.0
+# After a failed heartbeat (the database restarts, or fails over), the next beat is tried this
+# soon rather than a whole period later: the leases must be renewed as soon as it answers.
+BEAT_RETRY_SECONDS = 1.0
 
 
 def _outcomes(dispositions: dict[str, int]) -> str:
@@ -156,6 +165,8 @@ class Worker:
         # A burst worker whose key the API refuses stops claiming for good.
         self._burst_over = False
         self.listener: db.Listener | None = None
+        # Heartbeats in a row that failed (the database is away): the next is tried sooner.
+        self._failed_beats = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -514,7 +525,12 @@ class Worker:
         disposition = Disposition.ERROR
         try:
             disposition = advance_run(
-                claim, held.interrupt, drain=self.stopping, then_claim=then_claim, store=self.store
+                claim,
+                held.interrupt,
+                drain=self.stopping,
+                then_claim=then_claim,
+                store=self.store,
+                lease=held.lease,
             )
         except Exception as exc:  # a bug or a database outage: never take the worker down
             logger.exception("run %s: unexpected error", claim.run_id)
@@ -540,8 +556,11 @@ class Worker:
         were cancelled or taken over. On PostgreSQL on its own connection, outside the pool:
         slow tool code holding every pooled connection never delays a renewal."""
         with self.connections.heartbeat() as own:
-            while not self.stopping.wait(self.heartbeat_seconds):
+            retry = min(self.heartbeat_seconds, BEAT_RETRY_SECONDS)
+            wait = self.heartbeat_seconds
+            while not self.stopping.wait(wait):
                 self.beat(own)
+                wait = retry if self._failed_beats else self.heartbeat_seconds
 
     def beat(self, using: BaseDatabaseWrapper | None = None) -> dict[RunId, LeaseLoss]:
         """One heartbeat: renew every lease held; returns the runs that were interrupted."""
@@ -553,6 +572,7 @@ class Worker:
             }
         if not held:
             return {}
+        sent = time.monotonic()
         try:
             if using is None:
                 self.connections.refresh()
@@ -560,14 +580,23 @@ class Worker:
                 self.worker_id, [item.claim for item in held.values()], self.lease_seconds, using
             )
         except DatabaseError as exc:
-            logger.error(
-                "heartbeat failed for %d runs (%s: %s); retrying at the next beat",
+            self._failed_beats += 1
+            # One line when the database goes away, not one per retried beat.
+            (logger.error if self._failed_beats == 1 else logger.debug)(
+                "heartbeat failed for %d runs (%s: %s); retrying every %.1fs on a new connection",
                 len(held),
                 type(exc).__name__,
                 " ".join(str(exc).split()),
+                min(self.heartbeat_seconds, BEAT_RETRY_SECONDS),
             )
             self.connections.close_heartbeat(using)
             return {}
+        if self._failed_beats:
+            logger.info("heartbeat works again after %d failed beats", self._failed_beats)
+            self._failed_beats = 0
+        for run_id, item in held.items():
+            if run_id not in lost:
+                item.lease.renewed(sent)
         for run_id, loss in lost.items():
             item = held[run_id]
             with bind_run(run_id):

@@ -46,3 +46,12 @@ if os.environ.get("DA_LISTEN"):
     )
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Worker subprocesses of the failover tests: several hosts, as libpq takes them ("h1,h2",
+# "p1,p2"), connecting to whichever is the primary now.
+if os.environ.get("DA_DB_HOSTS"):
+    DATABASES["default"]["HOST"] = os.environ["DA_DB_HOSTS"]
+    DATABASES["default"]["PORT"] = os.environ["DA_DB_PORTS"]
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"target_session_attrs": "read-write", "connect_timeout": 5}
+    )

@@ -56,6 +56,7 @@ import datetime
 import enum
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -111,6 +112,9 @@ class Claim:
     lease_seconds: float
     # The payload of the task step when it is the run's only step (PostgreSQL claims).
     task_payload: str | None = None
+    # When the lease was taken (monotonic, as the claim came back): where the worker starts
+    # counting how long the lease holds (outage.LeaseClock).
+    leased_at: float = dataclasses.field(default_factory=time.monotonic, compare=False)
 
     @property
     def run_id(self) -> RunId:
@@ -349,13 +353,25 @@ class Store(abc.ABC):
 
         ``step.effects`` are recorded whatever the fence says (a recorded call never runs
         again); a key already recorded is left as it was. False: the fence failed, nothing
-        appended.
+        appended. True too when the step is in the log as this claim's already (``committed_by``:
+        a commit tried again after a lost connection, whose first try landed).
 
         A model turn (``step.usage``) adds ``step.cost`` to the run's ``cost_usd`` and is
         counted in the day's rollup (``agent_usage_day``), in the same commit. It was paid for
         whatever the fence says: when the fence fails, or the database refuses the step, the
         turn is still counted (``count_unstored_turn``) in the run's ``tokens_used`` and
         ``cost_usd`` and in the rollup, though not in its log."""
+
+    def committed_by(self, claim: Claim, seq: int) -> bool:
+        """Whether step ``seq`` of the run is in the log as this claim's (its attempt and its
+        worker). ``append_step`` asks when its fence fails: a commit tried again after a lost
+        connection, whose first try did reach the disk, is this claim's own step, committed,
+        not a lost fence."""
+        from durable_agents.models import AgentStep
+
+        return AgentStep.objects.filter(
+            run_id=claim.run_id, seq=seq, attempt=claim.attempt, worker=claim.owner
+        ).exists()
 
     @abc.abstractmethod
     def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:

@@ -306,6 +306,14 @@ class InMemoryStore(InMemoryWaits):
 
     # -- commit --------------------------------------------------------------------------
 
+    def committed_by(self, claim: Claim, seq: int) -> bool:
+        with self.lock:
+            return self._committed_by(claim, seq)
+
+    def _committed_by(self, claim: Claim, seq: int) -> bool:
+        step = self.steps.get(claim.run_id, {}).get(seq)
+        return step is not None and (step.attempt, step.worker) == (claim.attempt, claim.owner)
+
     def append_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool:
@@ -325,6 +333,8 @@ class InMemoryStore(InMemoryWaits):
                 if may_claim:
                     assert then_claim is not None
                     then_claim.give_back()
+                if self._committed_by(claim, step.seq):
+                    return True
                 self.count_unstored_turn(claim, step)
                 return False
             now = self.now()

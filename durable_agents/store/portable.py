@@ -295,9 +295,12 @@ class PortableStore(PortableTrees):
         except DataError:
             self.count_unstored_turn(claim, step)
             raise
-        if not appended:
+        if not appended and self.committed_by(claim, step.seq):
+            # A retry whose first try landed (outage.py): this claim's own step, committed.
+            appended = True
+        elif not appended:
             self.count_unstored_turn(claim, step)
-        elif step.finish is not None:
+        if appended and step.finish is not None:
             self.child_ended(claim.run.parent_id)
         return appended
 

@@ -74,7 +74,8 @@ FENCE = """\
        AND status = 'running'"""
 
 # A step commits only as the next one in the log (seq = last_seq + 1): no gap, and a step
-# committed twice (a retried commit whose first try landed) is refused the second time.
+# committed twice (a retried commit whose first try landed) is refused the second time; the
+# store then finds it in the log as the claim's own (``committed_by``) and reports it committed.
 STEP_FENCE = f"""\
 {FENCE}
        AND last_seq = %(seq)s - 1"""
@@ -598,7 +599,10 @@ class PostgresStore(PortableStore):
             if step.usage is not None:
                 self.count_unstored_turn(claim, step)
             raise
-        if not appended and step.usage is not None:
+        if not appended and self.committed_by(claim, step.seq):
+            # A retry whose first try landed (outage.py): this claim's own step, committed.
+            appended = True
+        elif not appended and step.usage is not None:
             self.count_unstored_turn(claim, step)
         if appended and finish is not None:
             self.child_ended(claim.run.parent_id)

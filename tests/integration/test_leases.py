@@ -114,7 +114,9 @@ def test_append_refuses_gaps_duplicates_and_cancelled_runs() -> None:
         claim, StepWrite(2, StepKind.MODEL_TURN, "{}")
     )  # gap: seq 1 missing
     assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
-    assert not current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))  # seq 1 again
+    # Seq 1 again from the same claim is its own step (a retried commit whose first try
+    # landed): reported committed, not written twice.
+    assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
     assert AgentRun.objects.get(pk=run.id).last_seq == 1
     durable_agents.cancel_run(run.id)
     assert not current().append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]"))

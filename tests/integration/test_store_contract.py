@@ -164,11 +164,36 @@ def test_a_seq_gap_or_repeat_is_refused(env: Env) -> None:
     claim = env.claim(run_id)
     assert not env.store.append_step(claim, StepWrite(2, StepKind.MODEL_TURN, "{}"))  # gap
     assert env.store.append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
-    assert not env.store.append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))  # again
-    assert env.store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]", tokens=7))
+    env.expire(run_id)
+    other = env.claim(run_id, "w2")
+    assert not env.store.append_step(other, StepWrite(1, StepKind.MODEL_TURN, "{}"))  # again
+    assert env.store.append_step(other, StepWrite(2, StepKind.TOOL_RESULT, "[]", tokens=7))
     assert env.seqs(run_id) == [0, 1, 2]
     run = env.run(run_id)
     assert (run.last_seq, run.stalled_claims, run.tokens_used) == (2, 0, 7)
+
+
+def test_a_commit_tried_again_after_its_first_try_landed_is_its_own_step(env: Env) -> None:
+    """A commit whose answer was lost with the connection is sent again: the store finds the
+    step in the log as this claim's (its attempt, its worker) and says it is committed,
+    without writing or counting it twice. The same step by another claim is refused."""
+    run_id = env.start()
+    claim = env.claim(run_id)
+    turn = StepWrite(
+        1, StepKind.MODEL_TURN, "{}", tokens=5, usage=Usage(input_tokens=5), cost=Decimal("0.5")
+    )
+    assert env.store.append_step(claim, turn)
+    assert env.store.append_step(claim, turn)
+    run = env.run(run_id)
+    assert (run.last_seq, run.tokens_used, run.cost_usd) == (1, 5, Decimal("0.5"))
+    assert env.usage()[("contract", "m")][0] == 1  # one turn in the rollup
+    last = StepWrite(2, StepKind.TOOL_RESULT, "[]", finish=(RunStatus.SUCCEEDED, "done"))
+    assert env.store.append_step(claim, last)
+    assert env.store.append_step(claim, last)
+    assert env.seqs(run_id) == [0, 1, 2]
+    assert env.run(run_id).status == RunStatus.SUCCEEDED
+    stranger = dataclasses.replace(claim, owner="w2")
+    assert not env.store.append_step(stranger, last)
 
 
 def test_effects_are_recorded_even_when_the_fence_fails(env: Env) -> None:

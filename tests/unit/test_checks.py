@@ -307,3 +307,19 @@ def test_a_misspelt_setting_suggests_the_known_one(settings: Any) -> None:
     [message] = da_checks.check_settings()
     assert message.hint is not None
     assert message.hint.startswith("Known keys: ")
+
+
+def test_several_database_hosts_need_target_session_attrs() -> None:
+    """Several hosts without target_session_attrs=read-write warn (W050): after a failover
+    libpq may connect to a read-only standby. Ports that do not match the hosts are an error
+    (E050)."""
+    entry = {"ENGINE": "django.db.backends.postgresql", "NAME": "x", "HOST": "db1,db2"}
+    check = da_checks.database_host_problems
+    assert ids(check({"ha": {**entry, "PORT": "5432"}})) == ["durable_agents.W050"]
+    primary_only = {"target_session_attrs": "read-write"}
+    assert check({"ha": {**entry, "PORT": "5432,5433", "OPTIONS": primary_only}}) == []
+    three = {**entry, "PORT": "1,2,3", "OPTIONS": {"target_session_attrs": "primary"}}
+    assert ids(check({"ha": three})) == ["durable_agents.E050"]
+    single = {**entry, "HOST": "db1", "PORT": "5432"}
+    assert check({"default": single}) == []
+    assert da_checks.check_database_hosts() == []  # the test settings: one host
