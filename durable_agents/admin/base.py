@@ -25,6 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from durable_agents.admin.format import Text
 from durable_agents.admin.listing import EstimatingPaginator
 from durable_agents.counting import Count
+from durable_agents.text import plain_markers
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin as _ModelAdmin
@@ -105,6 +106,22 @@ class AgentsAdmin(_ModelAdmin[_M]):
 
     def _redirect_to_object(self, obj: Any) -> HttpResponseRedirect:
         return HttpResponseRedirect(self._url("change", obj.pk))
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        # The page's <title> and heading name the object (a tool, an event): its invisible
+        # and direction-changing characters read as markers there too.
+        for name in ("title", "subtitle"):
+            if context.get(name):
+                context[name] = plain_markers(context[name])
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

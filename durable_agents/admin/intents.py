@@ -62,7 +62,14 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import (
+    count_invisible,
+    invisible_warning,
+    plain_markers,
+    reveal_invisible,
+    revealed,
+    storable_text,
+)
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many intents (each with the
@@ -164,8 +171,8 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         return number_and_age(obj.pk, obj.created_at, title)
 
     @admin.display(description=_("tool"), ordering="tool")
-    def tool_name(self, obj: ToolIntent) -> str:
-        return storable_text(obj.tool)
+    def tool_name(self, obj: ToolIntent) -> SafeString:
+        return revealed(obj.tool)
 
     @admin.display(description=_("input"))
     def input_excerpt(self, obj: ToolIntent) -> SafeString:
@@ -174,10 +181,13 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         if head is None:
             head = pretty_json(obj.input)
         head = storable_text(head)
+        # The warning counts what the whole head holds, the excerpt shows what fits.
+        excerpt, _count = reveal_invisible(Truncator(head).chars(INPUT_COLUMN_CHARS))
         return format_html(
-            '<code class="da-input" title="{}">{}</code>',
-            head,
-            Truncator(head).chars(INPUT_COLUMN_CHARS),
+            '{}<code class="da-input" title="{}">{}</code>',
+            invisible_warning(count_invisible(head)),
+            plain_markers(head),
+            excerpt,
         )
 
     @admin.display(description=_("run"), ordering="run_id")
@@ -469,7 +479,7 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
                 if approve
                 else gettext("Reject %(tool)s (intent %(id)s)?")
             )
-            % names,
+            % {**names, "tool": plain_markers(intent.tool)},
             "opts": self.opts,
             "original": intent,
             "tool": storable_text(intent.tool),

@@ -28,7 +28,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import plain_markers, storable_text
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -151,7 +151,7 @@ class RunActions(AgentsAdmin[AgentRun]):
             if example is not None:  # a group of the dead letter: its example reason
                 title = gettext("%(title)s: “%(example)s”") % {
                     "title": operation.title,
-                    "example": example,
+                    "example": plain_markers(example),
                 }
             return self._render_confirmation(
                 request,
@@ -280,7 +280,7 @@ class RunActions(AgentsAdmin[AgentRun]):
         return self._render_confirmation(
             request,
             title=gettext("Send event “%(name)s”")
-            % {"name": cut_at_word(storable_text(name), 60)[0]},
+            % {"name": plain_markers(cut_at_word(storable_text(name), 60)[0])},
             question=gettext(
                 "Event “%(name)s” will be sent with the payload below, once: every run "
                 "waiting on it wakes and receives it."

@@ -1,0 +1,31 @@
+"""Template filters for text from outside (``{% load durable_agents_text %}``).
+
+``{{ value|reveal }}``: the value escaped, each invisible or direction-changing character drawn
+as a visible ``⟨U+202E⟩`` marker, after a warning that says how many there are.
+``{{ value|plain_markers }}``: the same markers as plain text, for attributes and titles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.utils.safestring import SafeString
+
+from durable_agents import text
+
+register = template.Library()
+
+
+@register.filter(is_safe=True)
+def reveal(value: Any) -> SafeString:
+    if value is None:
+        return SafeString("")
+    return text.revealed(value)
+
+
+@register.filter(is_safe=False)
+def plain_markers(value: Any) -> str:
+    if value is None:
+        return ""
+    return text.plain_markers(value)

@@ -1,0 +1,130 @@
+"""The admin after a security review: what a person decides on reads as it is stored
+(invisible and direction-changing characters drawn as markers), the dead letter's
+confirmation acts only on the runs it showed, a decision is audited once, list pages answer
+hostile query strings without a 500, and text that cannot be encoded never loses its audit."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.test import Client
+
+import durable_agents
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolIntent,
+)
+from tests.integration.test_admin import (
+    hidden_fields,
+    intent_url,
+    intents_url,
+    messages_of,
+)
+
+# What the person reads, laid out by the browser: "DELETE FROM users /* keep admins */ WHERE
+# id = 42". What runs: a DELETE without a WHERE (it is inside the comment).
+DISGUISED = "DELETE FROM users /*\u202e \u2066WHERE id = 42\u2069 keep admins */"
+HIDDEN = ("\u202e", "\u2066", "\u2069")
+WARNING = "This value contains 3 invisible or direction-changing characters"
+# Every invisible or direction-changing character a page must never send as it is.
+RAW = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+def disguised_intent(sql: str = DISGUISED) -> ToolIntent:
+    """A run waiting on a pending ``run_sql`` intent whose input is ``sql``."""
+    run = durable_agents.start_run("tester", "Clean up the users.")
+    turn = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test-1",
+        "content": [
+            {"type": "text", "text": f"I will run {sql}"},
+            {"type": "tool_use", "id": "toolu_1", "name": "run_sql", "input": {"sql": sql}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    AgentStep.objects.create(
+        run=run, seq=1, kind=StepKind.MODEL_TURN, payload=json.dumps(turn), request_id="req_1"
+    )
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, last_seq=1)
+    return ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value
+        run=run,
+        seq=1,
+        call_index=0,
+        tool="run_sql",
+        input={"sql": sql},
+        key=uuid.uuid4().hex,
+        status=IntentStatus.PENDING,
+    )
+
+
+def assert_revealed(html: str) -> None:
+    """Each hidden character is a titled marker, none is sent as it is, and a warning says
+    how many there are."""
+    assert not RAW.search(html), RAW.findall(html)
+    assert (
+        '<span class="da-invisible" title="U+202E RIGHT-TO-LEFT OVERRIDE">⟨U+202E⟩</span>' in html
+    )
+    assert "⟨U+2066⟩" in html
+    assert "⟨U+2069⟩" in html
+    assert WARNING in html
+
+
+# ---------------------------------------------------------------------------------------------
+# What a person decides on reads as it is stored
+
+
+@pytest.mark.django_db
+def test_a_disguised_input_reads_as_stored_on_every_page_that_decides_it(
+    admin_client: Client,
+) -> None:
+    intent = disguised_intent()
+    page = admin_client.get(intent_url(intent))
+    assert page.status_code == 200
+    assert_revealed(page.content.decode())
+
+    listing = admin_client.get(intents_url())
+    assert listing.status_code == 200
+    assert_revealed(listing.content.decode())
+
+    confirm = admin_client.get(intent_url(intent, "approve"))
+    assert confirm.status_code == 200
+    assert_revealed(confirm.content.decode())
+
+    bulk = admin_client.post(
+        intents_url(), {"action": "approve_intents", "_selected_action": [intent.pk], "index": 0}
+    )
+    assert bulk.status_code == 200
+    assert_revealed(bulk.content.decode())
+
+    reject = admin_client.get(intent_url(intent, "reject"))
+    assert_revealed(reject.content.decode())
+
+    # What was shown is what is approved: the fingerprint is of the stored input, untouched.
+    admin_client.post(intent_url(intent, "approve"), hidden_fields(confirm))
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.APPROVED
+    assert intent.input == {"sql": DISGUISED}
+
+
+@pytest.mark.django_db
+def test_the_bulk_approval_of_a_disguised_input_approves_the_stored_value(
+    admin_client: Client,
+) -> None:
+    intent = disguised_intent()
+    data = {"action": "approve_intents", "_selected_action": [intent.pk]}
+    confirm = admin_client.post(intents_url(), {**data, "index": 0})
+    response = admin_client.post(intents_url(), hidden_fields(confirm), follow=True)
+    assert any("Approved 1 intent(s)" in m for m in messages_of(response))
+    assert LogEntry.objects.count() == 1
