@@ -149,9 +149,7 @@ def _invisible_re() -> re.Pattern[str]:
             ranges[-1] = (ranges[-1][0], cp)
         else:
             ranges.append((cp, cp))
-    body = "".join(
-        f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges
-    )
+    body = "".join(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
     # A carriage return before a newline is a line end (every form posts CRLF), not a trick.
     return re.compile(f"(?!\\r\\n)[{body}]")
 
@@ -223,3 +221,14 @@ def revealed(text: Any) -> SafeString:
     """``reveal_invisible``'s HTML, after the warning when there is anything to warn of."""
     html, count = reveal_invisible(text)
     return SafeString(invisible_warning(count) + html) if count else html
+
+
+def character_references(text: Any) -> SafeString:
+    """``text`` escaped for HTML, with each invisible or direction-changing character as a
+    numeric character reference (``&#x202E;``): for a hidden input that must post the value
+    back exactly while the page's HTML holds none of them."""
+    shown = storable_text(text)
+    escaped = escape(shown)
+    if shown.isascii() and shown.isprintable():
+        return SafeString(escaped)
+    return SafeString(_invisible_re().sub(lambda m: f"&#x{ord(m.group()):X};", escaped))

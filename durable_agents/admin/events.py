@@ -42,6 +42,8 @@ from durable_agents.admin.format import (
     format_time,
     plain_text_response,
     pretty_json,
+    revealed_excerpt,
+    revealed_field,
     shown_text,
     text_html,
     time_field,
@@ -54,7 +56,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import has_unstorable, storable_text
+from durable_agents.text import has_unstorable, plain_markers, revealed, storable_text
 
 
 def send_event_as(
@@ -135,11 +137,11 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
     list_per_page = 50
     actions = None
     fieldsets = (
-        (None, {"fields": ("name", "sent_badge", "payload_text")}),
+        (None, {"fields": ("name_shown", "sent_badge", "payload_text")}),
         (_("Sent"), {"fields": ("sent_by", "sent_at_display", "created_at_display")}),
     )
     readonly_fields = (
-        "name",
+        "name_shown",
         "sent_badge",
         "payload_text",
         "sent_by",
@@ -149,12 +151,13 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
 
     created_at_display = time_field("created_at", _("first awaited or sent"))
     sent_at_display = time_field("sent_at", _("sent at"))
+    name_shown = revealed_field("name", _("name"))
 
     # -- columns ---------------------------------------------------------------------------
 
     @admin.display(description=_("event"), ordering="name")
-    def event_name(self, obj: AgentEvent) -> str:
-        return storable_text(obj.name)
+    def event_name(self, obj: AgentEvent) -> SafeString:
+        return revealed(obj.name)
 
     @admin.display(description=_("status"), ordering="sent_at")
     def sent_badge(self, obj: AgentEvent) -> SafeString:
@@ -182,7 +185,9 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
             head = pretty_json(obj.payload)
         head = storable_text(head)
         return format_html(
-            '<code class="da-input" title="{}">{}</code>', head, Truncator(head).chars(60)
+            '<code class="da-input" title="{}">{}</code>',
+            plain_markers(head),
+            revealed_excerpt(head, 60),
         )
 
     @admin.display(description=_("sent"), ordering="sent_at")

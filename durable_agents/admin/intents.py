@@ -49,6 +49,8 @@ from durable_agents.admin.format import (
     intent_fingerprint,
     number_and_age,
     pretty_json,
+    revealed_excerpt,
+    revealed_field,
     shown_json,
     shown_text,
     time_field,
@@ -62,14 +64,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.text import (
-    count_invisible,
-    invisible_warning,
-    plain_markers,
-    reveal_invisible,
-    revealed,
-    storable_text,
-)
+from durable_agents.text import plain_markers, revealed, storable_text
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many intents (each with the
@@ -139,25 +134,27 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     list_per_page = 50
     actions = ("approve_intents", "reject_intents")
     fieldsets = (
-        (None, {"fields": ("id", "status_badge", "tool", "run", "seq", "call_index", "key")}),
-        (_("Decision"), {"fields": ("decided_by", "decided_at_display", "reason")}),
+        (None, {"fields": ("id", "status_badge", "tool_shown", "run", "seq", "call_index", "key")}),
+        (_("Decision"), {"fields": ("decided_by", "decided_at_display", "reason_shown")}),
         (_("Timestamps"), {"fields": ("created_at_display", "updated_at_display")}),
     )
     readonly_fields = (
         "id",
         "status_badge",
-        "tool",
+        "tool_shown",
         "run",
         "seq",
         "call_index",
         "key",
         "decided_by",
         "decided_at_display",
-        "reason",
+        "reason_shown",
         "created_at_display",
         "updated_at_display",
     )
 
+    tool_shown = revealed_field("tool", _("tool"))
+    reason_shown = revealed_field("reason", _("reason"))
     created_at_display = time_field("created_at", _("created at"))
     decided_at_display = time_field("decided_at", _("decided at"))
     updated_at_display = time_field("updated_at", _("updated at"))
@@ -181,13 +178,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         if head is None:
             head = pretty_json(obj.input)
         head = storable_text(head)
-        # The warning counts what the whole head holds, the excerpt shows what fits.
-        excerpt, _count = reveal_invisible(Truncator(head).chars(INPUT_COLUMN_CHARS))
         return format_html(
-            '{}<code class="da-input" title="{}">{}</code>',
-            invisible_warning(count_invisible(head)),
+            '<code class="da-input" title="{}">{}</code>',
             plain_markers(head),
-            excerpt,
+            revealed_excerpt(head, INPUT_COLUMN_CHARS),
         )
 
     @admin.display(description=_("run"), ordering="run_id")

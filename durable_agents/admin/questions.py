@@ -34,6 +34,7 @@ from durable_agents.admin.format import (
     number_and_age,
     plain_text_response,
     question_badge,
+    revealed_excerpt,
     time_field,
 )
 from durable_agents.admin.forms import AnswerForm
@@ -43,7 +44,13 @@ from durable_agents.models import (
     AgentRun,
     QuestionStatus,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import (
+    count_invisible,
+    invisible_warning,
+    plain_markers,
+    revealed,
+    storable_text,
+)
 
 
 def question_text_url(model_admin: admin.ModelAdmin[Any]) -> Callable[[Any, str], str]:
@@ -210,8 +217,8 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
         text = storable_text(head if head is not None else obj.question)
         return format_html(
             '<span class="da-question" title="{}">{}</span>',
-            text,
-            Truncator(" ".join(text.split())).chars(QUESTION_COLUMN_CHARS),
+            plain_markers(text),
+            revealed_excerpt(" ".join(text.split()), QUESTION_COLUMN_CHARS),
         )
 
     @admin.display(description=_("run"), ordering="run_id")
@@ -235,9 +242,10 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
         head = getattr(obj, "answer_head", None)
         answer = storable_text(head if head is not None else obj.answer)
         return format_html(
-            '<span title="{}">{}</span><br><span class="da-meta" title="{}">{}</span>',
-            Truncator(answer).chars(ANSWER_TITLE_CHARS),
-            who,
+            '{}<span title="{}">{}</span><br><span class="da-meta" title="{}">{}</span>',
+            invisible_warning(count_invisible(answer)),
+            plain_markers(Truncator(answer).chars(ANSWER_TITLE_CHARS)),
+            revealed(who),
             format_time(obj.answered_at),
             ago(obj.answered_at) if obj.answered_at else gettext("%(age)s ago") % {"age": "—"},
         )

@@ -29,3 +29,13 @@ def plain_markers(value: Any) -> str:
     if value is None:
         return ""
     return text.plain_markers(value)
+
+
+@register.filter(is_safe=True)
+def hidden_value(value: Any) -> SafeString:
+    """A hidden input's value, posted back exactly: escaped, and each invisible or
+    direction-changing character written as a numeric character reference (the browser posts
+    the character; the page never holds it)."""
+    if value is None:
+        return SafeString("")
+    return text.character_references(value)

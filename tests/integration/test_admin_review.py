@@ -8,20 +8,25 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.db.models.functions import Now
 from django.test import Client
+from django.urls import reverse
 
 import durable_agents
 from durable_agents.models import (
+    AgentEvent,
+    AgentQuestion,
     AgentRun,
     AgentStep,
     IntentStatus,
+    QuestionStatus,
     RunStatus,
     StepKind,
     ToolIntent,
+    WaitKind,
 )
 from tests.integration.test_admin import (
     hidden_fields,
@@ -29,6 +34,7 @@ from tests.integration.test_admin import (
     intents_url,
     messages_of,
 )
+from tests.integration.test_admin_waits import park
 
 # What the person reads, laid out by the browser: "DELETE FROM users /* keep admins */ WHERE
 # id = 42". What runs: a DELETE without a WHERE (it is inside the comment).
@@ -128,3 +134,51 @@ def test_the_bulk_approval_of_a_disguised_input_approves_the_stored_value(
     response = admin_client.post(intents_url(), hidden_fields(confirm), follow=True)
     assert any("Approved 1 intent(s)" in m for m in messages_of(response))
     assert LogEntry.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_every_page_that_shows_a_value_to_decide_on_draws_hidden_characters_as_markers(
+    admin_client: Client,
+) -> None:
+    intent = disguised_intent()
+    run = intent.run
+    AgentRun.objects.filter(pk=run.pk).update(task=f"Clean up: {DISGUISED}")
+    asking = park(WaitKind.QUESTION)
+    question = AgentQuestion.objects.create(
+        run=asking, key=str(asking.wait_key), question=f"May I run {DISGUISED}?"
+    )
+    answered = park(WaitKind.QUESTION)
+    AgentQuestion.objects.create(
+        run=answered,
+        key=str(answered.wait_key),
+        question="Which rows?",
+        status=QuestionStatus.ANSWERED,
+        answer=DISGUISED,
+    )
+    name = "deploy:\u202eevil\u202c"
+    waiting = park(WaitKind.EVENT, wait_event=name)
+    event = AgentEvent.objects.create(name=name)
+    sent = AgentEvent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value
+        name="sent", payload={"sql": DISGUISED}, sent_at=Now()
+    )
+    pages = {
+        "run page": reverse("admin:durable_agents_agentrun_change", args=[run.pk]),
+        "runs list": reverse("admin:durable_agents_agentrun_changelist"),
+        "question page": reverse("admin:durable_agents_agentquestion_change", args=[question.pk]),
+        "questions list": reverse("admin:durable_agents_agentquestion_changelist"),
+        "asking run page": reverse("admin:durable_agents_agentrun_change", args=[asking.pk]),
+        "answered run page": reverse("admin:durable_agents_agentrun_change", args=[answered.pk]),
+        "waiting run page": reverse("admin:durable_agents_agentrun_change", args=[waiting.pk]),
+        "event page": reverse("admin:durable_agents_agentevent_change", args=[event.pk]),
+        "sent event page": reverse("admin:durable_agents_agentevent_change", args=[sent.pk]),
+        "events list": reverse("admin:durable_agents_agentevent_changelist"),
+    }
+    for page, url in pages.items():
+        response = admin_client.get(url)
+        assert response.status_code == 200, page
+        html = response.content.decode()
+        assert not RAW.search(html), (page, RAW.findall(html))
+        assert "da-invisible-warning" in html, page
+    # The send form posts the name back exactly (as character references in its HTML).
+    waiting_page = admin_client.get(pages["waiting run page"]).content.decode()
+    assert 'value="deploy:&#x202E;evil&#x202C;"' in waiting_page
