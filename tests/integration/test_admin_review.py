@@ -8,14 +8,19 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
 from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
+from django.utils.http import urlencode
 
 import durable_agents
+from durable_agents import store
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -182,3 +187,74 @@ def test_every_page_that_shows_a_value_to_decide_on_draws_hidden_characters_as_m
     # The send form posts the name back exactly (as character references in its HTML).
     waiting_page = admin_client.get(pages["waiting run page"]).content.decode()
     assert 'value="deploy:&#x202E;evil&#x202C;"' in waiting_page
+
+
+# ---------------------------------------------------------------------------------------------
+# The dead letter's confirmation acts on the runs it showed
+
+
+def dead_runs(count: int, error: str = "gone (request id req_1)") -> list[AgentRun]:
+    runs = [durable_agents.start_run("tester", f"task {i}") for i in range(count)]
+    for run in runs:
+        assert store.current().dead_letter(run.pk, error)
+    return runs
+
+
+def dead_group_url(action: str, cause: str) -> str:
+    url = reverse("admin:durable_agents_agentrun_dead_letter_confirm", args=[action])
+    return f"{url}?{urlencode({'cause': cause})}"
+
+
+def statuses(*runs: AgentRun) -> list[str]:
+    return [AgentRun.objects.get(pk=run.pk).status for run in runs]
+
+
+@pytest.mark.django_db
+def test_the_dead_letter_confirmation_acts_only_on_the_runs_it_showed(
+    admin_client: Client, superuser: Any
+) -> None:
+    shown = dead_runs(2)
+    other = dead_runs(1, error="another cause")[0]
+    cause = AgentRun.objects.get(pk=shown[0].pk).dead_cause
+    url = dead_group_url("requeue_runs", cause)
+    confirm = admin_client.get(url)
+    assert confirm.status_code == 200
+    assert f'action="{escape(url)}"' in confirm.content.decode()  # "Yes" posts back here
+    late = dead_runs(1, error="gone (request id req_2)")[0]  # the same cause, never shown
+    fields = hidden_fields(confirm)
+    fields["_selected_action"].append(str(other.pk))  # a run of another group, forged in
+
+    response = admin_client.post(url, fields)
+    assert response.status_code == 302
+    assert response["Location"] == reverse("admin:durable_agents_agentrun_dead_letter")
+    assert statuses(*shown) == [RunStatus.PENDING] * 2
+    assert statuses(late, other) == [RunStatus.DEAD, RunStatus.DEAD]
+    assert LogEntry.objects.filter(user=superuser).count() == 2
+    page = admin_client.get(response["Location"])
+    assert any("Requeued 2 run(s); 1 skipped" in m for m in messages_of(page))
+
+    # A POST that is not a confirmation's "Yes" (the group's filter alone) changes nothing.
+    for data in ({"action": "requeue_runs", "post": "yes"}, {"_selected_action": [late.pk]}):
+        response = admin_client.post(url, data)
+        assert response.status_code == 302
+    assert statuses(late) == [RunStatus.DEAD]
+    malformed = {**fields, "_selected_action": ["not-a-uuid"]}
+    assert admin_client.post(url, malformed).status_code == 302
+
+
+@pytest.mark.django_db
+def test_the_dead_letter_confirmation_needs_the_permission_and_csrf(
+    django_user_model: Any, superuser: Any
+) -> None:
+    run = dead_runs(1)[0]
+    url = dead_group_url("cancel_runs", AgentRun.objects.get(pk=run.pk).dead_cause)
+    data = {"action": "cancel_runs", "post": "yes", "_selected_action": [run.pk]}
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
+    client = Client()
+    client.force_login(viewer)
+    assert client.post(url, data).status_code == 403
+    forged = Client(enforce_csrf_checks=True)
+    forged.force_login(superuser)
+    assert forged.post(url, data).status_code == 403
+    assert statuses(run) == [RunStatus.DEAD]
