@@ -219,7 +219,6 @@ def test_the_dead_letter_confirmation_acts_only_on_the_runs_it_showed(
     url = dead_group_url("requeue_runs", cause)
     confirm = admin_client.get(url)
     assert confirm.status_code == 200
-    assert f'action="{escape(url)}"' in confirm.content.decode()  # "Yes" posts back here
     late = dead_runs(1, error="gone (request id req_2)")[0]  # the same cause, never shown
     fields = hidden_fields(confirm)
     fields["_selected_action"].append(str(other.pk))  # a run of another group, forged in
@@ -230,6 +229,7 @@ def test_the_dead_letter_confirmation_acts_only_on_the_runs_it_showed(
     assert statuses(*shown) == [RunStatus.PENDING] * 2
     assert statuses(late, other) == [RunStatus.DEAD, RunStatus.DEAD]
     assert LogEntry.objects.filter(user=superuser).count() == 2
+    assert f'action="{escape(url)}"' in confirm.content.decode()  # "Yes" posts back here
     page = admin_client.get(response["Location"])
     assert any("Requeued 2 run(s); 1 skipped" in m for m in messages_of(page))
 
