@@ -65,13 +65,18 @@ def send_event_as(
     """Send the event through ``api.send_event`` as the request's user (whose permission the
     caller checked) and audit it. Returns the event and whether this request sent it (an
     event is sent once: sending it again returns the first and changes nothing)."""
+    # The audit's text before the send, storable: a payload may hold a lone surrogate (a JSON
+    # escape), which is sent as such but would make the LogEntry's INSERT fail after the send,
+    # leaving an event sent with no audit and a 500.
+    message = storable_text(
+        f"Sent from the admin with payload {Truncator(pretty_json(payload)).chars(200)}"
+    )
     before = AgentEvent.objects.filter(name=name).only("pk", "sent_at").first()
     if before is not None and before.is_sent:
         return api.send_event(name, payload, user=request.user), False
     event = api.send_event(name, payload, user=request.user)
-    if event.sent_by_id != request.user.pk or event.payload != payload:
+    if not api.made_transition(event):  # sent meanwhile, even by this person from another tab
         return event, False
-    message = f"Sent from the admin with payload {Truncator(pretty_json(payload)).chars(200)}"
     if before is None:
         model_admin.log_addition(request, event, message)
     else:

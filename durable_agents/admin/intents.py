@@ -363,20 +363,17 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     def _decide(
         self, request: HttpRequest, intent: ToolIntent, *, approve: bool, reason: str = ""
     ) -> bool:
-        """Approve or reject through the api; True when this request made the decision."""
-        before = intent.status
+        """Approve or reject through the api; True when this request made the decision (a
+        second request deciding at the same moment, even the same person's, finds it made and
+        writes no LogEntry)."""
         if approve:
             after = api.approve_intent(intent.pk, request.user)
         else:
             after = api.reject_intent(intent.pk, request.user, reason=reason)
-        decided = (
-            before == IntentStatus.PENDING
-            and after.status != IntentStatus.PENDING
-            and after.decided_by_id == request.user.pk
-        )
+        decided = api.made_transition(after)
         if decided:
             message = "Approved." if approve else f"Rejected: {reason or 'no reason given'}."
-            self.log_change(request, after, message)
+            self.log_change(request, after, storable_text(message))
         return decided
 
     # -- the intent page and its decision views --------------------------------------------
@@ -542,11 +539,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         happened = form.cleaned_data["happened"]
         reason = form.cleaned_data["reason"]
         result = form.cleaned_data["result"]
-        before = intent.status
         after = api.resolve_intent(
             intent.pk, request.user, happened=happened == "yes", result=result, reason=reason
         )
-        if before == IntentStatus.UNKNOWN and after.status != IntentStatus.UNKNOWN:
+        if api.made_transition(after):
             # Marked once: the LogEntry keeps the English, the person reads their language.
             message = (
                 gettext_noop("Resolved: it happened; recorded result %(result)s.")
@@ -555,7 +551,9 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
             )
             values = {"result": repr(Truncator(result).chars(200))}
             logged = message % values
-            self.log_change(request, after, logged + (f" {reason}" if reason else ""))
+            self.log_change(
+                request, after, storable_text(logged + (f" {reason}" if reason else ""))
+            )
             self.message_user(
                 request,
                 gettext("Intent %(id)s: %(outcome)s")

@@ -115,16 +115,12 @@ def answer_as(
             messages.ERROR,
         )
         return False
-    answered = (
-        after.pk == question.pk
-        and after.status == QuestionStatus.ANSWERED
-        and after.answered_by_id == request.user.pk
-        and after.answer == storable_text(text)
-    )
-    if not answered:
+    # Only the request that answered it: the same person answering from two tabs at once gets
+    # one answer and one LogEntry.
+    if not (api.made_transition(after) and after.pk == question.pk):
         _not_open(model_admin, request, after)
         return False
-    excerpt = Truncator(text).chars(200)
+    excerpt = storable_text(Truncator(text).chars(200))  # an audit record any column holds
     model_admin.log_change(request, after, f"Answered: “{excerpt}”.")
     run = AgentRun.objects.only("pk", "agent", "prompt_version", "status").get(pk=after.run_id)
     model_admin.log_change(request, run, f"Answered question {after.pk}: “{excerpt}”.")

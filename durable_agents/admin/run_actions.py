@@ -315,7 +315,9 @@ class RunActions(AgentsAdmin[AgentRun]):
         for run in AgentRun.objects.filter(pk__in=woken).only(
             "pk", "agent", "prompt_version", "status"
         ):
-            self.log_change(request, run, f"Woken by event “{name}”, sent from the admin.")
+            self.log_change(
+                request, run, storable_text(f"Woken by event “{name}”, sent from the admin.")
+            )
         self.message_user(
             request,
             ngettext(

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
@@ -20,7 +22,7 @@ from django.utils.html import escape
 from django.utils.http import urlencode
 
 import durable_agents
-from durable_agents import store
+from durable_agents import api, store
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -38,6 +40,7 @@ from tests.integration.test_admin import (
     intent_url,
     intents_url,
     messages_of,
+    parked_intent,
 )
 from tests.integration.test_admin_waits import park
 
@@ -258,3 +261,162 @@ def test_the_dead_letter_confirmation_needs_the_permission_and_csrf(
     forged.force_login(superuser)
     assert forged.post(url, data).status_code == 403
     assert statuses(run) == [RunStatus.DEAD]
+
+
+# ---------------------------------------------------------------------------------------------
+# A decision is audited once: by the request that made it
+
+
+def at_once(monkeypatch: pytest.MonkeyPatch, name: str, *requests: Any) -> list[Any]:
+    """Run each request (a callable) in a thread of its own, each held at ``api.<name>``
+    until all have reached it: every request has read the object before any changes it, as
+    when one person clicks in two tabs at once. The store's lock then orders the changes."""
+    barrier = threading.Barrier(len(requests), timeout=60)
+    real = getattr(api, name)
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        barrier.wait()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, name, held)
+    results: list[Any] = [None] * len(requests)
+
+    def run(index: int) -> None:
+        try:
+            results[index] = requests[index]()
+        except Exception as exc:  # noqa: BLE001 - the test asserts on it below
+            results[index] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def logged_in(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def post_each(user: Any, url: str, *datas: dict[str, Any]) -> list[Any]:
+    """One callable per data: a POST of it to ``url`` from a client of its own (a tab)."""
+    clients = [logged_in(user) for _ in datas]
+    return [
+        (lambda client=client, data=data: client.post(url, data).status_code)
+        for client, data in zip(clients, datas, strict=True)
+    ]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_rejects_at_once_by_one_person_write_one_log_entry(
+    monkeypatch: pytest.MonkeyPatch, superuser: Any
+) -> None:
+    intent = parked_intent()
+    url = intent_url(intent, "reject")
+    requests = post_each(superuser, url, {"reason": "first tab"}, {"reason": "second tab"})
+    assert at_once(monkeypatch, "reject_intent", *requests) == [302, 302]
+    intent.refresh_from_db()
+    assert intent.status == IntentStatus.REJECTED
+    entry = LogEntry.objects.get()  # one decision, one audit: the one that was made
+    assert entry.get_change_message() == f"Rejected: {intent.reason}."
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_approvals_at_once_by_one_person_write_one_log_entry(
+    monkeypatch: pytest.MonkeyPatch, superuser: Any
+) -> None:
+    intent = parked_intent()
+    url = intent_url(intent, "approve")
+    fields = hidden_fields(logged_in(superuser).get(url))
+    assert at_once(monkeypatch, "approve_intent", *post_each(superuser, url, fields, fields)) == [
+        302,
+        302,
+    ]
+    assert ToolIntent.objects.get(pk=intent.pk).status == IntentStatus.APPROVED
+    assert LogEntry.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_resolutions_at_once_by_one_person_write_one_log_entry(
+    monkeypatch: pytest.MonkeyPatch, superuser: Any
+) -> None:
+    intent = parked_intent(IntentStatus.UNKNOWN)
+    url = intent_url(intent, "resolve")
+    data = {"happened": "no"}
+    assert at_once(monkeypatch, "resolve_intent", *post_each(superuser, url, data, data)) == [
+        302,
+        302,
+    ]
+    assert ToolIntent.objects.get(pk=intent.pk).status == IntentStatus.APPROVED
+    assert LogEntry.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_answers_at_once_by_one_person_write_one_answer_to_the_log(
+    monkeypatch: pytest.MonkeyPatch, superuser: Any
+) -> None:
+    run = park(WaitKind.QUESTION)
+    question = AgentQuestion.objects.create(run=run, key=str(run.wait_key), question="Go?")
+    url = reverse("admin:durable_agents_agentquestion_answer", args=[question.pk])
+    data = {"question": question.pk, "answer": "yes"}
+    assert at_once(monkeypatch, "answer_question", *post_each(superuser, url, data, data)) == [
+        302,
+        302,
+    ]
+    # The answer is logged on the question and on its run: once each.
+    assert LogEntry.objects.count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_sends_of_an_event_at_once_by_one_person_write_one_log_entry(
+    monkeypatch: pytest.MonkeyPatch, superuser: Any
+) -> None:
+    park(WaitKind.EVENT, wait_event="deploy:42")
+    url = reverse("admin:durable_agents_agentevent_add")
+    data = {"name": "deploy:42", "payload": '{"ok": true}'}
+    assert at_once(monkeypatch, "send_event", *post_each(superuser, url, data, data)) == [
+        302,
+        302,
+    ]
+    assert AgentEvent.objects.get(name="deploy:42").is_sent
+    assert LogEntry.objects.count() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Text that cannot be encoded never costs the audit
+
+
+@pytest.mark.django_db
+def test_an_event_payload_with_a_lone_surrogate_is_sent_and_audited(
+    admin_client: Client, superuser: Any
+) -> None:
+    waiting = park(WaitKind.EVENT, wait_event="deploy:7")
+    url = reverse("admin:durable_agents_agentevent_add")
+    payload = '{"note": "half a pair: \\ud800"}'  # valid JSON: a lone surrogate, escaped
+    response = admin_client.post(url, {"name": "deploy:7", "payload": payload})
+    assert response.status_code == 302
+    event = AgentEvent.objects.get(name="deploy:7")
+    assert event.payload == {"note": "half a pair: \ud800"}  # sent exactly as given
+    entry = LogEntry.objects.get(user=superuser)
+    assert "half a pair: \ufffd" in entry.get_change_message()
+    assert AgentRun.objects.get(pk=waiting.pk).status == RunStatus.PENDING
+    # The same from the runs list's action, which also logs each run it woke.
+    other = park(WaitKind.EVENT, wait_event="deploy:8")
+    data = {"action": "send_events", "_selected_action": [other.pk]}
+    runs = reverse("admin:durable_agents_agentrun_changelist")
+    confirm = admin_client.post(runs, {**data, "index": 0})
+    fields = {**hidden_fields(confirm), "payload": payload}
+    assert admin_client.post(runs, fields).status_code == 302
+    assert AgentEvent.objects.get(name="deploy:8").is_sent
+    assert LogEntry.objects.filter(user=superuser).count() == 3
