@@ -178,6 +178,7 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
     list_filter = ("status",)
     list_select_related = ("answered_by",)
     search_fields = ("question",)
+    list_lookups = ("run__id__exact",)  # a run page's link to its questions
     show_full_result_count = False
     list_per_page = 50
     actions = None

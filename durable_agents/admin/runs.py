@@ -153,6 +153,16 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         "created_at",
     )
     search_fields = ("task",)  # the whole search is search_runs: get_search_results
+    # The filters the app's own pages link to (operations, dead letter, events, a parent's
+    # children) beyond list_filter; any other lookup is refused (StrictChangeList).
+    list_lookups = (
+        "agent",
+        "model",
+        "dead_cause",
+        "error__startswith",
+        "wait_event",
+        "parent__id__exact",
+    )
     search_help_text = _(
         "A run id or its first characters, a request id (req_...) or its first characters, "
         "a start key, a concurrency key, an agent or a model, or words of the task or of a "

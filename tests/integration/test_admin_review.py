@@ -12,9 +12,11 @@ import uuid
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.db.models import CharField, TextField
 from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
@@ -420,3 +422,71 @@ def test_an_event_payload_with_a_lone_surrogate_is_sent_and_audited(
     assert admin_client.post(runs, fields).status_code == 302
     assert AgentEvent.objects.get(name="deploy:8").is_sent
     assert LogEntry.objects.filter(user=superuser).count() == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Every list answers a hostile query string without a 500
+
+APP_ADMINS = [
+    (model, model_admin)
+    for model, model_admin in admin.site._registry.items()
+    if model._meta.app_label == "durable_agents"
+]
+
+
+def hostile_queries(model: Any, model_admin: Any) -> list[dict[str, str]]:
+    """Lookups the admin does not ship, on fields the model has, and values no list filter
+    expects, for every filter parameter the list does ship."""
+    texts = [f.name for f in model._meta.get_fields() if isinstance(f, CharField | TextField)]
+    field = texts[0]
+    queries = [
+        {f"{field}__regex": "["},
+        {f"{field}__iregex": "(?<"},
+        {"pk__regex": "["},
+        {"id__gt": "not a number"},
+        {"id__in": "1,x"},
+        {"nonexistent": "1"},
+        {f"{field}__nonexistentlookup": "1"},
+        {"pk": "9" * 40},
+        {"p": "9" * 40},
+        {"p": "-3"},
+        {"o": "99.-x"},
+        {"all": "", "p": "2"},
+        {"q": "é" * 150},
+    ]
+    for value in ("[", "9" * 40, "-1", "\ufffd"):
+        for name in ("status__exact", "status__isnull", "created_at__gte", "created_at__lt"):
+            queries.append({name: value})
+        for item in model_admin.list_filter:
+            if isinstance(item, str | tuple):
+                path = item[0] if isinstance(item, tuple) else item
+                queries.extend({f"{path}{suffix}": value} for suffix in ("__exact", "__isnull"))
+            else:
+                queries.append({item.parameter_name: value})
+        queries.extend({name: value} for name in getattr(model_admin, "list_lookups", ()))
+    return queries
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("model", "model_admin"), APP_ADMINS, ids=lambda v: str(v))
+def test_every_list_answers_hostile_lookups_without_a_500(
+    admin_client: Client, model: Any, model_admin: Any
+) -> None:
+    parked_intent()
+    url = reverse(f"admin:durable_agents_{model._meta.model_name}_changelist")
+    for query in hostile_queries(model, model_admin):
+        response = admin_client.get(url, query)
+        assert response.status_code in (200, 302, 400), (query, response.status_code)
+    # An unshipped lookup is Django's invalid lookup: the list again, with ?e=1.
+    response = admin_client.get(url, {"task__regex": "[", "tool__regex": "[", "id__gt": "x"})
+    assert response.status_code == 302
+    assert response["Location"].endswith("?e=1")
+
+
+@pytest.mark.django_db
+def test_a_search_term_past_the_limit_is_refused_with_a_message(admin_client: Client) -> None:
+    url = reverse("admin:durable_agents_agentrun_changelist")
+    response = admin_client.get(url, {"q": "x" * 201, "status__exact": "dead"}, follow=True)
+    assert response.redirect_chain[0][0] == f"{url}?status__exact=dead"
+    assert any("longer than 200 characters" in m for m in messages_of(response))
+    assert admin_client.get(url, {"q": "x" * 200}).status_code == 200
