@@ -90,7 +90,7 @@ def already_sent_message(event: AgentEvent) -> str:
         "Event “%(name)s” was sent already, at %(time)s by %(user)s: an event is sent once. "
         "Nothing changed."
     ) % {
-        "name": storable_text(event.name, 200),
+        "name": plain_markers(storable_text(event.name, 200)),
         "time": format_time(event.sent_at),
         "user": who,
     }
@@ -334,7 +334,7 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
                     "Sent event “%(name)s”; %(count)s run(s) were waiting on it and woke.",
                     waiting,
                 )
-                % {"name": storable_text(name, 200), "count": waiting},
+                % {"name": plain_markers(storable_text(name, 200)), "count": waiting},
                 messages.SUCCESS,
             )
         else:

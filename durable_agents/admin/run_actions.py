@@ -220,7 +220,7 @@ class RunActions(AgentsAdmin[AgentRun]):
             self.message_user(
                 request,
                 gettext("Nothing was sent: the runs listed no longer all wait on event “%(name)s”.")
-                % {"name": storable_text(posted, 200)},
+                % {"name": plain_markers(storable_text(posted, 200))},
                 messages.ERROR,
             )
             return None
@@ -231,7 +231,7 @@ class RunActions(AgentsAdmin[AgentRun]):
                 request, gettext("None of the selected runs waits on an event."), messages.WARNING
             )
             return None
-        shown = ", ".join(f"“{storable_text(n, 60)}”" for n in names[:10])
+        shown = ", ".join(f"“{plain_markers(storable_text(n, 60))}”" for n in names[:10])
         if len(names) > 10:
             message = gettext(
                 "The selected runs wait on more than ten different events (%(events)s): "
@@ -285,7 +285,7 @@ class RunActions(AgentsAdmin[AgentRun]):
                 "Event “%(name)s” will be sent with the payload below, once: every run "
                 "waiting on it wakes and receives it."
             )
-            % {"name": storable_text(name)},
+            % {"name": plain_markers(name)},
             note=note,
             rows=rows,
             matched=matched,
@@ -325,7 +325,11 @@ class RunActions(AgentsAdmin[AgentRun]):
                 "Sent event “%(name)s”: %(woken)s of the %(count)s listed run(s) woke.",
                 len(listed),
             )
-            % {"name": storable_text(name, 200), "woken": len(woken), "count": len(listed)},
+            % {
+                "name": plain_markers(storable_text(name, 200)),
+                "woken": len(woken),
+                "count": len(listed),
+            },
             messages.SUCCESS,
         )
 

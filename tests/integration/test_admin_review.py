@@ -20,6 +20,7 @@ from django.db.models import CharField, TextField
 from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
+from django.utils import translation
 from django.utils.html import escape
 from django.utils.http import urlencode
 
@@ -490,3 +491,18 @@ def test_a_search_term_past_the_limit_is_refused_with_a_message(admin_client: Cl
     assert response.redirect_chain[0][0] == f"{url}?status__exact=dead"
     assert any("longer than 200 characters" in m for m in messages_of(response))
     assert admin_client.get(url, {"q": "x" * 200}).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# The warning in the site's language
+
+
+@pytest.mark.django_db
+def test_the_warning_is_german_for_a_german_site(settings: Any, admin_client: Client) -> None:
+    settings.LANGUAGE_CODE = "de"
+    translation.deactivate()  # nothing active: the project's language applies
+    try:
+        html = admin_client.get(intent_url(disguised_intent())).content.decode()
+    finally:
+        translation.deactivate()
+    assert "Dieser Wert enthält 3 unsichtbare oder die Schreibrichtung ändernde Zeichen" in html
