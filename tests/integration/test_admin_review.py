@@ -31,6 +31,7 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     AgentStep,
+    ConcurrencyKey,
     IntentStatus,
     QuestionStatus,
     RunStatus,
@@ -172,6 +173,8 @@ def test_every_page_that_shows_a_value_to_decide_on_draws_hidden_characters_as_m
     sent = AgentEvent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value
         name="sent", payload={"sql": DISGUISED}, sent_at=Now()
     )
+    key = ConcurrencyKey.objects.create(key="tenant:\u2067acme\u2069")
+    AgentRun.objects.filter(pk=run.pk).update(concurrency_key=key.key)
     pages = {
         "run page": reverse("admin:durable_agents_agentrun_change", args=[run.pk]),
         "runs list": reverse("admin:durable_agents_agentrun_changelist"),
@@ -183,6 +186,11 @@ def test_every_page_that_shows_a_value_to_decide_on_draws_hidden_characters_as_m
         "event page": reverse("admin:durable_agents_agentevent_change", args=[event.pk]),
         "sent event page": reverse("admin:durable_agents_agentevent_change", args=[sent.pk]),
         "events list": reverse("admin:durable_agents_agentevent_changelist"),
+        "send page": reverse("admin:durable_agents_agentevent_add")
+        + "?"
+        + urlencode({"name": name}),
+        "keys list": reverse("admin:durable_agents_concurrencykey_changelist"),
+        "key page": reverse("admin:durable_agents_concurrencykey_change", args=[key.pk]),
     }
     for page, url in pages.items():
         response = admin_client.get(url)
