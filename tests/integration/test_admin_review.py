@@ -5,6 +5,7 @@ hostile query strings without a 500, and text that cannot be encoded never loses
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import threading
@@ -195,12 +196,21 @@ def test_every_page_that_shows_a_value_to_decide_on_draws_hidden_characters_as_m
     for page, url in pages.items():
         response = admin_client.get(url)
         assert response.status_code == 200, page
-        html = response.content.decode()
-        assert not RAW.search(html), (page, RAW.findall(html))
-        assert "da-invisible-warning" in html, page
-    # The send form posts the name back exactly (as character references in its HTML).
+        content = response.content.decode()
+        assert not RAW.search(content), (page, RAW.findall(content))
+        assert "da-invisible-warning" in content, page
+    # The send forms post the name back exactly (as character references in their HTML).
     waiting_page = admin_client.get(pages["waiting run page"]).content.decode()
     assert 'value="deploy:&#x202E;evil&#x202C;"' in waiting_page
+    runs = reverse("admin:durable_agents_agentrun_changelist")
+    data = {"action": "send_events", "_selected_action": [waiting.pk], "index": 0}
+    confirm = admin_client.post(runs, data)
+    assert not RAW.search(confirm.content.decode())
+    # What a browser posts: the references decoded.
+    fields = {k: [html.unescape(v) for v in vs] for k, vs in hidden_fields(confirm).items()}
+    assert fields["event"] == [name]
+    admin_client.post(runs, {**fields, "payload": "1"})
+    assert AgentEvent.objects.get(name=name).is_sent
 
 
 # ---------------------------------------------------------------------------------------------
