@@ -26,9 +26,10 @@ from durable_agents.models import (
     RunStatus,
     ToolIntent,
 )
-from durable_agents.store import current, transitions
+from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
+from durable_agents.store.transitions import made_transition as _made_transition
 from durable_agents.text import has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
@@ -328,4 +329,4 @@ def made_transition(decided: ToolIntent | AgentQuestion | AgentEvent) -> bool:
     ``resolve_intent``, ``answer_question``, ``send_event``) made its change, rather than
     finding it made already: by another person, or by the same person from another tab at the
     same moment. What an audit trail records: only the call that made the change."""
-    return transitions.made_transition(decided)
+    return _made_transition(decided)

@@ -198,7 +198,8 @@ def test_every_page_that_shows_a_value_to_decide_on_draws_hidden_characters_as_m
         assert response.status_code == 200, page
         content = response.content.decode()
         assert not RAW.search(content), (page, RAW.findall(content))
-        assert "da-invisible-warning" in content, page
+        assert '<span class="da-invisible-warning" role="alert">' in content, page
+        assert "&lt;span" not in content, page  # drawn, not escaped twice
     # The send forms post the name back exactly (as character references in their HTML).
     waiting_page = admin_client.get(pages["waiting run page"]).content.decode()
     assert 'value="deploy:&#x202E;evil&#x202C;"' in waiting_page
