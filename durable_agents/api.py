@@ -29,6 +29,7 @@ from durable_agents.models import (
 from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
+from durable_agents.store.transitions import made_transition as _made_transition
 from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
@@ -362,3 +363,11 @@ def resolve_intent(
     _check_permission(user)
     outcome = effects.format_result("" if result is None else result) if happened else None
     return current().resolve_intent(intent_id, user, outcome=outcome, reason=reason)
+
+
+def made_transition(decided: ToolIntent | AgentQuestion | AgentEvent) -> bool:
+    """Whether the call that returned ``decided`` (``approve_intent``, ``reject_intent``,
+    ``resolve_intent``, ``answer_question``, ``send_event``) made its change, rather than
+    finding it made already: by another person, or by the same person from another tab at the
+    same moment. What an audit trail records: only the call that made the change."""
+    return _made_transition(decided)

@@ -15,9 +15,15 @@ is storable whenever it parses; only values decoded from it pass through here).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import unicodedata
 from typing import Any
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString
+from django.utils.translation import ngettext
 
 from durable_agents.exceptions import Unstorable as Unstorable  # re-exported: its old home
 
@@ -108,3 +114,121 @@ def json_text(value: Any, limit: int = MAX_DEPTH) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise Unstorable(f"is not JSON-serialisable: {storable_text(exc, 300)}") from exc
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Characters a page must show, not obey
+#
+# A direction override (U+202E), an isolate (U+2066..U+2069) or a zero-width character makes a
+# browser draw a text in another order than it is stored, or hides part of it: a person would
+# approve ``DELETE FROM users /* keep admins */ WHERE id = 42`` while the stored text deletes
+# every row. Every page that shows a value a person decides on draws each such character as a
+# visible marker instead, and says how many there are.
+
+MARKER_FORMAT = "\u27e8U+{:04X}\u27e9"  # ⟨U+202E⟩
+
+# Beyond Unicode's format characters (Cf) and the controls: the tag characters (an invisible
+# copy of ASCII), whose unassigned code points Unicode does not call Cf.
+_TAG_CHARACTERS = range(0xE0000, 0xE0080)
+
+
+@functools.cache
+def _invisible_re() -> re.Pattern[str]:
+    """Every format character (Cf), control (Cc) but newline and tab, lone surrogate and tag
+    character, as one character class. Built once, on first use (it reads the Unicode table
+    of this Python)."""
+    points = [
+        cp
+        for cp in range(0x20000)  # planes 0 and 1 hold every Cf and Cc outside the tags
+        if unicodedata.category(chr(cp)) in ("Cf", "Cc", "Cs") and chr(cp) not in "\n\t"
+    ]
+    points.extend(_TAG_CHARACTERS)
+    ranges: list[tuple[int, int]] = []
+    for cp in sorted(set(points)):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    body = "".join(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
+    # A carriage return before a newline is a line end (every form posts CRLF), not a trick.
+    return re.compile(f"(?!\\r\\n)[{body}]")
+
+
+def invisible_name(char: str) -> str:
+    """``U+202E RIGHT-TO-LEFT OVERRIDE``: what a marker's title says of its character."""
+    name = unicodedata.name(char, "")
+    if not name:
+        category = unicodedata.category(char)
+        name = {"Cc": "CONTROL", "Cs": "SURROGATE"}.get(category, "FORMAT CHARACTER")
+    return f"U+{ord(char):04X} {name}"
+
+
+def count_invisible(text: str) -> int:
+    """How many characters of ``text`` a page shows as markers (0 for plain ASCII text)."""
+    if text.isascii() and text.isprintable():
+        return 0
+    return sum(1 for _ in _invisible_re().finditer(text))
+
+
+def plain_markers(text: Any) -> str:
+    """``text`` with each invisible or direction-changing character written as the plain text
+    ``⟨U+202E⟩``: for places that hold no markup (a title attribute, a page's <title>, a
+    message)."""
+    shown = storable_text(text)
+    if shown.isascii() and shown.isprintable():
+        return shown
+    return _invisible_re().sub(lambda m: MARKER_FORMAT.format(ord(m.group())), shown)
+
+
+def reveal_invisible(text: Any) -> tuple[SafeString, int]:
+    """``text`` as HTML: escaped, with each invisible or direction-changing character drawn as
+    ``<span class="da-invisible" title="U+202E RIGHT-TO-LEFT OVERRIDE">⟨U+202E⟩</span>``
+    (the character itself is never in the HTML); and how many there were."""
+    shown = storable_text(text)
+    if shown.isascii() and shown.isprintable():
+        return SafeString(escape(shown)), 0
+    parts: list[str] = []
+    count = 0
+    last = 0
+    for match in _invisible_re().finditer(shown):
+        char = match.group()
+        parts.append(escape(shown[last : match.start()]))
+        parts.append(
+            f'<span class="da-invisible" title="{escape(invisible_name(char))}">'
+            f"{MARKER_FORMAT.format(ord(char))}</span>"
+        )
+        count += 1
+        last = match.end()
+    parts.append(escape(shown[last:]))
+    return SafeString("".join(parts)), count
+
+
+def invisible_warning(count: int) -> SafeString:
+    """The warning above a value holding ``count`` such characters ("" for none)."""
+    if not count:
+        return SafeString("")
+    message = ngettext(
+        "This value contains %(count)s invisible or direction-changing character, shown as "
+        "⟨U+....⟩ markers. Read it marker by marker before deciding.",
+        "This value contains %(count)s invisible or direction-changing characters, shown as "
+        "⟨U+....⟩ markers. Read it marker by marker before deciding.",
+        count,
+    ) % {"count": count}
+    return SafeString(f'<span class="da-invisible-warning" role="alert">{escape(message)}</span>')
+
+
+def revealed(text: Any) -> SafeString:
+    """``reveal_invisible``'s HTML, after the warning when there is anything to warn of."""
+    html, count = reveal_invisible(text)
+    return SafeString(invisible_warning(count) + html) if count else html
+
+
+def character_references(text: Any) -> SafeString:
+    """``text`` escaped for HTML, with each invisible or direction-changing character as a
+    numeric character reference (``&#x202E;``): for a hidden input that must post the value
+    back exactly while the page's HTML holds none of them."""
+    shown = storable_text(text)
+    escaped = escape(shown)
+    if shown.isascii() and shown.isprintable():
+        return SafeString(escaped)
+    return SafeString(_invisible_re().sub(lambda m: f"&#x{ord(m.group()):X};", escaped))

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import ValidationError
 from django.db.models import (
     Model,
@@ -25,6 +26,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from durable_agents.admin.format import Text
 from durable_agents.admin.listing import EstimatingPaginator
 from durable_agents.counting import Count
+from durable_agents.text import plain_markers
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin as _ModelAdmin
@@ -40,6 +42,10 @@ else:
 
 _M = TypeVar("_M", bound=Model)
 SEND_EVENT_PERMISSION = "durable_agents.send_event"
+# A list's search term longer than this is refused with a message: every term an operator has
+# in hand (an id, a request id, a key, a few words) is far shorter, and a longer one would only
+# make the database scan.
+SEARCH_MAX_CHARS = 200
 
 
 def clean_pk(model: Any, value: Any) -> Any:
@@ -86,8 +92,42 @@ class ConfirmRow:
     note: str = ""
 
 
+class StrictChangeList(ChangeList):
+    """A change list that filters only as the admin ships it: by its list filters, its date
+    hierarchy, and the parameters its own pages link to (``AgentsAdmin.list_lookups``).
+
+    Django applies any other ``field__lookup=value`` of the query string as it comes, and
+    ``?task__regex=[`` then fails in the database (a 500); here it is an invalid lookup, which
+    Django answers by showing the list again with ``?e=1``."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        filters = super().get_filters(request)
+        remaining = filters[2]  # what no list filter took (Django's return value)
+        allowed = set(getattr(self.model_admin, "list_lookups", ()))
+        if self.date_hierarchy:
+            allowed |= {f"{self.date_hierarchy}__gte", f"{self.date_hierarchy}__lt"}
+        unknown = sorted(set(remaining) - allowed)
+        if unknown:
+            raise IncorrectLookupParameters(f"Filtering by {', '.join(unknown)} is not offered")
+        return filters
+
+    def get_results(self, request: HttpRequest) -> None:
+        # A page number whose OFFSET no bigint holds (?p=9999...): an invalid page, as Django
+        # calls a page past the end, not a database error.
+        if not 0 < self.page_num < 2**62 // max(self.list_per_page, 1):
+            raise IncorrectLookupParameters(f"No page {self.page_num}")
+        super().get_results(request)
+
+
 class AgentsAdmin(_ModelAdmin[_M]):
     """What the ModelAdmins share: object views and confirmation pages."""
+
+    # Query parameters a list accepts besides its filters': those the app's own pages link to
+    # (StrictChangeList refuses every other lookup).
+    list_lookups: tuple[str, ...] = ()
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return StrictChangeList
 
     def _object_url(self, name: str) -> str:
         return f"{self.opts.app_label}_{self.opts.model_name}_{name}"
@@ -106,6 +146,22 @@ class AgentsAdmin(_ModelAdmin[_M]):
     def _redirect_to_object(self, obj: Any) -> HttpResponseRedirect:
         return HttpResponseRedirect(self._url("change", obj.pk))
 
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        # The page's <title> and heading name the object (a tool, an event): its invisible
+        # and direction-changing characters read as markers there too.
+        for name in ("title", "subtitle"):
+            if context.get(name):
+                context[name] = plain_markers(context[name])
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
@@ -120,6 +176,19 @@ class AgentsAdmin(_ModelAdmin[_M]):
                 messages.ERROR,
             )
             return HttpResponseRedirect(request.path)
+        if len(request.GET.get(SEARCH_VAR, "")) > SEARCH_MAX_CHARS:
+            self.message_user(
+                request,
+                gettext(
+                    "The search term is longer than %(limit)s characters; showing the list "
+                    "without it."
+                )
+                % {"limit": SEARCH_MAX_CHARS},
+                messages.ERROR,
+            )
+            kept = request.GET.copy()
+            del kept[SEARCH_VAR]
+            return HttpResponseRedirect(f"{request.path}?{kept.urlencode()}")
         return super().changelist_view(request, extra_context)
 
     def response_action(
@@ -216,7 +285,7 @@ class ReadOnlyAdmin(AgentsAdmin[_M]):
         return False
 
 
-class CountedChangeList(ChangeList):
+class CountedChangeList(StrictChangeList):
     """A change list whose count a page prints as ``result_count_text``: "4 agent runs", or
     past EXACT_COUNT_LIMIT "about 1.2 million agent runs" (EstimatingPaginator;
     the app's pagination.html and search_form.html print it)."""

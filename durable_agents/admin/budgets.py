@@ -17,6 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api, budgets
 from durable_agents.admin.base import AgentsAdmin
+from durable_agents.admin.format import revealed_field
 from durable_agents.models import (
     AgentRun,
     AgentUsageDay,
@@ -31,15 +32,16 @@ MONEY = DecimalField(max_digits=20, decimal_places=9)
 
 class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
     list_display = (
-        "key",
+        "key_shown",
         "concurrency_limit",
         "budget_in_force",
         "usd_per_day",
         "spent",
         "waiting",
     )
-    fields = ("key", "concurrency_limit", "usd_per_day", "budget_setting")
-    readonly_fields = ("key", "budget_setting")
+    fields = ("key_shown", "concurrency_limit", "usd_per_day", "budget_setting")
+    readonly_fields = ("key_shown", "budget_setting")
+    key_shown = revealed_field("key", _("key"))
     search_fields = ("=key",)
     ordering = ("key",)
     list_per_page = 50

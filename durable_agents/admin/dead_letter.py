@@ -22,13 +22,13 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext
 
 from durable_agents import counting
+from durable_agents.admin.base import clean_pk
 from durable_agents.admin.format import cut_at_word
 from durable_agents.admin.run_actions import RUN_ACTION_LIMIT, RunActions
 from durable_agents.causes import error_reason
 from durable_agents.counting import bounded_count
 from durable_agents.models import (
     AgentRun,
-    RunStatus,
 )
 from durable_agents.text import storable_text
 
@@ -177,13 +177,17 @@ class DeadLetterPages(RunActions):
 
     def dead_letter_confirm_view(self, request: HttpRequest, action: str) -> HttpResponse:
         """The confirmation page of a group's requeue or cancel (the group's cause in the query
-        string): it lists the group's newest runs (at most RUN_ACTION_LIMIT) and its "Yes"
-        posts exactly their ids to the runs list."""
+        string): GET lists the group's newest runs (at most RUN_ACTION_LIMIT) and its "Yes"
+        posts exactly their ids back here. A POST acts only on the posted runs that are still
+        dead of that cause (never on the rest of the group: runs that died since were not
+        shown), then answers with the dead letter and a message."""
         if action not in self.RUN_OPERATIONS:
             raise Http404(gettext("No such operation."))
         if not self.has_operate_permission(request):
             raise PermissionDenied
         cause = request.GET.get("cause", "")
+        if request.method == "POST":
+            return self._dead_group_posted(request, action, cause)
         run_ids = dead_group_run_ids(cause, RUN_ACTION_LIMIT) if "cause" in request.GET else []
         if not run_ids:
             self.message_user(
@@ -193,6 +197,31 @@ class DeadLetterPages(RunActions):
             )
             return HttpResponseRedirect(self._url("dead_letter"))
         queryset = AgentRun.objects.filter(pk__in=run_ids)
-        form_url = f"{self._url('changelist')}?{urlencode({'status__exact': RunStatus.DEAD})}"
         example = cut_at_word(cause, 60)[0]
-        return self._run_operation(request, queryset, action, form_url=form_url, example=example)  # type: ignore[return-value]
+        response = self._run_operation(
+            request, queryset, action, form_url=request.get_full_path(), example=example
+        )
+        assert response is not None  # a GET is never confirmed: it shows the page
+        return response
+
+    def _dead_group_posted(self, request: HttpRequest, action: str, cause: str) -> HttpResponse:
+        """The "Yes" of a group's confirmation: the posted ids, re-checked to be dead runs of
+        the group still. Anything else posted here (no "Yes", malformed or no ids) changes
+        nothing and says so."""
+        back = HttpResponseRedirect(self._url("dead_letter"))
+        try:
+            ids = [clean_pk(AgentRun, value) for value in self._posted_ids(request)]
+        except ValueError:
+            ids = []
+        if not self._confirmed(request) or not ids or len(ids) > RUN_ACTION_LIMIT:
+            self.message_user(
+                request,
+                gettext(
+                    "Nothing was changed: confirm the runs of a group from its confirmation page."
+                ),
+                messages.ERROR,
+            )
+            return back
+        listed = AgentRun.objects.dead().filter(dead_cause=cause, pk__in=ids)
+        self._run_operation(request, listed, action)
+        return back

@@ -42,6 +42,8 @@ from durable_agents.admin.format import (
     format_time,
     plain_text_response,
     pretty_json,
+    revealed_excerpt,
+    revealed_field,
     shown_text,
     text_html,
     time_field,
@@ -54,7 +56,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import has_unstorable, storable_text
+from durable_agents.text import has_unstorable, plain_markers, revealed, storable_text
 
 
 def send_event_as(
@@ -63,13 +65,18 @@ def send_event_as(
     """Send the event through ``api.send_event`` as the request's user (whose permission the
     caller checked) and audit it. Returns the event and whether this request sent it (an
     event is sent once: sending it again returns the first and changes nothing)."""
+    # The audit's text before the send, storable: a payload may hold a lone surrogate (a JSON
+    # escape), which is sent as such but would make the LogEntry's INSERT fail after the send,
+    # leaving an event sent with no audit and a 500.
+    message = storable_text(
+        f"Sent from the admin with payload {Truncator(pretty_json(payload)).chars(200)}"
+    )
     before = AgentEvent.objects.filter(name=name).only("pk", "sent_at").first()
     if before is not None and before.is_sent:
         return api.send_event(name, payload, user=request.user), False
     event = api.send_event(name, payload, user=request.user)
-    if event.sent_by_id != request.user.pk or event.payload != payload:
+    if not api.made_transition(event):  # sent meanwhile, even by this person from another tab
         return event, False
-    message = f"Sent from the admin with payload {Truncator(pretty_json(payload)).chars(200)}"
     if before is None:
         model_admin.log_addition(request, event, message)
     else:
@@ -83,7 +90,7 @@ def already_sent_message(event: AgentEvent) -> str:
         "Event “%(name)s” was sent already, at %(time)s by %(user)s: an event is sent once. "
         "Nothing changed."
     ) % {
-        "name": storable_text(event.name, 200),
+        "name": plain_markers(storable_text(event.name, 200)),
         "time": format_time(event.sent_at),
         "user": who,
     }
@@ -135,11 +142,11 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
     list_per_page = 50
     actions = None
     fieldsets = (
-        (None, {"fields": ("name", "sent_badge", "payload_text")}),
+        (None, {"fields": ("name_shown", "sent_badge", "payload_text")}),
         (_("Sent"), {"fields": ("sent_by", "sent_at_display", "created_at_display")}),
     )
     readonly_fields = (
-        "name",
+        "name_shown",
         "sent_badge",
         "payload_text",
         "sent_by",
@@ -149,12 +156,13 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
 
     created_at_display = time_field("created_at", _("first awaited or sent"))
     sent_at_display = time_field("sent_at", _("sent at"))
+    name_shown = revealed_field("name", _("name"))
 
     # -- columns ---------------------------------------------------------------------------
 
     @admin.display(description=_("event"), ordering="name")
-    def event_name(self, obj: AgentEvent) -> str:
-        return storable_text(obj.name)
+    def event_name(self, obj: AgentEvent) -> SafeString:
+        return revealed(obj.name)
 
     @admin.display(description=_("status"), ordering="sent_at")
     def sent_badge(self, obj: AgentEvent) -> SafeString:
@@ -182,7 +190,9 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
             head = pretty_json(obj.payload)
         head = storable_text(head)
         return format_html(
-            '<code class="da-input" title="{}">{}</code>', head, Truncator(head).chars(60)
+            '<code class="da-input" title="{}">{}</code>',
+            plain_markers(head),
+            revealed_excerpt(head, 60),
         )
 
     @admin.display(description=_("sent"), ordering="sent_at")
@@ -324,7 +334,7 @@ class AgentEventAdmin(ReadOnlyAdmin[AgentEvent]):
                     "Sent event “%(name)s”; %(count)s run(s) were waiting on it and woke.",
                     waiting,
                 )
-                % {"name": storable_text(name, 200), "count": waiting},
+                % {"name": plain_markers(storable_text(name, 200)), "count": waiting},
                 messages.SUCCESS,
             )
         else:

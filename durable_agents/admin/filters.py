@@ -17,6 +17,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
+from durable_agents.text import plain_markers
 
 
 class WaitingForFilter(admin.SimpleListFilter):
@@ -69,6 +70,12 @@ class IndexedValuesFilter(admin.AllValuesFieldListFilter):
         super().__init__(field, request, params, model, model_admin, field_path)
         values = distinct_values(model._default_manager.all(), field_path)
         self.lookup_choices = values  # type: ignore[assignment]
+
+    def choices(self, changelist: Any) -> Any:
+        # The values are text from outside (agents, models, tools): their invisible and
+        # direction-changing characters read as markers in the sidebar too.
+        for choice in super().choices(changelist):
+            yield {**choice, "display": plain_markers(choice["display"])}
 
 
 class SentFilter(admin.SimpleListFilter):

@@ -30,7 +30,13 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import (
+    count_invisible,
+    invisible_warning,
+    reveal_invisible,
+    revealed,
+    storable_text,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -238,6 +244,14 @@ def shown_text(value: Any, url: str = "", limit: int = TEXT_SHOWN_CHARS) -> Text
     return Text(storable_text(text), len(text), url)
 
 
+def revealed_excerpt(text: str, limit: int) -> SafeString:
+    """A list column's excerpt of ``text``: at most ``limit`` characters, its invisible and
+    direction-changing characters drawn as markers, after a warning that counts those of the
+    whole ``text`` (an excerpt must not hide one past its cut)."""
+    excerpt, _shown = reveal_invisible(Truncator(text).chars(limit))
+    return format_html("{}{}", invisible_warning(count_invisible(text)), excerpt)
+
+
 def cut_at_word(text: str, limit: int) -> tuple[str, bool]:
     """``text`` cut to at most ``limit`` characters at a word boundary, with an ellipsis;
     and whether it was cut. A single word longer than the limit is cut where it must be."""
@@ -360,6 +374,19 @@ def time_field(field_name: str, description: StrOrPromise) -> Callable[[Any, Any
         return format_time(getattr(obj, field_name)) or self.get_empty_value_display()
 
     show.__name__ = f"{field_name}_display"
+    return show
+
+
+def revealed_field(field_name: str, description: StrOrPromise) -> Callable[[Any, Any], str]:
+    """A read-only field printing the text ``field_name`` with its invisible and
+    direction-changing characters drawn as markers (Django would print them as they are)."""
+
+    @admin.display(description=description, ordering=field_name)
+    def show(self: admin.ModelAdmin[Any], obj: Any) -> str:
+        value = getattr(obj, field_name)
+        return revealed(value) if value else self.get_empty_value_display()
+
+    show.__name__ = f"{field_name}_shown"
     return show
 
 

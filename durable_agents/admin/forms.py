@@ -152,11 +152,19 @@ class EventPayloadForm(forms.Form):
         return parse_payload(self.cleaned_data.get("payload") or "")
 
 
+class MarkedTextInput(forms.TextInput):
+    """A text input whose value holds no invisible or direction-changing character as it is:
+    each is written as a character reference, so the browser still posts the value exactly."""
+
+    template_name = "durable_agents/widgets/marked_text_input.html"
+
+
 class SendEventForm(EventPayloadForm):
     name = forms.CharField(
         label=_("Name"),
         max_length=200,
         validators=[no_unstorable],
+        widget=MarkedTextInput,
         help_text=_(
             "The name the runs wait on (Wait(event=name)). An event is sent once: "
             "sending a name again changes nothing."

@@ -49,6 +49,8 @@ from durable_agents.admin.format import (
     intent_fingerprint,
     number_and_age,
     pretty_json,
+    revealed_excerpt,
+    revealed_field,
     shown_json,
     shown_text,
     time_field,
@@ -62,7 +64,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import plain_markers, revealed, storable_text
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many intents (each with the
@@ -132,25 +134,27 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     list_per_page = 50
     actions = ("approve_intents", "reject_intents")
     fieldsets = (
-        (None, {"fields": ("id", "status_badge", "tool", "run", "seq", "call_index", "key")}),
-        (_("Decision"), {"fields": ("decided_by", "decided_at_display", "reason")}),
+        (None, {"fields": ("id", "status_badge", "tool_shown", "run", "seq", "call_index", "key")}),
+        (_("Decision"), {"fields": ("decided_by", "decided_at_display", "reason_shown")}),
         (_("Timestamps"), {"fields": ("created_at_display", "updated_at_display")}),
     )
     readonly_fields = (
         "id",
         "status_badge",
-        "tool",
+        "tool_shown",
         "run",
         "seq",
         "call_index",
         "key",
         "decided_by",
         "decided_at_display",
-        "reason",
+        "reason_shown",
         "created_at_display",
         "updated_at_display",
     )
 
+    tool_shown = revealed_field("tool", _("tool"))
+    reason_shown = revealed_field("reason", _("reason"))
     created_at_display = time_field("created_at", _("created at"))
     decided_at_display = time_field("decided_at", _("decided at"))
     updated_at_display = time_field("updated_at", _("updated at"))
@@ -164,8 +168,8 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         return number_and_age(obj.pk, obj.created_at, title)
 
     @admin.display(description=_("tool"), ordering="tool")
-    def tool_name(self, obj: ToolIntent) -> str:
-        return storable_text(obj.tool)
+    def tool_name(self, obj: ToolIntent) -> SafeString:
+        return revealed(obj.tool)
 
     @admin.display(description=_("input"))
     def input_excerpt(self, obj: ToolIntent) -> SafeString:
@@ -176,8 +180,8 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         head = storable_text(head)
         return format_html(
             '<code class="da-input" title="{}">{}</code>',
-            head,
-            Truncator(head).chars(INPUT_COLUMN_CHARS),
+            plain_markers(head),
+            revealed_excerpt(head, INPUT_COLUMN_CHARS),
         )
 
     @admin.display(description=_("run"), ordering="run_id")
@@ -359,20 +363,17 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     def _decide(
         self, request: HttpRequest, intent: ToolIntent, *, approve: bool, reason: str = ""
     ) -> bool:
-        """Approve or reject through the api; True when this request made the decision."""
-        before = intent.status
+        """Approve or reject through the api; True when this request made the decision (a
+        second request deciding at the same moment, even the same person's, finds it made and
+        writes no LogEntry)."""
         if approve:
             after = api.approve_intent(intent.pk, request.user)
         else:
             after = api.reject_intent(intent.pk, request.user, reason=reason)
-        decided = (
-            before == IntentStatus.PENDING
-            and after.status != IntentStatus.PENDING
-            and after.decided_by_id == request.user.pk
-        )
+        decided = api.made_transition(after)
         if decided:
             message = "Approved." if approve else f"Rejected: {reason or 'no reason given'}."
-            self.log_change(request, after, message)
+            self.log_change(request, after, storable_text(message))
         return decided
 
     # -- the intent page and its decision views --------------------------------------------
@@ -469,7 +470,7 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
                 if approve
                 else gettext("Reject %(tool)s (intent %(id)s)?")
             )
-            % names,
+            % {**names, "tool": plain_markers(intent.tool)},
             "opts": self.opts,
             "original": intent,
             "tool": storable_text(intent.tool),
@@ -538,11 +539,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         happened = form.cleaned_data["happened"]
         reason = form.cleaned_data["reason"]
         result = form.cleaned_data["result"]
-        before = intent.status
         after = api.resolve_intent(
             intent.pk, request.user, happened=happened == "yes", result=result, reason=reason
         )
-        if before == IntentStatus.UNKNOWN and after.status != IntentStatus.UNKNOWN:
+        if api.made_transition(after):
             # Marked once: the LogEntry keeps the English, the person reads their language.
             message = (
                 gettext_noop("Resolved: it happened; recorded result %(result)s.")
@@ -551,7 +551,9 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
             )
             values = {"result": repr(Truncator(result).chars(200))}
             logged = message % values
-            self.log_change(request, after, logged + (f" {reason}" if reason else ""))
+            self.log_change(
+                request, after, storable_text(logged + (f" {reason}" if reason else ""))
+            )
             self.message_user(
                 request,
                 gettext("Intent %(id)s: %(outcome)s")

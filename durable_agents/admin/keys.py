@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 
 from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus
 from durable_agents.store import concurrency, key_rows
-from durable_agents.text import storable_text
+from durable_agents.text import plain_markers, revealed, storable_text
 
 # The filter lists this many keys (in key order); any other is reached from a run's page (its
 # key links to the list filtered by it) or by the URL parameter.
@@ -101,8 +101,8 @@ def list_summary(run: AgentRun) -> SafeString | None:
     html = format_html(
         '<a class="da-meta da-key" href="{}" title="{}">{}</a>',
         _keyed_list_url(state.key),
-        gettext("concurrency key %(key)s") % {"key": key},
-        Truncator(key).chars(LIST_KEY_CHARS),
+        gettext("concurrency key %(key)s") % {"key": plain_markers(key)},
+        revealed(Truncator(key).chars(LIST_KEY_CHARS)),
     )
     if state.waits(run):
         html = format_html(
@@ -142,7 +142,7 @@ def detail(run: AgentRun) -> SafeString | str:
     return format_html(
         '<a href="{}" id="concurrency-key">{}</a> · {} · <span id="key-slot">{}</span>',
         _keyed_list_url(state.key),
-        storable_text(state.key),
+        revealed(state.key),
         limit,
         where,
     )
@@ -157,10 +157,10 @@ class KeyFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         keys = ConcurrencyKey.objects.order_by("key").values_list("key", flat=True)
-        found = [(key, Truncator(storable_text(key)).chars(30)) for key in keys[:FILTER_KEYS]]
+        found = [(key, plain_markers(Truncator(key).chars(30))) for key in keys[:FILTER_KEYS]]
         chosen = self.value()
         if chosen and chosen not in {key for key, _ in found}:
-            found.append((chosen, Truncator(storable_text(chosen)).chars(30)))
+            found.append((chosen, plain_markers(Truncator(storable_text(chosen)).chars(30))))
         return found
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:

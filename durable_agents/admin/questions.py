@@ -34,6 +34,7 @@ from durable_agents.admin.format import (
     number_and_age,
     plain_text_response,
     question_badge,
+    revealed_excerpt,
     time_field,
 )
 from durable_agents.admin.forms import AnswerForm
@@ -43,7 +44,13 @@ from durable_agents.models import (
     AgentRun,
     QuestionStatus,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import (
+    count_invisible,
+    invisible_warning,
+    plain_markers,
+    revealed,
+    storable_text,
+)
 
 
 def question_text_url(model_admin: admin.ModelAdmin[Any]) -> Callable[[Any, str], str]:
@@ -108,16 +115,12 @@ def answer_as(
             messages.ERROR,
         )
         return False
-    answered = (
-        after.pk == question.pk
-        and after.status == QuestionStatus.ANSWERED
-        and after.answered_by_id == request.user.pk
-        and after.answer == storable_text(text)
-    )
-    if not answered:
+    # Only the request that answered it: the same person answering from two tabs at once gets
+    # one answer and one LogEntry.
+    if not (api.made_transition(after) and after.pk == question.pk):
         _not_open(model_admin, request, after)
         return False
-    excerpt = Truncator(text).chars(200)
+    excerpt = storable_text(Truncator(text).chars(200))  # an audit record any column holds
     model_admin.log_change(request, after, f"Answered: “{excerpt}”.")
     run = AgentRun.objects.only("pk", "agent", "prompt_version", "status").get(pk=after.run_id)
     model_admin.log_change(request, run, f"Answered question {after.pk}: “{excerpt}”.")
@@ -175,6 +178,7 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
     list_filter = ("status",)
     list_select_related = ("answered_by",)
     search_fields = ("question",)
+    list_lookups = ("run__id__exact",)  # a run page's link to its questions
     show_full_result_count = False
     list_per_page = 50
     actions = None
@@ -210,8 +214,8 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
         text = storable_text(head if head is not None else obj.question)
         return format_html(
             '<span class="da-question" title="{}">{}</span>',
-            text,
-            Truncator(" ".join(text.split())).chars(QUESTION_COLUMN_CHARS),
+            plain_markers(text),
+            revealed_excerpt(" ".join(text.split()), QUESTION_COLUMN_CHARS),
         )
 
     @admin.display(description=_("run"), ordering="run_id")
@@ -235,9 +239,10 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
         head = getattr(obj, "answer_head", None)
         answer = storable_text(head if head is not None else obj.answer)
         return format_html(
-            '<span title="{}">{}</span><br><span class="da-meta" title="{}">{}</span>',
-            Truncator(answer).chars(ANSWER_TITLE_CHARS),
-            who,
+            '{}<span title="{}">{}</span><br><span class="da-meta" title="{}">{}</span>',
+            invisible_warning(count_invisible(answer)),
+            plain_markers(Truncator(answer).chars(ANSWER_TITLE_CHARS)),
+            revealed(who),
             format_time(obj.answered_at),
             ago(obj.answered_at) if obj.answered_at else gettext("%(age)s ago") % {"age": "—"},
         )

@@ -28,7 +28,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import plain_markers, storable_text
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -151,7 +151,7 @@ class RunActions(AgentsAdmin[AgentRun]):
             if example is not None:  # a group of the dead letter: its example reason
                 title = gettext("%(title)s: “%(example)s”") % {
                     "title": operation.title,
-                    "example": example,
+                    "example": plain_markers(example),
                 }
             return self._render_confirmation(
                 request,
@@ -220,7 +220,7 @@ class RunActions(AgentsAdmin[AgentRun]):
             self.message_user(
                 request,
                 gettext("Nothing was sent: the runs listed no longer all wait on event “%(name)s”.")
-                % {"name": storable_text(posted, 200)},
+                % {"name": plain_markers(storable_text(posted, 200))},
                 messages.ERROR,
             )
             return None
@@ -231,7 +231,7 @@ class RunActions(AgentsAdmin[AgentRun]):
                 request, gettext("None of the selected runs waits on an event."), messages.WARNING
             )
             return None
-        shown = ", ".join(f"“{storable_text(n, 60)}”" for n in names[:10])
+        shown = ", ".join(f"“{plain_markers(storable_text(n, 60))}”" for n in names[:10])
         if len(names) > 10:
             message = gettext(
                 "The selected runs wait on more than ten different events (%(events)s): "
@@ -280,12 +280,12 @@ class RunActions(AgentsAdmin[AgentRun]):
         return self._render_confirmation(
             request,
             title=gettext("Send event “%(name)s”")
-            % {"name": cut_at_word(storable_text(name), 60)[0]},
+            % {"name": plain_markers(cut_at_word(storable_text(name), 60)[0])},
             question=gettext(
                 "Event “%(name)s” will be sent with the payload below, once: every run "
                 "waiting on it wakes and receives it."
             )
-            % {"name": storable_text(name)},
+            % {"name": plain_markers(name)},
             note=note,
             rows=rows,
             matched=matched,
@@ -315,7 +315,9 @@ class RunActions(AgentsAdmin[AgentRun]):
         for run in AgentRun.objects.filter(pk__in=woken).only(
             "pk", "agent", "prompt_version", "status"
         ):
-            self.log_change(request, run, f"Woken by event “{name}”, sent from the admin.")
+            self.log_change(
+                request, run, storable_text(f"Woken by event “{name}”, sent from the admin.")
+            )
         self.message_user(
             request,
             ngettext(
@@ -323,7 +325,11 @@ class RunActions(AgentsAdmin[AgentRun]):
                 "Sent event “%(name)s”: %(woken)s of the %(count)s listed run(s) woke.",
                 len(listed),
             )
-            % {"name": storable_text(name, 200), "woken": len(woken), "count": len(listed)},
+            % {
+                "name": plain_markers(storable_text(name, 200)),
+                "woken": len(woken),
+                "count": len(listed),
+            },
             messages.SUCCESS,
         )
 

@@ -40,6 +40,8 @@ from durable_agents.admin.format import (
     load_json,
     plain_text_response,
     pretty_json,
+    revealed_excerpt,
+    revealed_field,
     shown_text,
     sql_hint,
     text_html,
@@ -72,7 +74,7 @@ from durable_agents.models import (
     ToolEffect,
     WaitKind,
 )
-from durable_agents.text import storable_text
+from durable_agents.text import plain_markers, revealed, storable_text
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -160,6 +162,16 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         "created_at",
     )
     search_fields = ("task",)  # the whole search is search_runs: get_search_results
+    # The filters the app's own pages link to (operations, dead letter, events, a parent's
+    # children) beyond list_filter; any other lookup is refused (StrictChangeList).
+    list_lookups = (
+        "agent",
+        "model",
+        "dead_cause",
+        "error__startswith",
+        "wait_event",
+        "parent__id__exact",
+    )
     search_help_text = _(
         "A run id or its first characters, a request id (req_...) or its first characters, "
         "a start key, a concurrency key, an agent or a model, or words of the task or of a "
@@ -179,9 +191,9 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
                 "fields": (
                     "id",
                     "status_badge",
-                    "agent",
-                    "prompt_version",
-                    "model",
+                    "agent_shown",
+                    "prompt_version_shown",
+                    "model_shown",
                     "priority",
                     "task_text",
                 )
@@ -211,9 +223,9 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
     readonly_fields = (
         "id",
         "status_badge",
-        "agent",
-        "prompt_version",
-        "model",
+        "agent_shown",
+        "prompt_version_shown",
+        "model_shown",
         "priority",
         "task_text",
         "steps",
@@ -274,6 +286,9 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         "woken_by_text": _("what ended the wait: the waiting call receives it"),
     }
 
+    agent_shown = revealed_field("agent", _("agent"))
+    prompt_version_shown = revealed_field("prompt_version", _("prompt version"))
+    model_shown = revealed_field("model", _("model"))
     lease_until_display = time_field("lease_until", _("lease until"))
     created_at_display = time_field("created_at", _("created at"))
     started_at_display = time_field("started_at", _("started at"))
@@ -368,9 +383,9 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
     def agent_version(self, obj: AgentRun) -> SafeString:
         return format_html(
             '{} @ {}<br><span class="da-meta">{}</span>',
-            storable_text(obj.agent),
-            storable_text(obj.prompt_version),
-            storable_text(obj.model),
+            revealed(obj.agent),
+            revealed(obj.prompt_version),
+            revealed(obj.model),
         )
 
     @admin.display(description=_("task"))
@@ -379,7 +394,7 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         it what a waiting run waits for, and the start of the error if there is one."""
         head = getattr(obj, "task_head", None) or obj.task
         first_line = next((line for line in head.splitlines() if line.strip()), "")
-        html = format_html("{}", Truncator(storable_text(first_line)).chars(60))
+        html = revealed_excerpt(storable_text(first_line), 60)
         if obj.parent_id:
             html = format_html(
                 '<a class="da-child" href="{}" title="{}">↳ {}</a> {}',
@@ -394,7 +409,7 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
                 '{}<br><span class="da-wait da-wait-{}">{}</span>',
                 html,
                 wait.kind or "person",
-                gettext("waits for %(what)s") % {"what": wait.summary},
+                revealed(gettext("waits for %(what)s") % {"what": wait.summary}),
             )
         if not obj.error:
             return html
@@ -402,8 +417,8 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
         return format_html(
             '{}<br><span class="da-list-error" title="{}">{}</span>',
             html,
-            Truncator(error).chars(LAST_ERROR_TITLE_CHARS),
-            Truncator(error).chars(LAST_ERROR_CHARS),
+            plain_markers(Truncator(error).chars(LAST_ERROR_TITLE_CHARS)),
+            revealed_excerpt(error, LAST_ERROR_CHARS),
         )
 
     @admin.display(description=_("steps"))

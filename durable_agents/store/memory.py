@@ -64,6 +64,7 @@ from durable_agents.store.base import (
 )
 from durable_agents.store.memory_waits import InMemoryWaits, _copy
 from durable_agents.store.rollup import UsageRows, count_in_rows
+from durable_agents.store.transitions import mark_transitioned
 from durable_agents.text import storable_text
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
@@ -512,6 +513,7 @@ class InMemoryStore(InMemoryWaits):
                 intent.status = to_status
                 self._decided(intent, user, reason)
                 self.wake_run(intent.run_id)
+                return mark_transitioned(_copy(intent))
             return _copy(intent)
 
     def resolve_intent(
@@ -538,7 +540,7 @@ class InMemoryStore(InMemoryWaits):
                 intent.status = IntentStatus.APPROVED
             self._decided(intent, user, reason)
             self.wake_run(intent.run_id)
-            return _copy(intent)
+            return mark_transitioned(_copy(intent))
 
     # -- operations on any run -----------------------------------------------------------
 

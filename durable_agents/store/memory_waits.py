@@ -35,6 +35,7 @@ from durable_agents.store.base import (
     run_outcome,
     tree_root,
 )
+from durable_agents.store.transitions import mark_transitioned
 from durable_agents.text import storable_text
 
 M = TypeVar("M", bound=Model)
@@ -147,7 +148,7 @@ class InMemoryWaits(Store):
                     run.wake_at = None
                     run.updated_at = self.now()
                     woken += 1
-            return _copy(event), woken
+            return mark_transitioned(_copy(event)), woken
 
     def answer_question(
         self, run_id: RunId | str, user: AuthUser, text: str, question_id: int | None = None
@@ -176,6 +177,7 @@ class InMemoryWaits(Store):
                     run.status = RunStatus.PENDING
                     run.woken_by = question.woken_by()
                     run.updated_at = self.now()
+                return mark_transitioned(_copy(question))
             return _copy(question)
 
     def spawn_run(

@@ -69,6 +69,7 @@ from durable_agents.store.base import (
 )
 from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
+from durable_agents.store.transitions import mark_transitioned
 from durable_agents.text import storable_text
 
 # The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
@@ -466,7 +467,8 @@ class PortableStore(PortableTrees):
     ) -> ToolIntent:
         with transaction.atomic():
             intent = ToolIntent.objects.select_for_update().get(pk=intent_id)
-            if intent.status == from_status:
+            decided = intent.status == from_status
+            if decided:
                 intent.status = to_status
                 intent.decided_by = user
                 intent.decided_at = Now()
@@ -478,7 +480,7 @@ class PortableStore(PortableTrees):
                 # In the transaction that holds the intent's lock: see park_on_intent.
                 self.wake_run(intent.run_id)
         intent.refresh_from_db()
-        return intent
+        return mark_transitioned(intent) if decided else intent
 
     def resolve_intent(
         self, intent_id: int, user: AuthUser, *, outcome: tuple[str, bool] | None, reason: str
@@ -511,7 +513,7 @@ class PortableStore(PortableTrees):
             )
             self.wake_run(intent.run_id)
         intent.refresh_from_db()
-        return intent
+        return mark_transitioned(intent)
 
     # -- operations on any run -----------------------------------------------------------
 
@@ -622,6 +624,7 @@ class PortableStore(PortableTrees):
             event.sent_by = user
             event.save(update_fields=["payload", "sent_at", "sent_by"])
             event.refresh_from_db()
+            mark_transitioned(event)
             woken = AgentRun.objects.filter(
                 status=RunStatus.WAITING, waiting_for=WaitKind.EVENT, wait_event=name
             ).update(
@@ -648,6 +651,7 @@ class PortableStore(PortableTrees):
             question.answered_at = Now()
             question.save(update_fields=["status", "answer", "answered_by", "answered_at"])
             question.refresh_from_db()
+            mark_transitioned(question)
             AgentRun.objects.filter(
                 pk=run_id,
                 status=RunStatus.WAITING,

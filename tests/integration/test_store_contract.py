@@ -38,6 +38,7 @@ from durable_agents.store import (
 )
 from durable_agents.store.base import Parked, WaitRefused, WaitSpec
 from durable_agents.store.memory import ManualClock
+from durable_agents.store.transitions import made_transition
 
 
 @dataclasses.dataclass
@@ -570,3 +571,19 @@ def test_a_paid_turn_whose_fence_failed_is_counted_once(env: Env) -> None:
     # A step that is no turn is never counted, committed or not.
     assert not env.store.append_step(stale, StepWrite(2, StepKind.TOOL_RESULT, "[]", tokens=5))
     assert env.run(run_id).tokens_used == 14
+
+
+def test_only_the_call_that_made_a_transition_is_marked_as_its_maker(env: Env) -> None:
+    # Two people deciding at once both get the decided object back; only the call that
+    # decided may audit it (api.made_transition).
+    waiting = env.start("a")
+    assert park(env, waiting, WaitSpec(WaitKind.EVENT, "k", event="ev"))[0] is Parked.PARKED
+    sent, _woken = env.store.send_event("ev", {"n": 1})
+    again, _woken = env.store.send_event("ev", {"n": 1})
+    assert (made_transition(sent), made_transition(again)) == (True, False)
+    asking = env.start("b")
+    spec = WaitSpec(WaitKind.QUESTION, "qk", question="Go?")
+    assert park(env, asking, spec)[0] is Parked.PARKED
+    answered = env.store.answer_question(asking, None, "yes")
+    twice = env.store.answer_question(asking, None, "yes")
+    assert (made_transition(answered), made_transition(twice)) == (True, False)

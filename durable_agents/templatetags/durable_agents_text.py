@@ -1,0 +1,41 @@
+"""Template filters for text from outside (``{% load durable_agents_text %}``).
+
+``{{ value|reveal }}``: the value escaped, each invisible or direction-changing character drawn
+as a visible ``⟨U+202E⟩`` marker, after a warning that says how many there are.
+``{{ value|plain_markers }}``: the same markers as plain text, for attributes and titles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.utils.safestring import SafeString
+
+from durable_agents import text
+
+register = template.Library()
+
+
+@register.filter(is_safe=True)
+def reveal(value: Any) -> SafeString:
+    if value is None:
+        return SafeString("")
+    return text.revealed(value)
+
+
+@register.filter(is_safe=False)
+def plain_markers(value: Any) -> str:
+    if value is None:
+        return ""
+    return text.plain_markers(value)
+
+
+@register.filter(is_safe=True)
+def hidden_value(value: Any) -> SafeString:
+    """A hidden input's value, posted back exactly: escaped, and each invisible or
+    direction-changing character written as a numeric character reference (the browser posts
+    the character; the page never holds it)."""
+    if value is None:
+        return SafeString("")
+    return text.character_references(value)
