@@ -27,6 +27,7 @@ from django.utils.http import urlencode
 
 import durable_agents
 from durable_agents import api, store
+from durable_agents.admin.entries import PageEntry
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -451,6 +452,9 @@ APP_ADMINS = [
     (model, model_admin)
     for model, model_admin in admin.site._registry.items()
     if model._meta.app_label == "durable_agents"
+    # The index's entries for the operations and dead-letter pages have no list: they
+    # redirect to their page and never read a parameter.
+    and not isinstance(model_admin, PageEntry)
 ]
 
 
