@@ -50,6 +50,7 @@ from durable_agents.dispositions import (
     Disposition,
     Stop,
 )
+from durable_agents.encryption import UndecryptableValue
 from durable_agents.history import (
     Conversation,
     assistant_message,
@@ -230,6 +231,16 @@ class RunAdvancer(ToolDispatch):
             return self._loop()
         except Stop as stop:
             return stop.disposition
+        except UndecryptableValue as exc:
+            # A value of the run encrypted with a key no longer configured: every claim would
+            # meet it again, so the run is a poison run, dead-lettered with the key id.
+            return self._undecryptable(str(exc))
+
+    def _undecryptable(self, reason: str) -> Disposition:
+        try:
+            self._dead(f"cannot decrypt: {reason}")
+        except Stop as stop:
+            return stop.disposition
 
     def _loop(self) -> NoReturn:
         """The step loop: each step returns the position after it, or stops the run."""
@@ -258,6 +269,8 @@ class RunAdvancer(ToolDispatch):
                     f"flight failed: {type(exc).__name__}"
                 )
             self._dead(reason)
+        if self.claim.unreadable is not None:
+            self._dead(f"cannot decrypt: {self.claim.unreadable}")
         agent = self._pinned_agent()
         params = agent.request_for(run.model)
 

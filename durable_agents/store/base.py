@@ -57,17 +57,19 @@ import enum
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from durable_agents import encryption
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.exceptions import DurableAgentsError
 from durable_agents.models import (
+    STEP_PAYLOAD,
     USAGE_SHARDS,
     AgentEvent,
     AgentQuestion,
@@ -108,6 +110,9 @@ class Claim:
     lease_seconds: float
     # The payload of the task step when it is the run's only step (PostgreSQL claims).
     task_payload: str | None = None
+    # Why a value the claim read did not decrypt (its key is not in ENCRYPTION_KEYS): the
+    # runner dead-letters the run with this reason instead of advancing it.
+    unreadable: str | None = None
 
     @property
     def run_id(self) -> RunId:
@@ -548,3 +553,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reload_intent(self, intent: ToolIntent) -> None:
         """Read ``intent`` again, in place (its status may have been decided meanwhile)."""
+
+
+def claims_of(runs: Iterable[AgentRun], owner: str, lease_seconds: float) -> list[Claim]:
+    """The claims of ``runs``, a lazy iterator (each run converted as it is reached), so that
+    a value of one that does not decrypt (its key is not configured) is that claim's
+    ``unreadable`` reason, not an error that undoes the claim of them all."""
+    claims = []
+    with encryption.lenient() as problems:
+        for run in runs:
+            unreadable = problems[0] if problems else None
+            claims.append(Claim(run, owner, run.attempt, lease_seconds, None, unreadable))
+            problems.clear()
+    return claims
+
+
+def unsealed_log(rows: list[LogRow]) -> list[LogRow]:
+    """The log's rows with their payloads decrypted (``UndecryptableValue`` for one whose key
+    is not configured); plain rows are kept as they are, without a copy."""
+    for index, (seq, kind, payload, start, end) in enumerate(rows):
+        if payload.startswith(encryption.MARKED):
+            rows[index] = (seq, kind, encryption.unseal(payload, STEP_PAYLOAD), start, end)
+    return rows

@@ -45,7 +45,14 @@ from typing import Any
 from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
+from durable_agents import encryption
+from durable_agents.models import (
+    STEP_PAYLOAD,
+    AgentRun,
+    IntentStatus,
+    ToolEffect,
+    ToolIntent,
+)
 from durable_agents.pricing import Usage
 from durable_agents.store import concurrency, key_rows
 from durable_agents.store.base import (
@@ -426,7 +433,8 @@ UPDATE tool_intent
    AND EXISTS (SELECT 1 FROM fence)
 RETURNING id"""
 
-# How a tool result is written (JSON text), as the ORM writes it.
+# How a tool result is written (JSON text, encrypted under ENCRYPTION_KEYS), as the ORM
+# writes it.
 RESULT_FIELD = ToolEffect._meta.get_field("result")
 
 
@@ -471,17 +479,26 @@ def key_limits() -> dict[str, Any]:
     return {"limit_keys": list(limits), "limit_values": list(limits.values())}
 
 
-def _run_from(columns: dict[str | None, Any]) -> AgentRun:
-    """The run of a row of ``agent_run``'s columns as the driver returned them, through each
-    field's own conversion (JSON text columns such as woken_by are parsed), as the ORM would."""
+def _claim_from(columns: dict[str | None, Any], owner: str, lease_seconds: float) -> Claim:
+    """The claim of a row of ``agent_run``'s columns as the driver returned them (and the
+    ``task_payload``), each column through its field's own conversion as the ORM would (JSON
+    text columns such as woken_by are parsed, encrypted ones decrypted). A value that does not
+    decrypt does not fail the claim, which may take other runs: the claim says why
+    (``unreadable``) and the runner dead-letters the run."""
     fields = AgentRun._meta.concrete_fields
-    values = [
-        f.from_db_value(columns[f.column], None, connection)
-        if hasattr(f, "from_db_value")
-        else columns[f.column]
-        for f in fields
-    ]
-    return AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+    with encryption.lenient() as problems:
+        values = [
+            f.from_db_value(columns[f.column], None, connection)
+            if hasattr(f, "from_db_value")
+            else columns[f.column]
+            for f in fields
+        ]
+        task_payload = columns["task_payload"]
+        if task_payload is not None:
+            task_payload = encryption.unseal_field(task_payload, STEP_PAYLOAD)
+    run = AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+    unreadable = problems[0] if problems else None
+    return Claim(run, owner, run.attempt, lease_seconds, task_payload, unreadable)
 
 
 @contextlib.contextmanager
@@ -539,9 +556,7 @@ class PostgresStore(PortableStore):
             taken = dict(zip(names[1:], row[1:], strict=True))
             if taken["id"] is None:
                 continue
-            task_payload = taken.pop("task_payload")
-            run = _run_from(taken)
-            claims.append(Claim(run, owner, run.attempt, lease_seconds, task_payload))
+            claims.append(_claim_from(taken, owner, lease_seconds))
         candidates = rows[0][0] if rows else 0
         return claims, candidates > len(claims)
 
@@ -578,7 +593,7 @@ class PostgresStore(PortableStore):
             "lease": float(claim.lease_seconds),
             "seq": step.seq,
             "kind": step.kind,
-            "payload": step.payload,
+            "payload": encryption.seal(step.payload, STEP_PAYLOAD),
             "content_start": step.content_span[0] if step.content_span else None,
             "content_end": step.content_span[1] if step.content_span else None,
             "request_id": step.request_id,
@@ -665,11 +680,7 @@ class PostgresStore(PortableStore):
         if taken["id"] is None:
             then_claim.give_back()
             return appended
-        task_payload = taken.pop("task_payload")
-        run = _run_from(taken)
-        then_claim.claim = Claim(
-            run, then_claim.owner, run.attempt, then_claim.lease_seconds, task_payload
-        )
+        then_claim.claim = _claim_from(taken, then_claim.owner, then_claim.lease_seconds)
         return appended
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
