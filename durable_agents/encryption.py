@@ -49,12 +49,14 @@ __all__ = [
     "InvalidKey",
     "Keyring",
     "UndecryptableValue",
+    "Unreadable",
     "enabled",
     "key_id",
     "lenient",
     "new_key",
     "parse_key",
     "seal",
+    "shown",
     "unseal",
 ]
 
@@ -198,9 +200,18 @@ def is_sealed(stored: str | None) -> bool:
 
 # Inside ``lenient()``: the reasons of the values that did not decrypt (fields read them as
 # None instead of raising), so that a claim that takes several runs is not undone by one.
-_PROBLEMS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+# Inside ``shown()``: the string SHOWN, so that a page names the problem instead of failing.
+SHOWN = "shown"
+_PROBLEMS: contextvars.ContextVar[list[str] | str | None] = contextvars.ContextVar(
     "durable_agents_undecryptable", default=None
 )
+
+
+class Unreadable(str):
+    """What a field reads, inside ``shown()``, for a value that does not decrypt: the reason,
+    as text (a JSON field gives it as is, unparsed)."""
+
+    __slots__ = ()
 
 
 @contextlib.contextmanager
@@ -215,13 +226,27 @@ def lenient() -> Iterator[list[str]]:
         _PROBLEMS.reset(token)
 
 
+@contextlib.contextmanager
+def shown() -> Iterator[None]:
+    """Fields read in this block give ``Unreadable("[cannot decrypt: reason]")`` for a value
+    that does not decrypt: for pages that only show what they read (the admin's GETs)."""
+    token = _PROBLEMS.set(SHOWN)
+    try:
+        yield
+    finally:
+        _PROBLEMS.reset(token)
+
+
 def unseal_field(stored: str, column: str) -> str | None:
-    """``unseal`` for a field's ``from_db_value``: lenient inside ``lenient()``."""
+    """``unseal`` for a field's ``from_db_value``: lenient inside ``lenient()``, an
+    ``Unreadable`` inside ``shown()``."""
     try:
         return unseal(stored, column)
     except UndecryptableValue as exc:
         problems = _PROBLEMS.get()
         if problems is None:
             raise
+        if isinstance(problems, str):
+            return Unreadable(f"[cannot decrypt: {exc}]")
         problems.append(str(exc))
         return None

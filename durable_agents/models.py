@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents.encryption import seal, unseal_field
+from durable_agents.encryption import Unreadable, seal, unseal_field
 from durable_agents.text import json_text
 
 if TYPE_CHECKING:
@@ -50,8 +50,9 @@ class JSONTextField(_TextField):
             return None
         if self.encrypted:
             value = unseal_field(value, _column_of(self))
-            if value is None:  # undecryptable, inside encryption.lenient()
-                return None
+            if value is None or isinstance(value, Unreadable):
+                # Undecryptable, inside encryption.lenient() or encryption.shown().
+                return value
         return json.loads(value)
 
     def to_python(self, value: Any) -> Any:

@@ -207,7 +207,7 @@ def test_a_run_under_a_key_no_longer_configured_is_dead_lettered_naming_the_key(
 
 
 def test_an_event_payload_under_a_missing_key_dead_letters_the_woken_run(
-    fake_api: FakeAnthropic, receiver: Any, da_settings: Any
+    fake_api: FakeAnthropic, receiver: Any, da_settings: Any, admin_client: Any
 ) -> None:
     # woken_by is read by the claim itself: the run is dead-lettered, and the other run the
     # same worker claims goes on.
@@ -222,6 +222,14 @@ def test_an_event_payload_under_a_missing_key_dead_letters_the_woken_run(
     assert dead.status == "dead"
     assert f"agent_run.woken_by is encrypted with key id {ID_A}" in dead.error
     assert AgentRun.objects.get(pk=other.pk).status == "succeeded"
+    # Its page names the problem where the value would be, instead of failing.
+    page = admin_client.get(reverse("admin:durable_agents_agentrun_change", args=[run.pk]))
+    assert page.status_code == 200
+    assert f"[cannot decrypt: agent_run.woken_by is encrypted with key id {ID_A}" in (
+        page.content.decode()
+    )
+    events = admin_client.get(reverse("admin:durable_agents_agentevent_changelist"))
+    assert f"key id {ID_A}" in events.content.decode()
 
 
 # --------------------------------------------------------------------------- rotation
