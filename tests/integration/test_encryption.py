@@ -345,3 +345,20 @@ def test_the_admin_shows_plain_text_of_encrypted_columns(
     events = admin_client.get(reverse("admin:durable_agents_agentevent_changelist"))
     assert "okapi-payload" in events.content.decode()
     assert "da:enc:v1:" not in events.content.decode()
+
+
+def test_decrypt_reads_values_pasted_from_sql_and_a_runs_log(
+    fake_api: FakeAnthropic, da_settings: Any
+) -> None:
+    da_settings(ENCRYPTION_KEYS=[KEY_A])
+    run = api.start_run("tester", '@lookup {"key": "pasted"}')
+    run_worker()
+    stored = raw_steps(run)
+    out = StringIO()
+    call_command("durable_agents_decrypt", "--column", "agent_step.payload", *stored, stdout=out)
+    assert out.getvalue().splitlines() == [s.payload for s in steps_of(run.pk)]
+    out = StringIO()
+    call_command("durable_agents_decrypt", "--run", str(run.pk), stdout=out)
+    assert "value-of-pasted" in out.getvalue()
+    with pytest.raises(CommandError, match="copied from another column"):
+        call_command("durable_agents_decrypt", "--column", "tool_effect.result", stored[1])
