@@ -571,7 +571,8 @@ def claims_of(runs: Iterable[AgentRun], owner: str, lease_seconds: float) -> lis
 def unsealed_log(rows: list[LogRow]) -> list[LogRow]:
     """The log's rows with their payloads decrypted (``UndecryptableValue`` for one whose key
     is not configured); plain rows are kept as they are, without a copy."""
+    ring = encryption.keyring()  # once, not once a row: a rebuild may read thousands
     for index, (seq, kind, payload, start, end) in enumerate(rows):
         if payload.startswith(encryption.MARKED):
-            rows[index] = (seq, kind, encryption.unseal(payload, STEP_PAYLOAD), start, end)
+            rows[index] = (seq, kind, encryption.unseal(payload, STEP_PAYLOAD, ring), start, end)
     return rows
