@@ -2,7 +2,7 @@
 
 One bench database, one process, one connection; two runs claimed side by side, one committed
 to with encryption off, the other with it on, in alternating blocks (the machine's drift hits
-both alike). Two payload sizes: a model turn as the fake API sends it (~700 bytes) and a 16 KB
+both alike). Two payload sizes: a model turn as the fake API sends it (~430 bytes) and a 16 KB
 turn (long thinking or a large tool result). Also the cold rebuild (``load_log``) of a
 400-step run stored encrypted against one stored plain, alternating too.
 
@@ -212,6 +212,14 @@ def section(w: Callable[[str], None], r: dict[str, Any]) -> None:
             f"{s['encrypted']['p50_ms']:.3f} ms | {s['encrypted']['p95_ms']:.3f} ms | "
             f"{s['ratio_p50']:.3f} | {s['ratio_p95']:.3f} |"
         )
+    w("")
+    w(
+        "Encrypting a turn costs microseconds against a commit's round trip and WAL flush: "
+        "the ratios are within the noise of the machine. A large turn may even commit faster "
+        "encrypted, because PostgreSQL no longer spends time compressing it (TOAST cannot "
+        "compress ciphertext); it stores about 4/3 of the text's bytes instead of less. The "
+        "rebuild decrypts every step of the log once per claim, a few microseconds a step."
+    )
     w("")
 
 
