@@ -157,6 +157,8 @@ def _bad_encryption_keys() -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     seen: dict[str, int] = {}
     for position, text in enumerate(keys):
+        if position == 0 and text is None:
+            continue  # write plain text; the keys after it decrypt
         try:
             kid = key_id(parse_key(text, position))
         except InvalidKey as exc:

@@ -116,16 +116,21 @@ class _Key:
 
 
 class Keyring:
-    """The configured keys: the first encrypts, every one decrypts."""
+    """The configured keys: the first encrypts, every one decrypts. A first entry of None
+    encrypts nothing (values are written plain) while the keys after it still decrypt: the
+    first phase of turning encryption on or off across a rolling deploy."""
 
-    def __init__(self, keys: Sequence[str]) -> None:
-        parsed = [parse_key(text, i) for i, text in enumerate(keys)]
+    def __init__(self, keys: Sequence[str | None]) -> None:
+        parsed = [parse_key(text, i) for i, text in enumerate(keys) if i or text is not None]
         self.keys = [_Key(key_id(raw), AESGCM(raw)) for raw in parsed]
         self.by_id = {key.id: key for key in reversed(self.keys)}
-        self.first = self.keys[0]
-        self.first_prefix = f"{PREFIX}{self.first.id}:"
+        self.first = self.keys[0] if keys[0] is not None else None
+        # What every value written now begins with (None: plain values are written).
+        self.first_prefix = f"{PREFIX}{self.first.id}:" if self.first is not None else None
 
     def seal(self, text: str, column: str) -> str:
+        if self.first is None or self.first_prefix is None:
+            return _plain(text)
         nonce = os.urandom(NONCE_BYTES)
         head = self.first_prefix
         sealed = self.first.aead.encrypt(nonce, text.encode("utf-8"), _aad(head, column))
@@ -150,12 +155,16 @@ class Keyring:
         return plain.decode("utf-8")
 
 
+def _plain(text: str) -> str:
+    return RAW + text if text.startswith(MARKED) else text
+
+
 def _aad(head: str, column: str) -> bytes:
     return f"{head}{column}".encode()
 
 
 @functools.lru_cache(maxsize=4)
-def _keyring(keys: tuple[str, ...]) -> Keyring:
+def _keyring(keys: tuple[str | None, ...]) -> Keyring:
     return Keyring(keys)
 
 
@@ -168,16 +177,15 @@ def keyring() -> Keyring | None:
 
 
 def enabled() -> bool:
-    return bool(app_settings.ENCRYPTION_KEYS)
+    """Whether values may be stored encrypted (some key is configured, to write or to read)."""
+    return any(key is not None for key in app_settings.ENCRYPTION_KEYS or ())
 
 
 def seal(text: str, column: str) -> str:
     """``text`` as ``column`` stores it: encrypted under the first key, or as it is (marked,
     if it could be taken for ciphertext) when no key is configured."""
     ring = keyring()
-    if ring is not None:
-        return ring.seal(text, column)
-    return RAW + text if text.startswith(MARKED) else text
+    return _plain(text) if ring is None else ring.seal(text, column)
 
 
 def unseal(stored: str, column: str, ring: Keyring | bool | None = True) -> str:

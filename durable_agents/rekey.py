@@ -1,5 +1,5 @@
 """Re-encryption of the encrypted columns under the first key of ENCRYPTION_KEYS
-(``manage.py durable_agents_rotate_keys``).
+(``manage.py durable_agents_rotate_keys``), or their decryption when the first entry is None.
 
 Every row of an encrypted column that is not under the first key (under an older key, or
 plain text written before encryption was on) is read, decrypted and written back encrypted
@@ -76,7 +76,10 @@ def _q(name: str) -> str:
 
 
 def _stale(column: Column, ring: Keyring) -> tuple[str, list[Any]]:
-    """The condition of a row not under the first key, and its parameters."""
+    """The condition of a row not under the first key (with None first: of an encrypted
+    row, to be written plain), and its parameters."""
+    if ring.first_prefix is None:
+        return f"{_q(column.name)} LIKE %s", [encryption.PREFIX + "%"]
     return (
         f"{_q(column.name)} IS NOT NULL AND {_q(column.name)} NOT LIKE %s",
         [ring.first_prefix + "%"],

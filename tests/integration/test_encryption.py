@@ -363,3 +363,20 @@ def test_decrypt_reads_values_pasted_from_sql_and_a_runs_log(
     assert "value-of-pasted" in out.getvalue()
     with pytest.raises(CommandError, match="copied from another column"):
         call_command("durable_agents_decrypt", "--column", "tool_effect.result", stored[1])
+
+
+def test_turning_encryption_off_writes_every_row_back_plain(
+    fake_api: FakeAnthropic, da_settings: Any
+) -> None:
+    da_settings(ENCRYPTION_KEYS=[KEY_A])
+    run = api.start_run("tester", '@lookup {"key": "off"}')
+    run_worker()
+    before = load_log(run.pk, trim=False).conversation.json()
+    da_settings(ENCRYPTION_KEYS=[None, KEY_A])
+    out = StringIO()
+    call_command("durable_agents_rotate_keys", stdout=out)
+    assert "written back as plain text" in out.getvalue()
+    assert not any(text.startswith("da:") for text in raw_steps(run))
+    assert not any(text.startswith("da:") for text in raw("tool_effect", "result"))
+    da_settings(ENCRYPTION_KEYS=[])  # the key can go now
+    assert load_log(run.pk, trim=False).conversation.json() == before

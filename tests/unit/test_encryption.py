@@ -167,3 +167,19 @@ def test_a_malformed_key_check_names_its_place_never_the_key(settings: Any) -> N
     assert secret not in message.msg
     assert secret not in str(message.hint)
     assert KEY_A not in message.msg
+
+
+def test_a_first_entry_of_none_writes_plain_text_and_the_keys_after_it_decrypt(
+    keys: Any, settings: Any
+) -> None:
+    # The first phase of turning encryption on (or off) across a rolling deploy: every process
+    # can read what any other writes, and none encrypts yet.
+    keys(KEY_A)
+    old = encryption.seal(TEXT, COLUMN)
+    keys(None, KEY_A)
+    assert encryption.seal(TEXT, COLUMN) == TEXT
+    assert encryption.unseal(old, COLUMN) == TEXT
+    assert encryption.enabled()
+    settings.DEBUG = True
+    assert check_ids(settings, [None, KEY_A]) == []
+    assert check_ids(settings, [KEY_A, None]) == ["durable_agents.E041"]

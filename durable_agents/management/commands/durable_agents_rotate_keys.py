@@ -54,7 +54,10 @@ class Command(BaseCommand):
             raise CommandError(
                 "DURABLE_AGENTS['ENCRYPTION_KEYS'] is empty: there is no key to encrypt under."
             )
-        self.stdout.write(f"first key: id {ring.first.id}")
+        if ring.first is None:
+            self.stdout.write("first entry None: encrypted rows are written back as plain text")
+        else:
+            self.stdout.write(f"first key: id {ring.first.id}")
         columns = encrypted_columns()
         if options["dry_run"]:
             self._count(columns, ring)
