@@ -180,7 +180,7 @@ def test_every_customer_column_holds_ciphertext_and_reads_back_plain(
 
 
 def test_a_run_under_a_key_no_longer_configured_is_dead_lettered_naming_the_key(
-    fake_api: FakeAnthropic, da_settings: Any
+    fake_api: FakeAnthropic, da_settings: Any, admin_client: Any
 ) -> None:
     da_settings(ENCRYPTION_KEYS=[KEY_A])
     fresh = api.start_run("tester", "Only a task.")
@@ -204,6 +204,12 @@ def test_a_run_under_a_key_no_longer_configured_is_dead_lettered_naming_the_key(
         assert KEY_A not in dead.error
         assert KEY_B not in dead.error
     assert worker.stats.dispositions.get("dead") == 2
+    # The transcript names the problem in place of each step it cannot read.
+    page = admin_client.get(reverse("admin:durable_agents_agentrun_change", args=[going.pk]))
+    assert page.status_code == 200
+    assert f"[cannot decrypt: agent_step.payload is encrypted with key id {ID_A}" in (
+        page.content.decode()
+    )
 
 
 def test_an_event_payload_under_a_missing_key_dead_letters_the_woken_run(
