@@ -23,6 +23,7 @@ from django.urls import reverse
 from durable_agents import api, encryption, llm, rekey, store
 from durable_agents.agents import registry
 from durable_agents.history import Conversation, load_log, step_message
+from durable_agents.interrupt import Interrupt
 from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, AgentStep, ToolEffect
 from durable_agents.runner import advance_run
 from durable_agents.store import StepWrite
@@ -190,7 +191,7 @@ def test_a_run_under_a_key_no_longer_configured_is_dead_lettered_naming_the_key(
     turn = llm.create_turn(
         registry.get("tester").request_for(going.model),
         api.messages_for(going.pk),
-        interrupt=__import__("durable_agents.interrupt").interrupt.Interrupt(),
+        interrupt=Interrupt(),
     )
     assert store.current().append_step(claim, StepWrite(1, "model_turn", turn.body))
     assert store.current().release_lease(claim)
