@@ -319,10 +319,14 @@ def test_rotation_while_a_worker_runs(
     worker_thread(concurrency=4)
     # Small batches, pass after pass, while the worker commits steps (each encrypted under B
     # already) and claims runs whose task steps are under A.
+    passes_during_runs = 0
     for _ in range(200):
-        call_command("durable_agents_rotate_keys", "--batch-size", "2", stdout=StringIO())
         if not AgentRun.objects.exclude(status="succeeded").exists():
             break
+        passes_during_runs += 1
+        call_command("durable_agents_rotate_keys", "--batch-size", "2", stdout=StringIO())
+    # 12 runs of 2 model calls each through a fake API over HTTP outlast the first check.
+    assert passes_during_runs > 0
     wait_for(lambda: not AgentRun.objects.exclude(status="succeeded").exists(), timeout=60)
     call_command("durable_agents_rotate_keys", stdout=StringIO())
     for run in runs:
