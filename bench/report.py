@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench import common
+from bench.encryption import section as encryption_section
 from bench.report_fleet import keys_crash_section, quota_section
 
 DOCS = common.ROOT / "docs"
@@ -267,6 +268,7 @@ def render() -> Path:
         "quota_itpm",
         "keys_crash",
         "keys_crash_slow",
+        "encryption",
     ]
     r = {n: d for n in names if (d := _load(n)) is not None}
     m = r.get("machine", {})
@@ -293,6 +295,8 @@ def render() -> Path:
             w, r["admin_scale"], r.get("admin_scale_10m"), r.get("admin_scale_before")
         )
     _fleet_sections(w, r)
+    if r.get("encryption"):
+        encryption_section(w, r["encryption"])
     _fakes(w)
     _reproduce(w)
     out = DOCS / "benchmarks.md"
@@ -1399,6 +1403,11 @@ def print_section(name: str) -> None:
             if (d := _load(n))
         }
         _fleet_sections(lines.append, r)
+    if name == "encryption":
+        e = _load("encryption")
+        if e is None:
+            raise SystemExit("no bench/out/encryption.json: run python -m bench.encryption")
+        encryption_section(lines.append, e)
     if name == "admin_scale":
         a = _load("admin_scale")
         if a is None:

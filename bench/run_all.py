@@ -79,6 +79,9 @@ FULL["keys_crash"] = []
 QUICK["keys_crash"] = ["--quick"]
 FULL["admin_scale"] = []
 QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
+# Encryption at rest on the commit path and the rebuild (about a minute).
+FULL["encryption"] = []
+QUICK["encryption"] = ["--n", "400", "--reps", "10"]
 
 
 def _version(pkg: str) -> str:
@@ -155,7 +158,16 @@ BEFORE = common.OUT / "before"
 # Benchmarks never run for --before: the in-flight one did not exist before the rewrite, nor
 # waits, compaction, keys, quota and keys_crash before their features (quota measures a
 # checkout before its own way: python -m bench.quota --before DIR).
-NOT_BEFORE = {"inflight", "waits", "compaction", "admin_scale", "keys", "quota", "keys_crash"}
+NOT_BEFORE = {
+    "inflight",
+    "waits",
+    "compaction",
+    "admin_scale",
+    "keys",
+    "quota",
+    "keys_crash",
+    "encryption",  # the ref before it has no encryption
+}
 
 
 def _loud(msg: str) -> None:

@@ -71,6 +71,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_budgets(),
         *_bad_prices(),
         *_bad_concurrency_limits(),
+        *_bad_encryption_keys(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
@@ -135,6 +136,57 @@ def _bad_booleans() -> list[CheckMessage]:
         for key, kind in declared_types().items()
         if kind is bool and not isinstance(getattr(app_settings, key), bool)
     ]
+
+
+# ENCRYPTION_KEYS: not a list of strings; a key that is not urlsafe base64 of 32 bytes; one key
+# twice (its second place would be dead weight, and likely a copy-paste slip).
+ENCRYPTION_CHECK_IDS = {
+    "list": "durable_agents.E060",
+    "key": "durable_agents.E061",
+    "twice": "durable_agents.E062",
+}
+KEY_HINT = (
+    "Each key is 32 random bytes in urlsafe base64 (44 characters); "
+    "`manage.py durable_agents_rotate_keys --new-key` prints one."
+)
+
+
+def _bad_encryption_keys() -> list[CheckMessage]:
+    """Malformed keys, named by their position, never shown."""
+    from durable_agents.encryption import InvalidKey, key_id, parse_key
+
+    keys = app_settings.ENCRYPTION_KEYS
+    if not isinstance(keys, list | tuple):
+        return [
+            Error(
+                "DURABLE_AGENTS['ENCRYPTION_KEYS'] must be a list of keys, not "
+                f"{type(keys).__name__}.",
+                hint=KEY_HINT,
+                id=ENCRYPTION_CHECK_IDS["list"],
+            )
+        ]
+    messages: list[CheckMessage] = []
+    seen: dict[str, int] = {}
+    for position, text in enumerate(keys):
+        if position == 0 and text is None:
+            continue  # write plain text; the keys after it decrypt
+        try:
+            kid = key_id(parse_key(text, position))
+        except InvalidKey as exc:
+            messages.append(
+                Error(f"DURABLE_AGENTS: {exc}.", hint=KEY_HINT, id=ENCRYPTION_CHECK_IDS["key"])
+            )
+            continue
+        if kid in seen:
+            messages.append(
+                Error(
+                    f"DURABLE_AGENTS['ENCRYPTION_KEYS'][{position}] is the same key as "
+                    f"[{seen[kid]}] (key id {kid}).",
+                    id=ENCRYPTION_CHECK_IDS["twice"],
+                )
+            )
+        seen.setdefault(kid, position)
+    return messages
 
 
 def _bad_listen() -> list[CheckMessage]:

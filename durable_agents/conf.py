@@ -194,6 +194,16 @@ class DurableAgentsSettings:
         'run shows "no price".',
     )
 
+    ENCRYPTION_KEYS: Setting[list[str | None]] = Setting(
+        [],
+        "Keys that encrypt customers' data at rest (step payloads, tool results and inputs, "
+        "event payloads, answers, woken_by), each the urlsafe base64 of 32 random bytes: the "
+        "first encrypts, every one decrypts; a first entry of None writes plain text while the "
+        "others still decrypt. Empty: stored as plain text. New key: manage.py "
+        "durable_agents_rotate_keys --new-key; re-encrypt under the first key: manage.py "
+        "durable_agents_rotate_keys.",
+    )
+
     if not typing.TYPE_CHECKING:
         # Only for names that are not settings (the declared ones are found first); hidden
         # from the type checker, which would otherwise accept any attribute.

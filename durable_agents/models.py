@@ -17,6 +17,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents.encryption import Unreadable, seal, unseal_field
 from durable_agents.exceptions import StoredValueError
 from durable_agents.text import json_text
 
@@ -29,18 +30,40 @@ else:
     _TextField = models.TextField
 
 
+def _column_of(field: Any) -> str:
+    """``table.column``: what an encrypted value is bound to (its associated data)."""
+    return f"{field.model._meta.db_table}.{field.column}"
+
+
 class JSONTextField(_TextField):
     """Any JSON value, stored as JSON text in a text column.
 
     Unlike ``jsonb`` it keeps key order and accepts ``\u0000`` (escaped, so PostgreSQL's text
-    never sees a NUL byte); unlike a plain text column it round-trips any string exactly."""
+    never sees a NUL byte); unlike a plain text column it round-trips any string exactly.
+
+    ``encrypted=True``: the text is encrypted at rest under ENCRYPTION_KEYS (encryption.py);
+    plain rows still read. Encryption is not part of the schema: ``deconstruct`` leaves it out,
+    so turning it on for a column needs no migration (and migrations' historical models read
+    the stored text as it is)."""
+
+    def __init__(self, *args: Any, encrypted: bool = False, **kwargs: Any) -> None:
+        self.encrypted = encrypted
+        super().__init__(*args, **kwargs)
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        return None if value is None else self.decode(value)
+        if value is None:
+            return None
+        if self.encrypted:
+            value = unseal_field(value, self.column_label())
+            if value is None or isinstance(value, Unreadable):
+                # Undecryptable, inside encryption.lenient() or encryption.shown().
+                return value
+        return self.decode(value)
 
     def decode(self, value: str) -> Any:
-        """The stored JSON text as a value; ``StoredValueError`` (naming the column) when it
-        does not decode, so that callers can tell a poisoned row from a bug of theirs."""
+        """The stored JSON text (decrypted already) as a value; ``StoredValueError`` (naming
+        the column) when it does not decode, so that callers can tell a poisoned row from a
+        bug of theirs."""
         try:
             return json.loads(value)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -58,7 +81,27 @@ class JSONTextField(_TextField):
     def get_prep_value(self, value: Any) -> Any:
         # Lone surrogates are written as escapes, so the value round-trips exactly (a person
         # approves the input the tool will get) and the database can encode the text.
-        return None if value is None else json_text(value)
+        if value is None:
+            return None
+        text = json_text(value)
+        return seal(text, _column_of(self)) if self.encrypted else text
+
+
+class EncryptedTextField(_TextField):
+    """A text column encrypted at rest under ENCRYPTION_KEYS (encryption.py): the text reads
+    back exactly as written; plain rows still read. Deconstructed as a plain ``TextField``:
+    encryption is not part of the schema (no migration turns it on)."""
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.TextField", args, kwargs
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else unseal_field(value, _column_of(self))
+
+    def get_prep_value(self, value: Any) -> Any:
+        value = super().get_prep_value(value)
+        return None if value is None else seal(value, _column_of(self))
 
 
 class RunStatus(models.TextChoices):
@@ -196,7 +239,7 @@ class AgentRun(models.Model):
     # The idempotency key of the call that waits: the call that gets ``woken_by``.
     wait_key = models.CharField(max_length=64, null=True, blank=True)
     # What ended the wait (JSON), set by the wake; the waiting call gets it when invoked again.
-    woken_by = JSONTextField(null=True, blank=True)
+    woken_by = JSONTextField(null=True, blank=True, encrypted=True)
 
     # -- child runs (``spawn_run``): one per (parent, spawn_key).
     parent = models.ForeignKey(
@@ -420,7 +463,9 @@ class AgentStep(models.Model):
     )
     seq = models.IntegerField()
     kind = models.CharField(max_length=16, choices=StepKind.choices)
-    payload = models.TextField()
+    # Encrypted at rest under ENCRYPTION_KEYS (the raw statements of store/postgres.py seal it
+    # themselves); decrypted, it is the stored text byte for byte.
+    payload = EncryptedTextField()
     # Model turns: where the response's ``content`` array lies in ``payload`` (character
     # offsets), so that a resume sends that text back as received without parsing the turn.
     content_start = models.IntegerField(null=True, blank=True)
@@ -455,6 +500,11 @@ class AgentStep(models.Model):
         return self.content_start, self.content_end
 
 
+# The column a step's payload is bound to when encrypted, for the statements that read or
+# write it without the ORM (store/postgres.py, store/portable.py).
+STEP_PAYLOAD = "agent_step.payload"
+
+
 class ToolEffect(models.Model):
     """The recorded outcome of one tool call, keyed by its position-derived key."""
 
@@ -467,7 +517,7 @@ class ToolEffect(models.Model):
     call_index = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
     # The whole tool_result content (before any cut for the model), and whether it was an error.
-    result = JSONTextField()
+    result = JSONTextField(encrypted=True)
     is_error = models.BooleanField(default=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
@@ -503,7 +553,7 @@ class ToolIntent(models.Model):
     seq = models.IntegerField(help_text=_("seq of the model turn that asked for the call"))
     call_index = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
-    input = JSONTextField()
+    input = JSONTextField(encrypted=True)
     key = models.CharField(max_length=64, unique=True)
     status = models.CharField(
         max_length=16, choices=IntentStatus.choices, default=IntentStatus.PENDING
@@ -547,7 +597,7 @@ class AgentEvent(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200, unique=True)
-    payload = JSONTextField(null=True, blank=True)
+    payload = JSONTextField(null=True, blank=True, encrypted=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     sent_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -600,7 +650,7 @@ class AgentQuestion(models.Model):
     status = models.CharField(
         max_length=16, choices=QuestionStatus.choices, default=QuestionStatus.OPEN
     )
-    answer = models.TextField(blank=True, default="")
+    answer = EncryptedTextField(blank=True, default="")
     answered_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

@@ -51,6 +51,7 @@ from durable_agents.dispositions import (
     Disposition,
     Stop,
 )
+from durable_agents.encryption import UndecryptableValue
 from durable_agents.exceptions import StoredValueError
 from durable_agents.history import (
     Conversation,
@@ -241,6 +242,10 @@ class RunAdvancer(ToolDispatch):
         try:
             try:
                 return self._loop()
+            except UndecryptableValue as exc:
+                # A value of the run encrypted with a key no longer configured: every claim
+                # would meet it again. A poison run, dead-lettered with the key id.
+                self._dead(f"cannot decrypt: {exc}")
             except StoredValueError as exc:
                 # A stored value of the run (a step, an effect, an intent, a wait) cannot be
                 # read back: no later claim can either. A poison run, dead-lettered at once.
@@ -275,6 +280,8 @@ class RunAdvancer(ToolDispatch):
                     f"flight failed: {type(exc).__name__}"
                 )
             self._dead(reason)
+        if self.claim.unreadable is not None:
+            self._dead(f"cannot decrypt: {self.claim.unreadable}")
         agent = self._pinned_agent()
         params = agent.request_for(run.model)
 

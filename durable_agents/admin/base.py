@@ -3,6 +3,7 @@ confirmation page of an action, and ids read from a URL or a form."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,10 +20,11 @@ from django.db.models import (
 )
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, reverse
 from django.utils.translation import gettext
 from django.views.decorators.http import require_http_methods, require_POST
 
+from durable_agents import encryption
 from durable_agents.admin.format import Text
 from durable_agents.admin.listing import EstimatingPaginator
 from durable_agents.counting import Count
@@ -79,6 +81,25 @@ def _no_match(model: Any) -> str:
     return gettext("No %(name)s matches the given id.") % {"name": model._meta.verbose_name}
 
 
+def shown_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``view``, whose GET and HEAD pages show a value encrypted with a key no longer in
+    ENCRYPTION_KEYS as "[cannot decrypt: ... key id ...]" rather than failing (the page is
+    rendered inside ``encryption.shown()``). A POST reads strictly: it may write."""
+
+    @functools.wraps(view)
+    def shown_page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            return view(request, *args, **kwargs)
+        with encryption.shown():
+            response = view(request, *args, **kwargs)
+            render = getattr(response, "render", None)
+            if render is not None and not getattr(response, "is_rendered", True):
+                render()  # templates read fields too
+            return response
+
+    return shown_page
+
+
 @dataclass
 class ConfirmRow:
     """One object of a confirmation page: what it shows, and whether "Yes" acts on it."""
@@ -128,6 +149,14 @@ class AgentsAdmin(_ModelAdmin[_M]):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return StrictChangeList
+
+    @property
+    def urls(self) -> list[URLPattern]:
+        """Every view of the admin (``get_urls``), each page read through ``shown_view``."""
+        patterns = self.get_urls()
+        for pattern in patterns:
+            pattern.callback = shown_view(pattern.callback)
+        return patterns
 
     def _object_url(self, name: str) -> str:
         return f"{self.opts.app_label}_{self.opts.model_name}_{name}"

@@ -28,7 +28,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api
+from durable_agents import api, encryption
 from durable_agents.admin.base import (
     SEND_EVENT_PERMISSION,
     CountedChangeList,
@@ -103,15 +103,14 @@ class EventChangeList(CountedChangeList):
     """The events list reads the head of each payload, not the whole JSON."""
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
-        queryset: QuerySet[Any] = (
-            super()
-            .get_queryset(request, exclude_parameters)
-            .annotate(
-                payload_head=Substr("payload", 1, PAYLOAD_HEAD_CHARS, output_field=TextField())
-            )
-            .defer("payload")
-        )
-        return queryset
+        queryset: QuerySet[Any] = super().get_queryset(request, exclude_parameters)
+        if encryption.enabled():
+            # Encrypted at rest: a head cut in SQL would be ciphertext; whole values are read.
+            return queryset
+        headed: QuerySet[Any] = queryset.annotate(
+            payload_head=Substr("payload", 1, PAYLOAD_HEAD_CHARS, output_field=TextField())
+        ).defer("payload")
+        return headed
 
 
 def _waiting_on_event() -> Coalesce:

@@ -20,6 +20,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, gettext_noop, pgettext
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents import encryption
 from durable_agents.deepjson import dumps_deep, loads_deep
 from durable_agents.models import (
     AgentQuestion,
@@ -213,7 +214,15 @@ def sql_hint(run: AgentRun) -> str:
         f"  FROM tool_effect WHERE run_id = '{rid}' ORDER BY seq, call_index;\n"
         f"SELECT id, seq, call_index, tool, status, decided_by_id, decided_at, reason\n"
         f"  FROM tool_intent WHERE run_id = '{rid}' ORDER BY seq, call_index;"
-    )
+    ) + (ENCRYPTED_HINT.format(run_id=run.pk) if encryption.enabled() else "")
+
+
+# With ENCRYPTION_KEYS, payload and result read as ciphertext in SQL: how to read them.
+ENCRYPTED_HINT = (
+    "\n-- payload and result are encrypted (da:enc:v1:...); in plain text:\n"
+    "--   python manage.py durable_agents_decrypt --run {run_id}\n"
+    "--   ... | python manage.py durable_agents_decrypt --column tool_effect.result"
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, gettext_noop, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api
+from durable_agents import api, encryption
 from durable_agents.admin.base import (
     FINGERPRINT_FIELD,
     ConfirmRow,
@@ -103,14 +103,15 @@ class IntentChangeList(CountedChangeList):
         self.result_list = rows
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
-        queryset: QuerySet[Any] = (
-            super()
-            .get_queryset(request, exclude_parameters)
+        queryset: QuerySet[Any] = super().get_queryset(request, exclude_parameters)
+        if encryption.enabled():
+            # Encrypted at rest: a head cut in SQL would be ciphertext; whole values are read.
+            return queryset
+        headed: QuerySet[Any] = queryset.annotate(
             # TextField: the head of the JSON text is not JSON, so it must not be decoded.
-            .annotate(input_head=Substr("input", 1, INPUT_HEAD_CHARS, output_field=TextField()))
-            .defer("input")
-        )
-        return queryset
+            input_head=Substr("input", 1, INPUT_HEAD_CHARS, output_field=TextField())
+        ).defer("input")
+        return headed
 
 
 class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):

@@ -41,7 +41,7 @@ from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySe
 from django.utils.functional import cached_property
 from django.utils.translation import gettext, ngettext
 
-from durable_agents import counting
+from durable_agents import counting, encryption
 from durable_agents.counting import Count, bounded_count
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
 
@@ -140,7 +140,11 @@ class PostgresDialect(Dialect):
         """Through the trigram index on task steps (``agent_step_task_trgm``): the task step's
         payload is the task as a JSON string, so each word is looked up JSON-escaped. These are
         candidates: the caller checks the task itself (``_task_matches``), so that a word that
-        only a JSON escape holds does not match."""
+        only a JSON escape holds does not match. With ENCRYPTION_KEYS the task steps are
+        ciphertext: every run is a candidate, and the caller's check of the task (a plain
+        column) decides, by scanning."""
+        if encryption.enabled():
+            return super().task_words(queryset, words)
         escaped = [json.dumps(word, ensure_ascii=False)[1:-1] for word in words]
         step = self.contains_words(
             AgentStep.objects.filter(run_id=OuterRef("pk"), kind=StepKind.TASK), "payload", escaped

@@ -26,7 +26,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api
+from durable_agents import api, encryption
 from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
 from durable_agents.admin.format import (
     ago,
@@ -161,12 +161,17 @@ class QuestionChangeList(CountedChangeList):
             super()
             .get_queryset(request, exclude_parameters)
             .annotate(
-                question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField()),
-                answer_head=Substr("answer", 1, ANSWER_TITLE_CHARS, output_field=TextField()),
+                question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField())
             )
-            .defer("question", "answer")
+            .defer("question")
         )
-        return queryset
+        if encryption.enabled():
+            # Encrypted at rest: a head cut in SQL would be ciphertext; whole answers are read.
+            return queryset
+        headed: QuerySet[Any] = queryset.annotate(
+            answer_head=Substr("answer", 1, ANSWER_TITLE_CHARS, output_field=TextField())
+        ).defer("answer")
+        return headed
 
 
 class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):

@@ -44,7 +44,8 @@ def decode_raw(run: AgentRun, *names: str) -> None:
         assert isinstance(field, JSONTextField)
         text = getattr(run, f"raw_{name}")
         try:
-            value: Any = None if text is None else field.decode(text)
+            # As the field reads it: decrypted first where the column is encrypted.
+            value: Any = field.from_db_value(text, None, None)
         except StoredValueError as exc:
             value = Undecodable(exc)
         # Set on the instance: a deferred field that is set is never loaded (and failing) again.

@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 
+from durable_agents import encryption
 from durable_agents.admin.format import (
     RUN_COLORS,
     TEXT_SHOWN_CHARS,
@@ -320,11 +321,11 @@ def _annotated_text(obj: Any, field_name: str, url: str) -> Text:
 def question_texts(queryset: Any) -> Any:
     """``queryset`` of questions reading only the head and length of the question and the
     answer (either may be long: a question is model output)."""
-    return (
-        queryset.annotate(**_head_and_length("question"), **_head_and_length("answer"))
-        .defer("question", "answer")
-        .select_related("answered_by")
-    )
+    queryset = queryset.annotate(**_head_and_length("question")).defer("question")
+    if not encryption.enabled():
+        # Encrypted at rest, a head cut in SQL would be ciphertext: whole answers are read.
+        queryset = queryset.annotate(**_head_and_length("answer")).defer("answer")
+    return queryset.select_related("answered_by")
 
 
 def question_row(question: AgentQuestion, text_url: Callable[[Any, str], str]) -> QuestionRow:

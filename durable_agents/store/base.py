@@ -65,10 +65,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from durable_agents import encryption
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.exceptions import DurableAgentsError
 from durable_agents.models import (
+    STEP_PAYLOAD,
     USAGE_SHARDS,
     AgentEvent,
     AgentQuestion,
@@ -112,6 +114,9 @@ class Claim:
     lease_seconds: float
     # The payload of the task step when it is the run's only step (PostgreSQL claims).
     task_payload: str | None = None
+    # Why a value the claim read did not decrypt (its key is not in ENCRYPTION_KEYS): the
+    # runner dead-letters the run with this reason instead of advancing it.
+    unreadable: str | None = None
     # When the lease was taken (monotonic, as the claim came back): where the worker starts
     # counting how long the lease holds (outage.LeaseClock).
     leased_at: float = dataclasses.field(default_factory=time.monotonic, compare=False)
@@ -597,3 +602,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reload_intent(self, intent: ToolIntent) -> None:
         """Read ``intent`` again, in place (its status may have been decided meanwhile)."""
+
+
+def unsealed_log(rows: list[LogRow]) -> list[LogRow]:
+    """The log's rows with their payloads decrypted (``UndecryptableValue`` for one whose key
+    is not configured); plain rows are kept as they are, without a copy."""
+    ring = encryption.keyring()  # once, not once a row: a rebuild may read thousands
+    for index, (seq, kind, payload, start, end) in enumerate(rows):
+        if payload.startswith(encryption.MARKED):
+            rows[index] = (seq, kind, encryption.unseal(payload, STEP_PAYLOAD, ring), start, end)
+    return rows

@@ -66,11 +66,12 @@ from durable_agents.store.base import (
     refuse_strangers,
     run_outcome,
     timer_woken_by,
+    unsealed_log,
 )
 from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.transitions import mark_transitioned
-from durable_agents.text import storable_text
+from durable_agents.text import json_text, storable_text
 
 # The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
 # more than the rest of the rebuild.
@@ -81,19 +82,19 @@ LOG_SQL = (
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 
-WOKEN_BY_FIELD = AgentRun._meta.get_field("woken_by")
-
 # ``woken_by`` of a run the claim takes: set for a due wait, kept for any other run (a run
-# claimed again after a crash keeps what woke it).
+# claimed again after a crash keeps what woke it). Plain JSON text, as PostgreSQL's claim writes
+# it too: a timer's end says nothing of the customer, and an encrypted constant would be fixed
+# at import under whatever keys were configured then.
 CLAIM_WOKEN_BY = Case(
     When(
         status=RunStatus.WAITING,
         waiting_for=WaitKind.TIMER,
-        then=Value(WOKEN_BY_FIELD.get_prep_value(timer_woken_by(WaitKind.TIMER))),
+        then=Value(json_text(timer_woken_by(WaitKind.TIMER))),
     ),
     When(
         status=RunStatus.WAITING,
-        then=Value(WOKEN_BY_FIELD.get_prep_value(timer_woken_by(WaitKind.EVENT))),
+        then=Value(json_text(timer_woken_by(WaitKind.EVENT))),
     ),
     default=F("woken_by"),
     output_field=TextField(),
@@ -769,7 +770,7 @@ class PortableStore(PortableTrees):
         with connection.cursor() as cursor:
             cursor.execute(LOG_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
             rows: list[LogRow] = cursor.fetchall()
-            return rows
+        return unsealed_log(rows)
 
     def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
         return list(

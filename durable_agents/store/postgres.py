@@ -45,8 +45,15 @@ from typing import Any
 from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from durable_agents import encryption
 from durable_agents.exceptions import StoredValueError
-from durable_agents.models import AgentRun, IntentStatus, ToolEffect, ToolIntent
+from durable_agents.models import (
+    STEP_PAYLOAD,
+    AgentRun,
+    IntentStatus,
+    ToolEffect,
+    ToolIntent,
+)
 from durable_agents.pricing import Usage
 from durable_agents.store import concurrency, key_rows
 from durable_agents.store.base import (
@@ -428,7 +435,8 @@ UPDATE tool_intent
    AND EXISTS (SELECT 1 FROM fence)
 RETURNING id"""
 
-# How a tool result is written (JSON text), as the ORM writes it.
+# How a tool result is written (JSON text, encrypted under ENCRYPTION_KEYS), as the ORM
+# writes it.
 RESULT_FIELD = ToolEffect._meta.get_field("result")
 
 
@@ -473,17 +481,26 @@ def key_limits() -> dict[str, Any]:
     return {"limit_keys": list(limits), "limit_values": list(limits.values())}
 
 
-def _run_from(columns: dict[str | None, Any]) -> AgentRun:
-    """The run of a row of ``agent_run``'s columns as the driver returned them, through each
-    field's own conversion (JSON text columns such as woken_by are parsed), as the ORM would."""
+def _claim_from(columns: dict[str | None, Any], owner: str, lease_seconds: float) -> Claim:
+    """The claim of a row of ``agent_run``'s columns as the driver returned them (and the
+    ``task_payload``), each column through its field's own conversion as the ORM would (JSON
+    text columns such as woken_by are parsed, encrypted ones decrypted). A value that does not
+    decrypt does not fail the claim, which may take other runs: the claim says why
+    (``unreadable``) and the runner dead-letters the run."""
     fields = AgentRun._meta.concrete_fields
-    values = [
-        f.from_db_value(columns[f.column], None, connection)
-        if hasattr(f, "from_db_value")
-        else columns[f.column]
-        for f in fields
-    ]
-    return AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+    with encryption.lenient() as problems:
+        values = [
+            f.from_db_value(columns[f.column], None, connection)
+            if hasattr(f, "from_db_value")
+            else columns[f.column]
+            for f in fields
+        ]
+        task_payload = columns["task_payload"]
+        if task_payload is not None:
+            task_payload = encryption.unseal_field(task_payload, STEP_PAYLOAD)
+    run = AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+    unreadable = problems[0] if problems else None
+    return Claim(run, owner, run.attempt, lease_seconds, task_payload, unreadable)
 
 
 @contextlib.contextmanager
@@ -540,10 +557,9 @@ class PostgresStore(PortableStore):
             taken = dict(zip(names[1:], row[1:], strict=True))
             if taken["id"] is None:
                 continue
-            task_payload = taken.pop("task_payload")
-            run = self._readable(taken, owner)
-            if run is not None:
-                claims.append(Claim(run, owner, run.attempt, lease_seconds, task_payload))
+            claim = self._readable(taken, owner, lease_seconds)
+            if claim is not None:
+                claims.append(claim)
         candidates = rows[0][0] if rows else 0
         return claims, candidates > len(claims)
 
@@ -580,7 +596,7 @@ class PostgresStore(PortableStore):
             "lease": float(claim.lease_seconds),
             "seq": step.seq,
             "kind": step.kind,
-            "payload": step.payload,
+            "payload": encryption.seal(step.payload, STEP_PAYLOAD),
             "content_start": step.content_span[0] if step.content_span else None,
             "content_end": step.content_span[1] if step.content_span else None,
             "request_id": step.request_id,
@@ -670,22 +686,22 @@ class PostgresStore(PortableStore):
         if taken["id"] is None:
             then_claim.give_back()
             return appended
-        task_payload = taken.pop("task_payload")
-        run = self._readable(taken, then_claim.owner)
-        if run is None:
+        claim = self._readable(taken, then_claim.owner, then_claim.lease_seconds)
+        if claim is None:
             then_claim.give_back()
             return appended
-        then_claim.claim = Claim(
-            run, then_claim.owner, run.attempt, then_claim.lease_seconds, task_payload
-        )
+        then_claim.claim = claim
         return appended
 
-    def _readable(self, columns: dict[str | None, Any], owner: str) -> AgentRun | None:
-        """The run of a row just claimed; None when its row cannot be decoded: it is
+    def _readable(
+        self, columns: dict[str | None, Any], owner: str, lease_seconds: float
+    ) -> Claim | None:
+        """The claim of a row just claimed; None when its row cannot be decoded: it is
         dead-lettered as poison (fenced on this claim) rather than failing the claim, which
-        would fail every claim of every worker that takes it."""
+        would fail every claim of every worker that takes it. (A value that does not decrypt
+        is the claim's ``unreadable`` reason instead: the runner dead-letters it.)"""
         try:
-            return _run_from(columns)
+            return _claim_from(columns, owner, lease_seconds)
         except StoredValueError as exc:
             dead, parent_id = self.dead_letter_poison(columns["id"], owner, columns["attempt"], exc)
         if dead:
