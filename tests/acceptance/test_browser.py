@@ -302,7 +302,7 @@ def test_reject_with_a_reason_reaches_the_model(
     page.get_by_label("Reason (the model sees it):").fill("not on a Friday")
     page.get_by_role("button", name="Reject", exact=True).click()
     expect(success_message(page)).to_have_text(f"Rejected intent {intent.pk}.")
-    expect(page.locator(".field-reason")).to_contain_text("not on a Friday")
+    expect(page.locator(".field-reason_shown")).to_contain_text("not on a Friday")
 
     run_worker()
     run.refresh_from_db()
