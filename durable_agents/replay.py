@@ -128,20 +128,33 @@ def _escape(text: str) -> str:
     return _CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
-def _shown(text: str, is_error: bool) -> list[str]:
-    cut = text[:_SHOWN_CHARS]
+def _shown(text: str, is_error: bool, start: int) -> list[str]:
+    """Up to ``_SHOWN_CHARS`` of ``text`` from ``start``, a line each, escaped."""
+    cut = text[start : start + _SHOWN_CHARS]
     lines = [_escape(line) for line in cut.splitlines()] or [""]
-    if len(text) > _SHOWN_CHARS:
-        lines.append(f"[... {len(text) - _SHOWN_CHARS} more characters]")
+    if len(text) > start + _SHOWN_CHARS:
+        lines.append(f"[... {len(text) - start - _SHOWN_CHARS} more characters]")
     if is_error:
         lines.insert(0, "[error]")
     return lines
 
 
 def _diff(call: ReplayCall) -> list[str]:
-    old = _shown(call.old, call.old_is_error)
-    new = _shown(call.new or "", call.new_is_error)
-    diff = difflib.unified_diff(old, new, "recorded", "today", lineterm="", n=2)
+    """A unified diff of the two results, around where they first differ: a long result that
+    changed near its end still shows the change."""
+    old, new = call.old, call.new or ""
+    common = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
+    if common is None:
+        common = min(len(old), len(new))
+    start = old.rfind("\n", 0, max(0, common - _SHOWN_CHARS // 2)) + 1
+    diff = difflib.unified_diff(
+        _shown(old, call.old_is_error, start),
+        _shown(new, call.new_is_error, start),
+        f"recorded (from character {start})" if start else "recorded",
+        f"today (from character {start})" if start else "today",
+        lineterm="",
+        n=2,
+    )
     return ["    " + line for line in diff]
 
 

@@ -58,12 +58,25 @@ def await_parcel(parcel: str, *, woken_by: dict[str, Any] | None = None) -> Any:
     return woken_by["payload"]
 
 
+@tool(effect="irreversible")
+def close_account(customer: str, *, idempotency_key: str) -> str:
+    """Close a customer's account (a person approves it first)."""
+    REFUNDS.append(idempotency_key)
+    return f"closed {customer}" + (" and archived" if CODE.get("close") == "archive" else "")
+
+
+@tool(effect="pure")
+def export(rows: int) -> str:
+    """A long result."""
+    return "".join(f"row {i}\n" for i in range(rows)) + CODE.get("export", "")
+
+
 shop = Agent(
     name="replay-shop",
     version="v1",
     model="claude-test-1",
     system="You run the shop.",
-    tools=[quote, announce, refund, await_parcel, ask_person],
+    tools=[quote, announce, refund, await_parcel, ask_person, close_account, export],
     max_tokens=1024,
 )
 
@@ -252,3 +265,45 @@ def test_the_replay_run_fixture(recorded: AgentRun, replay_run: Any) -> None:
     assert replay_run(recorded.pk).ok
     CODE["quote"] = "raise"
     assert not replay_run(recorded.pk).ok
+
+
+def test_irreversible_calls_rejected_are_not_replayed_approved_ones_only_when_allowed(
+    agent_runner: Any,
+) -> None:
+    task = plan(("close_account", {"customer": "c-1"}), ("close_account", {"customer": "c-2"}))
+    result = agent_runner(
+        "replay-shop",
+        task,
+        intents=lambda i: "reject" if i.input["customer"] == "c-1" else "approve",
+    )
+    assert result.status == RunStatus.SUCCEEDED, result.error
+    REFUNDS.clear()
+    CODE["close"] = "archive"
+
+    report = replay_without_model(result.run)
+    assert [(c.input, c.reason) for c in report.not_replayed] == [
+        ({"customer": "c-1"}, "a person rejected the call: the tool never ran")
+    ]
+    assert [c.input for c in report.skipped] == [{"customer": "c-2"}]
+    assert REFUNDS == []
+
+    report = replay_without_model(result.run, allow_effects=["close_account"])
+    assert [(c.old, c.new) for c in report.differences] == [
+        ("closed c-2", "closed c-2 and archived")
+    ]
+    assert len(REFUNDS) == 1  # the approved call only, without asking anyone again
+
+
+def test_a_long_difference_is_shown_cut(agent_runner: Any) -> None:
+    result = agent_runner("replay-shop", plan(("export", {"rows": 1000})))
+    CODE["export"] = "one more line"
+    report = replay_without_model(result.run)
+    [difference] = report.differences
+    assert difference.new is not None
+    assert difference.new.endswith("one more line")  # compared whole
+    text = str(report)
+    # Shown around the change, which lies past the first 2,000 characters.
+    assert "+one more line" in text
+    assert "--- recorded (from character 6890)" in text
+    assert "row 0\n" not in text
+    assert len(text) < 6_000
