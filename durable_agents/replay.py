@@ -299,7 +299,9 @@ class _Replayer:
             return str(exc), True, False
         context = waits.CallContext(self.run.pk, self.run.depth, key)
         try:
-            with waits.calling(context):
+            # A savepoint per call: a query that fails in one tool (which aborts a PostgreSQL
+            # transaction) must not fail the calls after it.
+            with transaction.atomic(), waits.calling(context):
                 value = tool.invoke(call.input, idempotency_key=key)
                 if tool.is_async:
                     value = asyncio.run(value)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 
 from durable_agents import Agent, Wait, api, ask_person, llm, tool
@@ -71,12 +72,30 @@ def export(rows: int) -> str:
     return "".join(f"row {i}\n" for i in range(rows)) + CODE.get("export", "")
 
 
+@tool(effect="pure")
+def report_rows() -> str:
+    """Count the rows of the report table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COUNT(*) FROM " + CODE.get("table", "agent_run"))
+        cursor.fetchone()
+    return "counted"
+
+
 shop = Agent(
     name="replay-shop",
     version="v1",
     model="claude-test-1",
     system="You run the shop.",
-    tools=[quote, announce, refund, await_parcel, ask_person, close_account, export],
+    tools=[
+        quote,
+        announce,
+        refund,
+        await_parcel,
+        ask_person,
+        close_account,
+        export,
+        report_rows,
+    ],
     max_tokens=1024,
 )
 
@@ -307,3 +326,13 @@ def test_a_long_difference_is_shown_cut(agent_runner: Any) -> None:
     assert "--- recorded (from character 6890)" in text
     assert "row 0\n" not in text
     assert len(text) < 6_000
+
+
+def test_a_failed_query_in_one_tool_does_not_fail_the_next_calls(agent_runner: Any) -> None:
+    task = plan(("report_rows", {}), ("announce", {"name": "shop:counted"}))
+    result = agent_runner("replay-shop", task)
+    assert result.status == RunStatus.SUCCEEDED, result.error
+    CODE["table"] = "no_such_table"
+    report = replay_without_model(result.run)
+    assert [c.tool for c in report.errors] == ["report_rows"]
+    assert report.matches == 1  # announce wrote its event after the failed query
