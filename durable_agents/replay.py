@@ -171,9 +171,13 @@ def replay(run_id: Any, *, allow_effects: bool | Iterable[str] = False) -> Repla
             f"run {run.pk} cannot be replayed: agent {run.agent!r} version "
             f"{run.prompt_version!r} is not registered ({exc})"
         ) from None
-    allowed: bool | frozenset[str] = (
-        allow_effects if isinstance(allow_effects, bool) else frozenset(allow_effects)
-    )
+    allowed: bool | frozenset[str]
+    if isinstance(allow_effects, bool):
+        allowed = allow_effects
+    elif isinstance(allow_effects, str):  # one name, not its letters
+        allowed = frozenset({allow_effects})
+    else:
+        allowed = frozenset(allow_effects)
     report = ReplayReport(run.pk, run.agent, run.prompt_version)
     with transaction.atomic():
         try:
@@ -240,7 +244,7 @@ class _Replayer:
         )
         key = effects.idempotency_key(self.run.pk, seq, index, name, tool_input)
         tool = self.agent.tools_by_name.get(name) if isinstance(name, str) else None
-        reason = self._not_replayed(tool, name, key)
+        reason = self._not_replayed(name, key)
         if reason:
             self.report.not_replayed.append(_with(call, reason=reason))
             return
@@ -266,7 +270,7 @@ class _Replayer:
         else:
             self.report.differences.append(now)
 
-    def _not_replayed(self, tool: Tool | None, name: Any, key: str) -> str:
+    def _not_replayed(self, name: Any, key: str) -> str:
         if name in BUILTIN_TOOLS:
             return f"the built-in {name}: its result came from a person"
         if self.intents.get(key) == IntentStatus.REJECTED:

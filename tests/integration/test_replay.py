@@ -221,6 +221,7 @@ def test_a_non_idempotent_tool_runs_only_when_allowed(recorded: AgentRun) -> Non
     refunded = next(c for c in recorded.effects.all() if c.tool == "refund")
     assert REFUNDS == [refunded.key]
     assert replay_without_model(recorded, allow_effects=True).differences[0].tool == "refund"
+    assert replay_without_model(recorded, allow_effects="refund").differences[0].tool == "refund"
 
 
 def test_a_run_of_an_agent_version_no_longer_registered_is_refused(recorded: AgentRun) -> None:
