@@ -13,6 +13,9 @@ or with ``pytest_plugins = ["durable_agents.pytest_plugin"]`` in a conftest.py.
         result = agent_runner("support", task, events={"refund:o-1": {"status": "done"}})
         assert result.status == "succeeded"
         assert durable_clock.offset == 0  # the event came before the timeout
+
+    def test_refunds_still_match(replay_run):
+        assert replay_run(RUN_ID).ok  # today's tools give the recorded results
 """
 
 from __future__ import annotations
@@ -58,3 +61,12 @@ def durable_plan() -> Callable[..., str]:
     from durable_agents.testing import plan
 
     return plan
+
+
+@pytest.fixture
+def replay_run(db: None) -> Callable[..., Any]:
+    """``replay_run(run_id, allow_effects=...)`` -> ReplayReport: the run's recorded tool calls
+    played to today's tool code, in the test's database, without a model call."""
+    from durable_agents.testing import replay
+
+    return replay

@@ -24,6 +24,9 @@ Tool code runs on the test's own thread (``calls.inline_calls``), so it sees the
 transaction: tools that use the database (``spawn_run`` does) work under pytest-django's
 plain ``db`` fixture. Tool timeouts are not enforced there: a call runs to its end.
 
+``replay(run_id)`` plays a recorded run's tool calls to today's tool code (no model call) and
+reports what changed; it lives in ``durable_agents.replay``.
+
 The pytest fixtures around it live in ``durable_agents.pytest_plugin``.
 """
 
@@ -58,7 +61,24 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
+from durable_agents.replay import ReplayError, ReplayReport, replay
 from durable_agents.runner import advance_run
+
+__all__ = [
+    "KEEP_WAITING",
+    "AgentRunner",
+    "FakeClock",
+    "ReplayError",
+    "ReplayReport",
+    "RunResult",
+    "ToolCall",
+    "describe_wait",
+    "drive",
+    "offline_model",
+    "plan",
+    "replay",
+    "run_agent",
+]
 
 Call = tuple[str, Any]
 
