@@ -9,10 +9,11 @@ import uuid
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError
 from django.db.models import Model
 
-from durable_agents import budgets, effects, signals, telemetry, waits
+from durable_agents import budgets, effects, forks, signals, telemetry, waits
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.history import rebuild_messages
@@ -33,6 +34,7 @@ from durable_agents.store.transitions import made_transition as _made_transition
 from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
+FORK_PERMISSION = "durable_agents.fork_agentrun"
 # The longest model name (the column agent_run.model).
 MAX_MODEL_NAME = 200
 ANSWER_PERMISSION = "durable_agents.answer_question"
@@ -317,6 +319,54 @@ def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) ->
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"a concurrency limit is a whole number >= 0 or None, not {limit!r}")
     current().set_key_limit(key, limit)
+
+
+def fork_run(
+    run_id: RunId | str,
+    at_seq: int,
+    edit: JSONValue = None,
+    version: str | None = None,
+    model: str | None = None,
+    user: Person | None = None,
+) -> AgentRun:
+    """A new pending run whose log up to step ``at_seq`` is the run's, byte for byte; a worker
+    takes it from there. It works on a run in any status (a dead run forked before the step
+    that killed it is the everyday use). The fork records its parent (``forked_from``) and
+    its fork point (``fork_seq``); its log's shared steps stay the parent's rows.
+
+    ``edit`` replaces the step at ``at_seq``: a string when it is the task, the list of
+    tool_result blocks (as Python values) when it is a batch of tool results. A model turn
+    cannot be edited: its bytes are signed.
+
+    Calls of the fork point's model turn that the run completed are not made again (the
+    fork reads their recorded results); every later call is the fork's own, with keys of the
+    fork, and an irreversible one needs a new approval.
+
+    ``version`` / ``model``: fork onto another registered version of the agent, or another
+    model, when the shared log allows it (signed thinking binds the model, system prompt and
+    tools); otherwise ``ValueError`` naming the block that binds it.
+
+    ``user``: when given, the fork needs the ``durable_agents.fork_agentrun`` permission
+    (``PermissionDenied``). Anything refused raises before anything is created."""
+    if user is not None and not user.has_perm(FORK_PERMISSION):
+        raise PermissionDenied(f"forking a run needs the {FORK_PERMISSION} permission")
+    if model is not None:
+        _check_model(model)
+    if version is not None and (not isinstance(version, str) or not version):
+        raise ValueError("version= names a registered version of the run's agent")
+    try:
+        parent = AgentRun.objects.get(pk=run_id)
+    except (AgentRun.DoesNotExist, ValidationError, ValueError):
+        raise ValueError(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
+    plan = forks.plan_fork(parent, at_seq, edit, version, model)
+    plan.run.trace_context = telemetry.current_trace_context()
+    try:
+        return current().create_fork(plan.run, plan.write)
+    except IntegrityError:
+        # agent_step_share's foreign key: a run it reads was deleted as the fork was made.
+        raise forks.ForkRefused(
+            f"run {parent.pk} (or a run it was forked from) was deleted while it was forked"
+        ) from None
 
 
 def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:

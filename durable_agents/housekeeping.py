@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from durable_agents import budgets, metrics, signals
+from durable_agents import budgets, forks, metrics, signals
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.exceptions import StoredValueError
@@ -173,8 +173,8 @@ def finish_cancel_cascades(limit: int = 1000) -> int:
 def apply_retention(now: datetime.datetime | None = None) -> int:
     """Delete (after archiving, if an archiver is set) finished runs older than
     RETENTION_DAYS, in batches. Their steps, effects and intents go with them: an effect's
-    key belongs to its run, so no other run can ever need it. Dead runs are kept: they
-    wait for a person."""
+    key belongs to its run, so no other run can ever need it. Steps a fork shares are copied
+    into that fork first. Dead runs are kept: they wait for a person."""
     days = app_settings.RETENTION_DAYS
     if days is None:
         return 0
@@ -190,6 +190,9 @@ def apply_retention(now: datetime.datetime | None = None) -> int:
             )
             if not batch:
                 break
+            # A fork outside the batch that reads steps of a run in it gets them copied in
+            # first, so that deleting what it was forked from never breaks its log.
+            forks.keep_shared_steps(batch)
             if archiver is not None:
                 archiver(AgentRun.objects.filter(pk__in=batch))
             AgentRun.objects.filter(pk__in=batch).delete()

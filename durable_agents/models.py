@@ -1,5 +1,6 @@
-"""The eleven tables of durable_agents: runs (``agent_run``), their append-only step log
-(``agent_step``), the effect ledger (``tool_effect``), intents of irreversible tool calls
+"""The twelve tables of durable_agents: runs (``agent_run``), their append-only step log
+(``agent_step``) and the steps forks share with the runs they were forked from
+(``agent_step_share``), the effect ledger (``tool_effect``), intents of irreversible tool calls
 (``tool_intent``), events (``agent_event``), questions to people (``agent_question``),
 concurrency keys (``agent_concurrency_key``), the fleet's model capacity (``model_capacity``)
 and what it met (``capacity_event``), daily usage (``agent_usage_day``) and snapshots of the
@@ -292,11 +293,34 @@ class AgentRun(models.Model):
         help_text=_("its turn among the runs of its priority"),
     )
 
+    # -- forks (``fork_run``): the run this one was forked from, and the step it was forked at.
+    # Its log up to there is read from that run's rows (agent_step_share, forks.py), not
+    # copied. NULL once the run it was forked from is deleted (its shared steps are copied
+    # into the fork first). None of these columns changes after the insert.
+    forked_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+        db_index=False,
+        # No constraint in the database: adding one would scan agent_run under a lock that
+        # stops every worker's commits; the ORM sets it NULL when the run is deleted.
+        db_constraint=False,
+        editable=False,
+    )
+    fork_seq = models.IntegerField(
+        null=True, blank=True, editable=False, help_text=_("the step it was forked at")
+    )
+
     objects = AgentRunQuerySet.as_manager()
 
     class Meta:
         db_table = "agent_run"
         ordering: ClassVar[list[str]] = ["-created_at"]
+        permissions: ClassVar[list[tuple[str, StrOrPromise]]] = [
+            ("fork_agentrun", _("Can fork agent runs and rerun them with an edited step"))
+        ]
         indexes: ClassVar[list[models.Index]] = [
             # The claim query scans only active runs, highest priority first, then by turn
             # (fair_at), then in creation order, and stops at its LIMIT. lease_until is left
@@ -326,6 +350,13 @@ class AgentRun(models.Model):
                 fields=["root_id"],
                 name="agent_run_root",
                 condition=models.Q(root_id__isnull=False),
+            ),
+            # The forks of a run (its page lists them); few runs are forks. Migration 0016
+            # builds it CONCURRENTLY.
+            models.Index(
+                fields=["forked_from"],
+                name="agent_run_forks",
+                condition=models.Q(forked_from__isnull=False),
             ),
             # The admin at production size (docs/operating.md): the runs list newest first,
             # by agent and by model, windows of finished runs and the dead letter by cause.
@@ -729,3 +760,7 @@ AgentUsageDay = _usage_models.AgentUsageDay
 CapacityEvent = _usage_models.CapacityEvent
 CapacityEventKind = _usage_models.CapacityEventKind
 ModelCapacity = _usage_models.ModelCapacity
+
+from durable_agents import fork_models as _fork_models  # noqa: E402
+
+SharedSteps = _fork_models.SharedSteps

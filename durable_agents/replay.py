@@ -39,9 +39,9 @@ from durable_agents import effects, waits
 from durable_agents.agents import Agent, registry
 from durable_agents.dispatch import result_block
 from durable_agents.exceptions import AgentNotFound, DurableAgentsError, ToolInputError
+from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
-    AgentStep,
     IntentStatus,
     StepKind,
     ToolEffect,
@@ -211,16 +211,26 @@ class _Replayer:
         self.allowed = allowed
         self.report = report
         self.intents = dict(ToolIntent.objects.filter(run=run).values_list("key", "status"))
+        self.maker: uuid.UUID = run.pk  # the run that made the calls being replayed
 
     def replay(self) -> None:
-        steps = list(
-            AgentStep.objects.filter(run=self.run)
-            .order_by("seq")
-            .values_list("seq", "kind", "payload")
+        # A fork's log holds steps of the runs it was forked from: a call's key is that of
+        # the run whose tool_result step answered it (the run that made the call).
+        rows = list(
+            steps_of(self.run.pk).order_by("seq").values_list("seq", "kind", "payload", "run_id")
         )
+        steps = [(seq, kind, payload) for seq, kind, payload, _ in rows]
+        makers = {seq: run_id for seq, _, _, run_id in rows}
+        if len(set(makers.values())) > 1:
+            self.intents = dict(
+                ToolIntent.objects.filter(run_id__in=set(makers.values())).values_list(
+                    "key", "status"
+                )
+            )
         for position, (seq, kind, payload) in enumerate(steps):
             if kind != StepKind.MODEL_TURN:
                 continue
+            self.maker = makers.get(seq + 1, self.run.pk)
             uses = [
                 b
                 for b in json.loads(payload).get("content") or []
@@ -242,7 +252,7 @@ class _Replayer:
         call = ReplayCall(
             seq, index, storable_text(name), tool_input, old_text, bool(old.get("is_error"))
         )
-        key = effects.idempotency_key(self.run.pk, seq, index, name, tool_input)
+        key = effects.idempotency_key(self.maker, seq, index, name, tool_input)
         tool = self.agent.tools_by_name.get(name) if isinstance(name, str) else None
         reason = self._not_replayed(name, key)
         if reason:

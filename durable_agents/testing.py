@@ -46,6 +46,7 @@ from django.test import override_settings
 
 from durable_agents import api, calls, llm, store
 from durable_agents.conf import app_settings
+from durable_agents.fork_models import steps_of
 from durable_agents.history import Conversation, step_message
 from durable_agents.interrupt import Interrupt
 from durable_agents.models import (
@@ -536,7 +537,7 @@ def _result(run: AgentRun, notes: Mapping[Any, str] | None = None) -> RunResult:
     run.refresh_from_db()
     return RunResult(
         run=run,
-        steps=list(AgentStep.objects.filter(run=run).order_by("seq")),
+        steps=list(steps_of(run.pk).order_by("seq")),
         effects=list(ToolEffect.objects.filter(run=run).order_by("seq", "call_index")),
         intents=list(ToolIntent.objects.filter(run=run).order_by("pk")),
         questions=list(AgentQuestion.objects.filter(run=run).order_by("pk")),

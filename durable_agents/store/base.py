@@ -4,6 +4,9 @@ A run travels through these operations, in this order; each is one method of ``S
 
     create_run        -> agent_run (pending) + agent_step seq 0 (the task); once per
                          (agent, start_key) when the run has a key
+    create_fork       -> agent_run (pending, last_seq = the fork point) + the stretches of
+                         other runs' logs it reads (agent_step_share) + its edited step, if
+                         any + the effects of the fork point's calls it inherits
     claim_runs        -> pending (or running with an expired lease) -> running, leased to one
                          worker; ``attempt`` + 1 (the fence), ``stalled_claims`` + 1
     renew_leases      -> the heartbeat: every lease one worker holds, in one statement
@@ -102,6 +105,18 @@ AuthUser: TypeAlias = Any
 LogRow: TypeAlias = tuple[int, str, str, int | None, int | None]
 # One row of ``load_steps``: seq, kind, payload.
 StepTuple: TypeAlias = tuple[int, str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkWrite:
+    """What ``create_fork`` writes besides the run (``forks.plan_fork`` prepares it)."""
+
+    # (source run, lo, hi): steps lo to hi - 1 of source's log are the fork's too.
+    shares: list[tuple[RunId, int, int]]
+    # The fork's own step at the fork point when it was edited: (seq, kind, payload).
+    own_step: tuple[int, str, str] | None
+    # The fork point's recorded calls, under the fork's keys: not made again by the fork.
+    effects: list[ToolEffect]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +325,12 @@ class Store(abc.ABC):
         whatever that run's status: otherwise nothing is written and that run is returned
         as stored. Race-free: of concurrent callers with one key, one inserts and the others
         get its run."""
+
+    @abc.abstractmethod
+    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
+        """Insert ``run`` (an unsaved, pending AgentRun whose ``last_seq`` is its fork point)
+        with what ``write`` holds, together; returns the run as stored. The steps it shares
+        stay the source runs' rows: the fork's log is its own rows plus those stretches."""
 
     # -- claim and renew -----------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from durable_agents.store.base import (
     RUN_CANCELLED,
     AuthUser,
     Claim,
+    ForkWrite,
     LeaseLoss,
     LogRow,
     NextClaim,
@@ -91,6 +92,8 @@ class InMemoryStore(InMemoryWaits):
         self.lock = threading.RLock()
         self.runs: dict[RunId, AgentRun] = {}
         self.steps: dict[RunId, dict[int, AgentStep]] = {}
+        # A fork's stretches of other runs' logs: (source, lo, hi), as agent_step_share.
+        self.shares: dict[RunId, list[tuple[RunId, int, int]]] = {}
         self.effects: dict[str, ToolEffect] = {}
         self.intents: dict[int, ToolIntent] = {}
         self._intent_ids = itertools.count(1)
@@ -124,13 +127,20 @@ class InMemoryStore(InMemoryWaits):
 
     def steps_of(self, run_id: RunId) -> list[AgentStep]:
         with self.lock:
-            return [_copy(step) for _, step in sorted(self.steps.get(run_id, {}).items())]
+            return [_copy(step) for step in self._log(run_id)]
 
     def intents_of(self, run_id: RunId) -> list[ToolIntent]:
         with self.lock:
             return [_copy(i) for i in self.intents.values() if i.run_id == run_id]
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _log(self, run_id: RunId) -> list[AgentStep]:
+        """The run's own steps and the stretches it shares, in seq order (as LOG_SQL)."""
+        rows = list(self.steps.get(run_id, {}).values())
+        for source, lo, hi in self.shares.get(run_id, ()):
+            rows += [s for seq, s in self.steps.get(source, {}).items() if lo <= seq < hi]
+        return sorted(rows, key=lambda step: step.seq)
 
     def _fenced(self, claim: Claim) -> AgentRun | None:
         """The stored run, only while it is still this claim's."""
@@ -233,6 +243,32 @@ class InMemoryStore(InMemoryWaits):
                     run_id=run.pk, seq=0, kind=StepKind.TASK, payload=task_payload, created_at=now
                 )
             }
+            return _copy(run)
+
+    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
+        with self.lock:
+            if run.pk in self.runs:
+                raise IntegrityError(f"run {run.pk} exists")
+            missing = {source for source, _, _ in write.shares} - set(self.runs)
+            if missing:  # the foreign key of agent_step_share.source_id
+                raise IntegrityError(f"no run {', '.join(map(str, missing))}")
+            now = self.now()
+            run.created_at = run.updated_at = run.fair_at = now
+            if run.concurrency_key is not None:
+                key = run.concurrency_key
+                run.fair_at, self.next_turns[key] = concurrency.next_turn(
+                    now, self.next_turns.get(key)
+                )
+            self.runs[run.pk] = _copy(run)
+            self.steps[run.pk] = {}
+            self.shares[run.pk] = list(write.shares)
+            if write.own_step is not None:
+                seq, kind, payload = write.own_step
+                self.steps[run.pk][seq] = AgentStep(
+                    run_id=run.pk, seq=seq, kind=kind, payload=payload, created_at=now
+                )
+            for effect in write.effects:
+                self._record(effect)
             return _copy(run)
 
     # -- claim and renew -----------------------------------------------------------------
@@ -660,16 +696,12 @@ class InMemoryStore(InMemoryWaits):
         with self.lock:
             return [
                 (s.seq, s.kind, s.payload, s.content_start, s.content_end)
-                for _, s in sorted(self.steps.get(run_id, {}).items())
+                for s in self._log(run_id)
             ]
 
     def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
         with self.lock:
-            return [
-                (s.seq, s.kind, s.payload)
-                for seq, s in sorted(self.steps.get(run_id, {}).items())
-                if seq > after_seq
-            ]
+            return [(s.seq, s.kind, s.payload) for s in self._log(run_id) if s.seq > after_seq]
 
     def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
         with self.lock:

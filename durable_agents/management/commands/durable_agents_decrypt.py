@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents import encryption
-from durable_agents.models import AgentStep
+from durable_agents.fork_models import steps_of
 from durable_agents.rekey import encrypted_columns
 
 
@@ -44,7 +44,7 @@ class Command(BaseCommand):
             pk = uuid.UUID(run_id)
         except ValueError:
             raise CommandError(f"{run_id!r} is not a run id") from None
-        steps = AgentStep.objects.filter(run_id=pk).order_by("seq")
+        steps = steps_of(pk).order_by("seq")
         try:
             rows = list(steps.values_list("seq", "kind", "payload"))
         except encryption.UndecryptableValue as exc:
