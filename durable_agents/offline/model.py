@@ -5,6 +5,7 @@ as the API does (429s, ``anthropic-ratelimit-*`` headers)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -234,8 +235,9 @@ class ScriptedModel:
                 return self._message(
                     req, body, turn, script, content, "compaction", usage, iterations
                 )
+        failed = _failed_call(req.view.messages[-1]) if script.stop_on_error else None
         blocks, stop_reason = self._turn_blocks(
-            req.model, turn, script, req.view.task, req.thinking_on, signer
+            req.model, turn, script, req.view.task, req.thinking_on, signer, failed
         )
         content.extend(blocks)
         output = max(1, len(canonical_bytes(blocks)) // 4)
@@ -344,10 +346,17 @@ class ScriptedModel:
         task_text: str,
         thinking_on: bool,
         signer: Signer,
+        failed: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
         """The blocks of turn ``turn`` of the script (a thinking block signed by ``signer``,
-        the text, the calls) and its stop reason."""
-        if turn < len(script.plan):
+        the text, the calls) and its stop reason. ``failed``: the error result the model just
+        read, under ``@@stop_on_error``: it stops there."""
+        if failed is not None:
+            calls = []
+            thought = f"Turn {turn + 1}: a tool call failed, so the plan cannot go on."
+            text = f"Stopped: a tool call failed: {failed}"
+            stop_reason = "end_turn"
+        elif turn < len(script.plan):
             calls = script.plan[turn]
             names = ", ".join(c.name for c in calls)
             thought = f"Turn {turn + 1} of {len(script.plan)}: the plan says to call {names}."
@@ -410,3 +419,17 @@ def _usage_entry(
         output_tokens=output,
     )
     return entry
+
+
+def _failed_call(message: dict[str, Any]) -> str | None:
+    """The content of the first error tool_result in ``message`` (a user message), cut to 200
+    characters; None when it holds none."""
+    content = message.get("content") if message.get("role") == "user" else None
+    if not isinstance(content, list):
+        return None
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error"):
+            text = block.get("content")
+            shown = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)
+            return shown[:200]
+    return None

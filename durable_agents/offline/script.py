@@ -28,6 +28,10 @@ hostile provider response would contain.
 
 ``@@repeat N <plan line>`` is N plan lines at once (``@@repeat 4999 @noop {"key": "k"}``): a
 long run's script stays short.
+
+``@@stop_on_error``: when a tool result the model reads last is an error (``is_error``), the
+model stops there, with a final turn that says which call failed, instead of going on with the
+plan. A fork of the run at that step with the result edited goes on with the plan.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ FINAL_DIRECTIVE = "final"
 CALL_SEPARATOR = " && "
 # ``@@repeat N <plan line>``: N plan lines at once.
 REPEAT_DIRECTIVE = "repeat"
+# ``@@stop_on_error``: an error result ends the run rather than the plan going on.
+STOP_ON_ERROR_DIRECTIVE = "stop_on_error"
 MAX_REPEAT = 1_000_000
 
 
@@ -90,12 +96,14 @@ class Script:
         latency: float,
         chunk_latency: float = 0.0,
         final_text: str | None = None,
+        stop_on_error: bool = False,
     ) -> None:
         self.first_line = first_line
         self.plan = plan
         self.latency = latency
         self.chunk_latency = chunk_latency
         self.final_text = final_text
+        self.stop_on_error = stop_on_error
 
 
 def _parse_call_args(text: str) -> tuple[Any, str | None]:
@@ -199,6 +207,7 @@ def script_of(task: str) -> Script:
     plan: list[list[PlanCall]] = []
     delays = {LATENCY_DIRECTIVE: 0.0, CHUNK_LATENCY_DIRECTIVE: 0.0}
     final_text: str | None = None
+    stop_on_error = False
     for raw_line in lines:
         line = raw_line.strip()
         if line.startswith("@@"):
@@ -208,6 +217,9 @@ def script_of(task: str) -> Script:
                 continue
             if directive == FINAL_DIRECTIVE:
                 final_text = _parse_final_directive(value)
+                continue
+            if directive == STOP_ON_ERROR_DIRECTIVE and not value.strip():
+                stop_on_error = True
                 continue
             if directive == REPEAT_DIRECTIVE:
                 times, calls = _parse_repeat_directive(value, len(plan))
@@ -232,4 +244,5 @@ def script_of(task: str) -> Script:
         delays[LATENCY_DIRECTIVE],
         delays[CHUNK_LATENCY_DIRECTIVE],
         final_text,
+        stop_on_error,
     )

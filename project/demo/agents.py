@@ -43,6 +43,9 @@ def record_progress(ticket: str, status: str) -> str:
 @tool(effect="non_idempotent")
 def apply_migration_step(statement: str, *, idempotency_key: str) -> dict:
     """Apply one DDL statement; the key makes a retried call a no-op on the server side."""
+    if "orders_archive" in statement:
+        # The stand-in database has no archive table: the demo's fork starts from this failure.
+        raise LookupError('relation "orders_archive" does not exist')
     logger.info("applying %r with key %s", statement, idempotency_key[:12])
     return {"applied": statement, "idempotency_key": idempotency_key[:12]}
 

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 
 from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolEffect, ToolIntent
 from durable_agents.store import Claim, InMemoryStore, Parked
+from durable_agents.store.base import StepWrite
 from durable_agents.store.memory import ManualClock
 
 
@@ -150,3 +151,26 @@ def test_a_finished_run_cannot_be_cancelled(store: InMemoryStore) -> None:
     assert store.finish_run(claim, RunStatus.SUCCEEDED, result="done")
     assert not store.cancel_run(run_id)
     assert store.current_status(run_id) == RunStatus.SUCCEEDED
+
+
+def test_a_fork_reads_the_stretches_it_shares(store: InMemoryStore) -> None:
+    from durable_agents.store.base import ForkWrite
+
+    parent = start(store, "the task")
+    claim = take(store, parent)
+    for seq in (1, 2, 3):
+        assert store.append_step(claim, StepWrite(seq, "model_turn", f'{{"n": {seq}}}'))
+    fork = AgentRun(
+        id=uuid.uuid4(), agent="a", prompt_version="v1", model="m", task="t", last_seq=2
+    )
+    effect = ToolEffect(key="fk", run_id=fork.pk, seq=2, call_index=0, tool="x", result="r")
+    store.create_fork(fork, ForkWrite([(parent, 0, 2)], (2, "tool_result", "[]"), [effect]))
+    rows = store.load_log_rows(fork.pk)
+    assert [(seq, payload) for seq, _, payload, _, _ in rows] == [
+        (0, '"the task"'),
+        (1, '{"n": 1}'),
+        (2, "[]"),
+    ]
+    assert [s[0] for s in store.load_steps(fork.pk, after_seq=0)] == [1, 2]
+    assert set(store.recorded_effects(fork.pk, 2)) == {"fk"}
+    assert [s.seq for s in store.steps_of(parent)] == [0, 1, 2, 3]  # untouched

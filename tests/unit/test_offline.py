@@ -127,6 +127,33 @@ def test_no_plan_lines_answers_with_the_first_line(client: anthropic.Anthropic) 
     assert "What is the capital of France?" in body["content"][0]["text"]
 
 
+def test_stop_on_error_ends_the_run_at_an_error_result(client: anthropic.Anthropic) -> None:
+    task = 'Pay, then record.\n@@stop_on_error\n@pay {"cents": 5}\n@record {}'
+    first = json.loads(call(client, [{"role": "user", "content": task}]).http_response.text)
+    use = first["content"][1]  # after the text block
+    history: list[Any] = [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": first["content"]},
+    ]
+    failed = {"type": "tool_result", "tool_use_id": use["id"], "content": "card declined"}
+    stopped = json.loads(
+        call(
+            client, [*history, {"role": "user", "content": [{**failed, "is_error": True}]}]
+        ).http_response.text
+    )
+    assert stopped["stop_reason"] == "end_turn"
+    assert stopped["content"] == [
+        {"type": "text", "text": "Stopped: a tool call failed: card declined"}
+    ]
+    # The same turn with the result no longer an error (a fork with an edited result): the
+    # plan goes on.
+    going_on = json.loads(
+        call(client, [*history, {"role": "user", "content": [failed]}]).http_response.text
+    )
+    assert going_on["stop_reason"] == "tool_use"
+    assert going_on["content"][1]["name"] == "record"
+
+
 def test_task_from_text_blocks_of_the_first_message(client: anthropic.Anthropic) -> None:
     content = [{"type": "text", "text": "Do it."}, {"type": "text", "text": "@ping {}"}]
     body = json.loads(call(client, [{"role": "user", "content": content}]).http_response.text)

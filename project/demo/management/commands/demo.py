@@ -13,6 +13,8 @@
    timer and resumes when a worker's claim finds it due; one fans out to two child runs and
    resumes with their outcomes once both ended; one asks a person a question and is left
    waiting, for you to answer in the admin.
+7. Time travel: a run stops at a failed call; a fork of it at that call's result, edited as a
+   person would after fixing things by hand, goes on and finishes.
 
 Uses the offline scripted model (the tasks carry the plan it plays): the demo settings turn
 it on while DEBUG is on, as in ``make run``; ``DURABLE_AGENTS_OFFLINE=0`` sends the tasks to
@@ -45,6 +47,7 @@ from django.db.models import Count
 import durable_agents
 from durable_agents import llm
 from durable_agents.conf import app_settings
+from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -93,6 +96,15 @@ QUESTION_TEXT = "Which maintenance window may the orders migration use?"
 QUESTION = f"""Agree on a maintenance window for the orders migration with a person.
 @ask_person {{"question": "{QUESTION_TEXT}"}}
 @record_progress {{"ticket": "OPS-3", "status": "window agreed"}}
+"""
+
+# A run that stops at a failed call (the offline model's @@stop_on_error), then a fork of it
+# at that call's result, edited as if a person had run the statement by hand.
+ARCHIVE_STATEMENT = "INSERT INTO orders_archive SELECT * FROM orders_old"
+ARCHIVE = f"""Copy the old orders into the archive table, then record it on the ticket.
+@@stop_on_error
+@apply_migration_step {{"statement": "{ARCHIVE_STATEMENT}"}}
+@record_progress {{"ticket": "MIG-44", "status": "archived"}}
 """
 
 KILL_AFTER_SEQ = 6
@@ -182,6 +194,7 @@ class Command(BaseCommand):
         elapsed = time.monotonic() - started
         self._report(runs, migration, elapsed)
         self._long_running()
+        self._time_travel()
         self._speed(options["speed_runs"])
 
     # -- helpers ---------------------------------------------------------------------------
@@ -289,6 +302,38 @@ class Command(BaseCommand):
             "durable_agents.answer_question) or with durable_agents.answer_question(run_id, "
             "user, text), then run `python manage.py runagents --burst`"
         )
+
+    def _time_travel(self) -> None:
+        """A run stopped by a failed call, forked at that call's result with the result edited,
+        and the fork finished."""
+        stopped = durable_agents.start_run("migrator", ARCHIVE)
+        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        stopped.refresh_from_db()
+        failed = AgentStep.objects.get(run_id=stopped.pk, seq=2)
+        self._say(
+            f"time travel: run {stopped.pk} stopped at a failed call (step 2: "
+            f"{_summary(failed)}); the model said {stopped.result!r}"
+        )
+        blocks = failed.data()
+        edited = [
+            {
+                "type": "tool_result",
+                "tool_use_id": blocks[0]["tool_use_id"],
+                "content": json.dumps({"applied": ARCHIVE_STATEMENT, "by": "a person, by hand"}),
+            }
+        ]
+        fork = durable_agents.fork_run(stopped.pk, at_seq=2, edit=edited)
+        self._say(
+            f"a person created the table and ran the statement by hand; fork {fork.pk} of the "
+            "run at step 2 carries that result instead of the error (steps 0-1 are shared with "
+            "the run, byte for byte: the model's signed thinking is accepted as it was)"
+        )
+        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        fork.refresh_from_db()
+        for step in steps_of(fork.pk).order_by("seq"):
+            whose = "shared" if step.run_id == stopped.pk else "fork's own"
+            self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {whose:<10} {_summary(step)}")
+        self._say(f"the fork {fork.status}: {fork.result!r}; the run it came from is unchanged")
 
     def _speed(self, count: int) -> None:
         """Throughput without the story's pauses: short runs, one in-process worker."""
