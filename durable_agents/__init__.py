@@ -16,8 +16,13 @@ from durable_agents.waits import Wait, ask_person
 
 if TYPE_CHECKING:
     from durable_agents.api import (
+        aanswer_question,
+        acancel_run,
+        amessages_for,
         answer_question,
         approve_intent,
+        asend_event,
+        astart_run,
         cancel_run,
         fork_run,
         messages_for,
@@ -30,16 +35,23 @@ if TYPE_CHECKING:
         spawn_run,
         start_run,
     )
+    from durable_agents.live import progress, stream, stream_token
 
 __all__ = [
     "Agent",
     "Wait",
+    "aanswer_question",
+    "acancel_run",
+    "amessages_for",
     "answer_question",
     "approve_intent",
+    "asend_event",
     "ask_person",
+    "astart_run",
     "cancel_run",
     "fork_run",
     "messages_for",
+    "progress",
     "reject_intent",
     "requeue_run",
     "resolve_intent",
@@ -48,11 +60,15 @@ __all__ = [
     "set_key_limit",
     "spawn_run",
     "start_run",
+    "stream",
+    "stream_token",
     "tool",
 ]
 
-# The names above that live in ``durable_agents.api``, which imports the models.
-_API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person"}
+# The names above that live in ``durable_agents.live`` and in ``durable_agents.api`` (both
+# import the models).
+_LIVE_NAMES = frozenset({"progress", "stream", "stream_token"})
+_API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person"} - _LIVE_NAMES
 
 if not TYPE_CHECKING:
     # Hidden from the type checker, which would otherwise take any misspelt name for ``Any``.
@@ -61,4 +77,8 @@ if not TYPE_CHECKING:
             from durable_agents import api
 
             return getattr(api, name)
+        if name in _LIVE_NAMES:
+            from durable_agents import live
+
+            return getattr(live, name)
         raise AttributeError(f"module 'durable_agents' has no attribute {name!r}")

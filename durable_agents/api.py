@@ -9,6 +9,7 @@ import uuid
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError
 from django.db.models import Model
@@ -421,3 +422,52 @@ def made_transition(decided: ToolIntent | AgentQuestion | AgentEvent) -> bool:
     finding it made already: by another person, or by the same person from another tab at the
     same moment. What an audit trail records: only the call that made the change."""
     return _made_transition(decided)
+
+
+# -- for async views (ASGI): the same operations, run in Django's thread for database work ----
+
+
+async def astart_run(
+    agent: str,
+    task: str,
+    *,
+    version: str | None = None,
+    model: str | None = None,
+    key: str | None = None,
+    priority: int = 0,
+    concurrency_key: str | None = None,
+) -> AgentRun:
+    """``start_run`` for async code."""
+    return await sync_to_async(start_run)(
+        agent,
+        task,
+        version=version,
+        model=model,
+        key=key,
+        priority=priority,
+        concurrency_key=concurrency_key,
+    )
+
+
+async def acancel_run(run_id: RunId | str) -> bool:
+    """``cancel_run`` for async code."""
+    return await sync_to_async(cancel_run)(run_id)
+
+
+async def asend_event(
+    name: str, payload: JSONValue = None, *, user: Person | None = None
+) -> AgentEvent:
+    """``send_event`` for async code."""
+    return await sync_to_async(send_event)(name, payload, user=user)
+
+
+async def aanswer_question(
+    run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
+) -> AgentQuestion:
+    """``answer_question`` for async code."""
+    return await sync_to_async(answer_question)(run_id, user, text, question_id=question_id)
+
+
+async def amessages_for(run_id: RunId | str) -> list[dict[str, Any]]:
+    """``messages_for`` for async code."""
+    return await sync_to_async(messages_for)(run_id)

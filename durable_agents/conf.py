@@ -203,6 +203,25 @@ class DurableAgentsSettings:
         "durable_agents_rotate_keys --new-key; re-encrypt under the first key: manage.py "
         "durable_agents_rotate_keys.",
     )
+    LIVE_TOKEN_SECONDS: Setting[int] = Setting(
+        3600, "Seconds a stream_token lets its holder read a run's events."
+    )
+    LIVE_DELTAS: Setting[bool] = Setting(
+        True,
+        "PostgreSQL: workers send the text of streamed turns (Agent(stream=True)) to the "
+        "processes serving runs/<id>/events while it comes (NOTIFY, a few per second per "
+        "turn). False: readers get each turn when it is committed.",
+    )
+    LIVE_WSGI_POLL_SECONDS: Setting[float] = Setting(
+        1.0,
+        "Under WSGI, runs/<id>/events reads the run every this many seconds, on the request's "
+        "own connection (ASGI needs no setting: one hub per process follows every reader).",
+    )
+    LIVE_WSGI_MAX_SECONDS: Setting[float] = Setting(
+        300.0,
+        "Under WSGI, runs/<id>/events ends after this many seconds (the browser reconnects "
+        "with Last-Event-ID and misses nothing), so a stream does not hold a thread for ever.",
+    )
 
     if not typing.TYPE_CHECKING:
         # Only for names that are not settings (the declared ones are found first); hidden

@@ -285,7 +285,7 @@ class ToolDispatch:
         error_type: str | None = None  # the span's error.type
         key = call.key
         # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
-        context = waits.CallContext(self.run.pk, self.run.depth, key)
+        context = waits.CallContext(self.run.pk, self.run.depth, key, call.seq)
 
         def run_call(abort: threading.Event) -> Any:
             with waits.calling(context):

@@ -764,3 +764,7 @@ ModelCapacity = _usage_models.ModelCapacity
 from durable_agents import fork_models as _fork_models  # noqa: E402
 
 SharedSteps = _fork_models.SharedSteps
+
+from durable_agents import live_models as _live_models  # noqa: E402
+
+AgentProgress = _live_models.AgentProgress

@@ -62,6 +62,7 @@ from durable_agents.history import (
     user_message,
 )
 from durable_agents.interrupt import Interrupt
+from durable_agents.live import publish as live_publish
 from durable_agents.logging import bind_run
 from durable_agents.models import AgentRun, RunStatus, StepKind, WaitKind
 from durable_agents.outage import LeaseClock, retry_while_leased
@@ -316,7 +317,7 @@ class RunAdvancer(ToolDispatch):
         messages = at.conversation.json()
         self._check_key_budget(str(params["model"]), at.pending)
         grant = self._take_capacity(params, messages, at.pending)
-        turn = self._call_model(agent, params, messages, at.pending, grant)
+        turn = self._call_model(agent, params, messages, at.pending, grant, at.last.seq + 1)
         credentials.accepted()
         turn_tokens = tokens_of(turn.message)
         self.tokens += turn_tokens
@@ -481,21 +482,15 @@ class RunAdvancer(ToolDispatch):
         messages: bytes,
         pending: Callable[[], None] | None,
         grant: Grant,
+        seq: int,
     ) -> llm.ModelTurn:
-        on_text = None
-        if agent.on_text is not None:
-            callback, run_id = agent.on_text, self.run.pk
-
-            def on_text(text: str) -> None:
-                callback(run_id, text)
-
         try:
             return llm.create_turn(
                 params,
                 messages,
                 interrupt=self.interrupt,
                 stream=agent.stream,
-                on_text=on_text,
+                on_text=self._text_receivers(agent, seq),
                 meanwhile=pending,
                 retry_rate_limits=False,
             )
@@ -515,6 +510,29 @@ class RunAdvancer(ToolDispatch):
             )
             self.store.release_lease(self.claim, error=f"model call failed: {exc.message}")
             raise Stop(RELEASED) from exc
+
+    def _text_receivers(self, agent: Agent, seq: int) -> Callable[[str], None] | None:
+        """What gets the text of a streamed turn (``seq``) while it comes: the agent's
+        ``on_text``, and the readers of the run's live stream (LIVE_DELTAS)."""
+        receivers: list[Callable[[str], None]] = []
+        run_id = self.run.pk
+        if agent.on_text is not None:
+            callback = agent.on_text
+            receivers.append(lambda text: callback(run_id, text))
+        if agent.stream and self.store.sends_live_text and app_settings.LIVE_DELTAS:
+            receivers.append(
+                live_publish.publisher().turn_callback(run_id, seq, self.claim.attempt)
+            )
+        if not receivers:
+            return None
+        if len(receivers) == 1:
+            return receivers[0]
+
+        def on_text(text: str) -> None:
+            for receiver in receivers:
+                receiver(text)
+
+        return on_text
 
     def _credentials_refused(self, grant: Grant, exc: llm.CredentialsRefused) -> NoReturn:
         """The API refused the worker's key: hand the run back at once, uncounted (another

@@ -197,6 +197,7 @@ class CallContext:
     run_id: Any
     depth: int
     key: str
+    seq: int = 0  # the model turn that asked for the call
 
 
 _current_call: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(

@@ -297,6 +297,11 @@ class Store(abc.ABC):
     """Every operation that changes a run's or an intent's status, and the reads the state
     machine needs. See the module docstring for the flow; each method names its place in it."""
 
+    # Whether the text of streamed turns can reach readers while it comes (LIVE_DELTAS):
+    # PostgreSQL's NOTIFY carries it (``live.publish``); other stores' readers get each turn
+    # when it is committed.
+    sends_live_text: bool = False
+
     def worker_connections(self) -> WorkerConnections:
         """What a worker using this store must manage besides calling it: the Django
         connections of its threads (a database store, this default), or nothing."""

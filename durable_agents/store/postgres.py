@@ -531,6 +531,8 @@ class PostgresStore(PortableStore):
     """PostgreSQL outside a caller's transaction: one statement (one round trip) per claim,
     per step commit, per finish-and-claim and per heartbeat."""
 
+    sends_live_text = True
+
     def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
         """CLAIM_SQL, again while a concurrency key's last slot went to another claim in the
         middle of it (it then took fewer runs than it had candidates) and room is left."""

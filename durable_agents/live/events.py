@@ -1,0 +1,232 @@
+"""A run's events, read from the database: what ``stream`` yields and from where it resumes.
+
+Events, in the order a run makes them::
+
+    status    where the run stands (sent first, then at every change): status, waiting_for
+    step      a committed step: seq, kind and its content as sent or received
+    progress  a ``progress(...)`` message of a tool call: seq (its model turn) and text
+    delta     text of the model turn in flight (streamed agents on PostgreSQL): seq, attempt,
+              n (the chunk's place: 0 starts the turn's text over) and text. Ephemeral: the
+              turn's step event supersedes its deltas, also those of an attempt a crash cut
+    end       the run is over (succeeded, failed, cancelled, dead): the stream ends
+
+Every event carries an id: ``<first 8 hex digits of the run id>:<seq>.<progress>.<status>.
+<attempt>.<n>``, the cursor just after it (the newest step, the newest progress message and
+the status delivered, in upper case once the end was, and the deltas of the turn in flight
+delivered so far). ``after=`` (or
+SSE's ``Last-Event-ID``) resumes from any id: nothing missed, nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from durable_agents.deepjson import loads_deep
+from durable_agents.fork_models import steps_of
+from durable_agents.history import message_text
+from durable_agents.models import ENDED_STATUSES, AgentProgress, AgentRun, RunStatus
+
+# One letter per status in event ids.
+STATUS_CODES: dict[str, str] = {
+    RunStatus.PENDING: "p",
+    RunStatus.RUNNING: "r",
+    RunStatus.WAITING: "w",
+    RunStatus.SUCCEEDED: "s",
+    RunStatus.FAILED: "f",
+    RunStatus.CANCELLED: "c",
+    RunStatus.DEAD: "d",
+}
+# A step's content beyond this many characters is cut in its event (a 5 MB tool result is not
+# for watching; the transcript has it whole).
+MAX_EVENT_CHARS = 100_000
+# Steps (and progress messages) read per query while catching up.
+BATCH = 200
+_ID = re.compile(r"^([0-9a-f]{8}):(-?\d{1,9})\.(\d{1,18})\.([a-zA-Z]?)\.(\d{1,9})\.(\d{1,9})$")
+
+
+_JSON_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+class BadEventId(ValueError):
+    """An ``after=`` / ``Last-Event-ID`` that is not an event id of this run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cursor:
+    """Where a reader stands: what it has been given so far."""
+
+    seq: int = -1  # the newest step given
+    progress: int = 0  # the newest progress message given (its id)
+    status: str = ""  # the status code given last ("" none yet; upper case: and the end)
+    attempt: int = 0  # deltas given of turn seq + 1: the attempt they came from
+    chunks: int = 0  # and how many of them
+
+    def id_for(self, run_id: uuid.UUID) -> str:
+        return (
+            f"{run_id.hex[:8]}:{self.seq}.{self.progress}.{self.status}."
+            f"{self.attempt}.{self.chunks}"
+        )
+
+    @classmethod
+    def parse(cls, run_id: uuid.UUID, event_id: str | None) -> Cursor:
+        """The cursor an event id names; ``BadEventId`` for an id that is malformed or
+        another run's."""
+        if event_id is None or event_id == "":
+            return cls()
+        match = _ID.match(event_id) if isinstance(event_id, str) else None
+        if match is None:
+            raise BadEventId("not an event id of a run's stream")
+        tag, seq, progress, status, attempt, chunks = match.groups()
+        if tag != run_id.hex[:8]:
+            raise BadEventId("an event id of another run's stream")
+        if status and status.lower() not in STATUS_CODES.values():
+            raise BadEventId("not an event id of a run's stream")
+        return cls(int(seq), int(progress), status, int(attempt), int(chunks))
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One event of a run's stream: ``type``, ``data`` (JSON values) and ``id``."""
+
+    type: str  # status, step, progress, delta, end
+    data: dict[str, Any]
+    cursor: Cursor
+    run_id: uuid.UUID
+
+    @property
+    def id(self) -> str:
+        """What ``stream(run_id, after=...)`` and ``Last-Event-ID`` resume after."""
+        return self.cursor.id_for(self.run_id)
+
+    def sse(self) -> bytes:
+        """The event as text/event-stream: id, event and one data line of JSON, ASCII with
+        ``<``, ``>`` and ``&`` escaped too: what the model wrote reaches the page as JSON
+        escapes, never as raw control characters or markup."""
+        data = json.dumps(self.data, ensure_ascii=True, separators=(",", ":")).translate(
+            _JSON_HTML_ESCAPES
+        )
+        return f"id: {self.id}\nevent: {self.type}\ndata: {data}\n\n".encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    """What a poll reads of a run: enough to tell whether it has anything new."""
+
+    last_seq: int
+    progress: int
+    status: str
+
+    def ahead_of(self, cursor: Cursor) -> bool:
+        return (
+            self.last_seq > cursor.seq
+            or self.progress > cursor.progress
+            or STATUS_CODES.get(self.status, "") != cursor.status.lower()
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One read of a run's events: them, the cursor after them, and whether more are there
+    already (a batch was full) or the run is over (and everything was given)."""
+
+    events: list[Event]
+    cursor: Cursor
+    more: bool = False
+    over: bool = False
+
+
+def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
+    """What happened in the run after ``cursor`` (up to BATCH steps and progress messages).
+    None: no such run. Reads the run row first, so a status is never given ahead of its
+    steps."""
+    run = (
+        AgentRun.objects.filter(pk=run_id)
+        .values("status", "waiting_for", "last_seq", "result", "error")
+        .first()
+    )
+    if run is None:
+        return None
+    steps = list(
+        steps_of(run_id)
+        .filter(seq__gt=cursor.seq, seq__lte=run["last_seq"])
+        .order_by("seq")
+        .values_list("seq", "kind", "payload", "content_start", "content_end")[:BATCH]
+    )
+    notes = list(
+        AgentProgress.objects.filter(run_id=run_id, id__gt=cursor.progress)
+        .order_by("id")
+        .values_list("id", "seq", "message", "created_at")[:BATCH]
+    )
+    more_notes = len(notes) == BATCH
+    events: list[Event] = []
+    at = cursor
+    for seq, kind, payload, start, end in steps:
+        # A tool call's messages come before the step that holds its result.
+        while notes and notes[0][1] < seq:
+            at = _progress(events, at, notes.pop(0), run_id)
+        at = dataclasses.replace(at, seq=seq, attempt=0, chunks=0)
+        events.append(Event("step", step_data(seq, kind, payload, start, end), at, run_id))
+    caught_up = len(steps) < BATCH and (not steps or steps[-1][0] >= run["last_seq"])
+    if not caught_up:
+        return Read(events, at, more=True)
+    while notes:
+        at = _progress(events, at, notes.pop(0), run_id)
+    if more_notes:
+        return Read(events, at, more=True)
+    code = STATUS_CODES.get(run["status"], "")
+    if code != at.status.lower():
+        at = dataclasses.replace(at, status=code)
+        events.append(Event("status", status_data(run), at, run_id))
+    over = run["status"] in ENDED_STATUSES
+    if over and not at.status.isupper():
+        at = dataclasses.replace(at, status=code.upper())
+        events.append(Event("end", {"status": run["status"]}, at, run_id))
+    return Read(events, at, over=over)
+
+
+def _progress(
+    events: list[Event], at: Cursor, note: tuple[int, int, str, Any], run_id: uuid.UUID
+) -> Cursor:
+    pk, seq, message, created_at = note
+    at = dataclasses.replace(at, progress=pk)
+    data = {"seq": seq, "text": message, "at": created_at.isoformat()}
+    events.append(Event("progress", data, at, run_id))
+    return at
+
+
+def step_data(
+    seq: int, kind: str, payload: str, start: int | None, end: int | None
+) -> dict[str, Any]:
+    """A step as an event gives it: its content as the model was sent it (the task's text, the
+    tool_result blocks, the model turn's content blocks), cut at MAX_EVENT_CHARS."""
+    text = message_text(kind, payload, start, end)
+    if len(text) > MAX_EVENT_CHARS:
+        return {
+            "seq": seq,
+            "kind": kind,
+            "truncated": len(text),
+            "content": text[:MAX_EVENT_CHARS],
+        }
+    return {"seq": seq, "kind": kind, "content": loads_deep(text)["content"]}
+
+
+def status_data(run: Mapping[str, Any]) -> dict[str, Any]:
+    data = {"status": run["status"], "waiting_for": run["waiting_for"] or None}
+    if run["status"] == RunStatus.SUCCEEDED:
+        data["result"] = (run["result"] or "")[:MAX_EVENT_CHARS]
+    elif run["status"] in ENDED_STATUSES:
+        data["error"] = (run["error"] or "")[:MAX_EVENT_CHARS]
+    return data
+
+
+def delta_event(
+    run_id: uuid.UUID, cursor: Cursor, seq: int, attempt: int, n: int, text: str
+) -> Event:
+    """A chunk of the turn in flight (seq = the turn's, one past the cursor's step)."""
+    at = dataclasses.replace(cursor, attempt=attempt, chunks=n + 1)
+    return Event("delta", {"seq": seq, "attempt": attempt, "n": n, "text": text}, at, run_id)

@@ -1,0 +1,482 @@
+"""Live streams of runs: the events of ``stream`` / ``stream_sync``, their ids and resuming,
+``progress`` from tool code, stream tokens, and ``runs/<id>/events`` through the real test
+clients (WSGI: polling; ASGI: the hub), with runs driven by real in-process workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import Permission
+from django.db import connections
+from django.http import StreamingHttpResponse
+from django.test import AsyncClient, Client, override_settings
+
+import durable_agents
+from durable_agents import Agent, tool
+from durable_agents.agents import registry
+from durable_agents.live import (
+    BadEventId,
+    Event,
+    progress,
+    stream,
+    stream_sync,
+    stream_token,
+    token_run,
+)
+from durable_agents.live import publish as live_publish
+from durable_agents.live.hub import Hub
+from durable_agents.models import AgentProgress, AgentRun, RunStatus
+from durable_agents.testing import plan
+from tests.conftest import run_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GATE = threading.Event()  # the tool ``slow_index`` waits for it, to hold a run mid-call
+
+
+@tool(effect="pure")
+def index_files(count: int) -> str:
+    """Index some files, telling whoever watches how it goes."""
+    for done in range(1, count + 1):
+        progress(f"indexed {done} of {count} files")
+    return f"{count} files indexed"
+
+
+@tool(effect="pure")
+def slow_index(count: int) -> str:
+    """Index files, slowly."""
+    progress(f"starting on {count} files")
+    GATE.wait(30)
+    return "done"
+
+
+@tool(effect="pure")
+def shout(text: str) -> str:
+    """Say something hostile."""
+    progress(text)
+    return text
+
+
+watcher = Agent(
+    name="live-watcher",
+    version="v1",
+    model="claude-test-1",
+    system="You index files.",
+    tools=[index_files, slow_index, shout],
+    max_tokens=1024,
+)
+TASK = plan(("index_files", {"count": 3}), ("index_files", {"count": 1}), task="Index.")
+
+
+@pytest.fixture(autouse=True)
+def registered() -> Iterator[None]:
+    registry.register(watcher)
+    GATE.clear()
+    yield
+    GATE.set()
+    registry.unregister(watcher.name, watcher.version)
+    Hub.close_all()
+    live_publish.stop()
+
+
+def finished(task: str = TASK) -> AgentRun:
+    run = durable_agents.start_run(watcher.name, task)
+    run_worker()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    return run
+
+
+def brief(events: list[Event]) -> list[tuple[str, Any]]:
+    """Each event as (type, what tells it apart)."""
+    out: list[tuple[str, Any]] = []
+    for e in events:
+        key = {
+            "step": e.data.get("seq"),
+            "progress": e.data.get("text"),
+            "status": e.data.get("status"),
+            "end": e.data.get("status"),
+            "delta": (e.data.get("seq"), e.data.get("n")),
+        }[e.type]
+        out.append((e.type, key))
+    return out
+
+
+def test_a_finished_run_streams_what_happened_in_order_and_ends(fake_api: Any) -> None:
+    run = finished()
+    events = list(stream_sync(run.pk))
+    assert brief(events) == [
+        ("step", 0),
+        ("step", 1),
+        ("progress", "indexed 1 of 3 files"),
+        ("progress", "indexed 2 of 3 files"),
+        ("progress", "indexed 3 of 3 files"),
+        ("step", 2),
+        ("step", 3),
+        ("progress", "indexed 1 of 1 files"),
+        ("step", 4),
+        ("step", 5),
+        ("status", "succeeded"),
+        ("end", "succeeded"),
+    ]
+    assert events[0].data == {"seq": 0, "kind": "task", "content": TASK}
+    assert events[2].data["seq"] == 1  # the turn whose call said it
+    assert events[-2].data["result"] == run.result
+    assert events[5].data["content"][0]["content"] == "3 files indexed"
+    # Progress is kept with the run.
+    assert AgentProgress.objects.filter(run=run).count() == 4
+
+
+def test_resuming_after_any_id_misses_nothing_and_repeats_nothing(fake_api: Any) -> None:
+    run = finished()
+    events = list(stream_sync(run.pk))
+    ids = [e.id for e in events]
+    assert len(set(ids)) == len(ids)
+    for position, event in enumerate(events[:-1]):
+        rest = list(stream_sync(run.pk, after=event.id))
+        # The status event comes once the reader is caught up, so compare without it.
+        expected = [e for e in events[position + 1 :] if e.type != "status"]
+        assert [x for x in brief(rest) if x[0] != "status"] == brief(expected)
+        expected_end = [("end", "succeeded")]
+        if event.type != "status":  # the status is given once the reader has caught up
+            expected_end.insert(0, ("status", "succeeded"))
+        assert brief(rest)[-len(expected_end) :] == expected_end
+    assert list(stream_sync(run.pk, after=events[-1].id)) == []
+
+
+@pytest.mark.parametrize(
+    "after",
+    ["nonsense", "1.2.3", "0000000g:1.0.s.0.0", "deadbeef:1.0.s.0.0", "x" * 5000, "ab:1.0.q.0.0"],
+)
+def test_an_event_id_that_is_not_one_of_this_runs_is_refused(fake_api: Any, after: str) -> None:
+    run = finished()
+    with pytest.raises(BadEventId):
+        list(stream_sync(run.pk, after=after))
+
+
+def test_bad_run_ids(fake_api: Any) -> None:
+    with pytest.raises(ValueError, match="not a run id"):
+        list(stream_sync("not-a-run"))
+    with pytest.raises(LookupError):
+        list(stream_sync(uuid.uuid4()))
+
+
+def test_progress_outside_tool_code_and_hostile_messages(fake_api: Any, monkeypatch: Any) -> None:
+    with pytest.raises(RuntimeError, match="tool code"):
+        progress("hello")
+    hostile = "\x1b[2J<script>alert(1)</script>\u202e\x00 " + "x" * 5000
+    run = finished(plan(("shout", {"text": hostile}), task="Shout."))
+    [note] = AgentProgress.objects.filter(run=run)
+    assert "\x00" not in note.message
+    assert len(note.message) < 2100  # cut, with a note of the length
+    monkeypatch.setattr("durable_agents.live.MAX_PROGRESS_PER_RUN", 2)
+    run = finished()
+    assert AgentProgress.objects.filter(run=run).count() == 2
+
+
+def test_stream_tokens() -> None:
+    run_id = uuid.uuid4()
+    token = stream_token(run_id)
+    assert token_run(token) == run_id
+    assert token_run(token + "x") is None
+    assert token_run("forged:token") is None
+    assert token_run(token, max_age=-1) is None  # expired
+    assert str(run_id) in token  # it names the run, nothing else
+
+
+# -- the SSE view --------------------------------------------------------------------------
+
+
+def body_of(response: Any) -> bytes:
+    """The whole body of a streaming response (a finished run's stream ends)."""
+    assert isinstance(response, StreamingHttpResponse)
+    return b"".join(response)
+
+
+def streamed(response: Any) -> Any:
+    assert isinstance(response, StreamingHttpResponse)
+    return response.streaming_content
+
+
+def sse_events(body: bytes) -> list[dict[str, Any]]:
+    out = []
+    for block in body.decode().split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
+        )
+        if "event" in fields:
+            out.append(
+                {"id": fields["id"], "event": fields["event"], "data": json.loads(fields["data"])}
+            )
+    return out
+
+
+@pytest.fixture
+def viewer(django_user_model: Any) -> Any:
+    user = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
+    return user
+
+
+def test_the_view_under_wsgi(fake_api: Any, viewer: Any, django_user_model: Any) -> None:
+    run = finished()
+    url = f"/agents/runs/{run.pk}/events"
+    client = Client()
+    assert client.get(url).status_code == 403  # anonymous
+    clerk = django_user_model.objects.create_user("clerk", password="x", is_staff=True)
+    client.force_login(clerk)
+    assert client.get(url).status_code == 403  # staff without the view permission
+    client.force_login(viewer)
+    response = client.get(url)
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache, no-transform"
+    events = sse_events(body_of(response))
+    assert [e["event"] for e in events][-2:] == ["status", "end"]
+    assert events == [
+        {"id": e.id, "event": e.type, "data": json.loads(json.dumps(e.data))}
+        for e in stream_sync(run.pk)
+    ]
+    # Last-Event-ID resumes.
+    resumed = client.get(url, HTTP_LAST_EVENT_ID=events[3]["id"])
+    rest = sse_events(body_of(resumed))
+    assert rest[0]["id"] == events[4]["id"]
+    assert client.get(url, HTTP_LAST_EVENT_ID="garbage").status_code == 400
+    other = finished()
+    other_id = next(iter(stream_sync(other.pk))).id
+    assert client.get(url, HTTP_LAST_EVENT_ID=other_id).status_code == 400
+    assert client.get(f"/agents/runs/{uuid.uuid4()}/events").status_code == 404
+    assert client.get("/agents/runs/not-a-uuid/events").status_code == 404
+    assert client.post(url).status_code == 405
+
+
+def test_a_token_opens_one_run_to_anyone(fake_api: Any) -> None:
+    run, other = finished(), finished()
+    client = Client()
+    token = stream_token(run.pk)
+    ok = client.get(f"/agents/runs/{run.pk}/events", {"token": token})
+    assert ok.status_code == 200
+    assert sse_events(body_of(ok))[-1]["event"] == "end"
+    assert client.get(f"/agents/runs/{other.pk}/events", {"token": token}).status_code == 403
+    assert client.get(f"/agents/runs/{run.pk}/events", {"token": token[:-2]}).status_code == 403
+    with override_settings(DURABLE_AGENTS={"LIVE_TOKEN_SECONDS": -1}):
+        expired = client.get(f"/agents/runs/{run.pk}/events", {"token": token})
+    assert expired.status_code == 403
+
+
+def test_the_view_under_asgi_and_hostile_text_is_escaped(fake_api: Any, viewer: Any) -> None:
+    hostile = "\x1b[2J</script><script>alert(1)</script>\u202e"
+    run = finished(plan(("shout", {"text": hostile}), task="Shout."))
+    client = AsyncClient()
+
+    async def read() -> tuple[int, bytes]:
+        await sync_to_async(client.force_login)(viewer)
+        response = await client.get(f"/agents/runs/{run.pk}/events")
+        body = b"".join([chunk async for chunk in streamed(response)])
+        await sync_to_async(connections.close_all)()  # the connection of Django's thread
+        return response.status_code, body
+
+    status, body = asyncio.run(read())
+    assert status == 200
+    assert body.isascii()
+    assert b"<" not in body  # JSON escapes: the text arrives whole, never as markup
+    assert b"\x1b" not in body
+    events = sse_events(body)
+    assert [e["event"] for e in events][-1] == "end"
+    [note] = [e for e in events if e["event"] == "progress"]
+    assert note["data"]["text"] == hostile
+
+
+# -- following a live run (the hub) ----------------------------------------------------------
+
+
+def test_the_hub_follows_a_live_run_to_its_end(fake_api: Any) -> None:
+    run = durable_agents.start_run(
+        watcher.name,
+        plan(("slow_index", {"count": 2}), ("index_files", {"count": 1}), task="Slowly."),
+    )
+
+    def work() -> None:
+        try:
+            run_worker()
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=work, daemon=True)
+
+    async def follow() -> list[Event]:
+        seen: list[Event] = []
+        async for event in stream(run.pk):
+            seen.append(event)
+            if event.type == "status" and event.data["status"] == "pending":
+                worker.start()
+            if event.type == "progress" and event.data["text"] == "starting on 2 files":
+                GATE.set()  # the reader saw the call at work: let it finish
+        return seen
+
+    events = asyncio.run(asyncio.wait_for(follow(), 60))
+    worker.join(30)
+    without_status = [x for x in brief(events) if x[0] != "status"]
+    assert without_status == [
+        ("step", 0),
+        ("step", 1),
+        ("progress", "starting on 2 files"),
+        ("step", 2),
+        ("step", 3),
+        ("progress", "indexed 1 of 1 files"),
+        ("step", 4),
+        ("step", 5),
+        ("end", "succeeded"),
+    ]
+    statuses = [e.data["status"] for e in events if e.type == "status"]
+    assert statuses[0] == "pending"
+    assert statuses[-1] == "succeeded"
+    assert set(statuses) <= {"pending", "running", "succeeded"}
+    assert "running" in statuses  # it ran for as long as the reader took to see its progress
+    ids = [e.id for e in events]
+    assert len(set(ids)) == len(ids)
+
+
+# -- text deltas of streamed turns (PostgreSQL: NOTIFY) ------------------------------------
+
+
+def _follow_with_worker(run: AgentRun, start: Any) -> list[Event]:
+    async def follow() -> list[Event]:
+        seen: list[Event] = []
+        async for event in stream(run.pk):
+            seen.append(event)
+            if event.type == "status" and event.data["status"] == "pending" and len(seen) < 3:
+                start()
+        return seen
+
+    return asyncio.run(asyncio.wait_for(follow(), 60))
+
+
+@pytest.mark.postgres
+def test_a_streamed_turn_reaches_readers_while_it_comes(fake_api: Any) -> None:
+    run = durable_agents.start_run(
+        "streamer", 'Stream.\n@@chunk_latency 0.05\n@lookup {"key": "a"}'
+    )
+
+    def work() -> None:
+        try:
+            run_worker()
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=work, daemon=True)
+    events = _follow_with_worker(run, worker.start)
+    worker.join(30)
+    assert events[-1].type == "end"
+    for seq in (1, 3):
+        deltas = [e for e in events if e.type == "delta" and e.data["seq"] == seq]
+        step = next(e for e in events if e.type == "step" and e.data["seq"] == seq)
+        assert deltas, f"no text of turn {seq} before its step"
+        assert all(events.index(d) < events.index(step) for d in deltas)
+        assert [d.data["n"] for d in deltas] == list(range(len(deltas)))
+        assert {d.data["attempt"] for d in deltas} == {1}
+        text = next(b["text"] for b in step.data["content"] if b["type"] == "text")
+        assert "".join(d.data["text"] for d in deltas) == text
+    ids = [e.id for e in events]
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.postgres
+def test_the_text_of_a_cut_attempt_is_superseded(fake_api: Any) -> None:
+    """Attempt 1's text of turn 1 (its worker died mid-turn), then attempt 2's from n=0, then
+    the committed step: a reader sees each attempt's text start over, and the step last."""
+    from durable_agents.live.publish import DeltaPublisher
+
+    run = durable_agents.start_run(watcher.name, "Say hello.")
+    publisher = DeltaPublisher()
+
+    async def follow() -> list[Event]:
+        seen: list[Event] = []
+        sent = False
+        async for event in stream(run.pk):
+            seen.append(event)
+            if not sent and event.type == "status":
+                sent = True
+                listening = Hub.current().listening
+                assert await asyncio.to_thread(listening.wait, 30)
+                # The worker's side, on a thread of its own while this reader reads on.
+                threading.Thread(target=_cut_then_commit, args=(publisher, run)).start()
+        return seen
+
+    events = asyncio.run(asyncio.wait_for(follow(), 60))
+    deltas = [(e.data["attempt"], e.data["n"], e.data["text"]) for e in events if e.type == "delta"]
+    assert deltas == [(1, 0, "Hel"), (1, 1, "lo, w"), (2, 0, "Hello"), (2, 1, ", world")]
+    types = [e.type for e in events]
+    assert types.index("step", 1) > max(i for i, t in enumerate(types) if t == "delta")
+    assert events[-1].type == "end"
+
+
+def _cut_then_commit(publisher: Any, run: AgentRun) -> None:
+    import time as _time
+
+    try:
+        for attempt, parts in ((1, ["Hel", "lo, w"]), (2, ["Hello", ", world"])):
+            for part in parts:
+                publisher.publish((run.pk, 1, attempt), part)
+                _time.sleep(0.2)
+        run_worker()
+    finally:
+        publisher._close()
+        connections.close_all()
+
+
+@pytest.mark.postgres
+def test_a_reader_that_joins_mid_turn_gets_the_text_so_far_once(fake_api: Any) -> None:
+    """A reader busy with its catch-up while both attempts send text: it is given the text of
+    the attempt in flight, whole and once, never the cut attempt's after it."""
+    from durable_agents.live.publish import DeltaPublisher
+
+    run = durable_agents.start_run(watcher.name, "Say hello.")
+    publisher = DeltaPublisher()
+
+    def send_both() -> None:
+        for attempt, parts in ((1, ["Hel", "lo, w"]), (2, ["Hello", ", world"])):
+            for part in parts:
+                publisher.publish((run.pk, 1, attempt), part)
+        publisher._close()
+
+    async def follow() -> list[Event]:
+        seen: list[Event] = []
+        hub = Hub.current()
+        async for event in stream(run.pk):
+            seen.append(event)
+            if len(seen) == 1:  # the task; the status comes next, from the same catch-up
+                assert await asyncio.to_thread(hub.listening.wait, 30)
+                # Held here (not reading) while both attempts send their text.
+                await asyncio.to_thread(send_both)
+                turn = hub.watches[run.pk].turn
+                for _ in range(100):  # the notifications reach the hub
+                    if turn is not None and len(turn.chunks) == 2 and turn.attempt == 2:
+                        break
+                    await asyncio.sleep(0.05)
+                    turn = hub.watches[run.pk].turn
+            if event.type == "delta" and event.data["n"] == 1:
+                threading.Thread(target=_commit, args=(run,)).start()
+        return seen
+
+    events = asyncio.run(asyncio.wait_for(follow(), 60))
+    deltas = [(e.data["attempt"], e.data["n"], e.data["text"]) for e in events if e.type == "delta"]
+    assert deltas == [(2, 0, "Hello"), (2, 1, ", world")]
+    assert [e.data["seq"] for e in events if e.type == "step"] == [0, 1]
+    assert events[-1].type == "end"
+    ids = [e.id for e in events]
+    assert len(set(ids)) == len(ids)
+
+
+def _commit(run: AgentRun) -> None:
+    try:
+        run_worker()
+    finally:
+        connections.close_all()
