@@ -199,8 +199,8 @@ class DurableAgentsSettings:
         "Keys that encrypt customers' data at rest (step payloads, tool results and inputs, "
         "event payloads, answers, progress messages, woken_by), each the urlsafe base64 of 32 "
         "random bytes: the first encrypts, every one decrypts; a first entry of None writes "
-        "plain text while the others still decrypt. Empty: stored as plain text. New key: manage.py "
-        "durable_agents_rotate_keys --new-key; re-encrypt under the first key: manage.py "
+        "plain text while the others still decrypt. Empty: stored as plain text. New key: "
+        "manage.py durable_agents_rotate_keys --new-key; re-encrypt under the first key: manage.py "
         "durable_agents_rotate_keys.",
     )
     LIVE_TOKEN_SECONDS: Setting[int] = Setting(
