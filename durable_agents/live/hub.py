@@ -120,6 +120,10 @@ class Hub:
     def current(cls) -> Hub:
         loop = asyncio.get_running_loop()
         with cls._hubs_lock:
+            # The hubs of loops that ended (asyncio.run in a script or a test) stop, so that
+            # their thread and connections do not outlive them.
+            for ended in [other for other in cls._hubs if other.is_closed()]:
+                cls._hubs.pop(ended).close(wait=False)
             hub = cls._hubs.get(loop)
             if hub is None:
                 hub = cls._hubs[loop] = Hub(loop)
@@ -134,15 +138,16 @@ class Hub:
         for hub in hubs:
             hub.close()
 
-    def close(self) -> None:
-        """Stop polling and listening, and close both connections (waits for that)."""
+    def close(self, wait: bool = True) -> None:
+        """Stop polling and listening, and close both connections (``wait``: before
+        returning)."""
         self.stopping.set()
         if self.poller is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.poller.cancel)
         # Looked up on the hub's thread: ``connection`` is that thread's own there.
         self.executor.submit(lambda: connection.close())
-        self.executor.shutdown(wait=True)
-        if self.listener is not None:
+        self.executor.shutdown(wait=wait)
+        if self.listener is not None and wait:
             self.listener.join(5)
 
     @property

@@ -480,3 +480,17 @@ def _commit(run: AgentRun) -> None:
         run_worker()
     finally:
         connections.close_all()
+
+
+def test_the_hub_of_a_loop_that_ended_stops(fake_api: Any) -> None:
+    run = finished()
+
+    async def read() -> tuple[list[Event], Hub]:
+        return [e async for e in stream(run.pk)], Hub.current()
+
+    events, first = asyncio.run(read())
+    again, second = asyncio.run(read())
+    assert [e.id for e in again] == [e.id for e in events]
+    assert first is not second
+    assert first.stopping.is_set()  # its thread and connections went with its loop
+    assert not second.stopping.is_set()
