@@ -29,7 +29,13 @@ from typing import Any
 from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import steps_of
 from durable_agents.history import message_text
-from durable_agents.models import ENDED_STATUSES, AgentProgress, AgentRun, RunStatus
+from durable_agents.models import (
+    ENDED_STATUSES,
+    AgentProgress,
+    AgentRun,
+    AgentStep,
+    RunStatus,
+)
 
 # One letter per status in event ids.
 STATUS_CODES: dict[str, str] = {
@@ -146,14 +152,15 @@ def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
     steps."""
     run = (
         AgentRun.objects.filter(pk=run_id)
-        .values("status", "waiting_for", "last_seq", "result", "error")
+        .values("status", "waiting_for", "last_seq", "result", "error", "fork_seq")
         .first()
     )
     if run is None:
         return None
+    # A fork's log includes steps of the runs it was forked from; any other run's is its own.
+    log = AgentStep.objects.filter(run_id=run_id) if run["fork_seq"] is None else steps_of(run_id)
     steps = list(
-        steps_of(run_id)
-        .filter(seq__gt=cursor.seq, seq__lte=run["last_seq"])
+        log.filter(seq__gt=cursor.seq, seq__lte=run["last_seq"])
         .order_by("seq")
         .values_list("seq", "kind", "payload", "content_start", "content_end")[:BATCH]
     )

@@ -494,3 +494,13 @@ def test_the_hub_of_a_loop_that_ended_stops(fake_api: Any) -> None:
     assert first is not second
     assert first.stopping.is_set()  # its thread and connections went with its loop
     assert not second.stopping.is_set()
+
+
+def test_a_forks_stream_starts_with_the_steps_it_shares(fake_api: Any) -> None:
+    run = finished()
+    fork = durable_agents.fork_run(run.pk, at_seq=2)
+    before = [e for e in stream_sync(fork.pk) if e.type == "step"]
+    assert [e.data for e in before] == [e.data for e in stream_sync(run.pk) if e.type == "step"][:3]
+    run_worker()
+    after = [e.data["seq"] for e in stream_sync(fork.pk) if e.type == "step"]
+    assert after == [0, 1, 2, 3, 4, 5]
