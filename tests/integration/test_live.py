@@ -499,7 +499,8 @@ def test_the_hub_of_a_loop_that_ended_stops(fake_api: Any) -> None:
 def test_a_forks_stream_starts_with_the_steps_it_shares(fake_api: Any) -> None:
     run = finished()
     fork = durable_agents.fork_run(run.pk, at_seq=2)
-    before = [e for e in stream_sync(fork.pk) if e.type == "step"]
+    # The fork is pending: one read of what is there (max_seconds=0), not a follow.
+    before = [e for e in stream_sync(fork.pk, max_seconds=0) if e.type == "step"]
     assert [e.data for e in before] == [e.data for e in stream_sync(run.pk) if e.type == "step"][:3]
     run_worker()
     after = [e.data["seq"] for e in stream_sync(fork.pk) if e.type == "step"]
