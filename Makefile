@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run admin test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv clean
+.PHONY: run admin live test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ admin: demo-venv demo.sqlite3
 	$(PY) manage.py migrate --verbosity 0
 	$(PY) manage.py demo_admin
 	$(PY) manage.py runserver 127.0.0.1:8000
+
+## make live: the demo's live page under uvicorn, http://127.0.0.1:8000/demo/live/, with a worker
+## beside it (Ctrl-C stops both): start a run and watch it work
+live: demo-venv demo.sqlite3
+	$(PY) manage.py migrate --verbosity 0
+	$(PY) manage.py runagents & worker=$$!; trap 'kill $$worker' EXIT INT TERM; \
+	  $(PY) -m uvicorn project.asgi:application --host 127.0.0.1 --port 8000
 
 ## make test: the whole suite on PostgreSQL, then the SQLite-relevant tests on SQLite
 test: venv

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any
 
-from durable_agents import Agent, Wait, ask_person, spawn_run, tool
+from durable_agents import Agent, Wait, ask_person, progress, spawn_run, tool
 
 logger = logging.getLogger("project.demo")
 
@@ -119,5 +119,30 @@ coordinator = Agent(
     ),
     tools=[wait_for_replica, survey_tables, record_progress, ask_person],
     max_tokens=4000,
+    max_turns=20,
+)
+
+
+# -- watched live ---------------------------------------------------------------------------
+
+
+@tool(effect="pure")
+def check_table(table: str) -> str:
+    """Check one table, telling whoever watches the run how it goes."""
+    for part in ("indexes", "constraints", "row counts"):
+        progress(f"{table}: checking {part}")
+    return SCHEMA.get(table, f"-- no table named {table}")
+
+
+narrator = Agent(
+    name="narrator",
+    version="2026-12-04",
+    model="claude-fable-5-1",
+    system="You check tables and say what you found, as you go.",
+    tools=[check_table, record_progress],
+    max_tokens=4000,
+    thinking={"type": "enabled", "budget_tokens": 2000},
+    # Each turn's text reaches the people watching the run while it comes.
+    stream=True,
     max_turns=20,
 )
