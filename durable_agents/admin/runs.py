@@ -52,6 +52,7 @@ from durable_agents.admin.keys import KeyFilter, attach_key_states
 from durable_agents.admin.keys import detail as key_detail
 from durable_agents.admin.keys import list_summary as key_list_summary
 from durable_agents.admin.listing import EstimatingPaginator, search_note, search_runs
+from durable_agents.admin.live import live_context
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
 from durable_agents.admin.transcript import block_text, build_transcript
@@ -561,6 +562,7 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
                 can_cancel=can_operate and obj.status in CANCELLABLE_STATUSES,
                 can_requeue=can_operate and obj.status == RunStatus.DEAD,
                 **self._wait_context(request, obj),
+                **live_context(obj),
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
 

@@ -167,3 +167,30 @@ def test_the_live_page_keeps_its_text_across_a_killed_worker(
     # The final answer's text is on the page as the model wrote it.
     final = page.locator(f"[data-live-steps] li[data-seq='{log[-1][0]}']").text_content() or ""
     assert "Done." in final
+
+
+def test_the_admin_page_of_a_run_updates_live(
+    page: Page, asgi_server: str, spawn_worker: Any, fake_api: Any, django_user_model: Any
+) -> None:
+    import durable_agents
+    from project.demo.views import TASK
+
+    django_user_model.objects.create_superuser("watcher", password="watch-pw-1")
+    run = durable_agents.start_run("narrator", TASK)
+    page.goto(f"{asgi_server}/admin/login/?next=/admin/")
+    page.fill("#id_username", "watcher")
+    page.fill("#id_password", "watch-pw-1")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/admin/")
+    page.goto(f"{asgi_server}/admin/durable_agents/agentrun/{run.pk}/change/")
+    box = page.locator("#run-live")
+    assert box.is_visible()  # shown by live.js
+    assert page.locator("#run-live [data-live-steps] li").count() == 0  # nothing new yet
+    spawn_worker("--lease-seconds", "2")
+    page.wait_for_function(
+        "document.querySelector('#run-live').dataset.live === 'ended'", timeout=90_000
+    )
+    log = list(steps_of(run.pk).order_by("seq").values_list("seq", flat=True))
+    assert shown_seqs(page) == log[1:]  # each step after the task, once
+    assert box.get_attribute("data-status") == "succeeded"
+    assert page.locator("#run-live [data-live-status]").text_content() == "succeeded"

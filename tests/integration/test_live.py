@@ -505,3 +505,23 @@ def test_a_forks_stream_starts_with_the_steps_it_shares(fake_api: Any) -> None:
     run_worker()
     after = [e.data["seq"] for e in stream_sync(fork.pk) if e.type == "step"]
     assert after == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_admin_page_of_an_active_run_follows_it_and_a_finished_one_does_not(
+    fake_api: Any, admin_client: Any
+) -> None:
+    active = durable_agents.start_run(watcher.name, TASK)
+    page = admin_client.get(f"/admin/durable_agents/agentrun/{active.pk}/change/")
+    html = page.content.decode()
+    assert 'id="run-live"' in html
+    assert "durable_agents/live.js" in html
+    url = html.split('data-live-events="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    # The box starts after what the page shows: the task and the status are on the page.
+    events = list(stream_sync(active.pk, after=url.split("after=", 1)[1], max_seconds=0))
+    assert events == []
+    run_worker()
+    after = list(stream_sync(active.pk, after=url.split("after=", 1)[1]))
+    assert [e.data["seq"] for e in after if e.type == "step"] == [1, 2, 3, 4, 5]
+    assert admin_client.get(url).status_code == 200
+    finished_page = admin_client.get(f"/admin/durable_agents/agentrun/{active.pk}/change/")
+    assert 'id="run-live"' not in finished_page.content.decode()

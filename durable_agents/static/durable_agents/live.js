@@ -48,6 +48,7 @@
     var streaming = root.querySelector("[data-live-streaming]");
     var draft = null; // the turn in flight: {seq, attempt, text}
     var source = new EventSource(url);
+    root.hidden = false; // hidden for browsers without JavaScript, which get no live part
     root.setAttribute("data-live", "following");
 
     function clearDraft() {
