@@ -4,6 +4,7 @@ runs finished by a real worker over the real SDK against the fake API."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -13,14 +14,16 @@ from django.contrib.admin.models import ADDITION, LogEntry
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import escape
 
 from durable_agents import Agent, api, tool
+from durable_agents.admin import listing
 from durable_agents.agents import registry
 from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import steps_of
 from durable_agents.forks import ForkRefused
-from durable_agents.models import AgentRun, RunStatus
+from durable_agents.models import AgentRun, AgentStep, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
@@ -342,3 +345,30 @@ def test_compare_answers_bad_ids_with_404_or_400(
     assert forker.get(base).status_code == 400
     # Viewing runs is enough to compare them.
     assert viewer.get(compare_url(parent.pk, parent.pk)).status_code == 200
+
+
+def test_the_run_list_search_finds_a_fork_by_its_shared_task_before_the_recent_window(
+    fake_api: FakeAnthropic, forker: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past the recent window, words are looked up in the task steps' index; a fork forked past
+    # its task holds no task step of its own, and must be found all the same.
+    monkeypatch.setattr(listing, "RECENT_WINDOW", 1)
+    parent = finished(plan(("lookup", {"order": "o-7"}), task="Settle order 7731."))
+    fork = api.fork_run(parent.pk, 2)
+    assert not AgentStep.objects.filter(run_id=fork.pk, seq=0).exists()
+    AgentRun.objects.filter(pk__in=[parent.pk, fork.pk]).update(
+        created_at=timezone.now() - datetime.timedelta(days=30)
+    )
+    for i in range(3):
+        api.start_run(agent.name, f"Another task {i}", version=agent.version)
+    response = forker.get(reverse("admin:durable_agents_agentrun_changelist") + "?q=7731")
+    assert {r.pk for r in response.context["cl"].result_list} == {fork.pk, parent.pk}
+
+
+def test_a_forks_incident_sql_reads_the_stretches_it_shares(
+    fake_api: FakeAnthropic, forker: Client
+) -> None:
+    parent = finished()
+    fork = api.fork_run(parent.pk, 4)
+    assert "agent_step_share" in forker.get(run_url(fork)).context["sql_hint"]
+    assert "agent_step_share" not in forker.get(run_url(parent)).context["sql_hint"]
