@@ -55,7 +55,7 @@ from durable_agents.admin.keys import list_summary as key_list_summary
 from durable_agents.admin.listing import EstimatingPaginator, search_note, search_runs
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
-from durable_agents.admin.transcript import block_text, build_transcript
+from durable_agents.admin.transcript import block_text, build_transcript, log_of
 from durable_agents.admin.undecodable import (
     Undecodable,
     decode_raw,
@@ -65,7 +65,6 @@ from durable_agents.admin.undecodable import (
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
 from durable_agents.agents import AgentNotFound
 from durable_agents.counting import bounded_count
-from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     AgentEvent,
@@ -670,12 +669,12 @@ class AgentRunAdmin(
     def _run_for_text(self, request: HttpRequest, object_id: str, *fields: str) -> AgentRun:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        return get_or_404(AgentRun, object_id, AgentRun.objects.only("pk", *fields))
+        return get_or_404(AgentRun, object_id, AgentRun.objects.only("pk", "fork_seq", *fields))
 
     def step_text_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
         """One step, or one block of it (``?block=N``), as plain text."""
         run = self._run_for_text(request, object_id)
-        step = steps_of(run.pk).filter(seq=seq).first()
+        step = log_of(run).filter(seq=seq).first()
         if step is None:
             raise Http404(gettext("No such step."))
         block_param = request.GET.get("block")
