@@ -194,8 +194,6 @@ class ForkPages(AgentsAdmin[AgentRun]):
         """The fork, logged; or why ``fork_run`` refused it (nothing was created)."""
         try:
             fork = api.fork_run(run.pk, seq, edit=edit, user=request.user)
-        except PermissionDenied:
-            raise
         except ValueError as exc:
             return storable_text(exc, 2000)
         how = "edited" if edit is not None else "unedited"

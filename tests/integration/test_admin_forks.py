@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from durable_agents import Agent, api, tool
+from durable_agents import Agent, api, housekeeping, tool
 from durable_agents.admin import listing
 from durable_agents.agents import registry
 from durable_agents.deepjson import loads_deep
@@ -372,3 +372,21 @@ def test_a_forks_incident_sql_reads_the_stretches_it_shares(
     fork = api.fork_run(parent.pk, 4)
     assert "agent_step_share" in forker.get(run_url(fork)).context["sql_hint"]
     assert "agent_step_share" not in forker.get(run_url(parent)).context["sql_hint"]
+
+
+def test_a_fork_whose_parent_was_deleted_says_so_and_keeps_its_whole_transcript(
+    fake_api: FakeAnthropic, forker: Client, da_settings: Any
+) -> None:
+    parent = finished()
+    fork = api.fork_run(parent.pk, 4)
+    da_settings(RETENTION_DAYS=1)
+    AgentRun.objects.filter(pk=parent.pk).update(
+        finished_at=timezone.now() - datetime.timedelta(days=3)
+    )
+    assert housekeeping.apply_retention() == 1
+    page = forker.get(run_url(fork)).content.decode()
+    assert "Forked from a run since deleted, at step 4." in page
+    assert 'id="compare-link"' not in page
+    for seq in range(5):
+        assert f'id="seq-{seq}"' in page
+    assert "from run " not in page  # the steps were copied in: its own rows now
