@@ -214,7 +214,22 @@ def sql_hint(run: AgentRun) -> str:
         f"  FROM tool_effect WHERE run_id = '{rid}' ORDER BY seq, call_index;\n"
         f"SELECT id, seq, call_index, tool, status, decided_by_id, decided_at, reason\n"
         f"  FROM tool_intent WHERE run_id = '{rid}' ORDER BY seq, call_index;"
+        + (FORK_HINT.format(rid=rid) if run.fork_seq is not None else "")
     ) + (ENCRYPTED_HINT.format(run_id=run.pk) if encryption.enabled() else "")
+
+
+# A fork's steps before its fork point are rows of other runs (agent_step_share names the
+# stretches): the query above shows only its own rows, this one the whole log.
+FORK_HINT = (
+    "\n-- A fork: its whole log, the stretches it shares (agent_step_share) included.\n"
+    "SELECT seq, kind, run_id, payload FROM agent_step WHERE run_id = '{rid}'\n"
+    "UNION ALL\n"
+    "SELECT s.seq, s.kind, s.run_id, s.payload\n"
+    "  FROM agent_step_share h\n"
+    "  JOIN agent_step s ON s.run_id = h.source_id AND s.seq >= h.lo AND s.seq < h.hi\n"
+    " WHERE h.fork_id = '{rid}'\n"
+    " ORDER BY 1;"
+)
 
 
 # With ENCRYPTION_KEYS, payload and result read as ciphertext in SQL: how to read them.

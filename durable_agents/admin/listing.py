@@ -270,12 +270,15 @@ def _task_matches(queryset: QuerySet[Any], words: list[str], words_of: Dialect) 
     # the index looks up those alone when there are any, and the task check takes the rest.
     rare = [word for word in words if has_digit(word)] or words
     older = words_of.task_words(queryset.filter(created_at__lte=boundary), rare)
-    return (
-        recent
-        + _newest_ids(words_of.contains_words(older, "task", words))[
-            : MAX_SEARCH_MATCHES + 1 - len(recent)
-        ]
-    )
+    older_ids = _newest_ids(words_of.contains_words(older, "task", words))
+    # A fork forked past its task shares its parent's task step and holds none of its own:
+    # the word index does not name it, so forks are matched on their task column (through the
+    # partial index agent_run_forks), and both lists merged newest first.
+    forks = queryset.filter(created_at__lte=boundary, forked_from__isnull=False)
+    fork_ids = _newest_ids(words_of.contains_words(forks, "task", words))
+    if fork_ids:
+        older_ids = _newest_ids(queryset.filter(pk__in=older_ids + fork_ids))
+    return recent + older_ids[: MAX_SEARCH_MATCHES + 1 - len(recent)]
 
 
 def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:

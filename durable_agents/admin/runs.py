@@ -30,6 +30,7 @@ from durable_agents.admin.capacity import CapacityPage
 from durable_agents.admin.costs import list_cost, run_page_cost
 from durable_agents.admin.dead_letter import DeadLetterPages
 from durable_agents.admin.filters import FamilyFilter, IndexedValuesFilter, WaitingForFilter
+from durable_agents.admin.forks import ForkPages
 from durable_agents.admin.format import (
     RUN_COLORS,
     RUN_SHORT_LABELS,
@@ -55,7 +56,7 @@ from durable_agents.admin.listing import EstimatingPaginator, search_note, searc
 from durable_agents.admin.live import live_context
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
-from durable_agents.admin.transcript import block_text, build_transcript
+from durable_agents.admin.transcript import block_text, build_transcript, log_of
 from durable_agents.admin.undecodable import (
     Undecodable,
     decode_raw,
@@ -70,7 +71,6 @@ from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
     AgentRun,
-    AgentStep,
     RunStatus,
     ToolEffect,
     WaitKind,
@@ -136,7 +136,9 @@ CLAIMS_HELP = _(
 ERROR_FIRST_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
 
 
-class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
+class AgentRunAdmin(
+    ForkPages, CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]
+):
     # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
     # the run id, the model under the agent, the error (truncated) under the task, one lease
     # column and short headers; admin.css sets the widths.
@@ -562,6 +564,7 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
                 can_cancel=can_operate and obj.status in CANCELLABLE_STATUSES,
                 can_requeue=can_operate and obj.status == RunStatus.DEAD,
                 **self._wait_context(request, obj),
+                **self.fork_context(request, obj),
                 **live_context(obj),
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
@@ -668,12 +671,12 @@ class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin
     def _run_for_text(self, request: HttpRequest, object_id: str, *fields: str) -> AgentRun:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        return get_or_404(AgentRun, object_id, AgentRun.objects.only("pk", *fields))
+        return get_or_404(AgentRun, object_id, AgentRun.objects.only("pk", "fork_seq", *fields))
 
     def step_text_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
         """One step, or one block of it (``?block=N``), as plain text."""
         run = self._run_for_text(request, object_id)
-        step = AgentStep.objects.filter(run_id=run.pk, seq=seq).first()
+        step = log_of(run).filter(seq=seq).first()
         if step is None:
             raise Http404(gettext("No such step."))
         block_param = request.GET.get("block")

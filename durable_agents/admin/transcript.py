@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Q, QuerySet
 from django.utils.translation import gettext
 
 from durable_agents.admin.format import (
@@ -18,6 +19,7 @@ from durable_agents.admin.format import (
     shown_json,
     shown_text,
 )
+from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -94,6 +96,8 @@ class TranscriptStep:
     unparsed: Text | None = None
     request_id: str = ""
     worker: str = ""
+    # The run whose row this step is, when it is not the run shown (a fork's shared steps).
+    shared_from: Any = None
 
 
 # Builds the address of the whole text of one step (block None: the whole step) or effect.
@@ -239,6 +243,14 @@ def _call_names(step: AgentStep) -> dict[str, str]:
     }
 
 
+def log_of(run: AgentRun) -> QuerySet[AgentStep]:
+    """The run's whole log: through ``steps_of`` for a fork (its shared steps are other runs'
+    rows), and without looking for shared stretches for any other run (one query less)."""
+    if run.fork_seq is not None:
+        return steps_of(run.pk)
+    return AgentStep.objects.filter(run_id=run.pk)
+
+
 # Steps per page of the transcript: a run of thousands of steps renders one page at a time.
 TRANSCRIPT_PAGE_STEPS = 50
 # The columns of tool_effect that the run page reads: never ``result`` (it can be megabytes
@@ -282,7 +294,7 @@ def transcript_page_number(page: Any, seq: Any, total: int, run: AgentRun) -> in
         except (TypeError, ValueError):
             wanted = None
         if wanted is not None:
-            newer = AgentStep.objects.filter(run_id=run.pk, seq__gt=wanted).count()
+            newer = log_of(run).filter(seq__gt=wanted).count()
             number = newer // size + 1
     elif page not in (None, ""):
         try:
@@ -339,11 +351,13 @@ def build_transcript(
 ) -> Transcript:
     """One page of the run's steps in seq order, with the effects and intents of their calls.
 
-    The first page holds the newest steps. Five queries whatever the length of the run: the
-    step count, the page's steps (plus the one before, which names the tools whose results
-    open the page), and the effects (without their results) and intents of the page.
+    The first page holds the newest steps. A few queries whatever the length of the run: the
+    stretches a fork shares, the step count, the page's steps (plus the one before, which
+    names the tools whose results open the page), and the effects (without their results) and
+    intents of the page. A fork's shared steps are read through ``steps_of``: they are rows of
+    the runs it was forked from, and so are the effects and intents of their calls.
     """
-    steps = AgentStep.objects.filter(run_id=run.pk)
+    steps = log_of(run)
     total = steps.count()
     size = TRANSCRIPT_PAGE_STEPS
     number = transcript_page_number(page, seq, total, run)
@@ -356,53 +370,64 @@ def build_transcript(
     if not shown:
         return transcript
 
-    low, high = shown[0].seq, shown[-1].seq
-    effects = {
-        (e.seq, e.call_index): e
-        for e in ToolEffect.objects.filter(run_id=run.pk, seq__range=(low, high)).only(
-            *EFFECT_COLUMNS
-        )
-    }
-    intents = {
-        (i.seq, i.call_index): i
-        for i in ToolIntent.objects.filter(run_id=run.pk, seq__range=(low, high))
-        .defer("input")
-        .select_related("decided_by")
-    }
+    # Each step's calls were recorded by the run whose row the step is (a shared step's by
+    # the run it was forked from); the run's own records win where both hold one (a fork
+    # inherits the calls of its fork point under its own keys).
+    where = Q()
+    for owner in {step.run_id for step in shown}:
+        seqs = [step.seq for step in shown if step.run_id == owner]
+        where |= Q(run_id=owner, seq__range=(min(seqs), max(seqs)))
+    effects: dict[tuple[int, int], ToolEffect] = {}
+    for e in ToolEffect.objects.filter(where).only(*EFFECT_COLUMNS):
+        if e.run_id == run.pk or (e.seq, e.call_index) not in effects:
+            effects[(e.seq, e.call_index)] = e
+    intents: dict[tuple[int, int], ToolIntent] = {}
+    for i in ToolIntent.objects.filter(where).defer("input").select_related("decided_by"):
+        if i.run_id == run.pk or (i.seq, i.call_index) not in intents:
+            intents[(i.seq, i.call_index)] = i
     names_by_call_id: dict[str, str] = {}
     if before is not None and before.kind == StepKind.MODEL_TURN:
         names_by_call_id = _call_names(before)
     for step in shown:
-        entry = TranscriptStep(
-            step=step,
-            kind=step.kind,
-            request_id=storable_text(step.request_id or "", 200),
-            worker=storable_text(step.worker, 200),
-        )
-        transcript.entries.append(entry)
-        try:
-            data = load_json(step.payload)
-        except ValueError:
-            entry.unparsed = shown_text(step.payload, step_url(step.seq, None))
-            continue
-        if step.kind == StepKind.TASK:
-            entry.task = shown_text(_content_text(data), step_url(step.seq, None))
-        elif step.kind == StepKind.MODEL_TURN and isinstance(data, dict):
-            describe_model_turn(entry, data, step_url)
+        entry = describe_step(step, run.pk, names_by_call_id, step_url)
+        if entry.calls:
             _attach_calls(entry, effects, intents, effect_url)
-            names_by_call_id.update((call.id, call.name) for call in entry.calls)
-        elif step.kind == StepKind.TOOL_RESULT and isinstance(data, list):
-            _describe_results(entry, data, names_by_call_id, step_url)
-        else:
-            entry.unparsed = shown_text(pretty_json(data), step_url(step.seq, None))
+        transcript.entries.append(entry)
     return transcript
+
+
+def describe_step(
+    step: AgentStep, run_id: Any, names_by_call_id: dict[str, str], step_url: StepUrl = _no_url
+) -> TranscriptStep:
+    """One step of ``run_id``'s log as a person reads it (``names_by_call_id`` names the
+    results of a tool-result step, and learns the calls of a model turn)."""
+    entry = TranscriptStep(
+        step=step,
+        kind=step.kind,
+        request_id=storable_text(step.request_id or "", 200),
+        worker=storable_text(step.worker, 200),
+        shared_from=step.run_id if step.run_id != run_id else None,
+    )
+    try:
+        data = load_json(step.payload)
+    except ValueError:
+        entry.unparsed = shown_text(step.payload, step_url(step.seq, None))
+        return entry
+    if step.kind == StepKind.TASK:
+        entry.task = shown_text(_content_text(data), step_url(step.seq, None))
+    elif step.kind == StepKind.MODEL_TURN and isinstance(data, dict):
+        describe_model_turn(entry, data, step_url)
+        names_by_call_id.update((call.id, call.name) for call in entry.calls)
+    elif step.kind == StepKind.TOOL_RESULT and isinstance(data, list):
+        _describe_results(entry, data, names_by_call_id, step_url)
+    else:
+        entry.unparsed = shown_text(pretty_json(data), step_url(step.seq, None))
+    return entry
 
 
 def model_turn_for_intent(intent: ToolIntent, step_url: StepUrl = _no_url) -> TranscriptStep | None:
     """The model turn that asked for the intent's call (one query)."""
-    step = AgentStep.objects.filter(
-        run_id=intent.run_id, seq=intent.seq, kind=StepKind.MODEL_TURN
-    ).first()
+    step = steps_of(intent.run_id).filter(seq=intent.seq, kind=StepKind.MODEL_TURN).first()
     if step is None:
         return None
     entry = TranscriptStep(step=step, kind=step.kind)
