@@ -1,13 +1,13 @@
 """Live streams: 1,000 readers of 100 live runs in one asyncio process (PostgreSQL only).
 
-    python -m bench.live                      # 100 runs of 60 turns, 1,000 readers: ~2 min
+    python -m bench.live                      # 100 runs of 45 turns, 1,000 readers: ~2 min
     python -m bench.live --runs 20 --readers 200 --turns 10     # a quick look
 
 Workload: ``--runs`` runs of the ``bench`` agent (``--turns`` model turns, one pure tool call
-per turn but the last) against ``bench/slowapi.py`` answering each call after a uniform random
-``--latency`` (0.2-0.4 s by default), so that a run stays live for tens of seconds. One worker
-process, ``runagents --concurrency <runs>``, advances them all at once. The same workload runs
-twice, side by side in this one invocation:
+per turn but the last; the agent stops at 50) against ``bench/slowapi.py`` answering each call
+after a uniform random ``--latency`` (0.3-0.5 s by default), so that a run stays live for tens
+of seconds. One worker process, ``runagents --concurrency <runs>``, advances them all at once.
+The same workload runs twice, side by side in this one invocation:
 
   * ``no readers``: the runs are bulk-inserted, then the worker is started;
   * ``readers``: the runs are bulk-inserted, ``--readers`` asyncio tasks of this process
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import threading
 import time
@@ -278,9 +277,7 @@ def with_readers(
     offset = clock_offset(url)
     r = asyncio.run(with_readers_async(url, base_url, readers, resumers, away, runs))
     steps = steps_by_run(url)
-    latencies = [
-        at + offset - steps[run_id][seq] for run_id, seq, at in r.pop("got") if seq > 0
-    ]
+    latencies = [at + offset - steps[run_id][seq] for run_id, seq, at in r.pop("got") if seq > 0]
     missed = 0
     twice = 0
     for run_id, (seqs, _gone_at) in r.pop("resumed"):
@@ -311,9 +308,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         log(f"  {a.runs} runs x {a.turns} turns, model latency {a.latency} s")
         alone = no_readers(url, base_url, a.runs, a.turns)
         log(f"  no readers: {alone['steps_per_s']:.1f} steps/s ({alone['steps']} steps)")
-        live = with_readers(
-            url, base_url, a.runs, a.turns, a.readers, a.resumers, a.away
-        )
+        live = with_readers(url, base_url, a.runs, a.turns, a.readers, a.resumers, a.away)
         log(f"  {a.readers} readers: {live['steps_per_s']:.1f} steps/s ({live['steps']} steps)")
     lat = live["latency"]
     ratio = alone["steps_per_s"] / live["steps_per_s"]
@@ -357,11 +352,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--turns", type=int, default=60)
+    p.add_argument("--turns", type=int, default=45)
     p.add_argument("--readers", type=int, default=1000)
     p.add_argument("--resumers", type=int, default=10)
     p.add_argument("--away", type=float, default=10.0)
-    p.add_argument("--latency", default="0.2-0.4")
+    p.add_argument("--latency", default="0.3-0.5")
     a = p.parse_args(argv)
     res = run(a)
     common.write_result("live", res)
