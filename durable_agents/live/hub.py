@@ -36,7 +36,6 @@ from django.db.models import Max, OuterRef, Subquery
 from durable_agents.live.events import (
     Cursor,
     Event,
-    Read,
     RunState,
     delta_event,
     events_after,
@@ -276,18 +275,12 @@ class Hub:
         if not watched:
             return
         states = await self.read(_states, list(watched))
-        moved: dict[uuid.UUID, Cursor] = {}
         for run_id, watch in watched.items():
             state = states.get(run_id)
             cursor = watch.cursor
             if cursor is None or (state is not None and not state.ahead_of(cursor)):
                 continue
-            moved[run_id] = cursor
-        # One trip to the hub's thread for every run that moved: a trip per run would wait its
-        # turn behind every ready reader on the event loop, a hundred times a tick.
-        reads = await self.read(_reads, moved) if moved else {}
-        for run_id, read in reads.items():
-            watch, cursor = watched[run_id], moved[run_id]
+            read = await self.read(events_after, run_id, cursor)
             if read is None:
                 events, over = [Event("end", {"status": "deleted"}, cursor, run_id)], True
             else:
@@ -399,11 +392,6 @@ def _advanced(cursor: Cursor, event: Event) -> Cursor:
     if event.type == "delta":
         return dataclasses.replace(cursor, attempt=at.attempt, chunks=at.chunks)
     return dataclasses.replace(cursor, status=at.status)  # end
-
-
-def _reads(cursors: dict[uuid.UUID, Cursor]) -> dict[uuid.UUID, Read | None]:
-    """``events_after`` of each run from its cursor."""
-    return {run_id: events_after(run_id, cursor) for run_id, cursor in cursors.items()}
 
 
 def _states(run_ids: list[uuid.UUID]) -> dict[uuid.UUID, RunState]:
