@@ -46,6 +46,7 @@ from bench.common import log
 
 DB = "da_bench_live"
 APP_NAME = "da_bench_live_readers"
+POLL_MS = 100  # durable_agents.live.hub.POLL_SECONDS
 
 
 def _count_backends(url: str) -> int:
@@ -230,6 +231,31 @@ async def with_readers_async(
     from durable_agents.live.hub import Hub
 
     ids = run_ids(url)
+    # How long each of the hub's polls takes (its query of the watched runs, a read of each
+    # run that moved, the broadcast): a step waits for the poll after its commit, whole.
+    ticks: list[float] = []
+    poll_once = Hub._poll_once
+
+    async def timed_poll(hub: Hub) -> None:
+        t0 = time.perf_counter()
+        await poll_once(hub)
+        ticks.append(time.perf_counter() - t0)
+
+    Hub._poll_once = timed_poll  # type: ignore[method-assign]
+    # And how much of it is the reads themselves, on the hub's thread.
+    from durable_agents.live import hub as live_hub
+
+    read_time: list[float] = []
+    events_after = live_hub.events_after
+
+    def timed_read(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return events_after(*args)
+        finally:
+            read_time.append(time.perf_counter() - t0)
+
+    live_hub.events_after = timed_read  # type: ignore[assignment]
     got: list[tuple[Any, int, float]] = []
     readies = [asyncio.Event() for _ in range(readers + resumers)]
     tasks = [
@@ -267,6 +293,10 @@ async def with_readers_async(
         "peak_connections": sampler.peak,
         "connection_samples": sampler.samples,
         "hub_watches_left": hub_left,
+        "poll": common.summary_ms(ticks),
+        "poll_total_s": sum(ticks),
+        "reads": common.summary_ms(read_time),
+        "reads_total_s": sum(read_time),
     }
 
 
@@ -330,6 +360,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         f"p50 {lat['p50_ms']:.0f} ms, p90 {lat['p90_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms, "
         f"max {lat['max_ms']:.0f} ms (clock offset {live['clock_offset_ms']:.2f} ms) -> "
         f"{common.verdict(res['met_latency'])} (p99 < 250 ms)"
+    )
+    poll = live["poll"]
+    log(
+        f"[live] the hub's polls ({poll['n']}): p50 {poll['p50_ms']:.0f} ms, p99 "
+        f"{poll['p99_ms']:.0f} ms, max {poll['max_ms']:.0f} ms each (then {POLL_MS} ms idle); "
+        f"of their {live['poll_total_s']:.1f} s, {live['reads_total_s']:.1f} s reading runs "
+        f"({live['reads']['n']} reads, p50 {live['reads']['p50_ms']:.1f} ms; catch-ups included)"
     )
     log(
         f"[live] readers' process held at most {live['peak_connections']} PostgreSQL "
