@@ -56,8 +56,13 @@ async def run_events(request: HttpRequest, run_id: uuid.UUID) -> HttpResponseBas
         return _refused(400, f"Last-Event-ID: {exc}")
     if not await AgentRun.objects.filter(pk=run_id).aexists():
         return _refused(404, "no such run")
-    if isinstance(request, ASGIRequest):
-        content: AsyncIterator[bytes] | Iterator[bytes] = _from_hub(run_id, after)
+    content: AsyncIterator[bytes] | Iterator[bytes]
+    if request.method == "HEAD":
+        # The headers alone: under a server, a body the client never reads would still follow
+        # the run (and hold a reader) for as long as the run lasts.
+        content = _nothing() if isinstance(request, ASGIRequest) else iter(())
+    elif isinstance(request, ASGIRequest):
+        content = _from_hub(run_id, after)
     else:
         content = _by_polling(run_id, after)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
@@ -75,6 +80,11 @@ async def _staff_may_view(request: HttpRequest) -> bool:
 
 def _refused(status: int, reason: str) -> HttpResponse:
     return HttpResponse(reason + "\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield  # an async generator that yields nothing
 
 
 async def _from_hub(run_id: uuid.UUID, after: str | None) -> AsyncIterator[bytes]:

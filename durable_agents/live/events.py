@@ -157,6 +157,11 @@ def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
     )
     if run is None:
         return None
+    if cursor.seq > run["last_seq"]:
+        # An id ahead of the run (made up, or kept from before a restore of the database):
+        # go on from the run's newest step, so that a hub watch started from this reader's
+        # cursor does not pass over the steps still to come for every other reader.
+        cursor = dataclasses.replace(cursor, seq=run["last_seq"], attempt=0, chunks=0)
     # A fork's log includes steps of the runs it was forked from; any other run's is its own.
     log = AgentStep.objects.filter(run_id=run_id) if run["fork_seq"] is None else steps_of(run_id)
     steps = list(
