@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from django.db.models import Max
+
 from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import steps_of
 from durable_agents.history import message_text
@@ -146,6 +148,18 @@ class Read:
     over: bool = False
 
 
+def within_run(run_id: uuid.UUID, cursor: Cursor) -> Cursor:
+    """``cursor`` with a progress message id ahead of the run's newest brought back to it: a
+    made-up id that a hub watch started from would otherwise pass over every message still to
+    come, for every reader of the run (``events_after`` does the same for a step ahead)."""
+    if not cursor.progress:
+        return cursor
+    newest = AgentProgress.objects.filter(run_id=run_id).aggregate(newest=Max("id"))["newest"] or 0
+    if cursor.progress <= newest:
+        return cursor
+    return dataclasses.replace(cursor, progress=newest)
+
+
 def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
     """What happened in the run after ``cursor`` (up to BATCH steps and progress messages).
     None: no such run. Reads the run row first, so a status is never given ahead of its
@@ -169,8 +183,13 @@ def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
         .order_by("seq")
         .values_list("seq", "kind", "payload", "content_start", "content_end")[:BATCH]
     )
+    # Only the messages of steps the run row says are there: one of a call whose turn was
+    # committed after the row was read waits for the next read, so that a message never comes
+    # ahead of the turn that made the call (and is never given before it, by cursor).
     notes = list(
-        AgentProgress.objects.filter(run_id=run_id, id__gt=cursor.progress)
+        AgentProgress.objects.filter(
+            run_id=run_id, id__gt=cursor.progress, seq__lte=run["last_seq"]
+        )
         .order_by("id")
         .values_list("id", "seq", "message", "created_at")[:BATCH]
     )

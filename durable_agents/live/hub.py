@@ -39,6 +39,7 @@ from durable_agents.live.events import (
     RunState,
     delta_event,
     events_after,
+    within_run,
 )
 from durable_agents.models import AgentProgress, AgentRun
 
@@ -163,6 +164,9 @@ class Hub:
     async def follow(self, run_id: uuid.UUID, cursor: Cursor) -> AsyncIterator[Event]:
         """The run's events after ``cursor`` until it is over; ``LookupError`` for a run that
         does not exist; ``ReaderDropped`` when the reader stopped keeping up."""
+        if cursor.progress:
+            # Before joining: the first reader's cursor is where the hub's watch starts.
+            cursor = await self.read(within_run, run_id, cursor)
         reader = _Reader()
         watch = self._join(run_id, reader)
         at = _Position(cursor)
