@@ -2,7 +2,9 @@
 
 ``GET /demo/live/`` shows a button; its POST starts a run of the ``narrator`` agent (streamed
 turns, progress messages) and redirects to ``?run=<id>``, which shows that run followed live
-through ``runs/<id>/events`` with a ``stream_token``: the page's visitor is not staff.
+through ``runs/<id>/events`` with a ``stream_token``: the page's visitor is not staff. A token
+is only given for a run this browser session started (kept in the session), as an end user's
+page would: knowing a run's id is not enough to read it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from durable_agents.fork_models import steps_of
 from durable_agents.live.events import step_data
 from durable_agents.models import AgentRun
 
+# The runs this session started (their ids), the newest MAX_KEPT.
+SESSION_KEY = "demo_live_runs"
+MAX_KEPT = 20
+
 TASK = """Check the orders tables and record what you found.
 @@chunk_latency 0.15
 @check_table {"table": "orders"}
@@ -31,10 +37,14 @@ TASK = """Check the orders tables and record what you found.
 def live(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         run = durable_agents.start_run("narrator", TASK)
+        started = request.session.get(SESSION_KEY, [])[-(MAX_KEPT - 1) :]
+        request.session[SESSION_KEY] = [*started, str(run.pk)]
         return HttpResponseRedirect(f"{reverse('demo-live')}?run={run.pk}")
     run_id = request.GET.get("run")
     context: dict[str, object] = {}
     if run_id:
+        if run_id not in request.session.get(SESSION_KEY, []):
+            raise Http404("no run of yours")
         try:
             run = AgentRun.objects.get(pk=uuid.UUID(run_id))
         except (ValueError, AgentRun.DoesNotExist):

@@ -525,3 +525,21 @@ def test_the_admin_page_of_an_active_run_follows_it_and_a_finished_one_does_not(
     assert admin_client.get(url).status_code == 200
     finished_page = admin_client.get(f"/admin/durable_agents/agentrun/{active.pk}/change/")
     assert 'id="run-live"' not in finished_page.content.decode()
+
+
+def test_the_demo_page_gives_a_token_only_for_the_sessions_own_runs(fake_api: Any) -> None:
+    from django.test import Client as BrowserClient
+
+    mine = BrowserClient(enforce_csrf_checks=True)
+    page = mine.get("/demo/live/")
+    assert mine.post("/demo/live/").status_code == 403  # no CSRF token: nothing started
+    assert not AgentRun.objects.exists()
+    token = page.cookies["csrftoken"].value
+    started = mine.post("/demo/live/", {"csrfmiddlewaretoken": token})
+    assert started.status_code == 302
+    run = AgentRun.objects.get()
+    shown = mine.get(started["Location"]).content.decode()
+    events = shown.split('data-live-events="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    assert token_run(events.split("token=", 1)[1]) == run.pk
+    # Another visitor who knows the id gets no page, so no token.
+    assert BrowserClient().get(started["Location"]).status_code == 404
