@@ -490,7 +490,9 @@ class RunAdvancer(ToolDispatch):
                 messages,
                 interrupt=self.interrupt,
                 stream=agent.stream,
-                on_text=self._text_receivers(agent, seq),
+                on_text=live_publish.text_receivers(
+                    agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
+                ),
                 meanwhile=pending,
                 retry_rate_limits=False,
             )
@@ -510,29 +512,6 @@ class RunAdvancer(ToolDispatch):
             )
             self.store.release_lease(self.claim, error=f"model call failed: {exc.message}")
             raise Stop(RELEASED) from exc
-
-    def _text_receivers(self, agent: Agent, seq: int) -> Callable[[str], None] | None:
-        """What gets the text of a streamed turn (``seq``) while it comes: the agent's
-        ``on_text``, and the readers of the run's live stream (LIVE_DELTAS)."""
-        receivers: list[Callable[[str], None]] = []
-        run_id = self.run.pk
-        if agent.on_text is not None:
-            callback = agent.on_text
-            receivers.append(lambda text: callback(run_id, text))
-        if agent.stream and self.store.sends_live_text and app_settings.LIVE_DELTAS:
-            receivers.append(
-                live_publish.publisher().turn_callback(run_id, seq, self.claim.attempt)
-            )
-        if not receivers:
-            return None
-        if len(receivers) == 1:
-            return receivers[0]
-
-        def on_text(text: str) -> None:
-            for receiver in receivers:
-                receiver(text)
-
-        return on_text
 
     def _credentials_refused(self, grant: Grant, exc: llm.CredentialsRefused) -> NoReturn:
         """The API refused the worker's key: hand the run back at once, uncounted (another

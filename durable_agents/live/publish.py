@@ -161,3 +161,26 @@ def stop() -> None:
         current = _publisher
     if current is not None:
         current.stop()
+
+
+def text_receivers(
+    agent: Any, run_id: uuid.UUID, seq: int, attempt: int, live: bool
+) -> Callable[[str], None] | None:
+    """What gets the text of streamed turn ``seq`` while it comes: the agent's ``on_text``, and
+    (``live``: the store can send it, LIVE_DELTAS on) the readers of the run's stream."""
+    from durable_agents.conf import app_settings
+
+    receivers: list[Callable[[str], None]] = []
+    if agent.on_text is not None:
+        callback = agent.on_text
+        receivers.append(lambda text: callback(run_id, text))
+    if agent.stream and live and app_settings.LIVE_DELTAS:
+        receivers.append(publisher().turn_callback(run_id, seq, attempt))
+    if len(receivers) <= 1:
+        return receivers[0] if receivers else None
+
+    def on_text(text: str) -> None:
+        for receiver in receivers:
+            receiver(text)
+
+    return on_text

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from django.db import DataError, IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
@@ -32,7 +32,6 @@ from django.db.models import (
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     ENDED_STATUSES,
@@ -43,7 +42,6 @@ from durable_agents.models import (
     IntentStatus,
     QuestionStatus,
     RunStatus,
-    SharedSteps,
     StepKind,
     ToolEffect,
     ToolIntent,
@@ -54,13 +52,10 @@ from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
     Claim,
-    ForkWrite,
     LeaseLoss,
-    LogRow,
     NextClaim,
     Parked,
     RunId,
-    StepTuple,
     StepWrite,
     WaitSpec,
     ended,
@@ -69,28 +64,12 @@ from durable_agents.store.base import (
     refuse_strangers,
     run_outcome,
     timer_woken_by,
-    unsealed_log,
 )
+from durable_agents.store.portable_logs import PortableLogs
 from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.transitions import mark_transitioned
 from durable_agents.text import json_text, storable_text
-
-# The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
-# more than the rest of the rebuild. Its own rows, and for a fork the stretches of other runs'
-# logs it shares (agent_step_share; none for a run that is not a fork: one probe of that
-# table's primary key). One statement, so one snapshot: a retention that copies shared steps
-# into the fork and deletes their source is seen entirely or not at all.
-LOG_SQL = """\
-SELECT seq, kind, payload, content_start, content_end
-  FROM agent_step
- WHERE run_id = %(run)s
-UNION ALL
-SELECT s.seq, s.kind, s.payload, s.content_start, s.content_end
-  FROM agent_step_share h
-  JOIN agent_step s ON s.run_id = h.source_id AND s.seq >= h.lo AND s.seq < h.hi
- WHERE h.fork_id = %(run)s
- ORDER BY 1"""
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 
@@ -149,7 +128,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(PortableTrees):
+class PortableStore(PortableLogs, PortableTrees):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------
@@ -160,21 +139,6 @@ class PortableStore(PortableTrees):
             if started is not None:
                 return started
             AgentStep.objects.create(run=run, seq=0, kind=StepKind.TASK, payload=task_payload)
-        run.refresh_from_db()
-        return run
-
-    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
-        with transaction.atomic():
-            _take_turn(run)
-            run.save(force_insert=True)
-            SharedSteps.objects.bulk_create(
-                SharedSteps(fork=run, source_id=source, lo=lo, hi=hi)
-                for source, lo, hi in write.shares
-            )
-            if write.own_step is not None:
-                seq, kind, payload = write.own_step
-                AgentStep.objects.create(run=run, seq=seq, kind=kind, payload=payload)
-            ToolEffect.objects.bulk_create(write.effects)
         run.refresh_from_db()
         return run
 
@@ -791,21 +755,6 @@ class PortableStore(PortableTrees):
             .order_by("-priority", "fair_at", "created_at")
             .values_list("model", "priority")
             .first()
-        )
-
-    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
-        with connection.cursor() as cursor:
-            run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
-            cursor.execute(LOG_SQL, {"run": run})
-            rows: list[LogRow] = cursor.fetchall()
-        return unsealed_log(rows)
-
-    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
-        return list(
-            steps_of(run_id)
-            .filter(seq__gt=after_seq)
-            .order_by("seq")
-            .values_list("seq", "kind", "payload")
         )
 
     def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:

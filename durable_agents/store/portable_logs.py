@@ -1,0 +1,60 @@
+"""A run's log through the ORM (and one raw statement): reading it, a fork's shared stretches
+included, and creating a fork. A mixin of ``PortableStore``; ``PostgresStore`` inherits it."""
+
+from __future__ import annotations
+
+from django.db import connection, transaction
+
+from durable_agents.fork_models import steps_of
+from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect
+from durable_agents.store.base import ForkWrite, LogRow, RunId, StepTuple, unsealed_log
+from durable_agents.store.key_rows import take_turn
+
+# The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
+# more than the rest of the rebuild. Its own rows, and for a fork the stretches of other runs'
+# logs it shares (agent_step_share; none for a run that is not a fork: one probe of that
+# table's primary key). One statement, so one snapshot: a retention that copies shared steps
+# into the fork and deletes their source is seen entirely or not at all.
+LOG_SQL = """\
+SELECT seq, kind, payload, content_start, content_end
+  FROM agent_step
+ WHERE run_id = %(run)s
+UNION ALL
+SELECT s.seq, s.kind, s.payload, s.content_start, s.content_end
+  FROM agent_step_share h
+  JOIN agent_step s ON s.run_id = h.source_id AND s.seq >= h.lo AND s.seq < h.hi
+ WHERE h.fork_id = %(run)s
+ ORDER BY 1"""
+
+
+class PortableLogs:
+    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
+        with transaction.atomic():
+            if run.concurrency_key is not None:
+                run.fair_at = take_turn(run.concurrency_key)
+            run.save(force_insert=True)
+            SharedSteps.objects.bulk_create(
+                SharedSteps(fork=run, source_id=source, lo=lo, hi=hi)
+                for source, lo, hi in write.shares
+            )
+            if write.own_step is not None:
+                seq, kind, payload = write.own_step
+                AgentStep.objects.create(run=run, seq=seq, kind=kind, payload=payload)
+            ToolEffect.objects.bulk_create(write.effects)
+        run.refresh_from_db()
+        return run
+
+    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
+        with connection.cursor() as cursor:
+            run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
+            cursor.execute(LOG_SQL, {"run": run})
+            rows: list[LogRow] = cursor.fetchall()
+        return unsealed_log(rows)
+
+    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+        return list(
+            steps_of(run_id)
+            .filter(seq__gt=after_seq)
+            .order_by("seq")
+            .values_list("seq", "kind", "payload")
+        )
