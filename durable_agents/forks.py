@@ -363,17 +363,3 @@ def keep_shared_steps(run_ids: Sequence[RunId]) -> int:
             [*ids, *ids],
         )
     return max(copied, 0)
-
-
-def lineage(run: AgentRun, limit: int = 20) -> list[AgentRun]:
-    """The runs ``run`` was forked from, nearest first (at most ``limit``; a deleted one ends
-    the line)."""
-    line: list[AgentRun] = []
-    current = run
-    while current.forked_from_id is not None and len(line) < limit:
-        parent = AgentRun.objects.filter(pk=current.forked_from_id).first()
-        if parent is None:
-            break
-        line.append(parent)
-        current = parent
-    return line
