@@ -768,3 +768,7 @@ SharedSteps = _fork_models.SharedSteps
 from durable_agents import live_models as _live_models  # noqa: E402
 
 AgentProgress = _live_models.AgentProgress
+
+from durable_agents import schedule_models as _schedule_models  # noqa: E402
+
+AgentSchedule = _schedule_models.AgentSchedule
