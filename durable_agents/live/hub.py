@@ -302,6 +302,9 @@ class Hub:
 
     async def _poll(self) -> None:
         while not self.stopping.is_set():
+            # Polls start POLL_SECONDS apart (not POLL_SECONDS after the previous one ended):
+            # a step waits at most one interval for the poll that finds it.
+            started = self.loop.time()
             try:
                 await self._poll_once()
             except asyncio.CancelledError:
@@ -313,8 +316,10 @@ class Hub:
                         reader.give(None)  # each reader catches up on its own
             if not self.watches:
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), POLL_SECONDS)
+            idle = POLL_SECONDS - (self.loop.time() - started)
+            if idle > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), idle)
             self.changed.clear()
 
     async def _poll_once(self) -> None:
