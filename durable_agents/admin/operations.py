@@ -18,6 +18,7 @@ from django.utils.translation import gettext, ngettext
 from durable_agents import counting
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
+from durable_agents.admin.schedules import schedule_panel
 from durable_agents.admin.waits import cut_summary
 from durable_agents.counting import bounded_count
 from durable_agents.figures import (
@@ -274,7 +275,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     """Every figure of the operations page, shaped for its charts. Each reads a bounded window
     through an index, or the latest metrics snapshot, never the whole table, and the page says
     which: live statuses now, finished runs in the last 24 hours, the newest finished runs, the
-    table's totals as of the snapshot."""
+    table's totals as of the snapshot; and the schedules' next slots and those in trouble."""
     figures = read_figures(OPERATIONS_PAGE, now)
     live_bars, finished_bars, finished_total = status_bars(figures)
     attempts = attempt_bars(figures)
@@ -325,6 +326,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "cost_chart_height": COST_DAYS * 22,
         "cost_days": COST_DAYS,
         "cost_total": format_usd(sum((u.cost for u in figures.usage if u.cost), Decimal(0))),
+        "schedules": schedule_panel(),
     }
 
 
