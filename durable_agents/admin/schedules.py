@@ -145,13 +145,9 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
         # The status of each last run in the same query (a join on its primary key).
         return super().get_queryset(request).annotate(last_run_status=F("last_run__status"))
 
-    def get_changelist_instance(self, request: HttpRequest) -> Any:
-        self._registered = registered_agents()  # once per page, not per row
-        return super().get_changelist_instance(request)
-
     def _state(self, obj: AgentSchedule) -> tuple[ScheduleState, str]:
-        registered = getattr(self, "_registered", None)
-        return state_of(obj, registered if registered is not None else registered_agents())
+        # The registry is this process's memory: asked per row, no query.
+        return state_of(obj, registered_agents())
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
