@@ -99,7 +99,7 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
     """The change form: what ``durable_agents.schedule`` refuses is a form error here, on
     the field it is about, and nothing is saved."""
 
-    agent = forms.ChoiceField(label=_("agent"), help_text=_("A registered agent."))
+    agent = forms.ChoiceField(label=_("Agent"), help_text=_("A registered agent."))
 
     class Meta:
         model = AgentSchedule
