@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -27,7 +28,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents import schedules
-from durable_agents.admin.base import AgentsAdmin, ConfirmRow, get_or_404
+from durable_agents.admin.base import AgentsAdmin, ConfirmRow, StrictChangeList, get_or_404
 from durable_agents.admin.format import RUN_COLORS, RUN_SHORT_LABELS, badge, format_time, time_field
 from durable_agents.admin.schedule_forms import (
     ScheduleForm,
@@ -72,6 +73,21 @@ class AgentValuesFilter(admin.AllValuesFieldListFilter):
     def choices(self, changelist: Any) -> Any:
         for choice in super().choices(changelist):
             yield {**choice, "display": plain_markers(choice["display"])}
+
+
+class ScheduleChangeList(StrictChangeList):
+    """The list reads the status of each row's last run in its own query (a subquery on the
+    run's primary key, which the count and the agent filter's values leave out), and not the
+    tasks (they can be long, and the list does not show them)."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = super().get_queryset(request, exclude_parameters)
+        annotated: QuerySet[Any] = queryset.annotate(last_run_status=last_run_status())
+        return annotated.defer("task")
+
+
+def last_run_status() -> Subquery:
+    return Subquery(AgentRun.objects.filter(pk=OuterRef("last_run_id")).values("status")[:1])
 
 
 def set_enabled(schedule_id: int, enabled: bool) -> bool:
@@ -141,9 +157,8 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
             (_("Timestamps"), {"fields": ("created_at_display", "updated_at_display")}),
         )
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[AgentSchedule]:
-        # The status of each last run in the same query (a join on its primary key).
-        return super().get_queryset(request).annotate(last_run_status=F("last_run__status"))
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ScheduleChangeList
 
     def _state(self, obj: AgentSchedule) -> tuple[ScheduleState, str]:
         # The registry is this process's memory: asked per row, no query.
@@ -199,7 +214,11 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
         url = reverse(
             f"{self.admin_site.name}:durable_agents_agentrun_change", args=[obj.last_run_id]
         )
-        status = getattr(obj, "last_run_status", None)
+        if hasattr(obj, "last_run_status"):  # the list's rows: read with them
+            status = obj.last_run_status
+        else:  # the schedule's page
+            runs = AgentRun.objects.filter(pk=obj.last_run_id)
+            status = runs.values_list("status", flat=True).first()
         shown = (
             badge(status, RUN_SHORT_LABELS.get(status, status), RUN_COLORS)
             if status
@@ -461,7 +480,7 @@ def schedule_panel() -> SchedulePanel:
     upcoming_rows = list(
         AgentSchedule.objects.firing()
         .filter(next_slot__isnull=False, agent__in=registered)
-        .order_by("next_slot", "pk")
+        .order_by("next_slot")
         .only("pk", "name", "agent", "cron", "every", "timezone", "next_slot")[:UPCOMING_SLOTS]
     )
     troubled_rows = list(
@@ -469,7 +488,7 @@ def schedule_panel() -> SchedulePanel:
             state_condition(ScheduleState.BROKEN, registered)
             | Q(last_run__status__in=TROUBLED_RUN_STATUSES)
         )
-        .annotate(last_run_status=F("last_run__status"))
+        .annotate(last_run_status=F("last_run__status"))  # joined for the filter anyway
         .order_by("name")
         .only("pk", "name", "agent", "enabled", "broken", "last_slot", "last_run")[
             : TROUBLED_SCHEDULES + 1

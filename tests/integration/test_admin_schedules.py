@@ -116,6 +116,9 @@ def test_the_list_shows_timing_state_slots_and_the_last_run(admin_client: Client
     assert "every 5 min" in content
     assert f'<a href="{run_url(run.pk)}">{str(run.pk)[:8]}</a>' in content
     assert ">Failed<" in content  # the last run's status, read in the same query
+    page = admin_client.get(page_url(AgentSchedule.objects.get(name="nightly"))).content.decode()
+    assert f'<a href="{run_url(run.pk)}">{str(run.pk)[:8]}</a>' in page
+    assert ">Failed<" in page
     states = {
         row.name: response.context["cl"].model_admin.state(row)
         for row in response.context["cl"].result_list
