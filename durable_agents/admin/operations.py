@@ -275,7 +275,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     """Every figure of the operations page, shaped for its charts. Each reads a bounded window
     through an index, or the latest metrics snapshot, never the whole table, and the page says
     which: live statuses now, finished runs in the last 24 hours, the newest finished runs, the
-    table's totals as of the snapshot; and the schedules' next slots and those in trouble."""
+    table's totals as of the snapshot."""
     figures = read_figures(OPERATIONS_PAGE, now)
     live_bars, finished_bars, finished_total = status_bars(figures)
     attempts = attempt_bars(figures)
@@ -326,7 +326,6 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "cost_chart_height": COST_DAYS * 22,
         "cost_days": COST_DAYS,
         "cost_total": format_usd(sum((u.cost for u in figures.usage if u.cost), Decimal(0))),
-        "schedules": schedule_panel(),
     }
 
 
@@ -348,5 +347,9 @@ class OperationsPage(AgentsAdmin[AgentRun]):
             "title": gettext("Operations"),
             "opts": self.opts,
             **operations_stats(),
+            # The schedules' next slots and those in trouble, for whoever may see schedules.
+            "schedules": schedule_panel()
+            if request.user.has_perm("durable_agents.view_agentschedule")
+            else None,
         }
         return TemplateResponse(request, "admin/durable_agents/agentrun/operations.html", context)

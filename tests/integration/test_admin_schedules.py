@@ -580,3 +580,13 @@ def test_the_schedules_panel_reads_the_same_queries_for_many_schedules(
     assert len(panel.troubled) == 20
     assert panel.more_troubled
     assert "?state=broken" in operations(admin_client).content.decode()
+
+
+def test_the_schedules_panel_is_for_whoever_may_see_schedules(django_user_model: Any) -> None:
+    make("nightly", broken="agent gone")
+    runs_only = staff_client(django_user_model, "view_agentrun")
+    response = operations(runs_only)
+    assert response.context["schedules"] is None
+    assert 'id="schedules"' not in response.content.decode()
+    both = staff_client(django_user_model, "view_agentrun", "view_agentschedule")
+    assert 'id="schedules"' in operations(both).content.decode()
