@@ -306,7 +306,12 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
         if not self.has_change_permission(request):
             raise PermissionDenied
         obj = get_or_404(AgentSchedule, object_id)
-        if self._set_enabled(request, obj, enabled):
+        try:
+            changed = self._set_enabled(request, obj, enabled)
+        except ValueError as exc:
+            self._not_resumed(request, obj, exc)
+            return self._redirect_to_object(obj)
+        if changed:
             self.message_user(request, self._changed_message(obj, enabled), messages.SUCCESS)
             self._warn_if_broken(request, obj)
         else:
@@ -322,8 +327,21 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
             )
         return self._redirect_to_object(obj)
 
+    def _not_resumed(self, request: HttpRequest, obj: AgentSchedule, error: ValueError) -> None:
+        self.message_user(
+            request,
+            gettext(
+                "Schedule “%(name)s” was not resumed: its timing cannot be read (%(error)s). "
+                "Correct it on its page."
+            )
+            % {"name": plain_markers(obj.name), "error": plain_markers(str(error))},
+            messages.ERROR,
+        )
+
     def _set_enabled(self, request: HttpRequest, obj: AgentSchedule, enabled: bool) -> bool:
-        """Pause or resume, and the LogEntry; True when this request changed it."""
+        """Pause or resume, and the LogEntry; True when this request changed it. ValueError
+        (nothing changed) for a schedule whose time zone or cron expression no longer reads
+        (a row written by hand, or a time zone gone from the tz database)."""
         if not set_enabled(obj.pk, enabled):
             return False
         obj.refresh_from_db()
@@ -403,7 +421,12 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
         broken = 0
         registered = registered_agents()
         for obj in queryset.filter(enabled=not enabled).only("pk", "name"):
-            if self._set_enabled(request, obj, enabled):
+            try:
+                done = self._set_enabled(request, obj, enabled)
+            except ValueError as exc:
+                self._not_resumed(request, obj, exc)
+                continue
+            if done:
                 changed += 1
                 broken += state_of(obj, registered)[0] == ScheduleState.BROKEN
         if enabled:

@@ -590,3 +590,20 @@ def test_the_schedules_panel_is_for_whoever_may_see_schedules(django_user_model:
     assert 'id="schedules"' not in response.content.decode()
     both = staff_client(django_user_model, "view_agentrun", "view_agentschedule")
     assert 'id="schedules"' in operations(both).content.decode()
+
+
+def test_a_schedule_whose_timing_no_longer_reads_is_not_resumed(admin_client: Client) -> None:
+    # Written by hand (or its zone gone from the tz database): resuming it says why, no 500.
+    row = make("odd", cron="0 6 * * *", timezone="Mars/Olympus_Mons", enabled=False, next_slot=None)
+    response = admin_client.post(page_url(row, "resume"), follow=True)
+    assert response.status_code == 200
+    (message,) = messages_of(response)
+    assert message.startswith("Schedule “odd” was not resumed: its timing cannot be read")
+    response = admin_client.post(
+        list_url(), {"action": "resume_schedules", "_selected_action": [str(row.pk)]}, follow=True
+    )
+    assert any("was not resumed" in m for m in messages_of(response))
+    row.refresh_from_db()
+    assert not row.enabled
+    assert not LogEntry.objects.exists()
+    assert admin_client.get(page_url(row)).status_code == 200
