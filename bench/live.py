@@ -364,7 +364,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     poll = live["poll"]
     log(
         f"[live] the hub's polls ({poll['n']}): p50 {poll['p50_ms']:.0f} ms, p99 "
-        f"{poll['p99_ms']:.0f} ms, max {poll['max_ms']:.0f} ms each (then {POLL_MS} ms idle); "
+        f"{poll['p99_ms']:.0f} ms, max {poll['max_ms']:.0f} ms each (started {POLL_MS} ms "
+        "apart); "
         f"of their {live['poll_total_s']:.1f} s, {live['reads_total_s']:.1f} s reading runs "
         f"({live['reads']['n']} reads, p50 {live['reads']['p50_ms']:.1f} ms; catch-ups included)"
     )
