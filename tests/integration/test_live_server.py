@@ -15,8 +15,8 @@ from django.core.handlers.asgi import ASGIHandler
 
 import durable_agents
 from durable_agents.agents import registry
-from durable_agents.live import stream_token
 from durable_agents.live import publish as live_publish
+from durable_agents.live import stream_token
 from durable_agents.live.hub import Hub
 from tests.integration.test_live import watcher
 from tests.integration.test_live_limits import TASK, events_url
@@ -90,7 +90,7 @@ def test_a_client_that_goes_away_mid_stream_leaves_no_reader(server: tuple[int, 
     assert got.startswith(b"HTTP/1.1 200")
     assert b"text/event-stream" in got
     assert b"event: step" in got
-    wait_for(lambda: the_hub() is not None and the_hub().readers == 1, "the reader to join")
+    wait_for(lambda: (hub := the_hub()) is not None and hub.readers == 1, "the reader to join")
     hub = the_hub()
     assert hub is not None
     assert run.pk in hub.watches
