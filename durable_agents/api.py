@@ -5,6 +5,7 @@ the store's (``durable_agents.store``); signals and permission checks are here."
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
@@ -66,6 +67,7 @@ def start_run(
     key: str | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
+    debounce: float | None = None,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
@@ -94,9 +96,26 @@ def start_run(
     child runs have its key. A concurrency key is a non-empty string of at most 200
     characters without NUL.
 
-    A bad key, priority or concurrency key is a ``ValueError``, and nothing is created."""
+    ``debounce`` (seconds, with ``key``): starts with the same agent and key within the window
+    collapse into one run, started once the key has been quiet for ``debounce`` seconds, with
+    the last call's task. The first call returns the new run, ``waiting`` for its quiet window
+    (``waiting_for == "debounce"``, ``wake_at`` ``debounce`` seconds from now on the database
+    clock; no worker takes it before). A later call while it still waits returns the same run
+    (same id) and starts its window again, ``debounce`` seconds from now (the later call's
+    ``debounce``), with the later call's task, version, model, priority and concurrency key:
+    until the run starts, the last call wins, and no model has seen the task before. Once a
+    worker has claimed the run (or it was cancelled, or ended), a call with the key behaves
+    as ``key=`` alone: it returns that run and changes nothing. A call without ``debounce``
+    whose key belongs to a run still in its window returns that run unchanged too. A debounced
+    run is cancelled like any other run (``cancel_run``). ``debounce`` is a number of seconds
+    greater than 0 and at most ``MAX_DEBOUNCE_SECONDS`` (one day); it needs a ``key``.
+
+    A bad key, priority, concurrency key or debounce is a ``ValueError``, and nothing is
+    created."""
     if key is not None:
         _check_start_key(key)
+    if debounce is not None:
+        _check_debounce(debounce, key)
     _check_priority(priority)
     if concurrency_key is not None:
         check_concurrency_key(concurrency_key)
@@ -104,7 +123,30 @@ def start_run(
     run.start_key = key
     run.priority = priority
     run.concurrency_key = concurrency_key
-    return current().create_run(run, json.dumps(task, ensure_ascii=False))
+    task_payload = json.dumps(task, ensure_ascii=False)
+    if debounce is not None:
+        return current().debounce_run(run, task_payload, float(debounce))
+    return current().create_run(run, task_payload)
+
+
+# The longest quiet window ``start_run(..., debounce=)`` takes: one day. A longer one is more
+# likely a unit mistake (milliseconds for seconds) than a wish, and would leave the run waiting
+# that long unseen.
+MAX_DEBOUNCE_SECONDS = 86_400
+
+
+def _check_debounce(debounce: object, key: str | None) -> None:
+    if key is None:
+        raise ValueError("debounce= collapses the starts of one key: it needs key= too")
+    # bool is an int to Python, but True is no number of seconds.
+    if isinstance(debounce, bool) or not isinstance(debounce, int | float):
+        raise ValueError(f"debounce= is a number of seconds, not {type(debounce).__name__}")
+    if not math.isfinite(debounce) or debounce <= 0:
+        raise ValueError(f"debounce= is a positive, finite number of seconds, not {debounce!r}")
+    if debounce > MAX_DEBOUNCE_SECONDS:
+        raise ValueError(
+            f"debounce= is at most {MAX_DEBOUNCE_SECONDS} seconds (one day), not {debounce!r}"
+        )
 
 
 def _check_start_key(key: object) -> None:
@@ -436,6 +478,7 @@ async def astart_run(
     key: str | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
+    debounce: float | None = None,
 ) -> AgentRun:
     """``start_run`` for async code."""
     return await sync_to_async(start_run)(
@@ -446,6 +489,7 @@ async def astart_run(
         key=key,
         priority=priority,
         concurrency_key=concurrency_key,
+        debounce=debounce,
     )
 
 

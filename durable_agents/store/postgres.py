@@ -17,7 +17,8 @@ The life of a run, and what moves it along on PostgreSQL:
     park         PortableStore          the run waits: on an approval, a timer, an event, an
                                         answer or its children; START_INTENT_SQL starts an
                                         approved tool call under the fence
-    wake         CLAIM_SQL (due)        a due timer or timeout: the claim takes the run;
+    wake         CLAIM_SQL (due)        a due timer or timeout, or the end of a debounced
+                                        start's quiet window: the claim takes the run;
                  PortableStore          an event, an answer, a child's end: pending again
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
@@ -213,7 +214,9 @@ UPDATE agent_run AS run
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
        -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
+       -- A debounced start (its quiet window is over) is no wake of a call: NULL.
        woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
+                       WHEN run.waiting_for = 'debounce' THEN NULL
                        WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
