@@ -13,12 +13,16 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.test import Client
+from django.urls import reverse
 
 from durable_agents.admin.waits import wait_info
 from durable_agents.api import MAX_DEBOUNCE_SECONDS, cancel_run, start_run
 from durable_agents.models import AgentRun, AgentStep, RunStatus, WaitKind
 from durable_agents.store import current
 from durable_agents.testing import FakeClock
+from tests.integration.test_admin import ESCAPED, SCRIPT, run_url, runs_url
+from tests.integration.test_admin_waits import operations_url
 
 pytestmark = pytest.mark.django_db
 
@@ -140,13 +144,29 @@ def test_cancel_while_debouncing(durable_clock: Any) -> None:
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.CANCELLED
 
 
-def test_the_admin_shows_the_quiet_window() -> None:
-    run = start_run("tester", "t", key="ticket:13", debounce=30)
+def test_the_admin_shows_the_quiet_window(admin_client: Client) -> None:
+    run = start_run("tester", "t", key=f"ticket:{SCRIPT}", debounce=30)
     info = wait_info(run)
     assert info is not None
     assert info.label == "a quiet window"
     assert info.summary.startswith("a quiet window: starts at ")
     assert not info.due
+
+    listing = admin_client.get(runs_url()).content.decode()
+    assert "waits for a quiet window: starts at " in listing
+    assert admin_client.get(runs_url("?waits_for=debounce")).context["cl"].result_count == 1
+    page = admin_client.get(run_url(run)).content.decode()
+    assert 'id="wait-debounce"' in page
+    assert f"<code>ticket:{ESCAPED}</code>" in page
+    assert SCRIPT not in page
+    # The operations page counts it as a wait of its own kind, not as anything stuck.
+    operations = admin_client.get(operations_url())
+    [row] = [r for r in operations.context["wait_rows"] if r.kind == WaitKind.DEBOUNCE]
+    assert (row.label, row.count) == ("a quiet window", 1)
+    # Cancel from the run page (POST), as for any run.
+    response = admin_client.post(reverse("admin:durable_agents_agentrun_cancel", args=[run.pk]))
+    assert response.status_code == 302
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.CANCELLED
 
 
 @pytest.mark.parametrize(
