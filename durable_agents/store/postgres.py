@@ -13,6 +13,9 @@ The life of a run, and what moves it along on PostgreSQL:
                  FINISH_AND_CLAIM_SQL   the same, and the claim of the worker's next run
                                         (FINISH_TURN_AND_CLAIM_SQL for a model turn)
     unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
+    debounce     DEBOUNCE_SQL           a later start of a debounced run: its quiet window
+                                        starts again, with the call's task (the first
+                                        start, or a late one: PortableStore)
     release      PortableStore          the claim given back, the run pending again
     park         PortableStore          the run waits: on an approval, a timer, an event, an
                                         answer or its children; START_INTENT_SQL starts an
@@ -67,6 +70,10 @@ from durable_agents.store.base import (
     usage_shard,
 )
 from durable_agents.store.portable import PortableStore
+from durable_agents.store.postgres_debounce import (
+    DEBOUNCE_SQL as DEBOUNCE_SQL,  # one of this store's statements, pinned in tests/sql/ too
+)
+from durable_agents.store.postgres_debounce import PostgresDebounce
 from durable_agents.text import storable_text
 
 # -- Fragments -------------------------------------------------------------------------------
@@ -530,9 +537,9 @@ def binding_cursor() -> Iterator[Any]:
         yield cursor
 
 
-class PostgresStore(PortableStore):
+class PostgresStore(PostgresDebounce, PortableStore):
     """PostgreSQL outside a caller's transaction: one statement (one round trip) per claim,
-    per step commit, per finish-and-claim and per heartbeat."""
+    per step commit, per finish-and-claim, per heartbeat and per debounced start's push."""
 
     sends_live_text = True
 

@@ -24,7 +24,9 @@ from durable_agents.testing import FakeClock
 from tests.integration.test_admin import ESCAPED, SCRIPT, run_url, runs_url
 from tests.integration.test_admin_waits import operations_url
 
-pytestmark = pytest.mark.django_db
+# Transactions of their own (as in production): on PostgreSQL, calls then take the store's
+# one-statement path (``PostgresStore``), which a test transaction would bypass.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def task_step(run: AgentRun) -> str:
@@ -246,14 +248,12 @@ def _one_consistent_run(got: list[Any], callers: int) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
 def test_racing_callers_make_exactly_one_run_on_postgres() -> None:
     got, errors = _debounce_at_once(callers=60, at_once=30)
     assert errors == []
     _one_consistent_run(got, 60)
 
 
-@pytest.mark.django_db(transaction=True)
 def test_racing_callers_make_exactly_one_run() -> None:
     got, errors = _debounce_at_once(callers=8, at_once=8)
     assert errors == []
@@ -261,7 +261,6 @@ def test_racing_callers_make_exactly_one_run() -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
 def test_calls_racing_a_claim_never_change_the_run_it_took() -> None:
     """Callers push the window while a worker makes the run due (the fake clock) and claims
     it, in the middle of their calls: whatever wins each time, the task the claim read is the
