@@ -52,8 +52,9 @@ class PostgresDebounce(PortableDebounce):
         if run.concurrency_key is not None:
             # A claim admits a keyed run only through its key's row.
             ConcurrencyKey.objects.get_or_create(key=run.concurrency_key)
+        fields = {field.name: field for field in AgentRun._meta.concrete_fields}
         params: dict[str, Any] = {
-            name: AgentRun._meta.get_field(name).get_db_prep_save(getattr(run, name), connection)
+            name: fields[name].get_db_prep_save(getattr(run, name), connection)
             for name in DEBOUNCED_FIELDS
         }
         params.update(
