@@ -6,13 +6,14 @@ pytest plugin's fake clock (``durable_clock``), never waited for."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import threading
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 
@@ -169,6 +170,26 @@ def test_the_admin_shows_the_quiet_window(admin_client: Client) -> None:
     response = admin_client.post(reverse("admin:durable_agents_agentrun_cancel", args=[run.pk]))
     assert response.status_code == 302
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.CANCELLED
+
+
+def test_the_task_step_a_later_call_writes_is_encrypted_at_rest(
+    da_settings: Any, agent_runner: Any
+) -> None:
+    da_settings(ENCRYPTION_KEYS=[base64.urlsafe_b64encode(b"K" * 32).decode()])
+    run = start_run("tester", "first secret", key="ticket:enc", debounce=30)
+    start_run("tester", "second secret", key="ticket:enc", debounce=30)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT payload FROM agent_step WHERE run_id = %s",
+            [AgentRun._meta.pk.get_db_prep_value(run.pk, connection)],
+        )
+        [(stored,)] = cursor.fetchall()
+    assert stored.startswith("da:enc:v1:")
+    assert "secret" not in stored
+    assert task_step(run) == "second secret"
+    result = agent_runner.drive(run)
+    assert result.status == RunStatus.SUCCEEDED
+    assert result.transcript().startswith("0 task: second secret\n")
 
 
 @pytest.mark.parametrize(
