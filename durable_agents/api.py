@@ -72,19 +72,19 @@ def start_run(
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
 
-    ``key`` makes the start idempotent: while a run of this agent started with this key
-    exists, whatever its status (pending, running, waiting, succeeded, failed, dead,
-    cancelled), calling again with the key returns that run and starts nothing, however
-    many callers race on any number of workers. A web view that starts a run per request
-    passes a key the client sends again when it retries (a ticket's id, an order number),
-    so a retry gets the run the first attempt started. The first call's task wins: a later
-    call with the same key returns the first run unchanged, even if its task (or version,
-    model or priority) differs. Keys are per agent: the same key under two agents starts two
-    runs. A key is free again only once its run is deleted (``RETENTION_DAYS`` after it
-    ended). A key is a non-empty string of at most 200 characters without NUL or lone
-    surrogates. Called inside a transaction of yours, that transaction must be READ COMMITTED
-    (the default): under REPEATABLE READ or SERIALIZABLE a caller that loses the race cannot
-    see the winner's run, and gets the ``IntegrityError`` instead.
+    ``key`` makes the start idempotent: while a run of this agent started with this key exists,
+    whatever its status (pending, running, waiting, succeeded, failed, dead, cancelled), calling
+    again with the key returns that run and starts nothing, however many callers race on any
+    number of workers. A web view that starts a run per request passes a key the client sends
+    again when it retries (a ticket's id, an order number), so a retry gets the run the first
+    attempt started. The first call's task wins (unless the run is debounced, below): a later
+    call with the same key returns the first run unchanged, even if its task (or version, model
+    or priority) differs. Keys are per agent: the same key under two agents starts two runs. A
+    key is free again only once its run is deleted (``RETENTION_DAYS`` after it ended). A key is
+    a non-empty string of at most 200 characters without NUL or lone surrogates. Called inside a
+    transaction of yours, that transaction must be READ COMMITTED (the default): under
+    REPEATABLE READ or SERIALIZABLE a caller that loses the race cannot see the winner's run,
+    and gets the ``IntegrityError`` instead.
 
     ``priority``: 0 (the default) to 100; workers claim the highest first, then the oldest.
 
