@@ -22,6 +22,8 @@ from durable_agents.api import MAX_DEBOUNCE_SECONDS, cancel_run, start_run
 from durable_agents.models import AgentRun, AgentStep, RunStatus, WaitKind
 from durable_agents.store import current
 from durable_agents.testing import FakeClock
+from tests.conftest import run_worker
+from tests.fakeserver import FakeAnthropic
 from tests.integration.test_admin import ESCAPED, SCRIPT, run_url, runs_url
 from tests.integration.test_admin_waits import operations_url
 
@@ -94,6 +96,22 @@ def test_the_run_starts_after_the_quiet_window_with_the_last_task(
     assert result.run.woken_by is None  # a start, not the wake of a tool call
     assert result.run.attempt == 1
     assert durable_clock.offset == 501  # nothing else was waited for
+
+
+def test_a_worker_starts_the_run_once_due_and_sends_the_model_the_last_task(
+    fake_api: FakeAnthropic, durable_clock: Any
+) -> None:
+    run = start_run("tester", "old task", key="ticket:worker", debounce=60)
+    start_run("tester", "new task", key="ticket:worker", debounce=60)
+    run_worker()  # its window is not over: nothing is claimed
+    assert fake_api.ok_requests() == []
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.WAITING
+    durable_clock.advance(61)
+    run_worker()
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.woken_by) == (RunStatus.SUCCEEDED, 1, None)
+    [request] = fake_api.ok_requests()
+    assert request.json()["messages"][0] == {"role": "user", "content": "new task"}
 
 
 def test_drive_advances_the_clock_to_a_debounced_start(agent_runner: Any) -> None:
