@@ -116,7 +116,7 @@ def start_run(
         _check_start_key(key)
     if debounce is not None:
         _check_debounce(debounce, key)
-    _check_priority(priority)
+    check_priority(priority)
     if concurrency_key is not None:
         check_concurrency_key(concurrency_key)
     run = _new_run(agent, task, version, model)
@@ -160,7 +160,7 @@ def _check_start_key(key: object) -> None:
         raise ValueError("a start key cannot contain NUL characters or lone surrogates")
 
 
-def _check_priority(priority: object) -> None:
+def check_priority(priority: object) -> None:
     # bool is an int to Python, but True is no priority level.
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"a priority is an int, not {type(priority).__name__}")
@@ -185,13 +185,17 @@ def _check_model(model: object) -> None:
         raise ValueError("a model name cannot contain control characters or lone surrogates")
 
 
-def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
+def check_task(task: object) -> None:
     if not isinstance(task, str) or not task.strip():
         raise ValueError("a run needs a non-empty task")
     if has_unstorable(task):
         # The database cannot store NUL, nor UTF-8 encode a lone surrogate: say so now rather
         # than fail inside the INSERT.
         raise ValueError("a task cannot contain NUL characters or lone surrogates")
+
+
+def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
+    check_task(task)
     if model is not None:
         _check_model(model)
     definition = registry.get(agent, version)

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 # The longest schedule name: a slot's start key is the name and the slot time.
 MAX_SCHEDULE_NAME = 150
@@ -61,7 +64,7 @@ class AgentSchedule(models.Model):
         db_table = "agent_schedule"
         ordering: ClassVar[list[str]] = ["name"]
         verbose_name = _("agent schedule")
-        permissions: ClassVar[list[tuple[str, str]]] = [
+        permissions: ClassVar[list[tuple[str, StrOrPromise]]] = [
             ("run_agentschedule", _("Can start a schedule's run now")),
         ]
         indexes: ClassVar[list[models.Index]] = [

@@ -1,0 +1,225 @@
+"""Agents on a clock: schedules, their slots and the runs the slots start.
+
+    schedule(name, agent, task, cron=|every=, ...)   create or update the row named ``name``
+    check_timing(cron, every, timezone)              ValueError unless exactly one is sound
+    next_slot(schedule, after)                       the first slot strictly after ``after``
+    slot_key(name, slot)                             the start key of a slot's run
+    run_now(schedule)                                a run of the schedule now, outside its slots
+
+A slot's run is started with ``key = slot_key(name, slot)``: start keys are unique per agent,
+so whichever worker fires a slot, and however often (a worker that died between taking the
+slot and recording it), the slot starts one run.
+
+Slots are instants in UTC. A cron expression is read in the schedule's time zone by cronsim,
+which follows Debian cron across daylight-saving changes: a time skipped by the clock moving
+forward fires once, when the clock has moved (02:30 on the spring-forward night fires at
+03:00); a time repeated when the clock moves back fires once, the first time. ``every`` slots
+are the multiples of the interval since the Unix epoch (UTC), so that a schedule's slots do not
+move when its row is saved again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import zoneinfo
+from typing import Any
+
+from cronsim import CronSim, CronSimError
+from django.db import IntegrityError, transaction
+from django.utils import timezone as django_timezone
+
+from durable_agents.models import AgentRun
+from durable_agents.schedule_models import MAX_SCHEDULE_NAME, AgentSchedule
+from durable_agents.text import has_unstorable
+
+# The longest cron expression (the column's width).
+MAX_CRON = 200
+# An ``every`` below this is refused: a slot a second is what a loop is for, not a schedule.
+MIN_EVERY = dt.timedelta(seconds=1)
+MAX_EVERY = dt.timedelta(days=366)
+# How far ahead a cron expression's next slot is looked for: an expression that matches no
+# day in five years (31 February is refused by the parser; "0 0 29 2 1" is a Monday
+# 29 February, which comes every few decades) is refused as never firing.
+_HORIZON = dt.timedelta(days=5 * 366)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def check_name(name: object) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a schedule name must be a non-empty string")
+    if len(name) > MAX_SCHEDULE_NAME:
+        raise ValueError(
+            f"a schedule name has at most {MAX_SCHEDULE_NAME} characters; this one has {len(name)}"
+        )
+    if has_unstorable(name):
+        raise ValueError("a schedule name cannot contain NUL characters or lone surrogates")
+
+
+def time_zone(name: object) -> zoneinfo.ZoneInfo:
+    """The IANA time zone ``name``; ValueError for one that does not exist."""
+    if not isinstance(name, str) or not name or len(name) > 64 or has_unstorable(name):
+        raise ValueError(f"not a time zone name: {name!r}")
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"no such time zone: {name!r}") from exc
+
+
+def check_timing(cron: object, every: object, timezone: object = "UTC") -> None:
+    """ValueError unless exactly one of ``cron`` (a cron expression cronsim parses, that fires
+    at least once in five years) and ``every`` (a timedelta of a second to a year) is given,
+    in an existing ``timezone``."""
+    zone = time_zone(timezone)
+    if cron in (None, "") and every is None:
+        raise ValueError("a schedule needs cron= or every=")
+    if cron not in (None, "") and every is not None:
+        raise ValueError("a schedule has cron= or every=, not both")
+    if every is not None:
+        _check_every(every)
+        return
+    if not isinstance(cron, str) or len(cron) > MAX_CRON or has_unstorable(cron):
+        raise ValueError(f"a cron expression is a string of at most {MAX_CRON} characters")
+    try:
+        slots = CronSim(cron, django_timezone.now().astimezone(zone))
+    except CronSimError as exc:
+        raise ValueError(f"not a cron expression cronsim reads: {cron!r} ({exc})") from exc
+    if _first_slot(slots, django_timezone.now() + _HORIZON) is None:
+        raise ValueError(f"the cron expression {cron!r} fires on no day of the next five years")
+
+
+def _check_every(every: object) -> None:
+    if not isinstance(every, dt.timedelta):
+        raise ValueError(f"every= is a datetime.timedelta, not {type(every).__name__}")
+    if not MIN_EVERY <= every <= MAX_EVERY:
+        raise ValueError(f"every= is between {MIN_EVERY} and {MAX_EVERY.days} days, not {every}")
+
+
+def _first_slot(slots: CronSim, before: dt.datetime) -> dt.datetime | None:
+    try:
+        slot = next(slots)
+    except (StopIteration, CronSimError):
+        return None
+    return slot if slot <= before else None
+
+
+def next_slot(schedule: AgentSchedule, after: dt.datetime) -> dt.datetime | None:
+    """The schedule's first slot strictly after ``after``, in UTC; None when a cron
+    expression fires in none of the next five years."""
+    if schedule.every is not None:
+        step = schedule.every.total_seconds()
+        passed = (after - _EPOCH).total_seconds()
+        n = math.floor(passed / step) + 1
+        return _EPOCH + dt.timedelta(seconds=n * step)
+    zone = time_zone(schedule.timezone)
+    slot = _first_slot(CronSim(schedule.cron, after.astimezone(zone)), after + _HORIZON)
+    return None if slot is None else slot.astimezone(dt.UTC)
+
+
+def slot_key(name: str, slot: dt.datetime) -> str:
+    """The start key of the run of a slot: the schedule's name and the slot, in UTC to the
+    microsecond."""
+    return f"{name}@{slot.astimezone(dt.UTC).isoformat(timespec='microseconds')}"
+
+
+def schedule(
+    name: str,
+    agent: str,
+    task: str,
+    *,
+    cron: str | None = None,
+    every: dt.timedelta | None = None,
+    timezone: str = "UTC",
+    priority: int = 0,
+    concurrency_key: str | None = None,
+    catch_up: bool = False,
+    enabled: bool = True,
+) -> AgentSchedule:
+    """Create the schedule ``name``, or update it if it exists: every slot of ``cron`` (in
+    ``timezone``) or of ``every`` starts one run of ``agent`` with ``task`` across the whole
+    fleet. Idempotent: a data migration or an ``AppConfig.ready`` may call it on every start.
+
+    The first slot is the first one after the call. Changing the timing (cron, every or time
+    zone) or enabling the schedule again moves its next slot to the first one after the call;
+    changing anything else keeps it. ``catch_up``: after an outage (no worker ran through some
+    slots), False starts only the newest missed slot, True each of them, oldest first (at most
+    ``MAX_CATCH_UP`` per firing). A bad argument (an unknown agent, a cron expression that
+    does not parse, a time zone that does not exist, ``every`` not a positive timedelta) is a
+    ``ValueError``, and nothing is saved."""
+    from durable_agents.agents import get_agent
+    from durable_agents.api import check_priority, check_task
+    from durable_agents.exceptions import AgentNotFound
+    from durable_agents.store.concurrency import check_concurrency_key
+
+    check_name(name)
+    check_timing(cron, every, timezone)
+    try:
+        get_agent(agent)
+    except AgentNotFound as exc:
+        raise ValueError(f"no agent named {agent!r} is registered") from exc
+    check_task(task)
+    check_priority(priority)
+    if concurrency_key is not None:
+        check_concurrency_key(concurrency_key)
+    if not isinstance(catch_up, bool) or not isinstance(enabled, bool):
+        raise ValueError("catch_up= and enabled= are True or False")
+    fields: dict[str, Any] = {
+        "agent": agent,
+        "task": task,
+        "cron": cron or "",
+        "every": every,
+        "timezone": timezone,
+        "priority": priority,
+        "concurrency_key": concurrency_key,
+        "catch_up": catch_up,
+        "enabled": enabled,
+        "broken": "",
+    }
+    # Two processes declaring the same schedule at once (two workers starting with it in their
+    # AppConfig.ready): the one that loses the insert updates the winner's row instead.
+    for _ in range(2):
+        try:
+            with transaction.atomic():
+                return _save(name, fields, cron or "", every, timezone, enabled)
+        except IntegrityError:
+            continue
+    raise RuntimeError(f"could not save the schedule {name!r}")  # pragma: no cover
+
+
+def _save(
+    name: str,
+    fields: dict[str, Any],
+    cron: str,
+    every: dt.timedelta | None,
+    timezone: str,
+    enabled: bool,
+) -> AgentSchedule:
+    existing = AgentSchedule.objects.select_for_update().filter(name=name).first()
+    now = django_timezone.now()
+    if existing is None:
+        row = AgentSchedule(name=name, **fields)
+        row.next_slot = next_slot(row, now)
+        row.save()
+        return row
+    retimed = (existing.cron, existing.every, existing.timezone) != (cron, every, timezone)
+    resumed = enabled and not existing.enabled
+    for field, value in fields.items():
+        setattr(existing, field, value)
+    if retimed or resumed or existing.next_slot is None:
+        existing.next_slot = next_slot(existing, now)
+    existing.save()
+    return existing
+
+
+def run_now(schedule: AgentSchedule) -> AgentRun:
+    """A run of the schedule started now, outside its slots (the admin's "run now"): its
+    agent, task, priority and concurrency key; the schedule's slots are unchanged."""
+    from durable_agents.api import start_run
+
+    return start_run(
+        schedule.agent,
+        schedule.task,
+        key=f"{schedule.name}@now:{django_timezone.now().isoformat(timespec='microseconds')}",
+        priority=schedule.priority,
+        concurrency_key=schedule.concurrency_key,
+    )
