@@ -44,7 +44,9 @@ def claim_all() -> list[Any]:
     return [claim.run_id for claim in current().claim_runs("test-worker", 60, limit=10)]
 
 
-def test_starts_within_the_window_collapse_into_one_run_with_the_last_task() -> None:
+def test_starts_within_the_window_collapse_into_one_run_with_the_last_task(
+    durable_clock: Any,
+) -> None:
     first = start_run("tester", "Summarise ticket 7 (1 comment)", key="ticket:7", debounce=30)
     assert (first.status, first.waiting_for) == (RunStatus.WAITING, WaitKind.DEBOUNCE)
     first_wake = first.wake_at
@@ -75,6 +77,9 @@ def test_starts_within_the_window_collapse_into_one_run_with_the_last_task() -> 
         None,
     )
     assert claim_all() == []
+    # Due, it is claimed within its new concurrency key (a key no run had before).
+    durable_clock.advance(31)
+    assert claim_all() == [run.pk]
 
 
 def test_the_run_starts_after_the_quiet_window_with_the_last_task(
