@@ -15,6 +15,10 @@
    waiting, for you to answer in the admin.
 7. Time travel: a run stops at a failed call; a fork of it at that call's result, edited as a
    person would after fixing things by hand, goes on and finishes.
+8. Agents on a clock: the schedule ``demo-every-3s``, declared when the demo starts, fires a
+   small run every 3 seconds whenever a (non-burst) worker is up; a worker runs for a few
+   slots, each slot starts exactly one run (its start key is the schedule's name and the slot
+   time), and the schedule is paused at the end (resume it in the admin).
 
 Uses the offline scripted model (the tasks carry the plan it plays): the demo settings turn
 it on while DEBUG is on, as in ``make run``; ``DURABLE_AGENTS_OFFLINE=0`` sends the tasks to
@@ -27,6 +31,7 @@ by every worker of the demo (as the API's is by an organisation): it is served o
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -50,6 +55,7 @@ from durable_agents.conf import app_settings
 from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
+    AgentSchedule,
     AgentStep,
     IntentStatus,
     RunStatus,
@@ -109,6 +115,12 @@ ARCHIVE = f"""Copy the old orders into the archive table, then record it on the 
 
 KILL_AFTER_SEQ = 6
 LEASE_SECONDS = "3"
+# The demo's schedule: a small run every few seconds while a worker is up.
+SCHEDULE_NAME = "demo-every-3s"
+SCHEDULE_EVERY = datetime.timedelta(seconds=3)
+SCHEDULE_TASK = """Check that the orders table has what the nightly report needs.
+@get_schema {"table": "orders"}
+"""
 
 
 class Command(BaseCommand):
@@ -135,6 +147,13 @@ class Command(BaseCommand):
                 self._limits_report(limits)
 
     def _story(self, options: dict[str, Any]) -> None:
+        durable_agents.schedule(
+            SCHEDULE_NAME, agent="migrator", task=SCHEDULE_TASK, every=SCHEDULE_EVERY
+        )
+        self._say(
+            f"schedule {SCHEDULE_NAME} declared: a run every {SCHEDULE_EVERY.seconds}s, fired "
+            "by whichever worker is up (burst workers fire none)"
+        )
         migration = durable_agents.start_run("migrator", MIGRATION)
         extra = [
             durable_agents.start_run("migrator", SMALLER[i % len(SMALLER)])
@@ -195,6 +214,7 @@ class Command(BaseCommand):
         self._report(runs, migration, elapsed)
         self._long_running()
         self._time_travel()
+        self._on_a_clock()
         self._speed(options["speed_runs"])
 
     # -- helpers ---------------------------------------------------------------------------
@@ -334,6 +354,31 @@ class Command(BaseCommand):
             whose = "shared" if step.run_id == stopped.pk else "fork's own"
             self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {whose:<10} {_summary(step)}")
         self._say(f"the fork {fork.status}: {fork.result!r}; the run it came from is unchanged")
+
+    def _on_a_clock(self) -> None:
+        """A worker up for a few of the schedule's slots; each slot's run, then the pause."""
+        self._say(f"a worker runs for 8s: {SCHEDULE_NAME} fires each slot that falls due")
+        worker = self._worker("demo-worker-clock")
+        time.sleep(8)
+        worker.send_signal(signal.SIGTERM)  # a deploy: it finishes its current steps
+        worker.wait()
+        fired = AgentRun.objects.filter(
+            agent="migrator", start_key__startswith=f"{SCHEDULE_NAME}@"
+        ).order_by("start_key")
+        for run in fired:
+            slot = datetime.datetime.fromisoformat(run.start_key.split("@", 1)[1])
+            late = (run.created_at - slot).total_seconds()
+            self.stdout.write(
+                f"  slot {slot:%H:%M:%S} UTC: run {str(run.pk)[:8]} {run.status}, "
+                f"started {late:.2f}s after its slot"
+            )
+        schedule = AgentSchedule.objects.get(name=SCHEDULE_NAME)
+        schedule.enabled = False
+        schedule.save(update_fields=["enabled"])
+        self._say(
+            f"{fired.count()} slots, one run each; {SCHEDULE_NAME} is paused now (resume it, "
+            "or run it now, on the admin's Agent schedules page)"
+        )
 
     def _speed(self, count: int) -> None:
         """Throughput without the story's pauses: short runs, one in-process worker."""
