@@ -1,0 +1,267 @@
+"""Firing schedules: each due slot starts its run, once, across the whole fleet.
+
+    fire_due(now=None)   one look at the schedules; fires the due ones, a batch at a time
+
+Every worker calls ``fire_due`` a few times a second (``ScheduleFirer``, on a thread of its
+own). What it costs:
+
+    nothing due      one indexed statement (``agent_schedule_due``, a partial index on
+                     next_slot): the earliest next slot and the database's clock, outside any
+                     transaction; it also says how long until that slot, so the firer sleeps
+                     until then (at most ``TICK_SECONDS``)
+    a due batch      one transaction: one SELECT ... FOR UPDATE SKIP LOCKED of up to
+                     ``BATCH`` due schedules, the start of each slot's run, one UPDATE of
+                     every row taken (next_slot, last_slot, last_run, broken)
+
+Exactly one run per slot, whatever happens:
+
+- A slot's run is started with the start key ``slot_key(name, slot)``: whichever worker fires
+  the slot, however many times, it starts one run (start keys are unique per agent).
+- The slot's run and the schedule's move to the next slot commit together. A worker that dies
+  in between commits neither: the row lock goes with its connection, and the next worker
+  fires the slot again (its key makes that the only run of the slot).
+- SKIP LOCKED: two workers firing at once take different schedules instead of waiting for
+  each other, and never the same one.
+
+Missed slots (no worker ran through them): only the newest is fired, unless the schedule has
+``catch_up``: then each, oldest first, ``MAX_CATCH_UP`` per schedule per firing.
+
+A schedule that cannot fire (its agent is not registered any more, its cron expression or its
+time zone no longer parses, its task is refused) gets the reason in ``broken`` and fires
+nothing until ``schedule()`` or an edit in the admin clears it: the worker that notices logs
+it once, and goes on with the others. A database error while starting one slot's run leaves
+that schedule as it was (its savepoint is rolled back): the next firing tries again.
+
+On PostgreSQL the clock is the database's (``now()``), as for leases and timers; on SQLite,
+``Now()`` of the same machine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cronsim import CronSimError
+from django.db import DatabaseError, transaction
+from django.db.models import Value
+from django.db.models.expressions import Expression
+from django.db.models.functions import Now
+
+from durable_agents.exceptions import AgentNotFound
+from durable_agents.models import AgentRun
+from durable_agents.schedule_models import AgentSchedule
+from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, slot_key
+
+logger = logging.getLogger("durable_agents.schedules")
+
+# Due schedules one transaction takes (each with its slots' runs).
+BATCH = 100
+# Batches one ``fire_due`` call takes at most before it hands back (the rest: the next call).
+MAX_BATCHES = 10
+# How often a worker looks for due schedules when none is due sooner: a slot's run starts at
+# most this late when the slot was unknown at the last look (a schedule just created).
+TICK_SECONDS = 0.25
+# After a database error, the firer waits this long before it looks again.
+ERROR_WAIT_SECONDS = 1.0
+
+_FIELDS = ["next_slot", "last_slot", "last_run", "broken", "updated_at"]
+
+
+@dataclass
+class Fired:
+    """What one ``fire_due`` call did."""
+
+    # The runs the slots started (or found started already, by their key), oldest slot first.
+    runs: list[AgentRun] = field(default_factory=list)
+    # The schedules taken (fired, or found broken).
+    schedules: int = 0
+    # The names of the schedules found broken by this call.
+    broken: list[str] = field(default_factory=list)
+    # Seconds until the next known slot (0: more are due now); None when no schedule fires.
+    next_in: float | None = None
+
+
+def fire_due(now: dt.datetime | None = None, *, batch: int = BATCH) -> Fired:
+    """Fire every slot that is due (``next_slot`` <= ``now``) of the enabled, sound schedules,
+    ``batch`` schedules per transaction, at most ``MAX_BATCHES`` batches per call. ``now``:
+    the time to fire at (a test's fake clock); by default the database's clock."""
+    cutoff: Expression = Now() if now is None else Value(now)
+    fired = Fired()
+    first = (
+        AgentSchedule.objects.firing()
+        .filter(next_slot__isnull=False)
+        .annotate(db_now=cutoff)
+        .order_by("next_slot")
+        .values_list("next_slot", "db_now")
+        .first()
+    )
+    if first is None:
+        return fired
+    earliest, clock = first
+    if earliest > clock:
+        fired.next_in = (earliest - clock).total_seconds()
+        return fired
+    for _ in range(MAX_BATCHES):
+        taken, next_in = _fire_batch(cutoff, batch, fired)
+        fired.next_in = next_in
+        if taken < batch:
+            return fired
+    fired.next_in = 0.0
+    return fired
+
+
+def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, float | None]:
+    """One transaction: take up to ``batch`` due schedules (skipping those another worker
+    holds), fire them, move them on. Returns how many were taken, and the seconds until the
+    earliest next slot among them (0 when a batch was full: more may be due)."""
+    with transaction.atomic():
+        rows = list(
+            AgentSchedule.objects.firing()
+            .filter(next_slot__lte=cutoff)
+            .annotate(db_now=cutoff)
+            .order_by("next_slot")
+            .select_for_update(skip_locked=True)[:batch]
+        )
+        if not rows:
+            return 0, None
+        clock: dt.datetime = rows[0].db_now  # type: ignore[attr-defined]
+        for row in rows:
+            _fire_one(row, clock, fired)
+            row.updated_at = clock
+        AgentSchedule.objects.bulk_update(rows, _FIELDS)
+    fired.schedules += len(rows)
+    if len(rows) == batch:
+        return len(rows), 0.0
+    upcoming = [row.next_slot for row in rows if row.next_slot is not None and not row.broken]
+    if not upcoming:
+        return len(rows), None
+    return len(rows), max(0.0, (min(upcoming) - clock).total_seconds())
+
+
+def _fire_one(row: AgentSchedule, clock: dt.datetime, fired: Fired) -> None:
+    """Start the runs of ``row``'s due slots and move its slots on, in memory (the caller
+    saves every row of the batch in one UPDATE). Never raises but for a database error
+    outside the slot's savepoint."""
+    from durable_agents.agents import registry
+
+    try:
+        registry.get(row.agent)
+        slots = due_slots(row, clock, MAX_CATCH_UP)
+    except AgentNotFound:
+        _break(row, f"no agent named {row.agent!r} is registered", fired)
+        return
+    except (ValueError, CronSimError) as exc:
+        _break(row, f"its timing no longer parses: {exc}", fired)
+        return
+    for slot in slots:
+        try:
+            with transaction.atomic():  # a savepoint: a failed start leaves the others
+                run = _start_slot_run(row, slot)
+        except DatabaseError:
+            logger.warning(
+                "schedule %r: starting the run of the slot %s failed; retrying at the next firing",
+                row.name,
+                slot.isoformat(),
+                exc_info=True,
+            )
+            return
+        # A bad task, a receiver raising: it breaks the schedule, not the worker.
+        except Exception as exc:  # noqa: BLE001
+            _break(row, f"starting a run failed: {type(exc).__name__}: {exc}", fired)
+            return
+        fired.runs.append(run)
+        row.last_slot = slot
+        row.last_run_id = run.pk
+        try:
+            following = next_slot(row, slot)
+        except (ValueError, CronSimError) as exc:  # pragma: no cover - due_slots parsed it
+            _break(row, f"its timing no longer parses: {exc}", fired)
+            return
+        if following is None:
+            _break(row, "its cron expression fires on no day of the next five years", fired)
+            return
+        row.next_slot = following
+
+
+def _start_slot_run(row: AgentSchedule, slot: dt.datetime) -> AgentRun:
+    from durable_agents.api import start_run
+
+    return start_run(
+        row.agent,
+        row.task,
+        key=slot_key(row.name, slot),
+        priority=row.priority,
+        concurrency_key=row.concurrency_key,
+    )
+
+
+def _break(row: AgentSchedule, reason: str, fired: Fired) -> None:
+    row.broken = reason
+    fired.broken.append(row.name)
+    logger.error(
+        "schedule %r fires nothing until it is saved again (schedule() or the admin): %s",
+        row.name,
+        reason,
+    )
+
+
+class ScheduleFirer:
+    """A worker's firing loop: ``fire_due`` every ``TICK_SECONDS``, or at the next known slot
+    if that comes sooner, until ``stopping`` is set. Never raises: a database error is logged
+    once and retried; any other error is logged and the loop goes on."""
+
+    def __init__(
+        self,
+        stopping: threading.Event,
+        *,
+        tick_seconds: float = TICK_SECONDS,
+        release: Callable[[], None] = lambda: None,
+        close: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.stopping = stopping
+        self.tick_seconds = tick_seconds
+        # Hand the thread's connection back to the pool between looks / drop it after an error.
+        self.release = release
+        self.close = close
+        self.failures = 0
+
+    def serve(self) -> None:
+        wait = 0.0
+        try:
+            while not self.stopping.wait(wait):
+                wait = self.tick()
+        finally:
+            self.close()
+
+    def tick(self) -> float:
+        """One look (and firing); returns how long to wait before the next."""
+        try:
+            fired = fire_due()
+        except DatabaseError as exc:
+            self.failures += 1
+            (logger.error if self.failures == 1 else logger.debug)(
+                "firing schedules failed (%s: %s); retrying every %.1fs",
+                type(exc).__name__,
+                " ".join(str(exc).split()),
+                ERROR_WAIT_SECONDS,
+            )
+            self.close()
+            return ERROR_WAIT_SECONDS
+        except Exception:
+            self.failures += 1
+            logger.exception("firing schedules failed")
+            self.close()
+            return ERROR_WAIT_SECONDS
+        finally:
+            self.release()
+        if self.failures:
+            logger.info("firing schedules works again after %d failures", self.failures)
+            self.failures = 0
+        if fired.runs:
+            logger.info("fired %d slot(s) of %d schedule(s)", len(fired.runs), fired.schedules)
+        if fired.next_in is None:
+            return self.tick_seconds
+        return min(self.tick_seconds, fired.next_in)
