@@ -25,8 +25,10 @@ UTC = dt.UTC
 MINUTE = dt.timedelta(minutes=1)
 
 
-def at(*args: int) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=UTC)
+def at(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> dt.datetime:
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def runs_of(name: str) -> list[AgentRun]:
