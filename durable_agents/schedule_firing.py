@@ -10,8 +10,10 @@ own). What it costs:
                      transaction; it also says how long until that slot, so the firer sleeps
                      until then (at most ``TICK_SECONDS``)
     a due batch      one transaction: one SELECT ... FOR UPDATE SKIP LOCKED of up to
-                     ``BATCH`` due schedules, the start of each slot's run, one UPDATE of
-                     every row taken (next_slot, last_slot, last_run, broken)
+                     ``BATCH`` due schedules, the runs of all their due slots started
+                     together (``Store.create_runs``: one INSERT of the runs, one read of
+                     their keys, one INSERT of their task steps), one UPDATE of every row
+                     taken (next_slot, last_slot, last_run, broken)
 
 Exactly one run per slot, whatever happens:
 
@@ -29,8 +31,9 @@ Missed slots (no worker ran through them): only the newest is fired, unless the 
 A schedule that cannot fire (its agent is not registered any more, its cron expression or its
 time zone no longer parses, its task is refused) gets the reason in ``broken`` and fires
 nothing until ``schedule()`` or an edit in the admin clears it: the worker that notices logs
-it once, and goes on with the others. A database error while starting one slot's run leaves
-that schedule as it was (its savepoint is rolled back): the next firing tries again.
+it once, and goes on with the others. If starting the batch's runs together fails, they are
+started one by one, each in a savepoint: a run that fails to start leaves its schedule as it
+was (the next firing tries it again), and the others start.
 
 On PostgreSQL the clock is the database's (``now()``), as for leases and timers; on SQLite,
 ``Now()`` of the same machine.
@@ -39,13 +42,14 @@ On PostgreSQL the clock is the database's (``now()``), as for leases and timers;
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cronsim import CronSimError
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Value
 from django.db.models.expressions import Expression
 from django.db.models.functions import Now
@@ -54,6 +58,7 @@ from durable_agents.exceptions import AgentNotFound
 from durable_agents.models import AgentRun
 from durable_agents.schedule_models import AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, slot_key
+from durable_agents.store import current
 
 logger = logging.getLogger("durable_agents.schedules")
 
@@ -113,10 +118,42 @@ def fire_due(now: dt.datetime | None = None, *, batch: int = BATCH) -> Fired:
     return fired
 
 
+# The rows of a batch moved on, in one statement whatever their number (PostgreSQL): the ORM's
+# bulk_update builds a CASE per column and row, which costs more Python than the firing.
+MOVE_ON_SQL = """\
+UPDATE agent_schedule AS s
+   SET next_slot = v.next_slot, last_slot = v.last_slot, last_run_id = v.last_run_id,
+       broken = v.broken, updated_at = now()
+  FROM unnest(%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::uuid[], %s::text[])
+       AS v(id, next_slot, last_slot, last_run_id, broken)
+ WHERE s.id = v.id"""
+
+
+def _save_moves(rows: list[AgentSchedule], clock: dt.datetime) -> None:
+    """One UPDATE of every row taken: next_slot, last_slot, last_run, broken."""
+    if connection.vendor != "postgresql":
+        for row in rows:
+            row.updated_at = clock
+        AgentSchedule.objects.bulk_update(rows, _FIELDS)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            MOVE_ON_SQL,
+            [
+                [row.pk for row in rows],
+                [row.next_slot for row in rows],
+                [row.last_slot for row in rows],
+                [row.last_run_id for row in rows],
+                [row.broken for row in rows],
+            ],
+        )
+
+
 def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, float | None]:
     """One transaction: take up to ``batch`` due schedules (skipping those another worker
-    holds), fire them, move them on. Returns how many were taken, and the seconds until the
-    earliest next slot among them (0 when a batch was full: more may be due)."""
+    holds), start their slots' runs, move them on. Returns how many were taken, and the
+    seconds until the earliest next slot among them (0 when a batch was full: more may be
+    due)."""
     with transaction.atomic():
         rows = list(
             AgentSchedule.objects.firing()
@@ -128,10 +165,13 @@ def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, floa
         if not rows:
             return 0, None
         clock: dt.datetime = rows[0].db_now  # type: ignore[attr-defined]
-        for row in rows:
-            _fire_one(row, clock, fired)
-            row.updated_at = clock
-        AgentSchedule.objects.bulk_update(rows, _FIELDS)
+        slots = [
+            _SlotRun(row, slot, run) for row in rows for slot, run in _slot_runs(row, clock, fired)
+        ]
+        for slot_run, run in zip(slots, _start(slots), strict=True):
+            slot_run.run = run
+        _move_on(slots, fired)
+        _save_moves(rows, clock)
     fired.schedules += len(rows)
     if len(rows) == batch:
         return len(rows), 0.0
@@ -141,61 +181,104 @@ def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, floa
     return len(rows), max(0.0, (min(upcoming) - clock).total_seconds())
 
 
-def _fire_one(row: AgentSchedule, clock: dt.datetime, fired: Fired) -> None:
-    """Start the runs of ``row``'s due slots and move its slots on, in memory (the caller
-    saves every row of the batch in one UPDATE). Never raises but for a database error
-    outside the slot's savepoint."""
-    from durable_agents.agents import registry
+@dataclass
+class _SlotRun:
+    """A due slot of a schedule and its run: unsaved until started, None if it failed."""
+
+    schedule: AgentSchedule
+    slot: dt.datetime
+    run: AgentRun | None
+
+
+def _slot_runs(
+    row: AgentSchedule, clock: dt.datetime, fired: Fired
+) -> list[tuple[dt.datetime, AgentRun]]:
+    """The due slots of ``row`` and their runs to start (unsaved), oldest first; none when the
+    schedule cannot fire (then it is broken, with the reason)."""
+    from durable_agents import api
+    from durable_agents.store.concurrency import check_concurrency_key
 
     try:
-        registry.get(row.agent)
         slots = due_slots(row, clock, MAX_CATCH_UP)
-    except AgentNotFound:
-        _break(row, f"no agent named {row.agent!r} is registered", fired)
-        return
     except (ValueError, CronSimError) as exc:
         _break(row, f"its timing no longer parses: {exc}", fired)
-        return
-    for slot in slots:
+        return []
+    runs = []
+    try:
+        for slot in slots:
+            key = slot_key(row.name, slot)
+            api._check_start_key(key)
+            api.check_priority(row.priority)
+            if row.concurrency_key is not None:
+                check_concurrency_key(row.concurrency_key)
+            run = api._new_run(row.agent, row.task, None, None)
+            run.start_key, run.priority = key, row.priority
+            run.concurrency_key = row.concurrency_key
+            runs.append((slot, run))
+    except AgentNotFound:
+        _break(row, f"no agent named {row.agent!r} is registered", fired)
+        return []
+    except ValueError as exc:
+        _break(row, f"its run is refused: {exc}", fired)
+        return []
+    # A bug, a check of a deploy's own: it breaks the schedule, not the worker.
+    except Exception as exc:  # noqa: BLE001
+        _break(row, f"starting a run failed: {type(exc).__name__}: {exc}", fired)
+        return []
+    return runs
+
+
+def _start(slots: list[_SlotRun]) -> list[AgentRun | None]:
+    """Start the runs of ``slots``: all together (a few statements for the whole batch), or,
+    if that fails, one by one, each in its savepoint, so that one that fails (its schedule is
+    left as it was, tried again at the next firing) does not hold back the others."""
+    payloads = []
+    for slot_run in slots:
+        assert slot_run.run is not None  # unsaved, not started yet
+        payloads.append((slot_run.run, json.dumps(slot_run.run.task, ensure_ascii=False)))
+    try:
+        return list(current().create_runs(payloads))  # in a savepoint of its own
+    except DatabaseError:
+        logger.warning("starting %d scheduled runs together failed; one by one", len(slots))
+    started: list[AgentRun | None] = []
+    failed: set[int] = set()
+    for slot_run, (run, payload) in zip(slots, payloads, strict=True):
+        if id(slot_run.schedule) in failed:
+            started.append(None)  # an older slot of its schedule failed: this one waits
+            continue
         try:
-            with transaction.atomic():  # a savepoint: a failed start leaves the others
-                run = _start_slot_run(row, slot)
+            with transaction.atomic():
+                started.append(current().create_run(run, payload))
         except DatabaseError:
             logger.warning(
                 "schedule %r: starting the run of the slot %s failed; retrying at the next firing",
-                row.name,
-                slot.isoformat(),
+                slot_run.schedule.name,
+                slot_run.slot.isoformat(),
                 exc_info=True,
             )
-            return
-        # A bad task, a receiver raising: it breaks the schedule, not the worker.
-        except Exception as exc:  # noqa: BLE001
-            _break(row, f"starting a run failed: {type(exc).__name__}: {exc}", fired)
-            return
+            failed.add(id(slot_run.schedule))
+            started.append(None)
+    return started
+
+
+def _move_on(slots: list[_SlotRun], fired: Fired) -> None:
+    """Each schedule's last slot and run are its newest started slot's; its next slot is the
+    one after it (or the first slot whose run failed to start: it is due again)."""
+    for slot_run in slots:
+        row, run = slot_run.schedule, slot_run.run
+        if run is None or row.broken:
+            continue
         fired.runs.append(run)
-        row.last_slot = slot
-        row.last_run_id = run.pk
+        row.last_slot, row.last_run_id = slot_run.slot, run.pk
         try:
-            following = next_slot(row, slot)
+            following = next_slot(row, slot_run.slot)
         except (ValueError, CronSimError) as exc:  # pragma: no cover - due_slots parsed it
             _break(row, f"its timing no longer parses: {exc}", fired)
-            return
+            continue
         if following is None:
             _break(row, "its cron expression fires on no day of the next five years", fired)
-            return
+            continue
         row.next_slot = following
-
-
-def _start_slot_run(row: AgentSchedule, slot: dt.datetime) -> AgentRun:
-    from durable_agents.api import start_run
-
-    return start_run(
-        row.agent,
-        row.task,
-        key=slot_key(row.name, slot),
-        priority=row.priority,
-        concurrency_key=row.concurrency_key,
-    )
 
 
 def _break(row: AgentSchedule, reason: str, fired: Fired) -> None:

@@ -65,6 +65,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.portable_batch import PortableBatch
 from durable_agents.store.portable_logs import PortableLogs
 from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
@@ -128,7 +129,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(PortableLogs, PortableTrees):
+class PortableStore(PortableBatch, PortableLogs, PortableTrees):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------

@@ -282,8 +282,8 @@ def test_the_idle_look_is_one_statement() -> None:
 
 
 def test_a_due_batch_costs_a_constant_number_of_schedule_statements() -> None:
-    """The schedule rows of a batch cost the look, the locking SELECT and one UPDATE, however
-    many are due; the rest is the runs' creation, the same per run."""
+    """A batch costs the same statements however many schedules are due: the look, the
+    locking SELECT and one UPDATE for the schedule rows, three for their runs."""
     counts = {}
     for size in (3, 30):
         AgentSchedule.objects.all().delete()
@@ -293,11 +293,14 @@ def test_a_due_batch_costs_a_constant_number_of_schedule_statements() -> None:
         with CaptureQueriesContext(connection) as queries:
             fired = fire_due(at(2026, 1, 1, 0, 0, 1))
         assert len(fired.runs) == size
-        on_schedules = [
-            q["sql"] for q in queries.captured_queries if '"agent_schedule"' in q["sql"]
-        ]
-        counts[size] = len(on_schedules)
-    assert counts == {3: 3, 30: 3}
+        on_schedules = [q["sql"] for q in queries.captured_queries if "agent_schedule" in q["sql"]]
+        counts[size] = (len(on_schedules), len(queries.captured_queries))
+    # The look, the locking SELECT, the UPDATE; the runs: their INSERT, the read of their
+    # keys, the INSERT of their task steps; two savepoints (the firing's transaction is one
+    # here, inside the test's), four statements.
+    assert {on for on, _ in counts.values()} == {3}
+    if connection.vendor == "postgresql":  # SQLite splits INSERTs by its parameter limit
+        assert counts == {3: (3, 10), 30: (3, 10)}
     assert BATCH >= 30
 
 
@@ -406,3 +409,28 @@ def test_the_fake_clock_fires_the_slots_it_passes(agent_runner: Any, durable_clo
         durable_clock.advance(hours=-1)
     durable_clock.advance(30)  # seconds, positionally, as before
     assert durable_clock.offset == 3600 + 300 + 30
+
+
+@pytest.mark.postgres
+def test_a_run_the_database_refuses_leaves_its_schedule_due_and_the_others_fire() -> None:
+    """The batch's runs start together; when the database refuses one (here a trigger), they
+    start one by one: the refused one's schedule stays due, the others move on."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse_explode() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF NEW.task = 'Explode.' THEN RAISE EXCEPTION 'refused'; END IF;"
+            " RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER refuse_explode BEFORE INSERT ON agent_run"
+            " FOR EACH ROW EXECUTE FUNCTION refuse_explode()"
+        )
+    schedule("explodes", "tester", "Explode.", every=MINUTE)
+    schedule("fine", "tester", "Work.", every=MINUTE)
+    AgentSchedule.objects.update(next_slot=at(2026, 1, 1))
+    fired = fire_due(at(2026, 1, 1, 0, 0, 30))
+    assert [r.start_key for r in fired.runs] == [slot_key("fine", at(2026, 1, 1))]
+    assert fired.broken == []
+    explodes = AgentSchedule.objects.get(name="explodes")
+    assert (explodes.next_slot, explodes.last_slot, explodes.broken) == (at(2026, 1, 1), None, "")
+    assert AgentSchedule.objects.get(name="fine").next_slot == at(2026, 1, 1, 0, 1)
