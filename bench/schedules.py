@@ -275,17 +275,27 @@ def scale(url: str, args: argparse.Namespace) -> dict[str, Any]:
         threads = [
             threading.Thread(target=claiming, args=(stop, lat["firing" if on else "not_firing"]))
         ]
+        child = None
         if on:
             count = int(args.block * args.rate)
             make_due(url, next_id, count, args.rate)
             next_id += count
-            threads.append(threading.Thread(target=firing, args=(stop, batches, idle)))
+            if args.firer_process:
+                child = subprocess.Popen(
+                    [common.PY, "-m", "bench.schedules", "--firer-child", str(args.block)],
+                    cwd=common.ROOT,
+                    env=common.bench_env(url),
+                )
+            else:
+                threads.append(threading.Thread(target=firing, args=(stop, batches, idle)))
         for thread in threads:
             thread.start()
         time.sleep(args.block)
         stop.set()
         for thread in threads:
             thread.join(60)
+        if child is not None:
+            child.wait(60)
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -364,7 +374,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default="schedules", help="bench/out/<OUT>.json")
     p.add_argument("--keep-db", action="store_true")
+    p.add_argument(
+        "--firer-process",
+        action="store_true",
+        help="scale: fire in another process than the claimer's (what the GIL costs)",
+    )
+    p.add_argument("--firer-child", type=float, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.firer_child is not None:
+        import django
+
+        django.setup()
+        stop = threading.Event()
+        threading.Timer(a.firer_child, stop.set).start()
+        firing(stop, [], [])
+        return {"met": True}
     if a.quick:
         a.duration, a.blocks, a.block = 20.0, 4, 3.0
     url = common.fresh_db(DB)

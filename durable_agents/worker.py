@@ -248,7 +248,8 @@ class Worker:
         for slot in slots:
             slot.join(timeout=max(0.0, deadline - time.monotonic()))
         if firer is not None:
-            firer.join(timeout=max(0.0, deadline - time.monotonic()))
+            # It looks at ``stopping`` at least every TICK_SECONDS: a second is plenty.
+            firer.join(timeout=1.0)
         self.connections.close()
         logger.info(
             "worker %s stopped after %d claims%s",

@@ -434,3 +434,47 @@ def test_a_run_the_database_refuses_leaves_its_schedule_due_and_the_others_fire(
     explodes = AgentSchedule.objects.get(name="explodes")
     assert (explodes.next_slot, explodes.last_slot, explodes.broken) == (at(2026, 1, 1), None, "")
     assert AgentSchedule.objects.get(name="fine").next_slot == at(2026, 1, 1, 0, 1)
+
+
+@pytest.mark.parametrize("concurrency_key", [None, "tenant:a"])
+def test_a_fired_run_is_stored_as_start_run_stores_it(concurrency_key: str | None) -> None:
+    """The batch insert of a firing writes every column ``start_run`` writes, the same way."""
+    from durable_agents.api import start_run
+    from durable_agents.models import AgentStep
+
+    schedule(
+        "same", "tester", "Compare me.", every=MINUTE, priority=3, concurrency_key=concurrency_key
+    )
+    set_next_slot("same", at(2026, 1, 1))
+    (fired,) = fire_due(at(2026, 1, 1, 0, 0, 1)).runs
+    by_hand = start_run(
+        "tester", "Compare me.", key="by-hand", priority=3, concurrency_key=concurrency_key
+    )
+    skip = {"id", "start_key", "created_at", "updated_at", "fair_at"}
+    columns = [f.attname for f in AgentRun._meta.concrete_fields if f.attname not in skip]
+    fired_row = AgentRun.objects.filter(pk=fired.pk).values(*columns).get()
+    assert fired_row == AgentRun.objects.filter(pk=by_hand.pk).values(*columns).get()
+    steps = [
+        list(AgentStep.objects.filter(run_id=pk).values_list("seq", "kind", "payload", "attempt"))
+        for pk in (fired.pk, by_hand.pk)
+    ]
+    assert steps[0] == steps[1] == [(0, "task", '"Compare me."', 0)]
+
+
+def test_a_fired_runs_task_is_encrypted_at_rest(da_settings: Any) -> None:
+    """The batch insert seals the task step as the ORM does (``ENCRYPTION_KEYS``)."""
+    import base64
+
+    from durable_agents import encryption
+
+    da_settings(ENCRYPTION_KEYS=[base64.urlsafe_b64encode(b"A" * 32).decode()])
+    schedule("secret", "tester", "Keep me secret.", every=MINUTE)
+    set_next_slot("secret", at(2026, 1, 1))
+    (run,) = fire_due(at(2026, 1, 1, 0, 0, 1)).runs
+    run_id = run.pk.hex if connection.vendor == "sqlite" else str(run.pk)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload FROM agent_step WHERE run_id = %s", [run_id])
+        (raw,) = cursor.fetchone()
+    assert raw.startswith(f"da:enc:v1:{encryption.key_id(b'A' * 32)}:")
+    assert "secret" not in raw
+    assert run.steps.get().payload == '"Keep me secret."'
