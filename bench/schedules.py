@@ -12,12 +12,17 @@ scale   10,000 schedules (every hour, so each fires once in the bench), 100 due 
         ``claim_runs`` (one run a claim, ~200 claims a second) while blocks of ``--block``
         seconds alternate: schedules firing (a firer thread calling ``fire_due`` as a worker's
         does, the next 100 x block schedules made due 100 per second) and not firing (no
-        firer). Target: claim p99 firing / not firing <= 1.2. Each firing's statements are
-        counted (on agent_schedule, and in all: the runs' creation is the rest): the schedule
-        rows must cost a constant number, whatever the batch.
+        firer); with ``--compare-start`` a third kind of block starts the same 100 runs a
+        second with ``start_run`` and no schedule (what creating the runs costs the claims,
+        whoever creates them). Target: claim p99 firing / not firing <= 1.2. Each firing's
+        statements are counted (on agent_schedule, and in all: the runs' creation is the
+        rest): the schedule rows must cost a constant number, whatever the batch.
+        ``--firer-process`` fires from another process instead (what the GIL shared with the
+        claimer costs).
 
     python -m bench.schedules              # both, full sizes
     python -m bench.schedules --quick      # chaos 20 s, scale 4 blocks of 3 s
+    python -m bench.schedules --only scale --compare-start
     python -m bench.schedules --only scale
 """
 
@@ -248,6 +253,22 @@ def firing(stop: threading.Event, batches: list[dict[str, int]], idle: list[int]
         connection.close()
 
 
+def starting(stop: threading.Event, rate: int, counter: list[int]) -> None:
+    """The same load of new runs without schedules: ``rate`` ``start_run`` calls at each
+    whole second, as the firing's slots come."""
+    from django.db import connection
+
+    import durable_agents
+
+    try:
+        while not stop.wait(1.0 - time.time() % 1.0):
+            for _ in range(rate):
+                counter[0] += 1
+                durable_agents.start_run("bench", "A plain run.", key=f"plain:{counter[0]}")
+    finally:
+        connection.close()
+
+
 def claiming(stop: threading.Event, latencies: list[float]) -> None:
     from django.db import connection
 
@@ -265,18 +286,18 @@ def claiming(stop: threading.Event, latencies: list[float]) -> None:
 
 def scale(url: str, args: argparse.Namespace) -> dict[str, Any]:
     load_scale(url, args.schedules, args.pending)
-    lat: dict[str, list[float]] = {"firing": [], "not_firing": []}
+    modes = ("not_firing", "firing", "starting") if args.compare_start else ("not_firing", "firing")
+    lat: dict[str, list[float]] = {mode: [] for mode in modes}
     batches: list[dict[str, int]] = []
     idle: list[int] = []
     next_id = 1
+    plain = [0]
     for block in range(args.blocks):
-        on = block % 2 == 1
+        mode = modes[block % len(modes)]
         stop = threading.Event()
-        threads = [
-            threading.Thread(target=claiming, args=(stop, lat["firing" if on else "not_firing"]))
-        ]
+        threads = [threading.Thread(target=claiming, args=(stop, lat[mode]))]
         child = None
-        if on:
+        if mode == "firing":
             count = int(args.block * args.rate)
             make_due(url, next_id, count, args.rate)
             next_id += count
@@ -288,6 +309,8 @@ def scale(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 )
             else:
                 threads.append(threading.Thread(target=firing, args=(stop, batches, idle)))
+        elif mode == "starting":
+            threads.append(threading.Thread(target=starting, args=(stop, args.rate, plain)))
         for thread in threads:
             thread.start()
         time.sleep(args.block)
@@ -300,7 +323,7 @@ def scale(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
     with psycopg.connect(url, autocommit=True) as conn:
         (fired_runs,) = conn.execute(
-            "SELECT count(*) FROM agent_run WHERE start_key IS NOT NULL"
+            "SELECT count(*) FROM agent_run WHERE start_key LIKE 's%%@%%'"
         ).fetchone()
         rows = conn.execute(
             "SELECT EXTRACT(EPOCH FROM run.created_at - s.last_slot) FROM agent_run AS run"
@@ -310,7 +333,11 @@ def scale(url: str, args: argparse.Namespace) -> dict[str, Any]:
     firing_ms = common.summary_ms(lat["firing"])
     quiet_ms = common.summary_ms(lat["not_firing"])
     per_schedule_stmts = sorted({b["on_schedules"] for b in batches})
+    starting_ms = common.summary_ms(lat.get("starting", []))
     res: dict[str, Any] = {
+        "claim_starting": starting_ms,
+        "p99_ratio_starting": starting_ms["p99_ms"] / quiet_ms["p99_ms"],
+        "plain_runs_started": plain[0],
         "schedules": args.schedules,
         "due_per_second": args.rate,
         "pending_runs": args.pending,
@@ -357,6 +384,13 @@ def scale(url: str, args: argparse.Namespace) -> dict[str, Any]:
         f" {res['p50_ratio']:.2f}); slot -> run created p95"
         f" {res['slot_to_created_p95_ms']:.0f} ms -> {common.verdict(res['met'])} (<= 1.2)"
     )
+    if "starting" in lat:
+        log(
+            f"[schedules scale] the same {args.rate} runs a second started with start_run, no"
+            f" schedule: claim p50/p99 {starting_ms['p50_ms']:.2f}/{starting_ms['p99_ms']:.2f}"
+            f" ms, p99 ratio {res['p99_ratio_starting']:.2f} (what creating the runs costs the"
+            f" claims, whoever creates them)"
+        )
     return res
 
 
@@ -369,7 +403,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--schedules", type=int, default=10_000)
     p.add_argument("--rate", type=int, default=100, help="scale: schedules due a second")
     p.add_argument("--pending", type=int, default=20_000)
-    p.add_argument("--blocks", type=int, default=10, help="scale: alternating blocks")
+    p.add_argument("--blocks", type=int, default=12, help="scale: alternating blocks")
+    p.add_argument(
+        "--compare-start",
+        action="store_true",
+        help="scale: a third kind of block, the same runs started by start_run (no schedule)",
+    )
     p.add_argument("--block", type=float, default=5.0, help="scale: seconds per block")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default="schedules", help="bench/out/<OUT>.json")
@@ -390,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         firing(stop, [], [])
         return {"met": True}
     if a.quick:
-        a.duration, a.blocks, a.block = 20.0, 4, 3.0
+        a.duration, a.blocks, a.block = 20.0, 6 if a.compare_start else 4, 3.0
     url = common.fresh_db(DB)
     common.setup_django(url)
     res: dict[str, Any] = {}

@@ -89,7 +89,9 @@ class Fired:
     next_in: float | None = None
 
 
-def fire_due(now: dt.datetime | None = None, *, batch: int = BATCH) -> Fired:
+def fire_due(
+    now: dt.datetime | None = None, *, batch: int = BATCH, max_batches: int = MAX_BATCHES
+) -> Fired:
     """Fire every slot that is due (``next_slot`` <= ``now``) of the enabled, sound schedules,
     ``batch`` schedules per transaction, at most ``MAX_BATCHES`` batches per call. ``now``:
     the time to fire at (a test's fake clock); by default the database's clock."""
@@ -109,7 +111,7 @@ def fire_due(now: dt.datetime | None = None, *, batch: int = BATCH) -> Fired:
     if earliest > clock:
         fired.next_in = (earliest - clock).total_seconds()
         return fired
-    for _ in range(MAX_BATCHES):
+    for _ in range(max_batches):
         taken, next_in = _fire_batch(cutoff, batch, fired)
         fired.next_in = next_in
         if taken < batch:
