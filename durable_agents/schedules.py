@@ -197,8 +197,9 @@ def schedule(
     fleet. Idempotent: a data migration or an ``AppConfig.ready`` may call it on every start.
 
     The first slot is the first one after the call. Changing the timing (cron, every or time
-    zone) or enabling the schedule again moves its next slot to the first one after the call;
-    changing anything else keeps it. ``catch_up``: after an outage (no worker ran through some
+    zone), enabling the schedule again or declaring a broken one again (which clears
+    ``broken``) moves its next slot to the first one after the call; changing anything else
+    keeps it. ``catch_up``: after an outage (no worker ran through some
     slots), False starts only the newest missed slot, True each of them, oldest first (at most
     ``MAX_CATCH_UP`` per firing). A bad argument (an unknown agent, a cron expression that
     does not parse, a time zone that does not exist, ``every`` not a positive timedelta) is a
@@ -259,7 +260,9 @@ def _save(
         row.save()
         return row
     retimed = (existing.cron, existing.every, existing.timezone) != (cron, every, timezone)
-    resumed = enabled and not existing.enabled
+    # Paused, or broken (it fired nothing): it starts again at its first slot after now,
+    # without catching up on the slots it did not fire meanwhile.
+    resumed = enabled and (not existing.enabled or bool(existing.broken))
     for field, value in fields.items():
         setattr(existing, field, value)
     if retimed or resumed or existing.next_slot is None:

@@ -242,9 +242,12 @@ def test_a_schedule_whose_agent_is_gone_is_broken_and_fires_nothing(
     AgentSchedule.objects.filter(name="fine").update(next_slot=at(2026, 1, 1, 0, 1))
     assert fire_due(at(2026, 1, 1, 0, 1)).broken == []
     assert caplog.text.count("'gone' fires nothing") == 1
-    # Declared again (the agent is back, or fixed): sound again.
-    schedule("gone", "tester", "Work.", every=MINUTE)
-    assert AgentSchedule.objects.get(name="gone").broken == ""
+    # Declared again (the agent is back, or fixed): sound again, from its next slot on, without
+    # catching up on the slots it did not fire while broken.
+    fixed = schedule("gone", "tester", "Work.", every=MINUTE, catch_up=True)
+    assert fixed.broken == ""
+    assert fixed.next_slot is not None
+    assert fixed.next_slot > at(2026, 1, 2)
 
 
 def test_a_cron_expression_that_no_longer_parses_breaks_only_its_schedule() -> None:
