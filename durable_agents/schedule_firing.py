@@ -71,6 +71,12 @@ MAX_BATCHES = 10
 TICK_SECONDS = 0.25
 # After a database error, the firer waits this long before it looks again.
 ERROR_WAIT_SECONDS = 1.0
+# A schedule whose run the database refused this many times in a row (in one process: a
+# trigger, a constraint of yours) is broken rather than tried every tick forever.
+MAX_START_FAILURES = 40
+
+# Consecutive refusals of each schedule's run (by id), in this process.
+_start_failures: dict[int, int] = {}
 
 _FIELDS = ["next_slot", "last_slot", "last_run", "broken", "updated_at"]
 
@@ -170,14 +176,19 @@ def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, floa
         slots = [
             _SlotRun(row, slot, run) for row in rows for slot, run in _slot_runs(row, clock, fired)
         ]
-        for slot_run, run in zip(slots, _start(slots), strict=True):
-            slot_run.run = run
+        _start(slots)
         _move_on(slots, fired)
         _save_moves(rows, clock)
     fired.schedules += len(rows)
     if len(rows) == batch:
         return len(rows), 0.0
-    upcoming = [row.next_slot for row in rows if row.next_slot is not None and not row.broken]
+    # A schedule whose run was refused is tried at the next tick, not at once again.
+    refused = {id(s.schedule) for s in slots if s.refused is not None}
+    upcoming = [
+        row.next_slot
+        for row in rows
+        if row.next_slot is not None and not row.broken and id(row) not in refused
+    ]
     if not upcoming:
         return len(rows), None
     return len(rows), max(0.0, (min(upcoming) - clock).total_seconds())
@@ -185,11 +196,13 @@ def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, floa
 
 @dataclass
 class _SlotRun:
-    """A due slot of a schedule and its run: unsaved until started, None if it failed."""
+    """A due slot of a schedule and its run: unsaved until started; None when it could not
+    start (``refused``: why)."""
 
     schedule: AgentSchedule
     slot: dt.datetime
     run: AgentRun | None
+    refused: DatabaseError | None = None
 
 
 def _slot_runs(
@@ -230,46 +243,48 @@ def _slot_runs(
     return runs
 
 
-def _start(slots: list[_SlotRun]) -> list[AgentRun | None]:
-    """Start the runs of ``slots``: all together (a few statements for the whole batch), or,
-    if that fails, one by one, each in its savepoint, so that one that fails (its schedule is
-    left as it was, tried again at the next firing) does not hold back the others."""
+def _start(slots: list[_SlotRun]) -> None:
+    """Start the runs of ``slots`` (each ``run`` becomes the stored run, or None): all
+    together (a few statements for the whole batch), or, if that fails, one by one, each in
+    its savepoint, so that one the database refuses (its schedule is left as it was, tried
+    again at the next firing) does not hold back the others."""
     payloads = []
     for slot_run in slots:
         assert slot_run.run is not None  # unsaved, not started yet
         payloads.append((slot_run.run, json.dumps(slot_run.run.task, ensure_ascii=False)))
     try:
-        return list(current().create_runs(payloads))  # in a savepoint of its own
+        started = current().create_runs(payloads)  # in a savepoint of its own
     except DatabaseError:
-        logger.warning("starting %d scheduled runs together failed; one by one", len(slots))
-    started: list[AgentRun | None] = []
-    failed: set[int] = set()
+        logger.debug("starting %d scheduled runs together failed; one by one", len(slots))
+    else:
+        for slot_run, run in zip(slots, started, strict=True):
+            slot_run.run = run
+        return
+    refused: dict[int, DatabaseError] = {}
     for slot_run, (run, payload) in zip(slots, payloads, strict=True):
-        if id(slot_run.schedule) in failed:
-            started.append(None)  # an older slot of its schedule failed: this one waits
-            continue
+        slot_run.run = None
+        slot_run.refused = refused.get(id(slot_run.schedule))
+        if slot_run.refused is not None:
+            continue  # an older slot of its schedule was refused: this one waits
         try:
             with transaction.atomic():
-                started.append(current().create_run(run, payload))
-        except DatabaseError:
-            logger.warning(
-                "schedule %r: starting the run of the slot %s failed; retrying at the next firing",
-                slot_run.schedule.name,
-                slot_run.slot.isoformat(),
-                exc_info=True,
-            )
-            failed.add(id(slot_run.schedule))
-            started.append(None)
-    return started
+                slot_run.run = current().create_run(run, payload)
+        except DatabaseError as exc:
+            slot_run.refused = refused[id(slot_run.schedule)] = exc
 
 
 def _move_on(slots: list[_SlotRun], fired: Fired) -> None:
     """Each schedule's last slot and run are its newest started slot's; its next slot is the
     one after it (or the first slot whose run failed to start: it is due again)."""
+    counted: set[int] = set()
     for slot_run in slots:
         row, run = slot_run.schedule, slot_run.run
+        if slot_run.refused is not None and not row.broken and id(row) not in counted:
+            counted.add(id(row))  # once per firing, at its oldest slot
+            _refused(row, slot_run, slot_run.refused, fired)
         if run is None or row.broken:
             continue
+        _start_failures.pop(row.pk, None)
         fired.runs.append(run)
         row.last_slot, row.last_run_id = slot_run.slot, run.pk
         try:
@@ -281,6 +296,24 @@ def _move_on(slots: list[_SlotRun], fired: Fired) -> None:
             _break(row, "its cron expression fires on no day of the next five years", fired)
             continue
         row.next_slot = following
+
+
+def _refused(row: AgentSchedule, slot_run: _SlotRun, exc: DatabaseError, fired: Fired) -> None:
+    """The database refused the run of a slot: said once, tried again at the next firing;
+    after ``MAX_START_FAILURES`` refusals in a row the schedule is broken."""
+    failures = _start_failures.get(row.pk, 0) + 1
+    _start_failures[row.pk] = failures
+    if failures >= MAX_START_FAILURES:
+        _start_failures.pop(row.pk, None)
+        _break(row, f"the database refused its run {failures} times in a row: {exc}", fired)
+    elif failures == 1:
+        logger.warning(
+            "schedule %r: the database refused the run of the slot %s (%s); retrying at the "
+            "next firing",
+            row.name,
+            slot_run.slot.isoformat(),
+            " ".join(str(exc).split()),
+        )
 
 
 def _break(row: AgentSchedule, reason: str, fired: Fired) -> None:

@@ -14,7 +14,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from durable_agents.models import AgentRun
-from durable_agents.schedule_firing import BATCH, fire_due
+from durable_agents.schedule_firing import BATCH, MAX_START_FAILURES, fire_due
 from durable_agents.schedule_models import AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, schedule, slot_key
 from durable_agents.testing import plan
@@ -437,6 +437,13 @@ def test_a_run_the_database_refuses_leaves_its_schedule_due_and_the_others_fire(
     explodes = AgentSchedule.objects.get(name="explodes")
     assert (explodes.next_slot, explodes.last_slot, explodes.broken) == (at(2026, 1, 1), None, "")
     assert AgentSchedule.objects.get(name="fine").next_slot == at(2026, 1, 1, 0, 1)
+    # Tried again at the next tick, not at once (no busy loop on a refusal)...
+    assert fired.next_in == 30.0
+    # ...and broken once the database refused it MAX_START_FAILURES times in a row.
+    for _ in range(MAX_START_FAILURES - 2):
+        assert fire_due(at(2026, 1, 1, 0, 0, 30)).broken == []
+    assert fire_due(at(2026, 1, 1, 0, 0, 30)).broken == ["explodes"]
+    assert "refused its run" in AgentSchedule.objects.get(name="explodes").broken
 
 
 @pytest.mark.parametrize("concurrency_key", [None, "tenant:a"])
