@@ -246,16 +246,16 @@ async def with_readers_async(
     from durable_agents.live import hub as live_hub
 
     read_time: list[float] = []
-    events_after = live_hub.events_after
+    events_after_many = live_hub.events_after_many
 
     def timed_read(*args: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return events_after(*args)
+            return events_after_many(*args)
         finally:
             read_time.append(time.perf_counter() - t0)
 
-    live_hub.events_after = timed_read  # type: ignore[assignment]
+    live_hub.events_after_many = timed_read  # type: ignore[assignment]
     got: list[tuple[Any, int, float]] = []
     readies = [asyncio.Event() for _ in range(readers + resumers)]
     tasks = [
@@ -364,7 +364,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     poll = live["poll"]
     log(
         f"[live] the hub's polls ({poll['n']}): p50 {poll['p50_ms']:.0f} ms, p99 "
-        f"{poll['p99_ms']:.0f} ms, max {poll['max_ms']:.0f} ms each (then {POLL_MS} ms idle); "
+        f"{poll['p99_ms']:.0f} ms, max {poll['max_ms']:.0f} ms each (started {POLL_MS} ms "
+        "apart); "
         f"of their {live['poll_total_s']:.1f} s, {live['reads_total_s']:.1f} s reading runs "
         f"({live['reads']['n']} reads, p50 {live['reads']['p50_ms']:.1f} ms; catch-ups included)"
     )

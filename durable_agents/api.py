@@ -5,6 +5,7 @@ the store's (``durable_agents.store``); signals and permission checks are here."
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
@@ -66,23 +67,24 @@ def start_run(
     key: str | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
+    debounce: float | None = None,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
 
-    ``key`` makes the start idempotent: while a run of this agent started with this key
-    exists, whatever its status (pending, running, waiting, succeeded, failed, dead,
-    cancelled), calling again with the key returns that run and starts nothing, however
-    many callers race on any number of workers. A web view that starts a run per request
-    passes a key the client sends again when it retries (a ticket's id, an order number),
-    so a retry gets the run the first attempt started. The first call's task wins: a later
-    call with the same key returns the first run unchanged, even if its task (or version,
-    model or priority) differs. Keys are per agent: the same key under two agents starts two
-    runs. A key is free again only once its run is deleted (``RETENTION_DAYS`` after it
-    ended). A key is a non-empty string of at most 200 characters without NUL or lone
-    surrogates. Called inside a transaction of yours, that transaction must be READ COMMITTED
-    (the default): under REPEATABLE READ or SERIALIZABLE a caller that loses the race cannot
-    see the winner's run, and gets the ``IntegrityError`` instead.
+    ``key`` makes the start idempotent: while a run of this agent started with this key exists,
+    whatever its status (pending, running, waiting, succeeded, failed, dead, cancelled), calling
+    again with the key returns that run and starts nothing, however many callers race on any
+    number of workers. A web view that starts a run per request passes a key the client sends
+    again when it retries (a ticket's id, an order number), so a retry gets the run the first
+    attempt started. The first call's task wins (unless the run is debounced, below): a later
+    call with the same key returns the first run unchanged, even if its task (or version, model
+    or priority) differs. Keys are per agent: the same key under two agents starts two runs. A
+    key is free again only once its run is deleted (``RETENTION_DAYS`` after it ended). A key is
+    a non-empty string of at most 200 characters without NUL or lone surrogates. Called inside a
+    transaction of yours, that transaction must be READ COMMITTED (the default): under
+    REPEATABLE READ or SERIALIZABLE a caller that loses the race cannot see the winner's run,
+    and gets the ``IntegrityError`` instead.
 
     ``priority``: 0 (the default) to 100; workers claim the highest first, then the oldest.
 
@@ -94,9 +96,26 @@ def start_run(
     child runs have its key. A concurrency key is a non-empty string of at most 200
     characters without NUL.
 
-    A bad key, priority or concurrency key is a ``ValueError``, and nothing is created."""
+    ``debounce`` (seconds, with ``key``): starts with the same agent and key within the window
+    collapse into one run, started once the key has been quiet for ``debounce`` seconds, with
+    the last call's task. The first call returns the new run, ``waiting`` for its quiet window
+    (``waiting_for == "debounce"``, ``wake_at`` ``debounce`` seconds from now on the database
+    clock; no worker takes it before). A later call while it still waits returns the same run
+    (same id) and starts its window again, ``debounce`` seconds from now (the later call's
+    ``debounce``), with the later call's task, version, model, priority and concurrency key:
+    until the run starts, the last call wins, and no model has seen the task before. Once a
+    worker has claimed the run (or it was cancelled, or ended), a call with the key behaves
+    as ``key=`` alone: it returns that run and changes nothing. A call without ``debounce``
+    whose key belongs to a run still in its window returns that run unchanged too. A debounced
+    run is cancelled like any other run (``cancel_run``). ``debounce`` is a number of seconds
+    greater than 0 and at most ``MAX_DEBOUNCE_SECONDS`` (one day); it needs a ``key``.
+
+    A bad key, priority, concurrency key or debounce is a ``ValueError``, and nothing is
+    created."""
     if key is not None:
         _check_start_key(key)
+    if debounce is not None:
+        _check_debounce(debounce, key)
     check_priority(priority)
     if concurrency_key is not None:
         check_concurrency_key(concurrency_key)
@@ -104,7 +123,30 @@ def start_run(
     run.start_key = key
     run.priority = priority
     run.concurrency_key = concurrency_key
-    return current().create_run(run, json.dumps(task, ensure_ascii=False))
+    task_payload = json.dumps(task, ensure_ascii=False)
+    if debounce is not None:
+        return current().debounce_run(run, task_payload, float(debounce))
+    return current().create_run(run, task_payload)
+
+
+# The longest quiet window ``start_run(..., debounce=)`` takes: one day. A longer one is more
+# likely a unit mistake (milliseconds for seconds) than a wish, and would leave the run waiting
+# that long unseen.
+MAX_DEBOUNCE_SECONDS = 86_400
+
+
+def _check_debounce(debounce: object, key: str | None) -> None:
+    if key is None:
+        raise ValueError("debounce= collapses the starts of one key: it needs key= too")
+    # bool is an int to Python, but True is no number of seconds.
+    if isinstance(debounce, bool) or not isinstance(debounce, int | float):
+        raise ValueError(f"debounce= is a number of seconds, not {type(debounce).__name__}")
+    if not math.isfinite(debounce) or debounce <= 0:
+        raise ValueError(f"debounce= is a positive, finite number of seconds, not {debounce!r}")
+    if debounce > MAX_DEBOUNCE_SECONDS:
+        raise ValueError(
+            f"debounce= is at most {MAX_DEBOUNCE_SECONDS} seconds (one day), not {debounce!r}"
+        )
 
 
 def _check_start_key(key: object) -> None:
@@ -440,6 +482,7 @@ async def astart_run(
     key: str | None = None,
     priority: int = 0,
     concurrency_key: str | None = None,
+    debounce: float | None = None,
 ) -> AgentRun:
     """``start_run`` for async code."""
     return await sync_to_async(start_run)(
@@ -450,6 +493,7 @@ async def astart_run(
         key=key,
         priority=priority,
         concurrency_key=concurrency_key,
+        debounce=debounce,
     )
 
 

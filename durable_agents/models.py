@@ -142,6 +142,9 @@ class WaitKind(models.TextChoices):
     # A pending run whose concurrency key spent its budget for the UTC day: handed back until
     # the next day, or until someone raises the budget.
     BUDGET = "budget", _("its key's budget")
+    # A debounced start (``start_run(..., key=, debounce=)``): the run has not started yet and
+    # starts once its start key has been quiet until wake_at; no model has seen its task.
+    DEBOUNCE = "debounce", _("a quiet window")
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):

@@ -373,6 +373,10 @@ def drive(
         return driver.drive(max_claims)
 
 
+# Waits that only time ends: a timer, and a debounced start's quiet window.
+_TIMED = (WaitKind.TIMER, WaitKind.DEBOUNCE)
+
+
 class _Driver:
     """One ``drive``: the run, its descendants, and why each one it left waiting waits."""
 
@@ -467,12 +471,12 @@ class _Driver:
                 changed |= self._send_event(run)
             elif run.waiting_for == WaitKind.QUESTION:
                 changed |= self._answer(run)
-            elif run.waiting_for == WaitKind.TIMER and self.timers == "wait":
+            elif run.waiting_for in _TIMED and self.timers == "wait":
                 self.notes[run.pk] = 'timers="wait"'
             elif run.waiting_for == WaitKind.RUNS:
                 if self.children == "wait":
                     self.notes[run.pk] = 'children="wait"'
-            elif run.waiting_for != WaitKind.TIMER:  # an intent
+            elif run.waiting_for not in _TIMED:  # an intent
                 changed |= self._decide_intents(run)
         return changed
 
@@ -539,6 +543,8 @@ def describe_wait(run: AgentRun, notes: Mapping[Any, str] | None = None) -> str:
     timeout = f", or its timeout at {_when(run.wake_at)}" if run.wake_at else ""
     if kind == WaitKind.TIMER:
         text = f"a timer due at {_when(run.wake_at)}"
+    elif kind == WaitKind.DEBOUNCE:
+        text = f"a quiet window: a debounced start due at {_when(run.wake_at)}"
     elif kind == WaitKind.EVENT:
         text = f"event {run.wait_event!r}{timeout}"
     elif kind == WaitKind.QUESTION:

@@ -1,11 +1,13 @@
 """The durable_agents admin: runs and their transcripts (with what a waiting run waits for, its
-parent and children), intents to decide, questions to answer, events to send, the dead letter
-and an operations page. One module per screen; this one registers them.
+parent and children), intents to decide, questions to answer, events to send, schedules, the
+dead letter and an operations page. One module per screen; this one registers them.
 
 Runs, steps, intents, questions and events are never edited by hand: every page is read-only,
 and every change of state is an action or a POST view that checks its permission, calls
 ``durable_agents.api`` and writes a LogEntry. AgentStep has a composite primary key and
-cannot be registered; steps are shown on their run's page.
+cannot be registered; steps are shown on their run's page. Schedules and concurrency keys are
+what people set: their change forms save through the api (``durable_agents.schedule``,
+``set_key_budget``).
 
 Hostile input is expected everywhere: model and tool text is escaped, marked where it cannot be
 encoded (``durable_agents.text.storable_text``), its invisible and direction-changing characters
@@ -28,10 +30,12 @@ from durable_agents.admin.events import AgentEventAdmin
 from durable_agents.admin.intents import ToolIntentAdmin
 from durable_agents.admin.questions import AgentQuestionAdmin
 from durable_agents.admin.runs import AgentRunAdmin
+from durable_agents.admin.schedules import AgentScheduleAdmin
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
     AgentRun,
+    AgentSchedule,
     ConcurrencyKey,
     DeadLetterEntry,
     OperationsEntry,
@@ -43,11 +47,13 @@ admin.site.register(ToolIntent, ToolIntentAdmin)
 admin.site.register(AgentQuestion, AgentQuestionAdmin)
 admin.site.register(AgentEvent, AgentEventAdmin)
 admin.site.register(ConcurrencyKey, ConcurrencyKeyAdmin)
+admin.site.register(AgentSchedule, AgentScheduleAdmin)
 
 __all__ = [
     "AgentEventAdmin",
     "AgentQuestionAdmin",
     "AgentRunAdmin",
+    "AgentScheduleAdmin",
     "ConcurrencyKeyAdmin",
     "ToolIntentAdmin",
 ]

@@ -18,6 +18,7 @@ from django.utils.translation import gettext, ngettext
 from durable_agents import counting
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
+from durable_agents.admin.schedules import schedule_panel
 from durable_agents.admin.waits import cut_summary
 from durable_agents.counting import bounded_count
 from durable_agents.figures import (
@@ -346,5 +347,9 @@ class OperationsPage(AgentsAdmin[AgentRun]):
             "title": gettext("Operations"),
             "opts": self.opts,
             **operations_stats(),
+            # The schedules' next slots and those in trouble, for whoever may see schedules.
+            "schedules": schedule_panel()
+            if request.user.has_perm("durable_agents.view_agentschedule")
+            else None,
         }
         return TemplateResponse(request, "admin/durable_agents/agentrun/operations.html", context)

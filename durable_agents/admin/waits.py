@@ -110,6 +110,23 @@ def _describe_children_wait(
         )
 
 
+def _timed_summary(kind: str, wake_at: datetime.datetime | None, due: bool) -> str:
+    """The summary of a wait that only time ends: a timer, or a debounced start's quiet
+    window (each call with the run's start key starts that window again)."""
+    values = {"time": format_time(wake_at) if wake_at is not None else ""}
+    if kind == WaitKind.DEBOUNCE:
+        if wake_at is None:
+            return gettext("a quiet window")
+        if due:
+            return gettext("a quiet window, over since %(time)s: starting") % values
+        return gettext("a quiet window: starts at %(time)s unless started again") % values
+    if wake_at is None:
+        return gettext("a timer")
+    if due:
+        return gettext("a timer, due since %(time)s") % values
+    return gettext("a timer until %(time)s") % values
+
+
 def wait_info(
     run: AgentRun,
     *,
@@ -133,15 +150,8 @@ def wait_info(
     info.due = run.wake_at is not None and run.wake_at <= now
     # A wait on an event or on child runs may also end at its timeout.
     timeout = format_time(info.until) if kind in (WaitKind.EVENT, WaitKind.RUNS) else ""
-    if kind == WaitKind.TIMER:
-        if run.wake_at is None:
-            info.summary = gettext("a timer")
-        elif info.due:
-            info.summary = gettext("a timer, due since %(time)s") % {
-                "time": format_time(run.wake_at)
-            }
-        else:
-            info.summary = gettext("a timer until %(time)s") % {"time": format_time(run.wake_at)}
+    if kind in (WaitKind.TIMER, WaitKind.DEBOUNCE):
+        info.summary = _timed_summary(kind, run.wake_at, info.due)
     elif kind == WaitKind.EVENT:
         info.event = storable_text(run.wait_event or "")
         values = {"event": cut_summary(info.event), "time": timeout}

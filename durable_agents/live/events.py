@@ -26,7 +26,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import Max
+from django.db import connection
+from django.db.models import BooleanField, F, Max, Window
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import RowNumber
 
 from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import steps_of
@@ -164,35 +167,115 @@ def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
     """What happened in the run after ``cursor`` (up to BATCH steps and progress messages).
     None: no such run. Reads the run row first, so a status is never given ahead of its
     steps."""
-    run = (
-        AgentRun.objects.filter(pk=run_id)
-        .values("status", "waiting_for", "last_seq", "result", "error", "fork_seq")
-        .first()
-    )
-    if run is None:
-        return None
-    if cursor.seq > run["last_seq"]:
-        # An id ahead of the run (made up, or kept from before a restore of the database):
-        # go on from the run's newest step, so that a hub watch started from this reader's
-        # cursor does not pass over the steps still to come for every other reader.
-        cursor = dataclasses.replace(cursor, seq=run["last_seq"], attempt=0, chunks=0)
-    # A fork's log includes steps of the runs it was forked from; any other run's is its own.
-    log = AgentStep.objects.filter(run_id=run_id) if run["fork_seq"] is None else steps_of(run_id)
-    steps = list(
-        log.filter(seq__gt=cursor.seq, seq__lte=run["last_seq"])
-        .order_by("seq")
-        .values_list("seq", "kind", "payload", "content_start", "content_end")[:BATCH]
-    )
-    # Only the messages of steps the run row says are there: one of a call whose turn was
-    # committed after the row was read waits for the next read, so that a message never comes
-    # ahead of the turn that made the call (and is never given before it, by cursor).
-    notes = list(
-        AgentProgress.objects.filter(
-            run_id=run_id, id__gt=cursor.progress, seq__lte=run["last_seq"]
+    return events_after_many({run_id: cursor})[run_id]
+
+
+def events_after_many(cursors: Mapping[uuid.UUID, Cursor]) -> dict[uuid.UUID, Read | None]:
+    """``events_after`` of many runs (one cursor each) in three statements whatever their
+    number: the run rows, then the steps of them all, then their progress messages (a fork's
+    steps are read on their own: its log is spread over several runs)."""
+    runs = {
+        row["id"]: row
+        for row in AgentRun.objects.filter(pk__in=list(cursors)).values(
+            "id", "status", "waiting_for", "last_seq", "result", "error", "fork_seq"
         )
-        .order_by("id")
-        .values_list("id", "seq", "message", "created_at")[:BATCH]
+    }
+    reads: dict[uuid.UUID, Read | None] = dict.fromkeys(cursors)
+    starts: dict[uuid.UUID, Cursor] = {}
+    for run_id, run in runs.items():
+        cursor = cursors[run_id]
+        if cursor.seq > run["last_seq"]:
+            # An id ahead of the run (made up, or kept from before a restore of the database):
+            # go on from the run's newest step, so that a hub watch started from this reader's
+            # cursor does not pass over the steps still to come for every other reader.
+            cursor = dataclasses.replace(cursor, seq=run["last_seq"], attempt=0, chunks=0)
+        starts[run_id] = cursor
+    steps = _steps_after(runs, starts)
+    notes = _notes_after(runs, starts)
+    for run_id, run in runs.items():
+        reads[run_id] = _read(
+            run_id, run, starts[run_id], steps.get(run_id, []), notes.get(run_id, [])
+        )
+    return reads
+
+
+_Step = tuple[int, str, str, "int | None", "int | None"]
+_Note = tuple[int, int, str, Any]
+
+
+def _steps_after(
+    runs: Mapping[uuid.UUID, Mapping[str, Any]], starts: Mapping[uuid.UUID, Cursor]
+) -> dict[uuid.UUID, list[_Step]]:
+    """Each run's steps after its cursor, BATCH at most. A run's own log has every seq from 0
+    to last_seq (a step commits only as last_seq + 1), so a range of seqs bounds the rows."""
+    out: dict[uuid.UUID, list[_Step]] = {}
+    wanted: list[tuple[uuid.UUID, int, int]] = []
+    for run_id, run in runs.items():
+        after, last = starts[run_id].seq, run["last_seq"]
+        if last <= after:
+            continue
+        if run["fork_seq"] is not None:
+            # A fork's log includes steps of the runs it was forked from.
+            out[run_id] = list(
+                steps_of(run_id)
+                .filter(seq__gt=after, seq__lte=last)
+                .order_by("seq")
+                .values_list("seq", "kind", "payload", "content_start", "content_end")[:BATCH]
+            )
+            continue
+        wanted.append((run_id, after, min(last, after + BATCH)))
+    if wanted:
+        rows = (
+            AgentStep.objects.filter(_any_of("(run_id = %s AND seq > %s AND seq <= %s)", wanted))
+            .order_by("run_id", "seq")
+            .values_list("run_id", "seq", "kind", "payload", "content_start", "content_end")
+        )
+        for run_id, *step in rows:
+            out.setdefault(run_id, []).append(tuple(step))  # type: ignore[arg-type]
+    return out
+
+
+def _notes_after(
+    runs: Mapping[uuid.UUID, Mapping[str, Any]], starts: Mapping[uuid.UUID, Cursor]
+) -> dict[uuid.UUID, list[_Note]]:
+    """Each run's progress messages after its cursor, BATCH at most; only those of steps the
+    run row says are there: one of a call whose turn was committed after the row was read
+    waits for the next read, so that a message never comes ahead of the turn that made the
+    call (and is never given before it, by cursor)."""
+    wanted = [(run_id, starts[run_id].progress, run["last_seq"]) for run_id, run in runs.items()]
+    out: dict[uuid.UUID, list[_Note]] = {}
+    if not wanted:
+        return out
+    rows = (
+        AgentProgress.objects.filter(_any_of("(run_id = %s AND id > %s AND seq <= %s)", wanted))
+        .annotate(nth=Window(RowNumber(), partition_by=[F("run_id")], order_by=F("id").asc()))
+        .filter(nth__lte=BATCH)
+        .order_by("run_id", "id")
+        .values_list("run_id", "id", "seq", "message", "created_at")
     )
+    for run_id, *note in rows:
+        out.setdefault(run_id, []).append(tuple(note))  # type: ignore[arg-type]
+    return out
+
+
+def _any_of(term: str, rows: list[tuple[Any, ...]]) -> RawSQL:
+    """``term OR term OR ...``, one per row of parameters (the first, a run id): as SQL text.
+    The ORM's Q objects would say the same at a cost (building and compiling a hundred of them
+    takes longer than running the query) that a poll every 0.1 s cannot pay."""
+    run_field = AgentStep._meta.get_field("run").target_field
+    params: list[Any] = []
+    for run_id, *rest in rows:
+        params += [run_field.get_db_prep_value(run_id, connection), *rest]
+    return RawSQL(" OR ".join([term] * len(rows)), params, output_field=BooleanField())
+
+
+def _read(
+    run_id: uuid.UUID,
+    run: Mapping[str, Any],
+    cursor: Cursor,
+    steps: list[_Step],
+    notes: list[_Note],
+) -> Read:
     more_notes = len(notes) == BATCH
     events: list[Event] = []
     at = cursor
@@ -220,9 +303,7 @@ def events_after(run_id: uuid.UUID, cursor: Cursor) -> Read | None:
     return Read(events, at, over=over)
 
 
-def _progress(
-    events: list[Event], at: Cursor, note: tuple[int, int, str, Any], run_id: uuid.UUID
-) -> Cursor:
+def _progress(events: list[Event], at: Cursor, note: _Note, run_id: uuid.UUID) -> Cursor:
     pk, seq, message, created_at = note
     at = dataclasses.replace(at, progress=pk)
     data = {"seq": seq, "text": message, "at": created_at.isoformat()}

@@ -1,10 +1,12 @@
 """The hub: one per ASGI process (per event loop), it follows every run someone is watching.
 
-    a reader joins a run     -> its own catch-up from the database (``events_after``), then
-                                what the hub broadcasts, each event given once (by cursor)
+    a reader joins a run     -> its own catch-up from the database (``events_after``, read
+                                in one batch with every other reader's catching up at the
+                                time), then what the hub broadcasts, each event given once
+                                (by cursor)
     every POLL seconds       -> one query for every watched run's (last_seq, newest progress,
-                                status); for each that moved, one read of what is new,
-                                broadcast to its readers
+                                status); for those that moved, one read of what is new in
+                                all of them (three statements), broadcast to their readers
     a delta notification     -> (PostgreSQL, streamed agents) broadcast at once, and kept as
                                 the text so far of the turn in flight, for readers who join
 
@@ -36,9 +38,10 @@ from django.db.models import Max, OuterRef, Subquery
 from durable_agents.live.events import (
     Cursor,
     Event,
+    Read,
     RunState,
     delta_event,
-    events_after,
+    events_after_many,
     within_run,
 )
 from durable_agents.models import AgentProgress, AgentRun
@@ -51,6 +54,8 @@ T = TypeVar("T")
 POLL_SECONDS = 0.1
 # Events queued for one reader before it counts as not reading (and is dropped).
 QUEUE_SIZE = 2000
+# Runs read in one batch of catch-up reads (joining readers), so one statement's rows stay few.
+CATCH_UP_RUNS = 25
 # The channel workers send deltas on (PostgreSQL).
 DELTA_CHANNEL = "durable_agents_live"
 
@@ -116,6 +121,9 @@ class Hub:
         self.listener: threading.Thread | None = None
         # Set while the LISTEN for deltas is in place (tests wait for it).
         self.listening = threading.Event()
+        # The catch-up reads joining readers wait for, and the task that reads them.
+        self._wanted: dict[tuple[uuid.UUID, Cursor], asyncio.Future[Read | None]] = {}
+        self._catching_up: asyncio.Task[None] | None = None
 
     @classmethod
     def current(cls) -> Hub:
@@ -207,7 +215,7 @@ class Hub:
         where the hub's broadcasts start, as soon as it is caught up (before it has read
         what it caught up with, however slowly it reads)."""
         while True:
-            read = await self.read(events_after, run_id, at.cursor)
+            read = await self._catch_up(run_id, at.cursor)
             if read is None:
                 if missing is not None:
                     raise missing(f"no run {run_id}")
@@ -220,6 +228,41 @@ class Hub:
                 yield event
             if not read.more:
                 return
+
+    async def _catch_up(self, run_id: uuid.UUID, cursor: Cursor) -> Read | None:
+        """``events_after(run_id, cursor)``, read together with the other readers' catch-ups
+        waiting at the same time: one batch of statements for all the runs being caught up
+        (``events_after_many``), and one read for all the readers of a run at one cursor (ten
+        thousand readers joining one run from its start read it once)."""
+        wanted = (run_id, cursor)
+        future = self._wanted.get(wanted)
+        if future is None:
+            future = self._wanted[wanted] = self.loop.create_future()
+            # A reader that went away leaves the read to the others; nobody else need look.
+            future.add_done_callback(_retrieve)
+            if self._catching_up is None or self._catching_up.done():
+                self._catching_up = self.loop.create_task(self._read_wanted())
+        return await asyncio.shield(future)
+
+    async def _read_wanted(self) -> None:
+        """Read what the joining readers wait for, a batch of runs at a time (one cursor per
+        run in a batch; a run wanted at two cursors waits for the next batch)."""
+        while self._wanted:
+            batch: dict[uuid.UUID, Cursor] = {}
+            for run_id, cursor in self._wanted:
+                if run_id not in batch and len(batch) < CATCH_UP_RUNS:
+                    batch[run_id] = cursor
+            futures = {run_id: self._wanted.pop((run_id, c)) for run_id, c in batch.items()}
+            try:
+                reads = await self.read(events_after_many, batch)
+            except Exception as exc:  # noqa: BLE001 - each waiting reader gets the error
+                for future in futures.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for run_id, future in futures.items():
+                if not future.done():
+                    future.set_result(reads[run_id])
 
     def _join(self, run_id: uuid.UUID, reader: _Reader) -> _Watch:
         watch = self.watches.get(run_id)
@@ -259,6 +302,9 @@ class Hub:
 
     async def _poll(self) -> None:
         while not self.stopping.is_set():
+            # Polls start POLL_SECONDS apart (not POLL_SECONDS after the previous one ended):
+            # a step waits at most one interval for the poll that finds it.
+            started = self.loop.time()
             try:
                 await self._poll_once()
             except asyncio.CancelledError:
@@ -270,8 +316,10 @@ class Hub:
                         reader.give(None)  # each reader catches up on its own
             if not self.watches:
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), POLL_SECONDS)
+            idle = POLL_SECONDS - (self.loop.time() - started)
+            if idle > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), idle)
             self.changed.clear()
 
     async def _poll_once(self) -> None:
@@ -279,12 +327,19 @@ class Hub:
         if not watched:
             return
         states = await self.read(_states, list(watched))
+        moved: dict[uuid.UUID, Cursor] = {}
         for run_id, watch in watched.items():
             state = states.get(run_id)
             cursor = watch.cursor
-            if cursor is None or (state is not None and not state.ahead_of(cursor)):
-                continue
-            read = await self.read(events_after, run_id, cursor)
+            if cursor is not None and (state is None or state.ahead_of(cursor)):
+                moved[run_id] = cursor
+        if not moved:
+            return
+        # What is new in every run that moved: three statements, however many moved.
+        reads = await self.read(events_after_many, moved)
+        for run_id, cursor in moved.items():
+            watch = watched[run_id]
+            read = reads[run_id]
             if read is None:
                 events, over = [Event("end", {"status": "deleted"}, cursor, run_id)], True
             else:
@@ -294,7 +349,8 @@ class Hub:
             self._broadcast(run_id, watch, events)
             if over:
                 watch.readers.clear()
-                self.watches.pop(run_id, None)
+                if self.watches.get(run_id) is watch:
+                    del self.watches[run_id]
 
     def _broadcast(self, run_id: uuid.UUID, watch: _Watch, events: list[Event]) -> None:
         for reader in list(watch.readers):
@@ -362,6 +418,12 @@ class Hub:
             turn.chunks[-1],
         )
         self._broadcast(run_id, watch, [event])
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a catch-up read's error as seen: its readers may all have gone away."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _new_to(event: Event, cursor: Cursor) -> bool:

@@ -343,6 +343,21 @@ class Store(abc.ABC):
         with what ``write`` holds, together; returns the run as stored. The steps it shares
         stay the source runs' rows: the fork's log is its own rows plus those stretches."""
 
+    @abc.abstractmethod
+    def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
+        """A debounced start of ``run`` (unsaved, with a ``start_key``): returns the run of its
+        agent and key as stored.
+
+        No run with the key: ``run`` is inserted ``waiting`` for a quiet window
+        (``waiting_for="debounce"``, ``wake_at`` ``seconds`` from now on the store's clock),
+        with ``task_payload`` as step 0. A run with the key that still waits for its quiet
+        window: one conditional update (guarded by that status and kind of wait) gives it
+        ``run``'s task, version, model, priority and concurrency key, its step 0
+        ``task_payload``, and a ``wake_at`` ``seconds`` from now. Any other run with the key
+        (claimed, running, ended, or waiting on something else since) is returned unchanged.
+        Race-free against other callers (one run per key) and against a claim of the run (a
+        claim that took it first makes the update find nothing)."""
+
     # -- claim and renew -----------------------------------------------------------------
 
     @abc.abstractmethod

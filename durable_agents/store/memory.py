@@ -64,6 +64,7 @@ from durable_agents.store.base import (
     timer_woken_by,
 )
 from durable_agents.store.memory_waits import InMemoryWaits, _copy
+from durable_agents.store.portable_debounce import DEBOUNCED_FIELDS
 from durable_agents.store.rollup import UsageRows, count_in_rows
 from durable_agents.store.transitions import mark_transitioned
 from durable_agents.text import storable_text
@@ -171,7 +172,9 @@ class InMemoryStore(InMemoryWaits):
         claims = []
         for run in runs:
             if run.status == RunStatus.WAITING:
-                run.woken_by = timer_woken_by(run.waiting_for)
+                # A debounced start is no wake of a call: nothing woke, the run starts.
+                debounced = run.waiting_for == WaitKind.DEBOUNCE
+                run.woken_by = None if debounced else timer_woken_by(run.waiting_for)
             run.wake_at = None
             run.status = RunStatus.RUNNING
             run.lease_owner = owner
@@ -244,6 +247,37 @@ class InMemoryStore(InMemoryWaits):
                 )
             }
             return _copy(run)
+
+    def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
+        with self.lock:
+            now = self.now()
+            window_end = now + datetime.timedelta(seconds=seconds)
+            started = next(
+                (
+                    r
+                    for r in self.runs.values()
+                    if (r.agent, r.start_key) == (run.agent, run.start_key)
+                ),
+                None,
+            )
+            if started is None:
+                run.status = RunStatus.WAITING
+                run.waiting_for = WaitKind.DEBOUNCE
+                run.waiting_since, run.wake_at = now, window_end
+                return self.create_run(run, task_payload)
+            if started.status == RunStatus.WAITING and started.waiting_for == WaitKind.DEBOUNCE:
+                for name in DEBOUNCED_FIELDS:
+                    setattr(started, name, getattr(run, name))
+                started.wake_at = window_end
+                started.waiting_since = started.updated_at = now
+                self.steps[started.pk][0] = AgentStep(
+                    run_id=started.pk,
+                    seq=0,
+                    kind=StepKind.TASK,
+                    payload=task_payload,
+                    created_at=now,
+                )
+            return _copy(started)
 
     def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
         with self.lock:

@@ -66,6 +66,7 @@ from durable_agents.store.base import (
     timer_woken_by,
 )
 from durable_agents.store.portable_batch import PortableBatch
+from durable_agents.store.portable_debounce import PortableDebounce
 from durable_agents.store.portable_logs import PortableLogs
 from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
@@ -79,6 +80,8 @@ _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # it too: a timer's end says nothing of the customer, and an encrypted constant would be fixed
 # at import under whatever keys were configured then.
 CLAIM_WOKEN_BY = Case(
+    # A debounced start is no wake of a call: nothing woke, the run starts.
+    When(status=RunStatus.WAITING, waiting_for=WaitKind.DEBOUNCE, then=Value(None)),
     When(
         status=RunStatus.WAITING,
         waiting_for=WaitKind.TIMER,
@@ -129,7 +132,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(PortableBatch, PortableLogs, PortableTrees):
+class PortableStore(PortableBatch, PortableLogs, PortableTrees, PortableDebounce):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------

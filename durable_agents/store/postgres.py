@@ -13,11 +13,15 @@ The life of a run, and what moves it along on PostgreSQL:
                  FINISH_AND_CLAIM_SQL   the same, and the claim of the worker's next run
                                         (FINISH_TURN_AND_CLAIM_SQL for a model turn)
     unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
+    debounce     DEBOUNCE_SQL           a later start of a debounced run: its quiet window
+                                        starts again, with the call's task (the first
+                                        start, or a late one: PortableStore)
     release      PortableStore          the claim given back, the run pending again
     park         PortableStore          the run waits: on an approval, a timer, an event, an
                                         answer or its children; START_INTENT_SQL starts an
                                         approved tool call under the fence
-    wake         CLAIM_SQL (due)        a due timer or timeout: the claim takes the run;
+    wake         CLAIM_SQL (due)        a due timer or timeout, or the end of a debounced
+                                        start's quiet window: the claim takes the run;
                  PortableStore          an event, an answer, a child's end: pending again
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
@@ -66,6 +70,10 @@ from durable_agents.store.base import (
     usage_shard,
 )
 from durable_agents.store.portable import PortableStore
+from durable_agents.store.postgres_debounce import (
+    DEBOUNCE_SQL as DEBOUNCE_SQL,  # one of this store's statements, pinned in tests/sql/ too
+)
+from durable_agents.store.postgres_debounce import PostgresDebounce
 from durable_agents.text import storable_text
 
 # -- Fragments -------------------------------------------------------------------------------
@@ -213,7 +221,9 @@ UPDATE agent_run AS run
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
        -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
+       -- A debounced start (its quiet window is over) is no wake of a call: NULL.
        woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
+                       WHEN run.waiting_for = 'debounce' THEN NULL
                        WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
@@ -527,9 +537,9 @@ def binding_cursor() -> Iterator[Any]:
         yield cursor
 
 
-class PostgresStore(PortableStore):
+class PostgresStore(PostgresDebounce, PortableStore):
     """PostgreSQL outside a caller's transaction: one statement (one round trip) per claim,
-    per step commit, per finish-and-claim and per heartbeat."""
+    per step commit, per finish-and-claim, per heartbeat and per debounced start's push."""
 
     sends_live_text = True
 

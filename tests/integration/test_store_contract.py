@@ -587,3 +587,72 @@ def test_only_the_call_that_made_a_transition_is_marked_as_its_maker(env: Env) -
     answered = env.store.answer_question(asking, None, "yes")
     twice = env.store.answer_question(asking, None, "yes")
     assert (made_transition(answered), made_transition(twice)) == (True, False)
+
+
+# -- debounced starts (start_run(..., key=, debounce=)) ------------------------------------
+
+
+def debounce(env: Env, key: str, task: str, seconds: float = 60, priority: int = 0) -> AgentRun:
+    run = AgentRun(
+        id=uuid.uuid4(), agent="contract", prompt_version="v1", model="m", task=task, start_key=key
+    )
+    run.priority = priority
+    return env.store.debounce_run(run, json.dumps(task), seconds)
+
+
+def test_debounced_starts_collapse_into_one_run_with_the_last_task(env: Env) -> None:
+    first = debounce(env, "ticket-7", "first", seconds=60)
+    assert (first.status, first.waiting_for) == (RunStatus.WAITING, WaitKind.DEBOUNCE)
+    assert first.wake_at is not None
+    assert env.store.claim_run(first.pk, "w1", 30) is None  # its window is not over
+    second = debounce(env, "ticket-7", "second", seconds=600, priority=7)
+    assert second.pk == first.pk
+    run = env.run(first.pk)
+    assert (run.task, run.priority, run.status) == ("second", 7, RunStatus.WAITING)
+    assert run.wake_at is not None
+    assert run.wake_at > first.wake_at  # pushed back
+    assert env.task_steps(first.pk) == [json.dumps("second")]
+    env.time_passes()
+    [claim] = env.store.claim_runs("w1", 30, limit=5)
+    assert claim.run_id == first.pk
+    # A start, not a wake: no woken_by, and the claim carries the last task as its log.
+    assert (claim.run.woken_by, claim.run.wait_key, claim.run.wake_at) == (None, None, None)
+    assert claim.run.started_at is not None
+    if claim.task_payload is not None:
+        assert claim.task_payload == json.dumps("second")
+
+
+def test_a_debounced_start_after_the_claim_changes_nothing(env: Env) -> None:
+    first = debounce(env, "ticket-8", "first")
+    env.time_passes()
+    claim = env.claim(first.pk)
+    again = debounce(env, "ticket-8", "late", priority=9)
+    assert again.pk == first.pk
+    run = env.run(first.pk)
+    assert (run.status, run.task, run.priority, run.attempt) == (
+        RunStatus.RUNNING,
+        "first",
+        0,
+        claim.attempt,
+    )
+    assert run.wake_at is None
+    assert env.task_steps(first.pk) == [json.dumps("first")]
+
+
+def test_a_cancelled_debounced_run_stays_cancelled(env: Env) -> None:
+    first = debounce(env, "ticket-9", "first")
+    assert env.store.cancel_run(first.pk)
+    assert debounce(env, "ticket-9", "again").pk == first.pk
+    env.time_passes()
+    assert env.store.claim_runs("w1", 30, limit=5) == []
+    run = env.run(first.pk)
+    assert (run.status, run.task) == (RunStatus.CANCELLED, "first")
+    assert env.task_steps(first.pk) == [json.dumps("first")]
+
+
+def test_a_debounced_start_of_a_key_started_without_debounce_changes_nothing(env: Env) -> None:
+    plain = env.start_keyed("ticket-10", task="plain")
+    again = debounce(env, "ticket-10", "debounced")
+    assert again.pk == plain
+    run = env.run(plain)
+    assert (run.status, run.task, run.wake_at) == (RunStatus.PENDING, "plain", None)

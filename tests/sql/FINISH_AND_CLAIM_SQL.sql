@@ -84,7 +84,9 @@ UPDATE agent_run AS run
        stalled_claims = run.stalled_claims + 1,
        started_at = coalesce(run.started_at, now()),
        -- A due wait: what ended it. Any other run keeps its own (a crash after a wake).
+       -- A debounced start (its quiet window is over) is no wake of a call: NULL.
        woken_by = CASE WHEN run.status <> 'waiting' THEN run.woken_by
+                       WHEN run.waiting_for = 'debounce' THEN NULL
                        WHEN run.waiting_for = 'timer' THEN '{"timer": true}'
                        ELSE '{"timeout": true}' END,
        wake_at = NULL,
