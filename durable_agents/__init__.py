@@ -1,9 +1,10 @@
 """durable_agents: LLM agent runs that live in the database and survive any worker's death.
 
-The public surface (see README): ``Agent``, ``tool``, ``Wait``, ``ask_person``, and the run
-operations of ``durable_agents.api``. The operations are imported lazily so that importing
-``durable_agents`` in a settings module or an ``agents.py`` never touches the app registry; a
-type checker sees them imported here, with their real signatures.
+The public surface (see README): ``Agent``, ``tool``, ``Wait``, ``ask_person``, the run
+operations of ``durable_agents.api`` and ``schedule`` (agents on a clock). The operations are
+imported lazily so that importing ``durable_agents`` in a settings module or an ``agents.py``
+never touches the app registry; a type checker sees them imported here, with their real
+signatures.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         start_run,
     )
     from durable_agents.live import progress, stream, stream_token
+    from durable_agents.schedules import schedule
 
 __all__ = [
     "Agent",
@@ -55,6 +57,7 @@ __all__ = [
     "reject_intent",
     "requeue_run",
     "resolve_intent",
+    "schedule",
     "send_event",
     "set_key_budget",
     "set_key_limit",
@@ -68,7 +71,7 @@ __all__ = [
 # The names above that live in ``durable_agents.live`` and in ``durable_agents.api`` (both
 # import the models).
 _LIVE_NAMES = frozenset({"progress", "stream", "stream_token"})
-_API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person"} - _LIVE_NAMES
+_API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person", "schedule"} - _LIVE_NAMES
 
 if not TYPE_CHECKING:
     # Hidden from the type checker, which would otherwise take any misspelt name for ``Any``.
@@ -81,4 +84,8 @@ if not TYPE_CHECKING:
             from durable_agents import live
 
             return getattr(live, name)
+        if name == "schedule":
+            from durable_agents.schedules import schedule
+
+            return schedule
         raise AttributeError(f"module 'durable_agents' has no attribute {name!r}")

@@ -14,6 +14,13 @@ or with ``pytest_plugins = ["durable_agents.pytest_plugin"]`` in a conftest.py.
         assert result.status == "succeeded"
         assert durable_clock.offset == 0  # the event came before the timeout
 
+    def test_the_report_runs_every_morning(agent_runner, durable_clock):
+        durable_agents.schedule("report", agent="reporter", task="Summarise.",
+                                cron="0 6 * * *", timezone="Europe/Berlin")
+        durable_clock.advance(days=1)      # fires the slots of that day, without sleeping
+        (run,) = durable_clock.fired       # only the newest missed slot unless catch_up=True
+        assert agent_runner.drive(run).status == "succeeded"
+
     def test_refunds_still_match(replay_run):
         assert replay_run(RUN_ID).ok  # today's tools give the recorded results
 """
@@ -37,9 +44,12 @@ def offline_model(settings: Any) -> Iterator[None]:
 
 @pytest.fixture
 def durable_clock(db: None) -> Any:
-    """The test's ``FakeClock``: ``durable_clock.advance(seconds)`` brings every waiting
-    run's timer and timeout that much closer; ``agent_runner`` advances it by itself when a
-    run has nothing else to wait for, and ``offset`` says how far it went."""
+    """The test's ``FakeClock``: ``durable_clock.advance(seconds)`` (or ``advance(minutes=,
+    hours=, days=)``) brings every waiting run's timer and timeout that much closer and fires
+    the schedule slots that fall due on the way (as the workers would: only the newest missed
+    slot of a schedule without ``catch_up``), appending their runs to ``durable_clock.fired``;
+    ``agent_runner`` advances it by itself when a run has nothing else to wait for, and
+    ``offset`` says how far it went."""
     from durable_agents.testing import FakeClock
 
     return FakeClock()

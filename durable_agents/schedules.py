@@ -4,6 +4,7 @@
     check_timing(cron, every, timezone)              ValueError unless exactly one is sound
     next_slot(schedule, after)                       the first slot strictly after ``after``
     slot_key(name, slot)                             the start key of a slot's run
+    due_slots(schedule, now)                         the slots to fire now (catch_up decides)
     run_now(schedule)                                a run of the schedule now, outside its slots
 
 A slot's run is started with ``key = slot_key(name, slot)``: start keys are unique per agent,
@@ -38,6 +39,18 @@ MAX_CRON = 200
 # An ``every`` below this is refused: a slot a second is what a loop is for, not a schedule.
 MIN_EVERY = dt.timedelta(seconds=1)
 MAX_EVERY = dt.timedelta(days=366)
+# After an outage, a schedule with ``catch_up=True`` fires at most this many missed slots per
+# firing (oldest first); the next firing, a moment later, takes the next ones.
+MAX_CATCH_UP = 100
+# Where the newest missed slot of a cron schedule is looked for first, widening until one is
+# found: a minutely cron expression after a month-long outage walks an hour of slots, not a
+# month of them.
+_NEWEST_WINDOWS = (
+    dt.timedelta(hours=1),
+    dt.timedelta(days=1),
+    dt.timedelta(days=32),
+    dt.timedelta(days=400),
+)
 # How far ahead a cron expression's next slot is looked for: an expression that matches no
 # day in five years (31 February is refused by the parser; "0 0 29 2 1" is a Monday
 # 29 February, which comes every few decades) is refused as never firing.
@@ -116,6 +129,50 @@ def next_slot(schedule: AgentSchedule, after: dt.datetime) -> dt.datetime | None
     return None if slot is None else slot.astimezone(dt.UTC)
 
 
+def due_slots(
+    schedule: AgentSchedule, now: dt.datetime, limit: int = MAX_CATCH_UP
+) -> list[dt.datetime]:
+    """The slots of ``schedule`` to fire at ``now``: none before its ``next_slot``; else, with
+    ``catch_up``, each slot from ``next_slot`` to ``now``, oldest first, at most ``limit``;
+    without, only the newest of them (the ones an outage skipped are not started).
+    ValueError (or cronsim's ``CronSimError``) for a cron expression or a time zone that no
+    longer parses."""
+    first = schedule.next_slot
+    if first is None or first > now:
+        return []
+    if not schedule.catch_up:
+        return [_newest_slot(schedule, first, now)]
+    slots = [first]
+    while len(slots) < limit:
+        following = next_slot(schedule, slots[-1])
+        if following is None or following > now:
+            break
+        slots.append(following)
+    return slots
+
+
+def _newest_slot(schedule: AgentSchedule, first: dt.datetime, now: dt.datetime) -> dt.datetime:
+    """The newest slot from ``first`` (a slot, due) to ``now``."""
+    if schedule.every is not None:
+        # In whole microseconds: the slot is exact whatever the interval.
+        step = schedule.every // dt.timedelta(microseconds=1)
+        passed = (now - _EPOCH) // dt.timedelta(microseconds=1)
+        return max(first, _EPOCH + dt.timedelta(microseconds=passed // step * step))
+    zone = time_zone(schedule.timezone)
+    for window in (*_NEWEST_WINDOWS, None):
+        start = first if window is None else max(first, now - window)
+        newest = None
+        for slot in CronSim(schedule.cron, start.astimezone(zone)):
+            if slot > now:
+                break
+            newest = slot
+        if newest is not None:
+            return newest.astimezone(dt.UTC)
+        if start == first:
+            break
+    return first
+
+
 def slot_key(name: str, slot: dt.datetime) -> str:
     """The start key of the run of a slot: the schedule's name and the slot, in UTC to the
     microsecond."""
@@ -140,8 +197,9 @@ def schedule(
     fleet. Idempotent: a data migration or an ``AppConfig.ready`` may call it on every start.
 
     The first slot is the first one after the call. Changing the timing (cron, every or time
-    zone) or enabling the schedule again moves its next slot to the first one after the call;
-    changing anything else keeps it. ``catch_up``: after an outage (no worker ran through some
+    zone), enabling the schedule again or declaring a broken one again (which clears
+    ``broken``) moves its next slot to the first one after the call; changing anything else
+    keeps it. ``catch_up``: after an outage (no worker ran through some
     slots), False starts only the newest missed slot, True each of them, oldest first (at most
     ``MAX_CATCH_UP`` per firing). A bad argument (an unknown agent, a cron expression that
     does not parse, a time zone that does not exist, ``every`` not a positive timedelta) is a
@@ -202,7 +260,9 @@ def _save(
         row.save()
         return row
     retimed = (existing.cron, existing.every, existing.timezone) != (cron, every, timezone)
-    resumed = enabled and not existing.enabled
+    # Paused, or broken (it fired nothing): it starts again at its first slot after now,
+    # without catching up on the slots it did not fire meanwhile.
+    resumed = enabled and (not existing.enabled or bool(existing.broken))
     for field, value in fields.items():
         setattr(existing, field, value)
     if retimed or resumed or existing.next_slot is None:

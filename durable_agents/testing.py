@@ -43,6 +43,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import F
 from django.db.models.functions import Now
 from django.test import override_settings
+from django.utils import timezone
 
 from durable_agents import api, calls, llm, store
 from durable_agents.conf import app_settings
@@ -239,22 +240,65 @@ class FakeClock:
 
     The database clock decides when a timer is due (``wake_at <= now()``) and a test cannot
     move it, so the clock moves the deadlines: ``advance(seconds)`` takes ``seconds`` off the
-    ``wake_at`` of every waiting run. ``offset`` is how far it went in all."""
+    ``wake_at`` of every waiting run. ``offset`` is how far it went in all.
+
+    Schedules keep their slots (a slot's time is in its run's start key): ``advance`` fires
+    the slots that fall due up to the moved time instead, as the workers would have (only the
+    newest missed slot of a schedule without ``catch_up``), and ``fired`` lists the runs they
+    started, oldest first, for the test to drive."""
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.fired: list[AgentRun] = []
 
-    def advance(self, seconds: float) -> int:
-        """Move the clock ``seconds`` forward; returns the number of waiting runs with a timer
-        or a timeout (each now that much closer). A run whose ``wake_at`` is past is claimed by
-        the next ``drive`` (or worker)."""
-        if not seconds >= 0:
-            raise ValueError(f"a clock only goes forward, not by {seconds!r}s")
+    def now(self) -> datetime.datetime:
+        """The time as this clock tells it: the real time plus ``offset``."""
+        return timezone.now() + datetime.timedelta(seconds=self.offset)
+
+    def advance(
+        self,
+        seconds: float = 0.0,
+        *,
+        minutes: float = 0.0,
+        hours: float = 0.0,
+        days: float = 0.0,
+    ) -> int:
+        """Move the clock forward by the sum of the arguments (``advance(30)``,
+        ``advance(hours=1)``); returns the number of waiting runs with a timer or a timeout
+        (each now that much closer). A run whose ``wake_at`` is past is claimed by the next
+        ``drive`` (or worker). The schedule slots that fall due on the way are fired (their
+        runs appended to ``fired``) without sleeping."""
+        for name, value in (
+            ("seconds", seconds),
+            ("minutes", minutes),
+            ("hours", hours),
+            ("days", days),
+        ):
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+                raise ValueError(f"a clock only goes forward, not by {name}={value!r}")
+        seconds = seconds + 60 * minutes + 3600 * hours + 86400 * days
         moved = AgentRun.objects.filter(status=RunStatus.WAITING, wake_at__isnull=False).update(
             wake_at=F("wake_at") - datetime.timedelta(seconds=seconds)
         )
         self.offset += seconds
+        self.fire_schedules()
         return moved
+
+    def fire_schedules(self) -> list[AgentRun]:
+        """Fire every schedule slot due by this clock's time (``advance`` does); returns the
+        runs started, also appended to ``fired``."""
+        from durable_agents.schedule_firing import fire_due
+
+        now = self.now()
+        started: list[AgentRun] = []
+        while True:
+            fired = fire_due(now)
+            started.extend(fired.runs)
+            # Nothing taken (a slot whose run could not start stays due): do not spin on it.
+            if fired.next_in != 0.0 or not fired.schedules:
+                break
+        self.fired.extend(started)
+        return started
 
     def advance_to_next(self, runs: Iterable[Any] | None = None) -> float | None:
         """Advance to the earliest ``wake_at`` of the waiting runs (of ``runs``, ids or runs,

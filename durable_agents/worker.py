@@ -12,6 +12,8 @@ works on and keeps the leases of the runs it holds alive. The whole flow:
                                names the runs that were cancelled or taken over: their slots
                                are interrupted
     listener (PostgreSQL)      LISTEN: wakes the claimer, interrupts a cancelled run at once
+    schedules                  fires the due slots of agent schedules, a few times a second
+                               (``schedule_firing``): one indexed statement when none is due
 
 A slot holds a database connection only while it talks to the database (``db.release``), so
 on PostgreSQL a worker with a thousand runs in flight shares ``DB_POOL_SIZE`` connections.
@@ -111,9 +113,12 @@ class Worker:
         grace_seconds: float | None = None,
         listen: bool | None = None,
         store: Store | None = None,
+        schedules: bool | None = None,
     ) -> None:
         """``store``: where the runs live (default: each thread's ``store.current()``, as
-        ``advance_run``'s); claims, heartbeats and releases go through it."""
+        ``advance_run``'s); claims, heartbeats and releases go through it. ``schedules``:
+        whether this worker fires agent schedules (default: yes, unless it is a burst worker
+        or was given a store: schedules live in the database)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.store = store
@@ -138,6 +143,7 @@ class Worker:
             app_settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
         )
         self.listen = bool(app_settings.LISTEN) if listen is None else listen
+        self.schedules = (not burst and store is None) if schedules is None else schedules
         # Set by the first signal: claim nothing new, stop each run after its current step.
         self.stopping = threading.Event()
         # Set by a second signal (or the end of the grace period): abandon what is in flight.
@@ -218,6 +224,7 @@ class Worker:
         self._wake_stranded_parents()
         threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True).start()
         self._start_listener()
+        firer = self._start_firing()
         slots = [
             threading.Thread(target=self._slot, name=f"da-slot-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -240,6 +247,9 @@ class Worker:
         deadline = time.monotonic() + 2.0
         for slot in slots:
             slot.join(timeout=max(0.0, deadline - time.monotonic()))
+        if firer is not None:
+            # It looks at ``stopping`` at least every TICK_SECONDS: a second is plenty.
+            firer.join(timeout=1.0)
         self.connections.close()
         logger.info(
             "worker %s stopped after %d claims%s",
@@ -611,6 +621,20 @@ class Worker:
         if self.listener is None:
             return
         threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
+
+    def _start_firing(self) -> threading.Thread | None:
+        """The thread that fires agent schedules: apart from the claimer, so that a batch of
+        due slots never delays a claim (their runs wake the claimer like any new run)."""
+        if not self.schedules:
+            return None
+        from durable_agents.schedule_firing import ScheduleFirer
+
+        firer = ScheduleFirer(
+            self.stopping, release=self.connections.release, close=self.connections.close
+        )
+        thread = threading.Thread(target=firer.serve, name="da-schedules", daemon=True)
+        thread.start()
+        return thread
 
     def _cancelled(self, run_id: str) -> None:
         """A cancellation notified by the database: interrupt its slot now, not at the next

@@ -331,6 +331,12 @@ class Store(abc.ABC):
         as stored. Race-free: of concurrent callers with one key, one inserts and the others
         get its run."""
 
+    def create_runs(self, runs: Sequence[tuple[AgentRun, str]]) -> list[AgentRun]:
+        """``create_run`` of each ``(run, task payload)``, every run with a start key, in
+        order; returns each key's run as stored (the new one, or the one that had the key). A
+        database store does it in a few statements, whatever the number of runs."""
+        return [self.create_run(run, payload) for run, payload in runs]
+
     @abc.abstractmethod
     def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
         """Insert ``run`` (an unsaved, pending AgentRun whose ``last_seq`` is its fork point)

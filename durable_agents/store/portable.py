@@ -65,6 +65,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.portable_batch import PortableBatch
 from durable_agents.store.portable_debounce import PortableDebounce
 from durable_agents.store.portable_logs import PortableLogs
 from durable_agents.store.portable_trees import PortableTrees
@@ -131,7 +132,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(PortableLogs, PortableTrees, PortableDebounce):
+class PortableStore(PortableBatch, PortableLogs, PortableTrees, PortableDebounce):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------

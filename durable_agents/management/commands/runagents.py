@@ -87,6 +87,12 @@ class Command(BaseCommand):
             "interface, which scrapers of containers need; 127.0.0.1 keeps it on this host)",
         )
         parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="do not fire agent schedules in this worker (the other workers do; by default "
+            "every worker but a --burst one fires them, each slot starting one run)",
+        )
+        parser.add_argument(
             "--strict",
             action="store_true",
             help="refuse to start when a registered agent changed without a new version while "
@@ -151,6 +157,7 @@ class Command(BaseCommand):
             lease_seconds=options["lease_seconds"],
             poll_interval=options["poll_interval"],
             grace_seconds=options["grace_seconds"],
+            schedules=False if options["no_schedules"] else None,
         )
         if metrics is not None:
             _serve_metrics(worker, *metrics)
