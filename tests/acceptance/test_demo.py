@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_the_demo_tells_its_story_and_forks_the_failed_run(tmp_path: Path) -> None:
+def test_the_demo_tells_its_story_forks_the_failed_run_and_fires_its_schedule(tmp_path: Path) -> None:
     database = tmp_path / "demo.sqlite3"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "DURABLE"))},
@@ -62,3 +62,16 @@ def test_the_demo_tells_its_story_and_forks_the_failed_run(tmp_path: Path) -> No
         )
         assert statuses.get("waiting") == 1
         assert set(statuses) <= {"succeeded", "waiting"}
+        # On a clock: the demo's schedule fired some slots, each started one run whose key is
+        # the schedule's name and its slot, every one ran, and the schedule is paused at the end.
+        fired = db.execute(
+            "SELECT start_key, status FROM agent_run WHERE start_key LIKE 'demo-every-3s@%'"
+        ).fetchall()
+        assert len(fired) >= 1
+        assert len({key for key, _ in fired}) == len(fired)
+        assert {status for _, status in fired} == {"succeeded"}
+        schedule = db.execute(
+            "SELECT enabled, last_slot FROM agent_schedule WHERE name = 'demo-every-3s'"
+        ).fetchone()
+        assert schedule is not None
+        assert schedule[0] == 0 and schedule[1] is not None
