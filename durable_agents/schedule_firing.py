@@ -31,9 +31,13 @@ Missed slots (no worker ran through them): only the newest is fired, unless the 
 A schedule that cannot fire (its agent is not registered any more, its cron expression or its
 time zone no longer parses, its task is refused) gets the reason in ``broken`` and fires
 nothing until ``schedule()`` or an edit in the admin clears it: the worker that notices logs
-it once, and goes on with the others. If starting the batch's runs together fails, they are
-started one by one, each in a savepoint: a run that fails to start leaves its schedule as it
-was (the next firing tries it again), and the others start.
+it once, and goes on with the others. A schedule declared after this process started, of an
+agent it does not know, is left to other workers instead (a rolling deploy: the new code
+declared it while this worker still runs the old).
+
+If starting the batch's runs together fails, they are started one by one, each in a
+savepoint: a run that fails to start leaves its schedule as it was (the next firing tries it
+again), and the others start.
 
 On PostgreSQL the clock is the database's (``now()``), as for leases and timers; on SQLite,
 ``Now()`` of the same machine.
@@ -53,6 +57,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Value
 from django.db.models.expressions import Expression
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from durable_agents.exceptions import AgentNotFound
 from durable_agents.models import AgentRun
@@ -75,6 +80,10 @@ ERROR_WAIT_SECONDS = 1.0
 # trigger, a constraint of yours) is broken rather than tried every tick forever.
 MAX_START_FAILURES = 40
 
+# When this process started (imported the firing): a schedule declared or edited since, whose
+# agent it does not know, is left to other workers rather than called broken.
+PROCESS_STARTED = timezone.now()
+
 # Consecutive refusals of each schedule's run (by id), in this process.
 _start_failures: dict[int, int] = {}
 
@@ -91,6 +100,9 @@ class Fired:
     schedules: int = 0
     # The names of the schedules found broken by this call.
     broken: list[str] = field(default_factory=list)
+    # The names of the schedules left to other workers (an agent this process does not know,
+    # declared after it started).
+    left: list[str] = field(default_factory=list)
     # Seconds until the next known slot (0: more are due now); None when no schedule fires.
     next_in: float | None = None
 
@@ -187,7 +199,10 @@ def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, floa
     upcoming = [
         row.next_slot
         for row in rows
-        if row.next_slot is not None and not row.broken and id(row) not in refused
+        if row.next_slot is not None
+        and not row.broken
+        and id(row) not in refused
+        and row.name not in fired.left
     ]
     if not upcoming:
         return len(rows), None
@@ -231,6 +246,12 @@ def _slot_runs(
             run.concurrency_key = row.concurrency_key
             runs.append((slot, run))
     except AgentNotFound:
+        if row.updated_at >= PROCESS_STARTED:
+            # Declared or edited since this process started: in a rolling deploy that adds
+            # the agent, this worker may run the deploy before it. A worker that knows the
+            # agent fires it; one started later that does not know it says it is broken.
+            fired.left.append(row.name)
+            return []
         _break(row, f"no agent named {row.agent!r} is registered", fired)
         return []
     except ValueError as exc:

@@ -267,6 +267,7 @@ def _save(
         setattr(existing, field, value)
     if retimed or resumed or existing.next_slot is None:
         existing.next_slot = next_slot(existing, now)
+    existing.updated_at = now
     existing.save()
     return existing
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_the_demo_tells_its_story_forks_the_failed_run_and_fires_its_schedule(tmp_path: Path) -> None:
+def test_the_demo_tells_its_story_forks_a_run_and_fires_a_schedule(tmp_path: Path) -> None:
     database = tmp_path / "demo.sqlite3"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "DURABLE"))},
@@ -74,4 +74,6 @@ def test_the_demo_tells_its_story_forks_the_failed_run_and_fires_its_schedule(tm
             "SELECT enabled, last_slot FROM agent_schedule WHERE name = 'demo-every-3s'"
         ).fetchone()
         assert schedule is not None
-        assert schedule[0] == 0 and schedule[1] is not None
+        enabled, last_slot = schedule
+        assert enabled == 0
+        assert last_slot is not None

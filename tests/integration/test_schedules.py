@@ -229,7 +229,10 @@ def test_a_schedule_whose_agent_is_gone_is_broken_and_fires_nothing(
 ) -> None:
     schedule("gone", "tester", "Work.", every=MINUTE)
     schedule("fine", "tester", "Work.", every=MINUTE)
-    AgentSchedule.objects.filter(name="gone").update(agent="removed_by_a_deploy")
+    # Declared before this worker started, by a deploy that had the agent.
+    AgentSchedule.objects.filter(name="gone").update(
+        agent="removed_by_a_deploy", updated_at=at(2026, 1, 1)
+    )
     AgentSchedule.objects.update(next_slot=at(2026, 1, 1))
     fired = fire_due(at(2026, 1, 1, 0, 0, 30))
     assert fired.broken == ["gone"]
@@ -248,6 +251,26 @@ def test_a_schedule_whose_agent_is_gone_is_broken_and_fires_nothing(
     assert fixed.broken == ""
     assert fixed.next_slot is not None
     assert fixed.next_slot > at(2026, 1, 2)
+
+
+def test_a_schedule_declared_after_the_worker_started_for_an_agent_it_lacks_is_left_to_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rolling deploy: the new code declares a schedule of a new agent while workers of the
+    old deploy still run. They leave it (due, sound) for a worker that knows the agent."""
+    schedule("new-agent", "tester", "Work.", every=MINUTE)
+    AgentSchedule.objects.update(agent="only_in_the_next_deploy", next_slot=at(2026, 1, 1))
+    fired = fire_due(at(2026, 1, 1, 0, 0, 30))
+    assert (fired.broken, fired.runs, fired.left) == ([], [], ["new-agent"])
+    assert fired.next_in is None  # not looked at again at once
+    row = AgentSchedule.objects.get()
+    assert (row.broken, row.next_slot, row.last_slot) == ("", at(2026, 1, 1), None)
+    assert "fires nothing" not in caplog.text
+    # A worker of the new deploy (it knows the agent) fires it.
+    AgentSchedule.objects.update(agent="tester")
+    assert [r.start_key for r in fire_due(at(2026, 1, 1, 0, 0, 30)).runs] == [
+        slot_key("new-agent", at(2026, 1, 1))
+    ]
 
 
 def test_a_cron_expression_that_no_longer_parses_breaks_only_its_schedule() -> None:
