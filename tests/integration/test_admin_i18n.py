@@ -221,8 +221,9 @@ def test_the_schedules_list_and_panel_are_german_and_names_stay_escaped(
         "Nächster Termin",
         "Letzter Lauf",
         "alle 5 min",  # the timing in words
-        "pausiert",  # the states
-        "defekt",
+        ">aktiv</span>",  # the states (ours, not django.contrib.auth's "Aktiv")
+        ">pausiert</span>",
+        ">defekt</span>",
         "kein Agent namens „gone“ ist registriert",  # why it is broken
     ):
         assert german in content, german
