@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q, TextChoices
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.translation import gettext, ngettext, pgettext
+from django.utils.translation import gettext, ngettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.agents import registry
@@ -25,9 +25,11 @@ SCHEDULE_COLORS = {"active": "#1a7f37", "paused": "#57606a", "broken": "#c62828"
 
 
 class ScheduleState(TextChoices):
-    ACTIVE = "active", _("active")
-    PAUSED = "paused", _("paused")
-    BROKEN = "broken", _("broken")
+    # A context of their own: django.contrib.auth's catalogue has "active" too, and an app
+    # listed before this one would translate it its way ("Aktiv" beside "pausiert").
+    ACTIVE = "active", pgettext_lazy("schedule state", "active")
+    PAUSED = "paused", pgettext_lazy("schedule state", "paused")
+    BROKEN = "broken", pgettext_lazy("schedule state", "broken")
 
 
 def registered_agents() -> set[str]:

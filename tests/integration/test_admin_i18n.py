@@ -1,7 +1,8 @@
 """The admin speaks the user's language: with German active (LocaleMiddleware and
-Accept-Language, or LANGUAGE_CODE) the runs list, a run page, the operations page, messages
-and staff mails are German, from the catalogue in durable_agents/locale; what the model, a tool
-or a person wrote is never translated and stays escaped."""
+Accept-Language, or LANGUAGE_CODE) the runs list, a run page, the operations page, the
+schedules list, messages and staff mails are German, from the catalogue in
+durable_agents/locale; what the model, a tool or a person wrote is never translated and stays
+escaped."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from durable_agents import notifications
 from durable_agents.admin import format as views
 from durable_agents.models import AgentRun, RunStatus, WaitKind
 from tests.integration.test_admin import ESCAPED, SCRIPT, messages_of, run_url, runs_url
+from tests.integration.test_admin_schedules import list_url, make
 from tests.integration.test_admin_waits import operations_url, park, park_on_question
 
 pytestmark = pytest.mark.django_db
@@ -199,3 +201,39 @@ def test_english_is_unchanged_without_a_language(admin_client: Client) -> None:
     assert "Start a run" in content
     assert "Cancel selected runs" in content
     assert views.compact_age(timezone.now() - datetime.timedelta(hours=3)) == "3h"
+
+
+def test_the_schedules_list_and_panel_are_german_and_names_stay_escaped(
+    german_client: Client,
+) -> None:
+    make("nightly")
+    make("paused-one", enabled=False)
+    make(f"orphan {SCRIPT}", agent="gone")
+    content = page(german_client, list_url())
+
+    for german in (
+        "Wörter aus dem Namen des Zeitplans.",  # the search's help
+        "Ausgewählte Zeitpläne pausieren",  # actions
+        "Ausgewählte Zeitpläne fortsetzen",
+        "Ausgewählte Zeitpläne jetzt ausführen",
+        "Nach Zustand",  # a filter
+        "Zeitsteuerung",  # column headers
+        "Nächster Termin",
+        "Letzter Lauf",
+        "alle 5 min",  # the timing in words
+        ">aktiv</span>",  # the states (ours, not django.contrib.auth's "Aktiv")
+        ">pausiert</span>",
+        ">defekt</span>",
+        "kein Agent namens „gone“ ist registriert",  # why it is broken
+    ):
+        assert german in content, german
+    for english in ("Pause selected schedules", "every 5 min", "Next slot", "no agent named"):
+        assert english not in content, english
+    assert SCRIPT not in content
+    assert ESCAPED in content
+
+    content = page(german_client, operations_url())
+    for german in ("Zeitpläne", "Nächste Termine", "Handlungsbedarf", "Grund"):
+        assert german in content, german
+    assert "Next slots" not in content
+    assert SCRIPT not in content
