@@ -64,6 +64,7 @@ class AgentSchedule(models.Model):
         db_table = "agent_schedule"
         ordering: ClassVar[list[str]] = ["name"]
         verbose_name = _("agent schedule")
+        verbose_name_plural = _("agent schedules")
         permissions: ClassVar[list[tuple[str, StrOrPromise]]] = [
             ("run_agentschedule", _("Can start a schedule's run now")),
         ]
