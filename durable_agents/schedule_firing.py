@@ -235,12 +235,13 @@ def _slot_runs(
         return []
     runs = []
     try:
+        # The schedule's own fields once; each slot's key and run (a catch-up has up to 100).
+        api.check_priority(row.priority)
+        if row.concurrency_key is not None:
+            check_concurrency_key(row.concurrency_key)
         for slot in slots:
             key = slot_key(row.name, slot)
             api._check_start_key(key)
-            api.check_priority(row.priority)
-            if row.concurrency_key is not None:
-                check_concurrency_key(row.concurrency_key)
             run = api._new_run(row.agent, row.task, None, None)
             run.start_key, run.priority = key, row.priority
             run.concurrency_key = row.concurrency_key

@@ -238,20 +238,13 @@ def schedule(
     for _ in range(2):
         try:
             with transaction.atomic():
-                return _save(name, fields, cron or "", every, timezone, enabled)
+                return _save(name, fields)
         except IntegrityError:
             continue
     raise RuntimeError(f"could not save the schedule {name!r}")  # pragma: no cover
 
 
-def _save(
-    name: str,
-    fields: dict[str, Any],
-    cron: str,
-    every: dt.timedelta | None,
-    timezone: str,
-    enabled: bool,
-) -> AgentSchedule:
+def _save(name: str, fields: dict[str, Any]) -> AgentSchedule:
     existing = AgentSchedule.objects.select_for_update().filter(name=name).first()
     now = django_timezone.now()
     if existing is None:
@@ -259,10 +252,11 @@ def _save(
         row.next_slot = next_slot(row, now)
         row.save()
         return row
-    retimed = (existing.cron, existing.every, existing.timezone) != (cron, every, timezone)
+    timing = ("cron", "every", "timezone")
+    retimed = any(getattr(existing, f) != fields[f] for f in timing)
     # Paused, or broken (it fired nothing): it starts again at its first slot after now,
     # without catching up on the slots it did not fire meanwhile.
-    resumed = enabled and (not existing.enabled or bool(existing.broken))
+    resumed = fields["enabled"] and (not existing.enabled or bool(existing.broken))
     for field, value in fields.items():
         setattr(existing, field, value)
     if retimed or resumed or existing.next_slot is None:
