@@ -236,10 +236,10 @@ def firing(stop: threading.Event, batches: list[dict[str, int]], idle: list[int]
             counter = Statements()
             with connection.execute_wrapper(counter):
                 fired = fire_due()
-            if fired.runs:
+            if fired.run_ids:
                 batches.append(
                     {
-                        "runs": len(fired.runs),
+                        "runs": len(fired.run_ids),
                         "schedules": fired.schedules,
                         "on_schedules": counter.on_schedules,
                         "total": counter.total,

@@ -3,17 +3,20 @@
     fire_due(now=None)   one look at the schedules; fires the due ones, a batch at a time
 
 Every worker calls ``fire_due`` a few times a second (``ScheduleFirer``, on a thread of its
-own). What it costs:
+own). Each look is one transaction; the store does its writes (store/postgres_schedules.py,
+store/portable_schedules.py). What it costs on PostgreSQL:
 
     nothing due      one indexed statement (``agent_schedule_due``, a partial index on
-                     next_slot): the earliest next slot and the database's clock, outside any
-                     transaction; it also says how long until that slot, so the firer sleeps
-                     until then (at most ``TICK_SECONDS``)
-    a due batch      one transaction: one SELECT ... FOR UPDATE SKIP LOCKED of up to
-                     ``BATCH`` due schedules, the runs of all their due slots started
-                     together (``Store.create_runs``: one INSERT of the runs, one read of
-                     their keys, one INSERT of their task steps), one UPDATE of every row
-                     taken (next_slot, last_slot, last_run, broken)
+                     next_slot), which locks nothing: the earliest next slot and the
+                     database's clock; the firer sleeps until that slot (at most
+                     ``TICK_SECONDS``)
+    a due batch      the same statement takes up to ``BATCH`` due schedules (FOR UPDATE SKIP
+                     LOCKED); Python plans their slots, runs and next slots (no database);
+                     one statement fires the batch: every slot's run and task step, and every
+                     schedule moved on (next_slot, last_slot, last_run, broken)
+
+Elsewhere (SQLite) the look and the take are two statements, and the runs take three
+(``Store.create_runs``) and the moves one.
 
 Exactly one run per slot, whatever happens:
 
@@ -35,9 +38,10 @@ it once, and goes on with the others. A schedule declared after this process sta
 agent it does not know, is left to other workers instead (a rolling deploy: the new code
 declared it while this worker still runs the old).
 
-If starting the batch's runs together fails, they are started one by one, each in a
-savepoint: a run that fails to start leaves its schedule as it was (the next firing tries it
-again), and the others start.
+If starting the batch's runs together fails (a trigger or a constraint of the project's
+refuses one), the transaction is rolled back and the batch taken again, its runs started one
+by one, each in a savepoint: a run that fails to start leaves its schedule at that slot (the
+next firing tries it again), and the others start.
 
 On PostgreSQL the clock is the database's (``now()``), as for leases and timers; on SQLite,
 ``Now()`` of the same machine.
@@ -49,21 +53,22 @@ import datetime as dt
 import json
 import logging
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cronsim import CronSimError
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Value
-from django.db.models.expressions import Expression
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from durable_agents.exceptions import AgentNotFound
 from durable_agents.models import AgentRun
 from durable_agents.schedule_models import AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, slot_key
-from durable_agents.store import current
+from durable_agents.store import Store, current, dialect_store
+from durable_agents.store.portable_schedules import SlotStart
 
 logger = logging.getLogger("durable_agents.schedules")
 
@@ -80,6 +85,14 @@ ERROR_WAIT_SECONDS = 1.0
 # trigger, a constraint of yours) is broken rather than tried every tick forever.
 MAX_START_FAILURES = 40
 
+# The firer plans a batch in Python (about 0.1 ms a schedule) while the worker's claimer and
+# heartbeat share its process: CPython hands the GIL to a waiting thread only after a switch
+# interval (5 ms), so a whole batch planned at once would hold a claim up by that much, twice.
+# A short sleep every ``YIELD_EVERY`` schedules hands the GIL over at once (about 2 ms a full
+# batch).
+YIELD_EVERY = 10
+YIELD_SECONDS = 0.0002
+
 # When this process started (imported the firing): a schedule declared or edited since, whose
 # agent it does not know, is left to other workers rather than called broken.
 PROCESS_STARTED = timezone.now()
@@ -87,15 +100,14 @@ PROCESS_STARTED = timezone.now()
 # Consecutive refusals of each schedule's run (by id), in this process.
 _start_failures: dict[int, int] = {}
 
-_FIELDS = ["next_slot", "last_slot", "last_run", "broken", "updated_at"]
-
 
 @dataclass
 class Fired:
     """What one ``fire_due`` call did."""
 
-    # The runs the slots started (or found started already, by their key), oldest slot first.
-    runs: list[AgentRun] = field(default_factory=list)
+    # The ids of the runs the slots started (or found started already, by their key), oldest
+    # slot of each schedule first.
+    run_ids: list[uuid.UUID] = field(default_factory=list)
     # The schedules taken (fired, or found broken).
     schedules: int = 0
     # The names of the schedules found broken by this call.
@@ -106,241 +118,273 @@ class Fired:
     # Seconds until the next known slot (0: more are due now); None when no schedule fires.
     next_in: float | None = None
 
+    @cached_property
+    def runs(self) -> list[AgentRun]:
+        """The runs of ``run_ids``, in that order (read on first use: a worker's firer
+        needs only their number)."""
+        if not self.run_ids:
+            return []
+        found = AgentRun.objects.in_bulk(self.run_ids)
+        return [found[run_id] for run_id in self.run_ids]
+
 
 def fire_due(
     now: dt.datetime | None = None, *, batch: int = BATCH, max_batches: int = MAX_BATCHES
 ) -> Fired:
     """Fire every slot that is due (``next_slot`` <= ``now``) of the enabled, sound schedules,
-    ``batch`` schedules per transaction, at most ``MAX_BATCHES`` batches per call. ``now``:
+    ``batch`` schedules per transaction, at most ``max_batches`` batches per call. ``now``:
     the time to fire at (a test's fake clock); by default the database's clock."""
-    cutoff: Expression = Now() if now is None else Value(now)
     fired = Fired()
-    first = (
-        AgentSchedule.objects.firing()
-        .filter(next_slot__isnull=False)
-        .annotate(db_now=cutoff)
-        .order_by("next_slot")
-        .values_list("next_slot", "db_now")
-        .first()
-    )
-    if first is None:
-        return fired
-    earliest, clock = first
-    if earliest > clock:
-        fired.next_in = (earliest - clock).total_seconds()
-        return fired
     for _ in range(max_batches):
-        taken, next_in = _fire_batch(cutoff, batch, fired)
-        fired.next_in = next_in
+        try:
+            taken = _fire_batch(now, batch, fired, together=True)
+        except _TogetherRefused:
+            logger.debug("starting a batch of scheduled runs together failed; one by one")
+            taken = _fire_batch(now, batch, fired, together=False)
         if taken < batch:
             return fired
     fired.next_in = 0.0
     return fired
 
 
-# The rows of a batch moved on, in one statement whatever their number (PostgreSQL): the ORM's
-# bulk_update builds a CASE per column and row, which costs more Python than the firing.
-MOVE_ON_SQL = """\
-UPDATE agent_schedule AS s
-   SET next_slot = v.next_slot, last_slot = v.last_slot, last_run_id = v.last_run_id,
-       broken = v.broken, updated_at = now()
-  FROM unnest(%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::uuid[], %s::text[])
-       AS v(id, next_slot, last_slot, last_run_id, broken)
- WHERE s.id = v.id"""
+class _TogetherRefused(Exception):
+    """The statement that starts a batch's runs together failed (its transaction is rolled
+    back): the batch is taken again and its runs started one by one."""
 
 
-def _save_moves(rows: list[AgentSchedule], clock: dt.datetime) -> None:
-    """One UPDATE of every row taken: next_slot, last_slot, last_run, broken."""
-    if connection.vendor != "postgresql":
-        for row in rows:
-            row.updated_at = clock
-        AgentSchedule.objects.bulk_update(rows, _FIELDS)
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            MOVE_ON_SQL,
-            [
-                [row.pk for row in rows],
-                [row.next_slot for row in rows],
-                [row.last_slot for row in rows],
-                [row.last_run_id for row in rows],
-                [row.broken for row in rows],
-            ],
-        )
+@dataclass
+class _Plan:
+    """What a batch fires: each schedule's slots and its move, computed before any write."""
+
+    starts: list[SlotStart] = field(default_factory=list)
+    # The schedules to save (moved on, or broken); the left ones are not among them.
+    rows: list[AgentSchedule] = field(default_factory=list)
+    # Each schedule's slots to start, oldest first (schedule id -> its starts).
+    slots_of: dict[int, list[SlotStart]] = field(default_factory=dict)
+    # Each schedule's next and last slot as taken (the plan moves them on in memory).
+    was: dict[int, tuple[dt.datetime | None, dt.datetime | None]] = field(default_factory=dict)
+    broken: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
 
 
-def _fire_batch(cutoff: Expression, batch: int, fired: Fired) -> tuple[int, float | None]:
+def _fire_batch(now: dt.datetime | None, batch: int, fired: Fired, *, together: bool) -> int:
     """One transaction: take up to ``batch`` due schedules (skipping those another worker
-    holds), start their slots' runs, move them on. Returns how many were taken, and the
-    seconds until the earliest next slot among them (0 when a batch was full: more may be
-    due)."""
+    holds), start their slots' runs, move them on; ``fired`` gets what it did (only once it
+    committed) and the seconds until the next slot. Returns how many were taken."""
     with transaction.atomic():
-        rows = list(
-            AgentSchedule.objects.firing()
-            .filter(next_slot__lte=cutoff)
-            .annotate(db_now=cutoff)
-            .order_by("next_slot")
-            .select_for_update(skip_locked=True)[:batch]
-        )
-        if not rows:
-            return 0, None
-        clock: dt.datetime = rows[0].db_now  # type: ignore[attr-defined]
-        slots = [
-            _SlotRun(row, slot, run) for row in rows for slot, run in _slot_runs(row, clock, fired)
-        ]
-        _start(slots)
-        _move_on(slots, fired)
-        _save_moves(rows, clock)
-    fired.schedules += len(rows)
+        due = _store().take_due_schedules(now, batch)
+        if not due.rows:
+            fired.next_in = _seconds_until(due.earliest, due.clock)
+            return 0
+        plan = _plan(due.rows, due.clock)
+        if together:
+            try:
+                ids = _store().fire_slots(plan.starts, plan.rows, _last_keys(plan))
+            except DatabaseError as exc:
+                raise _TogetherRefused from exc
+            refused: set[int] = set()
+        else:
+            ids, refused = _fire_one_by_one(plan)
+    for start in plan.starts:
+        if start.key in ids:
+            fired.run_ids.append(ids[start.key])
+    for row in plan.rows:
+        if row.pk not in refused and not row.broken:
+            _start_failures.pop(row.pk, None)
+    fired.schedules += len(due.rows)
+    fired.broken += plan.broken
+    fired.left += plan.left
+    fired.next_in = _next_in(due.rows, due.clock, batch, refused, plan)
+    return len(due.rows)
+
+
+def _store() -> Store:
+    """The database's own store, also inside the firing's transaction (``current()`` is the
+    portable one there): its schedule statements are written to run in one."""
+    return dialect_store(connection.vendor)
+
+
+def _seconds_until(earliest: dt.datetime | None, clock: dt.datetime) -> float | None:
+    if earliest is None:
+        return None
+    if earliest <= clock:
+        return None  # due, but another firer holds it: look again at the next tick
+    return (earliest - clock).total_seconds()
+
+
+def _next_in(
+    rows: list[AgentSchedule],
+    clock: dt.datetime,
+    batch: int,
+    refused: set[int],
+    plan: _Plan,
+) -> float | None:
+    """Seconds until the earliest next slot of a batch's schedules (0 when the batch was
+    full: more may be due); a schedule whose run was refused is tried at the next tick, not
+    at once again."""
     if len(rows) == batch:
-        return len(rows), 0.0
-    # A schedule whose run was refused is tried at the next tick, not at once again.
-    refused = {id(s.schedule) for s in slots if s.refused is not None}
+        return 0.0
     upcoming = [
         row.next_slot
         for row in rows
         if row.next_slot is not None
         and not row.broken
-        and id(row) not in refused
-        and row.name not in fired.left
+        and row.pk not in refused
+        and row.name not in plan.left
     ]
     if not upcoming:
-        return len(rows), None
-    return len(rows), max(0.0, (min(upcoming) - clock).total_seconds())
+        return None
+    return max(0.0, (min(upcoming) - clock).total_seconds())
 
 
-@dataclass
-class _SlotRun:
-    """A due slot of a schedule and its run: unsaved until started; None when it could not
-    start (``refused``: why)."""
+def _plan(rows: list[AgentSchedule], clock: dt.datetime) -> _Plan:
+    """The slots each schedule fires at ``clock`` with their runs, and where each schedule
+    moves: its last slot the newest of them, its next slot the one after."""
+    plan = _Plan()
+    templates: dict[str, AgentRun] = {}  # one run template per agent per batch
+    for i, row in enumerate(rows):
+        if i and i % YIELD_EVERY == 0:
+            time.sleep(YIELD_SECONDS)
+        plan.was[row.pk] = (row.next_slot, row.last_slot)
+        starts = _slot_starts(row, clock, templates, plan)
+        if starts is None:  # left to other workers: not saved
+            continue
+        plan.rows.append(row)
+        if row.broken or not starts:
+            continue
+        plan.starts += starts
+        plan.slots_of[row.pk] = starts
+        newest = starts[-1].slot
+        try:
+            following = next_slot(row, newest)
+        except (ValueError, CronSimError) as exc:  # pragma: no cover - due_slots parsed it
+            _break(row, f"its timing no longer parses: {exc}", plan)
+            continue
+        if following is None:
+            _break(row, "its cron expression fires on no day of the next five years", plan)
+            continue
+        row.last_slot, row.next_slot = newest, following
+    # A schedule broken after its slots were planned starts none of them.
+    plan.starts = [s for s in plan.starts if s.schedule_id in plan.slots_of]
+    return plan
 
-    schedule: AgentSchedule
-    slot: dt.datetime
-    run: AgentRun | None
-    refused: DatabaseError | None = None
 
-
-def _slot_runs(
-    row: AgentSchedule, clock: dt.datetime, fired: Fired
-) -> list[tuple[dt.datetime, AgentRun]]:
-    """The due slots of ``row`` and their runs to start (unsaved), oldest first; none when the
-    schedule cannot fire (then it is broken, with the reason)."""
+def _slot_starts(
+    row: AgentSchedule, clock: dt.datetime, templates: dict[str, AgentRun], plan: _Plan
+) -> list[SlotStart] | None:
+    """The due slots of ``row`` and their runs, oldest first; [] when the schedule cannot
+    fire (then it is broken, with the reason); None when it is left to other workers."""
     from durable_agents import api
     from durable_agents.store.concurrency import check_concurrency_key
 
     try:
         slots = due_slots(row, clock, MAX_CATCH_UP)
     except (ValueError, CronSimError) as exc:
-        _break(row, f"its timing no longer parses: {exc}", fired)
+        _break(row, f"its timing no longer parses: {exc}", plan)
         return []
-    runs = []
     try:
-        # The schedule's own fields once; each slot's key and run (a catch-up has up to 100).
+        template = templates.get(row.agent)
+        if template is None:
+            template = templates[row.agent] = api._new_run(row.agent, "-", None, None)
+        # The schedule's own fields once; each slot's key (a catch-up has up to 100).
+        api.check_task(row.task)
         api.check_priority(row.priority)
         if row.concurrency_key is not None:
             check_concurrency_key(row.concurrency_key)
+        payload = json.dumps(row.task, ensure_ascii=False)
+        starts = []
         for slot in slots:
             key = slot_key(row.name, slot)
             api._check_start_key(key)
-            run = api._new_run(row.agent, row.task, None, None)
-            run.start_key, run.priority = key, row.priority
-            run.concurrency_key = row.concurrency_key
-            runs.append((slot, run))
+            starts.append(
+                SlotStart(
+                    schedule_id=row.pk,
+                    slot=slot,
+                    key=key,
+                    run_id=uuid.uuid4(),
+                    template=template,
+                    task=row.task,
+                    payload=payload,
+                    priority=row.priority,
+                    concurrency_key=row.concurrency_key,
+                )
+            )
     except AgentNotFound:
         if row.updated_at >= PROCESS_STARTED:
             # Declared or edited since this process started: in a rolling deploy that adds
             # the agent, this worker may run the deploy before it. A worker that knows the
             # agent fires it; one started later that does not know it says it is broken.
-            fired.left.append(row.name)
-            return []
-        _break(row, f"no agent named {row.agent!r} is registered", fired)
+            plan.left.append(row.name)
+            return None
+        _break(row, f"no agent named {row.agent!r} is registered", plan)
         return []
     except ValueError as exc:
-        _break(row, f"its run is refused: {exc}", fired)
+        _break(row, f"its run is refused: {exc}", plan)
         return []
     # A bug, a check of a deploy's own: it breaks the schedule, not the worker.
     except Exception as exc:  # noqa: BLE001
-        _break(row, f"starting a run failed: {type(exc).__name__}: {exc}", fired)
+        _break(row, f"starting a run failed: {type(exc).__name__}: {exc}", plan)
         return []
-    return runs
+    return starts
 
 
-def _start(slots: list[_SlotRun]) -> None:
-    """Start the runs of ``slots`` (each ``run`` becomes the stored run, or None): all
-    together (a few statements for the whole batch), or, if that fails, one by one, each in
-    its savepoint, so that one the database refuses (its schedule is left as it was, tried
-    again at the next firing) does not hold back the others."""
-    payloads = []
-    for slot_run in slots:
-        assert slot_run.run is not None  # unsaved, not started yet
-        payloads.append((slot_run.run, json.dumps(slot_run.run.task, ensure_ascii=False)))
-    try:
-        started = current().create_runs(payloads)  # in a savepoint of its own
-    except DatabaseError:
-        logger.debug("starting %d scheduled runs together failed; one by one", len(slots))
-    else:
-        for slot_run, run in zip(slots, started, strict=True):
-            slot_run.run = run
-        return
-    refused: dict[int, DatabaseError] = {}
-    for slot_run, (run, payload) in zip(slots, payloads, strict=True):
-        slot_run.run = None
-        slot_run.refused = refused.get(id(slot_run.schedule))
-        if slot_run.refused is not None:
-            continue  # an older slot of its schedule was refused: this one waits
-        try:
-            with transaction.atomic():
-                slot_run.run = current().create_run(run, payload)
-        except DatabaseError as exc:
-            slot_run.refused = refused[id(slot_run.schedule)] = exc
+def _last_keys(plan: _Plan) -> dict[int, str]:
+    """Each firing schedule's newest slot's key: its run becomes the schedule's last run."""
+    return {schedule_id: starts[-1].key for schedule_id, starts in plan.slots_of.items()}
 
 
-def _move_on(slots: list[_SlotRun], fired: Fired) -> None:
-    """Each schedule's last slot and run are its newest started slot's; its next slot is the
-    one after it (or the first slot whose run failed to start: it is due again)."""
-    counted: set[int] = set()
-    for slot_run in slots:
-        row, run = slot_run.schedule, slot_run.run
-        if slot_run.refused is not None and not row.broken and id(row) not in counted:
-            counted.add(id(row))  # once per firing, at its oldest slot
-            _refused(row, slot_run, slot_run.refused, fired)
-        if run is None or row.broken:
-            continue
-        _start_failures.pop(row.pk, None)
-        fired.runs.append(run)
-        row.last_slot, row.last_run_id = slot_run.slot, run.pk
-        try:
-            following = next_slot(row, slot_run.slot)
-        except (ValueError, CronSimError) as exc:  # pragma: no cover - due_slots parsed it
-            _break(row, f"its timing no longer parses: {exc}", fired)
-            continue
-        if following is None:
-            _break(row, "its cron expression fires on no day of the next five years", fired)
-            continue
-        row.next_slot = following
+def _fire_one_by_one(plan: _Plan) -> tuple[dict[str, uuid.UUID], set[int]]:
+    """Start the runs of ``plan`` one by one, each in its savepoint, so that one the database
+    refuses does not hold back the others. A schedule whose slot's run was refused stops at
+    that slot: its older slots' runs start, the refused slot is due again (tried at the next
+    firing), its newer ones wait. Then the schedules are saved. Returns the stored run id of
+    each started key, and the schedules that met a refusal."""
+    ids: dict[str, uuid.UUID] = {}
+    refused: set[int] = set()
+    for row in plan.rows:
+        starts = plan.slots_of.get(row.pk, [])
+        newest: SlotStart | None = None
+        for start in starts:
+            try:
+                with transaction.atomic():
+                    run = current().create_run(start.new_run(), start.payload)
+            except DatabaseError as exc:
+                refused.add(row.pk)
+                _refused(row, start.slot, exc, plan)
+                break
+            ids[start.key] = run.pk
+            newest = start
+        if newest is None and row.pk in refused:  # nothing started: as it was
+            row.next_slot, row.last_slot = plan.was[row.pk]
+        elif newest is not None:
+            row.last_slot, row.last_run_id = newest.slot, ids[newest.key]
+            if row.pk in refused:
+                row.next_slot = starts[starts.index(newest) + 1].slot
+    _store().move_schedules(plan.rows)
+    return ids, refused
 
 
-def _refused(row: AgentSchedule, slot_run: _SlotRun, exc: DatabaseError, fired: Fired) -> None:
+def _refused(row: AgentSchedule, slot: dt.datetime, exc: DatabaseError, plan: _Plan) -> None:
     """The database refused the run of a slot: said once, tried again at the next firing;
     after ``MAX_START_FAILURES`` refusals in a row the schedule is broken."""
     failures = _start_failures.get(row.pk, 0) + 1
     _start_failures[row.pk] = failures
     if failures >= MAX_START_FAILURES:
         _start_failures.pop(row.pk, None)
-        _break(row, f"the database refused its run {failures} times in a row: {exc}", fired)
+        _break(row, f"the database refused its run {failures} times in a row: {exc}", plan)
     elif failures == 1:
         logger.warning(
             "schedule %r: the database refused the run of the slot %s (%s); retrying at the "
             "next firing",
             row.name,
-            slot_run.slot.isoformat(),
+            slot.isoformat(),
             " ".join(str(exc).split()),
         )
 
 
-def _break(row: AgentSchedule, reason: str, fired: Fired) -> None:
+def _break(row: AgentSchedule, reason: str, plan: _Plan) -> None:
     row.broken = reason
-    fired.broken.append(row.name)
+    plan.broken.append(row.name)
     logger.error(
         "schedule %r fires nothing until it is saved again (schedule() or the admin): %s",
         row.name,
@@ -400,8 +444,8 @@ class ScheduleFirer:
         if self.failures:
             logger.info("firing schedules works again after %d failures", self.failures)
             self.failures = 0
-        if fired.runs:
-            logger.info("fired %d slot(s) of %d schedule(s)", len(fired.runs), fired.schedules)
+        if fired.run_ids:
+            logger.info("fired %d slot(s) of %d schedule(s)", len(fired.run_ids), fired.schedules)
         if fired.next_in is None:
             return self.tick_seconds
         return min(self.tick_seconds, fired.next_in)

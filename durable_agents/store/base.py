@@ -87,7 +87,11 @@ from durable_agents.pricing import Usage
 from durable_agents.text import storable_text
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from durable_agents.capacity.gate import CapacityGate
+    from durable_agents.schedule_models import AgentSchedule
+    from durable_agents.store.portable_schedules import DueSchedules, SlotStart
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
 MAX_REASON_CHARS = 20_000
@@ -336,6 +340,29 @@ class Store(abc.ABC):
         order; returns each key's run as stored (the new one, or the one that had the key). A
         database store does it in a few statements, whatever the number of runs."""
         return [self.create_run(run, payload) for run, payload in runs]
+
+    # -- schedules (schedule_firing.py holds the flow; database stores only) ----------------
+
+    def take_due_schedules(self, now: datetime.datetime | None, limit: int) -> DueSchedules:
+        """In the caller's transaction: the earliest next slot of the schedules that fire,
+        the clock (``now``, or the database's), and up to ``limit`` due schedules, earliest
+        first, locked until the transaction ends (skipping those another firer holds)."""
+        raise NotImplementedError("firing schedules needs a database store")
+
+    def fire_slots(
+        self,
+        starts: Sequence[SlotStart],
+        rows: Sequence[AgentSchedule],
+        last_keys: Mapping[int, str],
+    ) -> dict[str, RunId]:
+        """In the caller's transaction: start the run of each slot (none when its agent has
+        a run with the slot's key) and save ``rows`` moved on (``last_keys[row.pk]``: the key
+        whose run becomes the row's last run). Returns each key's run id as stored."""
+        raise NotImplementedError("firing schedules needs a database store")
+
+    def move_schedules(self, rows: Sequence[AgentSchedule]) -> None:
+        """Save the next slot, last slot, last run and broken of ``rows``."""
+        raise NotImplementedError("firing schedules needs a database store")
 
     @abc.abstractmethod
     def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:

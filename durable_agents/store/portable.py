@@ -65,9 +65,9 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
-from durable_agents.store.portable_batch import PortableBatch
 from durable_agents.store.portable_debounce import PortableDebounce
 from durable_agents.store.portable_logs import PortableLogs
+from durable_agents.store.portable_schedules import PortableSchedules
 from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.transitions import mark_transitioned
@@ -132,7 +132,7 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(PortableBatch, PortableLogs, PortableTrees, PortableDebounce):
+class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebounce):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------

@@ -74,6 +74,16 @@ from durable_agents.store.postgres_debounce import (
     DEBOUNCE_SQL as DEBOUNCE_SQL,  # one of this store's statements, pinned in tests/sql/ too
 )
 from durable_agents.store.postgres_debounce import PostgresDebounce
+from durable_agents.store.postgres_schedules import (  # pinned in tests/sql/ too
+    FIRE_SQL as FIRE_SQL,
+)
+from durable_agents.store.postgres_schedules import (
+    MOVE_ON_SQL as MOVE_ON_SQL,
+)
+from durable_agents.store.postgres_schedules import (
+    TAKE_DUE_SQL as TAKE_DUE_SQL,
+)
+from durable_agents.store.postgres_schedules import PostgresSchedules
 from durable_agents.text import storable_text
 
 # -- Fragments -------------------------------------------------------------------------------
@@ -537,7 +547,7 @@ def binding_cursor() -> Iterator[Any]:
         yield cursor
 
 
-class PostgresStore(PostgresDebounce, PortableStore):
+class PostgresStore(PostgresDebounce, PostgresSchedules, PortableStore):
     """PostgreSQL outside a caller's transaction: one statement (one round trip) per claim,
     per step commit, per finish-and-claim, per heartbeat and per debounced start's push."""
 

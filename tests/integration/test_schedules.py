@@ -5,6 +5,7 @@ two firers at once, the fake clock, and what an idle look costs."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -293,23 +294,32 @@ def test_a_paused_schedule_fires_nothing_and_resumes_at_the_next_slot() -> None:
     assert resumed.next_slot > at(2026, 1, 2)
 
 
+def _statements(queries: CaptureQueriesContext) -> list[str]:
+    """The statements sent, without the transaction's own (BEGIN, COMMIT, savepoints)."""
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if not q["sql"].startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT"))
+    ]
+
+
 def test_the_idle_look_is_one_statement() -> None:
     for i in range(5):
         schedule(f"s{i}", "tester", "Work.", every=dt.timedelta(hours=1))
     with CaptureQueriesContext(connection) as queries:
         fired = fire_due()
-    assert len(queries.captured_queries) == 1, queries.captured_queries
+    [sql] = _statements(queries)
     assert fired.runs == []
     assert fired.next_in is not None
     assert 0 < fired.next_in <= 3600
-    sql = queries.captured_queries[0]["sql"]
-    assert "FOR UPDATE" not in sql
     assert "LIMIT 1" in sql
 
 
-def test_a_due_batch_costs_a_constant_number_of_schedule_statements() -> None:
-    """A batch costs the same statements however many schedules are due: the look, the
-    locking SELECT and one UPDATE for the schedule rows, three for their runs."""
+def test_a_due_batch_costs_a_constant_number_of_statements() -> None:
+    """A batch costs the same statements however many schedules are due: on PostgreSQL the
+    look that takes them and the one statement that fires them (runs, task steps, moves);
+    elsewhere the look, the locking SELECT and one UPDATE for the schedule rows, three for
+    their runs."""
     counts = {}
     for size in (3, 30):
         AgentSchedule.objects.all().delete()
@@ -318,15 +328,14 @@ def test_a_due_batch_costs_a_constant_number_of_schedule_statements() -> None:
         AgentSchedule.objects.update(next_slot=at(2026, 1, 1))
         with CaptureQueriesContext(connection) as queries:
             fired = fire_due(at(2026, 1, 1, 0, 0, 1))
-        assert len(fired.runs) == size
-        on_schedules = [q["sql"] for q in queries.captured_queries if "agent_schedule" in q["sql"]]
-        counts[size] = (len(on_schedules), len(queries.captured_queries))
-    # The look, the locking SELECT, the UPDATE; the runs: their INSERT, the read of their
-    # keys, the INSERT of their task steps; two savepoints (the firing's transaction is one
-    # here, inside the test's), four statements.
-    assert {on for on, _ in counts.values()} == {3}
-    if connection.vendor == "postgresql":  # SQLite splits INSERTs by its parameter limit
-        assert counts == {3: (3, 10), 30: (3, 10)}
+        assert len(fired.run_ids) == size
+        statements = _statements(queries)
+        on_schedules = [sql for sql in statements if "agent_schedule" in sql]
+        counts[size] = (len(on_schedules), len(statements))
+    if connection.vendor == "postgresql":
+        assert counts == {3: (2, 2), 30: (2, 2)}
+    else:  # SQLite splits INSERTs by its parameter limit
+        assert {on for on, _ in counts.values()} == {3}
     assert BATCH >= 30
 
 
@@ -337,12 +346,14 @@ def test_the_due_look_reads_the_partial_index() -> None:
         schedule(f"i{i}", "tester", "Work.", every=dt.timedelta(hours=1))
     with CaptureQueriesContext(connection) as queries:
         fire_due()
+    [sql] = _statements(queries)
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
-        cursor.execute("EXPLAIN " + queries.captured_queries[0]["sql"])
+        cursor.execute("EXPLAIN " + sql)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("RESET enable_seqscan")
-    assert "agent_schedule_due" in plan, plan
+    # The earliest slot and the due schedules, both from the partial index.
+    assert plan.count("agent_schedule_due") == 2, plan
 
 
 # -- two firers at once (PostgreSQL) --------------------------------------------------------
@@ -511,3 +522,107 @@ def test_a_fired_runs_task_is_encrypted_at_rest(da_settings: Any) -> None:
     assert raw.startswith(f"da:enc:v1:{encryption.key_id(b'A' * 32)}:")
     assert "secret" not in raw
     assert run.steps.get().payload == '"Keep me secret."'
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_slot_whose_key_a_start_run_takes_meanwhile_points_at_that_run(unpooled: None) -> None:
+    """A ``start_run`` with a slot's key commits while the firing's statement waits on it:
+    the slot starts no run of its own, and the schedule's last run is the one that won."""
+    from django.db import transaction
+
+    from durable_agents.api import start_run
+
+    schedule("contested", "tester", "Scheduled.", every=MINUTE)
+    slot = at(2026, 1, 1)
+    set_next_slot("contested", slot)
+    key = slot_key("contested", slot)
+    holding = threading.Event()
+    firer_pid: list[int] = []
+    won: list[Any] = []
+    errors: list[BaseException] = []
+
+    def other_caller() -> None:
+        try:
+            with transaction.atomic():
+                won.append(start_run("tester", "By hand.", key=key))
+                holding.set()
+                # Commit only once the firing waits for this insert to end.
+                with connection.cursor() as cursor:
+                    for _ in range(600):
+                        cursor.execute(
+                            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                            firer_pid,
+                        )
+                        if cursor.fetchone() == ("Lock",):
+                            break
+                        threading.Event().wait(0.05)
+                    else:
+                        raise AssertionError("the firing never waited on the insert")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            holding.set()
+        finally:
+            connections.close_all()
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        firer_pid.append(cursor.fetchone()[0])
+    thread = threading.Thread(target=other_caller)
+    thread.start()
+    assert holding.wait(30)
+    fired = fire_due(slot)
+    thread.join(60)
+    assert errors == []
+    [run] = won
+    assert fired.run_ids == [run.pk]
+    assert [r.task for r in runs_of("contested")] == ["By hand."]
+    row = AgentSchedule.objects.get(name="contested")
+    assert (row.last_slot, row.last_run_id, row.next_slot) == (slot, run.pk, slot + MINUTE)
+
+
+def test_a_batch_of_one_keys_slots_takes_the_keys_turns_one_after_the_other() -> None:
+    """Runs of one concurrency key fired together get successive turns (``fair_at``), as
+    ``start_run`` gives them one call at a time, and the key's next turn moves past them."""
+    from durable_agents.api import start_run
+    from durable_agents.models import ConcurrencyKey
+    from durable_agents.store.concurrency import FAIR_SPACING
+
+    for i in range(3):
+        schedule(f"keyed{i}", "tester", f"Keyed {i}.", every=MINUTE, concurrency_key="tenant:t")
+    schedule("unkeyed", "tester", "Free.", every=MINUTE)
+    AgentSchedule.objects.update(next_slot=at(2026, 1, 1))
+    fired = fire_due(at(2026, 1, 1, 0, 0, 1))
+    keyed = sorted(r.fair_at for r in fired.runs if r.concurrency_key == "tenant:t")
+    assert len(keyed) == 3
+    assert [b - a for a, b in itertools.pairwise(keyed)] == [FAIR_SPACING] * 2
+    key_row = ConcurrencyKey.objects.get(key="tenant:t")
+    assert key_row.next_fair_at == keyed[-1] + FAIR_SPACING
+    # The next run of the key, started by hand, queues behind them.
+    assert start_run("tester", "After.", concurrency_key="tenant:t").fair_at == (
+        keyed[-1] + FAIR_SPACING
+    )
+    [free] = [r for r in fired.runs if r.concurrency_key is None]
+    assert free.fair_at is not None
+
+
+def test_one_batch_fires_the_slots_of_several_agents_each_with_its_own_version() -> None:
+    from durable_agents.agents import registry
+
+    agents = ["tester", "thinker", "short", "tester"]
+    for i, agent in enumerate(agents):
+        schedule(f"mixed{i}", agent, f"Task {i}.", every=MINUTE, priority=i)
+    AgentSchedule.objects.update(next_slot=at(2026, 1, 1))
+    fired = fire_due(at(2026, 1, 1, 0, 0, 1))
+    by_task = {run.task: run for run in fired.runs}
+    for i, agent in enumerate(agents):
+        run = by_task[f"Task {i}."]
+        definition = registry.get(agent, None)
+        assert (run.agent, run.prompt_version, run.model, run.priority) == (
+            agent,
+            definition.version,
+            definition.model,
+            i,
+        )
+        assert run.fingerprint == definition.fingerprint(definition.model)
+        assert run.start_key == slot_key(f"mixed{i}", at(2026, 1, 1))
