@@ -1,5 +1,6 @@
-"""Many keyed runs created in a few statements (the slots of a firing of schedules). A mixin of
-``PortableStore``; ``PostgresStore`` inherits it.
+"""Many keyed runs created in a few statements (the slots of a firing of schedules, where the
+database has no statement of its own for it: PostgreSQL fires a batch with FIRE_SQL). The base
+of ``PortableSchedules``, a mixin of ``PortableStore``.
 
 On PostgreSQL the rows go in as one ``INSERT ... SELECT FROM unnest(<one array per column>)``
 per table: the ORM's ``bulk_create`` spends a quarter of a millisecond of Python per run
