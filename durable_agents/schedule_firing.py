@@ -264,8 +264,8 @@ def _plan(rows: list[AgentSchedule], clock: dt.datetime) -> _Plan:
             _break(row, "its cron expression fires on no day of the next five years", plan)
             continue
         row.last_slot, row.next_slot = newest, following
-    # A schedule broken after its slots were planned starts none of them.
-    plan.starts = [s for s in plan.starts if s.schedule_id in plan.slots_of]
+    # A schedule found to have no slot after these (a cron that stops firing) still starts
+    # them: it is broken after them, and fires nothing more until it is saved again.
     return plan
 
 
