@@ -4,24 +4,41 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run admin live test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv clean
+.PHONY: run admin live test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv constraints clean
 
-$(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
-	touch $@
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+
+# The development set: the app with all its extras (editable), the demo's own needs, the tools.
+# Each marker is written only once everything the demo imports imports (scripts/check-imports.py),
+# so an install that left something out is repaired by the next make, not remembered as done.
+$(VENV)/.installed: requirements.txt requirements-demo.txt pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) -r requirements.txt
+	$(PY) scripts/check-imports.py
+	touch $@ $(VENV)/.demo-installed
 
 venv: $(VENV)/.installed
 
-# The demo's own marker: only what the demo needs (requirements-demo.txt), unless the whole
-# development set is installed already.
-$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml
-	@if [ -f $(VENV)/.installed ]; then touch $@; exit 0; fi; \
-	  test -x $(PY) || $(PYTHON) -m venv $(VENV); \
-	  $(PY) -m pip install --quiet -r requirements-demo.txt && touch $@
+# The demo's own marker: the app as pyproject.toml declares it (installed editable: its
+# dependency list is the one list) and what only the demo project needs, nothing for the tests.
+$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) -r requirements-demo.txt
+	$(PY) scripts/check-imports.py
+	touch $@
 
 demo-venv: $(VENV)/.demo-installed
+
+## make constraints: pin again the versions of everything the development set installs (after
+## changing requirements*.txt or pyproject.toml), in a fresh venv, into constraints.txt
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	{ sed -n '/^#/p' constraints.txt; .venv-constraints/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^django-durable-agents' | sort -f; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .venv-constraints
 
 ## make run: the demo on SQLite with the offline model (no API key needed)
 run: demo-venv
@@ -63,11 +80,12 @@ test-sqlite: venv
 ## make test-django6: the PostgreSQL suite on Django 6.x (needs Python 3.12+)
 PY6 ?= $(shell ./scripts/find-python.sh 3.13 || ./scripts/find-python.sh 3.12)
 VENV6 := .venv-django6
-$(VENV6)/.installed: requirements.txt pyproject.toml
+$(VENV6)/.installed: requirements.txt requirements-demo.txt pyproject.toml constraints.txt
 	@test -n "$(PY6)" || (echo "no python3.12 or python3.13 here" >&2; exit 1)
 	$(PY6) -m venv $(VENV6)
-	$(VENV6)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV6)/bin/python -m pip install --quiet -r requirements.txt "Django>=6,<7"
+	grep -iv '^django==' constraints.txt > $(VENV6)/constraints.txt
+	$(VENV6)/bin/python -m pip install --quiet --disable-pip-version-check \
+	  -c $(VENV6)/constraints.txt -r requirements.txt "Django>=6,<7"
 	touch $@
 
 test-django6: $(VENV6)/.installed
