@@ -97,6 +97,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "durable_agents": {"level": os.environ.get("DURABLE_AGENTS_LOG_LEVEL", "INFO")},
-        "project": {"level": "INFO"},
+        "project": {"level": os.environ.get("DURABLE_AGENTS_LOG_LEVEL", "INFO")},
     },
 }

@@ -11,30 +11,48 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakeserver import FakeAnthropic, api_error
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_the_demo_tells_its_story_forks_a_run_and_fires_a_schedule(tmp_path: Path) -> None:
-    database = tmp_path / "demo.sqlite3"
-    env = {
+def run_demo(
+    database: Path, *args: str, settings: str = "project.settings", **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``migrate`` then ``demo`` on a fresh SQLite file, as ``make run`` does."""
+    full_env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "DURABLE"))},
         "DATABASE_URL": f"sqlite:///{database}",
-        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DJANGO_SETTINGS_MODULE": settings,
         "DJANGO_DEBUG": "1",
+        **env,
     }
     manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "--verbosity", "0"], env=env, cwd=ROOT, check=True)
-    demo = subprocess.run(
-        [*manage, "demo", "--extra-runs", "1", "--speed-runs", "2"],
-        env=env,
+    subprocess.run([*manage, "migrate", "--verbosity", "0"], env=full_env, cwd=ROOT, check=True)
+    return subprocess.run(
+        [*manage, "demo", *args],
+        env=full_env,
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.mark.slow
+def test_the_demo_tells_its_story_forks_a_run_and_fires_a_schedule(tmp_path: Path) -> None:
+    database = tmp_path / "demo.sqlite3"
+    # The defaults of `make run`: the whole story, as a new user reads it.
+    demo = run_demo(database)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "the fork succeeded" in demo.stdout
+    assert "NOT AS EXPECTED" not in demo.stdout
+    # A story, not a log: no worker's step-by-step lines, no traceback, one screenful or so.
+    printed = (demo.stdout + demo.stderr).splitlines()
+    assert len(printed) < 80, "\n".join(printed)
+    assert not [line for line in printed if "Traceback" in line or " INFO " in line]
+    chapters = [line for line in printed if line[:2] in {f"{n}." for n in range(1, 10)}]
+    assert len(chapters) == 5, chapters
 
     with sqlite3.connect(database) as db:
         forks = db.execute(
@@ -77,3 +95,38 @@ def test_the_demo_tells_its_story_forks_a_run_and_fires_a_schedule(tmp_path: Pat
         enabled, last_slot = schedule
         assert enabled == 0
         assert last_slot is not None
+
+
+@pytest.mark.slow
+def test_a_demo_whose_runs_do_not_end_as_it_says_fails(tmp_path: Path) -> None:
+    """`make run` (and CI's first step) must fail when the story is not what happened: here
+    the API refuses every request, so no run ends as the demo says. The story is told to its
+    end, each broken claim named, and the command exits 1 without a traceback."""
+    api = FakeAnthropic()
+    api.fail_next(api_error(400, "invalid_request_error", "this demo is refused"), times=10_000)
+    try:
+        demo = run_demo(
+            tmp_path / "demo.sqlite3",
+            "--extra-runs",
+            "0",
+            "--speed-runs",
+            "0",
+            ANTHROPIC_BASE_URL=api.base_url,
+            ANTHROPIC_API_KEY="sk-test-not-a-real-key",
+            DURABLE_AGENTS_OFFLINE="0",
+        )
+    finally:
+        api.close()
+    assert demo.returncode == 1, demo.stdout[-3000:]
+    assert "the demo did not end as it says" in demo.stderr
+    assert "- all 1 runs succeeded" in demo.stderr
+    assert "- the fork succeeded" not in demo.stderr  # no fork: its run never stopped there
+    assert "Traceback" not in demo.stdout + demo.stderr
+
+
+@pytest.mark.slow
+def test_the_demo_without_credentials_says_what_to_set(tmp_path: Path) -> None:
+    demo = run_demo(tmp_path / "demo.sqlite3", DURABLE_AGENTS_OFFLINE="0")
+    assert demo.returncode == 1
+    assert "DURABLE_AGENTS_OFFLINE=1" in demo.stderr
+    assert "Traceback" not in demo.stderr

@@ -51,9 +51,11 @@ from django.db.models import Count
 
 import durable_agents
 from durable_agents import llm
+from durable_agents.checks import worker_checks
 from durable_agents.conf import app_settings
 from durable_agents.fork_models import steps_of
 from durable_agents.models import (
+    CLAIMABLE_STATUSES,
     AgentRun,
     AgentSchedule,
     AgentStep,
@@ -139,74 +141,110 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # The story, not the workers' step-by-step log: -v 2 (or DURABLE_AGENTS_LOG_LEVEL)
+        # shows every claim, step and tool call of every worker as well.
+        self.workers_log_level = os.environ.get(
+            "DURABLE_AGENTS_LOG_LEVEL", "INFO" if options["verbosity"] >= 2 else "WARNING"
+        )
+        for name in ("durable_agents", "project"):
+            logging.getLogger(name).setLevel(self.workers_log_level)
+        # What the story claims, checked as it goes: a claim that did not hold fails the demo
+        # (exit status 1) after the story is told, so that `make run` cannot pass on a broken
+        # demo.
+        self.broken: list[str] = []
+        # The demo's workers would refuse to start without credentials: say so once, here.
+        refused = [m for m in worker_checks.run_checks() if m.is_serious()]
+        if refused:
+            raise CommandError(
+                f"{refused[0].msg}\nThe demo runs on the offline scripted model with "
+                "DURABLE_AGENTS_OFFLINE=1 (the default of `make run`), or on the API with "
+                "ANTHROPIC_API_KEY set."
+            )
+        self.workers: list[subprocess.Popen] = []
         limits = self._limited_model(options["rpm"]) if options["rpm"] is not None else None
         try:
+            self._say(
+                f"durable_agents demo on {connection.vendor}, with the "
+                + ("offline scripted model (no API key)" if app_settings.OFFLINE else "real API")
+            )
             self._story(options)
         finally:
+            # An interrupted demo (Ctrl-C, an error) leaves no worker behind on its database.
+            for worker in self.workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
             if limits is not None:
                 self._limits_report(limits)
+        if self.broken:
+            raise CommandError(
+                "the demo did not end as it says:\n" + "\n".join(f"- {b}" for b in self.broken)
+            )
+        self._say(
+            "Read every transcript in the admin: make admin (a demo superuser admin / admin, "
+            "then http://127.0.0.1:8000/admin/)"
+        )
 
     def _story(self, options: dict[str, Any]) -> None:
         durable_agents.schedule(
             SCHEDULE_NAME, agent="migrator", task=SCHEDULE_TASK, every=SCHEDULE_EVERY
         )
-        self._say(
-            f"schedule {SCHEDULE_NAME} declared: a run every {SCHEDULE_EVERY.seconds}s, fired "
-            "by whichever worker is up (burst workers fire none)"
-        )
+        self._chapter("A migration agent, killed at step 7 and resumed")
         migration = durable_agents.start_run("migrator", MIGRATION)
         extra = [
             durable_agents.start_run("migrator", SMALLER[i % len(SMALLER)])
             for i in range(options["extra_runs"])
         ]
         runs = [migration, *extra]
-        self._say(
-            f"started {len(runs)} runs of migrator@{migration.prompt_version}; "
-            f"the migration run is {migration.pk}"
+        self._line(
+            f"started {len(runs)} runs of migrator@{migration.prompt_version}; the migration "
+            f"run is {migration.pk}"
         )
         started = time.monotonic()
 
-        self._say(
-            "worker 1 starts; it will be SIGKILLed while it waits on the model for step "
+        self._line(
+            f"worker 1 starts; it will be SIGKILLed while it waits on the model for step "
             f"{KILL_AFTER_SEQ + 1} of the migration"
         )
         first = self._worker("demo-worker-1")
-        while AgentRun.objects.get(pk=migration.pk).last_seq < KILL_AFTER_SEQ:
-            if first.poll() is not None:
+        while (run := AgentRun.objects.get(pk=migration.pk)).last_seq < KILL_AFTER_SEQ:
+            if first.poll() is not None or run.status not in CLAIMABLE_STATUSES:
                 break
             time.sleep(0.02)
-        if first.poll() is None:
+        if first.poll() is None and run.last_seq >= KILL_AFTER_SEQ:
             first.send_signal(signal.SIGKILL)
             first.wait()
             run = AgentRun.objects.get(pk=migration.pk)
-            self._say(
-                f"worker 1 killed (SIGKILL) with the migration at step {run.last_seq}: "
-                f"status {run.status}, lease held by a dead worker until it expires"
+            self._line(
+                f"worker 1 killed (SIGKILL) with the migration at step {run.last_seq}: status "
+                f"{run.status}, its lease held by a dead worker for up to {LEASE_SECONDS}s more"
             )
+        else:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            self._expect(False, f"worker 1 was killed at step {KILL_AFTER_SEQ} ({run.status})")
 
-        self._say(
-            f"waiting for the dead worker's {LEASE_SECONDS}s lease to expire (on the database "
-            "clock); no supervisor is involved"
-        )
         while not AgentRun.objects.claimable().filter(pk=migration.pk).exists():
-            if AgentRun.objects.get(pk=migration.pk).is_finished:
+            if AgentRun.objects.get(pk=migration.pk).status not in CLAIMABLE_STATUSES:
                 break
             time.sleep(0.1)
-        self._say(
-            "worker 2 starts: it rebuilds the conversation from the step log and goes on at "
-            "the first uncommitted step"
+        self._line(
+            "the lease expired (on the database clock; no supervisor noticed anything): worker "
+            "2 claims the run, rebuilds the conversation from the step log and goes on at the "
+            "first uncommitted step"
         )
         self._worker("demo-worker-2", "--burst").wait()
 
         pending = list(ToolIntent.objects.filter(status=IntentStatus.PENDING))
+        self._expect(len(pending) == 1, f"one intent waits for a person, not {len(pending)}")
         if pending:
             operator = self._operator()
-            self._say(
-                f"{len(pending)} irreversible call(s) wait for a person; approving as "
-                f"{operator.get_username()} (in production: the admin's Approve button)"
-            )
             for intent in pending:
-                self._say(f"  approve intent #{intent.pk}: {intent.tool}({intent.input})")
+                self._line(
+                    f"the agent asks for an irreversible call, {intent.tool}({intent.input}): "
+                    f"{operator.get_username()} approves intent #{intent.pk} (in production, "
+                    "the admin's Approve button); worker 3 goes on"
+                )
                 durable_agents.approve_intent(intent.pk, operator)
             self._worker("demo-worker-3", "--burst").wait()
 
@@ -263,8 +301,14 @@ class Command(BaseCommand):
             "0.2",
             *flags,
         ]
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"]}
-        return subprocess.Popen(command, env=env)
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"],
+            "DURABLE_AGENTS_LOG_LEVEL": self.workers_log_level,
+        }
+        worker = subprocess.Popen(command, env=env)
+        self.workers.append(worker)
+        return worker
 
     def _operator(self) -> Any:
         user_model = get_user_model()
@@ -274,32 +318,54 @@ class Command(BaseCommand):
         user.user_permissions.add(Permission.objects.get(codename="approve_toolintent"))
         return user_model.objects.get(pk=user.pk)  # a fresh permission cache
 
+    def _chapter(self, title: str) -> None:
+        self.chapters = getattr(self, "chapters", 0) + 1
+        self.stdout.write(self.style.SUCCESS(f"\n{self.chapters}. {title}"))
+
+    def _line(self, text: str) -> None:
+        self.stdout.write(f"   {text}")
+
     def _say(self, text: str) -> None:
-        self.stdout.write(self.style.SUCCESS(f"\n==> {text}"))
+        self.stdout.write(self.style.SUCCESS(f"==> {text}"))
+
+    def _expect(self, holds: bool, claim: str) -> None:
+        """One claim of the story; the demo fails at its end if any did not hold."""
+        if not holds:
+            self.broken.append(claim)
+            self.stdout.write(self.style.ERROR(f"   NOT AS EXPECTED: {claim}"))
+
+    def _burst(self) -> None:
+        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
 
     def _long_running(self) -> None:
         """A timer, a fan-out and a question: runs that wait holding no worker."""
         timer = durable_agents.start_run("coordinator", TIMER)
         fan_out = durable_agents.start_run("coordinator", FAN_OUT)
         question = durable_agents.start_run("coordinator", QUESTION)
-        self._say(
-            f"long-running runs of coordinator@{timer.prompt_version}: a {TIMER_SECONDS}s "
-            "timer, a fan-out to two child runs, a question for a person"
+        self._chapter(
+            f"Runs that wait without a worker (coordinator@{timer.prompt_version}): a "
+            f"{TIMER_SECONDS}s timer, a fan-out to two child runs, a question for a person"
         )
-        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        self._burst()
 
         fan_out.refresh_from_db()
         children = list(AgentRun.objects.filter(parent=fan_out).order_by("spawn_key"))
-        self._say(
+        self._line(
             f"fan-out: run {fan_out.pk} spawned {len(children)} child runs "
-            f"({', '.join(f'{c.pk} {c.status}' for c in children)}), waited for them without "
-            f"a worker, and resumed with their outcomes: {fan_out.status}"
+            f"({', '.join(f'{str(c.pk)[:8]} {c.status}' for c in children)}), waited for them "
+            f"without a worker, and resumed with their outcomes: {fan_out.status}"
+        )
+        self._expect(
+            fan_out.status == RunStatus.SUCCEEDED
+            and len(children) == 2
+            and all(c.status == RunStatus.SUCCEEDED for c in children),
+            "the fan-out and its two child runs succeeded",
         )
 
         timer.refresh_from_db()
         if timer.status == RunStatus.WAITING and timer.wake_at is not None:
-            self._say(
-                f"timer: run {timer.pk} is waiting on {timer.get_waiting_for_display()} due at "
+            self._line(
+                f"timer: run {timer.pk} waits on {timer.get_waiting_for_display()} due at "
                 f"{timer.wake_at:%H:%M:%S} (database clock); no worker holds it"
             )
             deadline = time.monotonic() + TIMER_SECONDS + 30
@@ -308,31 +374,43 @@ class Command(BaseCommand):
                     break
                 time.sleep(0.1)
             # A worker's claim takes due timers first (every POLL_INTERVAL when idle).
-            Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+            self._burst()
             timer.refresh_from_db()
-        self._say(
-            f"timer: run {timer.pk} resumed when its timer was due: the tool was called again "
-            f"with woken_by {json.dumps(timer.woken_by)}; status {timer.status}"
+        self._line(
+            f"timer: when it was due, a worker's claim took the run and called the tool again "
+            f"with woken_by {json.dumps(timer.woken_by)}: {timer.status}"
         )
+        self._expect(timer.status == RunStatus.SUCCEEDED, "the timer run succeeded")
 
         question.refresh_from_db()
-        self._say(
-            f"question: run {question.pk} is {question.status}, asking {QUESTION_TEXT!r}; "
-            "it is left open for you: answer it on the run's admin page (permission "
-            "durable_agents.answer_question) or with durable_agents.answer_question(run_id, "
-            "user, text), then run `python manage.py runagents --burst`"
+        self._line(
+            f"question: run {question.pk} is {question.status}, asking {QUESTION_TEXT!r}; it "
+            "is left for you to answer on its admin page, then `python manage.py runagents "
+            "--burst`"
         )
+        self._expect(question.status == RunStatus.WAITING, "the question run waits")
 
     def _time_travel(self) -> None:
         """A run stopped by a failed call, forked at that call's result with the result edited,
         and the fork finished."""
+        self._chapter("Time travel: a run stopped at a failed call, forked and finished")
         stopped = durable_agents.start_run("migrator", ARCHIVE)
-        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        # The tool's failure is the point here, not news: its warning line is not shown.
+        runner_log = logging.getLogger("durable_agents")
+        level = runner_log.level
+        runner_log.setLevel(max(level, logging.ERROR))
+        try:
+            self._burst()
+        finally:
+            runner_log.setLevel(level)
         stopped.refresh_from_db()
-        failed = AgentStep.objects.get(run_id=stopped.pk, seq=2)
-        self._say(
-            f"time travel: run {stopped.pk} stopped at a failed call (step 2: "
-            f"{_summary(failed)}); the model said {stopped.result!r}"
+        failed = AgentStep.objects.filter(run_id=stopped.pk, seq=2, kind="tool_result").first()
+        if failed is None or not failed.data()[0].get("is_error"):
+            self._expect(False, f"run {stopped.pk} stopped at a failed call ({stopped.status})")
+            return
+        self._line(
+            f"run {stopped.pk} stopped at a failed call (step 2: {_summary(failed)}); the "
+            f"model said {stopped.result!r}"
         )
         blocks = failed.data()
         edited = [
@@ -343,58 +421,76 @@ class Command(BaseCommand):
             }
         ]
         fork = durable_agents.fork_run(stopped.pk, at_seq=2, edit=edited)
-        self._say(
-            f"a person created the table and ran the statement by hand; fork {fork.pk} of the "
-            "run at step 2 carries that result instead of the error (steps 0-1 are shared with "
-            "the run, byte for byte: the model's signed thinking is accepted as it was)"
+        self._line(
+            f"a person ran the statement by hand; fork {fork.pk} of the run at step 2 carries "
+            "that result instead of the error (steps 0-1 are shared with the run, byte for "
+            "byte: the model's signed thinking is accepted as it was)"
         )
-        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        self._burst()
         fork.refresh_from_db()
         for step in steps_of(fork.pk).order_by("seq"):
             whose = "shared" if step.run_id == stopped.pk else "fork's own"
-            self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {whose:<10} {_summary(step)}")
-        self._say(f"the fork {fork.status}: {fork.result!r}; the run it came from is unchanged")
+            self._line(f"  seq {step.seq:>2} {step.kind:<11} {whose:<10} {_summary(step)}")
+        self._line(f"the fork {fork.status}: {fork.result!r}; the run it came from is unchanged")
+        self._expect(fork.status == RunStatus.SUCCEEDED, "the fork succeeded")
 
     def _on_a_clock(self) -> None:
         """A worker up for a few of the schedule's slots; each slot's run, then the pause."""
-        self._say(f"a worker runs for 8s: {SCHEDULE_NAME} fires each slot that falls due")
+        self._chapter(
+            f"Agents on a clock: {SCHEDULE_NAME}, declared at the start, fires a run every "
+            f"{SCHEDULE_EVERY.seconds}s while a worker is up (burst workers fire none)"
+        )
         worker = self._worker("demo-worker-clock")
         time.sleep(8)
         worker.send_signal(signal.SIGTERM)  # a deploy: it finishes its current steps
         worker.wait()
-        fired = AgentRun.objects.filter(
-            agent="migrator", start_key__startswith=f"{SCHEDULE_NAME}@"
-        ).order_by("start_key")
+        # A slot fired just before the SIGTERM may not have been claimed yet: the next worker
+        # runs it (a burst worker fires no schedule of its own).
+        self._burst()
+        fired = list(
+            AgentRun.objects.filter(
+                agent="migrator", start_key__startswith=f"{SCHEDULE_NAME}@"
+            ).order_by("start_key")
+        )
         for run in fired:
             slot = datetime.datetime.fromisoformat(run.start_key.split("@", 1)[1])
             late = (run.created_at - slot).total_seconds()
-            self.stdout.write(
-                f"  slot {slot:%H:%M:%S} UTC: run {str(run.pk)[:8]} {run.status}, "
-                f"started {late:.2f}s after its slot"
+            self._line(
+                f"slot {slot:%H:%M:%S} UTC: run {str(run.pk)[:8]} {run.status}, started "
+                f"{late:.2f}s after its slot"
             )
         schedule = AgentSchedule.objects.get(name=SCHEDULE_NAME)
         schedule.enabled = False
         schedule.save(update_fields=["enabled"])
-        self._say(
-            f"{fired.count()} slots, one run each; {SCHEDULE_NAME} is paused now (resume it, "
-            "or run it now, on the admin's Agent schedules page)"
+        self._line(
+            f"a worker up for 8s, then stopped by SIGTERM, and a burst worker for what it left: "
+            f"{len(fired)} slots, one run each; "
+            f"{SCHEDULE_NAME} is paused now (resume it on the admin's Agent schedules page)"
+        )
+        self._expect(len(fired) >= 1, "the schedule fired at least one slot")
+        self._expect(
+            all(run.status == RunStatus.SUCCEEDED for run in fired),
+            "every run of the schedule succeeded",
         )
 
     def _speed(self, count: int) -> None:
         """Throughput without the story's pauses: short runs, one in-process worker."""
         if count < 1:
             return
+        self._chapter("Throughput without the story's pauses")
         quick = [durable_agents.start_run("migrator", SMALLER[1]) for _ in range(count)]
-        before = AgentStep.objects.filter(run_id__in=[r.pk for r in quick]).count()
+        ids = [r.pk for r in quick]
+        before = AgentStep.objects.filter(run_id__in=ids).count()
         started = time.monotonic()
-        logging.getLogger("durable_agents").setLevel(logging.WARNING)  # no progress lines here
-        Worker(burst=True, handle_signals=False, poll_interval=0.05).run()
+        self._burst()
         elapsed = time.monotonic() - started
-        steps = AgentStep.objects.filter(run_id__in=[r.pk for r in quick]).count() - before
-        self._say(
-            f"throughput without pauses: {count} runs, {steps} durable steps in {elapsed:.2f}s "
-            f"= {steps / elapsed:.0f} steps/s (one worker, {connection.vendor}, offline model)"
+        steps = AgentStep.objects.filter(run_id__in=ids).count() - before
+        self._line(
+            f"{count} runs, {steps} durable steps in {elapsed:.2f}s = {steps / elapsed:.0f} "
+            f"steps/s (one worker, {connection.vendor}, offline model)"
         )
+        done = AgentRun.objects.filter(pk__in=ids, status=RunStatus.SUCCEEDED).count()
+        self._expect(done == count, f"all {count} quick runs succeeded ({done} did)")
 
     def _report(self, runs: list[AgentRun], migration: AgentRun, elapsed: float) -> None:
         ids = [r.pk for r in runs]
@@ -406,22 +502,38 @@ class Command(BaseCommand):
             .values_list("status", "n")
         )
         steps = AgentStep.objects.filter(run_id__in=ids).count()
-        self._say(f"runs by status: {counts}")
-        self.stdout.write(f"{steps} steps committed in {elapsed:.1f}s, crash and approval included")
-        effects = ToolEffect.objects.filter(run_id__in=ids)
-        self.stdout.write(
-            f"{effects.count()} tool calls recorded, each once (one row per idempotency key); "
-            f"{effects.filter(tool='apply_migration_step').count()} migration statements "
-            "applied, none twice"
+        self._line(
+            f"runs by status: {counts}; {steps} steps committed in {elapsed:.1f}s, crash and "
+            "approval included"
         )
-        self._say(f"transcript of the migration run {migration.pk}:")
-        for step in AgentStep.objects.filter(run_id=migration.pk).order_by("seq"):
+        self._expect(
+            counts == {RunStatus.SUCCEEDED: len(runs)}, f"all {len(runs)} runs succeeded"
+        )
+        effects = ToolEffect.objects.filter(run_id__in=ids)
+        applied = effects.filter(tool="apply_migration_step").count()
+        self._line(
+            f"{effects.count()} tool calls recorded, each once (one row per idempotency key); "
+            f"{applied} migration statements applied, none twice"
+        )
+        planned = MIGRATION.count("@apply_migration_step")
+        in_migration = effects.filter(run_id=migration.pk, tool="apply_migration_step").count()
+        self._expect(
+            in_migration == planned,
+            f"the migration run applied its {planned} statements once each ({in_migration})",
+        )
+        self._line(f"the migration run {migration.pk}, step by step:")
+        transcript = list(AgentStep.objects.filter(run_id=migration.pk).order_by("seq"))
+        for step in transcript:
             who = f"attempt {step.attempt} {step.worker or '(start_run)'}"
-            self.stdout.write(f"  seq {step.seq:>2} {step.kind:<11} {who:<28} {_summary(step)}")
-        self.stdout.write(
-            "\nRead every transcript in the admin: make admin (a demo superuser admin / admin, "
-            "then http://127.0.0.1:8000/admin/), or python manage.py createsuperuser, then "
-            "python manage.py runserver"
+            self._line(f"  seq {step.seq:>2} {step.kind:<11} {who:<28} {_summary(step)}")
+        resumed = [s for s in transcript if s.seq > KILL_AFTER_SEQ]
+        self._expect(
+            bool(resumed) and all(s.attempt > 1 for s in resumed),
+            "the steps after the kill were written by a later attempt",
+        )
+        self._expect(
+            [s.seq for s in transcript] == list(range(len(transcript))),
+            "the transcript has no gap and no step twice",
         )
 
 
