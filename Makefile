@@ -6,7 +6,7 @@ PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
 .PHONY: run admin live test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv constraints clean
 
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+PIP := $(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt
 
 # The development set: the app with all its extras (editable), the demo's own needs, the tools.
 # Each marker is written only once everything the demo imports imports (scripts/check-imports.py),
