@@ -96,11 +96,18 @@ def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
+# Where the hint of an unknown key sends the reader for the whole table: naming three close
+# keys helps, naming all forty buries the one meant.
+SETTINGS_DOC = "docs/settings.md"
+CLOSE_KEYS = 3
+
+
 def _known_keys_hint(key: Any) -> str:
-    """ "Did you mean 'LEASE_SECONDS'?" for a misspelt key, then the known keys."""
-    known = f"Known keys: {', '.join(sorted(DEFAULTS))}."
-    close = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1) if key else []
-    return f"Did you mean {close[0]!r}? {known}" if close else known
+    """ "Did you mean 'LEASE_SECONDS', 'LEASE_...', '...'? All settings: docs/settings.md":
+    the three known keys closest to ``key``, whatever it is (a cutoff of 0 always finds
+    some), then where the others are."""
+    close = difflib.get_close_matches(str(key).upper(), sorted(DEFAULTS), n=CLOSE_KEYS, cutoff=0)
+    return f"Did you mean {', '.join(map(repr, close))}? All settings: {SETTINGS_DOC}"
 
 
 def _bad_numbers() -> list[CheckMessage]:

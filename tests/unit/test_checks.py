@@ -297,16 +297,27 @@ def test_a_price_for_a_model_no_agent_uses_is_likely_a_typo(da_settings: Any) ->
         registry.unregister(agent.name, agent.version)
 
 
-def test_a_misspelt_setting_suggests_the_known_one(settings: Any) -> None:
+def test_a_misspelt_setting_suggests_the_three_closest(settings: Any) -> None:
     settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "LEASE_SECOND": 30}
     [message] = da_checks.check_settings()
     assert message.id == "durable_agents.E002"
     assert message.hint is not None
-    assert message.hint.startswith("Did you mean 'LEASE_SECONDS'?")
+    assert message.hint.startswith("Did you mean 'LEASE_SECONDS', '")
+    assert message.hint.endswith("? All settings: docs/settings.md")
+    # Three names, not the ~40 of the whole table.
+    assert message.hint.count("'") == 6, message.hint
+    assert "ENCRYPTION_KEYS" not in message.hint
+    # A key like none of them still gets three names to look at, never the whole list.
     settings.DURABLE_AGENTS = {"OFFLINE": True, "NOTHING_LIKE_IT": 1}
     [message] = da_checks.check_settings()
     assert message.hint is not None
-    assert message.hint.startswith("Known keys: ")
+    assert message.hint.startswith("Did you mean '")
+    assert message.hint.count("'") == 6, message.hint
+    # A key that is not even a string (a typo in a dict literal) is named all the same.
+    settings.DURABLE_AGENTS = {"OFFLINE": True, 5: 1}
+    [message] = da_checks.check_settings()
+    assert message.hint is not None
+    assert message.hint.endswith("All settings: docs/settings.md")
 
 
 def test_several_database_hosts_need_target_session_attrs() -> None:
