@@ -9,15 +9,17 @@ Where they live:
 
 - here: ``AgentNotFound`` (no agent under that name or version), ``ToolInputError`` (a tool's
   input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
-  it is), ``StoredValueError`` (a stored value that cannot be read back); their old modules
-  (``agents``, ``tools``, ``text``) re-export the first three;
+  it is), ``StoredValueError`` (a stored value that cannot be read back), ``NotMigrated``
+  (the database lacks durable_agents' migrations); their old modules (``agents``, ``tools``,
+  ``text``) re-export the first three;
 - ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
   ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
 - ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as
   asked).
 
-Those two define their errors themselves so that this module imports nothing at all: importing
-it never loads the SDK, the store or the app registry.
+Those two define their errors themselves so that this module imports nothing of the package
+and, of Django, only its ``DatabaseError`` (which needs no settings): importing it never loads
+the SDK, the store or the app registry.
 
 ``durable_agents.Wait`` is deliberately *not* a ``DurableAgentsError``. It is not an error but
 the way tool code parks its run, and it must reach the runtime: a tool that wraps its helpers
@@ -28,9 +30,14 @@ runner's and the call threads') are private and never reach user code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from django.db.utils import DatabaseError
+
 __all__ = [
     "AgentNotFound",
     "DurableAgentsError",
+    "NotMigrated",
     "StoredValueError",
     "ToolInputError",
     "Unstorable",
@@ -72,3 +79,33 @@ class StoredValueError(DurableAgentsError, ValueError):
         self.column = column
         self.problem = problem
         super().__init__(f"{column} cannot be decoded: {problem}")
+
+
+class NotMigrated(DurableAgentsError, DatabaseError):
+    """The database lacks durable_agents' tables, or some of its migrations: ``manage.py
+    migrate`` was not run (on a new project, or after an upgrade). The message says which and
+    to run it; ``alias`` names the database, ``unapplied`` the migrations it lacks
+    (``"durable_agents.0001_initial"``, ...), in the order ``migrate`` applies them.
+
+    The public API raises it from the database's own error (its ``__cause__``: "relation
+    agent_run does not exist", "no such table: agent_run"), and only once a statement failed:
+    no call that works asks the database anything more. It is still a Django
+    ``DatabaseError``, which is what code around those calls caught before."""
+
+    def __init__(self, alias: str, unapplied: Sequence[str]) -> None:
+        self.alias = alias
+        self.unapplied = list(unapplied)
+        ours = [name for name in self.unapplied if name.startswith("durable_agents.")]
+        what = (
+            "has no durable_agents tables"
+            if "durable_agents.0001_initial" in ours
+            else f"lacks the migration {(ours or self.unapplied or ['?'])[0]}"
+        )
+        super().__init__(
+            f"the database {alias!r} {what} ({len(self.unapplied)} unapplied migration(s) that "
+            "durable_agents needs): run `manage.py migrate` first."
+        )
+
+    def __reduce__(self) -> tuple[type[NotMigrated], tuple[str, list[str]]]:
+        # Rebuilt from its fields, not from its message (a task queue, a process pool).
+        return type(self), (self.alias, self.unapplied)

@@ -30,6 +30,7 @@ from cronsim import CronSim, CronSimError
 from django.db import IntegrityError, transaction
 from django.utils import timezone as django_timezone
 
+from durable_agents.migration_state import explains_missing_tables
 from durable_agents.models import AgentRun
 from durable_agents.schedule_models import MAX_SCHEDULE_NAME, AgentSchedule
 from durable_agents.text import has_unstorable
@@ -179,6 +180,7 @@ def slot_key(name: str, slot: dt.datetime) -> str:
     return f"{name}@{slot.astimezone(dt.UTC).isoformat(timespec='microseconds')}"
 
 
+@explains_missing_tables
 def schedule(
     name: str,
     agent: str,
@@ -266,6 +268,7 @@ def _save(name: str, fields: dict[str, Any]) -> AgentSchedule:
     return existing
 
 
+@explains_missing_tables
 def run_now(schedule: AgentSchedule) -> AgentRun:
     """A run of the schedule started now, outside its slots (the admin's "run now"): its
     agent, task, priority and concurrency key; the schedule's slots are unchanged."""
