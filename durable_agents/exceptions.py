@@ -10,16 +10,16 @@ Where they live:
 - here: ``AgentNotFound`` (no agent under that name or version), ``ToolInputError`` (a tool's
   input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
   it is), ``StoredValueError`` (a stored value that cannot be read back), ``NotMigrated``
-  (the database lacks durable_agents' migrations); their old modules (``agents``, ``tools``,
-  ``text``) re-export the first three;
+  (the database lacks durable_agents' migrations), ``DefinitionError`` (a tool declared
+  wrongly); their old modules (``agents``, ``tools``, ``text``) re-export the first three;
 - ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
   ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
 - ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as
   asked).
 
 Those two define their errors themselves so that this module imports nothing of the package
-and, of Django, only its ``DatabaseError`` (which needs no settings): importing it never loads
-the SDK, the store or the app registry.
+and, of Django, only ``DatabaseError`` and ``ImproperlyConfigured`` (which need no settings):
+importing it never loads the SDK, the store or the app registry.
 
 ``durable_agents.Wait`` is deliberately *not* a ``DurableAgentsError``. It is not an error but
 the way tool code parks its run, and it must reach the runtime: a tool that wraps its helpers
@@ -32,10 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import DatabaseError
 
 __all__ = [
     "AgentNotFound",
+    "DefinitionError",
     "DurableAgentsError",
     "NotMigrated",
     "StoredValueError",
@@ -109,3 +111,15 @@ class NotMigrated(DurableAgentsError, DatabaseError):
     def __reduce__(self) -> tuple[type[NotMigrated], tuple[str, list[str]]]:
         # Rebuilt from its fields, not from its message (a task queue, a process pool).
         return type(self), (self.alias, self.unapplied)
+
+
+class DefinitionError(DurableAgentsError, ImproperlyConfigured, ValueError):
+    """A tool declared wrongly (``@tool`` without its effect, an effect that does not exist, a
+    name the API refuses, ...): raised when its module is imported, by the decorator. The
+    message names the function, its module, the file and line of the declaration, and how to
+    write it.
+
+    Raised while Django imports the apps' ``agents.py`` (``manage.py``, a web server's
+    start), it is printed as that one message rather than with the traceback of the apps
+    loading, whose only useful line was its last. It is an ``ImproperlyConfigured``, like the
+    errors of an ``Agent(...)`` declared wrongly, and still the ``ValueError`` it was."""
