@@ -569,6 +569,50 @@ def check_prompt_drift(
     ]
 
 
+SIX_FIELD_SCHEDULES = "durable_agents.W006"
+# The schedules W006 names in its message; the rest are counted.
+MAX_NAMED_SCHEDULES = 20
+
+
+@register(Tags.database)
+def check_six_field_schedules(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Schedules an earlier version stored with six cron fields (seconds first), which
+    ``schedule()`` and the admin now refuse: they fire as before until saved again. Reads the
+    database, so only when asked: ``manage.py check --database default``, and ``migrate``."""
+    if not databases or "default" not in databases:
+        return []
+    from durable_agents.schedule_models import AgentSchedule
+    from durable_agents.schedules import five_fields
+
+    try:
+        stored = list(
+            AgentSchedule.objects.using("default")
+            .exclude(cron="")
+            .order_by("name")
+            .values_list("name", "cron")
+        )
+    except DatabaseError:  # not migrated yet: no schedule is stored
+        return []
+    names = [name for name, cron in stored if len(five_fields(cron).split()) == 6]
+    if not names:
+        return []
+    listed = ", ".join(map(repr, names[:MAX_NAMED_SCHEDULES]))
+    if len(names) > MAX_NAMED_SCHEDULES:
+        listed += f" and {len(names) - MAX_NAMED_SCHEDULES} more"
+    return [
+        Warning(
+            f"{len(names)} schedule(s) have a cron expression of six fields (seconds first), "
+            f"which schedule() and the admin no longer take: {listed}.",
+            hint="They fire as before. Save each again with five fields (minute hour "
+            'day-of-month month day-of-week), such as "*/5 * * * *", or with every= for slots '
+            "seconds apart: on its admin page or with durable_agents.schedule().",
+            id=SIX_FIELD_SCHEDULES,
+        )
+    ]
+
+
 def _formatter_problem(path: Any) -> str | None:
     """What is wrong with a TOOL_ERROR_FORMATTER value, or None when it is usable."""
     if path is None:

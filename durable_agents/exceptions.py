@@ -11,7 +11,8 @@ Where they live:
   input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
   it is), ``StoredValueError`` (a stored value that cannot be read back), ``NotMigrated``
   (the database lacks durable_agents' migrations), ``DefinitionError`` (a tool declared
-  wrongly); their old modules (``agents``, ``tools``, ``text``) re-export the first three;
+  wrongly), ``CronExpressionError`` (a cron expression schedules do not take); their old
+  modules (``agents``, ``tools``, ``text``) re-export the first three;
 - ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
   ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
 - ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as
@@ -37,6 +38,7 @@ from django.db.utils import DatabaseError
 
 __all__ = [
     "AgentNotFound",
+    "CronExpressionError",
     "DefinitionError",
     "DurableAgentsError",
     "NotMigrated",
@@ -123,3 +125,21 @@ class DefinitionError(DurableAgentsError, ImproperlyConfigured, ValueError):
     start), it is printed as that one message rather than with the traceback of the apps
     loading, whose only useful line was its last. It is an ``ImproperlyConfigured``, like the
     errors of an ``Agent(...)`` declared wrongly, and still the ``ValueError`` it was."""
+
+
+class CronExpressionError(DurableAgentsError, ValueError):
+    """A cron expression that schedules do not take, from ``durable_agents.schedule`` and the
+    schedules' admin form: not five fields (six are refused: schedules have no seconds), an
+    unknown ``@`` macro, an expression that does not parse or fires on no day of the next five
+    years. Still the ``ValueError`` that ``schedule()`` raised for a bad cron before.
+
+    ``code`` says which, for a caller that words it its own way (the admin translates it):
+    ``"six_fields"``, ``"field_count"``, ``"unknown_macro"``, ``"unreadable"``,
+    ``"never_fires"``, ``"not_text"``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self) -> tuple[type[CronExpressionError], tuple[str, str]]:
+        return type(self), (str(self), self.code)
