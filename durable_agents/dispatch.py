@@ -326,7 +326,8 @@ class ToolDispatch:
                 f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
                 "finish in the background"
             )
-        except BaseException as exc:  # the tool's failure is the model's news: catch everything
+        # The tool's failure is the model's news: catch everything (logged just below).
+        except BaseException as exc:  # noqa: BLE001
             error_type = type(exc).__qualname__
             self._log_tool_error(tool, exc)
             text, is_error = effects.tool_error_text(tool.name, exc), True

@@ -156,14 +156,14 @@ def _check_fields(cron: str) -> None:
     if count == 6:
         raise CronExpressionError(
             f"the cron expression {cron!r} has six fields; schedules take five fields "
-            f"({CRON_FIELDS}), without seconds: \"*/5 * * * *\" is every five minutes. For "
+            f'({CRON_FIELDS}), without seconds: "*/5 * * * *" is every five minutes. For '
             "slots seconds apart, give every=datetime.timedelta(seconds=...) instead",
             "six_fields",
         )
     if count != 5:
         raise CronExpressionError(
             f"the cron expression {cron!r} has {count} fields; a cron expression has five "
-            f"({CRON_FIELDS}), such as \"0 6 * * *\" (at 06:00 every day)",
+            f'({CRON_FIELDS}), such as "0 6 * * *" (at 06:00 every day)',
             "field_count",
         )
 

@@ -53,9 +53,7 @@ def without_settings(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch)
     is pip-installed here."""
     monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(test_users_agents="import pytest\n" + USERS_TESTS)
     pytester.makeini("[pytest]\n")  # the rootdir: not this repository's pyproject.toml
 
