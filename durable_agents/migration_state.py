@@ -42,7 +42,7 @@ def unapplied_migrations(connection: BaseDatabaseWrapper) -> list[str]:
 
 def not_migrated_after(error: DatabaseError, alias: str = DEFAULT_DB_ALIAS) -> NotMigrated | None:
     """After ``error`` (a statement the database refused): ``NotMigrated`` when the database
-    lacks migrations durable_agents needs, else None (the error is something else, or the
+    lacks migrations of durable_agents, else None (the error is something else, or the
     database cannot say, and the caller re-raises it as it is)."""
     if not isinstance(error, ProgrammingError | OperationalError):
         return None  # an IntegrityError, a DataError: the tables are there
@@ -50,7 +50,11 @@ def not_migrated_after(error: DatabaseError, alias: str = DEFAULT_DB_ALIAS) -> N
         unapplied = _unapplied_after_error(alias)
     except DatabaseError:
         return None
-    return NotMigrated(alias, unapplied) if unapplied else None
+    # Only a migration of ours explains the error: an unapplied one of another app (after a
+    # Django upgrade, say) says nothing about a lock timeout on our tables.
+    if not any(name.startswith("durable_agents.") for name in unapplied):
+        return None
+    return NotMigrated(alias, unapplied)
 
 
 def _unapplied_after_error(alias: str) -> list[str]:
