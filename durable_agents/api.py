@@ -1,6 +1,10 @@
 """The operations on runs and intents. The admin, the demo and user code all go through
 these functions; none of them re-implements a transition. The transitions themselves are
-the store's (``durable_agents.store``); signals and permission checks are here."""
+the store's (``durable_agents.store``); signals and permission checks are here.
+
+Each public operation that reads or writes the tables raises ``NotMigrated`` ("run
+`manage.py migrate` first") when the database refuses it for lack of durable_agents'
+migrations (``migration_state.explains_missing_tables``)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from durable_agents import budgets, effects, forks, signals, telemetry, waits
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.history import rebuild_messages
+from durable_agents.migration_state import explains_missing_tables
 from durable_agents.models import (
     MAX_START_KEY,
     AgentEvent,
@@ -58,6 +63,7 @@ JSONValue: TypeAlias = Any
 MIN_PRIORITY, MAX_PRIORITY = 0, 100
 
 
+@explains_missing_tables
 def start_run(
     agent: str,
     task: str,
@@ -213,6 +219,7 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
     )
 
 
+@explains_missing_tables
 def spawn_run(
     agent: str,
     task: str,
@@ -260,6 +267,7 @@ def spawn_run(
     return run
 
 
+@explains_missing_tables
 def send_event(name: str, payload: JSONValue = None, *, user: Person | None = None) -> AgentEvent:
     """Store the event ``name`` with its JSON ``payload`` and wake every run waiting on it
     (``Wait(event=name)``). Stored once: a second send of the same name changes nothing and
@@ -294,6 +302,7 @@ def _check_event(name: object, payload: object) -> None:
         )
 
 
+@explains_missing_tables
 def answer_question(
     run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
 ) -> AgentQuestion:
@@ -317,6 +326,7 @@ def answer_question(
     return question
 
 
+@explains_missing_tables
 def cancel_run(run_id: RunId | str) -> bool:
     """Cancel a pending, running or waiting run, with its unfinished descendants (after the
     run itself, in batches of a thousand runs per transaction). Their intents that wait for
@@ -329,6 +339,7 @@ def cancel_run(run_id: RunId | str) -> bool:
     return cancelled
 
 
+@explains_missing_tables
 def requeue_run(run_id: RunId | str) -> bool:
     """Send a dead run back to pending with a fresh no-progress count; its error stays as
     history until the run progresses."""
@@ -339,6 +350,7 @@ def requeue_run(run_id: RunId | str) -> bool:
 BUDGET_PERMISSION = "durable_agents.change_concurrencykey"
 
 
+@explains_missing_tables
 def set_key_budget(
     key: str, usd_per_day: Decimal | float | int | None, *, user: Person | None = None
 ) -> int:
@@ -355,6 +367,7 @@ def set_key_budget(
     return current().set_key_budget(key, amount)
 
 
+@explains_missing_tables
 def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) -> None:
     """Set concurrency key ``key``'s limit (runs of it running at once, fleet-wide), replacing
     ``CONCURRENCY_LIMITS``' and the agents' for it; 0 holds its runs pending; None: they decide
@@ -368,6 +381,7 @@ def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) ->
     current().set_key_limit(key, limit)
 
 
+@explains_missing_tables
 def fork_run(
     run_id: RunId | str,
     at_seq: int,
@@ -416,6 +430,7 @@ def fork_run(
         ) from None
 
 
+@explains_missing_tables
 def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """The message list of a run, rebuilt from its step log exactly as the model was sent it."""
     return rebuild_messages(run_id)
@@ -433,17 +448,20 @@ def _decide(
     return current().decide_intent(intent_id, user, from_status, to_status, reason)
 
 
+@explains_missing_tables
 def approve_intent(intent_id: int, user: Person | None) -> ToolIntent:
     """Allow a pending irreversible call to run; the run becomes claimable. Deciding an
     intent that was already decided changes nothing."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
 
 
+@explains_missing_tables
 def reject_intent(intent_id: int, user: Person | None, reason: str = "") -> ToolIntent:
     """Refuse a pending call; the model receives an error result naming who and why."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
 
 
+@explains_missing_tables
 def resolve_intent(
     intent_id: int,
     user: Person | None,

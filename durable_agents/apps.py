@@ -1,6 +1,14 @@
+from __future__ import annotations
+
+import sys
+import threading
+from types import TracebackType
+
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
+
+from durable_agents.exceptions import DefinitionError
 
 
 class DurableAgentsConfig(AppConfig):
@@ -21,4 +29,38 @@ class DurableAgentsConfig(AppConfig):
         )
         signals.question_asked.connect(notifications.on_question_asked, dispatch_uid="da-question")
         # Like admin.py: every installed app's agents.py registers its agents on import.
-        autodiscover_modules("agents")
+        try:
+            autodiscover_modules("agents")
+        except DefinitionError as exc:
+            print_alone_if_uncaught(exc)
+            raise
+
+
+def print_alone_if_uncaught(error: BaseException) -> None:
+    """Should ``error`` end the process (or the thread that re-raises it: ``runserver``'s
+    autoreloader), print its message alone instead of a traceback.
+
+    Django lets an error raised while the apps load end ``manage.py`` with the traceback of
+    the loading: some thirty lines through ``django.setup`` and importlib whose only useful
+    line is the last. A ``DefinitionError`` names the function, its file and line already.
+    Whoever catches the error (a test runner, an application server) gets it as it is; every
+    other error is printed as before."""
+    previous_hook = sys.excepthook
+    previous_thread_hook = threading.excepthook
+
+    def hook(
+        kind: type[BaseException], value: BaseException, traceback: TracebackType | None
+    ) -> None:
+        if value is error:
+            sys.stderr.write(f"{kind.__name__}: {value}\n")
+        else:
+            previous_hook(kind, value, traceback)
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is error:
+            sys.stderr.write(f"{args.exc_type.__name__}: {args.exc_value}\n")
+        else:
+            previous_thread_hook(args)
+
+    sys.excepthook = hook
+    threading.excepthook = thread_hook

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -96,11 +98,107 @@ def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
+# Where the hint of an unknown key sends the reader for the whole table: naming three close
+# keys helps, naming all forty buries the one meant.
+SETTINGS_DOC = "docs/settings.md"
+CLOSE_KEYS = 3
+
+
 def _known_keys_hint(key: Any) -> str:
-    """ "Did you mean 'LEASE_SECONDS'?" for a misspelt key, then the known keys."""
-    known = f"Known keys: {', '.join(sorted(DEFAULTS))}."
-    close = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1) if key else []
-    return f"Did you mean {close[0]!r}? {known}" if close else known
+    """ "Did you mean 'LEASE_SECONDS', 'LEASE_...', '...'? All settings: docs/settings.md":
+    the three known keys closest to ``key``, whatever it is (a cutoff of 0 always finds
+    some), then where the others are."""
+    close = difflib.get_close_matches(str(key).upper(), sorted(DEFAULTS), n=CLOSE_KEYS, cutoff=0)
+    return f"Did you mean {', '.join(map(repr, close))}? All settings: {SETTINGS_DOC}"
+
+
+# W005: a top-level setting named like DURABLE_AGENTS that durable_agents never reads. Names
+# are compared without case and without underscores, so "DURABLEAGENTS", "durable_agents" and
+# "DURABLE__AGENTS" are all the same name to a reader.
+MISSPELT_SETTING = "durable_agents.W005"
+SETTING_NAME = "DURABLE_AGENTS"
+_SETTING_NORMAL = "DURABLEAGENTS"
+# How alike a name must be to DURABLEAGENTS to be taken for it: one letter dropped, added or
+# swapped ("DURABEL_AGENTS", "DURABLE_AGNETS") passes; "DURABLE_QUEUES" does not.
+_MISSPELT_RATIO = 0.85
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "", name.upper())
+
+
+@register(Tags.compatibility)
+def check_misspelt_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Settings that look meant for durable_agents but are silently ignored: a dict under a
+    misspelt name (``DURABLE_AGENT``, ``DURABLE_AGENTS_SETTINGS``, lower case), or one of
+    its keys as a top-level setting (``DURABLE_AGENTS_LEASE_SECONDS``)."""
+    ours = getattr(settings, SETTING_NAME, None)
+    flat_keys = {_SETTING_NORMAL + _normal(key): key for key in DEFAULTS}
+    messages: list[CheckMessage] = []
+    for name, value in _settings_named_like_ours(set(flat_keys)):
+        if value is ours and ours is not None:
+            continue  # a lower-case name the setting was built from
+        normal = _normal(name)
+        if normal in flat_keys:
+            key = flat_keys[normal]
+            messages.append(
+                Warning(
+                    f"The setting {name!r} is not read: durable_agents takes its settings "
+                    f"from one dict, {SETTING_NAME}.",
+                    hint=f"Write {SETTING_NAME} = {{{key!r}: ...}} (next to its other keys) "
+                    "instead; until then the default is in force.",
+                    obj=name,
+                    id=MISSPELT_SETTING,
+                )
+            )
+        elif isinstance(value, dict):
+            where = (
+                f"move its keys into {SETTING_NAME}"
+                if ours is not None
+                else f"rename it to {SETTING_NAME}"
+            )
+            messages.append(
+                Warning(
+                    f"The setting {name!r} is not read: it looks like a misspelling of "
+                    f"{SETTING_NAME}.",
+                    hint=f"durable_agents reads only {SETTING_NAME} (upper case, plural, one "
+                    f"underscore): {where}. Until then every key in it is ignored and the "
+                    "defaults are in force.",
+                    obj=name,
+                    id=MISSPELT_SETTING,
+                )
+            )
+    return messages
+
+
+def _named_like_ours(normal: str) -> bool:
+    """``DURABLE_AGENT...`` whatever follows (``_SETTINGS``, ``_CONFIG``), or a name one slip
+    of the keyboard away from ``DURABLE_AGENTS``."""
+    return (
+        normal.startswith("DURABLEAGENT")
+        or difflib.SequenceMatcher(None, normal, _SETTING_NORMAL).ratio() >= _MISSPELT_RATIO
+    )
+
+
+def _settings_named_like_ours(flat_keys: set[str]) -> list[tuple[str, Any]]:
+    """The settings, other than ``DURABLE_AGENTS`` itself, whose name is like it or one of
+    its keys, with their values, by name: Django's (upper case, overrides included) and the
+    lower-case ones of the settings module, which Django skips. Only those values are read
+    (reading a deprecated setting warns)."""
+    names = {name for name in dir(settings) if name.isupper()}
+    module_name = getattr(settings, "SETTINGS_MODULE", None)
+    module = sys.modules.get(module_name) if module_name else None
+    lower = (
+        {n: v for n, v in vars(module).items() if not n.startswith("_") and not n.isupper()}
+        if module is not None
+        else {}
+    )
+    found = []
+    for name in sorted(names | set(lower)):
+        normal = _normal(name)
+        if name != SETTING_NAME and (normal in flat_keys or _named_like_ours(normal)):
+            found.append((name, lower[name] if name in lower else getattr(settings, name, None)))
+    return found
 
 
 def _bad_numbers() -> list[CheckMessage]:
@@ -468,6 +566,50 @@ def check_prompt_drift(
             id=PROMPT_DRIFT,
         )
         for drift in drifted
+    ]
+
+
+SIX_FIELD_SCHEDULES = "durable_agents.W006"
+# The schedules W006 names in its message; the rest are counted.
+MAX_NAMED_SCHEDULES = 20
+
+
+@register(Tags.database)
+def check_six_field_schedules(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Schedules an earlier version stored with six cron fields (seconds first), which
+    ``schedule()`` and the admin now refuse: they fire as before until saved again. Reads the
+    database, so only when asked: ``manage.py check --database default``, and ``migrate``."""
+    if not databases or "default" not in databases:
+        return []
+    from durable_agents.schedule_models import AgentSchedule
+    from durable_agents.schedules import five_fields
+
+    try:
+        stored = list(
+            AgentSchedule.objects.using("default")
+            .exclude(cron="")
+            .order_by("name")
+            .values_list("name", "cron")
+        )
+    except DatabaseError:  # not migrated yet: no schedule is stored
+        return []
+    names = [name for name, cron in stored if len(five_fields(cron).split()) == 6]
+    if not names:
+        return []
+    listed = ", ".join(map(repr, names[:MAX_NAMED_SCHEDULES]))
+    if len(names) > MAX_NAMED_SCHEDULES:
+        listed += f" and {len(names) - MAX_NAMED_SCHEDULES} more"
+    return [
+        Warning(
+            f"{len(names)} schedule(s) have a cron expression of six fields (seconds first), "
+            f"which schedule() and the admin no longer take: {listed}.",
+            hint="They fire as before. Save each again with five fields (minute hour "
+            'day-of-month month day-of-week), such as "*/5 * * * *", or with every= for slots '
+            "seconds apart: on its admin page or with durable_agents.schedule().",
+            id=SIX_FIELD_SCHEDULES,
+        )
     ]
 
 

@@ -47,6 +47,9 @@ T = TypeVar("T")
 
 # The run's whole story is told by one logger, whichever module tells it.
 logger = logging.getLogger("durable_agents.runner")
+# A tool's exception message in its WARNING line is cut to this many characters (the model
+# gets the whole text as the tool's result; the traceback at DEBUG has it too).
+MAX_LOGGED_ERROR_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -323,15 +326,10 @@ class ToolDispatch:
                 f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
                 "finish in the background"
             )
-        except BaseException as exc:  # the tool's failure is the model's news: catch everything
+        # The tool's failure is the model's news: catch everything (logged just below).
+        except BaseException as exc:  # noqa: BLE001
             error_type = type(exc).__qualname__
-            logger.warning(
-                "tool %s raised %s: %s",
-                tool.name,
-                type(exc).__name__,
-                storable_text(exc, 2000),
-                exc_info=True,
-            )
+            self._log_tool_error(tool, exc)
             text, is_error = effects.tool_error_text(tool.name, exc), True
         else:
             text, is_error = effects.format_result(value)
@@ -348,6 +346,26 @@ class ToolDispatch:
             (time.monotonic() - started) * 1000,
         )
         return CallOutcome(text, is_error, timed_out)
+
+    def _log_tool_error(self, tool: Tool, exc: BaseException) -> None:
+        """A tool's exception is the model's news, not the worker's failure: one line at
+        WARNING (which run, which tool, what it raised), its traceback at DEBUG for whoever
+        debugs the tool. A tool that fails on every call would otherwise fill the log with
+        tracebacks of the same line."""
+        logger.warning(
+            "run %s: tool %s raised %s: %s",
+            self.run.pk,
+            tool.name,
+            type(exc).__name__,
+            storable_text(exc, MAX_LOGGED_ERROR_CHARS),
+        )
+        logger.debug(
+            "run %s: tool %s raised %s; its traceback:",
+            self.run.pk,
+            tool.name,
+            type(exc).__name__,
+            exc_info=exc,
+        )
 
     def _irreversible(self, agent: Agent, tool: Tool, call: ToolCall) -> ToolEffect:
         """The call runs only once a person approved its intent, and at most once: behind a

@@ -23,6 +23,10 @@ or with ``pytest_plugins = ["durable_agents.pytest_plugin"]`` in a conftest.py.
 
     def test_refunds_still_match(replay_run):
         assert replay_run(RUN_ID).ok  # today's tools give the recorded results
+
+Every fixture needs Django configured (pytest-django with ``DJANGO_SETTINGS_MODULE``). Without
+it pytest-django would skip each test that uses one ("no Django settings"): a green run that
+tested nothing. Such a test fails at its setup instead, with what to set.
 """
 
 from __future__ import annotations
@@ -31,6 +35,49 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+# The fixtures below: each needs Django's settings (durable_plan too, which imports the models).
+FIXTURES = frozenset(
+    {"offline_model", "durable_clock", "agent_runner", "durable_plan", "replay_run"}
+)
+
+NO_PYTEST_DJANGO = (
+    "durable_agents' fixture {fixture!r} needs pytest-django, which is not active: "
+    'pip install "django-durable-agents[test]" (or pytest-django>=4.8).'
+)
+NO_SETTINGS = """durable_agents' fixture {fixture!r} needs Django's settings, and pytest-django \
+found none (it would skip this test). Tell it your settings module, in one of these ways:
+  - in pyproject.toml:
+        [tool.pytest.ini_options]
+        DJANGO_SETTINGS_MODULE = "yourproject.settings"
+    (or DJANGO_SETTINGS_MODULE = yourproject.settings under [pytest] in pytest.ini);
+  - on the command line: pytest --ds=yourproject.settings;
+  - in the environment: DJANGO_SETTINGS_MODULE=yourproject.settings pytest."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of a test that uses one of ours: fail, with what to do, where
+    pytest-django is missing or has no settings."""
+    used = sorted(FIXTURES.intersection(getattr(item, "fixturenames", ())))
+    if not used:
+        return
+    problem = _django_problem(item.config)
+    if problem is not None:
+        pytest.fail(problem.format(fixture=used[0]), pytrace=False)
+
+
+def _django_problem(config: pytest.Config) -> str | None:
+    try:
+        from pytest_django import plugin as pytest_django_plugin
+        from pytest_django.lazy_django import django_settings_is_configured
+    except ImportError:
+        return NO_PYTEST_DJANGO
+    if not config.pluginmanager.is_registered(pytest_django_plugin):
+        return NO_PYTEST_DJANGO
+    if not django_settings_is_configured():
+        return NO_SETTINGS
+    return None
 
 
 @pytest.fixture

@@ -11,6 +11,13 @@ A slot's run is started with ``key = slot_key(name, slot)``: start keys are uniq
 so whichever worker fires a slot, and however often (a worker that died between taking the
 slot and recording it), the slot starts one run.
 
+A cron expression has five fields (minute, hour, day of the month, month, day of the week), or
+is one of the macros ``@hourly``, ``@daily`` (``@midnight``), ``@weekly``, ``@monthly`` and
+``@yearly`` (``@annually``), stored as written and read as their five fields (``cron_slots``,
+the one place that hands an expression to cronsim). ``schedule()`` refuses six fields
+(seconds), which cronsim would read; rows an earlier version stored with six go on firing as
+they did (system check W006 names them).
+
 Slots are instants in UTC. A cron expression is read in the schedule's time zone by cronsim,
 which follows Debian cron across daylight-saving changes: a time skipped by the clock moving
 forward fires once, when the clock has moved (02:30 on the spring-forward night fires at
@@ -30,6 +37,8 @@ from cronsim import CronSim, CronSimError
 from django.db import IntegrityError, transaction
 from django.utils import timezone as django_timezone
 
+from durable_agents.exceptions import CronExpressionError
+from durable_agents.migration_state import explains_missing_tables
 from durable_agents.models import AgentRun
 from durable_agents.schedule_models import MAX_SCHEDULE_NAME, AgentSchedule
 from durable_agents.text import has_unstorable
@@ -56,6 +65,18 @@ _NEWEST_WINDOWS = (
 # 29 February, which comes every few decades) is refused as never firing.
 _HORIZON = dt.timedelta(days=5 * 366)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# The macros of Vixie cron that name a time (not ``@reboot``), as their five fields: cronsim
+# reads none of them.
+CRON_MACROS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
+CRON_FIELDS = "minute hour day-of-month month day-of-week"
 
 
 def check_name(name: object) -> None:
@@ -80,9 +101,9 @@ def time_zone(name: object) -> zoneinfo.ZoneInfo:
 
 
 def check_timing(cron: object, every: object, timezone: object = "UTC") -> None:
-    """ValueError unless exactly one of ``cron`` (a cron expression cronsim parses, that fires
-    at least once in five years) and ``every`` (a timedelta of a second to a year) is given,
-    in an existing ``timezone``."""
+    """ValueError unless exactly one of ``cron`` (five fields or a macro that cronsim
+    parses, firing at least once in five years; ``CronExpressionError`` otherwise) and
+    ``every`` (a timedelta of a second to a year) is given, in an existing ``timezone``."""
     zone = time_zone(timezone)
     if cron in (None, "") and every is None:
         raise ValueError("a schedule needs cron= or every=")
@@ -92,13 +113,59 @@ def check_timing(cron: object, every: object, timezone: object = "UTC") -> None:
         _check_every(every)
         return
     if not isinstance(cron, str) or len(cron) > MAX_CRON or has_unstorable(cron):
-        raise ValueError(f"a cron expression is a string of at most {MAX_CRON} characters")
+        raise CronExpressionError(
+            f"a cron expression is a string of at most {MAX_CRON} characters", "not_text"
+        )
+    _check_fields(cron)
     try:
-        slots = CronSim(cron, django_timezone.now().astimezone(zone))
+        slots = cron_slots(cron, django_timezone.now().astimezone(zone))
     except CronSimError as exc:
-        raise ValueError(f"not a cron expression cronsim reads: {cron!r} ({exc})") from exc
+        raise CronExpressionError(
+            f"not a cron expression cronsim reads: {cron!r} ({exc})", "unreadable"
+        ) from exc
     if _first_slot(slots, django_timezone.now() + _HORIZON) is None:
-        raise ValueError(f"the cron expression {cron!r} fires on no day of the next five years")
+        raise CronExpressionError(
+            f"the cron expression {cron!r} fires on no day of the next five years", "never_fires"
+        )
+
+
+def five_fields(cron: str) -> str:
+    """``cron`` as cronsim reads it: a macro (``@daily``) as its five fields, whatever its
+    case and the spaces around it; any other expression as it is."""
+    return CRON_MACROS.get(cron.strip().lower(), cron)
+
+
+def cron_slots(cron: str, start: dt.datetime) -> CronSim:
+    """The slots of ``cron`` after ``start`` (an aware datetime in the schedule's time zone).
+    Every slot of a schedule is computed here, so that a macro reads the same everywhere.
+    Six fields are read too (seconds first): rows stored by an earlier version keep firing."""
+    return CronSim(five_fields(cron), start)
+
+
+def _check_fields(cron: str) -> None:
+    """Five fields or a known macro, as crontab(5) has them; six (seconds first, which cronsim
+    would read and fire every few seconds) and any other count are refused."""
+    read = five_fields(cron)
+    if read.lstrip().startswith("@"):
+        raise CronExpressionError(
+            f"{cron!r} is not a cron macro schedules know: use one of "
+            f"{', '.join(CRON_MACROS)}, or five fields ({CRON_FIELDS})",
+            "unknown_macro",
+        )
+    count = len(read.split())
+    if count == 6:
+        raise CronExpressionError(
+            f"the cron expression {cron!r} has six fields; schedules take five fields "
+            f'({CRON_FIELDS}), without seconds: "*/5 * * * *" is every five minutes. For '
+            "slots seconds apart, give every=datetime.timedelta(seconds=...) instead",
+            "six_fields",
+        )
+    if count != 5:
+        raise CronExpressionError(
+            f"the cron expression {cron!r} has {count} fields; a cron expression has five "
+            f'({CRON_FIELDS}), such as "0 6 * * *" (at 06:00 every day)',
+            "field_count",
+        )
 
 
 def _check_every(every: object) -> None:
@@ -125,7 +192,7 @@ def next_slot(schedule: AgentSchedule, after: dt.datetime) -> dt.datetime | None
         n = math.floor(passed / step) + 1
         return _EPOCH + dt.timedelta(seconds=n * step)
     zone = time_zone(schedule.timezone)
-    slot = _first_slot(CronSim(schedule.cron, after.astimezone(zone)), after + _HORIZON)
+    slot = _first_slot(cron_slots(schedule.cron, after.astimezone(zone)), after + _HORIZON)
     return None if slot is None else slot.astimezone(dt.UTC)
 
 
@@ -162,7 +229,7 @@ def _newest_slot(schedule: AgentSchedule, first: dt.datetime, now: dt.datetime) 
     for window in (*_NEWEST_WINDOWS, None):
         start = first if window is None else max(first, now - window)
         newest = None
-        for slot in CronSim(schedule.cron, start.astimezone(zone)):
+        for slot in cron_slots(schedule.cron, start.astimezone(zone)):
             if slot > now:
                 break
             newest = slot
@@ -179,6 +246,7 @@ def slot_key(name: str, slot: dt.datetime) -> str:
     return f"{name}@{slot.astimezone(dt.UTC).isoformat(timespec='microseconds')}"
 
 
+@explains_missing_tables
 def schedule(
     name: str,
     agent: str,
@@ -201,9 +269,12 @@ def schedule(
     ``broken``) moves its next slot to the first one after the call; changing anything else
     keeps it. ``catch_up``: after an outage (no worker ran through some
     slots), False starts only the newest missed slot, True each of them, oldest first (at most
-    ``MAX_CATCH_UP`` per firing). A bad argument (an unknown agent, a cron expression that
-    does not parse, a time zone that does not exist, ``every`` not a positive timedelta) is a
-    ``ValueError``, and nothing is saved."""
+    ``MAX_CATCH_UP`` per firing). ``cron`` has five fields or is a macro (``@hourly``,
+    ``@daily``, ``@midnight``, ``@weekly``, ``@monthly``, ``@yearly``, ``@annually``), stored
+    as written. A bad argument (an unknown agent, a time zone that does not exist, ``every``
+    not a positive timedelta) is a ``ValueError``, a cron expression that is not five fields
+    or does not parse a ``CronExpressionError`` (a ``ValueError`` too), and nothing is
+    saved."""
     from durable_agents.agents import get_agent
     from durable_agents.api import check_priority, check_task
     from durable_agents.exceptions import AgentNotFound
@@ -266,6 +337,7 @@ def _save(name: str, fields: dict[str, Any]) -> AgentSchedule:
     return existing
 
 
+@explains_missing_tables
 def run_now(schedule: AgentSchedule) -> AgentRun:
     """A run of the schedule started now, outside its slots (the admin's "run now"): its
     agent, task, priority and concurrency key; the schedule's slots are unchanged."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import jsonschema
 
-from durable_agents.exceptions import ToolInputError
+from durable_agents.exceptions import DefinitionError, ToolInputError
 
 __all__ = [
     "EFFECTS",
@@ -263,6 +263,39 @@ def _qualname(func: Callable[..., Any]) -> str:
     return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
 
 
+# What each effect says about calling the tool again, as the error of a missing or unknown
+# effect explains them.
+EFFECT_MEANINGS = {
+    "pure": "reads only",
+    "idempotent": "writes, and twice is the same as once",
+    "non_idempotent": "writes that must not happen twice; it receives an idempotency_key",
+    "irreversible": "cannot be undone; a person approves each call first",
+}
+
+
+def _how_to_declare() -> str:
+    meanings = ", ".join(f'"{effect}" ({EFFECT_MEANINGS[effect]})' for effect in EFFECTS)
+    return (
+        'Write @tool(effect="pure") above it, with the effect that says what calling it '
+        f"again would do: {meanings}."
+    )
+
+
+def _definition_error(func: Callable[..., Any], problem: str) -> DefinitionError:
+    """``tool lookup in shop.agents (/srv/shop/agents.py, line 12): <problem>``: the
+    function, its module and the line of its declaration, so that the message alone (with no
+    traceback) says where to look."""
+    where = _qualname(func)
+    module = getattr(func, "__module__", None)
+    if module:
+        where += f" in {module}"
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        # The first line of a decorated function's code is its first decorator's.
+        where += f" ({code.co_filename}, line {code.co_firstlineno})"
+    return DefinitionError(f"tool {where}: {problem}")
+
+
 def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
     signature = inspect.signature(func)
     for param in signature.parameters.values():
@@ -444,15 +477,12 @@ class Tool:
             raise TypeError(f"@tool decorates a function, not {func!r}")
         qualname = _qualname(func)
         if effect not in EFFECTS:
-            raise ValueError(
-                f"tool {qualname}: effect must be one of {', '.join(map(repr, EFFECTS))}, "
-                f"got {effect!r}"
-            )
+            raise _definition_error(func, f"{effect!r} is not an effect. {_how_to_declare()}")
         signature = _check_signature(func)
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
         ):
-            raise ValueError(f"tool {qualname}: timeout must be a positive number of seconds")
+            raise _definition_error(func, "timeout must be a positive number of seconds")
 
         self.func = func
         # Seconds one call may take (None: the agent's tool_timeout, else TOOL_TIMEOUT).
@@ -462,9 +492,10 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(func)
         self.name = name if name is not None else func.__name__
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(
-                f"tool {qualname}: name {self.name!r} must be 1 to 128 letters, digits, "
-                "'_' or '-' (the Messages API rejects anything else)"
+            raise _definition_error(
+                func,
+                f"name {self.name!r} must be 1 to 128 letters, digits, '_' or '-' (the "
+                "Messages API rejects anything else)",
             )
         doc_description, _ = _split_docstring(func.__doc__)
         self.description = doc_description if description is None else description
@@ -477,7 +508,7 @@ class Tool:
             try:
                 jsonschema.Draft202012Validator.check_schema(input_schema)
             except jsonschema.SchemaError as exc:
-                raise ValueError(f"tool {qualname}: invalid input_schema: {exc.message}") from exc
+                raise _definition_error(func, f"invalid input_schema: {exc.message}") from exc
             # A private copy: the definition is fingerprinted and must not change under us.
             self.input_schema = copy.deepcopy(input_schema)
 
@@ -622,10 +653,7 @@ def tool(
 
     def decorate(f: Callable[..., Any]) -> Tool:
         if effect is None:
-            raise ValueError(
-                f"tool {_qualname(f)}: missing effect; write @tool(effect=...) with one of "
-                f"{', '.join(map(repr, EFFECTS))}"
-            )
+            raise _definition_error(f, f"missing effect. {_how_to_declare()}")
         return Tool(
             f,
             effect=effect,

@@ -17,8 +17,9 @@ from django.utils.translation import gettext_lazy as _
 
 from durable_agents.agents import registry
 from durable_agents.api import check_priority, check_task
+from durable_agents.exceptions import CronExpressionError
 from durable_agents.schedule_models import AgentSchedule
-from durable_agents.schedules import check_name, check_timing, time_zone
+from durable_agents.schedules import check_name, check_timing, five_fields, time_zone
 from durable_agents.store.concurrency import check_concurrency_key
 
 SCHEDULE_COLORS = {"active": "#1a7f37", "paused": "#57606a", "broken": "#c62828"}
@@ -120,8 +121,9 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
         widgets: ClassVar[dict[str, Any]] = {"task": forms.Textarea(attrs={"rows": 6, "cols": 80})}
         help_texts: ClassVar[dict[str, Any]] = {
             "cron": _(
-                "A cron expression read in the time zone below, such as “0 6 * * *” (at "
-                "06:00 every day). Leave empty for an interval."
+                "A cron expression of five fields read in the time zone below, such as "
+                "“0 6 * * *” (at 06:00 every day), or one of @hourly, @daily, @weekly, "
+                "@monthly, @yearly. Leave empty for an interval."
             ),
             "every": _(
                 "An interval instead of a cron expression: “00:05:00” is every five minutes, "
@@ -198,9 +200,37 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
             return data
         try:
             check_timing(cron or None, every, data.get("timezone", "UTC"))
+        except CronExpressionError as exc:
+            self.add_error("cron", cron_error_text(exc, cron))
         except ValueError as exc:
             self.add_error("cron" if cron else "every", str(exc))
         return data
+
+
+def cron_error_text(error: CronExpressionError, cron: str) -> str:
+    """What the form says of a cron expression ``schedule()`` refuses, in the admin's
+    language for the field counts and macros (the parser's own words otherwise)."""
+    if error.code == "six_fields":
+        return gettext(
+            "“%(cron)s” has six fields: schedules take five (minute, hour, day of the month, "
+            "month, day of the week), without seconds. “*/5 * * * *” is every five minutes; "
+            "for slots seconds apart, give an interval instead."
+        ) % {"cron": cron}
+    if error.code == "field_count":
+        count = len(five_fields(cron).split())
+        return ngettext(
+            "“%(cron)s” has %(count)s field: a cron expression has five (minute, hour, day of "
+            "the month, month, day of the week), such as “0 6 * * *”.",
+            "“%(cron)s” has %(count)s fields: a cron expression has five (minute, hour, day of "
+            "the month, month, day of the week), such as “0 6 * * *”.",
+            count,
+        ) % {"cron": cron, "count": count}
+    if error.code == "unknown_macro":
+        return gettext(
+            "“%(cron)s” is not a macro schedules know: use @hourly, @daily, @midnight, @weekly, "
+            "@monthly, @yearly or @annually, or five fields."
+        ) % {"cron": cron}
+    return str(error)
 
 
 def _check(check: Any, value: Any) -> None:

@@ -47,7 +47,7 @@ def app_log() -> Iterator[io.StringIO]:
     app = logging.getLogger("durable_agents")
     level = app.level
     app.addHandler(handler)
-    app.setLevel(logging.INFO)
+    app.setLevel(logging.DEBUG)  # a tool's traceback is logged at DEBUG
     yield stream
     app.removeHandler(handler)
     app.setLevel(level)
@@ -59,7 +59,9 @@ def test_a_tool_exception_cannot_forge_a_log_line(app_log: io.StringIO) -> None:
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
     lines = app_log.getvalue().splitlines()
     assert not [line for line in lines if line.startswith("INFO run 123")]
-    [raised] = [line for line in lines if "tool forge raised ValueError" in line]
+    [raised] = [
+        line for line in lines if line.startswith("WARNING") and "tool forge raised" in line
+    ]
     assert raised.endswith("x\\nINFO run 123 succeeded")
     # The traceback's last line names the exception with its message escaped, on one line.
     assert "ValueError: x\\nINFO run 123 succeeded" in lines
@@ -76,3 +78,51 @@ def test_the_filter_escapes_records_of_other_loggers() -> None:
 
 def test_escape_controls_keeps_tabs_and_escapes_the_rest() -> None:
     assert escape_controls("a\tb\r\nc\x1b[2J\u2028") == "a\tb\\r\\nc\\x1b[2J\\u2028"
+
+
+# -- a tool's error, which the model is told about -----------------------------------------
+
+
+def tool_error_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "tool forge raised" in r.getMessage()]
+
+
+def test_a_tool_error_is_one_warning_line_without_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="durable_agents")
+    run = api.start_run("log_forger", '@forge {"text": "the disk is full"}')
+    run_worker()
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED  # the model was told
+    [warning] = tool_error_records(caplog)
+    assert warning.levelno == logging.WARNING
+    assert warning.exc_info is None
+    message = warning.getMessage()
+    assert str(run.pk) in message  # which run
+    assert "ValueError: the disk is full" in message  # the exception's type and message
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_a_tool_error_keeps_its_traceback_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="durable_agents")
+    run = api.start_run("log_forger", '@forge {"text": "the disk is full"}')
+    run_worker()
+    [warning, traceback] = tool_error_records(caplog)
+    assert (warning.levelno, warning.exc_info) == (logging.WARNING, None)
+    assert traceback.levelno == logging.DEBUG
+    assert traceback.exc_info is not None
+    assert str(run.pk) in traceback.getMessage()
+    formatted = logging.Formatter().format(traceback)
+    assert "raise ValueError(text)" in formatted  # the tool's own line
+    assert formatted.rstrip().endswith("ValueError: the disk is full")
+
+
+def test_a_long_tool_error_is_cut_in_its_warning_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="durable_agents")
+    api.start_run("log_forger", '@forge {"text": "' + "x" * 20_000 + '"}')
+    run_worker()
+    [warning] = tool_error_records(caplog)
+    message = warning.getMessage()
+    assert len(message) < 1_000, len(message)
+    assert "20000 characters in all" in message

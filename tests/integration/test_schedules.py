@@ -48,7 +48,7 @@ def set_next_slot(name: str, slot: dt.datetime) -> AgentSchedule:
     ("options", "message"),
     [
         ({"cron": "61 * * * *"}, "not a cron expression"),
-        ({"cron": "every day"}, "not a cron expression"),
+        ({"cron": "every day"}, "has 2 fields; a cron expression has five"),
         ({"cron": "0 6 * * *", "timezone": "Europe/Atlantis"}, "no such time zone"),
         ({"cron": "0 6 * * *", "timezone": ""}, "not a time zone name"),
         ({"every": dt.timedelta(0)}, "every= is between"),

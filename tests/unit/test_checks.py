@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -297,16 +300,27 @@ def test_a_price_for_a_model_no_agent_uses_is_likely_a_typo(da_settings: Any) ->
         registry.unregister(agent.name, agent.version)
 
 
-def test_a_misspelt_setting_suggests_the_known_one(settings: Any) -> None:
+def test_a_misspelt_setting_suggests_the_three_closest(settings: Any) -> None:
     settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "LEASE_SECOND": 30}
     [message] = da_checks.check_settings()
     assert message.id == "durable_agents.E002"
     assert message.hint is not None
-    assert message.hint.startswith("Did you mean 'LEASE_SECONDS'?")
+    assert message.hint.startswith("Did you mean 'LEASE_SECONDS', '")
+    assert message.hint.endswith("? All settings: docs/settings.md")
+    # Three names, not the ~40 of the whole table.
+    assert message.hint.count("'") == 6, message.hint
+    assert "ENCRYPTION_KEYS" not in message.hint
+    # A key like none of them still gets three names to look at, never the whole list.
     settings.DURABLE_AGENTS = {"OFFLINE": True, "NOTHING_LIKE_IT": 1}
     [message] = da_checks.check_settings()
     assert message.hint is not None
-    assert message.hint.startswith("Known keys: ")
+    assert message.hint.startswith("Did you mean '")
+    assert message.hint.count("'") == 6, message.hint
+    # A key that is not even a string (a typo in a dict literal) is named all the same.
+    settings.DURABLE_AGENTS = {"OFFLINE": True, 5: 1}
+    [message] = da_checks.check_settings()
+    assert message.hint is not None
+    assert message.hint.endswith("All settings: docs/settings.md")
 
 
 def test_several_database_hosts_need_target_session_attrs() -> None:
@@ -323,3 +337,93 @@ def test_several_database_hosts_need_target_session_attrs() -> None:
     single = {**entry, "HOST": "db1", "PORT": "5432"}
     assert check({"default": single}) == []
     assert da_checks.check_database_hosts() == []  # the test settings: one host
+
+
+# -- a top-level setting named like DURABLE_AGENTS but misspelt (W005) ----------------------
+
+
+def misspelt(**run: Any) -> list[checks.CheckMessage]:
+    """W005 as Django's checks framework reports it."""
+    return [m for m in checks.run_checks(**run) if m.id == "durable_agents.W005"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DURABLE_AGENT",
+        "DURABLEAGENTS",
+        "DURABLE_AGENTS_SETTINGS",
+        "DURABLE_AGENTS_CONFIG",
+        "DURABLE_AGENTS_CONF",
+        "DURABEL_AGENTS",
+        "DURABLE_AGNETS",
+        "DURABLE__AGENTS",
+        "DURABLE_AGENTS_",
+    ],
+)
+def test_a_misspelt_durable_agents_setting_warns(settings: Any, name: str) -> None:
+    setattr(settings, name, {"LEASE_SECONDS": 30})
+    [warning] = misspelt()
+    assert warning.level == checks.WARNING
+    assert repr(name) in warning.msg
+    assert "DURABLE_AGENTS" in warning.msg.replace(repr(name), "")
+    assert warning.hint is not None
+    assert "DURABLE_AGENTS" in warning.hint
+
+
+def test_a_flat_durable_agents_key_warns_and_says_where_it_goes(settings: Any) -> None:
+    settings.DURABLE_AGENTS_LEASE_SECONDS = 30
+    [warning] = misspelt()
+    assert "'DURABLE_AGENTS_LEASE_SECONDS'" in warning.msg
+    assert warning.hint is not None
+    assert "'LEASE_SECONDS'" in warning.hint
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        # Settings of the project's own that merely start like ours: not a dict, not one of
+        # our keys.
+        ("DURABLE_AGENTS_API_KEY", "sk-test"),
+        ("DURABLE_AGENTS_ENABLED", True),
+        ("AGENTS", {"LEASE_SECONDS": 30}),
+        ("DURATIONS", {"short": 1}),
+        ("DURABLE_QUEUES", {"default": {}}),
+        ("CACHES", {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}),
+    ],
+)
+def test_unrelated_settings_do_not_warn(settings: Any, name: str, value: Any) -> None:
+    setattr(settings, name, value)
+    assert misspelt() == []
+
+
+def test_the_right_name_does_not_warn(settings: Any) -> None:
+    assert settings.DURABLE_AGENTS  # the test settings have it
+    assert misspelt() == []
+
+
+def test_a_lower_case_name_in_the_settings_module_warns(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Django reads upper-case names only, so a lower-case one is found in the settings
+    module itself."""
+    (tmp_path / "lower_case_settings.py").write_text(
+        "import durable_agents\n"  # a module of the same name is not a setting
+        "durable_agents = {'LEASE_SECONDS': 30}\n"
+        "agents = {'x': 1}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # Imported, as Django imports the settings module at start.
+    importlib.import_module("lower_case_settings")
+    request.addfinalizer(lambda: sys.modules.pop("lower_case_settings", None))
+    settings.SETTINGS_MODULE = "lower_case_settings"
+    [warning] = misspelt()
+    assert "'durable_agents'" in warning.msg
+
+
+def test_a_misspelt_setting_fails_check_at_warning_level_unless_silenced(settings: Any) -> None:
+    settings.DURABLE_AGENT = {"OFFLINE": True}
+    with pytest.raises(SystemCheckError, match=r"durable_agents\.W005"):
+        call_command("check", fail_level="WARNING")
+    settings.SILENCED_SYSTEM_CHECKS = ["durable_agents.W005"]
+    call_command("check", fail_level="WARNING")

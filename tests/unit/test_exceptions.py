@@ -3,12 +3,16 @@ the old import paths keep giving the same class."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
+from django.db import DatabaseError
 
 from durable_agents import agents, llm, text, tools
 from durable_agents.exceptions import (
     AgentNotFound,
     DurableAgentsError,
+    NotMigrated,
     ToolInputError,
     Unstorable,
 )
@@ -59,3 +63,23 @@ def test_wait_is_not_an_error_of_ours() -> None:
     # Tool code that catches our errors must never swallow the wait that parks its run.
     assert not issubclass(Wait, DurableAgentsError)
     assert issubclass(Wait, Exception)
+
+
+def test_not_migrated_is_ours_and_still_a_database_error() -> None:
+    error = NotMigrated("default", ["durable_agents.0001_initial", "durable_agents.0002_x"])
+    assert isinstance(error, DurableAgentsError)
+    assert isinstance(error, DatabaseError)
+    assert str(error) == (
+        "the database 'default' has no durable_agents tables (2 unapplied migration(s) that "
+        "durable_agents needs): run `manage.py migrate` first."
+    )
+    later = NotMigrated("default", ["durable_agents.0018_schedule"])
+    assert "lacks the migration durable_agents.0018_schedule" in str(later)
+    # Rebuilt whole when it crosses a process (a task queue).
+    copy = pickle.loads(pickle.dumps(later))
+    assert (type(copy), copy.alias, copy.unapplied, str(copy)) == (
+        NotMigrated,
+        "default",
+        ["durable_agents.0018_schedule"],
+        str(later),
+    )

@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Optional, Union
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from durable_agents import tool as exported_tool
+from durable_agents.exceptions import DefinitionError
 from durable_agents.tools import (
     EFFECTS,
     Tool,
@@ -104,32 +106,43 @@ def test_missing_docstring_gives_empty_description() -> None:
     }
 
 
-def test_missing_effect_raises_value_error_naming_function_and_effects() -> None:
-    with pytest.raises(ValueError, match="missing effect") as excinfo:
+EFFECT_CHOICES = (
+    '"pure" (reads only), "idempotent" (writes, and twice is the same as once), '
+    '"non_idempotent" (writes that must not happen twice; it receives an idempotency_key), '
+    '"irreversible" (cannot be undone; a person approves each call first)'
+)
+
+
+def test_missing_effect_names_the_function_its_module_and_the_effects() -> None:
+    with pytest.raises(DefinitionError, match="missing effect") as excinfo:
 
         @tool()  # type: ignore[call-overload]  # deliberately without its effect
         def no_effect() -> None: ...
 
     message = str(excinfo.value)
-    assert "no_effect" in message
-    assert "missing effect" in message
-    assert "'pure', 'idempotent', 'non_idempotent', 'irreversible'" in message
+    assert message.startswith("tool test_missing_effect_")
+    assert ".<locals>.no_effect in tests.unit.test_tools (" in message
+    assert f"{__file__}, line " in message
+    assert 'Write @tool(effect="pure") above it' in message
+    assert EFFECT_CHOICES in message
+    # Still what it was: a ValueError; and a configuration error, like an Agent's.
+    assert isinstance(excinfo.value, ValueError)
+    assert isinstance(excinfo.value, ImproperlyConfigured)
 
 
-def test_unknown_effect_raises_value_error_naming_function_and_effects() -> None:
-    with pytest.raises(ValueError, match="effect must be one of") as excinfo:
+def test_unknown_effect_names_the_function_and_the_effects() -> None:
+    with pytest.raises(DefinitionError, match="'sideways' is not an effect") as excinfo:
 
         @tool(effect="sideways")  # type: ignore[call-overload]  # deliberately not an effect
         def weird() -> None: ...
 
     message = str(excinfo.value)
-    assert "weird" in message
-    assert "'sideways'" in message
-    assert "'pure', 'idempotent', 'non_idempotent', 'irreversible'" in message
+    assert "weird in tests.unit.test_tools" in message
+    assert EFFECT_CHOICES in message
 
 
 def test_bare_decorator_is_rejected_with_a_hint() -> None:
-    with pytest.raises(ValueError, match=r"bare.*missing effect; write @tool\(effect=\.\.\.\)"):
+    with pytest.raises(DefinitionError, match=r'bare in .*missing effect\. Write @tool\(effect="'):
 
         @tool
         def bare() -> None: ...
@@ -214,7 +227,7 @@ def test_explicit_input_schema_overrides_derived_one() -> None:
 
 
 def test_explicit_input_schema_must_be_a_valid_schema() -> None:
-    with pytest.raises(ValueError, match=r"tool .*bad: invalid input_schema: 12 is not valid"):
+    with pytest.raises(DefinitionError, match=r"tool .*bad in .*: invalid input_schema: 12 is not"):
 
         @tool(effect="pure", input_schema={"type": 12})
         def bad() -> None: ...

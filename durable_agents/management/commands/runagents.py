@@ -15,14 +15,15 @@ from django.core.management.base import (
     SystemCheckError,
 )
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from durable_agents import db, prometheus
 from durable_agents.agents import registry
 from durable_agents.checks import OFFLINE_WITHOUT_DEBUG, PROMPT_DRIFT, worker_checks
 from durable_agents.conf import app_settings
+from durable_agents.exceptions import NotMigrated
 from durable_agents.inflight import prompt_drift, runs_held_by_others
+from durable_agents.migration_state import unapplied_migrations
 from durable_agents.worker import Worker
 
 logger = logging.getLogger("durable_agents.worker")
@@ -254,13 +255,12 @@ def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
 
 def _ensure_database_ready(alias: str) -> None:
     """Stop with one line when the database cannot be reached or lacks durable_agents'
-    migrations, instead of a worker logging the same traceback at every poll forever."""
+    migrations, instead of a worker logging the same traceback at every poll forever. The
+    second says what the public API says (``NotMigrated``) when it meets a missing table."""
     connection = connections[alias]
     try:
         connection.ensure_connection()
-        executor = MigrationExecutor(connection)
-        targets = executor.loader.graph.leaf_nodes("durable_agents")
-        plan = executor.migration_plan(targets)
+        unapplied = unapplied_migrations(connection)
     except DatabaseError as exc:
         # Driver messages span lines (psycopg adds a hint); keep the log line one line.
         reason = " ".join(str(exc).split()) or type(exc).__name__
@@ -272,18 +272,8 @@ def _ensure_database_ready(alias: str) -> None:
         # the worker's lifetime (unless a caller's transaction is using it).
         if not connection.in_atomic_block:
             connection.close()
-    if plan:
-        unapplied = [f"{m.app_label}.{m.name}" for m, _backwards in plan]
-        ours = [name for name in unapplied if name.startswith("durable_agents.")]
-        what = (
-            "has no durable_agents tables"
-            if "durable_agents.0001_initial" in ours
-            else f"lacks the migration {(ours or unapplied)[0]}"
-        )
-        raise CommandError(
-            f"the database {alias!r} {what} ({len(unapplied)} unapplied migration(s) that "
-            "durable_agents needs): run `manage.py migrate` first."
-        )
+    if unapplied:
+        raise CommandError(str(NotMigrated(alias, unapplied)))
 
 
 def _raise_open_files_limit(concurrency: int) -> None:
