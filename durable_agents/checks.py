@@ -10,13 +10,16 @@ from __future__ import annotations
 import difflib
 import os
 import typing
+import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.checks.registry import CheckRegistry
 from django.db import DatabaseError, connections
+from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
 from durable_agents.budgets import budget_problems
@@ -72,6 +75,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_prices(),
         *_bad_concurrency_limits(),
         *_bad_encryption_keys(),
+        *_bad_site_url(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
@@ -341,6 +345,69 @@ def _bad_concurrency_limits() -> list[CheckMessage]:
                 )
             )
     return messages
+
+
+SITE_URL_EXAMPLE = '"https://agents.example.com"'
+
+
+def _site_url_problem(value: Any) -> str | None:
+    """What is wrong with a SITE_URL value, or None: None, or an absolute http(s) URL without
+    a query or fragment (a path is allowed: links are the URL followed by an admin path)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"must be None or a URL (a string), not {value!r}"
+    try:
+        parts = urlsplit(value.strip())
+    except ValueError as exc:  # an invalid IPv6 host, for one
+        return f"is not a URL ({exc}): {value!r}"
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"must start with http:// or https:// and name a host, not {value!r}"
+    if parts.query or parts.fragment:
+        return f"must have no query or fragment (links append a path to it), not {value!r}"
+    return None
+
+
+def _bad_site_url() -> list[CheckMessage]:
+    problem = _site_url_problem(app_settings.SITE_URL)
+    if problem is None:
+        return []
+    return [
+        Error(
+            f"DURABLE_AGENTS['SITE_URL'] {problem}.",
+            hint=f"The address people reach this site at, e.g. {SITE_URL_EXAMPLE}: the links "
+            "in notification mails are it followed by the admin page's path.",
+            id="durable_agents.E017",
+        )
+    ]
+
+
+NOTIFY_WITHOUT_SITE_URL = "durable_agents.W007"
+
+
+@register()
+def check_notification_links(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Notification mails on, and no SITE_URL: their links would be bare paths, which no mail
+    reader can open. A worker serves no request, so the host cannot be guessed."""
+    if app_settings.NOTIFY is not True or app_settings.SITE_URL is not None:
+        return []
+    try:
+        reverse("admin:durable_agents_agentrun_change", args=[uuid.UUID(int=0)])
+    except NoReverseMatch:
+        return []  # the admin is not installed: the mails carry no links
+    except Exception:  # noqa: BLE001 - a broken URLconf is Django's own checks' to report
+        return []
+    return [
+        Warning(
+            "Notification mails are on (NOTIFY) but DURABLE_AGENTS['SITE_URL'] is not set: "
+            "their links to the admin are bare paths (/admin/...), which a mail reader "
+            "cannot open.",
+            hint=f'Set DURABLE_AGENTS["SITE_URL"] to the address of this site, e.g. '
+            f"{SITE_URL_EXAMPLE} (links are it followed by the page's path), or turn the "
+            'mails off with "NOTIFY": False.',
+            id=NOTIFY_WITHOUT_SITE_URL,
+        )
+    ]
 
 
 def _heartbeat_too_slow() -> list[CheckMessage]:

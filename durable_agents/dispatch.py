@@ -373,7 +373,7 @@ class ToolDispatch:
                 self._park(
                     intent,
                     f"intent {intent.pk} for {tool.name}: outcome unknown after a crash",
-                    crashed=True,
+                    unknown=True,
                 )
             elif status == IntentStatus.REJECTED:
                 who = intent.decided_by.get_username() if intent.decided_by else "a person"
@@ -398,10 +398,12 @@ class ToolDispatch:
                 if outcome.timed_out:
                     # Abandoned while it may still be running: whether it happened is now for
                     # a person to say, exactly as after a crash.
+                    timeout = agent.timeout_for(tool, float(app_settings.TOOL_TIMEOUT))
                     self._park(
                         intent,
-                        f"intent {intent.pk} for {tool.name}: timed out, outcome unknown",
-                        crashed=True,
+                        f"intent {intent.pk} for {tool.name}: timed out after {timeout:g}s and "
+                        "was abandoned, outcome unknown",
+                        unknown=True,
                     )
                     continue
                 effect = self._effect(call, outcome.text, outcome.is_error)
@@ -410,11 +412,14 @@ class ToolDispatch:
             self.store.reload_intent(intent)
 
     def _park(
-        self, intent: ToolIntent, why: str, *, new: bool = False, crashed: bool = False
+        self, intent: ToolIntent, why: str, *, new: bool = False, unknown: bool = False
     ) -> None:
         """Park the run on ``intent`` and stop (raises ``Stop``), or return when the intent
-        was decided meanwhile (``intent`` is re-read: the caller goes on with it)."""
-        outcome = self.store.park_on_intent(self.claim, intent, new=new, crashed=crashed)
+        was decided meanwhile (``intent`` is re-read: the caller goes on with it). ``unknown``:
+        the intent was left executing; it becomes unknown, with ``why`` as its reason."""
+        outcome = self.store.park_on_intent(
+            self.claim, intent, new=new, unknown_because=why if unknown else None
+        )
         if outcome is Parked.FENCE_FAILED:
             self._fence_failed()
         if outcome is Parked.DECIDED:

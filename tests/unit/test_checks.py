@@ -323,3 +323,44 @@ def test_several_database_hosts_need_target_session_attrs() -> None:
     single = {**entry, "HOST": "db1", "PORT": "5432"}
     assert check({"default": single}) == []
     assert da_checks.check_database_hosts() == []  # the test settings: one host
+
+
+# -- notification links (W007, E017) -----------------------------------------------------
+
+
+def test_notification_mails_without_a_site_url_warn_at_start_up(
+    da_settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    da_settings(NOTIFY=True, SITE_URL=None)
+    [warning] = da_checks.check_notification_links()
+    assert warning.id == "durable_agents.W007" == da_checks.NOTIFY_WITHOUT_SITE_URL
+    assert "SITE_URL" in warning.msg
+    assert warning.hint is not None
+    assert "https://" in warning.hint
+    assert '"NOTIFY": False' in warning.hint
+    # `manage.py check` shows it.
+    call_command("check")
+    assert "durable_agents.W007" in capsys.readouterr().err
+    da_settings(SITE_URL="https://agents.example.com")
+    assert da_checks.check_notification_links() == []
+    assert da_checks.check_settings() == []
+    da_settings(NOTIFY=False, SITE_URL=None)
+    assert da_checks.check_notification_links() == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["agents.example.com", "ftp://agents.example.com", "https://", "https://x.io/?a=1", 42, ""],
+)
+def test_a_site_url_that_is_not_a_url_is_an_error(da_settings: Any, value: Any) -> None:
+    da_settings(SITE_URL=value)
+    [error] = da_checks.check_settings()
+    assert error.id == "durable_agents.E017"
+    assert "SITE_URL" in error.msg
+    assert da_checks.check_notification_links() == []  # one message for one mistake
+
+
+@pytest.mark.parametrize("value", ["http://127.0.0.1:8000", "https://example.com/tools/"])
+def test_a_site_url_with_a_port_or_a_path_is_fine(da_settings: Any, value: str) -> None:
+    da_settings(SITE_URL=value)
+    assert da_checks.check_settings() == []
