@@ -664,6 +664,52 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     ]
 
 
+IRREVERSIBLE_OUTLASTS_GRACE = "durable_agents.W008"
+
+
+@register()
+def check_shutdown_grace(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An irreversible tool whose calls may outlast the shutdown grace: a worker stopped while
+    one runs (Ctrl-C, a deploy's SIGTERM) abandons it when the grace ends, and its intent's
+    outcome becomes unknown, for a person to find out and resolve. One warning per tool, at
+    the longest timeout any agent gives it."""
+    from durable_agents.agents import registry
+    from durable_agents.tools import EffectClass
+
+    grace, ceiling = app_settings.SHUTDOWN_GRACE_SECONDS, app_settings.TOOL_TIMEOUT
+    if not all(_in_bounds(v, False, 0, True) for v in (grace, ceiling)):
+        return []  # E003 says what is wrong with them
+    # Tool function -> (its name, the longest timeout, the agents that give it one too long).
+    longest: dict[Any, tuple[str, float, list[str]]] = {}
+    for agent in registry.all():
+        for tool in agent.tools:
+            if tool.effect is not EffectClass.IRREVERSIBLE:
+                continue
+            timeout = agent.timeout_for(tool, float(ceiling))
+            if timeout <= grace:
+                continue
+            _, known, agents = longest.get(tool.func, (tool.name, 0.0, []))
+            longest[tool.func] = (tool.name, max(known, timeout), [*agents, agent.label])
+    messages: list[CheckMessage] = []
+    for func, (name, timeout, agents) in longest.items():
+        messages.append(
+            Warning(
+                f"The irreversible tool {name!r} (of {', '.join(agents)}) may run for "
+                f"{timeout:g}s, its timeout, longer than SHUTDOWN_GRACE_SECONDS ({grace:g}s): "
+                "a worker stopped while it runs (Ctrl-C, a deploy's SIGTERM) abandons the call "
+                "when the grace ends, and a person must then find out whether it took effect.",
+                hint=f"If its calls are quicker than that, give the tool a timeout within the "
+                f"grace: @tool(effect='irreversible', timeout={grace:g}). Else raise "
+                f"SHUTDOWN_GRACE_SECONDS (or runagents --grace-seconds) to at least {timeout:g}, "
+                "and the time your supervisor allows between SIGTERM and SIGKILL with it "
+                "(Kubernetes terminationGracePeriodSeconds, systemd TimeoutStopSec).",
+                obj=_dotted_path(func),
+                id=IRREVERSIBLE_OUTLASTS_GRACE,
+            )
+        )
+    return messages
+
+
 def _rate_limits_for_unknown_models(models: set[str]) -> list[CheckMessage]:
     """A model in RATE_LIMITS that no agent uses: most likely a typo, and the model meant
     goes unlimited."""

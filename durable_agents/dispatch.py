@@ -314,6 +314,8 @@ class ToolDispatch:
             logger.warning(
                 "run %s: tool %s abandoned (%s)", self.run.pk, tool.name, self.interrupt.reason
             )
+            if tool.effect is EffectClass.IRREVERSIBLE:
+                raise  # its intent records what became of it (``_irreversible``)
             self._check_interrupt()
             raise
         except calls.CallTimedOut:
@@ -394,7 +396,20 @@ class ToolDispatch:
                     if intent.status == IntentStatus.APPROVED:
                         self._fence_failed()  # cancelled or taken over: the call never starts
                     continue
-                outcome = self._run_tool(agent, tool, call)
+                try:
+                    outcome = self._run_tool(agent, tool, call)
+                except calls.CallInterrupted:
+                    # Only a worker that stops for good abandons this call (its interrupt is
+                    # narrowed to a shutdown): it may still be running, and its outcome is for a
+                    # person to say. Said now, with what really happened, rather than by the
+                    # next claim as if this worker had crashed.
+                    detail = self.interrupt.detail or "the worker shut down while it ran"
+                    self._park(
+                        intent,
+                        f"intent {intent.pk} for {tool.name}: outcome unknown: {detail}",
+                        unknown=True,
+                    )
+                    continue
                 if outcome.timed_out:
                     # Abandoned while it may still be running: whether it happened is now for
                     # a person to say, exactly as after a crash.

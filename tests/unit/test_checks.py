@@ -364,3 +364,54 @@ def test_a_site_url_that_is_not_a_url_is_an_error(da_settings: Any, value: Any) 
 def test_a_site_url_with_a_port_or_a_path_is_fine(da_settings: Any, value: str) -> None:
     da_settings(SITE_URL=value)
     assert da_checks.check_settings() == []
+
+
+# -- irreversible calls that may outlast the shutdown grace (W008) -------------------------
+
+
+def _warnings_for(tool_name: str) -> list[checks.CheckMessage]:
+    return [m for m in da_checks.check_shutdown_grace() if f"'{tool_name}'" in m.msg]
+
+
+def test_an_irreversible_tool_that_may_outlast_the_shutdown_grace_warns(
+    da_settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @tool(effect="irreversible")
+    def launch_rocket(pad: str) -> str:
+        """Launch a rocket."""
+        return pad
+
+    @tool(effect="irreversible", timeout=5)
+    def quick_launch(pad: str) -> str:
+        """Launch a small rocket."""
+        return pad
+
+    agent = Agent(
+        name="launcher",
+        version="v1",
+        model="claude-x",
+        system="s",
+        tools=[launch_rocket, quick_launch],
+    )
+    try:
+        da_settings(SHUTDOWN_GRACE_SECONDS=10, TOOL_TIMEOUT=600)
+        [warning] = _warnings_for("launch_rocket")
+        assert warning.id == "durable_agents.W008" == da_checks.IRREVERSIBLE_OUTLASTS_GRACE
+        # The tool, its agent and both numbers; what to do.
+        assert "launcher@v1" in warning.msg
+        assert "600s" in warning.msg
+        assert "SHUTDOWN_GRACE_SECONDS (10s)" in warning.msg
+        assert warning.hint is not None
+        assert "timeout=10" in warning.hint
+        assert "at least 600" in warning.hint
+        assert str(warning).startswith("tests.unit.test_checks.")  # named by its dotted path
+        assert _warnings_for("quick_launch") == []  # its timeout fits in the grace
+        call_command("check")
+        assert "durable_agents.W008" in capsys.readouterr().err
+        # A grace that covers the timeout, or a timeout within the grace, is quiet.
+        da_settings(SHUTDOWN_GRACE_SECONDS=600)
+        assert _warnings_for("launch_rocket") == []
+        da_settings(SHUTDOWN_GRACE_SECONDS=10, TOOL_TIMEOUT=8)
+        assert _warnings_for("launch_rocket") == []
+    finally:
+        registry.unregister(agent.name, agent.version)
