@@ -894,3 +894,16 @@ def test_a_user_who_may_not_see_runs_learns_nothing_from_a_short_id(
     assert client.get(short_url("0123abcd")).status_code == 403
     client.logout()
     assert client.get(short_url(str(run.pk)[:8])).status_code == 302  # to the login page
+
+
+def test_an_unknown_intents_page_says_what_happened(admin_client: Client) -> None:
+    intent = parked_intent(IntentStatus.UNKNOWN)
+    cause = (
+        f"intent {intent.pk} for drop_table: outcome unknown: worker w1 was shutting down "
+        "(SIGTERM) and its shutdown grace of 10s ran out while the call was in flight"
+    )
+    ToolIntent.objects.filter(pk=intent.pk).update(reason=cause)
+    content = admin_client.get(intent_url(intent)).content.decode()
+    assert "nobody knows whether it took effect" in content
+    assert f'<p id="intent-unknown-cause">What happened: {cause}</p>' in content
+    assert "The worker died" not in content  # not said of a shutdown
