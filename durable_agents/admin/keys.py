@@ -129,9 +129,9 @@ def limit_in_force_text(key: str, row_limit: int | None) -> str:
     agents = agent_limits()
     if not agents:
         return gettext("none: no limit for this key")
-    return gettext(
-        "none for the key: each run keeps its agent's own limit (%(agents)s)"
-    ) % {"agents": ", ".join(f"{label}: {n}" for label, n in agents)}
+    return gettext("none for the key: each run keeps its agent's own limit (%(agents)s)") % {
+        "agents": ", ".join(f"{label}: {n}" for label, n in agents)
+    }
 
 
 def _keyed_list_url(key: str) -> str:

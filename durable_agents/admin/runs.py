@@ -56,8 +56,8 @@ from durable_agents.admin.keys import list_summary as key_list_summary
 from durable_agents.admin.listing import (
     EstimatingPaginator,
     id_range,
-    search_note,
     run_id_prefix,
+    search_note,
     search_runs,
 )
 from durable_agents.admin.live import live_context

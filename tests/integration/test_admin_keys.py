@@ -5,6 +5,7 @@ the key's limit and whether the run holds one of its slots."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.test import Client, override_settings
@@ -85,7 +86,7 @@ def test_the_key_lines_are_in_german(admin_client: Client) -> None:
 
 
 def test_the_run_page_says_a_limit_set_on_the_keys_page_comes_from_there(
-    admin_client: Client, superuser: object
+    admin_client: Client, superuser: Any
 ) -> None:
     from durable_agents.api import set_key_limit
 
