@@ -374,8 +374,9 @@ def _warnings_for(tool_name: str) -> list[checks.CheckMessage]:
 
 
 def test_an_irreversible_tool_that_may_outlast_the_shutdown_grace_warns(
-    da_settings: Any, capsys: pytest.CaptureFixture[str]
+    settings: Any, da_settings: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    settings.SILENCED_SYSTEM_CHECKS = []  # the test settings silence it for the test app
     @tool(effect="irreversible")
     def launch_rocket(pad: str) -> str:
         """Launch a rocket."""
