@@ -351,9 +351,10 @@ SITE_URL_EXAMPLE = '"https://agents.example.com"'
 
 
 def _site_url_problem(value: Any) -> str | None:
-    """What is wrong with a SITE_URL value, or None: None, or an absolute http(s) URL without
-    a query or fragment (a path is allowed: links are the URL followed by an admin path)."""
-    if value is None:
+    """What is wrong with a SITE_URL value, or None: None or "" (not set, as from an unset
+    environment variable), or an absolute http(s) URL without a query or fragment (a path is
+    allowed: links are the URL followed by an admin path)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str):
         return f"must be None or a URL (a string), not {value!r}"
@@ -389,8 +390,9 @@ NOTIFY_WITHOUT_SITE_URL = "durable_agents.W007"
 def check_notification_links(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Notification mails on, and no SITE_URL: their links would be bare paths, which no mail
     reader can open. A worker serves no request, so the host cannot be guessed."""
-    if app_settings.NOTIFY is not True or app_settings.SITE_URL is not None:
-        return []
+    site_url = app_settings.SITE_URL
+    if app_settings.NOTIFY is not True or not (site_url is None or str(site_url).strip() == ""):
+        return []  # mails off, or a SITE_URL (E017 says when it is not a URL)
     try:
         reverse("admin:durable_agents_agentrun_change", args=[uuid.UUID(int=0)])
     except NoReverseMatch:

@@ -346,11 +346,15 @@ def test_notification_mails_without_a_site_url_warn_at_start_up(
     assert da_checks.check_settings() == []
     da_settings(NOTIFY=False, SITE_URL=None)
     assert da_checks.check_notification_links() == []
+    # An empty value (an unset environment variable) is no SITE_URL: a warning, not an error.
+    da_settings(NOTIFY=True, SITE_URL="")
+    assert ids(da_checks.check_notification_links()) == ["durable_agents.W007"]
+    assert da_checks.check_settings() == []
 
 
 @pytest.mark.parametrize(
     "value",
-    ["agents.example.com", "ftp://agents.example.com", "https://", "https://x.io/?a=1", 42, ""],
+    ["agents.example.com", "ftp://agents.example.com", "https://", "https://x.io/?a=1", 42],
 )
 def test_a_site_url_that_is_not_a_url_is_an_error(da_settings: Any, value: Any) -> None:
     da_settings(SITE_URL=value)
@@ -377,6 +381,7 @@ def test_an_irreversible_tool_that_may_outlast_the_shutdown_grace_warns(
     settings: Any, da_settings: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings.SILENCED_SYSTEM_CHECKS = []  # the test settings silence it for the test app
+
     @tool(effect="irreversible")
     def launch_rocket(pad: str) -> str:
         """Launch a rocket."""
