@@ -12,13 +12,16 @@ import os
 import re
 import sys
 import typing
+import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.checks.registry import CheckRegistry
 from django.db import DatabaseError, connections
+from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
 from durable_agents.budgets import budget_problems
@@ -74,6 +77,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *_bad_prices(),
         *_bad_concurrency_limits(),
         *_bad_encryption_keys(),
+        *_bad_site_url(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
@@ -441,6 +445,71 @@ def _bad_concurrency_limits() -> list[CheckMessage]:
     return messages
 
 
+SITE_URL_EXAMPLE = '"https://agents.example.com"'
+
+
+def _site_url_problem(value: Any) -> str | None:
+    """What is wrong with a SITE_URL value, or None: None or "" (not set, as from an unset
+    environment variable), or an absolute http(s) URL without a query or fragment (a path is
+    allowed: links are the URL followed by an admin path)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        return f"must be None or a URL (a string), not {value!r}"
+    try:
+        parts = urlsplit(value.strip())
+    except ValueError as exc:  # an invalid IPv6 host, for one
+        return f"is not a URL ({exc}): {value!r}"
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"must start with http:// or https:// and name a host, not {value!r}"
+    if parts.query or parts.fragment:
+        return f"must have no query or fragment (links append a path to it), not {value!r}"
+    return None
+
+
+def _bad_site_url() -> list[CheckMessage]:
+    problem = _site_url_problem(app_settings.SITE_URL)
+    if problem is None:
+        return []
+    return [
+        Error(
+            f"DURABLE_AGENTS['SITE_URL'] {problem}.",
+            hint=f"The address people reach this site at, e.g. {SITE_URL_EXAMPLE}: the links "
+            "in notification mails are it followed by the admin page's path.",
+            id="durable_agents.E017",
+        )
+    ]
+
+
+NOTIFY_WITHOUT_SITE_URL = "durable_agents.W007"
+
+
+@register()
+def check_notification_links(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Notification mails on, and no SITE_URL: their links would be bare paths, which no mail
+    reader can open. A worker serves no request, so the host cannot be guessed."""
+    site_url = app_settings.SITE_URL
+    if app_settings.NOTIFY is not True or not (site_url is None or str(site_url).strip() == ""):
+        return []  # mails off, or a SITE_URL (E017 says when it is not a URL)
+    try:
+        reverse("admin:durable_agents_agentrun_change", args=[uuid.UUID(int=0)])
+    except NoReverseMatch:
+        return []  # the admin is not installed: the mails carry no links
+    except Exception:  # noqa: BLE001 - a broken URLconf is Django's own checks' to report
+        return []
+    return [
+        Warning(
+            "Notification mails are on (NOTIFY) but DURABLE_AGENTS['SITE_URL'] is not set: "
+            "their links to the admin are bare paths (/admin/...), which a mail reader "
+            "cannot open.",
+            hint=f'Set DURABLE_AGENTS["SITE_URL"] to the address of this site, e.g. '
+            f"{SITE_URL_EXAMPLE} (links are it followed by the page's path), or turn the "
+            'mails off with "NOTIFY": False.',
+            id=NOTIFY_WITHOUT_SITE_URL,
+        )
+    ]
+
+
 def _heartbeat_too_slow() -> list[CheckMessage]:
     lease, beat = app_settings.LEASE_SECONDS, app_settings.HEARTBEAT_SECONDS
     if beat * 2 <= lease:
@@ -737,6 +806,52 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         *_rate_limits_for_unknown_models({a.model for a in registry.all()}),
         *_unused_prices(registry.all()),
     ]
+
+
+IRREVERSIBLE_OUTLASTS_GRACE = "durable_agents.W008"
+
+
+@register()
+def check_shutdown_grace(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An irreversible tool whose calls may outlast the shutdown grace: a worker stopped while
+    one runs (Ctrl-C, a deploy's SIGTERM) abandons it when the grace ends, and its intent's
+    outcome becomes unknown, for a person to find out and resolve. One warning per tool, at
+    the longest timeout any agent gives it."""
+    from durable_agents.agents import registry
+    from durable_agents.tools import EffectClass
+
+    grace, ceiling = app_settings.SHUTDOWN_GRACE_SECONDS, app_settings.TOOL_TIMEOUT
+    if not all(_in_bounds(v, False, 0, True) for v in (grace, ceiling)):
+        return []  # E003 says what is wrong with them
+    # Tool function -> (its name, the longest timeout, the agents that give it one too long).
+    longest: dict[Any, tuple[str, float, list[str]]] = {}
+    for agent in registry.all():
+        for tool in agent.tools:
+            if tool.effect is not EffectClass.IRREVERSIBLE:
+                continue
+            timeout = agent.timeout_for(tool, float(ceiling))
+            if timeout <= grace:
+                continue
+            _, known, agents = longest.get(tool.func, (tool.name, 0.0, []))
+            longest[tool.func] = (tool.name, max(known, timeout), [*agents, agent.label])
+    messages: list[CheckMessage] = []
+    for func, (name, timeout, agents) in longest.items():
+        messages.append(
+            Warning(
+                f"The irreversible tool {name!r} (of {', '.join(agents)}) may run for "
+                f"{timeout:g}s, its timeout, longer than SHUTDOWN_GRACE_SECONDS ({grace:g}s): "
+                "a worker stopped while it runs (Ctrl-C, a deploy's SIGTERM) abandons the call "
+                "when the grace ends, and a person must then find out whether it took effect.",
+                hint=f"If its calls are quicker than that, give the tool a timeout within the "
+                f"grace: @tool(effect='irreversible', timeout={grace:g}). Else raise "
+                f"SHUTDOWN_GRACE_SECONDS (or runagents --grace-seconds) to at least {timeout:g}, "
+                "and the time your supervisor allows between SIGTERM and SIGKILL with it "
+                "(Kubernetes terminationGracePeriodSeconds, systemd TimeoutStopSec).",
+                obj=_dotted_path(func),
+                id=IRREVERSIBLE_OUTLASTS_GRACE,
+            )
+        )
+    return messages
 
 
 def _rate_limits_for_unknown_models(models: set[str]) -> list[CheckMessage]:

@@ -184,6 +184,12 @@ class DurableAgentsSettings:
     NOTIFY: Setting[bool] = Setting(
         True, "E-mail staff when an intent waits or a run is dead-lettered."
     )
+    SITE_URL: Setting[str | None] = Setting(
+        None,
+        "The site's base URL, e.g. 'https://agents.example.com': every link in a notification "
+        "mail is this followed by the admin page's path. None: mails give paths only (check "
+        "W007 warns while NOTIFY is on).",
+    )
     PRICES: Setting[dict[str, dict[str, float]]] = Setting(
         {},
         'USD per million tokens, by model name ("*": any other model): {"input": ..., '

@@ -317,6 +317,8 @@ class ToolDispatch:
             logger.warning(
                 "run %s: tool %s abandoned (%s)", self.run.pk, tool.name, self.interrupt.reason
             )
+            if tool.effect is EffectClass.IRREVERSIBLE:
+                raise  # its intent records what became of it (``_irreversible``)
             self._check_interrupt()
             raise
         except calls.CallTimedOut:
@@ -391,7 +393,7 @@ class ToolDispatch:
                 self._park(
                     intent,
                     f"intent {intent.pk} for {tool.name}: outcome unknown after a crash",
-                    crashed=True,
+                    unknown=True,
                 )
             elif status == IntentStatus.REJECTED:
                 who = intent.decided_by.get_username() if intent.decided_by else "a person"
@@ -412,14 +414,29 @@ class ToolDispatch:
                     if intent.status == IntentStatus.APPROVED:
                         self._fence_failed()  # cancelled or taken over: the call never starts
                     continue
-                outcome = self._run_tool(agent, tool, call)
+                try:
+                    outcome = self._run_tool(agent, tool, call)
+                except calls.CallInterrupted:
+                    # Only a worker that stops for good abandons this call (its interrupt is
+                    # narrowed to a shutdown): it may still be running, and its outcome is for a
+                    # person to say. Said now, with what really happened, rather than by the
+                    # next claim as if this worker had crashed.
+                    detail = self.interrupt.detail or "the worker shut down while it ran"
+                    self._park(
+                        intent,
+                        f"intent {intent.pk} for {tool.name}: outcome unknown: {detail}",
+                        unknown=True,
+                    )
+                    continue
                 if outcome.timed_out:
                     # Abandoned while it may still be running: whether it happened is now for
                     # a person to say, exactly as after a crash.
+                    timeout = agent.timeout_for(tool, float(app_settings.TOOL_TIMEOUT))
                     self._park(
                         intent,
-                        f"intent {intent.pk} for {tool.name}: timed out, outcome unknown",
-                        crashed=True,
+                        f"intent {intent.pk} for {tool.name}: timed out after {timeout:g}s and "
+                        "was abandoned, outcome unknown",
+                        unknown=True,
                     )
                     continue
                 effect = self._effect(call, outcome.text, outcome.is_error)
@@ -428,11 +445,14 @@ class ToolDispatch:
             self.store.reload_intent(intent)
 
     def _park(
-        self, intent: ToolIntent, why: str, *, new: bool = False, crashed: bool = False
+        self, intent: ToolIntent, why: str, *, new: bool = False, unknown: bool = False
     ) -> None:
         """Park the run on ``intent`` and stop (raises ``Stop``), or return when the intent
-        was decided meanwhile (``intent`` is re-read: the caller goes on with it)."""
-        outcome = self.store.park_on_intent(self.claim, intent, new=new, crashed=crashed)
+        was decided meanwhile (``intent`` is re-read: the caller goes on with it). ``unknown``:
+        the intent was left executing; it becomes unknown, with ``why`` as its reason."""
+        outcome = self.store.park_on_intent(
+            self.claim, intent, new=new, unknown_because=why if unknown else None
+        )
         if outcome is Parked.FENCE_FAILED:
             self._fence_failed()
         if outcome is Parked.DECIDED:

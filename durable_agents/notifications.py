@@ -3,7 +3,8 @@ to the dead letter.
 
 Connected to the signals in ``signals.py`` by ``AppConfig.ready``. Each mail goes to the
 active staff who may act on it: those with ``approve_toolintent`` for intents and dead runs,
-with ``answer_question`` for questions; it names the run and the path of its admin page. The
+with ``answer_question`` for questions; it names the run and links its admin page (and the
+intent's page): ``SITE_URL`` followed by the page's path, or the path alone without it. The
 e-mail is handed to a django-q2 ``async_task`` when django-q2 is installed, so a worker never
 waits on SMTP; without it the mail is sent in the calling thread. Turn it off with
 ``DURABLE_AGENTS["NOTIFY"] = False`` and connect your own receivers to the signals instead.
@@ -102,14 +103,41 @@ def notify(subject: str, body: str, codename: str = APPROVERS) -> None:
         _log_failure(subject, exc)
 
 
-def run_page(run_id: Any) -> str:
-    """The path of the run's admin page (the admin may be mounted anywhere, or not at all),
-    as a line for a mail body; empty when the admin's URLs are not installed."""
+def absolute_url(path: str) -> str:
+    """``path`` as a link a mail reader can follow: ``SITE_URL`` followed by the path, or the
+    path alone when no base URL is set (system check W007 says so at start-up). No request is
+    at hand in a worker, so the base cannot be guessed from one."""
+    base = app_settings.SITE_URL
+    if not isinstance(base, str) or not base.strip():
+        return path
+    return base.strip().rstrip("/") + path
+
+
+def admin_url(name: str, object_id: Any) -> str | None:
+    """The link of an admin page of durable_agents (the admin may be mounted anywhere, or not
+    at all: None when its URLs are not installed)."""
     try:
-        path = reverse("admin:durable_agents_agentrun_change", args=[run_id])
+        return absolute_url(reverse(f"admin:durable_agents_{name}", args=[object_id]))
     except NoReverseMatch:
+        return None
+
+
+def run_page(run_id: Any) -> str:
+    """The link of the run's admin page, as a line for a mail body; empty when the admin's
+    URLs are not installed."""
+    url = admin_url("agentrun_change", run_id)
+    if url is None:
         return ""
-    return "\n\n" + gettext("The run's admin page: %(path)s") % {"path": path}
+    return "\n\n" + gettext("The run's admin page: %(path)s") % {"path": url}
+
+
+def intent_page(intent_id: Any) -> str:
+    """The link of the intent's admin page (where it is approved, rejected or resolved), as
+    a line for a mail body; empty when the admin's URLs are not installed."""
+    url = admin_url("toolintent_change", intent_id)
+    if url is None:
+        return ""
+    return "\n\n" + gettext("The intent's admin page: %(path)s") % {"path": url}
 
 
 def _log_failure(subject: str, exc: Exception) -> None:
@@ -181,16 +209,30 @@ def _mail_language() -> translation.override:
 
 
 def on_intent_waiting(sender: Any, intent: Any, **kwargs: Any) -> None:
+    """An irreversible call waits for a person: for an approval (``pending``), or, when its
+    outcome was never recorded (``unknown``: a crash, a shutdown whose grace ran out, a
+    timeout), for someone to find out whether it took effect and resolve it."""
     names = {"tool": intent.tool, "run": intent.run_id, "intent": intent.pk}
     with _mail_language():
         if intent.status == "unknown":
             subject = gettext("outcome unknown: %(tool)s (run %(run)s)") % names
             body = (
                 gettext(
-                    "A worker stopped while the irreversible tool %(tool)s was running for run "
-                    "%(run)s. Nobody knows whether it took effect. Check the target system, "
-                    "then resolve intent %(intent)s in the admin: it happened (with its result) "
-                    "or it did not (it will run again)."
+                    "The irreversible tool %(tool)s was called for run %(run)s, but the call's "
+                    "outcome was never recorded: nobody knows whether it took effect."
+                )
+                % names
+            )
+            # What the worker recorded (a crash, a shutdown, a timeout), in its own words.
+            cause = storable_text(intent.reason or "")
+            if cause:
+                body += "\n\n" + gettext("What happened: %(cause)s") % {"cause": cause}
+            body += "\n\n" + (
+                gettext(
+                    "Find out in the target system whether the call took effect, then resolve "
+                    "intent %(intent)s in the admin: either it happened (give its result, which "
+                    "the model reads) or it did not (the call runs again). The run waits until "
+                    "then."
                 )
                 % names
             )
@@ -203,7 +245,7 @@ def on_intent_waiting(sender: Any, intent: Any, **kwargs: Any) -> None:
                 )
                 % names
             )
-        body += run_page(intent.run_id)
+        body += intent_page(intent.pk) + run_page(intent.run_id)
     notify(SUBJECT_PREFIX + subject, body)
 
 

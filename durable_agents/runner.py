@@ -499,7 +499,21 @@ class RunAdvancer(ToolDispatch):
         except llm.PermanentModelError as exc:
             self._give_back(grant)
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
-        except llm.ModelCallInterrupted:
+        except llm.ModelCallInterrupted as exc:
+            if exc.retry_after and self._only_draining():
+                # The worker drains while the call waited out a retry-after: the run goes back
+                # now, claimable when the server said the call may be made again.
+                self._give_back(grant)
+                self._wait_for_capacity(
+                    grant.model,
+                    exc.retry_after,
+                    f"the worker is shutting down; {exc.message}",
+                    observers.WaitReason.OVERLOADED
+                    if exc.overloaded
+                    else observers.WaitReason.RATE_LIMITED
+                    if exc.rate_limited
+                    else observers.WaitReason.CAPACITY,
+                )
             self._check_interrupt()
             raise
         except llm.CredentialsRefused as exc:
@@ -542,8 +556,8 @@ class RunAdvancer(ToolDispatch):
             # The reserved room is a moment away: the slot waits for it without a connection
             # (a worker's few pooled connections serve every slot's commits meanwhile).
             db.release()
-            if self.interrupt.wait(grant.wait_seconds):
-                # Interrupted meanwhile: the call never goes out.
+            if self.interrupt.wait_unless_draining(grant.wait_seconds):
+                # Interrupted (or the worker drains) meanwhile: the call never goes out.
                 self._give_back(grant)
                 if pending is not None:
                     pending()
@@ -691,8 +705,12 @@ class RunAdvancer(ToolDispatch):
             operation, lease=self.lease, what=f"run {self.run.pk}: {what}", interrupt=self.interrupt
         )
 
+    def _only_draining(self) -> bool:
+        """The worker is shutting down gracefully and nothing interrupted this run itself."""
+        return self.drain is not None and self.drain.is_set() and not self.interrupt.is_set()
+
     def _check_interrupt(self) -> None:
-        if self.drain is not None and self.drain.is_set() and not self.interrupt.is_set():
+        if self._only_draining():
             # The worker is draining: the last step is committed; hand the run back now.
             self.store.release_lease(self.claim, count_claim=False)
             logger.info("run %s handed back: the worker is shutting down", self.run.pk)

@@ -89,6 +89,17 @@ MODELS_SEEN_SECONDS = 300.0
 # After a failed heartbeat (the database restarts, or fails over), the next beat is tried this
 # soon rather than a whole period later: the leases must be renewed as soon as it answers.
 BEAT_RETRY_SECONDS = 1.0
+# When the shutdown grace ends, the slots whose steps are abandoned get this long to hand their
+# runs back themselves (an irreversible call's intent records why its outcome is unknown); the
+# worker releases whatever is still held after it.
+HANDBACK_SECONDS = 2.0
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _outcomes(dispositions: dict[str, int]) -> str:
@@ -148,6 +159,8 @@ class Worker:
         self.stopping = threading.Event()
         # Set by a second signal (or the end of the grace period): abandon what is in flight.
         self.abandon = threading.Event()
+        # What stopped the worker, as a person reads it ("SIGTERM"), once it stops.
+        self.stopped_by = ""
         self.stats = WorkerStats()
         self._held: dict[RunId, _Held] = {}
         # The last look at model capacity found less room than this worker has slots.
@@ -263,6 +276,8 @@ class Worker:
         return 0
 
     def stop(self) -> None:
+        # Called from the signal handler: it only sets events (the handler may run while the
+        # main thread holds ``_lock``).
         self.stopping.set()
         self._wake.set()
 
@@ -271,10 +286,11 @@ class Worker:
             logger.info("worker %s: second signal, abandoning the steps in flight", self.worker_id)
             self.abandon.set()
             return
+        self.stopped_by = _signal_name(signum)
         logger.info(
-            "worker %s got signal %d: draining (steps in flight get %.1fs to commit)",
+            "worker %s got %s: draining (steps in flight get %.1fs to commit)",
             self.worker_id,
-            signum,
+            self.stopped_by,
             self.grace_seconds,
         )
         self.stop()
@@ -283,20 +299,62 @@ class Worker:
         """Let steps in flight finish within the grace period, then abandon the rest."""
         for _ in slots:
             self._claims.put(None)  # after any queued claim: it is handed back unstarted
+        # Runs whose only work now is a pause (before a retried model call) are handed back at
+        # once; what is in flight goes on for the grace period. A run claimed from now on is
+        # drained by its slot (``_advance``).
+        with self._lock:
+            held = list(self._held.values())
+        for item in held:
+            item.interrupt.drain()
         deadline = time.monotonic() + self.grace_seconds
         while any(slot.is_alive() for slot in slots):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.abandon.wait(min(0.05, remaining)):
                 break
-        self._release_all()
+        in_flight = self.in_flight()
+        if in_flight:
+            logger.warning(
+                "worker %s: %s with %d step(s) in flight; abandoning them",
+                self.worker_id,
+                "a second signal came"
+                if self.abandon.is_set()
+                else f"the shutdown grace of {self.grace_seconds:g}s ran out",
+                in_flight,
+            )
+        self._release_all(self._abandoned_because())
 
-    def _release_all(self) -> None:
+    def _abandoned_because(self) -> str:
+        """Why the steps still in flight are abandoned, as a person reads it on what they
+        leave behind (an irreversible call's intent whose outcome is unknown)."""
+        how = f" ({self.stopped_by})" if self.stopped_by else ""
+        if self.abandon.is_set():
+            return (
+                f"worker {self.worker_id} was shutting down{how} and a second signal abandoned "
+                f"the call before its shutdown grace of {self.grace_seconds:g}s ran out"
+            )
+        return (
+            f"worker {self.worker_id} was shutting down{how} and its shutdown grace of "
+            f"{self.grace_seconds:g}s (SHUTDOWN_GRACE_SECONDS, or runagents --grace-seconds) "
+            "ran out while the call was in flight"
+        )
+
+    def _release_all(self, detail: str = "") -> None:
         """Hand every held run back at once, uncounted: the next worker claims it directly.
-        A step still in flight cannot commit afterwards: its fence no longer holds."""
+        A step still in flight cannot commit afterwards: its fence no longer holds.
+
+        Each slot is interrupted first and given HANDBACK_SECONDS to hand its run back itself
+        (an abandoned irreversible call parks its run on its intent, marked unknown with
+        ``detail``); the worker releases what is still held then."""
         with self._lock:
             held = list(self._held.values())
         for item in held:
-            item.interrupt.trigger(SHUTDOWN)
+            item.interrupt.trigger(SHUTDOWN, detail)
+        deadline = time.monotonic() + HANDBACK_SECONDS
+        while self.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._lock:
+            held = list(self._held.values())
+        for item in held:
             with bind_run(item.claim.run_id):
                 try:
                     if self._store().release_lease(item.claim, count_claim=False):
@@ -531,6 +589,8 @@ class Worker:
         held = _Held(claim)
         with self._lock:
             self._held[claim.run_id] = held
+            if self.stopping.is_set():  # _drain() drained the runs held before this one
+                held.interrupt.drain()
         logger.info("claimed run %s (attempt %d)", claim.run_id, claim.attempt)
         disposition = Disposition.ERROR
         try:

@@ -82,6 +82,9 @@ DURABLE_AGENTS: dict[str, Any] = {
     # then run whatever tool calls a task names. With DEBUG off it is a system check error
     # (durable_agents.E011) and `runagents` refuses to start without --allow-offline.
     "OFFLINE": os.environ.get("DURABLE_AGENTS_OFFLINE", "1" if DEBUG else "0") == "1",
+    # Where the demo's admin is served (`make admin`): the links in notification mails are this
+    # followed by the page's path.
+    "SITE_URL": os.environ.get("DJANGO_SITE_URL", "http://127.0.0.1:8000"),
 }
 
 LOGGING = {

@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from durable_agents import api, budgets
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import revealed_field
+from durable_agents.admin.keys import limit_in_force_text
 from durable_agents.models import (
     AgentRun,
     AgentUsageDay,
@@ -28,19 +29,26 @@ from durable_agents.models import (
 from durable_agents.store.rollup import utc_day
 
 MONEY = DecimalField(max_digits=20, decimal_places=9)
+USD_PER_DAY = _("USD per day")
 
 
 class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
     list_display = (
         "key_shown",
-        "concurrency_limit",
+        "limit_in_force",
         "budget_in_force",
-        "usd_per_day",
+        "budget_set_here",
         "spent",
         "waiting",
     )
-    fields = ("key_shown", "concurrency_limit", "usd_per_day", "budget_setting")
-    readonly_fields = ("key_shown", "budget_setting")
+    fields = (
+        "key_shown",
+        "concurrency_limit",
+        "limit_in_force",
+        "usd_per_day",
+        "budget_setting",
+    )
+    readonly_fields = ("key_shown", "limit_in_force", "budget_setting")
     key_shown = revealed_field("key", _("key"))
     search_fields = ("=key",)
     ordering = ("key",)
@@ -82,6 +90,23 @@ class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
                 waiting_runs=Coalesce(Subquery(waiting), 0),
             )
         )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # The model field's own name would read "Usd per day" (its label is set here rather
+        # than on the model, which would take a migration for a label).
+        if db_field.name == "usd_per_day":
+            kwargs["label"] = USD_PER_DAY
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    @admin.display(description=_("limit in force"))
+    def limit_in_force(self, obj: ConcurrencyKey) -> str:
+        """The key's limit and where it comes from (this page, CONCURRENCY_LIMITS, or none):
+        the row's own field is empty whenever the setting or the agents decide."""
+        return limit_in_force_text(obj.key, obj.concurrency_limit)
+
+    @admin.display(description=USD_PER_DAY, ordering="usd_per_day")
+    def budget_set_here(self, obj: ConcurrencyKey) -> str:
+        return "—" if obj.usd_per_day is None else f"${obj.usd_per_day}"
 
     @admin.display(description=_("budget (BUDGETS)"))
     def budget_setting(self, obj: ConcurrencyKey) -> str:

@@ -32,13 +32,19 @@ FILTER_KEYS = 50
 LIST_KEY_CHARS = 14
 
 
+# Where a key's limit in force comes from, strongest first.
+FROM_ROW = "row"  # staff set it on the key's page (ConcurrencyKey.concurrency_limit)
+FROM_SETTING = "setting"  # CONCURRENCY_LIMITS
+FROM_AGENT = "agent"  # the run's agent (its concurrency_limit, pinned on the run), or none
+
+
 @dataclasses.dataclass(frozen=True)
 class KeyState:
     """A run's concurrency key as a claim sees it now."""
 
     key: str
     limit: int | None  # None: no limit
-    from_setting: bool  # CONCURRENCY_LIMITS sets it (else the agent's, pinned on the run)
+    source: str  # FROM_ROW, FROM_SETTING or FROM_AGENT
     held: int  # the key's runs running with a live lease
 
     def holds(self, run: AgentRun) -> bool:
@@ -72,16 +78,60 @@ def attach_key_states(runs: Sequence[AgentRun]) -> None:
         .values_list("concurrency_key", "n")
     )
     held = {key: n for key, n in counts if key is not None}
-    limits = {**concurrency.overrides(), **key_rows.limit_overrides()}
+    setting, rows = concurrency.overrides(), key_rows.limit_overrides()
+    limits = {**setting, **rows}  # as the claim reads them: the key's row first
     for run in runs:
         key = run.concurrency_key
         if key is not None:
             run.key_state = KeyState(  # type: ignore[attr-defined]
                 key=key,
                 limit=concurrency.limit_of(key, run.concurrency_limit, limits),
-                from_setting=key in limits,
+                source=FROM_ROW if key in rows else FROM_SETTING if key in setting else FROM_AGENT,
                 held=held.get(key, 0),
             )
+
+
+def key_limit(key: str, row_limit: int | None) -> tuple[int | None, str]:
+    """The limit in force for every run of ``key`` whatever its agent, and where it comes
+    from: the key's row (``row_limit``, set on its page), else CONCURRENCY_LIMITS, else none
+    (FROM_AGENT: each run's agent decides, by the limit pinned on the run)."""
+    if row_limit is not None:
+        return row_limit, FROM_ROW
+    setting = concurrency.overrides()
+    if key in setting:
+        return setting[key], FROM_SETTING
+    return None, FROM_AGENT
+
+
+def agent_limits() -> list[tuple[str, int]]:
+    """The registered agents that limit their runs per key themselves, and their limits."""
+    from durable_agents.agents import registry
+
+    return sorted(
+        (agent.label, agent.concurrency_limit)
+        for agent in registry.all()
+        if agent.concurrency_limit is not None
+    )
+
+
+def limit_in_force_text(key: str, row_limit: int | None) -> str:
+    """The key page's line on its limit: the number and where it comes from."""
+    limit, source = key_limit(key, row_limit)
+    if source == FROM_ROW:
+        setting = concurrency.overrides().get(key)
+        if setting is not None:
+            return gettext(
+                "%(limit)s, set on this page (it overrides CONCURRENCY_LIMITS, %(setting)s)"
+            ) % {"limit": limit, "setting": setting}
+        return gettext("%(limit)s, set on this page") % {"limit": limit}
+    if source == FROM_SETTING:
+        return gettext("%(limit)s, from the CONCURRENCY_LIMITS setting") % {"limit": limit}
+    agents = agent_limits()
+    if not agents:
+        return gettext("none: no limit for this key")
+    return gettext("none for the key: each run keeps its agent's own limit (%(agents)s)") % {
+        "agents": ", ".join(f"{label}: {n}" for label, n in agents)
+    }
 
 
 def _keyed_list_url(key: str) -> str:
@@ -129,7 +179,9 @@ def detail(run: AgentRun) -> SafeString | str:
         return gettext("none: no concurrency limit")
     if state.limit is None:
         limit = gettext("no limit")
-    elif state.from_setting:
+    elif state.source == FROM_ROW:
+        limit = gettext("limit %(limit)s (set on the key's page)") % {"limit": state.limit}
+    elif state.source == FROM_SETTING:
         limit = gettext("limit %(limit)s (CONCURRENCY_LIMITS)") % {"limit": state.limit}
     else:
         limit = gettext("limit %(limit)s (the agent's)") % {"limit": state.limit}

@@ -234,7 +234,16 @@ def _newest_ids(queryset: QuerySet[Any]) -> list[Any]:
     )
 
 
-def _id_range(term: str) -> Q | None:
+def run_id_prefix(term: str) -> str | None:
+    """``term`` as the first characters of a run id (4 to 31 hex digits, dashes ignored, as the
+    admin shows ids: "3f2a1c9e"), lowercase; None for anything else, a whole id included."""
+    if not _HEX_PREFIX.match(term):
+        return None
+    digits = term.replace("-", "").lower()
+    return digits if 4 <= len(digits) < 32 else None
+
+
+def id_range(term: str) -> Q | None:
     """A run id's first characters as a range of the primary key. The same on PostgreSQL
     (uuid, ordered bytewise) and SQLite (32 lowercase hex digits); dashes are ignored, as in a
     pasted "3f2a1c9e-12"."""
@@ -326,9 +335,9 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
     found = Q(pk__in=list(dict.fromkeys(by_task + by_reason))[:MAX_SEARCH_MATCHES]) | by_key
     if len(words) == 1:
         found |= Q(agent=term) | Q(model=term)
-        id_range = _id_range(term)
-        if id_range is not None:
-            found |= id_range
+        by_id = id_range(term)
+        if by_id is not None:
+            found |= by_id
     capped = len(by_task) > MAX_SEARCH_MATCHES or len(by_reason) > MAX_SEARCH_MATCHES
     return SearchResult(
         queryset.filter(found),

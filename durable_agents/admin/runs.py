@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import (
     QuerySet,
 )
 from django.db.models.functions import Substr
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
@@ -52,7 +53,13 @@ from durable_agents.admin.forms import AnswerForm, SendEventForm, StartRunForm
 from durable_agents.admin.keys import KeyFilter, attach_key_states
 from durable_agents.admin.keys import detail as key_detail
 from durable_agents.admin.keys import list_summary as key_list_summary
-from durable_agents.admin.listing import EstimatingPaginator, search_note, search_runs
+from durable_agents.admin.listing import (
+    EstimatingPaginator,
+    id_range,
+    run_id_prefix,
+    search_note,
+    search_runs,
+)
 from durable_agents.admin.live import live_context
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
@@ -516,6 +523,59 @@ class AgentRunAdmin(
         dead = bounded_count(AgentRun.objects.dead())
         extra_context = {**(extra_context or {}), "dead_count": dead}
         return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        prefix = run_id_prefix(unquote(object_id))
+        if prefix is not None:
+            return self._short_id_view(request, prefix)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _short_id_view(self, request: HttpRequest, prefix: str) -> HttpResponse:
+        """A run's page by the first characters of its id, as the admin shows ids: the run's
+        own page when one run's id starts with them; else a 404 that says whether none or
+        several do. Permission first: a user who may not see runs learns nothing of which
+        ids exist."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        by_prefix = id_range(prefix)
+        assert by_prefix is not None  # run_id_prefix accepted it
+        found = list(
+            self.get_queryset(request)
+            .filter(by_prefix)
+            .order_by("pk")
+            .values_list("pk", flat=True)[:2]
+        )
+        if len(found) == 1:
+            url = self._url("change", found[0])
+            query = request.META.get("QUERY_STRING", "")
+            return HttpResponseRedirect(f"{url}?{query}" if query else url)
+        names = {"prefix": prefix}
+        message = (
+            gettext("No run's id starts with %(prefix)s.") % names
+            if not found
+            else gettext(
+                "Several runs' ids start with %(prefix)s: give more of the id, or pick the run "
+                "from the list of them."
+            )
+            % names
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Run %(prefix)s…") % names,
+            "opts": self.opts,
+            "message": message,
+            "several": bool(found),
+            "search_url": f"{self._url('changelist')}?{urlencode({'q': prefix})}",
+        }
+        return TemplateResponse(
+            request, "admin/durable_agents/agentrun/short_id.html", context, status=404
+        )
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         run = super().get_object(request, object_id, from_field)

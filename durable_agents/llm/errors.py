@@ -55,7 +55,8 @@ class CredentialsRefused(TransientModelError):
 
 
 class ModelCallInterrupted(ModelError):
-    """The run was cancelled, its lease lost, or the worker is stopping."""
+    """The run was cancelled, its lease lost, or the worker is stopping. Raised while waiting
+    to retry, its ``retry_after`` is what is left of the wait the server asked for."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,8 +152,9 @@ def create_turn(
     JSON text of the messages (a list is encoded first, for tests and one-off calls). The call
     runs in its own thread so that an interrupt (cancellation, lost lease, shutdown) returns
     control at once; an abandoned stream is closed at its next event, so the model stops
-    generating. Waits between retries end early on an interrupt too. Raises a ``ModelError``
-    subclass.
+    generating. Waits between retries end early on an interrupt, and on a drain of the worker
+    (``ModelCallInterrupted`` with what is left of a ``retry_after`` the server named). Raises
+    a ``ModelError`` subclass.
 
     ``meanwhile`` (the commit of the previous step) runs exactly once on this thread: while the
     first attempt is in flight, or before anything is raised. If it raises, the call is
@@ -254,8 +255,17 @@ def _create_turn(
                 retries,
                 delay,
             )
-            if interrupt.wait(delay):
-                raise ModelCallInterrupted("interrupted while waiting to retry") from exc
+            retry_at = time.monotonic() + delay
+            # Nothing is in flight during this pause: a draining worker ends it at once (the
+            # run is handed back) instead of sleeping out its shutdown grace.
+            if interrupt.wait_unless_draining(delay):
+                # How much of a wait the server asked for is left: the next claim honours it.
+                left = max(0.0, retry_at - time.monotonic()) if error.retry_after else None
+                raise ModelCallInterrupted(
+                    f"stopped while waiting to retry after: {error.message}",
+                    status=error.status,
+                    retry_after=left,
+                ) from exc
         meanwhile = None  # it goes with the first attempt only
         retry += 1
 

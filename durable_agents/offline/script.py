@@ -199,6 +199,14 @@ def _parse_repeat_directive(value: str, number: int) -> tuple[int, list[PlanCall
     return times, _parse_plan_line(line, number)
 
 
+def prose_of(task: str) -> str:
+    """The task as a person would write it: its text without the plan lines and directives
+    (the lines that start with ``@``), for a page that shows what a run was asked. The task
+    itself, which the model reads, is never changed."""
+    lines = [line for line in task.splitlines() if not line.strip().startswith("@")]
+    return "\n".join(lines).strip()
+
+
 def script_of(task: str) -> Script:
     """The script of ``task``; a malformed directive or plan line is the 400 the model answers
     (``parse_script`` says it as a ValueError instead)."""

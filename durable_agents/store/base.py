@@ -485,11 +485,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def park_on_intent(
-        self, claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+        self,
+        claim: Claim,
+        intent: ToolIntent,
+        *,
+        new: bool = False,
+        unknown_because: str | None = None,
     ) -> Parked:
         """Park: the run becomes ``waiting`` on ``intent`` (lease freed, not claimable), in one
-        transaction that also writes a ``new`` intent, or, for a ``crashed`` call (the intent
-        was left ``executing`` by a worker that died), marks it ``unknown``; fenced.
+        transaction that also writes a ``new`` intent, or, with ``unknown_because`` (the
+        intent was left ``executing``: its worker died, shut down or gave up at the timeout),
+        marks it ``unknown`` and records why as the intent's ``reason`` and the run's
+        ``error``, where a person reads it; fenced. ``intent`` gets the status and reason.
 
         An existing intent is locked first and the run is parked only while the intent still
         waits for a person. Decisions lock the intent and then wake the run, in the same

@@ -500,7 +500,12 @@ class InMemoryStore(InMemoryWaits):
             return True
 
     def park_on_intent(
-        self, claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+        self,
+        claim: Claim,
+        intent: ToolIntent,
+        *,
+        new: bool = False,
+        unknown_because: str | None = None,
     ) -> Parked:
         with self.lock:
             mark_unknown = False
@@ -509,7 +514,7 @@ class InMemoryStore(InMemoryWaits):
                     raise IntegrityError(f"an intent with key {intent.key} exists")
             else:
                 status = self._intent(intent.pk).status if intent.pk in self.intents else None
-                if crashed and status == IntentStatus.EXECUTING:
+                if unknown_because is not None and status == IntentStatus.EXECUTING:
                     mark_unknown = True
                     status = IntentStatus.UNKNOWN
                 if status not in _AWAITING_PERSON:
@@ -523,9 +528,12 @@ class InMemoryStore(InMemoryWaits):
                 intent.created_at = intent.updated_at = now
                 self.intents[intent.pk] = _copy(intent)
             elif mark_unknown:
+                why = storable_text(unknown_because, MAX_REASON_CHARS)
                 stored = self.intents[intent.pk]
-                stored.status = IntentStatus.UNKNOWN
+                stored.status = intent.status = IntentStatus.UNKNOWN
+                stored.reason = intent.reason = why
                 stored.updated_at = now
+                run.error = why
             self._park(run, WaitKind.INTENT, intent.key)
             return Parked.PARKED
 

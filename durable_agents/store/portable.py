@@ -382,8 +382,15 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
         return bool(fenced(claim).update(**changes))
 
     def park_on_intent(
-        self, claim: Claim, intent: ToolIntent, *, new: bool = False, crashed: bool = False
+        self,
+        claim: Claim,
+        intent: ToolIntent,
+        *,
+        new: bool = False,
+        unknown_because: str | None = None,
     ) -> Parked:
+        why: str | None = None  # set when this park marks the intent unknown
+        run_changes: dict[str, Any] = {}
         with transaction.atomic():
             if new:
                 intent.save(force_insert=True)
@@ -394,15 +401,19 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
                     .values_list("status", flat=True)
                     .first()
                 )
-                if crashed and status == IntentStatus.EXECUTING:
+                if unknown_because is not None and status == IntentStatus.EXECUTING:
+                    why = storable_text(unknown_because, MAX_REASON_CHARS)
                     ToolIntent.objects.filter(pk=intent.pk).update(
-                        status=IntentStatus.UNKNOWN, updated_at=Now()
+                        status=IntentStatus.UNKNOWN, reason=why, updated_at=Now()
                     )
                     status = IntentStatus.UNKNOWN
+                    # Read on the runs list and the run's page, beside the wait.
+                    run_changes["error"] = why
                 if status not in _AWAITING_PERSON:
                     return Parked.DECIDED
             # Parking is this claim's outcome, not a stall: the no-progress count starts again.
             if not fenced(claim).update(
+                **run_changes,
                 status=RunStatus.WAITING,
                 lease_owner=None,
                 lease_until=None,
@@ -418,6 +429,9 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
             ):
                 transaction.set_rollback(True)
                 return Parked.FENCE_FAILED
+        if why is not None:
+            # What the signal's receivers (the notification mail) read.
+            intent.status, intent.reason = IntentStatus.UNKNOWN, why
         return Parked.PARKED
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:

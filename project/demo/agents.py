@@ -50,7 +50,9 @@ def apply_migration_step(statement: str, *, idempotency_key: str) -> dict:
     return {"applied": statement, "idempotency_key": idempotency_key[:12]}
 
 
-@tool(effect="irreversible")
+# Quick, so its timeout fits in the shutdown grace (SHUTDOWN_GRACE_SECONDS, 10 s): a worker
+# stopped mid-call lets it finish rather than leave its outcome for a person to find out.
+@tool(effect="irreversible", timeout=5)
 def drop_table(table: str) -> str:
     """Drop a table for good. A staff member approves this in the admin first."""
     logger.info("dropping table %s", table)

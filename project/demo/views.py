@@ -9,7 +9,9 @@ page would: knowing a run's id is not enough to read it.
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -20,6 +22,7 @@ import durable_agents
 from durable_agents.fork_models import steps_of
 from durable_agents.live.events import step_data
 from durable_agents.models import AgentRun
+from durable_agents.offline.script import prose_of
 
 # The runs this session started (their ids), the newest MAX_KEPT.
 SESSION_KEY = "demo_live_runs"
@@ -57,5 +60,47 @@ def live(request: HttpRequest) -> HttpResponse:
             step_data(s.seq, s.kind, s.payload, s.content_start, s.content_end)
             for s in steps_of(run.pk).order_by("seq")[:200]
         ]
-        context.update(run=run, events_url=f"{events}?token={token}", steps=steps)
+        for step in steps:
+            step["line"] = describe(step)
+        context.update(
+            run=run,
+            # What a person asked; the offline model's plan lines stay in the run's task.
+            task=prose_of(run.task),
+            events_url=f"{events}?token={token}",
+            steps=steps,
+        )
     return render(request, "demo/live.html", context)
+
+
+def describe(step: dict[str, Any]) -> str:
+    """A committed step as one line of the page, as live.js writes the steps that come later;
+    the task as a person wrote it (without the offline model's plan lines)."""
+    if step.get("truncated"):
+        text = f"{step['content'][:2000]} [... {step['truncated']} characters]"
+    else:
+        text = text_of(step["content"])
+    return prose_of(text) if step["kind"] == "task" else text
+
+
+def text_of(blocks: Any) -> str:
+    """live.js's textOf: the text of content blocks, tool calls and results in brackets."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        return json.dumps(blocks)
+    parts = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            parts.append(str(block))
+        elif block.get("type") == "text":
+            parts.append(str(block.get("text") or ""))
+        elif block.get("type") in ("thinking", "redacted_thinking"):
+            continue
+        elif block.get("type") == "tool_use":
+            parts.append(f"[calls {block.get('name')} {json.dumps(block.get('input'))}]")
+        elif block.get("type") == "tool_result":
+            error = "[error] " if block.get("is_error") else ""
+            parts.append(error + text_of(block.get("content")))
+        else:
+            parts.append(f"[{block.get('type')}]")
+    return " ".join(part for part in parts if part)

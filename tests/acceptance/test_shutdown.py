@@ -4,13 +4,17 @@ the interrupted claim is not counted against MAX_ATTEMPTS."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 import durable_agents
-from durable_agents.models import AgentRun, AgentStep, RunStatus
-from tests.conftest import wait_for
+from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, ToolIntent
+from tests.conftest import run_worker, wait_for
+from tests.fakeserver import FakeAnthropic, api_error
 
 pytestmark = [
     pytest.mark.postgres,
@@ -86,3 +90,63 @@ def test_a_second_signal_abandons_at_once(spawn_worker: Any, receiver: Any) -> N
     run.refresh_from_db()
     assert (run.status, run.lease_owner, run.stalled_claims) == (RunStatus.PENDING, None, 0)
     assert _steps(run) == [(0, 0), (1, 1)]
+
+
+def test_a_grace_that_runs_out_during_an_irreversible_call_says_so(
+    spawn_worker: Any, receiver: Any
+) -> None:
+    run = durable_agents.start_run("tester", 'Drop it.\n@drop_table {"table": "old"}')
+    run_worker()  # the run asks for approval
+    intent = ToolIntent.objects.get(run=run)
+    approver = get_user_model().objects.create_superuser("ann", "ann@example.com", "pw")
+    durable_agents.approve_intent(intent.pk, approver)
+    # The approved call takes an hour; the worker is stopped with half a second of grace.
+    worker = spawn_worker(
+        "--lease-seconds", "3600", "--grace-seconds", "0.5", env={"DA_DROP_DELAY": "3600"}
+    )
+    wait_for(lambda: receiver.attempts("drop"), timeout=30)  # the effect is under way
+    worker.terminate()
+    assert worker.wait(60) == 0, worker.output()
+    intent.refresh_from_db()
+    run.refresh_from_db()
+    # Said at once, by the worker that stopped, as what happened: not a crash found later.
+    assert intent.status == IntentStatus.UNKNOWN
+    assert "shutdown grace of 0.5s" in intent.reason
+    assert "(SIGTERM)" in intent.reason
+    assert "ran out while the call was in flight" in intent.reason
+    assert "crash" not in intent.reason
+    assert run.error == intent.reason  # on the runs list and the run's page too
+    assert (run.status, run.waiting_for, run.lease_owner) == (RunStatus.WAITING, "intent", None)
+    assert run.stalled_claims == 0
+    output = worker.output()
+    assert "outcome unknown after a crash" not in output
+    assert f"intent {intent.pk} for drop_table: outcome unknown: worker" in output
+    assert "the shutdown grace of 0.5s ran out with 1 step(s) in flight" in output
+    assert len(receiver.attempts("drop")) == 1  # never run again blindly
+
+
+def test_a_drain_during_a_pause_before_a_retry_ends_at_once(
+    spawn_worker: Any, fake_api: FakeAnthropic
+) -> None:
+    # The API is overloaded and asks for 30 s; the grace is two minutes. A worker that slept
+    # out the pause (or the grace) would still be running when the bound below ends.
+    fake_api.fail_next(api_error(529, "overloaded_error", "Overloaded", **{"retry-after": "30"}))
+    run = durable_agents.start_run("tester", 'Look.\n@lookup {"key": "a"}')
+    worker = spawn_worker("--lease-seconds", "3600", "--grace-seconds", "120")
+    wait_for(lambda: "retry 1/" in worker.output(), timeout=60)  # the slot waits to retry
+    overloaded_at = timezone.now()
+    worker.terminate()
+    assert worker.wait(20) == 0, worker.output()
+    run.refresh_from_db()
+    # Handed back, uncounted: claimable once the server's 30 s have passed, not the lease.
+    assert (run.status, run.lease_owner, run.stalled_claims) == (RunStatus.PENDING, None, 0)
+    assert run.waiting_for == "capacity"
+    assert run.lease_until is not None
+    assert run.lease_until <= overloaded_at + datetime.timedelta(seconds=31)
+    assert [r.status for r in fake_api.requests] == [529]  # no call went out meanwhile
+    wait_for(lambda: AgentRun.objects.claimable().filter(pk=run.pk).exists(), timeout=60)
+    finisher = spawn_worker("--burst")
+    assert finisher.wait(60) == 0, finisher.output()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.stalled_claims == 0

@@ -836,3 +836,74 @@ def test_list_pages_run_a_bounded_number_of_queries(
         admin_client.get(intents_url())
     with django_assert_max_num_queries(11):
         admin_client.get(runs_url("?q=req_1"))
+
+
+# -- a run's page by the short id the admin shows ---------------------------------------
+
+
+def _run_with_id(run_id: str) -> AgentRun:
+    return AgentRun.objects.create(
+        id=uuid.UUID(run_id), agent="tester", prompt_version="v1", model="m", task="t"
+    )
+
+
+def short_url(prefix: str, suffix: str = "") -> str:
+    return f"/admin/durable_agents/agentrun/{prefix}/change/{suffix}"
+
+
+def test_a_runs_short_id_in_the_url_opens_its_page(admin_client: Client) -> None:
+    run = durable_agents.start_run("tester", "Find me by my short id.")
+    short = str(run.pk)[:8]
+    assert short_url(short) != run_url(run)
+    response = admin_client.get(short_url(short, "?seq=0"))
+    assert response.status_code == 302
+    assert response["Location"] == run_url(run) + "?seq=0"  # the query string is kept
+    page = admin_client.get(response["Location"])
+    assert page.status_code == 200
+    assert "Find me by my short id." in page.content.decode()
+    # Upper case, and a prefix as pasted with its dash, name the run too.
+    assert admin_client.get(short_url(str(run.pk)[:13].upper()))["Location"] == run_url(run)
+
+
+def test_a_short_id_of_no_run_or_of_several_is_a_404_that_says_which(
+    admin_client: Client,
+) -> None:
+    first = _run_with_id("abcd1234-1000-4000-8000-000000000000")
+    _run_with_id("abcd1234-2000-4000-8000-000000000000")
+    several = admin_client.get(short_url("abcd1234"))
+    assert several.status_code == 404
+    content = several.content.decode()
+    assert "Several runs&#x27; ids start with abcd1234" in content
+    assert "?q=abcd1234" in content  # the list of them
+    none = admin_client.get(short_url("0123abcd"))
+    assert none.status_code == 404
+    assert "No run&#x27;s id starts with 0123abcd." in none.content.decode()
+    # One more digit tells the two apart.
+    assert admin_client.get(short_url("abcd1234-1"))["Location"] == run_url(first)
+
+
+def test_a_user_who_may_not_see_runs_learns_nothing_from_a_short_id(
+    django_user_model: Any,
+) -> None:
+    run = durable_agents.start_run("tester", "secret")
+    staff = django_user_model.objects.create_user("nosy", password="pw", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    # The same answer whether the prefix names a run or not.
+    assert client.get(short_url(str(run.pk)[:8])).status_code == 403
+    assert client.get(short_url("0123abcd")).status_code == 403
+    client.logout()
+    assert client.get(short_url(str(run.pk)[:8])).status_code == 302  # to the login page
+
+
+def test_an_unknown_intents_page_says_what_happened(admin_client: Client) -> None:
+    intent = parked_intent(IntentStatus.UNKNOWN)
+    cause = (
+        f"intent {intent.pk} for drop_table: outcome unknown: worker w1 was shutting down "
+        "(SIGTERM) and its shutdown grace of 10s ran out while the call was in flight"
+    )
+    ToolIntent.objects.filter(pk=intent.pk).update(reason=cause)
+    content = admin_client.get(intent_url(intent)).content.decode()
+    assert "nobody knows whether it took effect" in content
+    assert f'<p id="intent-unknown-cause">What happened: {cause}</p>' in content
+    assert "The worker died" not in content  # not said of a shutdown

@@ -118,3 +118,48 @@ def test_a_limit_set_for_a_key_holds_the_claims_and_raising_it_lets_them_through
     assert LogEntry.objects.filter(object_id="tenant:acme").count() == 1
     with pytest.raises(ValueError, match="whole number"):
         set_key_limit("tenant:acme", -1)
+
+
+def _page(client: Client, key: str) -> str:
+    response = client.get(change_url(key))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_a_keys_page_shows_the_limit_in_force_and_where_it_comes_from(
+    admin_client: Client, superuser: Any, da_settings: Any
+) -> None:
+    from durable_agents.api import set_key_limit
+
+    da_settings(CONCURRENCY_LIMITS={"tenant:setting": 5, "tenant:row": 7})
+    for key in ("tenant:setting", "tenant:row", "tenant:none"):
+        start_run("tester", "Say hello.", concurrency_key=key)
+    set_key_limit("tenant:row", 3, user=superuser)
+    viewer = get_user_model().objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_concurrencykey"))
+    looking = Client()
+    looking.force_login(viewer)
+    for client in (admin_client, looking):  # may change it, may only look
+        setting = _page(client, "tenant:setting")
+        assert "5, from the CONCURRENCY_LIMITS setting" in setting
+        row = _page(client, "tenant:row")
+        assert "3, set on this page (it overrides CONCURRENCY_LIMITS, 7)" in row
+        none = _page(client, "tenant:none")
+        # The test app's agent "keyed" limits its own runs: the page says so.
+        assert "none for the key: each run keeps its agent&#x27;s own limit (keyed@v1: 2)" in none
+    listing = admin_client.get(reverse("admin:durable_agents_concurrencykey_changelist"))
+    content = listing.content.decode()
+    assert "5, from the CONCURRENCY_LIMITS setting" in content
+    assert "3, set on this page" in content
+
+
+def test_the_budget_column_and_field_read_usd_per_day(admin_client: Client) -> None:
+    start_run("tester", "Say hello.", concurrency_key="tenant:acme")
+    set_key_budget("tenant:acme", 25)
+    listing = admin_client.get(reverse("admin:durable_agents_concurrencykey_changelist"))
+    page = admin_client.get(change_url("tenant:acme"))
+    for response in (listing, page):
+        content = response.content.decode()
+        assert "USD per day" in content
+        assert "Usd per day" not in content
+    assert "$25.0000" in listing.content.decode()

@@ -237,3 +237,48 @@ def test_the_schedules_list_and_panel_are_german_and_names_stay_escaped(
         assert german in content, german
     assert "Next slots" not in content
     assert SCRIPT not in content
+
+
+def test_an_unknown_intent_its_mail_a_keys_limit_and_a_short_id_are_german(
+    german_client: Client,
+    settings: Any,
+    superuser: Any,
+    mailoutbox: list[Any],
+    da_settings: Any,
+) -> None:
+    from django.urls import reverse
+
+    from durable_agents.models import IntentStatus, ToolIntent
+    from tests.integration.test_admin import parked_intent
+
+    # The intent page: why its outcome is unknown, as the worker recorded it, escaped.
+    intent = parked_intent(IntentStatus.UNKNOWN)
+    ToolIntent.objects.filter(pk=intent.pk).update(reason=SCRIPT)
+    content = page(
+        german_client, reverse("admin:durable_agents_toolintent_change", args=[intent.pk])
+    )
+    assert "Niemand weiß, ob er gewirkt hat" in content
+    assert f"Was geschah: {ESCAPED}" in content
+    assert SCRIPT not in content
+    # Its mail, in the project's language; the recorded cause is quoted as it is.
+    settings.LANGUAGE_CODE = "de"
+    intent.refresh_from_db()
+    notifications.on_intent_waiting(ToolIntent, intent)
+    [mail] = mailoutbox
+    assert "Ausgang unbekannt" in mail.subject
+    assert f"Was geschah: {SCRIPT}" in mail.body
+    assert f"klären Sie dann Intent {intent.pk} im Admin" in mail.body
+    assert "Die Admin-Seite des Intents:" in mail.body
+    # A key's page: its limit in force and where it comes from; the budget's label.
+    da_settings(CONCURRENCY_LIMITS={"tenant:acme": 5})
+    durable_agents.start_run("tester", "Hallo.", concurrency_key="tenant:acme")
+    key_page = page(
+        german_client, reverse("admin:durable_agents_concurrencykey_change", args=["tenant:acme"])
+    )
+    assert "Geltendes Limit" in key_page
+    assert "5, aus der Einstellung CONCURRENCY_LIMITS" in key_page
+    assert "USD pro Tag" in key_page
+    # A short id that names no run.
+    missing = german_client.get("/admin/durable_agents/agentrun/0123abcd/change/")
+    assert missing.status_code == 404
+    assert "Die ID keines Laufs beginnt mit 0123abcd." in missing.content.decode()

@@ -5,6 +5,7 @@ the key's limit and whether the run holds one of its slots."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.test import Client, override_settings
@@ -82,3 +83,17 @@ def test_the_key_lines_are_in_german(admin_client: Client) -> None:
         page = admin_client.get(run_url(run), HTTP_ACCEPT_LANGUAGE="de").content.decode()
     assert "Nebenläufigkeitsschlüssel" in page or "Nebenl&auml;ufigkeitsschl&uuml;ssel" in page
     assert "wartet auf seinen Schlüssel (Limit 0)" in page
+
+
+def test_the_run_page_says_a_limit_set_on_the_keys_page_comes_from_there(
+    admin_client: Client, superuser: Any
+) -> None:
+    from durable_agents.api import set_key_limit
+
+    run = durable_agents.start_run("tester", "keyed", concurrency_key="tenant:acme")
+    set_key_limit("tenant:acme", 4, user=superuser)
+    with override_settings(DURABLE_AGENTS={"CONCURRENCY_LIMITS": {"tenant:acme": 1}}):
+        page = admin_client.get(run_url(run)).content.decode()
+    # The key's own row overrides the setting: it is named as the source, not the setting.
+    assert "limit 4 (set on the key&#x27;s page)" in page
+    assert "(CONCURRENCY_LIMITS)" not in page

@@ -543,3 +543,50 @@ def test_the_demo_page_gives_a_token_only_for_the_sessions_own_runs(fake_api: An
     assert token_run(events.split("token=", 1)[1]) == run.pk
     # Another visitor who knows the id gets no page, so no token.
     assert BrowserClient().get(started["Location"]).status_code == 404
+
+
+def _demo_page_of_a_started_run(client: Any) -> tuple[AgentRun, str]:
+    page = client.get("/demo/live/")
+    started = client.post("/demo/live/", {"csrfmiddlewaretoken": page.cookies["csrftoken"].value})
+    assert started.status_code == 302
+    return AgentRun.objects.get(), started["Location"]
+
+
+def test_the_demo_page_shows_the_task_a_person_wrote_not_the_offline_plan() -> None:
+    from django.test import Client as BrowserClient
+
+    from project.demo.views import TASK
+
+    browser = BrowserClient(enforce_csrf_checks=True)
+    run, url = _demo_page_of_a_started_run(browser)
+    assert run.task == TASK  # stored as it was given, plan lines and all
+    shown = browser.get(url).content.decode()
+    assert '<q id="task">Check the orders tables and record what you found.</q>' in shown
+    assert "#0 task: Check the orders tables and record what you found.</li>" in shown
+    assert "@check_table" not in shown
+    assert "@@chunk_latency" not in shown
+    # Steps committed before the page is shown say what they hold, as live.js writes them.
+    run_worker()
+    done = browser.get(url).content.decode()
+    assert "#1 model_turn: " in done
+    assert "[calls check_table {&quot;table&quot;: &quot;orders&quot;}]" in done
+
+
+def test_the_demo_page_escapes_what_the_run_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.test import Client as BrowserClient
+
+    from project.demo import views
+
+    monkeypatch.setattr(
+        views,
+        "TASK",
+        '<img src=x onerror="alert(1)"> tables\n@@final "<script>alert(2)</script>"',
+    )
+    browser = BrowserClient(enforce_csrf_checks=True)
+    _, url = _demo_page_of_a_started_run(browser)
+    run_worker()
+    shown = browser.get(url).content.decode()
+    assert "<img src=x" not in shown
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; tables" in shown
+    assert "<script>alert(2)" not in shown
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;" in shown

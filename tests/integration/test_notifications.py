@@ -260,3 +260,60 @@ def test_an_intent_mail_links_the_run_page(
     run_worker()
     [mail] = mailoutbox
     assert reverse("admin:durable_agents_agentrun_change", args=[run.pk]) in mail.body
+
+
+def test_an_intent_whose_outcome_is_unknown_asks_to_resolve_it_not_to_approve_it(
+    staff: dict[str, Any], mailoutbox: list, receiver: Any
+) -> None:
+    run = durable_agents.start_run("tester", 'Drop it.\n@drop_table {"table": "old"}')
+    run_worker()
+    intent = ToolIntent.objects.get(run=run)
+    durable_agents.approve_intent(intent.pk, staff["approver"])
+    # As a worker that died mid-call leaves it: executing, its outcome never recorded.
+    ToolIntent.objects.filter(pk=intent.pk).update(status=IntentStatus.EXECUTING)
+    mailoutbox.clear()
+    run_worker()
+    [mail] = mailoutbox
+    assert mail.subject == f"[durable_agents] outcome unknown: drop_table (run {run.pk})"
+    assert "Approve or reject" not in mail.body
+    assert "nobody knows whether it took effect" in mail.body
+    assert f"resolve intent {intent.pk} in the admin" in mail.body
+    assert reverse("admin:durable_agents_toolintent_change", args=[intent.pk]) in mail.body
+    assert reverse("admin:durable_agents_agentrun_change", args=[run.pk]) in mail.body
+    # What happened is said, and recorded where a person reads it: the intent and the run.
+    cause = f"intent {intent.pk} for drop_table: outcome unknown after a crash"
+    assert f"What happened: {cause}" in mail.body
+    intent.refresh_from_db()
+    assert (intent.status, intent.reason) == (IntentStatus.UNKNOWN, cause)
+    assert AgentRun.objects.get(pk=run.pk).error == cause
+
+
+def test_with_a_site_url_every_link_in_a_mail_is_absolute(
+    staff: dict[str, Any],
+    answerers: dict[str, Any],
+    mailoutbox: list,
+    receiver: Any,
+    da_settings: Any,
+) -> None:
+    da_settings(SITE_URL="https://agents.example.com/")  # the trailing slash is not doubled
+    site = "https://agents.example.com"
+    drop = durable_agents.start_run("tester", 'Drop it.\n@drop_table {"table": "old"}')
+    ask = durable_agents.start_run("waiter", 'Ask.\n@ask_person {"question": "Go?"}')
+    dead = durable_agents.start_run("tester", "hello", model="claude-2.1")  # a retired model
+    run_worker()
+    intent = ToolIntent.objects.get(run=drop)
+    expected = {
+        "approval needed": [
+            site + reverse("admin:durable_agents_toolintent_change", args=[intent.pk]),
+            site + reverse("admin:durable_agents_agentrun_change", args=[drop.pk]),
+        ],
+        "question": [site + reverse("admin:durable_agents_agentrun_change", args=[ask.pk])],
+        "dead letter": [site + reverse("admin:durable_agents_agentrun_change", args=[dead.pk])],
+    }
+    assert len(mailoutbox) == 3
+    for mail in mailoutbox:
+        [kind] = [kind for kind in expected if kind in mail.subject]
+        for url in expected[kind]:
+            assert url in mail.body, (kind, mail.body)
+        # No link is left relative: every "/admin/" follows the site's address.
+        assert mail.body.count("/admin/") == mail.body.count(site + "/admin/"), mail.body

@@ -427,3 +427,99 @@ def test_a_misspelt_setting_fails_check_at_warning_level_unless_silenced(setting
         call_command("check", fail_level="WARNING")
     settings.SILENCED_SYSTEM_CHECKS = ["durable_agents.W005"]
     call_command("check", fail_level="WARNING")
+# -- notification links (W007, E017) -----------------------------------------------------
+
+
+def test_notification_mails_without_a_site_url_warn_at_start_up(
+    da_settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    da_settings(NOTIFY=True, SITE_URL=None)
+    [warning] = da_checks.check_notification_links()
+    assert warning.id == "durable_agents.W007" == da_checks.NOTIFY_WITHOUT_SITE_URL
+    assert "SITE_URL" in warning.msg
+    assert warning.hint is not None
+    assert "https://" in warning.hint
+    assert '"NOTIFY": False' in warning.hint
+    # `manage.py check` shows it.
+    call_command("check")
+    assert "durable_agents.W007" in capsys.readouterr().err
+    da_settings(SITE_URL="https://agents.example.com")
+    assert da_checks.check_notification_links() == []
+    assert da_checks.check_settings() == []
+    da_settings(NOTIFY=False, SITE_URL=None)
+    assert da_checks.check_notification_links() == []
+    # An empty value (an unset environment variable) is no SITE_URL: a warning, not an error.
+    da_settings(NOTIFY=True, SITE_URL="")
+    assert ids(da_checks.check_notification_links()) == ["durable_agents.W007"]
+    assert da_checks.check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["agents.example.com", "ftp://agents.example.com", "https://", "https://x.io/?a=1", 42],
+)
+def test_a_site_url_that_is_not_a_url_is_an_error(da_settings: Any, value: Any) -> None:
+    da_settings(SITE_URL=value)
+    [error] = da_checks.check_settings()
+    assert error.id == "durable_agents.E017"
+    assert "SITE_URL" in error.msg
+    assert da_checks.check_notification_links() == []  # one message for one mistake
+
+
+@pytest.mark.parametrize("value", ["http://127.0.0.1:8000", "https://example.com/tools/"])
+def test_a_site_url_with_a_port_or_a_path_is_fine(da_settings: Any, value: str) -> None:
+    da_settings(SITE_URL=value)
+    assert da_checks.check_settings() == []
+
+
+# -- irreversible calls that may outlast the shutdown grace (W008) -------------------------
+
+
+def _warnings_for(tool_name: str) -> list[checks.CheckMessage]:
+    return [m for m in da_checks.check_shutdown_grace() if f"'{tool_name}'" in m.msg]
+
+
+def test_an_irreversible_tool_that_may_outlast_the_shutdown_grace_warns(
+    settings: Any, da_settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings.SILENCED_SYSTEM_CHECKS = []  # the test settings silence it for the test app
+
+    @tool(effect="irreversible")
+    def launch_rocket(pad: str) -> str:
+        """Launch a rocket."""
+        return pad
+
+    @tool(effect="irreversible", timeout=5)
+    def quick_launch(pad: str) -> str:
+        """Launch a small rocket."""
+        return pad
+
+    agent = Agent(
+        name="launcher",
+        version="v1",
+        model="claude-x",
+        system="s",
+        tools=[launch_rocket, quick_launch],
+    )
+    try:
+        da_settings(SHUTDOWN_GRACE_SECONDS=10, TOOL_TIMEOUT=600)
+        [warning] = _warnings_for("launch_rocket")
+        assert warning.id == "durable_agents.W008" == da_checks.IRREVERSIBLE_OUTLASTS_GRACE
+        # The tool, its agent and both numbers; what to do.
+        assert "launcher@v1" in warning.msg
+        assert "600s" in warning.msg
+        assert "SHUTDOWN_GRACE_SECONDS (10s)" in warning.msg
+        assert warning.hint is not None
+        assert "timeout=10" in warning.hint
+        assert "at least 600" in warning.hint
+        assert str(warning).startswith("tests.unit.test_checks.")  # named by its dotted path
+        assert _warnings_for("quick_launch") == []  # its timeout fits in the grace
+        call_command("check")
+        assert "durable_agents.W008" in capsys.readouterr().err
+        # A grace that covers the timeout, or a timeout within the grace, is quiet.
+        da_settings(SHUTDOWN_GRACE_SECONDS=600)
+        assert _warnings_for("launch_rocket") == []
+        da_settings(SHUTDOWN_GRACE_SECONDS=10, TOOL_TIMEOUT=8)
+        assert _warnings_for("launch_rocket") == []
+    finally:
+        registry.unregister(agent.name, agent.version)

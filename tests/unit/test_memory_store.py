@@ -109,8 +109,10 @@ def test_a_crashed_call_is_parked_as_unknown_and_resolved(store: InMemoryStore) 
     store.release_lease(claim)
     claim = take(store, run_id)
     store.reload_intent(intent)
-    assert store.park_on_intent(claim, intent, crashed=True) is Parked.PARKED
+    assert store.park_on_intent(claim, intent, unknown_because="it died") is Parked.PARKED
     assert store.intents_of(run_id)[0].status == IntentStatus.UNKNOWN
+    assert (intent.status, intent.reason) == (IntentStatus.UNKNOWN, "it died")
+    assert (store.intents_of(run_id)[0].reason, store.run(run_id).error) == ("it died", "it died")
     resolved = store.resolve_intent(intent.pk, person, outcome=("it happened", False), reason="")
     assert resolved.status == IntentStatus.DONE
     assert store.recorded_effects(run_id, 1)["k1"].result == "it happened"

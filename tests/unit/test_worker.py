@@ -216,3 +216,30 @@ def test_a_heartbeat_that_finds_the_run_gone_interrupts_its_slot(
     assert not GATES["beat"].returned.is_set()
     assert running.worker.stats.dispositions == {loss.value: 1}
     assert store.run(run_id).last_seq == 1  # nothing committed after the loss
+
+
+def test_a_drain_ends_a_pause_at_once_but_not_what_is_in_flight() -> None:
+    from durable_agents.interrupt import Interrupt
+
+    interrupt = Interrupt()
+    ended: list[bool] = []
+    pausing = threading.Thread(target=lambda: ended.append(interrupt.wait_unless_draining(3600)))
+    pausing.start()
+    interrupt.drain()
+    pausing.join(30)
+    assert ended == [True]  # the pause ended, well before its hour
+    assert not interrupt.is_set()  # a call in flight is not interrupted by a drain
+    assert interrupt.wait_unless_draining(3600) is True  # a later pause ends at once
+    assert Interrupt().wait_unless_draining(0.01) is False  # no drain: the time passes
+
+
+def test_a_shutdown_says_why_to_the_calls_that_wait_it_out() -> None:
+    from durable_agents.interrupt import Interrupt
+    from durable_agents.runner import SHUTDOWN
+
+    interrupt = Interrupt()
+    call = interrupt.narrowed(SHUTDOWN)  # an irreversible call waits out anything else
+    interrupt.trigger(SHUTDOWN, "the grace of 10s ran out")
+    assert (call.is_set(), call.detail) == (True, "the grace of 10s ran out")
+    late = interrupt.narrowed(SHUTDOWN)
+    assert (late.is_set(), late.detail) == (True, "the grace of 10s ran out")
