@@ -25,8 +25,11 @@ from pathlib import Path
 
 BIN = Path(os.environ.get("DA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 NEEDED = ("initdb", "pg_ctl", "pg_basebackup", "postgres")
-# Spare ports these tests may use; each cluster takes the first one free.
-PORTS = range(54331, 54340)
+# Spare ports these tests may use; each cluster takes the first one free. Under pytest-xdist
+# each worker process has a range of its own: two clusters started at once by two workers
+# would otherwise both find the same port free, and the second postmaster fail to bind it.
+_XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+PORTS = range(54331 + 10 * _XDIST_WORKER, 54340 + 10 * _XDIST_WORKER)
 OS_USER = "postgres"
 DB_USER = "postgres"
 
