@@ -22,6 +22,7 @@ from typing import Any
 
 from durable_agents.deepjson import loads_deep
 from durable_agents.offline import RateLimits, ScriptedModel
+from durable_agents.offline.transport import SHUTDOWN_POLL
 
 Fault = tuple[int, dict[str, str], bytes]
 
@@ -93,7 +94,9 @@ class FakeAnthropic:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL}, daemon=True
+        )
         self._thread.start()
 
     @property

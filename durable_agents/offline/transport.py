@@ -13,6 +13,10 @@ import httpx2
 from durable_agents.offline.limits import RateLimits
 from durable_agents.offline.model import ScriptedModel
 
+# How often the server's loop looks whether it was asked to stop: close() waits up to this long
+# (http.server's default, half a second, made every stop half a second).
+SHUTDOWN_POLL = 0.02
+
 
 def offline_client(
     *,
@@ -72,7 +76,9 @@ class OfflineServer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL}, daemon=True
+        )
 
     @property
     def base_url(self) -> str:
