@@ -13,8 +13,9 @@ in-process burst workers advance each run one claim at a time, and for every exa
     every model turn is byte for byte a body the offline model sent, every call of a turn
     followed by a tool_result step has its result block, and ``messages_for`` works.
 
-Examples: 500 on PostgreSQL, 150 on SQLite, ``DA_FUZZ_EXAMPLES`` overrides; derandomized when
-``CI`` is set, so CI runs the same examples every time. The focused tests at the end pin the
+Examples: 60 on PostgreSQL and 40 on SQLite in ``make test`` (the short profile, about 20 s);
+500 and 150 in ``make test-long`` (``DA_FUZZ=long``); ``DA_FUZZ_EXAMPLES`` overrides both.
+Derandomized when ``CI`` is set, so CI runs the same examples every time. The focused tests at the end pin the
 concrete inputs named in the issue.
 """
 
@@ -75,14 +76,22 @@ _COMMON: dict[str, Any] = {
     "derandomize": bool(os.environ.get("CI")),
     "print_blob": True,
 }
-hypothesis_settings.register_profile("durable_agents_fuzz_postgresql", max_examples=500, **_COMMON)
+# The short profiles keep `make test` in minutes; the long ones are `make test-long`'s.
 # SQLite serialises writers; fewer examples keep its run short (the logic is the same).
-hypothesis_settings.register_profile("durable_agents_fuzz_sqlite", max_examples=150, **_COMMON)
+for _length, _postgresql, _sqlite in (("short", 60, 40), ("long", 500, 150)):
+    hypothesis_settings.register_profile(
+        f"durable_agents_fuzz_{_length}_postgresql", max_examples=_postgresql, **_COMMON
+    )
+    hypothesis_settings.register_profile(
+        f"durable_agents_fuzz_{_length}_sqlite", max_examples=_sqlite, **_COMMON
+    )
 
 
 def fuzz_profile() -> hypothesis_settings:
-    """The profile of this database; ``DA_FUZZ_EXAMPLES`` sets the number of examples."""
-    name = "durable_agents_fuzz_" + ("postgresql" if ON_POSTGRES else "sqlite")
+    """The profile of this database and length (``DA_FUZZ=long``: the long one);
+    ``DA_FUZZ_EXAMPLES`` sets the number of examples."""
+    length = "long" if os.environ.get("DA_FUZZ") == "long" else "short"
+    name = f"durable_agents_fuzz_{length}_" + ("postgresql" if ON_POSTGRES else "sqlite")
     profile = hypothesis_settings.get_profile(name)
     examples = os.environ.get("DA_FUZZ_EXAMPLES")
     if examples:
