@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run admin live test test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv constraints clean
+.PHONY: run admin live test test-fast test-slow test-long test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv constraints clean
 
 PIP := $(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt
 
@@ -64,18 +64,51 @@ live: demo-venv demo.sqlite3
 	$(PY) manage.py runagents & worker=$$!; trap 'kill $$worker' EXIT INT TERM; \
 	  $(PY) -m uvicorn project.asgi:application --host 127.0.0.1 --port 8000
 
-## make test: the whole suite on PostgreSQL, then the SQLite-relevant tests on SQLite
+# The tiers of the suite, by marker (tests/conftest.py marks each test by its folder):
+# fast = unit and integration tests; slow = worker subprocesses, signals, PgBouncer, failover
+# clusters, the browser. Each pass is spread over XDIST processes (pytest-xdist, a test
+# database per process): most of a test's time is spent waiting on workers and the fake API.
+XDIST ?= 4
+FAST := not (acceptance or slow or browser or failover)
+SLOW := acceptance or slow or browser or failover
+ON_PG := DATABASE_URL=$(PG_URL)
+ON_SQLITE := DATABASE_URL=sqlite:///$(CURDIR)/test-suite.sqlite3
+# Where each pass appends how long its tests took (scripts/slowest-tests.py reads it).
+TIMES := $(CURDIR)/test-times.txt
+PYTEST := DA_TEST_TIMES=$(TIMES) $(PY) -m pytest -q -n $(XDIST)
+
+## make test: the fast tiers on PostgreSQL, then on SQLite (the unit tests, which touch no
+## database, once), then the slow tier on both; the first pass that fails stops it, so a
+## failure of the fast tiers shows first. Then the 10 slowest tests.
 test: venv
 	./scripts/ensure-postgres.sh
-	DATABASE_URL=$(PG_URL) $(PY) -m pytest -q
-	DATABASE_URL=sqlite:///$(CURDIR)/test-suite.sqlite3 $(PY) -m pytest -q -m "not postgres"
+	rm -f $(TIMES)
+	$(MAKE) --no-print-directory test-fast test-slow
+	$(PY) scripts/slowest-tests.py $(TIMES) --top 10
+
+test-fast: venv
+	./scripts/ensure-postgres.sh
+	$(ON_PG) $(PYTEST) -m "$(FAST)"
+	$(ON_SQLITE) $(PYTEST) -m "not postgres and not unit and ($(FAST))"
+
+test-slow: venv
+	./scripts/ensure-postgres.sh
+	$(ON_PG) $(PYTEST) -m "$(SLOW)"
+	$(ON_SQLITE) $(PYTEST) -m "not postgres and ($(SLOW))"
 
 test-postgres: venv
 	./scripts/ensure-postgres.sh
-	DATABASE_URL=$(PG_URL) $(PY) -m pytest -q
+	$(ON_PG) $(PYTEST)
 
 test-sqlite: venv
-	DATABASE_URL=sqlite:///$(CURDIR)/test-suite.sqlite3 $(PY) -m pytest -q -m "not postgres"
+	$(ON_SQLITE) $(PYTEST) -m "not postgres"
+
+## make test-long: the property-based fuzz suite with its long profile (500 examples on
+## PostgreSQL, 150 on SQLite; make test runs 60 and 40). Not part of make test or CI.
+test-long: venv
+	./scripts/ensure-postgres.sh
+	$(ON_PG) DA_FUZZ=long $(PY) -m pytest -q tests/integration/test_fuzz.py
+	$(ON_SQLITE) DA_FUZZ=long $(PY) -m pytest -q tests/integration/test_fuzz.py
 
 ## make test-django6: the PostgreSQL suite on Django 6.x (needs Python 3.12+)
 PY6 ?= $(shell ./scripts/find-python.sh 3.13 || ./scripts/find-python.sh 3.12)
@@ -88,9 +121,16 @@ $(VENV6)/.installed: requirements.txt requirements-demo.txt pyproject.toml const
 	  -c $(VENV6)/constraints.txt -r requirements.txt "Django>=6,<7"
 	touch $@
 
+# What differs between Django versions: the admin, migrations, async views (the live
+# stream), system checks, the plugin, and the ORM statements of the store.
+DJANGO6_TESTS := tests/unit/test_checks.py tests/integration/test_admin*.py \
+  tests/integration/test_demo_admin.py tests/integration/test_live*.py \
+  tests/integration/test_migration_cost.py tests/integration/test_not_migrated.py \
+  tests/integration/test_plugin.py tests/integration/test_store_contract.py
 test-django6: $(VENV6)/.installed
 	./scripts/ensure-postgres.sh
-	DATABASE_URL=$(PG_URL)_dj6 $(VENV6)/bin/python -m pytest -q -m "not browser and not slow"
+	DATABASE_URL=$(PG_URL)_dj6 $(VENV6)/bin/python -m pytest -q -n 2 $(DJANGO6_TESTS) \
+	  -m "not browser and not slow"
 
 ## make check-wheel: build the wheel and use it from a fresh venv and a minimal project
 check-wheel: venv
@@ -111,7 +151,7 @@ lint: venv
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3
+	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3 test-times.txt
 
 ## make bench: the benchmarks (bench/), writes docs/benchmarks.md and docs/img/bench_*.png
 .PHONY: bench

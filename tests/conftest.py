@@ -34,6 +34,35 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(plugin):
         config.pluginmanager.register(plugin, "durable_agents")
+    _flush_postgresql_by_delete()
+
+
+def _flush_postgresql_by_delete() -> None:
+    """A transactional test ends with a flush of every table. On PostgreSQL, Django flushes
+    with one TRUNCATE, which makes new files for each table and index: about 0.1 s a test, a
+    minute and a half of the suite. The tests leave a few rows, which DELETE removes in a few
+    milliseconds. Every foreign key of the schema is DEFERRABLE INITIALLY DEFERRED (Django
+    creates them so), so the order of the DELETEs does not matter inside the flush's
+    transaction. Sequences are not reset either way (no test asks for it)."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations,
+        style: Any,
+        tables: list[str],
+        *,
+        reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        return [f"DELETE FROM {self.quote_name(table)}" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
 
 
 # The three kinds of test, one folder each: unit (no database; the state machine against the
@@ -55,6 +84,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "postgres" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """What a test captured (logs, stdout) may hold the hostile text it fed the app, lone
+    surrogates included; pytest-xdist sends reports between processes as UTF-8 and would die
+    on them. Escape such characters in the report only: the test saw them as they were."""
+    report = yield
+    report.sections = [
+        (title, content.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, content in report.sections
+    ]
+    return report
+
+
+# -- how long each test took (make test and CI print the slowest) ----------------------------
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Setup, call and teardown of each test, summed; under pytest-xdist the reports reach
+    the controller, so one process sees every test."""
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With DA_TEST_TIMES set, append "seconds<TAB>tier<TAB>test id" lines to that file:
+    scripts/slowest-tests.py reads what every pass of `make test` wrote."""
+    path = os.environ.get("DA_TEST_TIMES")
+    if not path or hasattr(session.config, "workerinput"):  # an xdist worker: not the summary
+        return
+    from django.conf import settings
+
+    tier = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    with open(path, "a", encoding="utf-8") as out:
+        for nodeid, seconds in _durations.items():
+            out.write(f"{seconds:.2f}\t{tier}\t{nodeid}\n")
 
 
 class Receiver:
