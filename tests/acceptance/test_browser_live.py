@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def asgi_server(tmp_path: Path) -> Iterator[str]:
-    """uvicorn serving the demo project on the test database."""
+    """uvicorn serving the demo project on the test database. Tests ask for it before the
+    page, so that the browser closes its streams before uvicorn is stopped (uvicorn would
+    otherwise wait out its graceful shutdown for them)."""
     port = free_port()
     log = (tmp_path / "uvicorn.log").open("w")
     env = {
@@ -123,7 +124,7 @@ def shown_seqs(page: Page) -> list[int]:
 
 
 def test_the_live_page_keeps_its_text_across_a_killed_worker(
-    page: Page, asgi_server: str, spawn_worker: Any, fake_api: Any
+    asgi_server: str, page: Page, spawn_worker: Any, fake_api: Any
 ) -> None:
     page.goto(f"{asgi_server}/demo/live/")
     page.get_by_role("button", name="Start a run").click()
@@ -143,10 +144,15 @@ def test_the_live_page_keeps_its_text_across_a_killed_worker(
     kept = shown_seqs(page)
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING  # cut mid-run, its lease held by a dead worker
-    time.sleep(1)
-    assert shown_seqs(page)[: len(kept)] == kept  # the page keeps what it had
 
     second = spawn_worker("--lease-seconds", "2", "--worker-id", "second")
+    # Once the second worker has committed a step of its own, the page shows it after what it
+    # had before the kill: nothing it kept went away meanwhile.
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-live-steps] li[data-seq]').length > {len(kept)}",
+        timeout=90_000,
+    )
+    assert shown_seqs(page)[: len(kept)] == kept
     page.wait_for_function(
         "document.querySelector('[data-live-events]').dataset.live === 'ended'", timeout=90_000
     )
@@ -170,7 +176,7 @@ def test_the_live_page_keeps_its_text_across_a_killed_worker(
 
 
 def test_the_admin_page_of_a_run_updates_live(
-    page: Page, asgi_server: str, spawn_worker: Any, fake_api: Any, django_user_model: Any
+    asgi_server: str, page: Page, spawn_worker: Any, fake_api: Any, django_user_model: Any
 ) -> None:
     import durable_agents
     from project.demo.views import TASK

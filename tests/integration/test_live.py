@@ -34,7 +34,7 @@ from durable_agents.live import publish as live_publish
 from durable_agents.live.hub import Hub
 from durable_agents.models import AgentProgress, AgentRun, RunStatus
 from durable_agents.testing import plan
-from tests.conftest import run_worker
+from tests.conftest import run_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -407,7 +407,7 @@ def test_the_text_of_a_cut_attempt_is_superseded(fake_api: Any) -> None:
                 listening = Hub.current().listening
                 assert await asyncio.to_thread(listening.wait, 30)
                 # The worker's side, on a thread of its own while this reader reads on.
-                threading.Thread(target=_cut_then_commit, args=(publisher, run)).start()
+                threading.Thread(target=_cut_then_commit, args=(publisher, run, seen)).start()
         return seen
 
     events = asyncio.run(asyncio.wait_for(follow(), 60))
@@ -418,14 +418,21 @@ def test_the_text_of_a_cut_attempt_is_superseded(fake_api: Any) -> None:
     assert events[-1].type == "end"
 
 
-def _cut_then_commit(publisher: Any, run: AgentRun) -> None:
-    import time as _time
+def _cut_then_commit(publisher: Any, run: AgentRun, seen: list[Event]) -> None:
+    """Publish each chunk once the reader has been given the one before (so that each is a
+    delta of its own, whatever the machine's speed), then commit the turn."""
+
+    def given(attempt: int, n: int) -> bool:
+        return any(
+            e.type == "delta" and (e.data["attempt"], e.data["n"]) == (attempt, n)
+            for e in list(seen)
+        )
 
     try:
         for attempt, parts in ((1, ["Hel", "lo, w"]), (2, ["Hello", ", world"])):
-            for part in parts:
+            for n, part in enumerate(parts):
                 publisher.publish((run.pk, 1, attempt), part)
-                _time.sleep(0.2)
+                wait_for(lambda a=attempt, i=n: given(a, i), timeout=30)
         run_worker()
     finally:
         publisher._close()
