@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +44,16 @@ def _flush_postgresql_by_delete() -> None:
     milliseconds. Every foreign key of the schema is DEFERRABLE INITIALLY DEFERRED (Django
     creates them so), so the order of the DELETEs does not matter inside the flush's
     transaction. Sequences are not reset either way (no test asks for it)."""
+    from django.core.management.color import Style
+    from django.db.backends.base.operations import BaseDatabaseOperations
     from django.db.backends.postgresql.operations import DatabaseOperations
 
     truncate = DatabaseOperations.sql_flush
 
     def sql_flush(
-        self: DatabaseOperations,
-        style: Any,
-        tables: list[str],
+        self: BaseDatabaseOperations,
+        style: Style,
+        tables: Sequence[str],
         *,
         reset_sequences: bool = False,
         allow_cascade: bool = False,
@@ -62,7 +64,7 @@ def _flush_postgresql_by_delete() -> None:
             )
         return [f"DELETE FROM {self.quote_name(table)}" for table in tables]
 
-    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]  # on purpose
 
 
 # The three kinds of test, one folder each: unit (no database; the state machine against the

@@ -9,6 +9,7 @@ run's creation after its slot is printed (p95, max): the target is under a secon
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Any
 
 import pytest
@@ -53,9 +54,12 @@ def test_each_slot_starts_one_run_while_workers_are_killed(spawn_worker: Any) ->
     first = tick.next_slot
     assert first is not None
     fired_runs = AgentRun.objects.filter(agent="tester", start_key__startswith="tick@")
+
+    def fired_at_least(count: int) -> bool:
+        return fired_runs.count() >= count
+
     for kills in range(KILLS):
-        target = fired_runs.count() + SLOTS_BETWEEN_KILLS
-        wait_for(lambda t=target: fired_runs.count() >= t, timeout=60)
+        wait_for(functools.partial(fired_at_least, fired_runs.count() + SLOTS_BETWEEN_KILLS))
         victim = kills % len(workers)
         assert workers[victim].kill() == SIGKILLED
         workers[victim] = start(victim)

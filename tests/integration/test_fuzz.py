@@ -15,8 +15,8 @@ in-process burst workers advance each run one claim at a time, and for every exa
 
 Examples: 60 on PostgreSQL and 40 on SQLite in ``make test`` (the short profile, about 20 s);
 500 and 150 in ``make test-long`` (``DA_FUZZ=long``); ``DA_FUZZ_EXAMPLES`` overrides both.
-Derandomized when ``CI`` is set, so CI runs the same examples every time. The focused tests at the end pin the
-concrete inputs named in the issue.
+Derandomized when ``CI`` is set, so CI runs the same examples every time. The focused tests
+at the end pin concrete hostile inputs (NUL, lone surrogates, deep nesting, exits).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ clients (WSGI: polling; ASGI: the hub), with runs driven by real in-process work
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import uuid
@@ -432,7 +433,7 @@ def _cut_then_commit(publisher: Any, run: AgentRun, seen: list[Event]) -> None:
         for attempt, parts in ((1, ["Hel", "lo, w"]), (2, ["Hello", ", world"])):
             for n, part in enumerate(parts):
                 publisher.publish((run.pk, 1, attempt), part)
-                wait_for(lambda a=attempt, i=n: given(a, i), timeout=30)
+                wait_for(functools.partial(given, attempt, n), timeout=30)
         run_worker()
     finally:
         publisher._close()

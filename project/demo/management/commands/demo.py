@@ -506,9 +506,7 @@ class Command(BaseCommand):
             f"runs by status: {counts}; {steps} steps committed in {elapsed:.1f}s, crash and "
             "approval included"
         )
-        self._expect(
-            counts == {RunStatus.SUCCEEDED: len(runs)}, f"all {len(runs)} runs succeeded"
-        )
+        self._expect(counts == {RunStatus.SUCCEEDED: len(runs)}, f"all {len(runs)} runs succeeded")
         effects = ToolEffect.objects.filter(run_id__in=ids)
         applied = effects.filter(tool="apply_migration_step").count()
         self._line(
