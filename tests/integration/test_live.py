@@ -5,6 +5,7 @@ clients (WSGI: polling; ASGI: the hub), with runs driven by real in-process work
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import uuid
@@ -35,6 +36,7 @@ from durable_agents.live.hub import Hub
 from durable_agents.models import AgentProgress, AgentRun, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker, wait_for
+from tests.integration.conftest import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -303,13 +305,7 @@ def test_the_hub_follows_a_live_run_to_its_end(fake_api: Any) -> None:
         plan(("slow_index", {"count": 2}), ("index_files", {"count": 1}), task="Slowly."),
     )
 
-    def work() -> None:
-        try:
-            run_worker()
-        finally:
-            connections.close_all()
-
-    worker = threading.Thread(target=work, daemon=True)
+    worker = in_thread(run_worker)
 
     async def follow() -> list[Event]:
         seen: list[Event] = []
@@ -365,13 +361,7 @@ def test_a_streamed_turn_reaches_readers_while_it_comes(fake_api: Any) -> None:
         "streamer", 'Stream.\n@@chunk_latency 0.05\n@lookup {"key": "a"}'
     )
 
-    def work() -> None:
-        try:
-            run_worker()
-        finally:
-            connections.close_all()
-
-    worker = threading.Thread(target=work, daemon=True)
+    worker = in_thread(run_worker)
     events = _follow_with_worker(run, worker.start)
     worker.join(30)
     assert events[-1].type == "end"
@@ -432,7 +422,7 @@ def _cut_then_commit(publisher: Any, run: AgentRun, seen: list[Event]) -> None:
         for attempt, parts in ((1, ["Hel", "lo, w"]), (2, ["Hello", ", world"])):
             for n, part in enumerate(parts):
                 publisher.publish((run.pk, 1, attempt), part)
-                wait_for(lambda a=attempt, i=n: given(a, i), timeout=30)
+                wait_for(functools.partial(given, attempt, n), timeout=30)
         run_worker()
     finally:
         publisher._close()

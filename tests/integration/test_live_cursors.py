@@ -5,12 +5,10 @@ the hub pass over the messages still to come for the readers after it."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
 
 import durable_agents
 from durable_agents import Agent, tool
@@ -21,6 +19,7 @@ from durable_agents.live.hub import Hub
 from durable_agents.models import AgentProgress, AgentRun
 from durable_agents.testing import plan
 from tests.conftest import run_worker
+from tests.integration.conftest import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,13 +104,7 @@ def test_a_first_reader_with_a_progress_id_ahead_does_not_blind_the_others(
     run = durable_agents.start_run(counter.name, TASK)
     ahead = f"{run.pk.hex[:8]}:0.999999999..0.0"  # well formed, past any message there is
 
-    def work() -> None:
-        try:
-            run_worker()
-        finally:
-            connections.close_all()
-
-    worker = threading.Thread(target=work, daemon=True)
+    worker = in_thread(run_worker)
 
     async def follow() -> tuple[list[Event], list[Event]]:
         first = stream(run.pk, after=ahead)

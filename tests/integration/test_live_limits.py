@@ -5,7 +5,6 @@ of one run, the async API, and the SSE view's edge cases through Django's real A
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -29,6 +28,7 @@ from durable_agents.live.hub import Hub
 from durable_agents.models import AgentQuestion, AgentRun, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker
+from tests.integration.conftest import in_thread
 from tests.integration.test_live import index_files, watcher
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,19 +70,6 @@ def registered() -> Iterator[None]:
     registry.unregister(watcher.name, watcher.version)
     Hub.close_all()
     live_publish.stop()
-
-
-def in_thread(fn: Callable[[], Any]) -> threading.Thread:
-    """``fn`` on a thread of its own (a worker beside the readers), its connection closed."""
-
-    def target() -> None:
-        try:
-            fn()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target, daemon=True)
-    return thread
 
 
 def step_seqs(events: list[Event]) -> list[int]:
