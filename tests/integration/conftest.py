@@ -4,6 +4,7 @@ tests/conftest.py: the ``spy`` and ``unpooled`` fixtures, and helpers to import 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -17,10 +18,34 @@ from django.db import connection, connections
 import durable_agents
 from durable_agents import api
 from durable_agents.admin.run_actions import RunActions
+from durable_agents.agents import Agent, registry
 from durable_agents.history import Conversation, step_message
+from durable_agents.live import publish as live_publish
+from durable_agents.live.hub import Hub
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, StepKind, ToolIntent
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def agents_registered(*agents: Agent) -> Iterator[None]:
+    """The module's ``agents`` in the registry for the ``with`` block (in an autouse fixture:
+    for one test), unregistered at its end."""
+    for agent in agents:
+        registry.register(agent)
+    yield
+    for agent in reversed(agents):
+        registry.unregister(agent.name, agent.version)
+
+
+@contextlib.contextmanager
+def live_agents_registered(*agents: Agent) -> Iterator[None]:
+    """``agents_registered`` for the tests of the live streams: at the end of the block the
+    agents are unregistered, then every hub is closed and the delta publisher stopped."""
+    with agents_registered(*agents):
+        yield
+    Hub.close_all()
+    live_publish.stop()
 
 
 def in_thread(fn: Callable[[], Any]) -> threading.Thread:

@@ -12,14 +12,11 @@ import pytest
 
 import durable_agents
 from durable_agents import Agent, tool
-from durable_agents.agents import registry
 from durable_agents.live import Event, progress, stream, stream_sync
-from durable_agents.live import publish as live_publish
-from durable_agents.live.hub import Hub
 from durable_agents.models import AgentProgress, AgentRun
 from durable_agents.testing import plan
 from tests.conftest import run_worker
-from tests.integration.conftest import in_thread
+from tests.integration.conftest import in_thread, live_agents_registered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,11 +57,8 @@ EXPECTED = [
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(counter)
-    yield
-    registry.unregister(counter.name, counter.version)
-    Hub.close_all()
-    live_publish.stop()
+    with live_agents_registered(counter):
+        yield
 
 
 def brief(events: list[Event]) -> list[tuple[str, Any]]:

@@ -13,11 +13,10 @@ import pytest
 from django.core.handlers.asgi import ASGIHandler
 
 import durable_agents
-from durable_agents.agents import registry
-from durable_agents.live import publish as live_publish
 from durable_agents.live import stream_token
 from durable_agents.live.hub import Hub
 from tests.conftest import free_port, wait_for
+from tests.integration.conftest import live_agents_registered
 from tests.integration.test_live import watcher
 from tests.integration.test_live_limits import TASK, events_url
 
@@ -28,11 +27,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(watcher)
-    yield
-    registry.unregister(watcher.name, watcher.version)
-    Hub.close_all()
-    live_publish.stop()
+    with live_agents_registered(watcher):
+        yield
 
 
 @pytest.fixture
