@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 
@@ -197,6 +198,18 @@ def da_settings(settings: Any) -> Callable[..., None]:
 @pytest.fixture
 def superuser(django_user_model: Any) -> Any:
     return django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
+
+
+def approver(username: str = "alice") -> User:
+    """A staff user who may decide tool intents (the approve_toolintent permission) and
+    nothing else."""
+    user = User.objects.create_user(username, is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(
+            codename="approve_toolintent", content_type__app_label="durable_agents"
+        )
+    )
+    return User.objects.get(pk=user.pk)  # a fresh instance: the permission cache is empty
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 
 import durable_agents
@@ -36,6 +35,7 @@ from durable_agents.models import (
 from tests.conftest import (
     Receiver,
     WorkerProcess,
+    approver,
     database_url,
     own_steps,
     run_worker,
@@ -128,16 +128,6 @@ def canonical(body: bytes | dict[str, Any]) -> str:
 
 def api_env(fake_api: FakeAnthropic) -> dict[str, str]:
     return {"ANTHROPIC_BASE_URL": fake_api.base_url, "ANTHROPIC_API_KEY": "sk-test"}
-
-
-def approver(username: str = "alice") -> User:
-    user = User.objects.create_user(username, is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(
-            codename="approve_toolintent", content_type__app_label="durable_agents"
-        )
-    )
-    return User.objects.get(pk=user.pk)  # a fresh instance: the permission cache is empty
 
 
 def finish(worker: WorkerProcess, timeout: float = 60) -> None:
