@@ -7,19 +7,23 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 
 from durable_agents import credentials, llm
+from durable_agents.models import AgentRun, AgentStep
 from durable_agents.worker import Worker
 from tests.fakeserver import FakeAnthropic
 from tests.testapp import receiver as receiver_module
@@ -161,10 +165,12 @@ def _credentials_accepted() -> Iterator[None]:
     credentials.reset()
 
 
-@pytest.fixture
-def fake_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropic]:
-    """The real SDK in this process talks HTTP to a fake API (OFFLINE off)."""
-    server = FakeAnthropic()
+def serve_fake_api(
+    server: FakeAnthropic, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeAnthropic]:
+    """The body of a fixture that yields a fake API (``yield from serve_fake_api(...)``): the
+    real SDK in this process talks HTTP to ``server`` (OFFLINE off) until the test ends; then
+    the clients are dropped and the server is closed."""
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-a-real-key")
     settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "OFFLINE": False}
@@ -172,6 +178,12 @@ def fake_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnt
     yield server
     llm.reset_clients()
     server.close()
+
+
+@pytest.fixture
+def fake_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropic]:
+    """The real SDK in this process talks HTTP to a fake API (OFFLINE off)."""
+    yield from serve_fake_api(FakeAnthropic(), settings, monkeypatch)
 
 
 @pytest.fixture
@@ -190,12 +202,34 @@ def superuser(django_user_model: Any) -> Any:
     return django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
 
 
+def approver(username: str = "alice") -> User:
+    """A staff user who may decide tool intents (the approve_toolintent permission) and
+    nothing else."""
+    user = User.objects.create_user(username, is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(
+            codename="approve_toolintent", content_type__app_label="durable_agents"
+        )
+    )
+    return User.objects.get(pk=user.pk)  # a fresh instance: the permission cache is empty
+
+
 @pytest.fixture
 def admin_client(superuser: Any) -> Client:
     """The test client, logged in as a superuser (admin pages)."""
     client = Client()
     client.force_login(superuser)
     return client
+
+
+@pytest.fixture
+def keep_signal_handlers() -> Iterator[None]:
+    """An in-process ``runagents`` (or worker) installs SIGTERM/SIGINT handlers; give pytest
+    its own back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def run_worker(**options: Any) -> Worker:
@@ -322,12 +356,38 @@ def backend_waits_on_lock(query_part: str = "") -> bool:
     return bool(row and row[0])
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.02) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 30,
+    interval: float = 0.02,
+    *,
+    what: str | None = None,
+) -> Any:
+    """Call ``predicate`` every ``interval`` seconds until it returns a true value, and return
+    that; after ``timeout`` seconds fail the test, saying it waited for ``what`` (or for the
+    predicate)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago: nothing listens on it (a connection
+    is refused) until someone binds it, and another process may take it first."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def own_steps(run: AgentRun | uuid.UUID) -> list[AgentStep]:
+    """The rows of agent_step that are a run's own (the run is given, or its id), in seq
+    order: for a fork, not the stretches it shares (durable_agents.fork_models.steps_of reads
+    those too)."""
+    run_id = run.pk if isinstance(run, AgentRun) else run
+    return list(AgentStep.objects.filter(run_id=run_id).order_by("seq"))

@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.conftest import free_port
+
 USERS = ("root", "postgres")  # trust: no passwords, but PgBouncer only admits listed users
 
 
@@ -35,12 +36,6 @@ def find_binary() -> str | None:
         return found
     debian = "/usr/sbin/pgbouncer"  # not on a non-root PATH
     return debian if os.access(debian, os.X_OK) else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

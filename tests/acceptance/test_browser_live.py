@@ -24,7 +24,7 @@ import pytest
 
 from durable_agents.fork_models import steps_of
 from durable_agents.models import AgentRun, RunStatus
-from tests.conftest import ROOT, database_url, wait_for
+from tests.conftest import ROOT, database_url, free_port, wait_for
 
 CHROMIUM = os.environ.get("DA_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
@@ -54,13 +54,6 @@ pytestmark = [
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

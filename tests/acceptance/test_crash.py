@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 
 import durable_agents
@@ -33,7 +32,15 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
 )
-from tests.conftest import Receiver, WorkerProcess, database_url, run_worker, wait_for
+from tests.conftest import (
+    Receiver,
+    WorkerProcess,
+    approver,
+    database_url,
+    own_steps,
+    run_worker,
+    wait_for,
+)
 from tests.fakeserver import FakeAnthropic, Recorded
 from tests.pgbouncer import PgBouncer, running_pgbouncer
 
@@ -104,10 +111,6 @@ def spawn_worker(
 # --------------------------------------------------------------------------- helpers
 
 
-def steps_of(run_id: Any) -> list[AgentStep]:
-    return list(AgentStep.objects.filter(run_id=run_id).order_by("seq"))
-
-
 def assert_contiguous(steps: list[AgentStep]) -> None:
     assert [s.seq for s in steps] == list(range(len(steps)))
 
@@ -125,16 +128,6 @@ def canonical(body: bytes | dict[str, Any]) -> str:
 
 def api_env(fake_api: FakeAnthropic) -> dict[str, str]:
     return {"ANTHROPIC_BASE_URL": fake_api.base_url, "ANTHROPIC_API_KEY": "sk-test"}
-
-
-def approver(username: str = "alice") -> User:
-    user = User.objects.create_user(username, is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(
-            codename="approve_toolintent", content_type__app_label="durable_agents"
-        )
-    )
-    return User.objects.get(pk=user.pk)  # a fresh instance: the permission cache is empty
 
 
 def finish(worker: WorkerProcess, timeout: float = 60) -> None:
@@ -301,7 +294,7 @@ def test_sigkill_between_steps_resumes_byte_identically(
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert run.attempt == 2
     assert run.last_seq == KILL_PLAN_LAST_SEQ
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert_contiguous(steps)
     assert [(s.worker, s.attempt) for s in steps[1:]] == [("w1", 1)] * killed_after + [
         ("w2", 2)
@@ -366,7 +359,7 @@ def test_sigkill_while_non_idempotent_tool_runs_reapplies_nothing(
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert run.attempt == 2
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert_contiguous(steps)
     assert [(s.kind, s.attempt) for s in steps] == [
         (StepKind.TASK, 0),
@@ -428,7 +421,7 @@ def test_intent_approved_runs_the_tool_once(receiver: Receiver) -> None:
     assert (intent.status, intent.decided_by_id) == (IntentStatus.DONE, user.pk)
     assert [a["key"] for a in receiver.attempts("drop")] == [key]
     assert [a["key"] for a in receiver.applied("drop")] == [key]
-    [result] = steps_of(run.pk)[2].data()
+    [result] = own_steps(run.pk)[2].data()
     assert result["content"] == "dropped t1"
     assert "is_error" not in result
 
@@ -444,7 +437,7 @@ def test_intent_rejected_tells_the_model_who_and_why(receiver: Receiver) -> None
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert intent.status == IntentStatus.REJECTED
     assert receiver.attempts("drop") == []
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert [s.kind for s in steps] == [
         StepKind.TASK,
         StepKind.MODEL_TURN,
@@ -508,7 +501,7 @@ def test_crash_while_irreversible_tool_runs_asks_a_person(
     assert [a["key"] for a in receiver.attempts("drop")] == [key] * (1 if happened else 2)
     assert [a["key"] for a in receiver.applied("drop")] == [key]
     assert ToolEffect.objects.get(key=key).result == expected
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert_contiguous(steps)
     assert len(steps) == 4
     # The model saw the result: the one call made after the decision carries it.
@@ -559,7 +552,7 @@ def test_poison_run_is_dead_lettered_and_healthy_runs_finish(spawn_worker: Spawn
     for run in healthy:
         run.refresh_from_db()
         assert (run.status, run.attempt) == (RunStatus.SUCCEEDED, 1), run.error
-        assert_contiguous(steps_of(run.pk))
+        assert_contiguous(own_steps(run.pk))
 
 
 # --------------------------------------------------------------------------- 7. SIGTERM
@@ -609,7 +602,7 @@ def test_sigterm_during_a_model_call_hands_the_run_back_at_once(
     assert claimable(run.pk)
     committed = 0 if abandon else 1
     assert run.last_seq == committed
-    assert [(s.worker, s.attempt) for s in steps_of(run.pk)[1:]] == [("w1", 1)] * committed
+    assert [(s.worker, s.attempt) for s in own_steps(run.pk)[1:]] == [("w1", 1)] * committed
     if abandon:
         hold.let_go(fake_api)  # the answer finds no one: nothing may be committed from it
 
@@ -617,7 +610,7 @@ def test_sigterm_during_a_model_call_hands_the_run_back_at_once(
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert run.attempt == 2
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert_contiguous(steps)
     assert [(s.worker, s.attempt) for s in steps[1:]] == [("w1", 1)] * committed + [("w2", 2)] * (
         5 - committed
@@ -665,4 +658,4 @@ def test_pgbouncer_route_reaches_postgres_only_through_pgbouncer(
     assert wait_for(lambda: backends_outside_pgbouncer() is None, timeout=10)
     worker.terminate()
     finish(worker, timeout=20)
-    assert [s.worker for s in steps_of(run.pk)[1:]] == ["w1"] * 3
+    assert [s.worker for s in own_steps(run.pk)[1:]] == ["w1"] * 3

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 
 import durable_agents
 from durable_agents import effects
@@ -43,7 +43,7 @@ from durable_agents.models import (
     ToolIntent,
 )
 from durable_agents.testing import plan
-from tests.conftest import Receiver, WorkerProcess
+from tests.conftest import Receiver, WorkerProcess, approver
 from tests.fakeserver import FakeAnthropic, Recorded
 
 pytestmark = [
@@ -117,16 +117,6 @@ class Fork:
     # The parent's calls of the fork-point model turn already in its ledger before fork_run
     # began: the fork must inherit them, never make them.
     recorded_before: set[int] = field(default_factory=set)
-
-
-def approver() -> User:
-    user = User.objects.create_user("chaos-approver", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(
-            codename="approve_toolintent", content_type__app_label="durable_agents"
-        )
-    )
-    return User.objects.get(pk=user.pk)  # a fresh instance: the permission cache is empty
 
 
 def settle_intents(user: User, receiver: Receiver) -> int:
@@ -303,7 +293,7 @@ def make_chaos(
     kills: list[str] = []
     for _ in range(WORKERS):
         spawn()
-    user = approver()
+    user = approver("chaos-approver")
     rng = random.Random(SEED + 1)
     next_kill = time.monotonic() + KILL_EVERY
     deadline = time.monotonic() + 100

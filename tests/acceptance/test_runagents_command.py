@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ from durable_agents import store
 from durable_agents.agents import registry
 from durable_agents.management.commands.runagents import Command
 from durable_agents.models import AgentRun, RunStatus
-from tests.conftest import ROOT, database_url
+from tests.conftest import ROOT, database_url, free_port
 
 TIMEOUT = 60  # seconds; a worker that spins instead of exiting fails the test
 
@@ -46,21 +43,6 @@ def runagents(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
         text=True,
         timeout=TIMEOUT,
     )
-
-
-@pytest.fixture
-def keep_signal_handlers() -> Iterator[None]:
-    """An in-process worker installs SIGTERM/SIGINT handlers; give pytest its own back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # -- the database --------------------------------------------------------------------------

@@ -3,12 +3,10 @@ api, permissions, CSRF, escaping of untrusted text and bounded query counts."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import re
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,7 +21,6 @@ from django.utils.html import escape
 
 import durable_agents
 from durable_agents import api, housekeeping, store
-from durable_agents.admin.run_actions import RunActions
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -34,6 +31,7 @@ from durable_agents.models import (
     ToolIntent,
 )
 from tests.conftest import run_worker
+from tests.integration.conftest import written_intent
 
 SCRIPT = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -73,29 +71,6 @@ def viewer_client(viewer: Any) -> Client:
     return client
 
 
-@pytest.fixture
-def spy(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[tuple[Any, ...]]]:
-    """Record the calls the admin makes to one api function (and still make them)."""
-
-    def watch(name: str) -> list[tuple[Any, ...]]:
-        calls: list[tuple[Any, ...]] = []
-        real = getattr(api, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls.append(args)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(api, name, wrapper)
-        # The runs' actions hold the api function itself: they call the wrapper too.
-        for key, operation in RunActions.RUN_OPERATIONS.items():
-            if operation.function is real:
-                replaced = dataclasses.replace(operation, function=wrapper)
-                monkeypatch.setitem(RunActions.RUN_OPERATIONS, key, replaced)
-        return calls
-
-    return watch
-
-
 def waiting_run(task: str = DROP_TASK, agent: str = "tester") -> tuple[AgentRun, ToolIntent]:
     """A run parked on a pending drop_table intent, reached by a real worker."""
     run = durable_agents.start_run(agent, task)
@@ -107,30 +82,11 @@ def waiting_run(task: str = DROP_TASK, agent: str = "tester") -> tuple[AgentRun,
 
 def parked_intent(status: str = IntentStatus.PENDING, table: str = "t1") -> ToolIntent:
     """A run and an intent written directly (no worker): for tests that only read or decide."""
-    run = durable_agents.start_run("tester", f'Drop.\n@drop_table {{"table": "{table}"}}')
-    turn = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test-1",
-        "content": [
-            {"type": "text", "text": "I will drop the table."},
-            {"type": "tool_use", "id": "toolu_1", "name": "drop_table", "input": {"table": table}},
-        ],
-        "stop_reason": "tool_use",
-        "usage": {"input_tokens": 10, "output_tokens": 5},
-    }
-    AgentStep.objects.create(
-        run=run, seq=1, kind=StepKind.MODEL_TURN, payload=json.dumps(turn), request_id="req_1"
-    )
-    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, last_seq=1)
-    return ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value; the stubs say str
-        run=run,
-        seq=1,
-        call_index=0,
-        tool="drop_table",
-        input={"table": table},
-        key=uuid.uuid4().hex,
+    return written_intent(
+        f'Drop.\n@drop_table {{"table": "{table}"}}',
+        "drop_table",
+        {"table": table},
+        says="I will drop the table.",
         status=status,
     )
 

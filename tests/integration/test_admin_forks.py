@@ -19,7 +19,6 @@ from django.utils.html import escape
 
 from durable_agents import Agent, api, housekeeping, tool
 from durable_agents.admin import listing
-from durable_agents.agents import registry
 from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import steps_of
 from durable_agents.forks import ForkRefused
@@ -27,6 +26,7 @@ from durable_agents.models import AgentRun, AgentStep, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
+from tests.integration.conftest import agents_registered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,9 +65,8 @@ TASK = plan(
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(agent)
-    yield
-    registry.unregister(agent.name, agent.version)
+    with agents_registered(agent):
+        yield
 
 
 def finished(task: str = TASK) -> AgentRun:

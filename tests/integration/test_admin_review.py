@@ -6,10 +6,8 @@ hostile query strings without a 500, and text that cannot be encoded never loses
 from __future__ import annotations
 
 import html
-import json
 import re
 import threading
-import uuid
 from typing import Any
 
 import pytest
@@ -32,15 +30,14 @@ from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
     AgentRun,
-    AgentStep,
     ConcurrencyKey,
     IntentStatus,
     QuestionStatus,
     RunStatus,
-    StepKind,
     ToolIntent,
     WaitKind,
 )
+from tests.integration.conftest import written_intent
 from tests.integration.test_admin import (
     hidden_fields,
     intent_url,
@@ -61,32 +58,7 @@ RAW = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2
 
 def disguised_intent(sql: str = DISGUISED) -> ToolIntent:
     """A run waiting on a pending ``run_sql`` intent whose input is ``sql``."""
-    run = durable_agents.start_run("tester", "Clean up the users.")
-    turn = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test-1",
-        "content": [
-            {"type": "text", "text": f"I will run {sql}"},
-            {"type": "tool_use", "id": "toolu_1", "name": "run_sql", "input": {"sql": sql}},
-        ],
-        "stop_reason": "tool_use",
-        "usage": {"input_tokens": 10, "output_tokens": 5},
-    }
-    AgentStep.objects.create(
-        run=run, seq=1, kind=StepKind.MODEL_TURN, payload=json.dumps(turn), request_id="req_1"
-    )
-    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, last_seq=1)
-    return ToolIntent.objects.create(  # type: ignore[misc]  # a JSONTextField takes any JSON value
-        run=run,
-        seq=1,
-        call_index=0,
-        tool="run_sql",
-        input={"sql": sql},
-        key=uuid.uuid4().hex,
-        status=IntentStatus.PENDING,
-    )
+    return written_intent("Clean up the users.", "run_sql", {"sql": sql}, says=f"I will run {sql}")
 
 
 def assert_revealed(html: str) -> None:

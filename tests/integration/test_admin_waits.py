@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -120,24 +119,6 @@ VIEW_PERMS = ("view_agentrun", "view_agentquestion", "view_agentevent", "view_to
 def viewer_client(django_user_model: Any) -> Client:
     """Staff who may look at runs, questions and events, and decide nothing."""
     return staff_client(django_user_model, "viewer", *VIEW_PERMS)
-
-
-@pytest.fixture
-def spy(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[tuple[Any, ...]]]:
-    """Record the calls the admin makes to one api function (and still make them)."""
-
-    def watch(name: str) -> list[tuple[Any, ...]]:
-        calls: list[tuple[Any, ...]] = []
-        real = getattr(api, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls.append((*args, kwargs))
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(api, name, wrapper)
-        return calls
-
-    return watch
 
 
 # Runs parked without a worker (for the pages and the query counts): the columns a park writes.
@@ -314,7 +295,7 @@ def test_run_page_of_an_intent_wait_links_the_intent(admin_client: Client) -> No
 def test_a_question_is_answered_on_the_run_page(
     admin_client: Client, superuser: Any, spy: Any
 ) -> None:
-    calls = spy("answer_question")
+    calls = spy("answer_question", keywords=True)
     run = parked('@ask_person {"question": "Which region do we migrate first?"}')
     question = AgentQuestion.objects.get(run_id=run.pk)
     page = admin_client.get(run_url(run)).content.decode()
@@ -400,7 +381,7 @@ def test_an_answer_goes_only_to_the_question_the_page_showed(
 def test_without_the_permission_there_is_no_form_and_a_forged_post_is_refused(
     viewer_client: Client, spy: Any
 ) -> None:
-    calls = spy("answer_question")
+    calls = spy("answer_question", keywords=True)
     run, question = park_on_question()
     page = viewer_client.get(run_url(run)).content.decode()
     assert 'id="open-question"' in page
@@ -545,7 +526,7 @@ def test_events_list_shows_awaited_and_sent_events(admin_client: Client, superus
 
 
 def test_send_an_event_from_the_form(admin_client: Client, superuser: Any, spy: Any) -> None:
-    calls = spy("send_event")
+    calls = spy("send_event", keywords=True)
     runs = [park(WaitKind.EVENT, wait_event="deploy:done") for _ in range(2)]
     other = park(WaitKind.EVENT, wait_event="deploy:other")
     form = admin_client.get(send_url() + "?name=deploy:done").content.decode()
@@ -628,7 +609,7 @@ def test_send_an_awaited_event_from_its_page(admin_client: Client, receiver: Any
 
 
 def test_sending_events_needs_the_permission(viewer_client: Client, spy: Any) -> None:
-    calls = spy("send_event")
+    calls = spy("send_event", keywords=True)
     run = park(WaitKind.EVENT, wait_event="gate")
     event = AgentEvent.objects.create(name="gate")
     listing = viewer_client.get(events_url()).content.decode()

@@ -7,7 +7,6 @@ Intents are produced the real way, by an in-process worker running a ``drop_tabl
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser, Permission
 from django.core.exceptions import PermissionDenied
-from django.db import connection, connections
+from django.db import connection
 
 import durable_agents
 from durable_agents import api, effects
@@ -31,6 +30,7 @@ from durable_agents.api import (
 from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
+from tests.integration.conftest import call_at_once
 
 DROP_TASK = 'Drop the orders table.\n@drop_table {"table": "orders"}'
 
@@ -197,28 +197,12 @@ def test_a_start_key_of_200_characters_is_stored_whole() -> None:
 def _start_at_once(callers: int, at_once: int) -> tuple[list[Any], list[BaseException]]:
     """``callers`` threads call ``start_run(key=...)`` with one key, released together; at
     most ``at_once`` hold a database connection at a time. Each closes its connection."""
-    barrier = threading.Barrier(callers)
-    slots = threading.BoundedSemaphore(at_once)
-    got: list[Any] = []
-    errors: list[BaseException] = []
-
-    def caller(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            with slots:
-                try:
-                    got.append(start_run("tester", f"attempt {i}", key="ticket-100").pk)
-                finally:
-                    connections.close_all()
-        except BaseException as exc:  # noqa: BLE001 - every failure of a thread is reported
-            errors.append(exc)
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return got, errors
+    return call_at_once(
+        lambda i: start_run("tester", f"attempt {i}", key="ticket-100").pk,
+        callers,
+        at_once=at_once,
+        join_seconds=60,
+    )
 
 
 # The test server's max_connections is 100, shared with the test's own connection and other

@@ -19,9 +19,9 @@ from durable_agents import llm
 from durable_agents.agents import Agent, registry
 from durable_agents.api import messages_for, start_run
 from durable_agents.history import Conversation, step_message
-from durable_agents.models import AgentRun, AgentStep, StepKind
+from durable_agents.models import AgentRun, StepKind
 from durable_agents.runner import tokens_of
-from tests.conftest import run_worker
+from tests.conftest import own_steps, run_worker
 from tests.fakeserver import FakeAnthropic, api_error
 from tests.testapp.compaction_agents import COMPACT_BETA, COMPACTORS, compaction_params, compactor
 
@@ -36,10 +36,6 @@ TOP_LEVEL = (
     "cache_read_input_tokens",
     "output_tokens",
 )
-
-
-def steps_of(run: AgentRun) -> list[AgentStep]:
-    return list(AgentStep.objects.filter(run_id=run.pk).order_by("seq"))
 
 
 def compacts(content: Any) -> bool:
@@ -70,7 +66,7 @@ def test_a_run_compacts_several_times_and_each_request_starts_at_the_compaction(
     run = AgentRun.objects.get(pk=run.pk)
     assert (run.status, run.error) == ("succeeded", "")
 
-    steps = steps_of(run)
+    steps = own_steps(run)
     turns = [(s, json.loads(s.payload)) for s in steps if s.kind == StepKind.MODEL_TURN]
     compaction_turns = [(s, t) for s, t in turns if compacts(t["content"])]
     assert len(compaction_turns) >= 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,7 +20,12 @@ from durable_agents.models import RunStatus, StepKind, WaitKind
 from durable_agents.store import NextClaim, StepWrite, current
 from durable_agents.store.base import WaitSpec
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+# A connection per thread (``unpooled``), not the worker's pool of 6.
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("unpooled"),
+]
 
 THREADS = 16
 KEYS = 20
@@ -31,20 +36,6 @@ OVER_LIMIT_SQL = """
 SELECT concurrency_key, count(*) FROM agent_run
  WHERE status = 'running' AND lease_until >= now() AND concurrency_key IS NOT NULL
  GROUP BY concurrency_key ORDER BY count(*) DESC LIMIT 1"""
-
-
-@pytest.fixture(autouse=True)
-def unpooled() -> Iterator[None]:
-    """A connection per thread, not the worker's pool of 6: an in-process ``runagents``
-    earlier in the session (its command tests) turns that pool on for the whole process."""
-    options = connections.settings["default"].get("OPTIONS", {})
-    pool = options.pop("pool", None)
-    if pool is not None:
-        connection.close()
-    yield
-    if pool is not None:
-        connection.close()
-        options["pool"] = pool
 
 
 def most_holders() -> tuple[str | None, int]:

@@ -26,6 +26,7 @@ from durable_agents.store import current
 from durable_agents.testing import FakeClock
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
+from tests.integration.conftest import call_at_once
 from tests.integration.test_admin import ESCAPED, SCRIPT, run_url, runs_url
 from tests.integration.test_admin_waits import operations_url
 
@@ -257,28 +258,12 @@ def test_debounce_takes_any_positive_number_of_seconds_up_to_a_day(seconds: floa
 def _debounce_at_once(callers: int, at_once: int) -> tuple[list[Any], list[BaseException]]:
     """``callers`` threads, each with its own connection, call ``start_run(key=,
     debounce=)`` with one key, released together; at most ``at_once`` hold a connection."""
-    barrier = threading.Barrier(callers)
-    slots = threading.BoundedSemaphore(at_once)
-    got: list[Any] = []
-    errors: list[BaseException] = []
-
-    def caller(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            with slots:
-                try:
-                    got.append(start_run("tester", f"call {i}", key="ticket:race", debounce=60).pk)
-                finally:
-                    connections.close_all()
-        except BaseException as exc:  # noqa: BLE001 - every failure of a thread is reported
-            errors.append(exc)
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    return got, errors
+    return call_at_once(
+        lambda i: start_run("tester", f"call {i}", key="ticket:race", debounce=60).pk,
+        callers,
+        at_once=at_once,
+        join_seconds=120,
+    )
 
 
 def _one_consistent_run(got: list[Any], callers: int) -> None:

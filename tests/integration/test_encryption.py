@@ -22,13 +22,14 @@ from django.urls import reverse
 
 from durable_agents import api, encryption, llm, rekey, store
 from durable_agents.agents import registry
-from durable_agents.history import Conversation, load_log, step_message
+from durable_agents.history import load_log
 from durable_agents.interrupt import Interrupt
-from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, AgentStep, ToolEffect
+from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, ToolEffect
 from durable_agents.runner import advance_run
 from durable_agents.store import StepWrite
-from tests.conftest import run_worker, wait_for
+from tests.conftest import own_steps, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic
+from tests.integration.conftest import conversation_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,17 +53,6 @@ def raw(table: str, column: str, where: str = "", params: tuple[Any, ...] = ()) 
 def raw_steps(run: AgentRun) -> list[str]:
     rid = run.pk.hex if connection.vendor == "sqlite" else str(run.pk)
     return raw("agent_step", "payload", "WHERE run_id = %s ORDER BY seq", (rid,))
-
-
-def steps_of(run_id: Any) -> list[AgentStep]:
-    return list(AgentStep.objects.filter(run_id=run_id).order_by("seq"))
-
-
-def conversation_of(steps: list[AgentStep]) -> Conversation:
-    conversation = Conversation()
-    for step in steps:
-        conversation.append(step_message(step.kind, step.payload, step.content_span))
-    return conversation
 
 
 def under(key_id: str, values: list[Any]) -> bool:
@@ -114,7 +104,7 @@ def test_a_thinking_run_resumed_with_encryption_sends_the_history_byte_for_byte(
     # read back) by exactly the steps committed since: byte for byte.
     assert fake_api.requests[2].body.startswith(fake_api.requests[1].body[: -len(b"]}")])
     params = registry.get("thinker").request_for(run.model)
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert fake_api.requests[2].body == llm.request_body(params, conversation_of(steps[:5]).json())
     stored = raw_steps(run)
     assert under(ID_A, stored[:4])
@@ -370,7 +360,7 @@ def test_decrypt_reads_values_pasted_from_sql_and_a_runs_log(
     stored = raw_steps(run)
     out = StringIO()
     call_command("durable_agents_decrypt", "--column", "agent_step.payload", *stored, stdout=out)
-    assert out.getvalue().splitlines() == [s.payload for s in steps_of(run.pk)]
+    assert out.getvalue().splitlines() == [s.payload for s in own_steps(run.pk)]
     out = StringIO()
     call_command("durable_agents_decrypt", "--run", str(run.pk), stdout=out)
     assert "value-of-pasted" in out.getvalue()

@@ -6,9 +6,7 @@ The model is the real SDK over HTTP to the fake API (``fake_api``), or the SDK w
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,15 +27,6 @@ from tests.fakeserver import FakeAnthropic, api_error
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REFUSED_KEY = api_error(401, "authentication_error", "invalid x-api-key")
-
-
-@pytest.fixture
-def keep_signal_handlers() -> Iterator[None]:
-    """runagents installs SIGTERM/SIGINT handlers; give pytest its own back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 @pytest.fixture

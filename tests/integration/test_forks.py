@@ -30,6 +30,7 @@ from durable_agents.models import (
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic, api_error
+from tests.integration.conftest import agents_registered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,14 +120,11 @@ TASK = plan(
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    for agent in AGENTS:
-        registry.register(agent)
-    CHARGES.clear()
-    CLOSED.clear()
-    LOOKUPS.clear()
-    yield
-    for agent in AGENTS:
-        registry.unregister(agent.name, agent.version)
+    with agents_registered(*AGENTS):
+        CHARGES.clear()
+        CLOSED.clear()
+        LOOKUPS.clear()
+        yield
 
 
 def finished(agent: Agent, task: str = TASK) -> AgentRun:

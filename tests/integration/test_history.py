@@ -17,13 +17,14 @@ from django.apps import apps as django_apps
 from durable_agents import llm, store
 from durable_agents.agents import registry
 from durable_agents.api import messages_for, start_run
-from durable_agents.history import Conversation, load_log, step_message, user_message
+from durable_agents.history import load_log, user_message
 from durable_agents.interrupt import Interrupt
 from durable_agents.models import AgentRun, AgentStep
 from durable_agents.runner import advance_run, tokens_of
 from durable_agents.store import StepWrite
-from tests.conftest import run_worker
+from tests.conftest import own_steps, run_worker
 from tests.fakeserver import FakeAnthropic
+from tests.integration.conftest import conversation_of
 
 THREE_TURNS = 'Think, then look.\n@lookup {"key": "a"}\n@lookup {"key": "b"} && lookup {"key": "c"}'
 
@@ -65,17 +66,6 @@ def test_request_body_is_the_params_then_the_messages_verbatim() -> None:
 # --------------------------------------------------------------------------- the log
 
 
-def steps_of(run_id: Any) -> list[AgentStep]:
-    return list(AgentStep.objects.filter(run_id=run_id).order_by("seq"))
-
-
-def conversation_of(steps: list[AgentStep]) -> Conversation:
-    conversation = Conversation()
-    for step in steps:
-        conversation.append(step_message(step.kind, step.payload, step.content_span))
-    return conversation
-
-
 @pytest.mark.django_db(transaction=True)
 def test_every_request_body_is_rebuilt_byte_for_byte_from_the_log(
     fake_api: FakeAnthropic,
@@ -84,7 +74,7 @@ def test_every_request_body_is_rebuilt_byte_for_byte_from_the_log(
     run_worker()
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded"
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     assert [s.content_span is not None for s in steps] == [False, True, False, True, False, True]
     params = registry.get("thinker").request_for(run.model)
     assert len(fake_api.requests) == 3
@@ -137,7 +127,7 @@ def test_tokens_used_adds_up_the_usage_of_every_turn(fake_api: FakeAnthropic) ->
     run = start_run("tester", '@lookup {"key": "a"}\n@lookup {"key": "b"}')
     run_worker()
     run = AgentRun.objects.get(pk=run.pk)
-    turns = [s.data() for s in steps_of(run.pk) if s.kind == "model_turn"]
+    turns = [s.data() for s in own_steps(run.pk) if s.kind == "model_turn"]
     assert len(turns) == 3
     assert run.tokens_used == sum(tokens_of(t) for t in turns) > 0
 
@@ -154,7 +144,7 @@ def test_clients_that_rewrite_requests_get_the_parameters_parsed(
     run_worker()
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     params = registry.get("thinker").request_for(run.model)
     last = fake_api.requests[-1].json()
     assert last == json.loads(llm.request_body(params, conversation_of(steps[:5]).json()))
@@ -188,7 +178,7 @@ def test_a_claim_rebuilds_from_the_log_and_sends_the_same_bytes(
     second = store.current().claim_run(run.pk, "w2", 30)
     assert second is not None
     assert advance_run(second) == "succeeded"
-    steps = steps_of(run.pk)
+    steps = own_steps(run.pk)
     params = registry.get("thinker").request_for(run.model)
     assert fake_api.requests[2].body == llm.request_body(params, conversation_of(steps[:5]).json())
     assert fake_api.requests[2].body.startswith(fake_api.requests[1].body[: -len(b"]}")])

@@ -12,8 +12,7 @@ import json
 import logging
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -26,7 +25,7 @@ from durable_agents import worker as worker_module
 from durable_agents.api import approve_intent, cancel_run, resolve_intent, start_run
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
 from durable_agents.worker import Worker
-from tests.conftest import backend_waits_on_lock, database_url, run_worker
+from tests.conftest import backend_waits_on_lock, database_url, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,14 +141,6 @@ def parked_drop() -> tuple[AgentRun, ToolIntent]:
     run = start_run("hostile", '@drop {"table": "orders"}')
     run_worker()
     return run, ToolIntent.objects.get(run_id=run.pk)
-
-
-def wait_until(condition: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- 5. tool timeouts -------------------------------------------------------------------------
@@ -481,13 +472,16 @@ def test_a_cancel_cannot_land_between_the_fence_and_an_approved_irreversible_cal
     worker_thread = threading.Thread(target=worker.run, daemon=True)
     worker_thread.start()
     try:
-        wait_until(lambda: backend_waits_on_lock("tool_intent"), "the worker to wait")
+        wait_for(
+            lambda: backend_waits_on_lock("tool_intent"), timeout=15, what="the worker to wait"
+        )
         # A person cancels right now, while the worker is between its fence and the call.
         cancel_thread = threading.Thread(target=cancel_run, args=(run.pk,), daemon=True)
         cancel_thread.start()
-        wait_until(
+        wait_for(
             lambda: not cancel_thread.is_alive() or backend_waits_on_lock("agent_run"),
-            "the cancel to finish or wait",
+            timeout=15,
+            what="the cancel to finish or wait",
         )
         # The run row is locked by the worker's fenced statement: the cancel is ordered
         # after the call started. Before, the fence had already been let go, the cancel

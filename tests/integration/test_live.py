@@ -21,7 +21,6 @@ from django.test import AsyncClient, Client, override_settings
 
 import durable_agents
 from durable_agents import Agent, tool
-from durable_agents.agents import registry
 from durable_agents.live import (
     BadEventId,
     Event,
@@ -31,11 +30,11 @@ from durable_agents.live import (
     stream_token,
     token_run,
 )
-from durable_agents.live import publish as live_publish
 from durable_agents.live.hub import Hub
 from durable_agents.models import AgentProgress, AgentRun, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker, wait_for
+from tests.integration.conftest import in_thread, live_agents_registered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,13 +77,10 @@ TASK = plan(("index_files", {"count": 3}), ("index_files", {"count": 1}), task="
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(watcher)
-    GATE.clear()
-    yield
-    GATE.set()
-    registry.unregister(watcher.name, watcher.version)
-    Hub.close_all()
-    live_publish.stop()
+    with live_agents_registered(watcher):
+        GATE.clear()
+        yield
+        GATE.set()
 
 
 def finished(task: str = TASK) -> AgentRun:
@@ -304,13 +300,7 @@ def test_the_hub_follows_a_live_run_to_its_end(fake_api: Any) -> None:
         plan(("slow_index", {"count": 2}), ("index_files", {"count": 1}), task="Slowly."),
     )
 
-    def work() -> None:
-        try:
-            run_worker()
-        finally:
-            connections.close_all()
-
-    worker = threading.Thread(target=work, daemon=True)
+    worker = in_thread(run_worker)
 
     async def follow() -> list[Event]:
         seen: list[Event] = []
@@ -366,13 +356,7 @@ def test_a_streamed_turn_reaches_readers_while_it_comes(fake_api: Any) -> None:
         "streamer", 'Stream.\n@@chunk_latency 0.05\n@lookup {"key": "a"}'
     )
 
-    def work() -> None:
-        try:
-            run_worker()
-        finally:
-            connections.close_all()
-
-    worker = threading.Thread(target=work, daemon=True)
+    worker = in_thread(run_worker)
     events = _follow_with_worker(run, worker.start)
     worker.join(30)
     assert events[-1].type == "end"

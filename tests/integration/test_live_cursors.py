@@ -5,22 +5,18 @@ the hub pass over the messages still to come for the readers after it."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
 
 import durable_agents
 from durable_agents import Agent, tool
-from durable_agents.agents import registry
 from durable_agents.live import Event, progress, stream, stream_sync
-from durable_agents.live import publish as live_publish
-from durable_agents.live.hub import Hub
 from durable_agents.models import AgentProgress, AgentRun
 from durable_agents.testing import plan
 from tests.conftest import run_worker
+from tests.integration.conftest import in_thread, live_agents_registered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,11 +57,8 @@ EXPECTED = [
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(counter)
-    yield
-    registry.unregister(counter.name, counter.version)
-    Hub.close_all()
-    live_publish.stop()
+    with live_agents_registered(counter):
+        yield
 
 
 def brief(events: list[Event]) -> list[tuple[str, Any]]:
@@ -105,13 +98,7 @@ def test_a_first_reader_with_a_progress_id_ahead_does_not_blind_the_others(
     run = durable_agents.start_run(counter.name, TASK)
     ahead = f"{run.pk.hex[:8]}:0.999999999..0.0"  # well formed, past any message there is
 
-    def work() -> None:
-        try:
-            run_worker()
-        finally:
-            connections.close_all()
-
-    worker = threading.Thread(target=work, daemon=True)
+    worker = in_thread(run_worker)
 
     async def follow() -> tuple[list[Event], list[Event]]:
         first = stream(run.pk, after=ahead)

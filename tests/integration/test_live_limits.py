@@ -5,7 +5,6 @@ of one run, the async API, and the SSE view's edge cases through Django's real A
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -19,16 +18,16 @@ from django.db import connections
 
 import durable_agents
 from durable_agents import Agent, api, tool
-from durable_agents.agents import AgentNotFound, registry
+from durable_agents.agents import AgentNotFound
 from durable_agents.live import ReaderDropped, progress, stream, stream_token
 from durable_agents.live import events as live_events
 from durable_agents.live import hub as live_hub
-from durable_agents.live import publish as live_publish
 from durable_agents.live.events import Event
 from durable_agents.live.hub import Hub
 from durable_agents.models import AgentQuestion, AgentRun, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker
+from tests.integration.conftest import in_thread, live_agents_registered
 from tests.integration.test_live import index_files, watcher
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,26 +62,8 @@ PACED = plan(*[("paced_step", {"n": n}) for n in range(8)], task="Slowly.")
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(watcher)
-    registry.register(pacer)
-    yield
-    registry.unregister(pacer.name, pacer.version)
-    registry.unregister(watcher.name, watcher.version)
-    Hub.close_all()
-    live_publish.stop()
-
-
-def in_thread(fn: Callable[[], Any]) -> threading.Thread:
-    """``fn`` on a thread of its own (a worker beside the readers), its connection closed."""
-
-    def target() -> None:
-        try:
-            fn()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target, daemon=True)
-    return thread
+    with live_agents_registered(watcher, pacer):
+        yield
 
 
 def step_seqs(events: list[Event]) -> list[int]:

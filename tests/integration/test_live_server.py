@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.core.handlers.asgi import ASGIHandler
 
 import durable_agents
-from durable_agents.agents import registry
-from durable_agents.live import publish as live_publish
 from durable_agents.live import stream_token
 from durable_agents.live.hub import Hub
+from tests.conftest import free_port, wait_for
+from tests.integration.conftest import live_agents_registered
 from tests.integration.test_live import watcher
 from tests.integration.test_live_limits import TASK, events_url
 
@@ -28,39 +27,26 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(watcher)
-    yield
-    registry.unregister(watcher.name, watcher.version)
-    Hub.close_all()
-    live_publish.stop()
+    with live_agents_registered(watcher):
+        yield
 
 
 @pytest.fixture
 def server() -> Iterator[tuple[int, Any]]:
     """uvicorn serving Django's ASGI handler on a free port; yields the port and the server."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(
         ASGIHandler(), host="127.0.0.1", port=port, lifespan="off", log_level="warning"
     )
     served = uvicorn.Server(config)
     thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
-    wait_for(lambda: served.started, "uvicorn to start")
+    wait_for(lambda: served.started, what="uvicorn to start")
     try:
         yield port, served
     finally:
         served.should_exit = True
         thread.join(30)
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        time.sleep(0.02)
 
 
 def the_hub() -> Hub | None:
@@ -90,19 +76,19 @@ def test_a_client_that_goes_away_mid_stream_leaves_no_reader(server: tuple[int, 
     assert got.startswith(b"HTTP/1.1 200")
     assert b"text/event-stream" in got
     assert b"event: step" in got
-    wait_for(lambda: (hub := the_hub()) is not None and hub.readers == 1, "the reader to join")
+    wait_for(lambda: (hub := the_hub()) is not None and hub.readers == 1, what="the reader to join")
     hub = the_hub()
     assert hub is not None
     assert run.pk in hub.watches
 
     client.close()  # the client goes away mid-stream
 
-    wait_for(lambda: hub.readers == 0 and not hub.watches, "the reader and its watch to go")
+    wait_for(lambda: hub.readers == 0 and not hub.watches, what="the reader and its watch to go")
     # The server goes on: the next client of the same run is served from the start.
     again, got = open_stream(port, run.pk)
     try:
         assert b"event: step" in got
-        wait_for(lambda: hub.readers == 1, "the next reader to join")
+        wait_for(lambda: hub.readers == 1, what="the next reader to join")
     finally:
         again.close()
-    wait_for(lambda: hub.readers == 0, "the next reader to go")
+    wait_for(lambda: hub.readers == 0, what="the next reader to go")

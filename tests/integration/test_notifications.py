@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from django.urls import reverse
 import durable_agents
 from durable_agents import notifications, signals
 from durable_agents.models import AgentQuestion, AgentRun, IntentStatus, RunStatus, ToolIntent
-from tests.conftest import run_worker
+from tests.conftest import free_port, run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,9 +29,7 @@ def fresh_failure_memory() -> Any:
 @pytest.fixture
 def no_mail_server(settings: Any, monkeypatch: pytest.MonkeyPatch) -> int:
     """A fresh project's mail setup: SMTP on localhost, where nothing listens; sent inline."""
-    with socket.socket() as probe:  # a port that was just free: connections are refused
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # connections are refused
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST = "127.0.0.1"
     settings.EMAIL_PORT = port

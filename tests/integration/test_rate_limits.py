@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from durable_agents import llm
 from durable_agents.api import start_run
 from durable_agents.models import AgentRun
 from durable_agents.offline import RateLimits
-from tests.conftest import run_worker
+from tests.conftest import run_worker, serve_fake_api
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,13 +34,7 @@ def limited_api(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fake
     limits = RateLimits(requests_per_minute=60, burst_seconds=1, clock=clock)
     server = FakeAnthropic(rate_limits=limits)
     servers.append(server)
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-a-real-key")
-    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "OFFLINE": False}
-    llm.reset_clients()
-    yield server
-    llm.reset_clients()
-    server.close()
+    yield from serve_fake_api(server, settings, monkeypatch)
 
 
 def test_a_429_pauses_the_model_until_retry_after_and_the_run_succeeds(

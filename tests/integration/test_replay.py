@@ -20,6 +20,7 @@ from durable_agents import Agent, Wait, api, ask_person, llm, tool
 from durable_agents.agents import registry
 from durable_agents.models import AgentRun, RunStatus
 from durable_agents.testing import ReplayError, ReplayReport, plan, replay
+from tests.integration.conftest import agents_registered
 
 # What today's tool code does: a test changes it after recording.
 CODE: dict[str, Any] = {}
@@ -107,12 +108,11 @@ def forbidden_client() -> Any:
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    registry.register(shop)
-    CODE.clear()
-    REFUNDS.clear()
-    CLIENTS.clear()
-    yield
-    registry.unregister(shop.name, shop.version)
+    with agents_registered(shop):
+        CODE.clear()
+        REFUNDS.clear()
+        CLIENTS.clear()
+        yield
 
 
 @pytest.fixture

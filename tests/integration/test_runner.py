@@ -28,7 +28,7 @@ from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
 from durable_agents.store import StepWrite
 from durable_agents.tools import tool
 from durable_agents.worker import Worker
-from tests.conftest import run_worker, wait_for
+from tests.conftest import own_steps, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, Recorded, api_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,10 +52,6 @@ RESPONSE_KEYS = [
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def steps_of(run: AgentRun) -> list[AgentStep]:
-    return list(AgentStep.objects.filter(run_id=run.pk).order_by("seq"))
 
 
 def step_data(run: AgentRun, seq: int) -> Any:
@@ -141,7 +137,7 @@ def test_full_run_with_every_effect_class(
     assert (run.lease_owner, run.lease_until) == (None, None)
     assert (run.attempt, run.stalled_claims, run.last_seq) == (2, 0, 7)
 
-    steps = steps_of(run)
+    steps = own_steps(run)
     assert [s.seq for s in steps] == list(range(8))
     assert [s.kind for s in steps] == ["task"] + ["model_turn", "tool_result"] * 3 + ["model_turn"]
     assert [s.attempt for s in steps] == [0, 1, 1, 1, 1, 1, 2, 2]
@@ -221,7 +217,7 @@ def test_messages_for_is_what_was_sent_plus_the_final_turn(fake_api: FakeAnthrop
     assert [r.status for r in fake_api.requests] == [200, 200, 200]
 
     sent = fake_api.requests[-1].json()["messages"]
-    final = json.loads(steps_of(run)[-1].payload)
+    final = json.loads(own_steps(run)[-1].payload)
     assert final["content"][0]["type"] == "thinking"
     expected = [*sent, {"role": "assistant", "content": final["content"]}]
     rebuilt = messages_for(run.pk)
@@ -314,7 +310,7 @@ def test_bad_input_becomes_a_tool_result_and_the_run_goes_on(
         "Done. 1 planned turns completed.",
         "",
     )
-    assert [s.kind for s in steps_of(run)] == ["task", "model_turn", "tool_result", "model_turn"]
+    assert [s.kind for s in own_steps(run)] == ["task", "model_turn", "tool_result", "model_turn"]
 
     (call,) = tool_uses(run, 1)
     block = {"type": "tool_result", "tool_use_id": call["id"], "content": text}
@@ -457,7 +453,7 @@ def test_max_turns_exceeded_fails_the_run(fake_api: FakeAnthropic) -> None:
     assert run.status == "failed"
     assert run.error.endswith("max_turns (2) reached")
     assert run.result is None
-    assert [s.kind for s in steps_of(run)] == [
+    assert [s.kind for s in own_steps(run)] == [
         "task",
         "model_turn",
         "tool_result",
@@ -488,7 +484,7 @@ def test_prompt_drift_is_dead_lettered_without_a_model_call(fake_api: FakeAnthro
         "the run was started with 000000000000;"
     )
     assert fake_api.requests == []
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
     assert (run.lease_owner, run.lease_until) == (None, None)
 
 
@@ -567,7 +563,7 @@ def test_retired_model_is_dead_lettered_naming_the_model(fake_api: FakeAnthropic
         "model 'claude-2.1' is not available (retired or unknown): "
         f"not_found_error: model: claude-2.1 (request id {request_id})"
     )
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
 
 
 def test_bad_request_is_dead_lettered_with_its_message(fake_api: FakeAnthropic) -> None:
@@ -581,7 +577,7 @@ def test_bad_request_is_dead_lettered_with_its_message(fake_api: FakeAnthropic) 
         "(request id req_fault)"
     )
     assert [r.status for r in fake_api.requests] == [400]
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
 
 
 def test_transient_errors_are_retried_within_the_claim(
@@ -600,7 +596,7 @@ def test_transient_errors_are_retried_within_the_claim(
     assert [r.status for r in fake_api.requests] == [408, 529, 500, 200, 200]
     # The retried request is the same request.
     assert len({r.body for r in fake_api.requests[:4]}) == 1
-    assert [s.attempt for s in steps_of(run)] == [0, 1, 1, 1]
+    assert [s.attempt for s in own_steps(run)] == [0, 1, 1, 1]
 
 
 @pytest.mark.postgres
@@ -645,7 +641,7 @@ def test_retry_after_longer_than_the_lease_keeps_the_run(fake_api: FakeAnthropic
     assert (run.status, run.attempt) == ("succeeded", 1)
     assert [r.status for r in fake_api.requests] == [529, 200, 200]
     assert fake_api.requests[1].at - fake_api.requests[0].at >= 3.9
-    steps = steps_of(run)
+    steps = own_steps(run)
     assert [s.attempt for s in steps[1:]] == [1, 1, 1]
     assert {s.worker for s in steps[1:]} == {"holder"}
 
@@ -679,7 +675,7 @@ def test_exhausted_retries_hand_back_then_dead_letter(
     assert run.error.endswith("; last error: model call failed: api_error: Internal server error")
     # The claim that dead-letters makes no model call.
     assert [r.status for r in fake_api.requests] == [500] * 4
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
 
     # A person requeues it; the model is back, the run finishes.
     assert requeue_run(run.pk) is True
@@ -703,7 +699,7 @@ def test_cancelled_pending_run_is_never_claimed(fake_api: FakeAnthropic) -> None
     assert run.status == "cancelled"
     assert run.attempt == 0
     assert fake_api.requests == []
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
 
 
 def test_cancel_while_a_tool_runs_commits_nothing_more(
@@ -713,7 +709,7 @@ def test_cancel_while_a_tool_runs_commits_nothing_more(
     run = start_run("tester", '@slow {"seconds": 3600}\n@lookup {"key": "a"}\n@lookup {"key": "b"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     wait_for(lambda: receiver.marker("slow-started"), timeout=10)
-    before = len(steps_of(run))
+    before = len(own_steps(run))
     assert before == 2
     assert cancel_run(run.pk) is True
 
@@ -723,7 +719,7 @@ def test_cancel_while_a_tool_runs_commits_nothing_more(
     run = reload(run)
     assert run.status == "cancelled"
     assert (run.lease_owner, run.lease_until, run.last_seq) == (None, None, 1)
-    assert len(steps_of(run)) == before
+    assert len(own_steps(run)) == before
     assert len(fake_api.requests) == 1
     # The cancel walked away from the call in flight (the slot is free at once): nothing is
     # recorded for it and no step follows it.
@@ -732,7 +728,7 @@ def test_cancel_while_a_tool_runs_commits_nothing_more(
     # Nobody picks it up again.
     assert run_worker().stats.claims == 0
     assert reload(run).status == "cancelled"
-    assert len(steps_of(run)) == before
+    assert len(own_steps(run)) == before
     (receiver.directory / "slow-release").touch()  # the abandoned tool may end now
 
 
@@ -748,7 +744,7 @@ def test_cancel_during_a_retry_wait_stops_at_once(fake_api: FakeAnthropic) -> No
     assert worker.stats.dispositions == {"cancelled": 1}
     assert reload(run).status == "cancelled"
     assert [r.status for r in fake_api.requests] == [529]
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
 
 
 def _cancel_during_model_call(
@@ -766,7 +762,7 @@ def _cancel_during_model_call(
     run = start_run("tester", '@lookup {"key": "a"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     assert arrived.wait(10)
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
     assert cancel_run(run.pk) is True
     thread.join(30)
     assert not thread.is_alive()
@@ -792,7 +788,7 @@ def test_cancel_during_a_model_call_commits_no_turn(fake_api: FakeAnthropic) -> 
         assert not thread.is_alive()
     run = reload(run)
     assert run.status == "cancelled"
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
     assert run.last_seq == 0
     assert len(fake_api.requests) == 1
 
@@ -803,7 +799,7 @@ def test_cancel_during_a_model_call_gives_up_promptly(fake_api: FakeAnthropic) -
     assert fake_api.requests == []
     answer.set()
     assert worker.stats.dispositions == {"cancelled": 1}
-    assert len(steps_of(run)) == 1
+    assert len(own_steps(run)) == 1
 
 
 # --------------------------------------------------------------------------- logging

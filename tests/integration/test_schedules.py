@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from durable_agents.schedule_firing import BATCH, MAX_START_FAILURES, fire_due
 from durable_agents.schedule_models import AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, schedule, slot_key
 from durable_agents.testing import plan
+from tests.integration.conftest import call_at_once
 
 pytestmark = pytest.mark.django_db
 
@@ -359,20 +359,6 @@ def test_the_due_look_reads_the_partial_index() -> None:
 # -- two firers at once (PostgreSQL) --------------------------------------------------------
 
 
-@pytest.fixture
-def unpooled() -> Iterator[None]:
-    """A connection per thread, not a worker's pool (an in-process ``runagents`` earlier in
-    the session may have turned it on)."""
-    options = connections.settings["default"].get("OPTIONS", {})
-    pool = options.pop("pool", None)
-    if pool is not None:
-        connection.close()
-    yield
-    if pool is not None:
-        connection.close()
-        options["pool"] = pool
-
-
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_threads_firing_at_once_start_one_run_per_slot(unpooled: None) -> None:
@@ -383,30 +369,11 @@ def test_two_threads_firing_at_once_start_one_run_per_slot(unpooled: None) -> No
     for rounds in range(5):
         AgentSchedule.objects.update(next_slot=start + rounds * 3 * MINUTE)
         now = start + rounds * 3 * MINUTE + 2 * MINUTE  # three slots due per schedule
-        barrier = threading.Barrier(4)
-        started: list[list[str]] = []
-        errors: list[BaseException] = []
 
-        def fire(
-            now: dt.datetime = now,
-            barrier: threading.Barrier = barrier,
-            started: list[list[str]] = started,
-            errors: list[BaseException] = errors,
-        ) -> None:
-            try:
-                barrier.wait(30)
-                got = fire_due(now, batch=7)
-                started.append([r.start_key or "" for r in got.runs])
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
+        def fire(_: int, now: dt.datetime = now) -> list[str]:
+            return [r.start_key or "" for r in fire_due(now, batch=7).runs]
 
-        threads = [threading.Thread(target=fire) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        started, errors = call_at_once(fire, 4, join_seconds=120)  # four firers at once
         assert errors == []
         keys = [key for batch in started for key in batch]
         # No firer started (or even returned) a slot another one fired.

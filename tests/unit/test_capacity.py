@@ -4,25 +4,23 @@ clock, and a run that waits for capacity (handed back, uncounted, claimed again 
 from __future__ import annotations
 
 import datetime
-import json
-import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from durable_agents.agents import Agent, registry
+from durable_agents.agents import Agent
 from durable_agents.capacity import Estimate, Outlook, buckets, limit_problems, observed
 from durable_agents.capacity import gate as gate_module
 from durable_agents.capacity.headers import BucketReport, Observed
 from durable_agents.capacity.limits import ModelLimits
 from durable_agents.capacity.memory import InMemoryCapacity
-from durable_agents.models import AgentRun, ModelCapacity, RunStatus, WaitKind
+from durable_agents.models import ModelCapacity, RunStatus, WaitKind
 from durable_agents.runner import Disposition, advance_run
 from durable_agents.store import InMemoryStore
 from durable_agents.store.memory import ManualClock
 from durable_agents.tools import tool
+from tests.unit.conftest import RegisterAgent, claimed, start
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 MODEL = "claude-capacity-1"
@@ -279,31 +277,13 @@ def capacity_lookup(key: str) -> str:
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    made = Agent(
+def agent(register_agent: RegisterAgent) -> Agent:
+    return register_agent(
         name="unit-capacity",
-        version="v1",
         model=MODEL,
         system="You are the capacity test agent.",
         tools=[capacity_lookup],
-        max_tokens=256,
-        register=False,
     )
-    registry.register(made)
-    yield made
-    registry.unregister(made.name, made.version)
-
-
-def start(store: InMemoryStore, agent: Agent, task: str) -> Any:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task=task,
-    )
-    return store.create_run(run, json.dumps(task)).pk
 
 
 def test_a_run_without_capacity_is_handed_back_uncounted_and_goes_on_later(
@@ -312,8 +292,7 @@ def test_a_run_without_capacity_is_handed_back_uncounted_and_goes_on_later(
     settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "MAX_ATTEMPTS": 1}
     limits(**{MODEL: {"requests_per_minute": 6, "burst_seconds": 10}})  # one call per 10 s
     run_id = start(store, agent, '@capacity_lookup {"key": "a"}')
-    claim = store.claim_run(run_id, "w1", 30)
-    assert claim is not None
+    claim = claimed(store, run_id)
     # The first call goes out; the second finds the bucket empty: the run goes back.
     assert advance_run(claim, store=store) is Disposition.THROTTLED
     run = store.run(run_id)
@@ -358,18 +337,8 @@ def test_a_key_over_its_budget_waits_for_the_next_day_or_a_raise(
         "PRICES": {MODEL: {"input": 1000.0, "output": 1000.0}},
         "BUDGETS": {"tenant:a": {"usd_per_day": 0.001}},
     }
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task='@capacity_lookup {"key": "a"}',
-        concurrency_key="tenant:a",
-    )
-    run_id = store.create_run(run, json.dumps(run.task)).pk
-    claim = store.claim_run(run_id, "w1", 30)
-    assert claim is not None
+    run_id = start(store, agent, '@capacity_lookup {"key": "a"}', concurrency_key="tenant:a")
+    claim = claimed(store, run_id)
     # The first turn is paid; before the second the key is over budget: the run waits.
     assert advance_run(claim, store=store) is Disposition.THROTTLED
     waiting = store.run(run_id)

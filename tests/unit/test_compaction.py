@@ -9,7 +9,6 @@ import base64
 import hashlib
 import hmac
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +27,7 @@ from durable_agents.history import (
     user_message,
 )
 from durable_agents.interrupt import Interrupt
-from durable_agents.models import AgentRun, StepKind
+from durable_agents.models import StepKind
 from durable_agents.offline import (
     COMPACT_BETA,
     CONTEXT_EDITING_BETA,
@@ -42,6 +41,7 @@ from durable_agents.offline import (
 from durable_agents.runner import Disposition, advance_run, tokens_of
 from durable_agents.store import InMemoryStore
 from tests.testapp.compaction_agents import compaction_params, compactor
+from tests.unit.conftest import claimed, start
 
 MODEL = "claude-test-1"
 THINKING = {"type": "enabled", "budget_tokens": 1024}
@@ -639,22 +639,8 @@ def store() -> InMemoryStore:
     return InMemoryStore()
 
 
-def start(store: InMemoryStore, agent: Agent, task: str) -> Any:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task=task,
-    )
-    return store.create_run(run, json.dumps(task)).pk
-
-
 def advance(store: InMemoryStore, run_id: Any) -> Disposition:
-    claim = store.claim_run(run_id, "w1", 30)
-    assert claim is not None
-    return advance_run(claim, store=store)
+    return advance_run(claimed(store, run_id), store=store)
 
 
 @pytest.mark.parametrize("stream", [False, True])

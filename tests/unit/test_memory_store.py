@@ -4,7 +4,6 @@ stores is tests/integration/test_store_contract.py)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -15,17 +14,7 @@ from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolEffect,
 from durable_agents.store import Claim, InMemoryStore, Parked
 from durable_agents.store.base import StepWrite
 from durable_agents.store.memory import ManualClock
-
-
-def start(store: InMemoryStore, task: str = "t") -> Any:
-    run = AgentRun(id=uuid.uuid4(), agent="a", prompt_version="v1", model="m", task=task)
-    return store.create_run(run, json.dumps(task)).pk
-
-
-def take(store: InMemoryStore, run_id: Any, owner: str = "w1") -> Claim:
-    claim = store.claim_run(run_id, owner, 30)
-    assert claim is not None
-    return claim
+from tests.unit.conftest import claimed, start
 
 
 def intent_for(run_id: Any, key: str = "k1") -> ToolIntent:
@@ -39,7 +28,7 @@ def test_the_unit_tests_cannot_reach_the_database() -> None:
 
 def test_callers_get_copies(store: InMemoryStore) -> None:
     run_id = start(store)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     claim.run.status = RunStatus.SUCCEEDED
     assert store.current_status(run_id) == RunStatus.RUNNING
     assert claim.task_payload == '"t"'  # as a PostgreSQL claim brings it
@@ -47,7 +36,7 @@ def test_callers_get_copies(store: InMemoryStore) -> None:
 
 def test_leases_expire_by_the_stores_clock(store: InMemoryStore, clock: ManualClock) -> None:
     run_id = start(store)
-    take(store, run_id)
+    claimed(store, run_id)
     clock.advance(29)
     assert store.claim_runs("w2", 30) == []
     clock.advance(2)
@@ -59,7 +48,7 @@ def test_a_release_can_hold_the_run_and_take_back_its_count(
     store: InMemoryStore, clock: ManualClock
 ) -> None:
     run_id = start(store)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     assert store.release_lease(claim, error="later", count_claim=False, hold_seconds=10)
     run = store.run(run_id)
     assert (run.status, run.stalled_claims, run.error) == (RunStatus.PENDING, 0, "later")
@@ -70,7 +59,7 @@ def test_a_release_can_hold_the_run_and_take_back_its_count(
 
 def test_parking_writes_the_intent_only_when_the_fence_holds(store: InMemoryStore) -> None:
     run_id = start(store)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     stale = Claim(claim.run, "w1", claim.attempt + 1, 30)
     assert store.park_on_intent(stale, intent_for(run_id), new=True) is Parked.FENCE_FAILED
     assert store.intents_of(run_id) == []
@@ -82,12 +71,12 @@ def test_parking_writes_the_intent_only_when_the_fence_holds(store: InMemoryStor
 
 def test_a_decision_before_the_park_means_the_run_goes_on(store: InMemoryStore) -> None:
     run_id = start(store)
-    first = take(store, run_id)
+    first = claimed(store, run_id)
     intent = intent_for(run_id)
     store.park_on_intent(first, intent, new=True)
     person = get_user_model()(username="ada")
     store.decide_intent(intent.pk, person, IntentStatus.PENDING, IntentStatus.APPROVED, "")
-    second = take(store, run_id)
+    second = claimed(store, run_id)
     assert store.park_on_intent(second, intent) is Parked.DECIDED
     assert store.run(run_id).status == RunStatus.RUNNING
     store.reload_intent(intent)
@@ -97,17 +86,17 @@ def test_a_decision_before_the_park_means_the_run_goes_on(store: InMemoryStore) 
 
 def test_a_crashed_call_is_parked_as_unknown_and_resolved(store: InMemoryStore) -> None:
     run_id = start(store)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     intent = intent_for(run_id)
     store.park_on_intent(claim, intent, new=True)
     person = get_user_model()(username="ada")
     store.decide_intent(intent.pk, person, IntentStatus.PENDING, IntentStatus.APPROVED, "")
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     assert store.start_intent_execution(claim, intent)
     assert not store.start_intent_execution(claim, intent)  # executing already
     # The worker died; the next one finds the intent executing.
     store.release_lease(claim)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     store.reload_intent(intent)
     assert store.park_on_intent(claim, intent, unknown_because="it died") is Parked.PARKED
     assert store.intents_of(run_id)[0].status == IntentStatus.UNKNOWN
@@ -121,7 +110,7 @@ def test_a_crashed_call_is_parked_as_unknown_and_resolved(store: InMemoryStore) 
 
 def test_a_late_completion_settles_the_intent_and_wakes_the_run(store: InMemoryStore) -> None:
     run_id = start(store)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     intent = intent_for(run_id)
     store.park_on_intent(claim, intent, new=True)
     store.intents[intent.pk].status = IntentStatus.UNKNOWN
@@ -135,7 +124,7 @@ def test_dead_letter_leaves_held_runs_to_their_worker(
     store: InMemoryStore, clock: ManualClock
 ) -> None:
     held, free = start(store), start(store)
-    take(store, held)
+    claimed(store, held)
     assert not store.dead_letter(held, "retired")
     assert store.dead_letter(free, "retired")
     clock.advance(31)
@@ -149,7 +138,7 @@ def test_dead_letter_leaves_held_runs_to_their_worker(
 
 def test_a_finished_run_cannot_be_cancelled(store: InMemoryStore) -> None:
     run_id = start(store)
-    claim = take(store, run_id)
+    claim = claimed(store, run_id)
     assert store.finish_run(claim, RunStatus.SUCCEEDED, result="done")
     assert not store.cancel_run(run_id)
     assert store.current_status(run_id) == RunStatus.SUCCEEDED
@@ -158,8 +147,8 @@ def test_a_finished_run_cannot_be_cancelled(store: InMemoryStore) -> None:
 def test_a_fork_reads_the_stretches_it_shares(store: InMemoryStore) -> None:
     from durable_agents.store.base import ForkWrite
 
-    parent = start(store, "the task")
-    claim = take(store, parent)
+    parent = start(store, task="the task")
+    claim = claimed(store, parent)
     for seq in (1, 2, 3):
         assert store.append_step(claim, StepWrite(seq, "model_turn", f'{{"n": {seq}}}'))
     fork = AgentRun(

@@ -5,8 +5,6 @@ from the engine and the observers (read from its imports)."""
 from __future__ import annotations
 
 import ast
-import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +12,12 @@ from typing import Any
 import pytest
 
 from durable_agents import llm, observers, runner
-from durable_agents.agents import Agent, registry
-from durable_agents.models import AgentRun
+from durable_agents.agents import Agent
 from durable_agents.observers import ModelOutcome, ToolOutcome
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.tools import tool
 from durable_agents.worker import Worker
+from tests.unit.conftest import RegisterAgent, claimed, start
 
 
 @tool(effect="pure")
@@ -106,32 +104,13 @@ def recording() -> Iterator[Recording]:
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    made = Agent(
+def agent(register_agent: RegisterAgent) -> Agent:
+    return register_agent(
         name="unit-observers",
-        version="v1",
-        model="claude-test-1",
         system="You are the unit test agent.",
         tools=[lookup, explode],
-        max_tokens=256,
         max_turns=10,
-        register=False,
     )
-    registry.register(made)
-    yield made
-    registry.unregister(made.name, made.version)
-
-
-def start(store: InMemoryStore, agent: Agent, task: str) -> Any:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task=task,
-    )
-    return store.create_run(run, json.dumps(task)).pk
 
 
 def test_an_observer_sees_each_call_commit_and_claim_of_a_run_once(
@@ -140,8 +119,7 @@ def test_an_observer_sees_each_call_commit_and_claim_of_a_run_once(
     store = InMemoryStore()
     monkeypatch.setattr(runner, "current", lambda: store)  # the worker's runs live here
     run_id = start(store, agent, 'Look it up.\n@lookup {"key": "a"} && explode {"message": "x"}')
-    claim = store.claim_run(run_id, "w1", 30)
-    assert claim is not None
+    claim = claimed(store, run_id)
     # One slot of a worker, without its threads: the claim advanced and reported as the
     # worker's slots do.
     assert Worker(handle_signals=False, listen=False)._work(claim) is None

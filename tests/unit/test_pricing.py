@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -11,11 +10,12 @@ from typing import Any
 import pytest
 
 from durable_agents import observers, pricing
-from durable_agents.agents import Agent, registry
+from durable_agents.agents import Agent
 from durable_agents.models import AgentRun, StepKind
 from durable_agents.pricing import Usage, cost_of, format_usd, usage_of
 from durable_agents.runner import Disposition, advance_run, tokens_of
 from durable_agents.store import InMemoryStore
+from tests.unit.conftest import RegisterAgent, claimed, start
 
 FABLE = {"input": 3.0, "output": 15.0}
 
@@ -131,10 +131,9 @@ class Costs(observers.Observer):
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    made = Agent(name="unit-pricing", version="v1", model="claude-x", system="Priced.")
-    yield made
-    registry.unregister(made.name, made.version)
+def agent(register_agent: RegisterAgent) -> Agent:
+    # Agent's own default max_tokens, which this agent has always had (not the unit default).
+    return register_agent(name="unit-pricing", model="claude-x", system="Priced.", max_tokens=4096)
 
 
 @pytest.fixture
@@ -146,18 +145,8 @@ def costs() -> Iterator[Costs]:
 
 
 def run_once(store: InMemoryStore, agent: Agent, task: str) -> AgentRun:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task=task,
-    )
-    run_id = store.create_run(run, json.dumps(task)).pk
-    claim = store.claim_run(run_id, "w1", 30)
-    assert claim is not None
-    assert advance_run(claim, store=store) is Disposition.SUCCEEDED
+    run_id = start(store, agent, task)
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.SUCCEEDED
     return store.run(run_id)
 
 

@@ -8,19 +8,19 @@ tool runs a test's function from inside a run, to change the store while a step 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from durable_agents.agents import Agent, registry
-from durable_agents.models import AgentRun, IntentStatus, RunStatus, StepKind
+from durable_agents.agents import Agent
+from durable_agents.models import IntentStatus, RunStatus, StepKind
 from durable_agents.runner import Disposition, advance_run
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.store.memory import ManualClock
 from durable_agents.tools import tool
+from tests.unit.conftest import RegisterAgent, claimed, start
 
 HOOKS: dict[str, Callable[[], None]] = {}
 LAUNCHES: list[str] = []
@@ -52,55 +52,25 @@ TOOLS = [lookup, hook, launch]
 
 
 @pytest.fixture
-def agents() -> Iterator[dict[str, Agent]]:
+def agents(register_agent: RegisterAgent) -> dict[str, Agent]:
     made = {
-        "main": Agent(
+        "main": register_agent(
             name="unit-state-machine",
-            version="v1",
-            model="claude-test-1",
             system="You are the unit test agent.",
             tools=TOOLS,
-            max_tokens=256,
             max_turns=10,
-            register=False,
         ),
-        "short": Agent(
+        "short": register_agent(
             name="unit-state-machine-short",
-            version="v1",
-            model="claude-test-1",
             system="You have one turn.",
             tools=TOOLS,
-            max_tokens=256,
             max_turns=1,
-            register=False,
         ),
     }
-    for agent in made.values():
-        registry.register(agent)
     HOOKS.clear()
     LAUNCHES.clear()
     HOOKED.clear()
-    yield made
-    for agent in made.values():
-        registry.unregister(agent.name, agent.version)
-
-
-def start(store: InMemoryStore, agent: Agent, task: str, fingerprint: str | None = None) -> Any:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=fingerprint or agent.fingerprint(agent.model),
-        task=task,
-    )
-    return store.create_run(run, json.dumps(task)).pk
-
-
-def claim(store: InMemoryStore, run_id: Any, owner: str = "w1") -> Claim:
-    taken = store.claim_run(run_id, owner, 30)
-    assert taken is not None
-    return taken
+    return made
 
 
 def kinds(store: InMemoryStore, run_id: Any) -> list[str]:
@@ -113,7 +83,7 @@ def payload(store: InMemoryStore, run_id: Any, seq: int) -> Any:
 
 def test_a_final_turn_succeeds(store: InMemoryStore, agents: dict[str, Agent]) -> None:
     run_id = start(store, agents["main"], "Say hello.")
-    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.SUCCEEDED
     run = store.run(run_id)
     assert (run.status, run.last_seq, run.lease_owner, run.lease_until) == (
         RunStatus.SUCCEEDED,
@@ -130,7 +100,7 @@ def test_a_final_turn_succeeds(store: InMemoryStore, agents: dict[str, Agent]) -
 
 def test_a_tool_call_then_a_final_turn(store: InMemoryStore, agents: dict[str, Agent]) -> None:
     run_id = start(store, agents["main"], 'Look it up.\n@lookup {"key": "a"}')
-    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.SUCCEEDED
     assert kinds(store, run_id) == [
         StepKind.TASK,
         StepKind.MODEL_TURN,
@@ -149,7 +119,7 @@ def test_an_unknown_tool_gets_an_error_result(
     store: InMemoryStore, agents: dict[str, Agent]
 ) -> None:
     run_id = start(store, agents["main"], "@nope {}")
-    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.SUCCEEDED
     [block] = payload(store, run_id, 2)
     assert block["is_error"] is True
     assert block["content"] == "unknown tool 'nope'; the tools are: hook, launch, lookup"
@@ -164,10 +134,10 @@ def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
     def steal() -> None:
         # The lease expires while the call runs and another worker claims the run.
         clock.advance(31)
-        stolen.append(claim(store, run_id, "thief"))
+        stolen.append(claimed(store, run_id, "thief"))
 
     HOOKS["steal"] = steal
-    assert advance_run(claim(store, run_id), store=store) is Disposition.LOST
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.LOST
     assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]  # nothing appended
     run = store.run(run_id)
     assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 1)
@@ -186,7 +156,7 @@ def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent
         store.cancel_run(run_id)
 
     HOOKS["cancel"] = cancel
-    assert advance_run(claim(store, run_id), store=store) is Disposition.CANCELLED
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.CANCELLED
     run = store.run(run_id)
     assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, 1)
     assert run.finished_at is not None
@@ -195,7 +165,7 @@ def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent
 
 def test_a_run_over_its_turn_budget_fails(store: InMemoryStore, agents: dict[str, Agent]) -> None:
     run_id = start(store, agents["short"], '@lookup {"key": "a"}\n@lookup {"key": "b"}')
-    assert advance_run(claim(store, run_id), store=store) is Disposition.FAILED
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.FAILED
     run = store.run(run_id)
     assert run.status == RunStatus.FAILED
     assert run.error == "budget exceeded: max_turns (1) reached"
@@ -207,7 +177,7 @@ def test_an_irreversible_call_parks_until_approved_then_runs_once(
     store: InMemoryStore, agents: dict[str, Agent]
 ) -> None:
     run_id = start(store, agents["main"], '@launch {"target": "moon"}')
-    assert advance_run(claim(store, run_id), store=store) is Disposition.WAITING
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.WAITING
     run = store.run(run_id)
     assert (run.status, run.lease_owner, run.lease_until, run.stalled_claims) == (
         RunStatus.WAITING,
@@ -231,7 +201,7 @@ def test_an_irreversible_call_parks_until_approved_then_runs_once(
     assert decided.status == IntentStatus.APPROVED
     assert store.run(run_id).status == RunStatus.PENDING  # woken
 
-    assert advance_run(claim(store, run_id, "w2"), store=store) is Disposition.SUCCEEDED
+    assert advance_run(claimed(store, run_id, "w2"), store=store) is Disposition.SUCCEEDED
     assert LAUNCHES == ["moon"]
     [intent] = store.intents_of(run_id)
     assert intent.status == IntentStatus.DONE
@@ -243,11 +213,11 @@ def test_a_rejected_call_is_an_error_result_naming_the_person(
     store: InMemoryStore, agents: dict[str, Agent]
 ) -> None:
     run_id = start(store, agents["main"], '@launch {"target": "sun"}')
-    assert advance_run(claim(store, run_id), store=store) is Disposition.WAITING
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.WAITING
     [intent] = store.intents_of(run_id)
     person = get_user_model()(username="ada")
     store.decide_intent(intent.pk, person, IntentStatus.PENDING, IntentStatus.REJECTED, "too hot")
-    assert advance_run(claim(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.SUCCEEDED
     assert LAUNCHES == []
     [block] = payload(store, run_id, 2)
     assert block["is_error"] is True
@@ -260,9 +230,9 @@ def test_claims_that_commit_nothing_send_the_run_to_the_dead_letter(
     settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "MAX_ATTEMPTS": 2}
     run_id = start(store, agents["main"], "Say hello.")
     for _ in range(2):  # two workers die before committing anything: their leases expire
-        claim(store, run_id)
+        claimed(store, run_id)
         clock.advance(31)
-    last = claim(store, run_id)
+    last = claimed(store, run_id)
     assert last.run.stalled_claims == 3
     assert advance_run(last, store=store) is Disposition.DEAD
     run = store.run(run_id)
@@ -275,7 +245,7 @@ def test_prompt_drift_is_dead_lettered_without_a_step(
     store: InMemoryStore, agents: dict[str, Agent]
 ) -> None:
     run_id = start(store, agents["main"], "Say hello.", fingerprint="0" * 64)
-    assert advance_run(claim(store, run_id), store=store) is Disposition.DEAD
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.DEAD
     run = store.run(run_id)
     assert run.status == RunStatus.DEAD
     assert run.error.startswith("prompt drift: agent unit-state-machine@v1")
@@ -290,7 +260,7 @@ def test_the_last_step_claims_the_next_run_in_memory_too(
     first = start(store, agents["main"], "Say hello.")
     second = start(store, agents["main"], "Say goodbye.")
     then = NextClaim("w1", 30, take=lambda: True, give_back=lambda: None)
-    assert advance_run(claim(store, first), store=store, then_claim=then) is Disposition.SUCCEEDED
+    assert advance_run(claimed(store, first), store=store, then_claim=then) is Disposition.SUCCEEDED
     assert then.claim is not None
     assert then.claim.run_id == second
     assert then.claim.task_payload == json.dumps("Say goodbye.")

@@ -8,19 +8,19 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from durable_agents import Wait, ask_person
-from durable_agents.agents import Agent, registry
-from durable_agents.models import AgentRun, RunStatus, WaitKind
+from durable_agents.agents import Agent
+from durable_agents.models import RunStatus, WaitKind
 from durable_agents.runner import Disposition, advance_run
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.store.memory import ManualClock
 from durable_agents.tools import tool
 from durable_agents.waits import AskPerson
+from tests.unit.conftest import RegisterAgent, start
 
 CALLS: list[tuple[str, str | None, Any]] = []
 
@@ -51,35 +51,16 @@ def listen(name: str, *, woken_by: dict[str, Any] | None = None) -> Any:
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    made = Agent(
-        name="unit-waits",
-        version="v1",
-        model="claude-test-1",
-        system="You wait.",
-        tools=[count, snooze, listen, ask_person],
-        max_tokens=256,
-        register=False,
+def agent(register_agent: RegisterAgent) -> Agent:
+    made = register_agent(
+        name="unit-waits", system="You wait.", tools=[count, snooze, listen, ask_person]
     )
-    registry.register(made)
     CALLS.clear()
-    yield made
-    registry.unregister(made.name, made.version)
-
-
-def start(store: InMemoryStore, agent: Agent, task: str) -> Any:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task=task,
-    )
-    return store.create_run(run, json.dumps(task)).pk
+    return made
 
 
 def claim(store: InMemoryStore) -> Claim:
+    """The one run the store has to give now, claimed by w1 (whichever run it is)."""
     [taken] = store.claim_runs("w1", 30)
     return taken
 

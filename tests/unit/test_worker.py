@@ -7,20 +7,19 @@ in these tests is on an event with a bound; none of them passes by time alone.""
 
 from __future__ import annotations
 
-import json
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from durable_agents.agents import Agent, registry
-from durable_agents.models import AgentRun, RunStatus, StepKind
+from durable_agents.agents import Agent
+from durable_agents.models import RunStatus, StepKind
 from durable_agents.store import Claim, InMemoryStore, LeaseLoss
 from durable_agents.store.memory import ManualClock
 from durable_agents.tools import tool
 from durable_agents.worker import Worker
+from tests.unit.conftest import RegisterAgent, start
 
 # A bound for every wait on another thread: a broken worker fails the test, never hangs it.
 BOUND = 5.0
@@ -50,34 +49,14 @@ def gate(name: str) -> str:
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    made = Agent(
-        name="unit-worker",
-        version="v1",
-        model="claude-test-1",
-        system="You are the worker's unit test agent.",
-        tools=[gate],
-        max_tokens=256,
-        register=False,
+def agent(register_agent: RegisterAgent) -> Iterator[Agent]:
+    made = register_agent(
+        name="unit-worker", system="You are the worker's unit test agent.", tools=[gate]
     )
-    registry.register(made)
     GATES.clear()
     yield made
     for each in GATES.values():
-        each.opened.set()  # no tool thread outlives its test
-    registry.unregister(made.name, made.version)
-
-
-def start(store: InMemoryStore, agent: Agent, task: str, version: str | None = None) -> Any:
-    run = AgentRun(
-        id=uuid.uuid4(),
-        agent=agent.name,
-        prompt_version=version or agent.version,
-        model=agent.model,
-        fingerprint=agent.fingerprint(agent.model),
-        task=task,
-    )
-    return store.create_run(run, json.dumps(task)).pk
+        each.opened.set()  # no tool thread outlives its test (the agent is unregistered next)
 
 
 def gated(store: InMemoryStore, agent: Agent, name: str) -> Any:
