@@ -27,6 +27,21 @@ from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, 
 T = TypeVar("T")
 
 
+@pytest.fixture(autouse=True)
+def _content_types_cached(request: pytest.FixtureRequest) -> None:
+    """An admin page looks its models' content types up once per process, then in a cache:
+    the first page a process serves runs a query more. The tests that count a page's queries
+    would count it or not depending on the order pytest-xdist dealt the tests in; with the
+    cache filled before each admin test, every count is the page's own."""
+    if "admin_client" not in request.fixturenames:
+        return
+    from django.apps import apps
+    from django.contrib.contenttypes.models import ContentType
+
+    request.getfixturevalue("admin_client")  # the test database is set up by then
+    ContentType.objects.get_for_models(*apps.get_models())
+
+
 @contextlib.contextmanager
 def agents_registered(*agents: Agent) -> Iterator[None]:
     """The module's ``agents`` in the registry for the ``with`` block (in an autouse fixture:
