@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run admin live test test-fast test-slow test-long test-postgres test-sqlite test-django6 check-wheel dist lint venv demo-venv constraints clean
+.PHONY: run admin live test test-fast test-slow test-long test-postgres test-sqlite test-django6 venv-django6 check-wheel dist lint venv demo-venv constraints clean
 
 PIP := $(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt
 
@@ -127,6 +127,8 @@ DJANGO6_TESTS := tests/unit/test_checks.py tests/integration/test_admin*.py \
   tests/integration/test_demo_admin.py tests/integration/test_live*.py \
   tests/integration/test_migration_cost.py tests/integration/test_not_migrated.py \
   tests/integration/test_plugin.py tests/integration/test_store_contract.py
+venv-django6: $(VENV6)/.installed
+
 test-django6: $(VENV6)/.installed
 	./scripts/ensure-postgres.sh
 	DATABASE_URL=$(PG_URL)_dj6 $(VENV6)/bin/python -m pytest -q -n 2 $(DJANGO6_TESTS) \
