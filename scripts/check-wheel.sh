@@ -20,10 +20,10 @@ listing=$("$repo/.venv/bin/python" -m zipfile -l "$wheel")
 grep -qE '^durable_agents/py\.typed[[:space:]]' <<<"$listing" \
   || { echo "the wheel lacks durable_agents/py.typed" >&2; exit 1; }
 python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install --quiet "$wheel"
+"$work/venv/bin/pip" install -qq "$wheel"
 # And by its name: what `pip install django-durable-agents` resolves to is this wheel (only the
 # local directory is searched; the dependencies are in place from the line above).
-"$work/venv/bin/pip" install --quiet --no-index --find-links "$work/dist" --force-reinstall \
+"$work/venv/bin/pip" install -qq --no-index --find-links "$work/dist" --force-reinstall \
   --no-deps django-durable-agents
 "$work/venv/bin/python" -c "import importlib.metadata as m; print('installed', m.version('django-durable-agents'))"
 mkdir -p "$work/site/shop"
@@ -54,7 +54,7 @@ MIDDLEWARE = ["django.contrib.sessions.middleware.SessionMiddleware",
 ROOT_URLCONF = "urls"
 USE_TZ = True
 DEBUG = True
-DURABLE_AGENTS = {"OFFLINE": True}
+DURABLE_AGENTS = {"OFFLINE": True, "SITE_URL": "http://127.0.0.1:8000"}
 PY
 cat > "$work/site/urls.py" <<'PY'
 from django.contrib import admin
