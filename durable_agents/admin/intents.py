@@ -43,6 +43,7 @@ from durable_agents.admin.filters import IndexedValuesFilter
 from durable_agents.admin.format import (
     Text,
     ago,
+    audits_values,
     created_title,
     format_time,
     intent_badge,
@@ -545,11 +546,16 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         )
         if api.made_transition(after):
             # Marked once: the LogEntry keeps the English, the person reads their language.
-            message = (
-                gettext_noop("Resolved: it happened; recorded result %(result)s.")
-                if happened == "yes"
-                else gettext_noop("Resolved: it did not happen; the call runs again.")
-            )
+            if happened != "yes":
+                message = gettext_noop("Resolved: it did not happen; the call runs again.")
+            elif audits_values():
+                message = gettext_noop("Resolved: it happened; recorded result %(result)s.")
+            else:
+                # The result is encrypted at rest: neither the audit nor the message (kept in
+                # the session or a cookie until shown) holds it.
+                message = gettext_noop(
+                    "Resolved: it happened; recorded its result (encrypted at rest)."
+                )
             values = {"result": repr(Truncator(result).chars(200))}
             logged = message % values
             self.log_change(
