@@ -23,13 +23,13 @@ from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import revealed_field
 from durable_agents.admin.keys import limit_in_force_text
 from durable_agents.models import (
+    MAX_CONCURRENCY_KEY,
     AgentRun,
     AgentUsageDay,
     ConcurrencyKey,
     RunStatus,
     WaitKind,
 )
-from durable_agents.store.concurrency import MAX_CONCURRENCY_KEY
 from durable_agents.store.rollup import utc_day
 from durable_agents.text import has_unstorable
 
