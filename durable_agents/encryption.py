@@ -181,6 +181,12 @@ def keyring() -> Keyring | None:
     keys = app_settings.ENCRYPTION_KEYS
     if not keys:
         return None
+    if not isinstance(keys, list | tuple) or not all(
+        key is None or isinstance(key, str) for key in keys
+    ):
+        # Refused by the system checks (E060, E061); said the same way here rather than as a
+        # TypeError of the cache (an unhashable entry) or a key taken letter by letter.
+        raise InvalidKey("ENCRYPTION_KEYS must be a list of key strings")
     return _keyring(tuple(keys))
 
 
@@ -270,3 +276,10 @@ def unseal_field(stored: str, column: str) -> str | None:
             return Unreadable(f"[cannot decrypt: {exc}]")
         problems.append(str(exc))
         return None
+    except InvalidKey as exc:
+        # A malformed ENCRYPTION_KEYS (the system checks refuse it at start-up): a page that
+        # only shows what it reads names the problem instead of failing; anything that
+        # would write or run goes on raising.
+        if _PROBLEMS.get() != SHOWN:
+            raise
+        return Unreadable(f"[cannot decrypt: {exc}]")

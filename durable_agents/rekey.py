@@ -55,6 +55,10 @@ def encrypted_columns() -> list[Column]:
     found = []
     for model in apps.get_app_config("durable_agents").get_models():
         meta = model._meta
+        if meta.proxy:
+            # A proxy shares its concrete model's table: listing its fields again would
+            # rotate (and count, and report) the same column once per proxy.
+            continue
         for column in meta.concrete_fields:
             if _is_encrypted(column):
                 pk = tuple(str(f.column) for f in meta.pk_fields)

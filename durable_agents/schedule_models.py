@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
@@ -81,6 +82,12 @@ class AgentSchedule(models.Model):
                 condition=(models.Q(cron="") & models.Q(every__isnull=False))
                 | (~models.Q(cron="") & models.Q(every__isnull=True)),
                 name="agent_schedule_cron_or_every",
+            ),
+            # A zero or negative interval cannot fire (zero divides, a negative one goes
+            # backwards); schedule() refuses them, this keeps hand-written rows out too.
+            models.CheckConstraint(
+                condition=models.Q(every__isnull=True) | models.Q(every__gt=dt.timedelta(0)),
+                name="agent_schedule_every_positive",
             ),
         ]
 

@@ -175,6 +175,18 @@ def _check_every(every: object) -> None:
         raise ValueError(f"every= is between {MIN_EVERY} and {MAX_EVERY.days} days, not {every}")
 
 
+def check_stored_every(every: dt.timedelta) -> None:
+    """ValueError for a stored ``every`` that ``schedule()`` refuses. A row written past the
+    app (raw SQL, a fixture) may hold one: zero divides by zero at every firing, a negative
+    interval moves the next slot backwards so that each firing finds it due again (a flood of
+    runs with ``catch_up``), a microsecond makes a million slots a second. The firing marks
+    such a schedule broken, and resuming it is refused, as for a cron that does not parse."""
+    if not MIN_EVERY <= every <= MAX_EVERY:
+        raise ValueError(
+            f"its interval (every) is {every}, not between {MIN_EVERY} and {MAX_EVERY.days} days"
+        )
+
+
 def _first_slot(slots: CronSim, before: dt.datetime) -> dt.datetime | None:
     try:
         slot = next(slots)
@@ -185,8 +197,10 @@ def _first_slot(slots: CronSim, before: dt.datetime) -> dt.datetime | None:
 
 def next_slot(schedule: AgentSchedule, after: dt.datetime) -> dt.datetime | None:
     """The schedule's first slot strictly after ``after``, in UTC; None when a cron
-    expression fires in none of the next five years."""
+    expression fires in none of the next five years. ValueError for an ``every`` that
+    ``schedule()`` would refuse (a row written by hand)."""
     if schedule.every is not None:
+        check_stored_every(schedule.every)
         step = schedule.every.total_seconds()
         passed = (after - _EPOCH).total_seconds()
         n = math.floor(passed / step) + 1
@@ -203,7 +217,9 @@ def due_slots(
     ``catch_up``, each slot from ``next_slot`` to ``now``, oldest first, at most ``limit``;
     without, only the newest of them (the ones an outage skipped are not started).
     ValueError (or cronsim's ``CronSimError``) for a cron expression or a time zone that no
-    longer parses."""
+    longer parses, or an ``every`` out of range."""
+    if schedule.every is not None:
+        check_stored_every(schedule.every)
     first = schedule.next_slot
     if first is None or first > now:
         return []

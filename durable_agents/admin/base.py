@@ -191,6 +191,18 @@ class AgentsAdmin(_ModelAdmin[_M]):
                 context[name] = plain_markers(context[name])
         return super().render_change_form(request, context, add, change, form_url, obj)
 
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # "Change history: <the object>": the object's name reads with markers there too.
+        response = super().history_view(request, object_id, extra_context)
+        context = getattr(response, "context_data", None)
+        if context is not None:
+            for name in ("title", "subtitle"):
+                if context.get(name):
+                    context[name] = plain_markers(context[name])
+        return response
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

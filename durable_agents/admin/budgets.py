@@ -9,10 +9,13 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import Count, DecimalField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api, budgets
@@ -20,6 +23,7 @@ from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import revealed_field
 from durable_agents.admin.keys import limit_in_force_text
 from durable_agents.models import (
+    MAX_CONCURRENCY_KEY,
     AgentRun,
     AgentUsageDay,
     ConcurrencyKey,
@@ -27,12 +31,38 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.store.rollup import utc_day
+from durable_agents.text import has_unstorable
 
 MONEY = DecimalField(max_digits=20, decimal_places=9)
 USD_PER_DAY = _("USD per day")
 
 
+class ConcurrencyKeyForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The key's limit and budget, checked as the API checks them, so that a refused value is
+    an error beside its field rather than a failure of the save."""
+
+    class Meta:
+        model = ConcurrencyKey
+        fields = ("concurrency_limit", "usd_per_day")
+
+    def clean_concurrency_limit(self) -> int | None:
+        limit = self.cleaned_data.get("concurrency_limit")
+        if limit is not None and limit < 0:
+            raise ValidationError(_("A limit is a whole number of 0 or more, or empty."))
+        return limit
+
+    def clean_usd_per_day(self) -> Decimal | None:
+        amount = self.cleaned_data.get("usd_per_day")
+        if amount is None:
+            return None
+        try:
+            return budgets.check_amount(amount)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+
 class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
+    form = ConcurrencyKeyForm
     list_display = (
         "key_shown",
         "limit_in_force",
@@ -60,6 +90,16 @@ class ConcurrencyKeyAdmin(AgentsAdmin[ConcurrencyKey]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the claim locks the key's row
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: Any = None
+    ) -> ConcurrencyKey | None:
+        # The key is the primary key, text from the URL: a NUL or a lone surrogate in it is
+        # a database error on PostgreSQL (a 500 on the change, history and delete pages), and
+        # names no key anyway.
+        if has_unstorable(object_id) or len(object_id) > MAX_CONCURRENCY_KEY:
+            raise Http404(gettext("No concurrency key matches the given id."))
+        return super().get_object(request, object_id, from_field)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ConcurrencyKey]:
         # Two subqueries per page row (the day's rollup rows of the key, its runs waiting for

@@ -38,6 +38,7 @@ from durable_agents.admin.base import (
 from durable_agents.admin.filters import SentFilter
 from durable_agents.admin.format import (
     ago,
+    audits_values,
     badge,
     format_time,
     plain_text_response,
@@ -68,8 +69,13 @@ def send_event_as(
     # The audit's text before the send, storable: a payload may hold a lone surrogate (a JSON
     # escape), which is sent as such but would make the LogEntry's INSERT fail after the send,
     # leaving an event sent with no audit and a 500.
-    message = storable_text(
-        f"Sent from the admin with payload {Truncator(pretty_json(payload)).chars(200)}"
+    message = (
+        storable_text(
+            f"Sent from the admin with payload {Truncator(pretty_json(payload)).chars(200)}"
+        )
+        if audits_values()
+        # Encrypted at rest: the audit says who sent it, never what it carried.
+        else "Sent from the admin (the payload is encrypted at rest)."
     )
     before = AgentEvent.objects.filter(name=name).only("pk", "sent_at").first()
     if before is not None and before.is_sent:

@@ -171,6 +171,14 @@ def pretty_json(value: Any) -> str:
         }
 
 
+def audits_values() -> bool:
+    """Whether an admin LogEntry may quote the value a person typed (an answer, an event
+    payload, a recorded result). Not once ENCRYPTION_KEYS holds a key: those values are
+    encrypted at rest, and ``django_admin_log.change_message`` is plain text that every dump,
+    backup and replica carries. The entry then says what was done and by whom, never what."""
+    return not encryption.enabled()
+
+
 def load_json(text: str) -> Any:
     """``json.loads`` at any depth (``deepjson``); text that is not JSON raises ValueError
     (a page then shows the text as it is)."""

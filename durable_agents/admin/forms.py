@@ -154,9 +154,17 @@ class EventPayloadForm(forms.Form):
 
 class MarkedTextInput(forms.TextInput):
     """A text input whose value holds no invisible or direction-changing character as it is:
-    each is written as a character reference, so the browser still posts the value exactly."""
+    each is written as a character reference, so the browser still posts the value exactly.
+    An input cannot draw markers, so when there is any such character the value is shown
+    above it with its markers, after the warning."""
 
     template_name = "durable_agents/widgets/marked_text_input.html"
+
+
+class MarkedTextarea(forms.Textarea):
+    """MarkedTextInput's textarea: the value with its markers above it, the exact value in it."""
+
+    template_name = "durable_agents/widgets/marked_textarea.html"
 
 
 class SendEventForm(EventPayloadForm):

@@ -37,12 +37,14 @@ from durable_agents.admin.base import (
     ConfirmRow,
     CountedChangeList,
     ReadOnlyAdmin,
+    clean_pk,
     get_or_404,
 )
 from durable_agents.admin.filters import IndexedValuesFilter
 from durable_agents.admin.format import (
     Text,
     ago,
+    audits_values,
     created_title,
     format_time,
     intent_badge,
@@ -437,6 +439,23 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
             raise PermissionDenied
         return get_or_404(ToolIntent, object_id, ToolIntent.objects.select_related("decided_by"))
 
+    def _undecidable(
+        self, request: HttpRequest, object_id: str, exc: encryption.UndecryptableValue
+    ) -> HttpResponse:
+        """A decision on an intent whose input does not decrypt (the key that encrypted it is
+        no longer in ENCRYPTION_KEYS): nothing is decided, the intent stays as it is, and the
+        person is told why on its page (which shows the input as "[cannot decrypt: ...]")."""
+        self.message_user(
+            request,
+            gettext(
+                "Nothing was decided: the intent's input cannot be read (%(reason)s). Put the "
+                "key that encrypted it back in ENCRYPTION_KEYS, then decide."
+            )
+            % {"reason": str(exc)},
+            messages.ERROR,
+        )
+        return HttpResponseRedirect(self._url("change", clean_pk(ToolIntent, object_id)))
+
     def _already_decided(self, request: HttpRequest, intent: ToolIntent) -> None:
         intent.refresh_from_db()
         who = (
@@ -490,7 +509,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     def approve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: the exact input, and a form carrying its fingerprint; POST: approve it, only
         if the fingerprint posted is that of the intent now (what was shown is approved)."""
-        intent = self._intent_for_decision(request, object_id)
+        try:
+            intent = self._intent_for_decision(request, object_id)
+        except encryption.UndecryptableValue as exc:  # a POST reads strictly: it may write
+            return self._undecidable(request, object_id, exc)
         if request.method != "POST":
             return self._render_decision(request, intent, approve=True)
         shown = request.POST.get(FINGERPRINT_FIELD, "")
@@ -515,7 +537,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     def reject_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: the input and a reason to give; POST: reject with a valid reason, or show the
         form again with its errors."""
-        intent = self._intent_for_decision(request, object_id)
+        try:
+            intent = self._intent_for_decision(request, object_id)
+        except encryption.UndecryptableValue as exc:  # a POST reads strictly: it may write
+            return self._undecidable(request, object_id, exc)
         if request.method != "POST":
             return self._render_decision(request, intent, approve=False, form=RejectForm())
         form = RejectForm(request.POST)
@@ -531,7 +556,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         return self._redirect_to_object(intent)
 
     def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        intent = self._intent_for_decision(request, object_id)
+        try:
+            intent = self._intent_for_decision(request, object_id)
+        except encryption.UndecryptableValue as exc:  # a POST reads strictly: it may write
+            return self._undecidable(request, object_id, exc)
         form = ResolveForm(request.POST)
         if not form.is_valid():
             errors = " ".join(str(e) for errors in form.errors.values() for e in errors)
@@ -545,11 +573,16 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         )
         if api.made_transition(after):
             # Marked once: the LogEntry keeps the English, the person reads their language.
-            message = (
-                gettext_noop("Resolved: it happened; recorded result %(result)s.")
-                if happened == "yes"
-                else gettext_noop("Resolved: it did not happen; the call runs again.")
-            )
+            if happened != "yes":
+                message = gettext_noop("Resolved: it did not happen; the call runs again.")
+            elif audits_values():
+                message = gettext_noop("Resolved: it happened; recorded result %(result)s.")
+            else:
+                # The result is encrypted at rest: neither the audit nor the message (kept in
+                # the session or a cookie until shown) holds it.
+                message = gettext_noop(
+                    "Resolved: it happened; recorded its result (encrypted at rest)."
+                )
             values = {"result": repr(Truncator(result).chars(200))}
             logged = message % values
             self.log_change(

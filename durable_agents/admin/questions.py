@@ -30,6 +30,7 @@ from durable_agents import api, encryption
 from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
 from durable_agents.admin.format import (
     ago,
+    audits_values,
     format_time,
     number_and_age,
     plain_text_response,
@@ -120,10 +121,16 @@ def answer_as(
     if not (api.made_transition(after) and after.pk == question.pk):
         _not_open(model_admin, request, after)
         return False
-    excerpt = storable_text(Truncator(text).chars(200))  # an audit record any column holds
-    model_admin.log_change(request, after, f"Answered: “{excerpt}”.")
     run = AgentRun.objects.only("pk", "agent", "prompt_version", "status").get(pk=after.run_id)
-    model_admin.log_change(request, run, f"Answered question {after.pk}: “{excerpt}”.")
+    if audits_values():
+        excerpt = storable_text(Truncator(text).chars(200))  # an audit record any column holds
+        model_admin.log_change(request, after, f"Answered: “{excerpt}”.")
+        model_admin.log_change(request, run, f"Answered question {after.pk}: “{excerpt}”.")
+    else:  # the answer is encrypted at rest: the audit says who answered, not what
+        model_admin.log_change(request, after, "Answered (the answer is encrypted at rest).")
+        model_admin.log_change(
+            request, run, f"Answered question {after.pk} (the answer is encrypted at rest)."
+        )
     model_admin.message_user(
         request,
         gettext("Answered question %(question)s: run %(run)s goes on (%(status)s).")

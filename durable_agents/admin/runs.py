@@ -252,7 +252,7 @@ class AgentRunAdmin(
         "result_text",
         "error_text",
         "fingerprint",
-        "start_key",
+        "start_key_shown",
         "parent_link",
         "spawn_key",
         "depth",
@@ -284,12 +284,12 @@ class AgentRunAdmin(
         "waiting_for": _("waited for"),
         "wait_event": _("event"),
         "spawn_key": _("spawn key"),
-        "start_key": _("start key"),
+        "start_key_shown": _("start key"),
         "priority": _("priority"),
     }
     field_help_texts: ClassVar[dict[str, StrOrPromise]] = {
         "attempt": CLAIMS_HELP,
-        "start_key": _("the key it was started with: starting it again with it returns this run"),
+        "start_key_shown": _("the key it was started with: starting it again with it returns this run"),
         "priority": _("0 to 100: workers claim the highest first, then the oldest"),
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),
@@ -299,6 +299,7 @@ class AgentRunAdmin(
     agent_shown = revealed_field("agent", _("agent"))
     prompt_version_shown = revealed_field("prompt_version", _("prompt version"))
     model_shown = revealed_field("model", _("model"))
+    start_key_shown = revealed_field("start_key", _("start key"))
     lease_until_display = time_field("lease_until", _("lease until"))
     created_at_display = time_field("created_at", _("created at"))
     started_at_display = time_field("started_at", _("started at"))
@@ -315,7 +316,7 @@ class AgentRunAdmin(
         if obj is not None and obj.start_key is not None:
             # After the task, on the page of a run started with a key only.
             name, options = fieldsets[0]
-            fieldsets[0] = (name, {**options, "fields": (*options["fields"], "start_key")})
+            fieldsets[0] = (name, {**options, "fields": (*options["fields"], "start_key_shown")})
         if obj is not None and obj.concurrency_key is not None:
             name, options = fieldsets[0]
             fieldsets[0] = (name, {**options, "fields": (*options["fields"], "concurrency")})

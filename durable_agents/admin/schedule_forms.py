@@ -16,6 +16,7 @@ from django.utils.translation import gettext, ngettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.agents import registry
+from durable_agents.admin.forms import MarkedTextarea, MarkedTextInput
 from durable_agents.api import check_priority, check_task
 from durable_agents.exceptions import CronExpressionError
 from durable_agents.schedule_models import AgentSchedule
@@ -118,7 +119,11 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
             "priority",
             "concurrency_key",
         )
-        widgets: ClassVar[dict[str, Any]] = {"task": forms.Textarea(attrs={"rows": 6, "cols": 80})}
+        # Both are shown with their invisible characters marked (an input cannot draw them).
+        widgets: ClassVar[dict[str, Any]] = {
+            "task": MarkedTextarea(attrs={"rows": 6, "cols": 80}),
+            "concurrency_key": MarkedTextInput,
+        }
         help_texts: ClassVar[dict[str, Any]] = {
             "cron": _(
                 "A cron expression of five fields read in the time zone below, such as "

@@ -87,6 +87,10 @@ def check_concurrency_key(key: object) -> None:
         raise ValueError(f"a concurrency key is a string, not {type(key).__name__}")
     if not key:
         raise ValueError("a concurrency key cannot be empty")
+    if key.isspace():
+        # Blank to whoever reads the list of keys, and one apart from another by a space it
+        # cannot see: such a key names no tenant or customer.
+        raise ValueError("a concurrency key cannot be only whitespace")
     if len(key) > MAX_CONCURRENCY_KEY:
         raise ValueError(
             f"a concurrency key has at most {MAX_CONCURRENCY_KEY} characters; "

@@ -3,6 +3,8 @@
 ``{{ value|reveal }}``: the value escaped, each invisible or direction-changing character drawn
 as a visible ``⟨U+202E⟩`` marker, after a warning that says how many there are.
 ``{{ value|plain_markers }}``: the same markers as plain text, for attributes and titles.
+``{{ value|input_markers }}``: above a form input (which cannot hold markup), the warning and
+the value drawn with its markers, when the value holds any such character; else nothing.
 """
 
 from __future__ import annotations
@@ -39,3 +41,16 @@ def hidden_value(value: Any) -> SafeString:
     if value is None:
         return SafeString("")
     return text.character_references(value)
+
+
+@register.filter(is_safe=True)
+def input_markers(value: Any) -> SafeString:
+    if value is None:
+        return SafeString("")
+    shown, count = text.reveal_invisible(value)
+    if not count:
+        return SafeString("")
+    return SafeString(
+        f'<div class="da-input-markers">{text.invisible_warning(count)}'
+        f'<div class="da-input-marked">{shown}</div></div>'
+    )

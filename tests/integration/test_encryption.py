@@ -383,3 +383,22 @@ def test_turning_encryption_off_writes_every_row_back_plain(
     assert not any(text.startswith("da:") for text in raw("tool_effect", "result"))
     da_settings(ENCRYPTION_KEYS=[])  # the key can go now
     assert load_log(run.pk, trim=False).conversation.json() == before
+
+
+def test_decrypt_escapes_terminal_controls_in_what_it_prints(da_settings: Any) -> None:
+    """A model's progress message may hold terminal escapes: printed as visible text, never
+    sent to the terminal, and one value stays one line."""
+    da_settings(ENCRYPTION_KEYS=[KEY_A])
+    message = "\x1b]0;owned\x07\x1b[2Jdone\nnext"
+    stored = encryption.seal(message, "agent_progress.message")
+    out = StringIO()
+    call_command("durable_agents_decrypt", "--column", "agent_progress.message", stored, stdout=out)
+    assert out.getvalue() == "\\x1b]0;owned\\x07\\x1b[2Jdone\\nnext\n"
+    assert "\x1b" not in out.getvalue()
+
+
+def test_rotation_reads_each_encrypted_column_once() -> None:
+    """The run's proxy models share its table: woken_by is one column, rewritten once."""
+    labels = [column.label for column in rekey.encrypted_columns()]
+    assert sorted(labels) == sorted(set(labels))
+    assert labels.count("agent_run.woken_by") == 1

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents import encryption
 from durable_agents.fork_models import steps_of
+from durable_agents.logging import escape_controls
 from durable_agents.rekey import encrypted_columns
 
 
@@ -35,7 +36,10 @@ class Command(BaseCommand):
         values = options["values"] or [line.rstrip("\n") for line in sys.stdin]
         for value in values:
             try:
-                self.stdout.write(encryption.unseal(value, options["column"]))
+                # Escaped as the log lines are: a model's or a customer's text may hold
+                # terminal escapes (retitle the window, clear the screen, fake a prompt), and
+                # a newline would make one value read as two.
+                self.stdout.write(escape_controls(encryption.unseal(value, options["column"])))
             except encryption.UndecryptableValue as exc:
                 raise CommandError(str(exc)) from None
 
@@ -52,4 +56,4 @@ class Command(BaseCommand):
         if not rows:
             raise CommandError(f"no steps for run {run_id!r}")
         for seq, kind, payload in rows:
-            self.stdout.write(f"{seq}\t{kind}\t{payload}")
+            self.stdout.write(escape_controls(f"{seq}\t{kind}\t{payload}"))
