@@ -403,9 +403,12 @@ def fork_run(
     tool_result blocks (as Python values) when it is a batch of tool results. A model turn
     cannot be edited: its bytes are signed.
 
-    Calls of the fork point's model turn that the run completed are not made again (the
-    fork reads their recorded results); every later call is the fork's own, with keys of the
-    fork, and an irreversible one needs a new approval.
+    Calls recorded before the fork point are not run again in the fork; calls after it are
+    the fork's own (new idempotency keys, new intents needing new approvals). Calls of the
+    fork-point turn that the run did not record keep the run's idempotency keys, so a receiver
+    deduplicates a call that may have happened; an irreversible call whose outcome is unknown
+    (or that is executing) refuses the fork until a person resolved it. A fork of a child run
+    stays in its tree (its limits count it; cancelling the root cancels it).
 
     ``version`` / ``model``: fork onto another registered version of the agent, or another
     model, when the shared log allows it (signed thinking binds the model, system prompt and

@@ -8,6 +8,9 @@ How a fork is made (``api.fork_run`` -> ``plan_fork`` -> ``Store.create_fork``):
                                         stretch of which run's log the fork reads
     the fork point's recorded calls  -> inherited under the fork's keys, so a fork at a model
                                         turn does not make its calls again
+    its calls not recorded           -> made by the fork with the original's idempotency keys
+                                        (``fork_key_run_id``): they may have happened; an
+                                        irreversible one in doubt refuses the fork
     the rest                         -> the fork's own: a worker claims it as any pending run,
                                         rebuilds the shared log and goes on; its calls get keys
                                         of the fork (new intents, new approvals)
@@ -413,8 +416,9 @@ def _calls_of(turn: AgentStep) -> list[dict[str, Any]]:
 def _inherited_effects(parent_id: RunId, turn: AgentStep, fork_id: RunId) -> list[ToolEffect]:
     """The fork point is a model turn: the calls of it that the parent completed are the
     fork's too, under the fork's keys, so the fork reads their results rather than making
-    them again. A call the parent did not complete (cut by a crash, an approval still
-    pending) is the fork's own to make."""
+    them again. A call the parent did not complete (in flight, cut by a crash, an approval
+    still pending) is the fork's to make, with the parent's idempotency key
+    (``effects.key_run``)."""
     calls = _calls_of(turn)
     recorded = ToolEffect.objects.filter(run_id=parent_id, seq=turn.seq)
     inherited = []
