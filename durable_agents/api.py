@@ -8,6 +8,7 @@ migrations (``migration_state.explains_missing_tables``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -42,6 +43,9 @@ from durable_agents.text import Unstorable, check_depth, has_unstorable, storabl
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 FORK_PERMISSION = "durable_agents.fork_agentrun"
+# A fork reads the run it is made from; a fork with an edited task starts a run of one's own.
+VIEW_RUN_PERMISSION = "durable_agents.view_agentrun"
+ADD_RUN_PERMISSION = "durable_agents.add_agentrun"
 # The longest model name (the column agent_run.model).
 MAX_MODEL_NAME = 200
 ANSWER_PERMISSION = "durable_agents.answer_question"
@@ -399,18 +403,24 @@ def fork_run(
     tool_result blocks (as Python values) when it is a batch of tool results. A model turn
     cannot be edited: its bytes are signed.
 
-    Calls of the fork point's model turn that the run completed are not made again (the
-    fork reads their recorded results); every later call is the fork's own, with keys of the
-    fork, and an irreversible one needs a new approval.
+    Calls recorded before the fork point are not run again in the fork; calls after it are
+    the fork's own (new idempotency keys, new intents needing new approvals). Calls of the
+    fork-point turn that the run did not record keep the run's idempotency keys, so a receiver
+    deduplicates a call that may have happened; an irreversible call whose outcome is unknown
+    (or that is executing) refuses the fork until a person resolved it. A fork of a child run
+    stays in its tree (its limits count it; cancelling the root cancels it).
 
     ``version`` / ``model``: fork onto another registered version of the agent, or another
     model, when the shared log allows it (signed thinking binds the model, system prompt and
     tools); otherwise ``ValueError`` naming the block that binds it.
 
-    ``user``: when given, the fork needs the ``durable_agents.fork_agentrun`` permission
-    (``PermissionDenied``). Anything refused raises before anything is created."""
-    if user is not None and not user.has_perm(FORK_PERMISSION):
-        raise PermissionDenied(f"forking a run needs the {FORK_PERMISSION} permission")
+    ``user``: when given, the fork needs the permissions ``durable_agents.fork_agentrun`` and
+    ``durable_agents.view_agentrun`` (a fork reads the run: its task, its tool results), and a
+    fork with an edited task ``durable_agents.add_agentrun`` too (it starts a run with a task
+    of the user's); ``PermissionDenied`` otherwise. Anything refused raises before anything is
+    created."""
+    if user is not None:
+        _check_fork_permissions(user, edits_task=edit is not None and at_seq == 0)
     if model is not None:
         _check_model(model)
     if version is not None and (not isinstance(version, str) or not version):
@@ -421,13 +431,35 @@ def fork_run(
         raise ValueError(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
     plan = forks.plan_fork(parent, at_seq, edit, version, model)
     plan.run.trace_context = telemetry.current_trace_context()
+    write = plan.write
+    if plan.run.parent_id is not None:
+        write = dataclasses.replace(
+            write,
+            max_children=app_settings.MAX_CHILD_RUNS,
+            max_tree_runs=app_settings.MAX_TREE_RUNS,
+        )
     try:
-        return current().create_fork(plan.run, plan.write)
+        return current().create_fork(plan.run, write)
+    except WaitRefused as exc:
+        # A fork of a child run that its tree cannot take (limits, a cancelled tree).
+        raise forks.ForkRefused(f"cannot fork run {parent.pk}: {exc}") from None
     except IntegrityError:
         # agent_step_share's foreign key: a run it reads was deleted as the fork was made.
         raise forks.ForkRefused(
             f"run {parent.pk} (or a run it was forked from) was deleted while it was forked"
         ) from None
+
+
+def _check_fork_permissions(user: Person, *, edits_task: bool) -> None:
+    """What ``fork_run(..., user=)`` needs (the admin's fork pages ask the same): to fork, to
+    see the run it reads, and to start a run when the task is the user's own."""
+    needed = [FORK_PERMISSION, VIEW_RUN_PERMISSION]
+    if edits_task:
+        needed.append(ADD_RUN_PERMISSION)
+    missing = [perm for perm in needed if not user.has_perm(perm)]
+    if missing:
+        what = "forking a run with an edited task" if edits_task else "forking a run"
+        raise PermissionDenied(f"{what} needs the {' and '.join(missing)} permission")
 
 
 @explains_missing_tables

@@ -61,6 +61,13 @@ class ToolCall:
     name: Any  # the tool's name as the model sent it (any JSON value)
     input: Any  # the input as the model sent it
     key: str  # its idempotency key: the effect ledger, intents and waits know it by this
+    # The idempotency key the tool receives: ``key``, but for the calls of a fork's fork-point
+    # turn, the original run's key (``effects.key_run``): the original may have made the call.
+    sent_key: str = ""
+
+    @property
+    def receiver_key(self) -> str:
+        return self.sent_key or self.key
 
 
 @dataclass(frozen=True)
@@ -150,8 +157,18 @@ class ToolDispatch:
             key = effects.idempotency_key(self.run.pk, seq, index, name, tool_input)
             effect = recorded.get(key)
             if effect is None:
+                # The ledger knows the call by this run's key (found by (run_id, seq), never
+                # another run's row); the tool may get the original's (a fork's first turn).
+                keys_of = effects.key_run(self.run, seq)
+                sent = (
+                    key
+                    if keys_of == self.run.pk
+                    else effects.idempotency_key(keys_of, seq, index, name, tool_input)
+                )
                 with observers.tool_span(agent, call, key) as span:
-                    effect = self._call_tool(agent, ToolCall(seq, index, name, tool_input, key))
+                    effect = self._call_tool(
+                        agent, ToolCall(seq, index, name, tool_input, key, sent)
+                    )
                     span.result(effect.result, effect.is_error)
                 if index < len(calls) - 1:
                     # Recorded at once (again after a lost connection): a completed call
@@ -287,16 +304,17 @@ class ToolDispatch:
         timed_out = False
         error_type: str | None = None  # the span's error.type
         key = call.key
+        sent = call.receiver_key
         # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
         context = waits.CallContext(self.run.pk, self.run.depth, key, call.seq)
 
         def run_call(abort: threading.Event) -> Any:
             with waits.calling(context):
-                return tool.invoke(call.input, idempotency_key=key, woken_by=woken_by)
+                return tool.invoke(call.input, idempotency_key=sent, woken_by=woken_by)
 
         async def call_async() -> Any:
             with waits.calling(context):
-                return await tool.invoke(call.input, idempotency_key=key, woken_by=woken_by)
+                return await tool.invoke(call.input, idempotency_key=sent, woken_by=woken_by)
 
         try:
             if tool.is_async:

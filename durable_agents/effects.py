@@ -16,7 +16,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from durable_agents.conf import app_settings
-from durable_agents.models import ToolEffect, ToolIntent
+from durable_agents.models import AgentRun, ToolEffect, ToolIntent
 from durable_agents.store import Store, current
 from durable_agents.store.base import RunId
 from durable_agents.text import Unstorable, json_text, storable_text
@@ -37,6 +37,18 @@ def idempotency_key(run_id: RunId, seq: int, call_index: int, tool: Any, argumen
         shown = "<input that cannot be written as JSON>"
     material = f"{run_id}:{seq}:{call_index}:{tool}:{shown}"
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def key_run(run: AgentRun, seq: int) -> RunId:
+    """The run whose id the keys of the calls of ``run``'s model turn ``seq`` are derived
+    from: the run itself, but for a fork's fork-point turn the run it was forked from (or
+    that run's own key run, for a fork of a fork at the same turn). Those calls may have been
+    made by the original and not recorded (in flight, cut by a crash): with the original's
+    keys, a receiver that deduplicates by key sees one call. Kept on the fork's row as a plain
+    id, so the keys stay the same after the original is deleted."""
+    if run.fork_key_run_id is not None and seq == run.fork_seq:
+        return run.fork_key_run_id
+    return run.pk
 
 
 def format_result(value: Any) -> tuple[str, bool]:

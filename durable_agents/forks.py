@@ -8,6 +8,9 @@ How a fork is made (``api.fork_run`` -> ``plan_fork`` -> ``Store.create_fork``):
                                         stretch of which run's log the fork reads
     the fork point's recorded calls  -> inherited under the fork's keys, so a fork at a model
                                         turn does not make its calls again
+    its calls not recorded           -> made by the fork with the original's idempotency keys
+                                        (``fork_key_run_id``): they may have happened; an
+                                        irreversible one in doubt refuses the fork
     the rest                         -> the fork's own: a worker claims it as any pending run,
                                         rebuilds the shared log and goes on; its calls get keys
                                         of the fork (new intents, new approvals)
@@ -40,9 +43,24 @@ from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import SharedSteps, steps_of
 from durable_agents.history import message_text
-from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
+from durable_agents.models import (
+    AgentRun,
+    AgentStep,
+    IntentStatus,
+    RunStatus,
+    StepKind,
+    ToolEffect,
+    ToolIntent,
+)
 from durable_agents.store.base import ForkWrite, RunId
-from durable_agents.text import MAX_DEPTH, Unstorable, check_depth, has_unstorable, json_text
+from durable_agents.text import (
+    MAX_DEPTH,
+    Unstorable,
+    check_depth,
+    has_unstorable,
+    json_text,
+    storable_text,
+)
 
 # The stretches of other runs' logs one fork may read: a fork of a fork of a fork... adds one
 # each, and every read of its log joins them all.
@@ -119,11 +137,16 @@ def plan_fork(
     own_step: tuple[int, str, str] | None = None
     inherited: list[ToolEffect] = []
     run_id = uuid.uuid4()
+    key_run_id: RunId | None = None
     if edit is not None:
         payload, task = _edited(step, edit, task)
         own_step = (at_seq, step.kind, payload)
     elif step.kind == StepKind.MODEL_TURN:
+        point = fork_point(parent, step)
+        if point.in_doubt:
+            raise ForkRefused(_in_doubt_refusal(point.in_doubt[0], len(point.in_doubt)))
         inherited = _inherited_effects(parent.pk, step, run_id)
+        key_run_id = effects.key_run(parent, at_seq)
     shares = shares_for(parent.pk, cut)
     if len(shares) > MAX_SHARES:
         raise ForkRefused(
@@ -144,6 +167,13 @@ def plan_fork(
         concurrency_limit=parent.concurrency_limit,
         forked_from=parent,
         fork_seq=at_seq,
+        fork_key_run_id=key_run_id,
+        # A fork of a child run stays in its tree, beside the child: the tree's limits count
+        # it, and cancelling the tree's root (or the child's parent) cancels it. No spawn_key:
+        # that names the call that spawned the child, which did not spawn the fork.
+        parent_id=parent.parent_id,
+        root_id=parent.root_id,
+        depth=parent.depth,
     )
     return ForkPlan(run, ForkWrite(shares, own_step, inherited))
 
@@ -303,16 +333,93 @@ def _check_storable(text: str) -> None:
         )
 
 
-def _inherited_effects(parent_id: RunId, turn: AgentStep, fork_id: RunId) -> list[ToolEffect]:
-    """The fork point is a model turn: the calls of it that the parent completed are the
-    fork's too, under the fork's keys, so the fork reads their results rather than making
-    them again. A call the parent did not complete (cut by a crash, an approval still
-    pending) is the fork's own to make."""
-    calls = [
+@dataclasses.dataclass(frozen=True)
+class ForkPoint:
+    """The calls of a model turn a fork would be made at, as the original left them."""
+
+    # (call index, tool name) of each call the original recorded no result for: in flight,
+    # cut by a crash, or not reached. The fork makes them with the original's keys.
+    unrecorded: list[tuple[int, str]]
+    # Irreversible calls among them whose outcome is in doubt (their intent is unknown, or
+    # executing): a fork is refused until a person resolved them.
+    in_doubt: list[ToolIntent]
+    # Irreversible calls among them waiting for a decision or to run (pending, approved): the
+    # fork's call needs its own approval, and carries the same key.
+    open_intents: list[ToolIntent]
+
+
+IN_DOUBT = (IntentStatus.UNKNOWN, IntentStatus.EXECUTING)
+OPEN = (IntentStatus.PENDING, IntentStatus.APPROVED)
+
+
+def fork_point(parent: AgentRun, turn: AgentStep) -> ForkPoint:
+    """What a fork of ``parent`` at its model turn ``turn`` inherits and what it does not.
+    The intents looked at are the parent's and, when the parent's calls of this turn carry
+    another run's keys (a fork of a fork at the same turn), that run's too."""
+    calls = _calls_of(turn)
+    recorded = set(
+        ToolEffect.objects.filter(run_id=parent.pk, seq=turn.seq).values_list(
+            "call_index", flat=True
+        )
+    )
+    unrecorded = [
+        (index, str(call.get("name", "")))
+        for index, call in enumerate(calls)
+        if index not in recorded
+    ]
+    if not unrecorded:
+        return ForkPoint([], [], [])
+    runs = {parent.pk, effects.key_run(parent, turn.seq)}
+    intents = list(
+        ToolIntent.objects.filter(
+            run_id__in=runs,
+            seq=turn.seq,
+            call_index__in=[index for index, _ in unrecorded],
+            status__in=(*IN_DOUBT, *OPEN),
+        ).order_by("call_index", "id")
+    )
+    return ForkPoint(
+        unrecorded,
+        [i for i in intents if i.status in IN_DOUBT],
+        [i for i in intents if i.status in OPEN],
+    )
+
+
+def _in_doubt_refusal(intent: ToolIntent, count: int) -> str:
+    where = (
+        f"intent {intent.pk} ({storable_text(intent.tool, 200)}, call {intent.call_index} of "
+        f"step {intent.seq}) of run {intent.run_id}"
+    )
+    if intent.status == IntentStatus.EXECUTING:
+        why = (
+            "is executing: its irreversible call has started and its outcome is not recorded "
+            "yet. Fork once it is (if its worker died, a person resolves the intent first)"
+        )
+    else:
+        why = (
+            "has an unknown outcome: its irreversible call may have happened. A person resolves "
+            "it first (it happened, with its result, or it did not); then fork again: a call "
+            "that happened is the fork's too, and is not made again"
+        )
+    more = f" ({count} such intents in all)" if count > 1 else ""
+    return f"cannot fork at step {intent.seq}: {where} {why}{more}"
+
+
+def _calls_of(turn: AgentStep) -> list[dict[str, Any]]:
+    return [
         block
         for block in loads_deep(turn.payload).get("content") or []
         if isinstance(block, dict) and block.get("type") == "tool_use"
     ]
+
+
+def _inherited_effects(parent_id: RunId, turn: AgentStep, fork_id: RunId) -> list[ToolEffect]:
+    """The fork point is a model turn: the calls of it that the parent completed are the
+    fork's too, under the fork's keys, so the fork reads their results rather than making
+    them again. A call the parent did not complete (in flight, cut by a crash, an approval
+    still pending) is the fork's to make, with the parent's idempotency key
+    (``effects.key_run``)."""
+    calls = _calls_of(turn)
     recorded = ToolEffect.objects.filter(run_id=parent_id, seq=turn.seq)
     inherited = []
     for effect in recorded:

@@ -315,6 +315,12 @@ class AgentRun(models.Model):
     fork_seq = models.IntegerField(
         null=True, blank=True, editable=False, help_text=_("the step it was forked at")
     )
+    # A fork at a model turn: the run whose id the idempotency keys of that turn's calls are
+    # derived from (its own for any other turn). The calls the original did not record may
+    # have happened (in flight, cut by a crash): made with the original's keys, a receiver
+    # that deduplicates sees one call. A plain id, no foreign key: it outlives the original
+    # (retention), and the keys with it. effects.key_run() reads it.
+    fork_key_run_id = models.UUIDField(null=True, blank=True, editable=False)
 
     objects = AgentRunQuerySet.as_manager()
 

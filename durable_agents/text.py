@@ -19,6 +19,7 @@ import functools
 import json
 import re
 import unicodedata
+from collections.abc import Iterator
 from typing import Any
 
 from django.utils.html import escape
@@ -161,6 +162,12 @@ def invisible_name(char: str) -> str:
         category = unicodedata.category(char)
         name = {"Cc": "CONTROL", "Cs": "SURROGATE"}.get(category, "FORMAT CHARACTER")
     return f"U+{ord(char):04X} {name}"
+
+
+def invisible_characters(text: str) -> Iterator[re.Match[str]]:
+    """Each character of ``text`` a page shows as a marker, as a match (its place in
+    ``match.start()``): for a place that cannot hold markers (a textarea) and lists them."""
+    return _invisible_re().finditer(text)
 
 
 def count_invisible(text: str) -> int:

@@ -2,8 +2,10 @@
 task and on a batch of tool results, a fork's origin and a run's forks on the run page, and
 two runs compared from the step where they part.
 
-Every fork goes through ``api.fork_run(..., user=request.user)`` (which checks the
-``durable_agents.fork_agentrun`` permission again) and writes a LogEntry on the new run.
+Every page needs the permissions to fork and to view runs (a fork page shows the step as the
+run page does), the task's edit page the permission to add runs too. Every fork goes through
+``api.fork_run(..., user=request.user)`` (which checks the same permissions again) and writes a
+LogEntry on the new run.
 """
 
 from __future__ import annotations
@@ -17,17 +19,25 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api
+from durable_agents import api, forks
 from durable_agents.admin.base import AgentsAdmin, get_or_404
 from durable_agents.admin.format import RUN_COLORS, badge, load_json
 from durable_agents.admin.transcript import TranscriptStep, describe_step
+from durable_agents.deepjson import loads_deep
 from durable_agents.fork_models import steps_of
-from durable_agents.models import AgentRun, AgentStep, StepKind
-from durable_agents.text import storable_text
+from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent
+from durable_agents.text import (
+    Unstorable,
+    check_depth,
+    invisible_characters,
+    invisible_name,
+    plain_markers,
+    storable_text,
+)
 
 if TYPE_CHECKING:
     from django.utils.safestring import SafeString
@@ -42,6 +52,49 @@ EDIT_MAX_CHARS = 2_000_000
 EDITABLE_KINDS = (StepKind.TASK, StepKind.TOOL_RESULT)
 
 
+class ExactTextarea(forms.Textarea):
+    """A textarea whose HTML holds no invisible or direction-changing character as it is: each
+    is written as a character reference, so the browser still posts the text exactly. (A
+    textarea cannot hold the admin's markers: the fork page lists them, with their lines and
+    columns, above it instead.)"""
+
+    template_name = "durable_agents/widgets/exact_textarea.html"
+
+
+@dataclass(frozen=True)
+class HiddenCharacter:
+    """An invisible or direction-changing character of the text in the edit box, and where."""
+
+    line: int  # 1-based
+    column: int  # 1-based, in characters
+    name: str  # "U+202E RIGHT-TO-LEFT OVERRIDE"
+    marker: str  # "⟨U+202E⟩"
+
+
+# The characters the warning above the edit box lists one by one; past that, only the count.
+HIDDEN_LISTED = 50
+
+
+def hidden_characters(text: str) -> list[HiddenCharacter]:
+    """Each invisible or direction-changing character of ``text`` (what the admin draws as a
+    ⟨U+....⟩ marker elsewhere), with its line and column."""
+    found: list[HiddenCharacter] = []
+    if text.isascii() and text.isprintable():
+        return found
+    for match in invisible_characters(text):
+        char = match.group()
+        line_start = text.rfind("\n", 0, match.start()) + 1
+        found.append(
+            HiddenCharacter(
+                text.count("\n", 0, match.start()) + 1,
+                match.start() - line_start + 1,
+                invisible_name(char),
+                plain_markers(char),
+            )
+        )
+    return found
+
+
 class ForkEditForm(forms.Form):
     """The new text of the task, or the new tool_result blocks as JSON."""
 
@@ -49,7 +102,7 @@ class ForkEditForm(forms.Form):
         label=_("New content"),
         strip=False,
         max_length=EDIT_MAX_CHARS,
-        widget=forms.Textarea(attrs={"rows": 20, "cols": 100, "spellcheck": "false"}),
+        widget=ExactTextarea(attrs={"rows": 20, "cols": 100, "spellcheck": "false"}),
     )
 
     def __init__(self, *args: Any, kind: str, **kwargs: Any) -> None:
@@ -68,11 +121,21 @@ class ForkEditForm(forms.Form):
         if self.kind != StepKind.TOOL_RESULT:
             return value
         try:
-            return json.loads(value)
+            # Any depth without recursion (json.loads raises RecursionError near a thousand
+            # levels: a 500), then bounded as every admin form bounds JSON.
+            parsed = loads_deep(value)
         except ValueError as exc:
             raise forms.ValidationError(
                 gettext("This is not valid JSON: %(error)s") % {"error": storable_text(exc, 200)}
             ) from None
+        try:
+            check_depth(parsed)
+        except Unstorable as exc:
+            # exc reads "is nested deeper than ...": the sentence's predicate.
+            raise forms.ValidationError(
+                gettext("The JSON %(problem)s.") % {"problem": exc}
+            ) from None
+        return parsed
 
 
 @dataclass
@@ -149,7 +212,14 @@ class ForkPages(AgentsAdmin[AgentRun]):
         ]
 
     def has_fork_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(FORK_PERMISSION)
+        """To fork, and to see the run forked (a fork page shows its steps, as the run page
+        does): what ``fork_run(..., user=)`` checks too."""
+        return request.user.has_perm(FORK_PERMISSION) and self.has_view_permission(request)
+
+    def has_fork_task_permission(self, request: HttpRequest) -> bool:
+        """To fork with an edited task, which starts a run with a task of one's own: the
+        permission to add runs too."""
+        return self.has_fork_permission(request) and self.has_add_permission(request)
 
     # -- the run page ----------------------------------------------------------------------
 
@@ -164,6 +234,7 @@ class ForkPages(AgentsAdmin[AgentRun]):
         is_fork = run.fork_seq is not None
         return {
             "can_fork": self.has_fork_permission(request),
+            "can_fork_task": self.has_fork_task_permission(request),
             "is_fork": is_fork,
             "forks": forks[:FORKS_LISTED],
             "forks_more": len(forks) > FORKS_LISTED,
@@ -177,12 +248,17 @@ class ForkPages(AgentsAdmin[AgentRun]):
     # -- making a fork ---------------------------------------------------------------------
 
     def _fork_target(
-        self, request: HttpRequest, object_id: str, seq: int
+        self, request: HttpRequest, object_id: str, seq: int, *, edit: bool = False
     ) -> tuple[AgentRun, AgentStep]:
-        """The step to fork at, after the permission (first: a forged request learns nothing)."""
+        """The step to fork at, after the permissions (first: a forged request learns
+        nothing): to fork and to view runs; to add runs too for the task's edit page."""
         if not self.has_fork_permission(request):
             raise PermissionDenied
-        run = get_or_404(AgentRun, object_id, AgentRun.objects.only("pk"))
+        if edit and seq == 0 and not self.has_fork_task_permission(request):
+            raise PermissionDenied  # step 0 is always the task
+        run = get_or_404(
+            AgentRun, object_id, AgentRun.objects.only("pk", "fork_seq", "fork_key_run_id")
+        )
         step = steps_of(run.pk).filter(seq=seq).first()
         if step is None:
             raise Http404(gettext("No such step."))
@@ -225,6 +301,16 @@ class ForkPages(AgentsAdmin[AgentRun]):
                 "run": run.pk,
                 "seq": step.seq,
             }
+        point = (
+            forks.fork_point(run, step)
+            if form is None and step.kind == StepKind.MODEL_TURN
+            else forks.ForkPoint([], [], [])
+        )
+        text = ""
+        if form is not None:
+            shown = form["edit"].value()
+            text = shown if isinstance(shown, str) else ""
+        hidden = hidden_characters(text)
         context = {
             **self.admin_site.each_context(request),
             "title": title,
@@ -234,6 +320,13 @@ class ForkPages(AgentsAdmin[AgentRun]):
             "form": form,
             "error": error,
             "run_url": self._url("change", run.pk),
+            # The calls of the fork point's turn the run did not record: the fork makes them
+            # with the run's keys. Intents in doubt refuse the fork; open ones are warned of.
+            "unrecorded": point.unrecorded,
+            "in_doubt": [(i, self._intent_url(i)) for i in point.in_doubt],
+            "open_intents": [(i, self._intent_url(i)) for i in point.open_intents],
+            "hidden": hidden[:HIDDEN_LISTED],
+            "hidden_count": len(hidden),
         }
         return TemplateResponse(
             request,
@@ -241,6 +334,9 @@ class ForkPages(AgentsAdmin[AgentRun]):
             context,
             status=400 if error or (form is not None and form.errors) else 200,
         )
+
+    def _intent_url(self, intent: ToolIntent) -> str:
+        return reverse(f"{self.admin_site.name}:durable_agents_toolintent_change", args=[intent.pk])
 
     def fork_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
         """GET: what the fork will be; POST ("Yes"): fork the run at the step, unedited."""
@@ -254,7 +350,7 @@ class ForkPages(AgentsAdmin[AgentRun]):
 
     def fork_edit_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
         """GET: the step's content in a form; POST: fork at the step with the edited content."""
-        run, step = self._fork_target(request, object_id, seq)
+        run, step = self._fork_target(request, object_id, seq, edit=True)
         if step.kind not in EDITABLE_KINDS:
             raise Http404(gettext("Only the task and a step of tool results can be edited."))
         if request.method != "POST":

@@ -29,7 +29,7 @@ def break_bad_intervals(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_agents', '0020_schedule_plural'),
+        ('durable_agents', '0021_fork_key_run'),
     ]
 
     operations = [

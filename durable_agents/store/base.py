@@ -121,6 +121,10 @@ class ForkWrite:
     own_step: tuple[int, str, str] | None
     # The fork point's recorded calls, under the fork's keys: not made again by the fork.
     effects: list[ToolEffect]
+    # A fork of a child run joins the child's tree (``run.parent_id`` set): it is counted
+    # there as a spawn is (MAX_CHILD_RUNS of the parent, MAX_TREE_RUNS of the tree).
+    max_children: int | None = None
+    max_tree_runs: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +255,36 @@ def refuse_spawn(
         )
 
 
+def refuse_fork_in_tree(
+    parent_status: str | None,
+    root_status: str | None,
+    children: int,
+    tree_runs: int,
+    write: ForkWrite,
+) -> None:
+    """A fork of a child run joins the child's tree: refused (``WaitRefused``) when the
+    child's parent or the tree's root was cancelled (the cancel reached every run of the tree
+    then, and would never reach the fork), or when the parent has ``max_children`` children
+    or the tree holds ``max_tree_runs`` runs, its root included. A parent that ended otherwise
+    does not refuse it: forking a dead child of a finished tree is how it is debugged."""
+    for who, status in (("parent", parent_status), ("root", root_status)):
+        if status == RunStatus.CANCELLED:
+            raise WaitRefused(
+                f"the {who} of the run's tree was cancelled: a fork of a run in it would run "
+                "outside that cancel"
+            )
+    if write.max_children is not None and children >= write.max_children:
+        raise WaitRefused(
+            f"the run's parent has {write.max_children} child runs already (MAX_CHILD_RUNS), "
+            "and a fork of a child run counts as one more"
+        )
+    if write.max_tree_runs is not None and tree_runs >= write.max_tree_runs:
+        raise WaitRefused(
+            f"the run's tree holds {tree_runs} runs already, its root included "
+            f"(MAX_TREE_RUNS={write.max_tree_runs}), and a fork of a run in it counts as one more"
+        )
+
+
 def tree_root(parent: AgentRun) -> RunId:
     """The root of the tree a child of ``parent`` joins: the parent's root, or the parent."""
     return parent.root_id or parent.pk
@@ -368,7 +402,10 @@ class Store(abc.ABC):
     def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
         """Insert ``run`` (an unsaved, pending AgentRun whose ``last_seq`` is its fork point)
         with what ``write`` holds, together; returns the run as stored. The steps it shares
-        stay the source runs' rows: the fork's log is its own rows plus those stretches."""
+        stay the source runs' rows: the fork's log is its own rows plus those stretches.
+        A fork of a child run (``run.parent_id`` set) joins its tree under the locks a spawn
+        takes (the root's, then the parent's), its ``root_id`` the tree's; ``WaitRefused``
+        as ``refuse_fork_in_tree`` says."""
 
     @abc.abstractmethod
     def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:

@@ -61,7 +61,9 @@ from durable_agents.store.base import (
     StepWrite,
     ended,
     lease_losses,
+    refuse_fork_in_tree,
     timer_woken_by,
+    tree_root,
 )
 from durable_agents.store.memory_waits import InMemoryWaits, _copy
 from durable_agents.store.portable_debounce import DEBOUNCED_FIELDS
@@ -286,6 +288,19 @@ class InMemoryStore(InMemoryWaits):
             missing = {source for source, _, _ in write.shares} - set(self.runs)
             if missing:  # the foreign key of agent_step_share.source_id
                 raise IntegrityError(f"no run {', '.join(map(str, missing))}")
+            if run.parent_id is not None:
+                # Joins the child's tree, counted as a spawn is (under the store's one lock).
+                parent = self.runs.get(run.parent_id)
+                root_id = run.parent_id if parent is None else tree_root(parent)
+                root = self.runs.get(root_id)
+                refuse_fork_in_tree(
+                    None if parent is None else parent.status,
+                    None if root is None else root.status,
+                    sum(1 for r in self.runs.values() if r.parent_id == run.parent_id),
+                    1 + sum(1 for r in self.runs.values() if r.root_id == root_id),
+                    write,
+                )
+                run.root_id = root_id
             now = self.now()
             run.created_at = run.updated_at = run.fair_at = now
             if run.concurrency_key is not None:

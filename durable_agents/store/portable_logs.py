@@ -7,8 +7,16 @@ from django.db import connection, transaction
 
 from durable_agents.fork_models import steps_of
 from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect
-from durable_agents.store.base import ForkWrite, LogRow, RunId, StepTuple, unsealed_log
+from durable_agents.store.base import (
+    ForkWrite,
+    LogRow,
+    RunId,
+    StepTuple,
+    refuse_fork_in_tree,
+    unsealed_log,
+)
 from durable_agents.store.key_rows import take_turn
+from durable_agents.store.portable_trees import PortableTrees
 
 # The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
 # more than the rest of the rebuild. Its own rows, and for a fork the stretches of other runs'
@@ -30,6 +38,8 @@ SELECT s.seq, s.kind, s.payload, s.content_start, s.content_end
 class PortableLogs:
     def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
         with transaction.atomic():
+            if run.parent_id is not None:
+                run.root_id = _join_tree(run, write)
             if run.concurrency_key is not None:
                 run.fair_at = take_turn(run.concurrency_key)
             run.save(force_insert=True)
@@ -58,3 +68,27 @@ class PortableLogs:
             .order_by("seq")
             .values_list("seq", "kind", "payload")
         )
+
+
+def _join_tree(run: AgentRun, write: ForkWrite) -> RunId | None:
+    """The root of the tree a fork of a child run joins, counted as a spawn counts: the root's
+    row locked, then the parent's (a spawn's order: no deadlock with spawns or cancels)."""
+    parent_id = run.parent_id
+    root_id = PortableTrees._lock_tree_root(parent_id)
+    assert parent_id is not None  # the caller checked it
+    assert root_id is not None  # the parent's root, or the parent
+    parent_status = (
+        AgentRun.objects.select_for_update(no_key=True)
+        .filter(pk=parent_id)
+        .values_list("status", flat=True)
+        .first()
+    )
+    root_status = AgentRun.objects.filter(pk=root_id).values_list("status", flat=True).first()
+    refuse_fork_in_tree(
+        parent_status,
+        root_status,
+        AgentRun.objects.filter(parent_id=parent_id).count(),
+        1 + AgentRun.objects.filter(root_id=root_id).count(),
+        write,
+    )
+    return root_id

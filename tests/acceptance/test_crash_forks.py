@@ -11,7 +11,8 @@ receiver saw), until every run and fork has ended.
 Then, for each of them: it succeeded; its whole log has seqs 0..last_seq once each; a fork's
 steps before its fork point are its parent's bytes (the edited step is the edit); the receiver
 (outside the database) applied exactly the calls each run made itself, each under that run's
-own key, once, and the ledger holds the same keys; a fork made none of the calls before its
+own key (at a fork's fork-point turn, its parent's key), once, and the ledger holds a row per
+call under the run's own key; a fork made none of the calls before its
 fork point, nor those of the fork-point turn its parent had recorded; every request the fake
 API answered passed the offline model's checks (thinking signatures included).
 """
@@ -373,8 +374,13 @@ def check_calls(
         for e in ToolEffect.objects.filter(run_id__in=list(logs), tool__in=KEYED)
     }
     own_keys: set[str] = set()
-    own_inputs: Counter[str] = Counter()  # the inputs of the calls runs made themselves
+    # The input of each key the runs made calls under themselves: a fork's call of its
+    # fork-point turn that its parent did not record carries the parent's key, so the two
+    # calls are one at the receiver.
+    own_inputs: dict[str, str] = {}
+    own_calls = 0
     inherited = 0
+    key_runs = dict(AgentRun.objects.filter(pk__in=list(logs)).values_list("pk", "fork_key_run_id"))
     for run_id, log in logs.items():
         fork = forks.get(run_id)
         fork_seq = -1 if fork is None else fork.at_seq
@@ -391,20 +397,36 @@ def check_calls(
                     continue
                 effect = ledger.get((run_id, step.seq, index))
                 assert effect is not None, ("no ledger row of the run's call", run_id, step.seq)
-                assert (effect.key, effect.tool) == (key, call["name"])  # never its parent's key
-                if fork is not None and step.seq == fork_seq and key not in attempted:
-                    # Taken from the parent, whose recorded result the fork read.
-                    assert effect.result == ledger[(fork.parent_id, step.seq, index)].result
+                # The ledger knows the call by the run's own key, never its parent's.
+                assert (effect.key, effect.tool) == (key, call["name"])
+                # The key the tool got: the run's own, but at a fork's fork-point turn the
+                # parent's (the parent may have made the call without recording it).
+                sent = key
+                if step.seq == fork_seq and key_runs.get(run_id) is not None:
+                    sent = effects.idempotency_key(
+                        key_runs[run_id], step.seq, index, call["name"], call["input"]
+                    )
+                parents = None if fork is None else ledger.get((fork.parent_id, step.seq, index))
+                if (
+                    fork is not None
+                    and step.seq == fork_seq
+                    and parents is not None
+                    and effect.result == parents.result
+                ):
+                    # Taken from the parent, whose recorded result the fork read (a call the
+                    # fork made too would read "duplicate" on one side).
+                    assert key not in attempted
                     inherited += 1
                 else:
                     made_again = fork is not None and (step.seq, index) in {
                         (fork_seq, i) for i in fork.recorded_before
                     }
                     assert not made_again, ("a recorded call was made again", fork, index)
-                    own_keys.add(key)
-                    own_inputs[_canonical(call["input"])] += 1
+                    own_keys.add(sent)
+                    own_inputs[sent] = _canonical(call["input"])
+                    own_calls += 1
                     if call["name"] == "charge":
-                        assert json.loads(effect.result)["key"] == key
+                        assert json.loads(effect.result)["key"] == sent
                 # What the model was told is the ledger's result (the step after the turn is
                 # the run's own: an edit is at or before the fork point).
                 if step.seq + 1 < len(log) and step.seq + 1 > fork_seq:
@@ -421,11 +443,13 @@ def check_calls(
     assert set(attempted) == own_keys
     assert set(applied) == own_keys
     assert set(applied.values()) == {1}
-    assert len(ledger) == len(own_keys) + inherited
+    assert len(ledger) == own_calls + inherited
     # Counted by what was charged or dropped: each input reached the receiver as many times as
-    # runs made that call themselves (the parent's calls before a fork point, and the ones a
-    # fork inherited, once for the whole line).
-    assert Counter(_canonical(a["payload"]) for a in receiver.applied()) == own_inputs
+    # keys it was made under (the parent's calls before a fork point, and the ones a fork
+    # inherited or made under its parent's key, once for the whole line).
+    assert Counter(_canonical(a["payload"]) for a in receiver.applied()) == Counter(
+        own_inputs.values()
+    )
 
 
 def _refusal(fake_api: FakeAnthropic, request: Recorded) -> tuple[int, str, str]:

@@ -178,7 +178,8 @@ def test_fork_from_here_makes_the_fork_logs_it_and_redirects_to_it(
     page = forker.get(run_url(parent)).content.decode()
     assert f'href="{fork_url(parent, 2)}"' in page
     assert f'href="{edit_url(parent, 2)}"' in page  # a tool_result step
-    assert f'href="{edit_url(parent, 0)}"' in page  # the task
+    # The task: editing it starts a run with a task of one's own, which needs add_agentrun.
+    assert f'href="{edit_url(parent, 0)}"' not in page
     assert f'href="{edit_url(parent, 1)}"' not in page  # a model turn cannot be edited
     assert forker.get(edit_url(parent, 1)).status_code == 404
 
@@ -248,7 +249,14 @@ def test_a_valid_edit_becomes_the_forks_step_at_the_fork_point(
     assert "(edited)" in entry.change_message
 
 
-def test_editing_the_task_forks_with_the_new_task(fake_api: FakeAnthropic, forker: Client) -> None:
+def test_editing_the_task_forks_with_the_new_task(
+    fake_api: FakeAnthropic, django_user_model: Any
+) -> None:
+    # A run with a task of one's own: the permission to add runs as well as to fork them.
+    forker = Client()
+    forker.force_login(
+        staff(django_user_model, "starter", "view_agentrun", "fork_agentrun", "add_agentrun")
+    )
     parent = finished()
     assert forker.get(edit_url(parent, 0)).context["form"].initial["edit"] == TASK
     new_task = plan(("lookup", {"order": "o-2"}), task="Settle order o-2.")

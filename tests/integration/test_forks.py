@@ -423,4 +423,9 @@ def test_forks_of_what_cannot_be_forked(fake_api: FakeAnthropic, django_user_mod
     assert AgentRun.objects.count() == 1
     clerk.user_permissions.add(Permission.objects.get(codename="fork_agentrun"))
     clerk = django_user_model.objects.get(pk=clerk.pk)  # a fresh permission cache
+    # A fork reads the run: forking needs the permission to view runs too.
+    with pytest.raises(PermissionDenied, match="view_agentrun"):
+        api.fork_run(parent.pk, at_seq=0, user=clerk)
+    clerk.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
+    clerk = django_user_model.objects.get(pk=clerk.pk)
     assert api.fork_run(parent.pk, at_seq=0, user=clerk).forked_from_id == parent.pk

@@ -36,7 +36,7 @@ from durable_agents.store import (
     Store,
     store_for,
 )
-from durable_agents.store.base import Parked, WaitRefused, WaitSpec
+from durable_agents.store.base import ForkWrite, Parked, WaitRefused, WaitSpec
 from durable_agents.store.memory import ManualClock
 from durable_agents.store.transitions import made_transition
 
@@ -475,6 +475,39 @@ def test_a_cancel_takes_the_unfinished_descendants_with_it(env: Env) -> None:
     assert env.store.cancel_run(parent)
     statuses = [env.run(r).status for r in (parent, child, grandchild, done)]
     assert statuses == ["cancelled", "cancelled", "cancelled", "succeeded"]
+
+
+def fork_of(env: Env, run_id: Any, **limits: int) -> Any:
+    """A fork of ``run_id`` at its task, as ``forks.plan_fork`` builds it: in the run's tree."""
+    source = env.run(run_id)
+    fork = AgentRun(
+        id=uuid.uuid4(),
+        agent="contract",
+        prompt_version="v1",
+        model="m",
+        task="t",
+        forked_from_id=run_id,
+        fork_seq=0,
+        parent_id=source.parent_id,
+        root_id=source.root_id,
+        depth=source.depth,
+    )
+    return env.store.create_fork(fork, ForkWrite([(run_id, 0, 1)], None, [], **limits)).pk
+
+
+def test_a_fork_of_a_child_run_is_counted_and_cancelled_in_its_tree(env: Env) -> None:
+    root = env.start()
+    child, _ = env.spawn(root, "c")
+    fork = fork_of(env, child, max_children=10, max_tree_runs=3)
+    assert (env.run(fork).parent_id, env.run(fork).root_id) == (root, root)
+    with pytest.raises(WaitRefused, match="MAX_TREE_RUNS=3"):
+        fork_of(env, child, max_children=10, max_tree_runs=3)
+    with pytest.raises(WaitRefused, match="MAX_CHILD_RUNS"):
+        fork_of(env, child, max_children=2, max_tree_runs=10)
+    assert env.store.cancel_run(root)
+    assert env.run(fork).status == RunStatus.CANCELLED
+    with pytest.raises(WaitRefused, match="cancelled"):
+        fork_of(env, child, max_children=10, max_tree_runs=10)
 
 
 def test_a_park_is_fenced(env: Env) -> None:

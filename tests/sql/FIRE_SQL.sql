@@ -64,7 +64,8 @@ WITH slot AS (
                            concurrency_limit,
                            fair_at,
                            forked_from_id,
-                           fork_seq)
+                           fork_seq,
+                           fork_key_run_id)
     SELECT s.run_id,
            t.agent,
            t.prompt_version,
@@ -102,7 +103,8 @@ WITH slot AS (
            t.concurrency_limit,
            COALESCE(f.fair_at, now()),
            t.forked_from_id,
-           t.fork_seq
+           t.fork_seq,
+           t.fork_key_run_id
       FROM slot AS s
       JOIN template AS t ON t.ordinality = s.template
       LEFT JOIN fair AS f ON f.n = s.n
