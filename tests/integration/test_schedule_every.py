@@ -3,7 +3,7 @@
 fires the other schedules, Resume in the admin refuses it with a message, the database refuses
 new ones, and migration 0022 adds that refusal on a table that holds such a row.
 
-The rows are inserted on the schema of migration 0020 (before the constraint), reached with
+The rows are inserted on the schema of the migration before 0022 (before the constraint), reached with
 the real ``migrate`` command, which then migrates forward again."""
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 UTC = dt.UTC
 DUE = dt.datetime(2026, 1, 1, tzinfo=UTC)
 NOW = DUE + dt.timedelta(seconds=5)
+# The migration 0022 (the constraint) depends on: the schema the bad rows are written on.
+BEFORE_THE_CONSTRAINT = "0021_fork_key_run"
 
 
 @pytest.fixture
 def before_the_constraint() -> Iterator[None]:
-    """The schema of migration 0020 for the test; the newest again after it (each test
+    """The schema of the migration before 0022 for the test; the newest again after it (each test
     deletes its rows: a transaction=True test's flush comes after this fixture's end)."""
-    call_command("migrate", "durable_agents", "0020", verbosity=0)
+    call_command("migrate", "durable_agents", BEFORE_THE_CONSTRAINT, verbosity=0)
     try:
         yield
     finally:
