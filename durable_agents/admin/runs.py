@@ -289,7 +289,9 @@ class AgentRunAdmin(
     }
     field_help_texts: ClassVar[dict[str, StrOrPromise]] = {
         "attempt": CLAIMS_HELP,
-        "start_key_shown": _("the key it was started with: starting it again with it returns this run"),
+        "start_key_shown": _(
+            "the key it was started with: starting it again with it returns this run"
+        ),
         "priority": _("0 to 100: workers claim the highest first, then the oldest"),
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),

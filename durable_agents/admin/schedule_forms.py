@@ -15,8 +15,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents.agents import registry
 from durable_agents.admin.forms import MarkedTextarea, MarkedTextInput
+from durable_agents.agents import registry
 from durable_agents.api import check_priority, check_task
 from durable_agents.exceptions import CronExpressionError
 from durable_agents.schedule_models import AgentSchedule

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from django.test import Client
@@ -25,7 +24,8 @@ MARKED_ZWSP = '<span class="da-invisible" title="U+200B ZERO WIDTH SPACE">⟨U+2
 def assert_marked_not_raw(html: str) -> None:
     assert MARKED_RLO in html
     assert MARKED_ZWSP in html
-    assert RLO not in html and ZWSP not in html, "a hidden character reached the page as is"
+    assert RLO not in html, "a hidden character reached the page as is"
+    assert ZWSP not in html, "a hidden character reached the page as is"
 
 
 @pytest.mark.django_db
@@ -81,7 +81,8 @@ def test_a_schedules_history_title_reads_with_markers(admin_client: Client) -> N
     assert response.status_code == 200
     page = response.content.decode()
     assert "nightly⟨U+202E⟩x⟨U+200B⟩" in page
-    assert RLO not in page and ZWSP not in page
+    assert RLO not in page
+    assert ZWSP not in page
 
 
 @pytest.mark.django_db
@@ -90,6 +91,3 @@ def test_plain_values_show_no_marker_block(admin_client: Client) -> None:
     page = admin_client.get(page_url(row)).content.decode()
     assert "da-input-markers" not in page
     assert 'value="tenant:plain"' in page
-
-
-__all__: list[Any] = []

@@ -3,8 +3,8 @@
 fires the other schedules, Resume in the admin refuses it with a message, the database refuses
 new ones, and migration 0022 adds that refusal on a table that holds such a row.
 
-The rows are inserted on the schema of the migration before 0022 (before the constraint), reached with
-the real ``migrate`` command, which then migrates forward again."""
+The rows are inserted on the schema of the migration before 0022 (before the constraint),
+reached with the real ``migrate`` command, which then migrates forward again."""
 
 from __future__ import annotations
 
