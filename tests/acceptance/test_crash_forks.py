@@ -402,9 +402,10 @@ def check_calls(
                 # The key the tool got: the run's own, but at a fork's fork-point turn the
                 # parent's (the parent may have made the call without recording it).
                 sent = key
-                if step.seq == fork_seq and key_runs.get(run_id) is not None:
+                key_run = key_runs.get(run_id)
+                if step.seq == fork_seq and key_run is not None:
                     sent = effects.idempotency_key(
-                        key_runs[run_id], step.seq, index, call["name"], call["input"]
+                        key_run, step.seq, index, call["name"], call["input"]
                     )
                 parents = None if fork is None else ledger.get((fork.parent_id, step.seq, index))
                 if (
