@@ -36,4 +36,5 @@ class AgentProgress(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.run_id} after #{self.seq}: {self.message[:40]}"
+        # Never the message: it is encrypted at rest, and a str() ends up in logs and audit rows.
+        return f"progress of run {self.run_id} after #{self.seq}"

@@ -95,3 +95,14 @@ def test_without_encryption_the_audit_quotes_what_was_typed(admin_client: Client
     assert "Sent from the admin with payload" in text
     assert f"recorded result '{SECRET}'" in text
     assert "encrypted at rest" not in text
+
+
+def test_a_progress_message_never_reaches_its_str() -> None:
+    # str() of a row lands in LogEntry.object_repr and in log lines: never the encrypted value.
+    import uuid
+
+    from durable_agents.live_models import AgentProgress
+
+    progress = AgentProgress(run_id=uuid.uuid4(), seq=3, message="card 4111 1111 1111 1111")
+    assert "4111" not in str(progress)
+    assert "#3" in str(progress)
