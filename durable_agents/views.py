@@ -45,19 +45,39 @@ KEEPALIVE = b": keepalive\n\n"
 RETRY = b"retry: 2000\n\n"
 # What a reader past the caps is told to wait before it tries again (Retry-After, seconds).
 BUSY_RETRY_AFTER_SECONDS = 10
+# Requests of one process checking a reader (its session, its run) on the database at once.
+CHECKS_AT_ONCE = 4
 
 
 async def run_events(request: HttpRequest, run_id: uuid.UUID) -> HttpResponseBase:
-    try:
-        return await _answer(request, run_id)
-    finally:
-        if isinstance(request, ASGIRequest):
-            # Before the first byte of the stream: the connection the checks above opened (the
+    if not isinstance(request, ASGIRequest):
+        return await _answer(request, run_id)  # WSGI: the request's thread reads the run
+    # Under ASGI each request's database work runs in a thread of its own, so on a connection
+    # of its own: a crowd of readers arriving at once would open as many. CHECKS_AT_ONCE of
+    # them check (and hold a connection) at a time, the others wait their turn.
+    async with _checks_of_this_loop():
+        try:
+            return await _answer(request, run_id)
+        finally:
+            # Before the first byte of the stream: the connection the checks opened (the
             # session, the user, the run) belongs to this request's own thread, and Django
             # would only close it when the response ends, which for a stream is when its
             # reader leaves (an hour later, or never under CONN_MAX_AGE, since the thread is
             # gone by then). The hub reads for every reader on its own connection.
             await sync_to_async(_close_request_connections)()
+
+
+_checks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _checks_of_this_loop() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    checks = _checks.get(loop)
+    if checks is None:
+        checks = _checks[loop] = asyncio.Semaphore(CHECKS_AT_ONCE)
+    return checks
 
 
 async def _answer(request: HttpRequest, run_id: uuid.UUID) -> HttpResponseBase:
@@ -132,6 +152,10 @@ def _busy() -> HttpResponse:
     response = _refused(503, "this server has as many readers as it serves; try again later")
     response["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
     response["Cache-Control"] = "no-store"
+    # One line here, not Django's ERROR with a traceback-free "Service Unavailable" for each:
+    # a crowd past the cap is expected load, and would fill the error log.
+    logger.info("live: a reader refused, %d readers in this process", slots.total)
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 

@@ -235,7 +235,7 @@ def test_the_view_under_wsgi(fake_api: Any, viewer: Any, django_user_model: Any)
     response = client.get(url)
     assert response.status_code == 200
     assert response["Content-Type"] == "text/event-stream"
-    assert response["Cache-Control"] == "no-cache, no-transform"
+    assert response["Cache-Control"] == "no-store, private, no-transform"
     events = sse_events(body_of(response))
     assert [e["event"] for e in events][-2:] == ["status", "end"]
     assert events == [
