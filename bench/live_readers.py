@@ -163,9 +163,7 @@ async def scenario(
         *(open_reader(port, paths[n % len(paths)][0], paths[n % len(paths)][1])
           for n in range(args.over))
     )  # fmt: skip
-    refused = [
-        status == 503 and b"\r\nretry-after: " in head.lower() for status, head, _ in over
-    ]
+    refused = [status == 503 and b"\r\nretry-after: " in head.lower() for status, head, _ in over]
     for _, _, (_, writer) in opened:
         writer.close()
     deadline = time.monotonic() + 60

@@ -3,8 +3,9 @@
 Who may read: staff with the view permission on runs, or whoever holds a ``stream_token`` of
 the run (for pages of end users: in the cookie ``set_stream_cookie`` sets, which keeps it out
 of URLs and access logs, or in ``?token=``). Each process serves at most LIVE_MAX_READERS
-readers, LIVE_MAX_READERS_PER_RUN of one run; past them, 503 with Retry-After. Resume with the ``Last-Event-ID`` header (the
-browser's EventSource sends it by itself when it reconnects) or ``?after=``. A comment line
+readers, LIVE_MAX_READERS_PER_RUN of one run; past them, 503 with Retry-After. Resume with
+the ``Last-Event-ID`` header (the browser's EventSource sends it by itself when it
+reconnects) or ``?after=``. A comment line
 every HEARTBEAT_SECONDS keeps proxies from closing an idle stream; the response ends when the
 run is over.
 

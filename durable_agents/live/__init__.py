@@ -31,10 +31,10 @@ from durable_agents.live.hub import Hub, ReaderDropped
 from durable_agents.text import storable_text
 
 __all__ = [
+    "STREAM_COOKIE",
     "BadEventId",
     "Event",
     "ReaderDropped",
-    "STREAM_COOKIE",
     "progress",
     "set_stream_cookie",
     "stream",
