@@ -71,3 +71,12 @@ if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not str(
     "da_bench"
 ):
     raise RuntimeError(f"bench.settings needs a PostgreSQL database named da_bench*, got {_name!r}")
+# bench/live_readers.py: the readers' caps of the server it starts, and a name for that
+# server's connections, so that its backends can be told apart in pg_stat_activity.
+if os.environ.get("DA_BENCH_LIVE_MAX_READERS"):
+    DURABLE_AGENTS["LIVE_MAX_READERS"] = int(os.environ["DA_BENCH_LIVE_MAX_READERS"])
+    DURABLE_AGENTS["LIVE_MAX_READERS_PER_RUN"] = int(os.environ["DA_BENCH_LIVE_MAX_READERS"])
+if os.environ.get("DA_BENCH_APPLICATION_NAME"):
+    DATABASES["default"]["OPTIONS"]["application_name"] = os.environ["DA_BENCH_APPLICATION_NAME"]
+if os.environ.get("DA_BENCH_CONN_MAX_AGE"):
+    DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ["DA_BENCH_CONN_MAX_AGE"])

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         spawn_run,
         start_run,
     )
-    from durable_agents.live import progress, stream, stream_token
+    from durable_agents.live import progress, set_stream_cookie, stream, stream_token
     from durable_agents.schedules import schedule
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "send_event",
     "set_key_budget",
     "set_key_limit",
+    "set_stream_cookie",
     "spawn_run",
     "start_run",
     "stream",
@@ -70,7 +71,7 @@ __all__ = [
 
 # The names above that live in ``durable_agents.live`` and in ``durable_agents.api`` (both
 # import the models).
-_LIVE_NAMES = frozenset({"progress", "stream", "stream_token"})
+_LIVE_NAMES = frozenset({"progress", "set_stream_cookie", "stream", "stream_token"})
 _API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person", "schedule"} - _LIVE_NAMES
 
 if not TYPE_CHECKING:

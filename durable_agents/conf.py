@@ -218,6 +218,17 @@ class DurableAgentsSettings:
         "processes serving runs/<id>/events while it comes (NOTIFY, a few per second per "
         "turn). False: readers get each turn when it is committed.",
     )
+    LIVE_MAX_READERS: Setting[int] = Setting(
+        1000,
+        "Readers of runs/<id>/events one process serves at a time, all runs together; one more "
+        "is answered 503 with Retry-After (a socket and a task each under ASGI, a thread and "
+        "a database connection each under WSGI).",
+    )
+    LIVE_MAX_READERS_PER_RUN: Setting[int] = Setting(
+        100,
+        "Readers of one run's events one process serves at a time; one more is answered 503 "
+        "with Retry-After, so that one token cannot take the process's readers for itself.",
+    )
     LIVE_WSGI_POLL_SECONDS: Setting[float] = Setting(
         1.0,
         "Under WSGI, runs/<id>/events reads the run every this many seconds, on the request's "

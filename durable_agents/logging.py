@@ -10,6 +10,9 @@ exception, the model's text, event and tool names. The same factory escapes cont
 characters in their message and in their exception's text (``escape_controls``: a newline
 becomes ``\n``), so such text can never start a log line of its own and pass for another
 record ("INFO run ... succeeded"). ``EscapeControlsFilter`` does the same as a filter.
+
+``RedactStreamTokens`` is for a server's access log: it replaces the stream token of a
+``?token=`` URL with ``[redacted]``.
 """
 
 from __future__ import annotations
@@ -122,6 +125,38 @@ class EscapeControlsFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         escape_record(record)
+        return True
+
+
+# ``token=`` in a query string, up to the next parameter, space or quote: a stream token in
+# the request line of an access log (a bearer credential, valid LIVE_TOKEN_SECONDS).
+_STREAM_TOKEN = re.compile(r"([?&]token=)[^&\s\"']+")
+REDACTED = "[redacted]"
+
+
+def redact_stream_tokens(text: str) -> str:
+    """``text`` with the value of every ``?token=`` / ``&token=`` replaced by [redacted]."""
+    return _STREAM_TOKEN.sub(rf"\g<1>{REDACTED}", text)
+
+
+class RedactStreamTokens(logging.Filter):
+    """Redacts ``token=`` in the URLs of the records it sees (their message and their string
+    arguments: uvicorn's access log passes the path as one), never drops one. For the access
+    log of a server that serves ``runs/<id>/events?token=...``: a stream token is a bearer
+    credential for as long as it lasts, and log lines are kept and shared."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_stream_tokens(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                redact_stream_tokens(arg) if isinstance(arg, str) else arg for arg in record.args
+            )
+        elif isinstance(record.args, Mapping):
+            record.args = {
+                key: redact_stream_tokens(value) if isinstance(value, str) else value
+                for key, value in record.args.items()
+            }
         return True
 
 

@@ -4,6 +4,8 @@
     stream_sync(run_id, after)   the same, polling on the caller's connection (WSGI)
     progress(message)            from tool code: a message kept with the run and streamed
     stream_token(run_id)         a signed, expiring token that lets one page read one run
+    set_stream_cookie(response, run_id, request=request)
+                                 the same token in a cookie only that run's events URL gets
 
 ``events`` says what the events are and how their ids resume; ``hub`` how one ASGI process
 follows a thousand readers on one connection; ``publish`` how a worker sends the text of a
@@ -19,6 +21,9 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from django.core import signing
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django.urls import reverse
 
 from durable_agents import waits
 from durable_agents.live.events import BadEventId, Cursor, Event, events_after
@@ -26,10 +31,12 @@ from durable_agents.live.hub import Hub, ReaderDropped
 from durable_agents.text import storable_text
 
 __all__ = [
+    "STREAM_COOKIE",
     "BadEventId",
     "Event",
     "ReaderDropped",
     "progress",
+    "set_stream_cookie",
     "stream",
     "stream_sync",
     "stream_token",
@@ -46,6 +53,8 @@ MAX_PROGRESS_PER_RUN = 1000
 # How long a stream_token lasts unless told otherwise.
 TOKEN_SECONDS = 3600
 _TOKEN_SALT = "durable_agents.live.stream"
+# The cookie ``set_stream_cookie`` sets (one per run: each is scoped to its run's events URL).
+STREAM_COOKIE = "durable_agents_stream"
 
 
 def run_uuid(run_id: Any) -> uuid.UUID:
@@ -124,6 +133,30 @@ def stream_token(run_id: Any) -> str:
     ``runs/<id>/events``) for ``LIVE_TOKEN_SECONDS`` (default an hour), for pages of end users
     who are not staff. Signed with SECRET_KEY; it names the run and nothing else."""
     return signing.TimestampSigner(salt=_TOKEN_SALT).sign(str(run_uuid(run_id)))
+
+
+def set_stream_cookie(response: HttpResponseBase, run_id: Any, *, request: HttpRequest) -> None:
+    """Let the browser that gets ``response`` read the run's stream without a token in the
+    URL: a ``stream_token`` in a cookie that is HttpOnly (no script reads it), SameSite=Strict
+    (no other site's page sends it), Secure when the request came over HTTPS, and scoped by
+    its path to this run's events URL (the browser sends it there only, and cookies of
+    several runs do not meet). It lasts LIVE_TOKEN_SECONDS, as the token in it.
+
+    Call it from the view of the page that shows the run, and give the page the events URL
+    with no ``?token=``: a URL is written down by access logs, proxies and browser history;
+    a cookie is not. Needs ``include("durable_agents.urls")`` (the path is reversed)."""
+    from durable_agents.conf import app_settings
+
+    pk = run_uuid(run_id)
+    response.set_cookie(
+        STREAM_COOKIE,
+        stream_token(pk),
+        max_age=int(app_settings.LIVE_TOKEN_SECONDS),
+        path=reverse("durable_agents:run_events", args=[pk]),
+        secure=request.is_secure(),
+        httponly=True,
+        samesite="Strict",
+    )
 
 
 def token_run(token: str, max_age: int = TOKEN_SECONDS) -> uuid.UUID | None:

@@ -57,7 +57,12 @@ STATUS_CODES: dict[str, str] = {
 MAX_EVENT_CHARS = 100_000
 # Steps (and progress messages) read per query while catching up.
 BATCH = 200
-_ID = re.compile(r"^([0-9a-f]{8}):(-?\d{1,9})\.(\d{1,18})\.([a-zA-Z]?)\.(\d{1,9})\.(\d{1,9})$")
+# Every number of an id is a run of ASCII digits (re.ASCII: no other script's digits) of
+# bounded length, so it fits the column it is compared with (seq, attempt and n: integer;
+# a progress message's id: bigint). The seq alone may be -1: the cursor before the first step.
+_ID = re.compile(
+    r"([0-9a-f]{8}):(-1|\d{1,9})\.(\d{1,18})\.([a-zA-Z]?)\.(\d{1,9})\.(\d{1,9})", re.ASCII
+)
 
 
 _JSON_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
@@ -85,11 +90,14 @@ class Cursor:
 
     @classmethod
     def parse(cls, run_id: uuid.UUID, event_id: str | None) -> Cursor:
-        """The cursor an event id names; ``BadEventId`` for an id that is malformed or
-        another run's."""
+        """The cursor an event id names; ``BadEventId`` for an id that is malformed, another
+        run's, or has a number out of range (a seq below -1 would start the run's shared hub
+        watch so far back that no read ever reaches its steps: every reader of the run would
+        wait for ever while the hub polls it)."""
         if event_id is None or event_id == "":
             return cls()
-        match = _ID.match(event_id) if isinstance(event_id, str) else None
+        # fullmatch: ``$`` would let a trailing newline through.
+        match = _ID.fullmatch(event_id) if isinstance(event_id, str) else None
         if match is None:
             raise BadEventId("not an event id of a run's stream")
         tag, seq, progress, status, attempt, chunks = match.groups()

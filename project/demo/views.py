@@ -2,9 +2,10 @@
 
 ``GET /demo/live/`` shows a button; its POST starts a run of the ``narrator`` agent (streamed
 turns, progress messages) and redirects to ``?run=<id>``, which shows that run followed live
-through ``runs/<id>/events`` with a ``stream_token``: the page's visitor is not staff. A token
-is only given for a run this browser session started (kept in the session), as an end user's
-page would: knowing a run's id is not enough to read it.
+through ``runs/<id>/events`` with a ``stream_token`` in a cookie scoped to that URL
+(``set_stream_cookie``: the token is in no URL, so in no access log): the page's visitor is
+not staff. A token is only given for a run this browser session started (kept in the session),
+as an end user's page would: knowing a run's id is not enough to read it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ def live(request: HttpRequest) -> HttpResponse:
             run = AgentRun.objects.get(pk=uuid.UUID(run_id))
         except (ValueError, AgentRun.DoesNotExist):
             raise Http404("no such run") from None
-        token = durable_agents.stream_token(run.pk)
         events = reverse("durable_agents:run_events", args=[run.pk])
         # What is committed already, rendered by the server (the page without JavaScript);
         # the script adds the rest.
@@ -66,10 +66,13 @@ def live(request: HttpRequest) -> HttpResponse:
             run=run,
             # What a person asked; the offline model's plan lines stay in the run's task.
             task=prose_of(run.task),
-            events_url=f"{events}?token={token}",
+            events_url=events,
             steps=steps,
         )
-    return render(request, "demo/live.html", context)
+    response = render(request, "demo/live.html", context)
+    if "run" in context:
+        durable_agents.set_stream_cookie(response, context["run"].pk, request=request)
+    return response
 
 
 def describe(step: dict[str, Any]) -> str:

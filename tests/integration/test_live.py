@@ -22,6 +22,7 @@ from django.test import AsyncClient, Client, override_settings
 import durable_agents
 from durable_agents import Agent, tool
 from durable_agents.live import (
+    STREAM_COOKIE,
     BadEventId,
     Event,
     progress,
@@ -234,7 +235,7 @@ def test_the_view_under_wsgi(fake_api: Any, viewer: Any, django_user_model: Any)
     response = client.get(url)
     assert response.status_code == 200
     assert response["Content-Type"] == "text/event-stream"
-    assert response["Cache-Control"] == "no-cache, no-transform"
+    assert response["Cache-Control"] == "no-store, private, no-transform"
     events = sse_events(body_of(response))
     assert [e["event"] for e in events][-2:] == ["status", "end"]
     assert events == [
@@ -530,9 +531,23 @@ def test_the_demo_page_gives_a_token_only_for_the_sessions_own_runs(fake_api: An
     started = mine.post("/demo/live/", {"csrfmiddlewaretoken": token})
     assert started.status_code == 302
     run = AgentRun.objects.get()
-    shown = mine.get(started["Location"]).content.decode()
-    events = shown.split('data-live-events="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
-    assert token_run(events.split("token=", 1)[1]) == run.pk
+    page = mine.get(started["Location"])
+    shown = page.content.decode()
+    events = shown.split('data-live-events="', 1)[1].split('"', 1)[0]
+    # The token is in a cookie only the run's events URL gets, not in the URL (nor the page).
+    assert events == f"/agents/runs/{run.pk}/events"
+    assert "token=" not in shown
+    cookie = page.cookies[STREAM_COOKIE]
+    assert token_run(cookie.value) == run.pk
+    assert cookie["path"] == events
+    assert cookie["httponly"] is True
+    assert cookie["samesite"] == "Strict"
+    assert not cookie["secure"]  # plain HTTP here; set_stream_cookie's own test covers HTTPS
+    # The test client sends the cookie as a browser would (the run is pending: the stream
+    # would go on, so it is closed once its status is known).
+    streaming = mine.get(events)
+    streaming.close()
+    assert streaming.status_code == 200
     # Another visitor who knows the id gets no page, so no token.
     assert BrowserClient().get(started["Location"]).status_code == 404
 
