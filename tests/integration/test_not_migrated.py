@@ -184,5 +184,9 @@ def test_a_missing_migration_after_an_upgrade_is_named(empty_database: str) -> N
     assert schedule["raised"] == "NotMigrated", schedule
     assert "lacks the migration durable_agents.0018_schedule" in schedule["message"]
     assert schedule["message"].endswith("run `manage.py migrate` first.")
-    # What the migrated tables hold still works: nothing is translated that is not missing.
-    assert outcomes["start_run"]["raised"] is None, outcomes["start_run"]
+    # A table that exists but lacks a later migration's column (agent_run's fork_key_run_id,
+    # 0021) is named the same way: the first migration the database lacks.
+    start = outcomes["start_run"]
+    assert start["raised"] == "NotMigrated", start
+    assert start["cause"] == "ProgrammingError", start
+    assert "lacks the migration durable_agents.0018_schedule" in start["message"]
