@@ -23,6 +23,7 @@ from django.db.models import Model
 from durable_agents import budgets, effects, forks, signals, telemetry, waits
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
+from durable_agents.exceptions import InvalidArgument, RunNotFound, SpawnRefused
 from durable_agents.history import rebuild_messages
 from durable_agents.migration_state import explains_missing_tables
 from durable_agents.models import (
@@ -120,8 +121,8 @@ def start_run(
     run is cancelled like any other run (``cancel_run``). ``debounce`` is a number of seconds
     greater than 0 and at most ``MAX_DEBOUNCE_SECONDS`` (one day); it needs a ``key``.
 
-    A bad key, priority, concurrency key or debounce is a ``ValueError``, and nothing is
-    created."""
+    A bad key, priority, concurrency key or debounce is an ``InvalidArgument`` (a
+    ``ValueError``), and nothing is created."""
     if key is not None:
         _check_start_key(key)
     if debounce is not None:
@@ -147,35 +148,37 @@ MAX_DEBOUNCE_SECONDS = 86_400
 
 def _check_debounce(debounce: object, key: str | None) -> None:
     if key is None:
-        raise ValueError("debounce= collapses the starts of one key: it needs key= too")
+        raise InvalidArgument("debounce= collapses the starts of one key: it needs key= too")
     # bool is an int to Python, but True is no number of seconds.
     if isinstance(debounce, bool) or not isinstance(debounce, int | float):
-        raise ValueError(f"debounce= is a number of seconds, not {type(debounce).__name__}")
+        raise InvalidArgument(f"debounce= is a number of seconds, not {type(debounce).__name__}")
     if not math.isfinite(debounce) or debounce <= 0:
-        raise ValueError(f"debounce= is a positive, finite number of seconds, not {debounce!r}")
+        raise InvalidArgument(
+            f"debounce= is a positive, finite number of seconds, not {debounce!r}"
+        )
     if debounce > MAX_DEBOUNCE_SECONDS:
-        raise ValueError(
+        raise InvalidArgument(
             f"debounce= is at most {MAX_DEBOUNCE_SECONDS} seconds (one day), not {debounce!r}"
         )
 
 
 def _check_start_key(key: object) -> None:
     if not isinstance(key, str) or not key.strip():
-        raise ValueError("a start key must be a non-empty string")
+        raise InvalidArgument("a start key must be a non-empty string")
     if len(key) > MAX_START_KEY:
-        raise ValueError(
+        raise InvalidArgument(
             f"a start key has at most {MAX_START_KEY} characters; this one has {len(key)}"
         )
     if has_unstorable(key):
-        raise ValueError("a start key cannot contain NUL characters or lone surrogates")
+        raise InvalidArgument("a start key cannot contain NUL characters or lone surrogates")
 
 
 def check_priority(priority: object) -> None:
     # bool is an int to Python, but True is no priority level.
     if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ValueError(f"a priority is an int, not {type(priority).__name__}")
+        raise InvalidArgument(f"a priority is an int, not {type(priority).__name__}")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(
+        raise InvalidArgument(
             f"a priority is between {MIN_PRIORITY} and {MAX_PRIORITY} inclusive, not {priority}"
         )
 
@@ -184,24 +187,24 @@ def _check_model(model: object) -> None:
     """A model name given to ``start_run``: it is sent to the API, shown in the admin and
     used as a metric label, so it is a short printable string."""
     if not isinstance(model, str):
-        raise ValueError(f"a model name is a string, not {type(model).__name__}")
+        raise InvalidArgument(f"a model name is a string, not {type(model).__name__}")
     if not model.strip():
-        raise ValueError("a model name cannot be empty")
+        raise InvalidArgument("a model name cannot be empty")
     if len(model) > MAX_MODEL_NAME:
-        raise ValueError(
+        raise InvalidArgument(
             f"a model name has at most {MAX_MODEL_NAME} characters; this one has {len(model)}"
         )
     if has_unstorable(model) or not model.isprintable():
-        raise ValueError("a model name cannot contain control characters or lone surrogates")
+        raise InvalidArgument("a model name cannot contain control characters or lone surrogates")
 
 
 def check_task(task: object) -> None:
     if not isinstance(task, str) or not task.strip():
-        raise ValueError("a run needs a non-empty task")
+        raise InvalidArgument("a run needs a non-empty task")
     if has_unstorable(task):
         # The database cannot store NUL, nor UTF-8 encode a lone surrogate: say so now rather
         # than fail inside the INSERT.
-        raise ValueError("a task cannot contain NUL characters or lone surrogates")
+        raise InvalidArgument("a task cannot contain NUL characters or lone surrogates")
 
 
 def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
@@ -239,9 +242,9 @@ def spawn_run(
     parent's priority and concurrency key: a child of an urgent run is urgent too, and a
     tenant's children count toward the tenant's limit.
 
-    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH``,
-    ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs of the whole tree, its root included),
-    or when the parent is over."""
+    Raises ``RuntimeError`` outside tool code, ``InvalidArgument`` for a bad key, and
+    ``SpawnRefused`` past ``MAX_RUN_DEPTH``, ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs
+    of the whole tree, its root included), or when the parent is over (both ``ValueError``)."""
     call = waits.current_call()
     if call is None:
         raise RuntimeError(
@@ -249,10 +252,10 @@ def spawn_run(
             "use start_run"
         )
     if not isinstance(key, str) or not key or len(key) > 200:
-        raise ValueError("spawn_run needs a key: a non-empty string of at most 200 characters")
+        raise InvalidArgument("spawn_run needs a key: a non-empty string of at most 200 characters")
     depth = call.depth + 1
     if depth > app_settings.MAX_RUN_DEPTH:
-        raise ValueError(
+        raise SpawnRefused(
             f"a child run would be at depth {depth}; MAX_RUN_DEPTH is {app_settings.MAX_RUN_DEPTH}"
         )
     child = _new_run(agent, task, version, model)
@@ -267,7 +270,7 @@ def spawn_run(
             app_settings.MAX_TREE_RUNS,
         )
     except WaitRefused as exc:
-        raise ValueError(str(exc)) from None
+        raise SpawnRefused(str(exc)) from None
     return run
 
 
@@ -284,23 +287,25 @@ def send_event(name: str, payload: JSONValue = None, *, user: Person | None = No
 
 
 def _check_event(name: object, payload: object) -> None:
-    """``send_event``'s arguments, checked before anything is written: each problem is a
-    ``ValueError`` that says what is wrong (never the database's or the encoder's error)."""
+    """``send_event``'s arguments, checked before anything is written: each problem is an
+    ``InvalidArgument`` that says what is wrong (never the database's or the encoder's error)."""
     problem = waits.event_name_problem(name)
     if problem is not None:
-        raise ValueError(f"an event needs a valid name: {problem}")
+        raise InvalidArgument(f"an event needs a valid name: {problem}")
     try:
         check_depth(payload)
         # As the column stores it: lone surrogates escaped, NaN and infinities refused.
         text = json.dumps(payload, allow_nan=False)
     except Unstorable as exc:
-        raise ValueError(f"an event's payload must be JSON: the value {exc}") from None
+        raise InvalidArgument(f"an event's payload must be JSON: the value {exc}") from None
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"an event's payload must be JSON: {storable_text(exc, 300)}") from None
+        raise InvalidArgument(
+            f"an event's payload must be JSON: {storable_text(exc, 300)}"
+        ) from None
     size = len(text.encode("utf-8"))  # ASCII: json.dumps escapes everything else
     limit = app_settings.MAX_EVENT_BYTES
     if size > limit:
-        raise ValueError(
+        raise InvalidArgument(
             f"an event's payload is at most {limit} bytes of JSON (MAX_EVENT_BYTES); "
             f"this one is {size}"
         )
@@ -318,7 +323,7 @@ def answer_question(
     if user is None or not user.has_perm(ANSWER_PERMISSION):
         raise PermissionDenied(f"answering questions needs the {ANSWER_PERMISSION} permission")
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("an answer cannot be empty")
+        raise InvalidArgument("an answer cannot be empty")
     question = current().answer_question(run_id, user, storable_text(text), question_id)
     if question is None:
         raise AgentQuestion.DoesNotExist(
@@ -381,7 +386,7 @@ def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) ->
         raise PermissionDenied(f"setting a key's limit needs the {BUDGET_PERMISSION} permission")
     check_concurrency_key(key)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"a concurrency limit is a whole number >= 0 or None, not {limit!r}")
+        raise InvalidArgument(f"a concurrency limit is a whole number >= 0 or None, not {limit!r}")
     current().set_key_limit(key, limit)
 
 
@@ -412,23 +417,25 @@ def fork_run(
 
     ``version`` / ``model``: fork onto another registered version of the agent, or another
     model, when the shared log allows it (signed thinking binds the model, system prompt and
-    tools); otherwise ``ValueError`` naming the block that binds it.
+    tools); otherwise ``ForkRefused`` naming the block that binds it.
 
     ``user``: when given, the fork needs the permissions ``durable_agents.fork_agentrun`` and
     ``durable_agents.view_agentrun`` (a fork reads the run: its task, its tool results), and a
     fork with an edited task ``durable_agents.add_agentrun`` too (it starts a run with a task
     of the user's); ``PermissionDenied`` otherwise. Anything refused raises before anything is
-    created."""
+    created: ``RunNotFound`` for a run that does not exist, ``InvalidArgument`` for a bad
+    model or version, ``ForkRefused`` for a fork that cannot be made as asked (all three are
+    ``ValueError``)."""
     if user is not None:
         _check_fork_permissions(user, edits_task=edit is not None and at_seq == 0)
     if model is not None:
         _check_model(model)
     if version is not None and (not isinstance(version, str) or not version):
-        raise ValueError("version= names a registered version of the run's agent")
+        raise InvalidArgument("version= names a registered version of the run's agent")
     try:
         parent = AgentRun.objects.get(pk=run_id)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
-        raise ValueError(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
+        raise RunNotFound(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
     plan = forks.plan_fork(parent, at_seq, edit, version, model)
     plan.run.trace_context = telemetry.current_trace_context()
     write = plan.write
