@@ -21,6 +21,7 @@ from django.db import IntegrityError
 from django.db.models import Model
 
 from durable_agents import budgets, effects, forks, signals, telemetry, waits
+from durable_agents._deprecation import keyword_options
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.exceptions import InvalidArgument, RunNotFound, SpawnRefused
@@ -311,9 +312,10 @@ def _check_event(name: object, payload: object) -> None:
         )
 
 
+@keyword_options("run_id", "user", "text")
 @explains_missing_tables
 def answer_question(
-    run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
+    run_id: RunId | str, text: str, *, user: Person | None, question_id: int | None = None
 ) -> AgentQuestion:
     """Answer the open question of a run (asked with the built-in ``ask_person`` tool): the
     answer, who gave it and when become the tool's result and the run goes on. Needs the
@@ -390,10 +392,12 @@ def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) ->
     current().set_key_limit(key, limit)
 
 
+@keyword_options("run_id", "at_seq", "edit", "version", "model", "user")
 @explains_missing_tables
 def fork_run(
     run_id: RunId | str,
     at_seq: int,
+    *,
     edit: JSONValue = None,
     version: str | None = None,
     model: str | None = None,
@@ -487,24 +491,27 @@ def _decide(
     return current().decide_intent(intent_id, user, from_status, to_status, reason)
 
 
+@keyword_options("intent_id", "user")
 @explains_missing_tables
-def approve_intent(intent_id: int, user: Person | None) -> ToolIntent:
+def approve_intent(intent_id: int, *, user: Person | None) -> ToolIntent:
     """Allow a pending irreversible call to run; the run becomes claimable. Deciding an
     intent that was already decided changes nothing."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
 
 
+@keyword_options("intent_id", "user", "reason")
 @explains_missing_tables
-def reject_intent(intent_id: int, user: Person | None, reason: str = "") -> ToolIntent:
+def reject_intent(intent_id: int, *, user: Person | None, reason: str = "") -> ToolIntent:
     """Refuse a pending call; the model receives an error result naming who and why."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
 
 
+@keyword_options("intent_id", "user")
 @explains_missing_tables
 def resolve_intent(
     intent_id: int,
-    user: Person | None,
     *,
+    user: Person | None,
     happened: bool,
     result: JSONValue = None,
     reason: str = "",
@@ -566,11 +573,12 @@ async def asend_event(
     return await sync_to_async(send_event)(name, payload, user=user)
 
 
+@keyword_options("run_id", "user", "text")
 async def aanswer_question(
-    run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
+    run_id: RunId | str, text: str, *, user: Person | None, question_id: int | None = None
 ) -> AgentQuestion:
     """``answer_question`` for async code."""
-    return await sync_to_async(answer_question)(run_id, user, text, question_id=question_id)
+    return await sync_to_async(answer_question)(run_id, text, user=user, question_id=question_id)
 
 
 async def amessages_for(run_id: RunId | str) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import RowNumber
 
 from durable_agents.deepjson import loads_deep
-from durable_agents.exceptions import BadEventId  # defined there, in the one error tree
+from durable_agents.exceptions import BadEventId as BadEventId  # in the one error tree
 from durable_agents.fork_models import steps_of
 from durable_agents.history import message_text
 from durable_agents.models import (

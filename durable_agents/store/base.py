@@ -71,7 +71,7 @@ from django.utils import timezone
 from durable_agents import encryption
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
-from durable_agents.exceptions import WaitRefused
+from durable_agents.exceptions import WaitRefused as WaitRefused
 from durable_agents.models import (
     STEP_PAYLOAD,
     USAGE_SHARDS,
