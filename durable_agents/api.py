@@ -4,7 +4,26 @@ the store's (``durable_agents.store``); signals and permission checks are here.
 
 Each public operation that reads or writes the tables raises ``NotMigrated`` ("run
 `manage.py migrate` first") when the database refuses it for lack of durable_agents'
-migrations (``migration_state.explains_missing_tables``)."""
+migrations (``migration_state.explains_missing_tables``).
+
+Each operation a view or other async code calls has an async twin, ``a<name>``, the same
+operation run in Django's thread for database work (``astart_run``, ``afork_run``,
+``aapprove_intent``, ...). Those without one, and why:
+
+- ``spawn_run``: called only from tool code, which runs in a worker's thread, never in an
+  event loop;
+- ``made_transition``: reads the object it is given, no database;
+- ``check_priority``, ``check_task``: check a value, no database.
+
+Options are keyword-only: only the arguments that say what the call is about are positional
+(``fork_run(run_id, at_seq, *, edit=..., user=...)``), and ``user`` is a keyword everywhere.
+A positional call of the old kind still works, with a ``DeprecationWarning``
+(``durable_agents._deprecation``).
+
+Errors: a bad argument is an ``InvalidArgument``, a run that does not exist a ``RunNotFound``,
+a child run that cannot be started a ``SpawnRefused``, a fork that cannot be made a
+``ForkRefused``: all ``DurableAgentsValueError`` (``durable_agents.exceptions``), so still the
+``ValueError`` they were."""
 
 from __future__ import annotations
 
@@ -42,6 +61,46 @@ from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
 from durable_agents.store.transitions import made_transition as _made_transition
 from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
+
+__all__ = [
+    "ADD_RUN_PERMISSION",
+    "ANSWER_PERMISSION",
+    "APPROVE_PERMISSION",
+    "BUDGET_PERMISSION",
+    "FORK_PERMISSION",
+    "MAX_DEBOUNCE_SECONDS",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "VIEW_RUN_PERMISSION",
+    "JSONValue",
+    "Person",
+    "aanswer_question",
+    "aapprove_intent",
+    "acancel_run",
+    "afork_run",
+    "amessages_for",
+    "answer_question",
+    "approve_intent",
+    "areject_intent",
+    "arequeue_run",
+    "aresolve_intent",
+    "asend_event",
+    "aset_key_budget",
+    "aset_key_limit",
+    "astart_run",
+    "cancel_run",
+    "fork_run",
+    "made_transition",
+    "messages_for",
+    "reject_intent",
+    "requeue_run",
+    "resolve_intent",
+    "send_event",
+    "set_key_budget",
+    "set_key_limit",
+    "spawn_run",
+    "start_run",
+]
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 FORK_PERMISSION = "durable_agents.fork_agentrun"
@@ -584,3 +643,59 @@ async def aanswer_question(
 async def amessages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """``messages_for`` for async code."""
     return await sync_to_async(messages_for)(run_id)
+
+
+async def arequeue_run(run_id: RunId | str) -> bool:
+    """``requeue_run`` for async code."""
+    return await sync_to_async(requeue_run)(run_id)
+
+
+async def afork_run(
+    run_id: RunId | str,
+    at_seq: int,
+    *,
+    edit: JSONValue = None,
+    version: str | None = None,
+    model: str | None = None,
+    user: Person | None = None,
+) -> AgentRun:
+    """``fork_run`` for async code."""
+    return await sync_to_async(fork_run)(
+        run_id, at_seq, edit=edit, version=version, model=model, user=user
+    )
+
+
+async def aapprove_intent(intent_id: int, *, user: Person | None) -> ToolIntent:
+    """``approve_intent`` for async code."""
+    return await sync_to_async(approve_intent)(intent_id, user=user)
+
+
+async def areject_intent(intent_id: int, *, user: Person | None, reason: str = "") -> ToolIntent:
+    """``reject_intent`` for async code."""
+    return await sync_to_async(reject_intent)(intent_id, user=user, reason=reason)
+
+
+async def aresolve_intent(
+    intent_id: int,
+    *,
+    user: Person | None,
+    happened: bool,
+    result: JSONValue = None,
+    reason: str = "",
+) -> ToolIntent:
+    """``resolve_intent`` for async code."""
+    return await sync_to_async(resolve_intent)(
+        intent_id, user=user, happened=happened, result=result, reason=reason
+    )
+
+
+async def aset_key_budget(
+    key: str, usd_per_day: Decimal | float | int | None, *, user: Person | None = None
+) -> int:
+    """``set_key_budget`` for async code."""
+    return await sync_to_async(set_key_budget)(key, usd_per_day, user=user)
+
+
+async def aset_key_limit(key: str, limit: int | None, *, user: Person | None = None) -> None:
+    """``set_key_limit`` for async code."""
+    await sync_to_async(set_key_limit)(key, limit, user=user)
