@@ -313,7 +313,7 @@ def test_a_question_is_answered_on_the_run_page(
     )
     question = AgentQuestion.objects.get(run_id=run.pk)
     # The question the person was shown, by its id: never one the run asked since.
-    assert calls == [(run.pk, superuser, "eu-west first", {"question_id": question.pk})]
+    assert calls == [(run.pk, "eu-west first", {"user": superuser, "question_id": question.pk})]
     question.refresh_from_db()
     assert (question.status, question.answer) == (QuestionStatus.ANSWERED, "eu-west first")
     assert question.answered_by == superuser
