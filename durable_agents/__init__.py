@@ -5,6 +5,14 @@ operations of ``durable_agents.api`` and ``schedule`` (agents on a clock). The o
 imported lazily so that importing ``durable_agents`` in a settings module or an ``agents.py``
 never touches the app registry; a type checker sees them imported here, with their real
 signatures.
+
+The operations that a view or other async code calls have async twins (``astart_run``,
+``afork_run``, ...: ``durable_agents.api`` lists them, and those without one). Of the others:
+``schedule`` is declared from a data migration or ``AppConfig.ready`` (sync code); ``progress``
+is called from tool code, which runs in a worker's thread; ``stream`` is async already (and
+``stream_sync`` its sync twin); ``stream_token`` signs a string, with no database.
+
+The errors are in ``durable_agents.exceptions``, under ``DurableAgentsError``.
 """
 
 from __future__ import annotations
@@ -18,14 +26,22 @@ from durable_agents.waits import Wait, ask_person
 if TYPE_CHECKING:
     from durable_agents.api import (
         aanswer_question,
+        aapprove_intent,
         acancel_run,
+        afork_run,
         amessages_for,
         answer_question,
         approve_intent,
+        areject_intent,
+        arequeue_run,
+        aresolve_intent,
         asend_event,
+        aset_key_budget,
+        aset_key_limit,
         astart_run,
         cancel_run,
         fork_run,
+        made_transition,
         messages_for,
         reject_intent,
         requeue_run,
@@ -43,15 +59,23 @@ __all__ = [
     "Agent",
     "Wait",
     "aanswer_question",
+    "aapprove_intent",
     "acancel_run",
+    "afork_run",
     "amessages_for",
     "answer_question",
     "approve_intent",
+    "areject_intent",
+    "arequeue_run",
+    "aresolve_intent",
     "asend_event",
+    "aset_key_budget",
+    "aset_key_limit",
     "ask_person",
     "astart_run",
     "cancel_run",
     "fork_run",
+    "made_transition",
     "messages_for",
     "progress",
     "reject_intent",

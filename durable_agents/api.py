@@ -4,7 +4,26 @@ the store's (``durable_agents.store``); signals and permission checks are here.
 
 Each public operation that reads or writes the tables raises ``NotMigrated`` ("run
 `manage.py migrate` first") when the database refuses it for lack of durable_agents'
-migrations (``migration_state.explains_missing_tables``)."""
+migrations (``migration_state.explains_missing_tables``).
+
+Each operation a view or other async code calls has an async twin, ``a<name>``, the same
+operation run in Django's thread for database work (``astart_run``, ``afork_run``,
+``aapprove_intent``, ...). Those without one, and why:
+
+- ``spawn_run``: called only from tool code, which runs in a worker's thread, never in an
+  event loop;
+- ``made_transition``: reads the object it is given, no database;
+- ``check_priority``, ``check_task``: check a value, no database.
+
+Options are keyword-only: only the arguments that say what the call is about are positional
+(``fork_run(run_id, at_seq, *, edit=..., user=...)``), and ``user`` is a keyword everywhere.
+A positional call of the old kind still works, with a ``DeprecationWarning``
+(``durable_agents._deprecation``).
+
+Errors: a bad argument is an ``InvalidArgument``, a run that does not exist a ``RunNotFound``,
+a child run that cannot be started a ``SpawnRefused``, a fork that cannot be made a
+``ForkRefused``: all ``DurableAgentsValueError`` (``durable_agents.exceptions``), so still the
+``ValueError`` they were."""
 
 from __future__ import annotations
 
@@ -21,8 +40,10 @@ from django.db import IntegrityError
 from django.db.models import Model
 
 from durable_agents import budgets, effects, forks, signals, telemetry, waits
+from durable_agents._deprecation import keyword_options
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
+from durable_agents.exceptions import InvalidArgument, RunNotFound, SpawnRefused
 from durable_agents.history import rebuild_messages
 from durable_agents.migration_state import explains_missing_tables
 from durable_agents.models import (
@@ -40,6 +61,46 @@ from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
 from durable_agents.store.transitions import made_transition as _made_transition
 from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
+
+__all__ = [
+    "ADD_RUN_PERMISSION",
+    "ANSWER_PERMISSION",
+    "APPROVE_PERMISSION",
+    "BUDGET_PERMISSION",
+    "FORK_PERMISSION",
+    "MAX_DEBOUNCE_SECONDS",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "VIEW_RUN_PERMISSION",
+    "JSONValue",
+    "Person",
+    "aanswer_question",
+    "aapprove_intent",
+    "acancel_run",
+    "afork_run",
+    "amessages_for",
+    "answer_question",
+    "approve_intent",
+    "areject_intent",
+    "arequeue_run",
+    "aresolve_intent",
+    "asend_event",
+    "aset_key_budget",
+    "aset_key_limit",
+    "astart_run",
+    "cancel_run",
+    "fork_run",
+    "made_transition",
+    "messages_for",
+    "reject_intent",
+    "requeue_run",
+    "resolve_intent",
+    "send_event",
+    "set_key_budget",
+    "set_key_limit",
+    "spawn_run",
+    "start_run",
+]
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
 FORK_PERMISSION = "durable_agents.fork_agentrun"
@@ -120,8 +181,8 @@ def start_run(
     run is cancelled like any other run (``cancel_run``). ``debounce`` is a number of seconds
     greater than 0 and at most ``MAX_DEBOUNCE_SECONDS`` (one day); it needs a ``key``.
 
-    A bad key, priority, concurrency key or debounce is a ``ValueError``, and nothing is
-    created."""
+    A bad key, priority, concurrency key or debounce is an ``InvalidArgument`` (a
+    ``ValueError``), and nothing is created."""
     if key is not None:
         _check_start_key(key)
     if debounce is not None:
@@ -147,35 +208,37 @@ MAX_DEBOUNCE_SECONDS = 86_400
 
 def _check_debounce(debounce: object, key: str | None) -> None:
     if key is None:
-        raise ValueError("debounce= collapses the starts of one key: it needs key= too")
+        raise InvalidArgument("debounce= collapses the starts of one key: it needs key= too")
     # bool is an int to Python, but True is no number of seconds.
     if isinstance(debounce, bool) or not isinstance(debounce, int | float):
-        raise ValueError(f"debounce= is a number of seconds, not {type(debounce).__name__}")
+        raise InvalidArgument(f"debounce= is a number of seconds, not {type(debounce).__name__}")
     if not math.isfinite(debounce) or debounce <= 0:
-        raise ValueError(f"debounce= is a positive, finite number of seconds, not {debounce!r}")
+        raise InvalidArgument(
+            f"debounce= is a positive, finite number of seconds, not {debounce!r}"
+        )
     if debounce > MAX_DEBOUNCE_SECONDS:
-        raise ValueError(
+        raise InvalidArgument(
             f"debounce= is at most {MAX_DEBOUNCE_SECONDS} seconds (one day), not {debounce!r}"
         )
 
 
 def _check_start_key(key: object) -> None:
     if not isinstance(key, str) or not key.strip():
-        raise ValueError("a start key must be a non-empty string")
+        raise InvalidArgument("a start key must be a non-empty string")
     if len(key) > MAX_START_KEY:
-        raise ValueError(
+        raise InvalidArgument(
             f"a start key has at most {MAX_START_KEY} characters; this one has {len(key)}"
         )
     if has_unstorable(key):
-        raise ValueError("a start key cannot contain NUL characters or lone surrogates")
+        raise InvalidArgument("a start key cannot contain NUL characters or lone surrogates")
 
 
 def check_priority(priority: object) -> None:
     # bool is an int to Python, but True is no priority level.
     if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ValueError(f"a priority is an int, not {type(priority).__name__}")
+        raise InvalidArgument(f"a priority is an int, not {type(priority).__name__}")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(
+        raise InvalidArgument(
             f"a priority is between {MIN_PRIORITY} and {MAX_PRIORITY} inclusive, not {priority}"
         )
 
@@ -184,24 +247,24 @@ def _check_model(model: object) -> None:
     """A model name given to ``start_run``: it is sent to the API, shown in the admin and
     used as a metric label, so it is a short printable string."""
     if not isinstance(model, str):
-        raise ValueError(f"a model name is a string, not {type(model).__name__}")
+        raise InvalidArgument(f"a model name is a string, not {type(model).__name__}")
     if not model.strip():
-        raise ValueError("a model name cannot be empty")
+        raise InvalidArgument("a model name cannot be empty")
     if len(model) > MAX_MODEL_NAME:
-        raise ValueError(
+        raise InvalidArgument(
             f"a model name has at most {MAX_MODEL_NAME} characters; this one has {len(model)}"
         )
     if has_unstorable(model) or not model.isprintable():
-        raise ValueError("a model name cannot contain control characters or lone surrogates")
+        raise InvalidArgument("a model name cannot contain control characters or lone surrogates")
 
 
 def check_task(task: object) -> None:
     if not isinstance(task, str) or not task.strip():
-        raise ValueError("a run needs a non-empty task")
+        raise InvalidArgument("a run needs a non-empty task")
     if has_unstorable(task):
         # The database cannot store NUL, nor UTF-8 encode a lone surrogate: say so now rather
         # than fail inside the INSERT.
-        raise ValueError("a task cannot contain NUL characters or lone surrogates")
+        raise InvalidArgument("a task cannot contain NUL characters or lone surrogates")
 
 
 def _new_run(agent: str, task: str, version: str | None, model: str | None) -> AgentRun:
@@ -239,9 +302,9 @@ def spawn_run(
     parent's priority and concurrency key: a child of an urgent run is urgent too, and a
     tenant's children count toward the tenant's limit.
 
-    Raises ``RuntimeError`` outside tool code, and ``ValueError`` past ``MAX_RUN_DEPTH``,
-    ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs of the whole tree, its root included),
-    or when the parent is over."""
+    Raises ``RuntimeError`` outside tool code, ``InvalidArgument`` for a bad key, and
+    ``SpawnRefused`` past ``MAX_RUN_DEPTH``, ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs
+    of the whole tree, its root included), or when the parent is over (both ``ValueError``)."""
     call = waits.current_call()
     if call is None:
         raise RuntimeError(
@@ -249,10 +312,10 @@ def spawn_run(
             "use start_run"
         )
     if not isinstance(key, str) or not key or len(key) > 200:
-        raise ValueError("spawn_run needs a key: a non-empty string of at most 200 characters")
+        raise InvalidArgument("spawn_run needs a key: a non-empty string of at most 200 characters")
     depth = call.depth + 1
     if depth > app_settings.MAX_RUN_DEPTH:
-        raise ValueError(
+        raise SpawnRefused(
             f"a child run would be at depth {depth}; MAX_RUN_DEPTH is {app_settings.MAX_RUN_DEPTH}"
         )
     child = _new_run(agent, task, version, model)
@@ -267,7 +330,7 @@ def spawn_run(
             app_settings.MAX_TREE_RUNS,
         )
     except WaitRefused as exc:
-        raise ValueError(str(exc)) from None
+        raise SpawnRefused(str(exc)) from None
     return run
 
 
@@ -284,31 +347,34 @@ def send_event(name: str, payload: JSONValue = None, *, user: Person | None = No
 
 
 def _check_event(name: object, payload: object) -> None:
-    """``send_event``'s arguments, checked before anything is written: each problem is a
-    ``ValueError`` that says what is wrong (never the database's or the encoder's error)."""
+    """``send_event``'s arguments, checked before anything is written: each problem is an
+    ``InvalidArgument`` that says what is wrong (never the database's or the encoder's error)."""
     problem = waits.event_name_problem(name)
     if problem is not None:
-        raise ValueError(f"an event needs a valid name: {problem}")
+        raise InvalidArgument(f"an event needs a valid name: {problem}")
     try:
         check_depth(payload)
         # As the column stores it: lone surrogates escaped, NaN and infinities refused.
         text = json.dumps(payload, allow_nan=False)
     except Unstorable as exc:
-        raise ValueError(f"an event's payload must be JSON: the value {exc}") from None
+        raise InvalidArgument(f"an event's payload must be JSON: the value {exc}") from None
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"an event's payload must be JSON: {storable_text(exc, 300)}") from None
+        raise InvalidArgument(
+            f"an event's payload must be JSON: {storable_text(exc, 300)}"
+        ) from None
     size = len(text.encode("utf-8"))  # ASCII: json.dumps escapes everything else
     limit = app_settings.MAX_EVENT_BYTES
     if size > limit:
-        raise ValueError(
+        raise InvalidArgument(
             f"an event's payload is at most {limit} bytes of JSON (MAX_EVENT_BYTES); "
             f"this one is {size}"
         )
 
 
+@keyword_options("run_id", "user", "text")
 @explains_missing_tables
 def answer_question(
-    run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
+    run_id: RunId | str, text: str, *, user: Person | None, question_id: int | None = None
 ) -> AgentQuestion:
     """Answer the open question of a run (asked with the built-in ``ask_person`` tool): the
     answer, who gave it and when become the tool's result and the run goes on. Needs the
@@ -318,7 +384,7 @@ def answer_question(
     if user is None or not user.has_perm(ANSWER_PERMISSION):
         raise PermissionDenied(f"answering questions needs the {ANSWER_PERMISSION} permission")
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("an answer cannot be empty")
+        raise InvalidArgument("an answer cannot be empty")
     question = current().answer_question(run_id, user, storable_text(text), question_id)
     if question is None:
         raise AgentQuestion.DoesNotExist(
@@ -381,14 +447,16 @@ def set_key_limit(key: str, limit: int | None, *, user: Person | None = None) ->
         raise PermissionDenied(f"setting a key's limit needs the {BUDGET_PERMISSION} permission")
     check_concurrency_key(key)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"a concurrency limit is a whole number >= 0 or None, not {limit!r}")
+        raise InvalidArgument(f"a concurrency limit is a whole number >= 0 or None, not {limit!r}")
     current().set_key_limit(key, limit)
 
 
+@keyword_options("run_id", "at_seq", "edit", "version", "model", "user")
 @explains_missing_tables
 def fork_run(
     run_id: RunId | str,
     at_seq: int,
+    *,
     edit: JSONValue = None,
     version: str | None = None,
     model: str | None = None,
@@ -412,23 +480,25 @@ def fork_run(
 
     ``version`` / ``model``: fork onto another registered version of the agent, or another
     model, when the shared log allows it (signed thinking binds the model, system prompt and
-    tools); otherwise ``ValueError`` naming the block that binds it.
+    tools); otherwise ``ForkRefused`` naming the block that binds it.
 
     ``user``: when given, the fork needs the permissions ``durable_agents.fork_agentrun`` and
     ``durable_agents.view_agentrun`` (a fork reads the run: its task, its tool results), and a
     fork with an edited task ``durable_agents.add_agentrun`` too (it starts a run with a task
     of the user's); ``PermissionDenied`` otherwise. Anything refused raises before anything is
-    created."""
+    created: ``RunNotFound`` for a run that does not exist, ``InvalidArgument`` for a bad
+    model or version, ``ForkRefused`` for a fork that cannot be made as asked (all three are
+    ``ValueError``)."""
     if user is not None:
         _check_fork_permissions(user, edits_task=edit is not None and at_seq == 0)
     if model is not None:
         _check_model(model)
     if version is not None and (not isinstance(version, str) or not version):
-        raise ValueError("version= names a registered version of the run's agent")
+        raise InvalidArgument("version= names a registered version of the run's agent")
     try:
         parent = AgentRun.objects.get(pk=run_id)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
-        raise ValueError(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
+        raise RunNotFound(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
     plan = forks.plan_fork(parent, at_seq, edit, version, model)
     plan.run.trace_context = telemetry.current_trace_context()
     write = plan.write
@@ -480,24 +550,27 @@ def _decide(
     return current().decide_intent(intent_id, user, from_status, to_status, reason)
 
 
+@keyword_options("intent_id", "user")
 @explains_missing_tables
-def approve_intent(intent_id: int, user: Person | None) -> ToolIntent:
+def approve_intent(intent_id: int, *, user: Person | None) -> ToolIntent:
     """Allow a pending irreversible call to run; the run becomes claimable. Deciding an
     intent that was already decided changes nothing."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.APPROVED, "")
 
 
+@keyword_options("intent_id", "user", "reason")
 @explains_missing_tables
-def reject_intent(intent_id: int, user: Person | None, reason: str = "") -> ToolIntent:
+def reject_intent(intent_id: int, *, user: Person | None, reason: str = "") -> ToolIntent:
     """Refuse a pending call; the model receives an error result naming who and why."""
     return _decide(intent_id, user, IntentStatus.PENDING, IntentStatus.REJECTED, reason)
 
 
+@keyword_options("intent_id", "user")
 @explains_missing_tables
 def resolve_intent(
     intent_id: int,
-    user: Person | None,
     *,
+    user: Person | None,
     happened: bool,
     result: JSONValue = None,
     reason: str = "",
@@ -559,13 +632,70 @@ async def asend_event(
     return await sync_to_async(send_event)(name, payload, user=user)
 
 
+@keyword_options("run_id", "user", "text")
 async def aanswer_question(
-    run_id: RunId | str, user: Person | None, text: str, *, question_id: int | None = None
+    run_id: RunId | str, text: str, *, user: Person | None, question_id: int | None = None
 ) -> AgentQuestion:
     """``answer_question`` for async code."""
-    return await sync_to_async(answer_question)(run_id, user, text, question_id=question_id)
+    return await sync_to_async(answer_question)(run_id, text, user=user, question_id=question_id)
 
 
 async def amessages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """``messages_for`` for async code."""
     return await sync_to_async(messages_for)(run_id)
+
+
+async def arequeue_run(run_id: RunId | str) -> bool:
+    """``requeue_run`` for async code."""
+    return await sync_to_async(requeue_run)(run_id)
+
+
+async def afork_run(
+    run_id: RunId | str,
+    at_seq: int,
+    *,
+    edit: JSONValue = None,
+    version: str | None = None,
+    model: str | None = None,
+    user: Person | None = None,
+) -> AgentRun:
+    """``fork_run`` for async code."""
+    return await sync_to_async(fork_run)(
+        run_id, at_seq, edit=edit, version=version, model=model, user=user
+    )
+
+
+async def aapprove_intent(intent_id: int, *, user: Person | None) -> ToolIntent:
+    """``approve_intent`` for async code."""
+    return await sync_to_async(approve_intent)(intent_id, user=user)
+
+
+async def areject_intent(intent_id: int, *, user: Person | None, reason: str = "") -> ToolIntent:
+    """``reject_intent`` for async code."""
+    return await sync_to_async(reject_intent)(intent_id, user=user, reason=reason)
+
+
+async def aresolve_intent(
+    intent_id: int,
+    *,
+    user: Person | None,
+    happened: bool,
+    result: JSONValue = None,
+    reason: str = "",
+) -> ToolIntent:
+    """``resolve_intent`` for async code."""
+    return await sync_to_async(resolve_intent)(
+        intent_id, user=user, happened=happened, result=result, reason=reason
+    )
+
+
+async def aset_key_budget(
+    key: str, usd_per_day: Decimal | float | int | None, *, user: Person | None = None
+) -> int:
+    """``set_key_budget`` for async code."""
+    return await sync_to_async(set_key_budget)(key, usd_per_day, user=user)
+
+
+async def aset_key_limit(key: str, limit: int | None, *, user: Person | None = None) -> None:
+    """``set_key_limit`` for async code."""
+    await sync_to_async(set_key_limit)(key, limit, user=user)

@@ -18,19 +18,20 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from durable_agents.conf import app_settings
+from durable_agents.exceptions import InvalidArgument
 
 ANY_KEY = "*"
 
 
 def _amount(where: str, value: Any) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal, str)):
-        raise ValueError(f"{where} must be a number of USD, not {value!r}")
+        raise InvalidArgument(f"{where} must be a number of USD, not {value!r}")
     try:
         amount = Decimal(str(value))
     except InvalidOperation:
-        raise ValueError(f"{where} must be a number of USD, not {value!r}") from None
+        raise InvalidArgument(f"{where} must be a number of USD, not {value!r}") from None
     if not amount.is_finite() or amount < 0:
-        raise ValueError(f"{where} must be a finite number >= 0, not {value!r}")
+        raise InvalidArgument(f"{where} must be a finite number >= 0, not {value!r}")
     return amount
 
 
@@ -86,7 +87,8 @@ def in_force(key: str, override: Decimal | None) -> Decimal | None:
 
 
 def check_amount(value: Any) -> Decimal:
-    """A budget set at run time (``set_key_budget``): a finite number >= 0, or ValueError."""
+    """A budget set at run time (``set_key_budget``): a finite number >= 0, or
+    ``InvalidArgument`` (a ``ValueError``)."""
     return _amount("usd_per_day", value)
 
 

@@ -40,6 +40,9 @@ logger = logging.getLogger("durable_agents.calls")
 T = TypeVar("T")
 
 
+# CallInterrupted and CallTimedOut are not DurableAgentsErrors: they are the call thread's
+# news to the dispatcher, which turns them into the run's interruption or the tool's error
+# result; no caller of ours ever sees them.
 class CallInterrupted(Exception):
     """The run was interrupted while the call was in flight; the call was walked away from."""
 

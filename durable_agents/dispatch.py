@@ -79,6 +79,8 @@ class CallOutcome:
     timed_out: bool = False
 
 
+# Not a DurableAgentsError: control flow inside the runtime (a tool's Wait on its way to the
+# park), caught by the runner; never raised to user code.
 class WaitRaised(Exception):
     """The tool raised ``Wait``: carried out of the call to the park."""
 

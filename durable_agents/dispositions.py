@@ -37,6 +37,8 @@ LOST = Disposition.LOST
 SHUTDOWN = "shutdown"
 
 
+# Not a DurableAgentsError: control flow inside the runner (it unwinds the step loop, whose
+# caller catches it); never raised to user code.
 class Stop(Exception):
     """Unwinds the step loop with the run's disposition (the run is parked, over, handed
     back or no longer this claim's; the store already says so)."""

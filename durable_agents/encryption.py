@@ -41,7 +41,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from durable_agents.conf import app_settings
-from durable_agents.exceptions import DurableAgentsError, StoredValueError
+from durable_agents.exceptions import InvalidKey, UndecryptableValue  # the one error tree
 
 __all__ = [
     "MARKED",
@@ -68,29 +68,6 @@ MARKED = "da:"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 KEY_ID_CHARS = 8
-
-
-class InvalidKey(DurableAgentsError, ValueError):
-    """A key of ENCRYPTION_KEYS is not the urlsafe base64 of 32 bytes. The message never
-    holds the key."""
-
-
-class UndecryptableValue(StoredValueError):
-    """A stored value that cannot be decrypted: its key is not in ENCRYPTION_KEYS any more,
-    or the text was altered. Names the column and the key id, never a key or the value.
-
-    A ``StoredValueError``: the engine treats the run that holds it as poison, like any other
-    value it cannot read back."""
-
-    def __init__(self, column: str, key: str, why: str) -> None:
-        problem = f"encrypted with key id {key}, {why}"
-        super().__init__(column, problem)
-        # The message reads as the sentence it always was (the problem is short: no cut).
-        self.args = (f"{column} is {problem}",)
-        self.key_id = key
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 def new_key() -> str:

@@ -5,22 +5,40 @@ builtin class it had before the base existed (``AgentNotFound`` is still a ``Loo
 ``ToolInputError`` and ``Unstorable`` are still ``ValueError``), so code that catches the builtin
 goes on working.
 
-Where they live:
+Every one of them is defined here and importable from here; the modules that raise them
+import them from here and keep their old names importable (``durable_agents.forks.ForkRefused``,
+``durable_agents.llm.ModelError``, ``durable_agents.store.base.WaitRefused``, ...: the same
+classes). The tree::
 
-- here: ``AgentNotFound`` (no agent under that name or version), ``ToolInputError`` (a tool's
-  input does not match its schema), ``Unstorable`` (a value that cannot be stored or sent as
-  it is), ``StoredValueError`` (a stored value that cannot be read back), ``NotMigrated``
-  (the database lacks durable_agents' migrations), ``DefinitionError`` (a tool declared
-  wrongly), ``CronExpressionError`` (a cron expression schedules do not take); their old
-  modules (``agents``, ``tools``, ``text``) re-export the first three;
-- ``durable_agents.llm.errors``: ``ModelError`` and its ``PermanentModelError``,
-  ``TransientModelError`` and ``ModelCallInterrupted`` (what a model call ends in);
-- ``durable_agents.store.base``: ``WaitRefused`` (a wait or a spawn that cannot be done as
-  asked).
+    DurableAgentsError
+    ├── DurableAgentsValueError (also ValueError): a value the call does not take
+    │   ├── InvalidArgument: an argument of a public operation that it does not take
+    │   ├── RunNotFound (also LookupError): no run with that id
+    │   ├── SpawnRefused: a child run that cannot be started (limits, its parent is over)
+    │   ├── ForkRefused: a fork that cannot be made as asked
+    │   └── BadEventId: an ``after=`` / ``Last-Event-ID`` that is not an event id of the run
+    ├── AgentNotFound (also LookupError)
+    ├── ToolInputError (also ValueError)
+    ├── Unstorable (also ValueError)
+    ├── StoredValueError (also ValueError)
+    │   └── UndecryptableValue
+    ├── InvalidKey (also ValueError)
+    ├── CronExpressionError (also ValueError)
+    ├── DefinitionError (also ImproperlyConfigured, ValueError)
+    ├── NotMigrated (also django.db.DatabaseError)
+    ├── WaitRefused: a wait or a spawn that cannot be done as asked (the message is the model's)
+    ├── ReplayError: a run that cannot be replayed
+    └── ModelError: a model call that did not produce a turn
+        ├── PermanentModelError
+        ├── TransientModelError
+        │   └── CredentialsRefused
+        └── ModelCallInterrupted
 
-Those two define their errors themselves so that this module imports nothing of the package
-and, of Django, only ``DatabaseError`` and ``ImproperlyConfigured`` (which need no settings):
-importing it never loads the SDK, the store or the app registry.
+Each error also keeps the builtin class it had before (``except ValueError`` and ``except
+LookupError`` still catch what they caught). Defining them all here keeps this module a leaf:
+it imports nothing of the package and, of Django, only ``DatabaseError`` and
+``ImproperlyConfigured`` (which need no settings), so importing it never loads the SDK, the
+store or the app registry.
 
 ``durable_agents.Wait`` is deliberately *not* a ``DurableAgentsError``. It is not an error but
 the way tool code parks its run, and it must reach the runtime: a tool that wraps its helpers
@@ -38,18 +56,60 @@ from django.db.utils import DatabaseError
 
 __all__ = [
     "AgentNotFound",
+    "BadEventId",
+    "CredentialsRefused",
     "CronExpressionError",
     "DefinitionError",
     "DurableAgentsError",
+    "DurableAgentsValueError",
+    "ForkRefused",
+    "InvalidArgument",
+    "InvalidKey",
+    "ModelCallInterrupted",
+    "ModelError",
     "NotMigrated",
+    "PermanentModelError",
+    "ReplayError",
+    "RunNotFound",
+    "SpawnRefused",
     "StoredValueError",
     "ToolInputError",
+    "TransientModelError",
+    "UndecryptableValue",
     "Unstorable",
+    "WaitRefused",
 ]
 
 
 class DurableAgentsError(Exception):
     """The base of every error durable_agents raises to its users."""
+
+
+class DurableAgentsValueError(DurableAgentsError, ValueError):
+    """A value that a call of ours does not take. Also a ``ValueError``: what these errors
+    were before they had a base, so ``except ValueError`` still catches them."""
+
+
+class InvalidArgument(DurableAgentsValueError):
+    """An argument of a public operation that it does not take (a bad key, priority, task,
+    model name, event, answer, ...): the message says which and why. Nothing was written."""
+
+
+class RunNotFound(DurableAgentsValueError, LookupError):
+    """No run has the id asked for (a ``LookupError``, and the ``ValueError`` it was)."""
+
+
+class SpawnRefused(DurableAgentsValueError):
+    """``spawn_run`` cannot start the child: it would pass ``MAX_RUN_DEPTH``,
+    ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS``, or its parent is over. Nothing was created."""
+
+
+class ForkRefused(DurableAgentsValueError):
+    """A fork that cannot be made as asked; the message says why. Nothing was created."""
+
+
+class BadEventId(DurableAgentsValueError):
+    """An ``after=`` / ``Last-Event-ID`` that is not an event id of this run."""
 
 
 class AgentNotFound(DurableAgentsError, LookupError):
@@ -143,3 +203,84 @@ class CronExpressionError(DurableAgentsError, ValueError):
 
     def __reduce__(self) -> tuple[type[CronExpressionError], tuple[str, str]]:
         return type(self), (str(self), self.code)
+
+
+class InvalidKey(DurableAgentsError, ValueError):
+    """A key of ENCRYPTION_KEYS is not the urlsafe base64 of 32 bytes. The message never
+    holds the key."""
+
+
+class UndecryptableValue(StoredValueError):
+    """A stored value that cannot be decrypted: its key is not in ENCRYPTION_KEYS any more,
+    or the text was altered. Names the column and the key id, never a key or the value.
+
+    A ``StoredValueError``: the engine treats the run that holds it as poison, like any other
+    value it cannot read back."""
+
+    def __init__(self, column: str, key: str, why: str) -> None:
+        problem = f"encrypted with key id {key}, {why}"
+        super().__init__(column, problem)
+        # The message reads as the sentence it always was (the problem is short: no cut).
+        self.args = (f"{column} is {problem}",)
+        self.key_id = key
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class WaitRefused(DurableAgentsError):
+    """A wait or a spawn that cannot be done as asked; the message is for the model."""
+
+
+class ReplayError(DurableAgentsError):
+    """The run cannot be replayed: it does not exist, or its agent version is not registered."""
+
+
+class ModelError(DurableAgentsError):
+    """A model call that did not produce a turn."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        rate_headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.request_id = request_id
+        # What the server asked: seconds before asking again, and its rate-limit headers.
+        self.retry_after = retry_after
+        self.rate_headers = rate_headers or {}
+
+    @property
+    def rate_limited(self) -> bool:
+        """A 429: this organisation is over a rate limit (not the run's fault)."""
+        return self.status == 429
+
+    @property
+    def overloaded(self) -> bool:
+        """A 529: the API is busy for everyone (not the run's fault either)."""
+        return self.status == 529
+
+
+class PermanentModelError(ModelError):
+    """Retrying cannot help (400, 404 retired model, 413, 422): the run goes to the dead letter."""
+
+
+class TransientModelError(ModelError):
+    """Retries inside this claim ran out (rate limits, overload, outages, auth)."""
+
+
+class CredentialsRefused(TransientModelError):
+    """The API refused the credentials (401, 403), or the client had none to send: not the
+    run's fault, and no retry of this claim can help. The run is handed back uncounted and the
+    worker pauses its claims (``durable_agents.credentials``)."""
+
+
+class ModelCallInterrupted(ModelError):
+    """The run was cancelled, its lease lost, or the worker is stopping. Raised while waiting
+    to retry, its ``retry_after`` is what is left of the wait the server asked for."""

@@ -41,6 +41,7 @@ from django.db import connection
 from durable_agents import effects
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.deepjson import loads_deep
+from durable_agents.exceptions import ForkRefused as ForkRefused
 from durable_agents.fork_models import SharedSteps, steps_of
 from durable_agents.history import message_text
 from durable_agents.models import (
@@ -69,10 +70,6 @@ MAX_SHARES = 100
 RESULT_BLOCK_KEYS = frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"})
 # The request parameters a signed thinking block is bound to, besides the earlier messages.
 BINDING_PARAMS = ("model", "system", "tools")
-
-
-class ForkRefused(ValueError):
-    """A fork that cannot be made as asked; the message says why. Nothing was created."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,7 @@ from django.db import transaction
 from durable_agents import effects, waits
 from durable_agents.agents import Agent, registry
 from durable_agents.dispatch import result_block
-from durable_agents.exceptions import AgentNotFound, DurableAgentsError, ToolInputError
+from durable_agents.exceptions import AgentNotFound, ReplayError, ToolInputError
 from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
@@ -59,10 +59,6 @@ BUILTIN_TOOLS = frozenset({"ask_person"})
 _SHOWN_CHARS = 2000
 _SHOWN_INPUT = 300
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-class ReplayError(DurableAgentsError):
-    """The run cannot be replayed: it does not exist, or its agent version is not registered."""
 
 
 @dataclass(frozen=True)

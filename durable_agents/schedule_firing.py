@@ -147,6 +147,7 @@ def fire_due(
     return fired
 
 
+# Not a DurableAgentsError: private control flow of the firing (caught by its own caller above).
 class _TogetherRefused(Exception):
     """The statement that starts a batch's runs together failed (its transaction is rolled
     back): the batch is taken again and its runs started one by one."""

@@ -493,11 +493,11 @@ class _Driver:
                 continue
             operator = operator or _operator()
             if intent.status == IntentStatus.UNKNOWN:
-                api.resolve_intent(intent.pk, operator, happened=decision != "approve")
+                api.resolve_intent(intent.pk, user=operator, happened=decision != "approve")
             elif decision == "approve":
-                api.approve_intent(intent.pk, operator)
+                api.approve_intent(intent.pk, user=operator)
             elif decision == "reject":
-                api.reject_intent(intent.pk, operator, reason="rejected by the test")
+                api.reject_intent(intent.pk, user=operator, reason="rejected by the test")
             else:
                 raise ValueError(f"unknown decision {decision!r}")
             changed = True
@@ -530,7 +530,7 @@ class _Driver:
         if answer is None or answer is KEEP_WAITING:
             self.notes[run.pk] = "no answer to it in answers="
             return False
-        api.answer_question(run.pk, _operator(), answer)
+        api.answer_question(run.pk, answer, user=_operator())
         return True
 
 

@@ -370,9 +370,9 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         second request deciding at the same moment, even the same person's, finds it made and
         writes no LogEntry)."""
         if approve:
-            after = api.approve_intent(intent.pk, request.user)
+            after = api.approve_intent(intent.pk, user=request.user)
         else:
-            after = api.reject_intent(intent.pk, request.user, reason=reason)
+            after = api.reject_intent(intent.pk, user=request.user, reason=reason)
         decided = api.made_transition(after)
         if decided:
             message = "Approved." if approve else f"Rejected: {reason or 'no reason given'}."
@@ -569,7 +569,7 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         reason = form.cleaned_data["reason"]
         result = form.cleaned_data["result"]
         after = api.resolve_intent(
-            intent.pk, request.user, happened=happened == "yes", result=result, reason=reason
+            intent.pk, user=request.user, happened=happened == "yes", result=result, reason=reason
         )
         if api.made_transition(after):
             # Marked once: the LogEntry keeps the English, the person reads their language.

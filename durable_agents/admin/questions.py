@@ -108,7 +108,9 @@ def answer_as(
         )
         return False
     try:
-        after = api.answer_question(question.run_id, request.user, text, question_id=question.pk)
+        after = api.answer_question(
+            question.run_id, text, user=request.user, question_id=question.pk
+        )
     except (ValueError, AgentQuestion.DoesNotExist) as exc:
         model_admin.message_user(
             request,

@@ -32,6 +32,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import RowNumber
 
 from durable_agents.deepjson import loads_deep
+from durable_agents.exceptions import BadEventId as BadEventId  # in the one error tree
 from durable_agents.fork_models import steps_of
 from durable_agents.history import message_text
 from durable_agents.models import (
@@ -66,10 +67,6 @@ _ID = re.compile(
 
 
 _JSON_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
-
-
-class BadEventId(ValueError):
-    """An ``after=`` / ``Last-Event-ID`` that is not an event id of this run."""
 
 
 @dataclasses.dataclass(frozen=True)

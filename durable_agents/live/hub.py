@@ -60,6 +60,9 @@ CATCH_UP_RUNS = 25
 DELTA_CHANNEL = "durable_agents_live"
 
 
+# Not a DurableAgentsError: it ends a stream, as StopAsyncIteration would, rather than report a
+# failed call (the reader resumes from its last event id); a `except DurableAgentsError` around
+# a stream must not take it for one.
 class ReaderDropped(Exception):
     """The reader fell too far behind (it stopped reading): its stream ends."""
 

@@ -22,6 +22,8 @@ MESSAGES_PATH = "/v1/messages"
 Response = tuple[int, dict[str, str], bytes]
 
 
+# Not a DurableAgentsError: the offline model's server turns it into an HTTP error answer; the
+# client of the model sees that answer (as a ModelError), never this exception.
 class RequestError(Exception):
     """An error answer; carries what the real API would send."""
 

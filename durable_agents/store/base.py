@@ -71,7 +71,7 @@ from django.utils import timezone
 from durable_agents import encryption
 from durable_agents.causes import cause_of
 from durable_agents.connections import DatabaseConnections, WorkerConnections
-from durable_agents.exceptions import DurableAgentsError
+from durable_agents.exceptions import WaitRefused as WaitRefused
 from durable_agents.models import (
     STEP_PAYLOAD,
     USAGE_SHARDS,
@@ -219,10 +219,6 @@ class WaitSpec:
     event: str | None = None
     runs: tuple[str, ...] = ()
     question: str | None = None
-
-
-class WaitRefused(DurableAgentsError):
-    """A wait or a spawn that cannot be done as asked; the message is for the model."""
 
 
 def refuse_strangers(strangers: Sequence[str]) -> None:

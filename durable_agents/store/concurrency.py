@@ -73,6 +73,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from durable_agents.conf import app_settings
+from durable_agents.exceptions import InvalidArgument
 from durable_agents.models import MAX_CONCURRENCY_KEY, AgentRun
 from durable_agents.text import has_unstorable
 
@@ -82,22 +83,22 @@ FAIR_SPACING = datetime.timedelta(seconds=1)
 
 def check_concurrency_key(key: object) -> None:
     """A concurrency key is a non-empty string of at most 200 characters without NUL or lone
-    surrogates; anything else is a ``ValueError``."""
+    surrogates; anything else is an ``InvalidArgument`` (a ``ValueError``)."""
     if not isinstance(key, str):
-        raise ValueError(f"a concurrency key is a string, not {type(key).__name__}")
+        raise InvalidArgument(f"a concurrency key is a string, not {type(key).__name__}")
     if not key:
-        raise ValueError("a concurrency key cannot be empty")
+        raise InvalidArgument("a concurrency key cannot be empty")
     if key.isspace():
         # Blank to whoever reads the list of keys, and one apart from another by a space it
         # cannot see: such a key names no tenant or customer.
-        raise ValueError("a concurrency key cannot be only whitespace")
+        raise InvalidArgument("a concurrency key cannot be only whitespace")
     if len(key) > MAX_CONCURRENCY_KEY:
-        raise ValueError(
+        raise InvalidArgument(
             f"a concurrency key has at most {MAX_CONCURRENCY_KEY} characters; "
             f"this one has {len(key)}"
         )
     if has_unstorable(key):
-        raise ValueError("a concurrency key cannot contain NUL characters or lone surrogates")
+        raise InvalidArgument("a concurrency key cannot contain NUL characters or lone surrogates")
 
 
 def overrides() -> dict[str, int]:

@@ -410,7 +410,7 @@ def test_intent_approved_runs_the_tool_once(receiver: Receiver) -> None:
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.WAITING
 
     user = approver()
-    durable_agents.approve_intent(intent.pk, user)
+    durable_agents.approve_intent(intent.pk, user=user)
     run.refresh_from_db()
     assert run.status == RunStatus.PENDING
     run_worker(lease_seconds=2)
@@ -429,7 +429,7 @@ def test_intent_approved_runs_the_tool_once(receiver: Receiver) -> None:
 def test_intent_rejected_tells_the_model_who_and_why(receiver: Receiver) -> None:
     run, _, _ = drop_run("t1")
     intent = park_on_intent(run)
-    durable_agents.reject_intent(intent.pk, approver("bob"), reason="production table")
+    durable_agents.reject_intent(intent.pk, user=approver("bob"), reason="production table")
     run_worker(lease_seconds=2)
 
     run.refresh_from_db()
@@ -463,7 +463,7 @@ def test_crash_while_irreversible_tool_runs_asks_a_person(
     run, _, key = drop_run("t2")
     intent = park_on_intent(run)
     user = approver()
-    durable_agents.approve_intent(intent.pk, user)
+    durable_agents.approve_intent(intent.pk, user=user)
 
     first = spawn_worker(
         "--burst",
@@ -488,9 +488,9 @@ def test_crash_while_irreversible_tool_runs_asks_a_person(
     calls_before = len(fake_api.requests)
 
     if happened:
-        durable_agents.resolve_intent(intent.pk, user, happened=True, result="dropped by hand")
+        durable_agents.resolve_intent(intent.pk, user=user, happened=True, result="dropped by hand")
     else:
-        durable_agents.resolve_intent(intent.pk, user, happened=False)
+        durable_agents.resolve_intent(intent.pk, user=user, happened=False)
     run_worker(lease_seconds=2)
 
     run.refresh_from_db()

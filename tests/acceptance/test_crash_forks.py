@@ -125,15 +125,17 @@ def settle_intents(user: User, receiver: Receiver) -> int:
     what the receiver saw (applied: it happened, with the tool's own result; else run it)."""
     decided = 0
     for intent in ToolIntent.objects.filter(status=IntentStatus.PENDING):
-        durable_agents.approve_intent(intent.pk, user)
+        durable_agents.approve_intent(intent.pk, user=user)
         decided += 1
     for intent in ToolIntent.objects.filter(status=IntentStatus.UNKNOWN):
         applied = {a["key"] for a in receiver.applied("drop")}
         if intent.key in applied:
             table = intent.input["table"]
-            durable_agents.resolve_intent(intent.pk, user, happened=True, result=f"dropped {table}")
+            durable_agents.resolve_intent(
+                intent.pk, user=user, happened=True, result=f"dropped {table}"
+            )
         else:
-            durable_agents.resolve_intent(intent.pk, user, happened=False)
+            durable_agents.resolve_intent(intent.pk, user=user, happened=False)
         decided += 1
     return decided
 

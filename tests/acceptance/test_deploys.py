@@ -44,7 +44,7 @@ def test_a_new_prompt_version_leaves_runs_of_the_old_one_alone(deployed_v2: Agen
     registry.register(deployed_v2)  # the deploy lands while `old` is in flight
     new = durable_agents.start_run("thinker", PLAN)
     admin = get_user_model().objects.create_superuser("boss", "boss@example.com", "pw")
-    durable_agents.approve_intent(ToolIntent.objects.get(run=old).pk, admin)
+    durable_agents.approve_intent(ToolIntent.objects.get(run=old).pk, user=admin)
     assert (new.prompt_version, new.model) == ("v2", "claude-test-2")
     assert (old.prompt_version, old.model) == ("v1", "claude-test-1")
     run_worker()

@@ -99,7 +99,7 @@ def test_a_grace_that_runs_out_during_an_irreversible_call_says_so(
     run_worker()  # the run asks for approval
     intent = ToolIntent.objects.get(run=run)
     approver = get_user_model().objects.create_superuser("ann", "ann@example.com", "pw")
-    durable_agents.approve_intent(intent.pk, approver)
+    durable_agents.approve_intent(intent.pk, user=approver)
     # The approved call takes an hour; the worker is stopped with half a second of grace.
     worker = spawn_worker(
         "--lease-seconds", "3600", "--grace-seconds", "0.5", env={"DA_DROP_DELAY": "3600"}

@@ -783,7 +783,7 @@ def test_list_pages_run_a_bounded_number_of_queries(
     small = {url: _count_queries(admin_client, url) for url in (runs_url(), intents_url())}
 
     for intent in [parked_intent(table=f"u{i}") for i in range(90)]:
-        api.approve_intent(intent.pk, superuser)  # decided_by on every row
+        api.approve_intent(intent.pk, user=superuser)  # decided_by on every row
     large = {url: _count_queries(admin_client, url) for url in (runs_url(), intents_url())}
     assert small == large, (small, large)
     with django_assert_max_num_queries(11):  # the concurrency keys of the filter: one more

@@ -313,7 +313,7 @@ def test_a_question_is_answered_on_the_run_page(
     )
     question = AgentQuestion.objects.get(run_id=run.pk)
     # The question the person was shown, by its id: never one the run asked since.
-    assert calls == [(run.pk, superuser, "eu-west first", {"question_id": question.pk})]
+    assert calls == [(run.pk, "eu-west first", {"user": superuser, "question_id": question.pk})]
     question.refresh_from_db()
     assert (question.status, question.answer) == (QuestionStatus.ANSWERED, "eu-west first")
     assert question.answered_by == superuser
@@ -352,7 +352,7 @@ def test_an_answer_goes_only_to_the_question_the_page_showed(
     admin_client: Client, superuser: Any
 ) -> None:
     run, first = park_on_question("First?")
-    api.answer_question(run.pk, superuser, "done")
+    api.answer_question(run.pk, "done", user=superuser)
     second = AgentQuestion.objects.create(run=run, key=uuid.uuid4().hex, question="Second?")
     AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, wait_key=second.key)
     # A form for the first question, posted once the run asked the second one.
@@ -462,7 +462,7 @@ def test_questions_list_open_first_and_answer_from_the_question_page(
     admin_client: Client, superuser: Any
 ) -> None:
     answered_run, answered = park_on_question("Old one?")
-    api.answer_question(answered_run.pk, superuser, "fine")
+    api.answer_question(answered_run.pk, "fine", user=superuser)
     _, first = park_on_question("First open?")
     _, second = park_on_question("Second open?")
     response = admin_client.get(questions_url())

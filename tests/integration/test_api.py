@@ -371,7 +371,7 @@ def waiting(fake_api: FakeAnthropic, receiver: Any) -> tuple[AgentRun, ToolInten
 def test_approve_runs_the_tool_once(waiting: Any, receiver: Any) -> None:
     run, intent = waiting
     alice = make_user("alice", can_approve=True)
-    decided = approve_intent(intent.pk, alice)
+    decided = approve_intent(intent.pk, user=alice)
     assert (decided.status, decided.decided_by_id, decided.reason) == ("approved", alice.pk, "")
     assert decided.decided_at is not None
     assert reload(run).status == "pending"
@@ -396,7 +396,7 @@ def test_approve_runs_the_tool_once(waiting: Any, receiver: Any) -> None:
 def test_reject_gives_the_model_an_error_naming_who_and_why(waiting: Any, receiver: Any) -> None:
     run, intent = waiting
     alice = make_user("alice", can_approve=True)
-    decided = reject_intent(intent.pk, alice, reason="too risky")
+    decided = reject_intent(intent.pk, user=alice, reason="too risky")
     assert (decided.status, decided.decided_by_id, decided.reason) == (
         "rejected",
         alice.pk,
@@ -417,7 +417,7 @@ def test_reject_gives_the_model_an_error_naming_who_and_why(waiting: Any, receiv
 @pytest.mark.django_db(transaction=True)
 def test_reject_without_reason(waiting: Any) -> None:
     run, intent = waiting
-    reject_intent(intent.pk, make_user("bob", can_approve=True))
+    reject_intent(intent.pk, user=make_user("bob", can_approve=True))
     run_worker()
     (block,) = tool_result_of(run)
     assert block["content"] == "drop_table was not run: rejected by bob: no reason given"
@@ -440,11 +440,11 @@ def test_deciding_needs_the_permission(waiting: Any, receiver: Any, who: str) ->
     before = intent_snapshot(intent.pk)
     message = "deciding tool intents needs the durable_agents.approve_toolintent permission"
     with pytest.raises(PermissionDenied, match=message):
-        approve_intent(intent.pk, user)
+        approve_intent(intent.pk, user=user)
     with pytest.raises(PermissionDenied, match=message):
-        reject_intent(intent.pk, user, reason="no")
+        reject_intent(intent.pk, user=user, reason="no")
     with pytest.raises(PermissionDenied, match=message):
-        resolve_intent(intent.pk, user, happened=True, result="x")
+        resolve_intent(intent.pk, user=user, happened=True, result="x")
     assert intent_snapshot(intent.pk) == before
     assert before[:4] == ("pending", None, None, "")
     assert reload(run).status == "waiting"
@@ -458,12 +458,12 @@ def test_deciding_twice_is_harmless(waiting: Any, receiver: Any) -> None:
     run, intent = waiting
     alice = make_user("alice", can_approve=True)
     bob = make_user("bob", can_approve=True)
-    approve_intent(intent.pk, alice)
+    approve_intent(intent.pk, user=alice)
     first = intent_snapshot(intent.pk)
 
-    again = approve_intent(intent.pk, bob)
+    again = approve_intent(intent.pk, user=bob)
     assert (again.status, again.decided_by_id) == ("approved", alice.pk)
-    late = reject_intent(intent.pk, bob, reason="changed my mind")
+    late = reject_intent(intent.pk, user=bob, reason="changed my mind")
     assert (late.status, late.decided_by_id, late.reason) == ("approved", alice.pk, "")
     assert intent_snapshot(intent.pk) == first
 
@@ -471,8 +471,8 @@ def test_deciding_twice_is_harmless(waiting: Any, receiver: Any) -> None:
     assert reload(run).status == "succeeded"
     assert len(receiver.attempts("drop")) == 1
     # After the run, deciding still changes nothing and runs nothing.
-    assert approve_intent(intent.pk, bob).status == "done"
-    assert reject_intent(intent.pk, bob).status == "done"
+    assert approve_intent(intent.pk, user=bob).status == "done"
+    assert reject_intent(intent.pk, user=bob).status == "done"
     assert reload(run).status == "succeeded"
     assert len(receiver.attempts("drop")) == 1
 
@@ -481,8 +481,8 @@ def test_deciding_twice_is_harmless(waiting: Any, receiver: Any) -> None:
 def test_reject_then_approve_stays_rejected(waiting: Any, receiver: Any) -> None:
     _run, intent = waiting
     alice = make_user("alice", can_approve=True)
-    reject_intent(intent.pk, alice, reason="no")
-    assert approve_intent(intent.pk, alice).status == "rejected"
+    reject_intent(intent.pk, user=alice, reason="no")
+    assert approve_intent(intent.pk, user=alice).status == "rejected"
     run_worker()
     assert receiver.attempts() == []
 
@@ -492,14 +492,14 @@ def test_resolve_only_applies_to_unknown_intents(waiting: Any) -> None:
     run, intent = waiting
     alice = make_user("alice", can_approve=True)
     before = intent_snapshot(intent.pk)
-    same = resolve_intent(intent.pk, alice, happened=True, result="it happened")
+    same = resolve_intent(intent.pk, user=alice, happened=True, result="it happened")
     assert same.status == "pending"
     assert intent_snapshot(intent.pk) == before
     assert ToolEffect.objects.count() == 0
     assert reload(run).status == "waiting"
 
-    approve_intent(intent.pk, alice)
-    resolve_intent(intent.pk, alice, happened=False)
+    approve_intent(intent.pk, user=alice)
+    resolve_intent(intent.pk, user=alice, happened=False)
     assert ToolIntent.objects.get(pk=intent.pk).status == "approved"
 
 
@@ -507,7 +507,7 @@ def _make_unknown(run: AgentRun, intent: ToolIntent, receiver: Any) -> Any:
     """Approve, then leave the intent as a worker that died mid-call would: ``executing``
     without an effect. The next worker must mark it unknown and wait for a person."""
     alice = make_user("alice", can_approve=True)
-    approve_intent(intent.pk, alice)
+    approve_intent(intent.pk, user=alice)
     ToolIntent.objects.filter(pk=intent.pk).update(status="executing")
     worker = run_worker()
     assert worker.stats.dispositions == {"waiting": 1}
@@ -523,7 +523,11 @@ def test_resolve_unknown_as_happened_uses_the_given_result(waiting: Any, receive
     alice = _make_unknown(run, intent, receiver)
 
     resolved = resolve_intent(
-        intent.pk, alice, happened=True, result={"dropped": "orders", "rows": 3}, reason="checked"
+        intent.pk,
+        user=alice,
+        happened=True,
+        result={"dropped": "orders", "rows": 3},
+        reason="checked",
     )
     assert (resolved.status, resolved.decided_by_id, resolved.reason) == (
         "done",
@@ -541,7 +545,7 @@ def test_resolve_unknown_as_happened_uses_the_given_result(waiting: Any, receive
     assert reload(run).status == "pending"
 
     # Resolving again changes nothing.
-    assert resolve_intent(intent.pk, alice, happened=False).status == "done"
+    assert resolve_intent(intent.pk, user=alice, happened=False).status == "done"
     assert ToolEffect.objects.get(key=intent.key).result == '{"dropped": "orders", "rows": 3}'
 
     run_worker()
@@ -557,7 +561,7 @@ def test_resolve_unknown_as_happened_uses_the_given_result(waiting: Any, receive
 def test_resolve_unknown_as_happened_without_result(waiting: Any, receiver: Any) -> None:
     run, intent = waiting
     alice = _make_unknown(run, intent, receiver)
-    resolve_intent(intent.pk, alice, happened=True)
+    resolve_intent(intent.pk, user=alice, happened=True)
     assert ToolEffect.objects.get(key=intent.key).result == ""
     run_worker()
     assert reload(run).status == "succeeded"
@@ -568,7 +572,7 @@ def test_resolve_unknown_as_happened_without_result(waiting: Any, receiver: Any)
 def test_resolve_unknown_as_not_happened_runs_it_again(waiting: Any, receiver: Any) -> None:
     run, intent = waiting
     alice = _make_unknown(run, intent, receiver)
-    resolved = resolve_intent(intent.pk, alice, happened=False, reason="nothing changed")
+    resolved = resolve_intent(intent.pk, user=alice, happened=False, reason="nothing changed")
     assert (resolved.status, resolved.reason) == ("approved", "nothing changed")
     assert ToolEffect.objects.filter(key=intent.key).count() == 0
     assert reload(run).status == "pending"
@@ -584,7 +588,7 @@ def test_resolve_unknown_as_not_happened_runs_it_again(waiting: Any, receiver: A
 def test_cancel_waiting_run_then_decide(waiting: Any, receiver: Any) -> None:
     run, intent = waiting
     assert cancel_run(run.pk) is True
-    approve_intent(intent.pk, make_user("alice", can_approve=True))
+    approve_intent(intent.pk, user=make_user("alice", can_approve=True))
     # The approval does not wake a cancelled run.
     assert reload(run).status == "cancelled"
     assert run_worker().stats.claims == 0

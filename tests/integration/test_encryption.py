@@ -144,12 +144,12 @@ def test_every_customer_column_holds_ciphertext_and_reads_back_plain(
     dropped = api.start_run("tester", 'Drop it.\n@drop_table {"table": "orders"}')
     run_worker()
     api.send_event("refund:o-1", {"card": "4242-secret"})
-    api.answer_question(asked.pk, staff, "eu-west, secretly")
+    api.answer_question(asked.pk, "eu-west, secretly", user=staff)
     # The payload is stored once, on the event; the woken run refers to it.
     assert AgentRun.objects.get(pk=evented.pk).woken_by["event"] == "refund:o-1"
     assert AgentEvent.objects.get(name="refund:o-1").payload == {"card": "4242-secret"}
     assert "4242-secret" not in str(raw("agent_run", "woken_by"))
-    api.approve_intent(dropped.intents.get().pk, staff)
+    api.approve_intent(dropped.intents.get().pk, user=staff)
     run_worker()
     for run in (evented, asked, dropped):
         assert AgentRun.objects.get(pk=run.pk).status == "succeeded"

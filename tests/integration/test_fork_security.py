@@ -176,7 +176,7 @@ def test_an_irreversible_call_with_an_unknown_outcome_refuses_the_fork_until_res
 ) -> None:
     parent = drive(api.start_run(agent.name, CLOSE, version=agent.version))
     intent = ToolIntent.objects.get(run=parent)
-    api.approve_intent(intent.pk, superuser)
+    api.approve_intent(intent.pk, user=superuser)
     parent = drive(parent)  # the call runs, and is abandoned after its timeout
     intent.refresh_from_db()
     assert intent.status == IntentStatus.UNKNOWN
@@ -195,7 +195,7 @@ def test_an_irreversible_call_with_an_unknown_outcome_refuses_the_fork_until_res
     assert not ToolIntent.objects.exclude(pk=intent.pk).exists()
 
     # A person says it happened: the fork inherits the result and never closes again.
-    api.resolve_intent(intent.pk, superuser, happened=True, result="closed c-1 (by hand)")
+    api.resolve_intent(intent.pk, user=superuser, happened=True, result="closed c-1 (by hand)")
     fork = drive(api.fork_run(parent.pk, at_seq=1))
     assert (fork.status, fork.error) == (RunStatus.SUCCEEDED, "")
     assert CLOSED == [intent.key]

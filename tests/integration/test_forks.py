@@ -214,7 +214,7 @@ def test_an_irreversible_call_after_the_fork_point_needs_a_new_approval(
     parent = api.start_run(plain.name, task, version=plain.version)
     run_worker()
     intent = ToolIntent.objects.get(run=parent)
-    api.approve_intent(intent.pk, superuser)
+    api.approve_intent(intent.pk, user=superuser)
     parent = drive(parent)
     assert parent.status == RunStatus.SUCCEEDED
     assert len(CLOSED) == 1
@@ -225,7 +225,7 @@ def test_an_irreversible_call_after_the_fork_point_needs_a_new_approval(
     assert fresh.status == IntentStatus.PENDING
     assert fresh.key != intent.key
     assert len(CLOSED) == 1  # nothing ran without the approval
-    api.approve_intent(fresh.pk, superuser)
+    api.approve_intent(fresh.pk, user=superuser)
     fork = drive(fork)
     assert fork.status == RunStatus.SUCCEEDED
     assert CLOSED == [intent.key, fresh.key]

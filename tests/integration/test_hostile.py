@@ -195,7 +195,7 @@ def test_a_hung_irreversible_call_leaves_its_intent_unknown_for_a_person(
     run_worker()
     intent = ToolIntent.objects.get(run_id=run.pk)
     user = approver()
-    approve_intent(intent.pk, user)
+    approve_intent(intent.pk, user=user)
     run_worker()
     intent.refresh_from_db()
     run = reload(run)
@@ -203,7 +203,7 @@ def test_a_hung_irreversible_call_leaves_its_intent_unknown_for_a_person(
     assert (intent.status, run.status) == (IntentStatus.UNKNOWN, "waiting")
     assert not ToolEffect.objects.filter(run_id=run.pk).exists()
 
-    resolve_intent(intent.pk, user, happened=True, result="dropped after all")
+    resolve_intent(intent.pk, user=user, happened=True, result="dropped after all")
     run_worker()
     assert reload(run).status == "succeeded"
     [block] = results_sent(run)
@@ -402,7 +402,7 @@ def test_a_late_completion_settles_an_unknown_intent_and_wakes_the_run(
     fake_api: FakeAnthropic,
 ) -> None:
     run, intent = parked_drop()
-    approve_intent(intent.pk, approver())
+    approve_intent(intent.pk, user=approver())
     # Worker A claimed the run, marked the intent executing and called the tool; its lease
     # expired while the tool ran (the run is claimable again).
     ToolIntent.objects.filter(pk=intent.pk).update(status=IntentStatus.EXECUTING)
@@ -445,7 +445,7 @@ def test_an_approval_between_reading_the_intent_and_parking_does_not_strand_the_
 
     def read_then_a_person_approves(key: str) -> ToolIntent | None:
         found = read(key)  # the worker sees "pending" ...
-        approve_intent(intent.pk, user)  # ... and a person approves right then
+        approve_intent(intent.pk, user=user)  # ... and a person approves right then
         return found
 
     monkeypatch.setattr(chosen, "intent_for_key", read_then_a_person_approves)
@@ -463,7 +463,7 @@ def test_a_cancel_cannot_land_between_the_fence_and_an_approved_irreversible_cal
     fake_api: FakeAnthropic,
 ) -> None:
     run, intent = parked_drop()
-    approve_intent(intent.pk, approver())
+    approve_intent(intent.pk, user=approver())
 
     # Stop the worker where it marks the intent executing: hold the intent's row lock.
     holder = psycopg.connect(database_url())
@@ -502,7 +502,7 @@ def test_a_cancel_that_commits_first_means_the_approved_call_never_starts(
     fake_api: FakeAnthropic,
 ) -> None:
     run, intent = parked_drop()
-    approve_intent(intent.pk, approver())
+    approve_intent(intent.pk, user=approver())
     AgentRun.objects.filter(pk=run.pk).update(status="pending")
     claim = store.current().claim_run(run.pk, "w", 30)
     assert claim is not None

@@ -231,14 +231,14 @@ def test_the_async_api_behaves_as_the_sync_one(fake_api: Any, django_user_model:
         await sync_to_async(run_worker)()
         out["messages"] = await api.amessages_for(run.pk)
         with pytest.raises(PermissionDenied):
-            await api.aanswer_question(asked.pk, None, "eu-west")
+            await api.aanswer_question(asked.pk, "eu-west", user=None)
         with pytest.raises(ValueError, match="empty"):
-            await api.aanswer_question(asked.pk, staff, "  ")
+            await api.aanswer_question(asked.pk, "  ", user=staff)
         with pytest.raises(AgentQuestion.DoesNotExist):
-            await api.aanswer_question(run.pk, staff, "eu-west")
-        answered = await api.aanswer_question(asked.pk, staff, "eu-west")
+            await api.aanswer_question(run.pk, "eu-west", user=staff)
+        answered = await api.aanswer_question(asked.pk, "eu-west", user=staff)
         out["answered"] = answered
-        out["answered_again"] = await api.aanswer_question(asked.pk, staff, "us-east")
+        out["answered_again"] = await api.aanswer_question(asked.pk, "us-east", user=staff)
         with pytest.raises(ValueError, match="valid name"):
             await api.asend_event("", {"a": 1})
         with pytest.raises(ValueError, match="JSON"):

@@ -265,7 +265,7 @@ def test_an_intent_whose_outcome_is_unknown_asks_to_resolve_it_not_to_approve_it
     run = durable_agents.start_run("tester", 'Drop it.\n@drop_table {"table": "old"}')
     run_worker()
     intent = ToolIntent.objects.get(run=run)
-    durable_agents.approve_intent(intent.pk, staff["approver"])
+    durable_agents.approve_intent(intent.pk, user=staff["approver"])
     # As a worker that died mid-call leaves it: executing, its outcome never recorded.
     ToolIntent.objects.filter(pk=intent.pk).update(status=IntentStatus.EXECUTING)
     mailoutbox.clear()

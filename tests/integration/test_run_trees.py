@@ -146,7 +146,7 @@ def test_cancel_rejects_the_intents_that_wait_for_approval(receiver: Any) -> Non
     assert not ToolIntent.objects.awaiting_person().exists()
     # Approving it afterwards changes nothing: it stays rejected.
     boss = _superuser()
-    assert api.approve_intent(intent.pk, boss).status == IntentStatus.REJECTED
+    assert api.approve_intent(intent.pk, user=boss).status == IntentStatus.REJECTED
     assert not receiver.applied("drop")
 
 

@@ -125,7 +125,7 @@ def test_full_run_with_every_effect_class(
     assert intent.key == drop_key
     assert receiver.attempts("drop") == []
 
-    approve_intent(intent.pk, superuser)
+    approve_intent(intent.pk, user=superuser)
     second = run_worker(worker_id="w-two")
     assert second.stats.dispositions == {"succeeded": 1}
 

@@ -397,7 +397,7 @@ def test_an_irreversible_tool_may_not_wait(
     run = start("@wait_irreversibly {}")
     run_worker()
     intent = reload(run).intents.get()
-    api.approve_intent(intent.pk, staff)
+    api.approve_intent(intent.pk, user=staff)
     run_worker()
     done = reload(run)
     assert done.status == RunStatus.SUCCEEDED
@@ -422,13 +422,13 @@ def test_a_question_waits_for_a_person_with_the_permission(
 
     nobody = django_user_model.objects.create_user("clerk", password="pw", is_staff=True)
     with pytest.raises(PermissionDenied):
-        api.answer_question(run.pk, nobody, "eu-west")
+        api.answer_question(run.pk, "eu-west", user=nobody)
     assert reload(run).status == RunStatus.WAITING
 
-    answered = api.answer_question(run.pk, staff, "eu-west first, then us-east")
+    answered = api.answer_question(run.pk, "eu-west first, then us-east", user=staff)
     assert answered.status == QuestionStatus.ANSWERED
     assert answered.answered_by == staff
-    again = api.answer_question(run.pk, staff, "changed my mind")
+    again = api.answer_question(run.pk, "changed my mind", user=staff)
     assert again.answer == "eu-west first, then us-east"  # answered once
 
     run_worker()
@@ -450,7 +450,7 @@ def test_cancelling_a_run_closes_its_open_question(fake_api: FakeAnthropic, rece
 def test_a_run_that_asked_nothing_has_no_question_to_answer(staff: Any) -> None:
     run = api.start_run("waiter", "Nothing to ask")
     with pytest.raises(AgentQuestion.DoesNotExist):
-        api.answer_question(run.pk, staff, "hello")
+        api.answer_question(run.pk, "hello", user=staff)
 
 
 # --------------------------------------------------------------------------- repairs
@@ -507,7 +507,7 @@ def test_idle_workers_hear_of_wakes_without_polling(
     # The parent parks, its child runs and ends, and the child's end wakes the parent.
     wait_for(lambda: reload(parent).status == RunStatus.SUCCEEDED)
     api.send_event("notify:1", "ok")
-    api.answer_question(question_run.pk, staff, "yes")
+    api.answer_question(question_run.pk, "yes", user=staff)
     wait_for(lambda: reload(event_run).status == RunStatus.SUCCEEDED)
     wait_for(lambda: reload(question_run).status == RunStatus.SUCCEEDED)
 
@@ -546,8 +546,8 @@ def test_an_answer_goes_to_the_question_the_person_was_shown(
     run_worker()
     shown = AgentQuestion.objects.get(run_id=run.pk)
     with pytest.raises(AgentQuestion.DoesNotExist, match="with id"):
-        api.answer_question(run.pk, staff, "no", question_id=shown.pk + 1000)
+        api.answer_question(run.pk, "no", user=staff, question_id=shown.pk + 1000)
     assert reload(run).status == RunStatus.WAITING
-    answered = api.answer_question(run.pk, staff, "yes", question_id=shown.pk)
+    answered = api.answer_question(run.pk, "yes", user=staff, question_id=shown.pk)
     assert answered.pk == shown.pk
     assert answered.answer == "yes"

@@ -245,7 +245,7 @@ class Command(BaseCommand):
                     f"{operator.get_username()} approves intent #{intent.pk} (in production, "
                     "the admin's Approve button); worker 3 goes on"
                 )
-                durable_agents.approve_intent(intent.pk, operator)
+                durable_agents.approve_intent(intent.pk, user=operator)
             self._worker("demo-worker-3", "--burst").wait()
 
         elapsed = time.monotonic() - started
