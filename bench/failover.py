@@ -47,19 +47,18 @@ def answered(base_url: str) -> list[tuple[str, int, int]]:
 def start_workers(
     url: str, base_url: str, root: Path, args: argparse.Namespace, logs: Path
 ) -> list[subprocess.Popen[bytes]]:
-    procs = []
-    for n in range(args.procs):
-        out = open(logs / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(
-            subprocess.Popen(
-                [common.PY, "manage.py", "runagents", "--concurrency", str(args.slots)],
-                cwd=root,
-                env=common.bench_env(url, base_url, PYTHONPATH=str(root), BENCH_LOG_LEVEL="INFO"),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+    return [
+        common.runagents(
+            url,
+            base_url,
+            "--concurrency",
+            str(args.slots),
+            root=root,
+            log=logs / f"worker-{n}.log",
+            BENCH_LOG_LEVEL="INFO",
         )
-    return procs
+        for n in range(args.procs)
+    ]
 
 
 def over(url: str) -> tuple[int, dict[str, int]]:
@@ -116,12 +115,7 @@ def scenario(root: Path, kind: str, args: argparse.Namespace, label: str) -> dic
         primary = made.primary()
         primary.execute(f"CREATE DATABASE {DB}")
         url = primary.url(DB)
-        subprocess.run(
-            [common.PY, "manage.py", "migrate", "--verbosity", "0"],
-            cwd=root,
-            env=common.bench_env(url, PYTHONPATH=str(root)),
-            check=True,
-        )
+        common.migrate(url, root)
         fake = ["bench.slowapi", "--port", "0", "--latency", args.latency]
         fake += ["--rpm", str(args.rpm), "--burst-seconds", "2"]
         fake += ["--overloaded-rate", str(args.overloaded_rate)]
@@ -151,8 +145,7 @@ def scenario(root: Path, kind: str, args: argparse.Namespace, label: str) -> dic
                 stats = common.get_json(base_url, "/stats")
                 statuses = over(url)[1]
             finally:
-                for proc in procs:
-                    common.stop(proc, 30)
+                common.stop_all(procs, 30)
             worker_log = "".join(p.read_text(errors="replace") for p in Path(logs).glob("*.log"))
     again = [n for _, _, n in turns if n > 1]
     result = {

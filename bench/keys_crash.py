@@ -162,20 +162,18 @@ def workers(
     """``quota.workers``, or with ``--logs DIR`` each worker's log at INFO in DIR/worker-<n>.log."""
     if not args.logs:
         return quota.workers(url, base_url, common.ROOT, args.procs, args.slots, env)
-    args.logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for n in range(args.procs):
-        with (args.logs / f"worker-{n}.log").open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [common.PY, "manage.py", "runagents", "--concurrency", str(args.slots)],
-                    cwd=common.ROOT,
-                    env=common.bench_env(url, base_url, BENCH_LOG_LEVEL="INFO", **env),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    return procs
+    return [
+        common.runagents(
+            url,
+            base_url,
+            "--concurrency",
+            str(args.slots),
+            log=args.logs / f"worker-{n}.log",
+            BENCH_LOG_LEVEL="INFO",
+            **env,
+        )
+        for n in range(args.procs)
+    ]
 
 
 def scenario(args: argparse.Namespace) -> dict[str, Any]:
@@ -217,9 +215,7 @@ def scenario(args: argparse.Namespace) -> dict[str, Any]:
             stats = common.get_json(base_url, "/stats")
             loop = common.get_json(base_url, "/_stats")
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    common.stop(proc, 30)
+            common.stop_all(procs, 30)
     return measure(url, args, stats, loop, killed, taken)
 
 
@@ -360,10 +356,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         and res["killed_runs"] > 0
     )
     log(f"[keys_crash] {common.verdict(res['met'])} ({res['target']})")
-    common.write_result(a.out, res)
-    if not a.keep_db:
-        common.drop_db(DB)
-    return res
+    return common.finish(a.out, res, DB, keep=a.keep_db)
 
 
 if __name__ == "__main__":

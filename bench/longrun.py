@@ -278,9 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gc.disable()
     res = run(a.turns, a.rebuild_reps)
     res["gc_off"] = a.gc_off
-    common.write_result(a.out, res)
-    common.drop_db(DB)
-    return res
+    return common.finish(a.out, res, DB)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ the main branch before priorities), in a third database whose claim index is the
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 
 from bench import common
 from bench.common import log
+from bench.scale import alternate_claims, claims_in
 
 SPREAD, FLAT, BEFORE = "da_bench_priority_spread", "da_bench_priority_flat", "da_bench_priority_0"
 LEVELS = (0, 25, 50, 75, 100)
@@ -68,21 +67,6 @@ def old_claim_index(url: str) -> None:
         conn.execute("ANALYZE agent_run")
 
 
-def claims_in(url: str, n: int, explain: bool = False, root: Path = common.ROOT) -> dict[str, Any]:
-    """``bench.scale``'s child (warm up, then time ``n`` claims) with the code of ``root``."""
-    proc = subprocess.run(
-        [common.PY, "-m", "bench.scale", "child", str(n), "1" if explain else "0"],
-        cwd=root,
-        env=common.bench_env(url, PYTHONPATH=str(root)),
-        capture_output=True,
-        text=True,
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        raise RuntimeError(f"claims failed: {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
-    return json.loads(line[7:])
-
-
 def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str, Any]:
     urls = {"spread": common.fresh_db(SPREAD), "flat": common.fresh_db(FLAT)}
     load(urls["spread"], pending, len(LEVELS))
@@ -94,11 +78,7 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         old_claim_index(urls["before"])
         roots["before"] = before
     log(f"  loaded {pending:,} pending runs in each of {', '.join(urls)}")
-    lat: dict[str, list[float]] = {name: [] for name in urls}
-    for block in range(blocks):
-        order = list(urls) if block % 2 == 0 else list(reversed(urls))
-        for name in order:
-            lat[name] += claims_in(urls[name], claims // blocks, root=roots[name])["lat"]
+    lat = alternate_claims(urls, claims, blocks, roots)
     explained = claims_in(urls["spread"], 1, explain=True)
     res: dict[str, Any] = {name: common.summary_ms(values) for name, values in lat.items()}
     res |= {
@@ -141,11 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         a.claims, a.blocks = 400, 2
     res = run(a.pending, a.claims, a.blocks, a.before)
-    common.write_result("priority", res)
-    if not a.keep:
-        for name in (SPREAD, FLAT, BEFORE):
-            common.drop_db(name)
-    return res
+    return common.finish("priority", res, SPREAD, FLAT, BEFORE, keep=a.keep)
 
 
 if __name__ == "__main__":
