@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "content_end": None,
             "request_id": None,
             "tokens": 0,
+            "cost": None,  # an unpriced step, as bench/commit.py's
         }
 
     def wrapped() -> float:
