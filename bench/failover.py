@@ -187,6 +187,18 @@ def checkout(ref: str) -> Path:
     return path
 
 
+def unavailable() -> str | None:
+    """Why the private cluster cannot be made here (tests/pgcluster.py's requirements: the
+    server binaries, the postgres OS user), or None."""
+    import pytest
+
+    try:
+        pgcluster.require_binaries()
+    except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+        return str(exc.msg)
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=240)
@@ -206,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenarios", nargs="+", default=["restart", "outage"])
     parser.add_argument("--before", metavar="REF", help="measure git REF first")
     args = parser.parse_args(argv)
-    pgcluster.require_binaries()
+    why = unavailable()
+    if why:
+        raise SystemExit(f"[failover] cannot run here: {why}")
     rows = []
     if args.before:
         path = checkout(args.before)
