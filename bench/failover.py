@@ -242,8 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['extra_answers']:>6} {r['answered']:>9} {r['rejected_429']!s:>5} "
             f"{r['overloaded_529']!s:>5} {r['commit_retries']:>7} {r['resumed_after_s']!s:>7}s"
         )
-    common.OUT.mkdir(parents=True, exist_ok=True)
-    (common.OUT / "failover.json").write_text(json.dumps(rows, indent=2))
+    common.write_result("failover", rows)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
