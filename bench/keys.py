@@ -32,7 +32,7 @@ from typing import Any
 from bench import common
 from bench.common import log
 from bench.priority import LEVELS
-from bench.scale import alternate_claims, claims_in
+from bench.scale import alternate_claims, claims_in, reads_in_order
 
 KEYED, PLAIN, FAIR = "da_bench_keys_keyed", "da_bench_keys_plain", "da_bench_keys_fair"
 KEYS = 1000
@@ -96,9 +96,7 @@ def claim_cost(pending: int, claims: int, blocks: int) -> dict[str, Any]:
         "p50_ratio": res["keyed"]["p50_ms"] / res["plain"]["p50_ms"],
     }
     plan = explained["explain"]
-    # The CTE ``ready`` (the pending runs): up to the next CTE or node of the top level.
-    ready = plan.partition("CTE ready")[2].split("\n  CTE ", 1)[0].split("\n  ->", 1)[0]
-    res["index_in_order"] = "agent_run_claim_fair" in ready and "Sort" not in ready
+    res["index_in_order"] = reads_in_order(plan, "agent_run_claim_fair")
     for name in urls:
         log(
             f"[keys] claim p50/p99 {name:5s}: {res[name]['p50_ms']:.3f}/"

@@ -7,7 +7,8 @@ generate_series) and VACUUM ANALYZEd; then blocks of claims alternate between th
 in a fresh worker-like process, warmed up first: ``bench.scale``'s child), so machine noise
 hits both alike. Each claimed run is finished at once, as a worker would. Target: claim p99
 with priorities / p99 all at 0 <= 1.2. Prints the claim's EXPLAIN (ANALYZE, BUFFERS) with
-priorities: it must read agent_run_claim_priority in order, with no Sort node.
+priorities: it must read the claim's index in order (agent_run_claim_fair since concurrency
+keys: priority DESC first), with no Sort node.
 
 ``--before DIR``: also times the plain case with the code of another checkout (``DIR``, e.g.
 the main branch before priorities), in a third database whose claim index is the old one,
@@ -27,10 +28,11 @@ from typing import Any
 
 from bench import common
 from bench.common import log
-from bench.scale import alternate_claims, claims_in
+from bench.scale import alternate_claims, claims_in, reads_in_order
 
 SPREAD, FLAT, BEFORE = "da_bench_priority_spread", "da_bench_priority_flat", "da_bench_priority_0"
 LEVELS = (0, 25, 50, 75, 100)
+INDEX = "agent_run_claim_fair"
 
 _COLUMNS = (
     "id, agent, prompt_version, fingerprint, model, task, status, attempt, stalled_claims, "
@@ -91,9 +93,8 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         "target": "claim p99 with 5 priorities / all at priority 0 <= 1.2",
     }
     plan = explained["explain"]
-    # The CTE ``ready`` (the pending runs): up to the next node of the statement's top level.
-    ready = plan.partition("CTE ready")[2].split("\n  ->", 1)[0]
-    res["index_in_order"] = "agent_run_claim_priority" in ready and "Sort" not in ready
+    # The claim's index since concurrency keys: (priority DESC, fair_at, created_at).
+    res["index_in_order"] = reads_in_order(plan, INDEX)
     res["met"] = res["p99_ratio"] <= 1.2 and res["index_in_order"]
     for name in urls:
         log(
@@ -102,7 +103,7 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         )
     log(
         f"[priority] p99 ratio spread/flat {res['p99_ratio']:.2f} (p50 {res['p50_ratio']:.2f});"
-        f" ready reads agent_run_claim_priority in order, no Sort: {res['index_in_order']}"
+        f" ready reads {INDEX} in order, no Sort: {res['index_in_order']}"
         f" -> {common.verdict(res['met'])} (<= 1.2)"
     )
     log("[priority] EXPLAIN with 5 priorities:\n" + plan)

@@ -28,8 +28,8 @@ def _priority(r: dict[str, Any]) -> list[str]:
         f"in a fresh worker-like process: `bench.scale`'s child).",
         "",
         f"Claim with priorities {_ms(r['spread'])}; all at 0 {_ms(r['flat'])}: p99 ratio "
-        f"{r['p99_ratio']:.2f} (goal <= 1.2); the claim reads `agent_run_claim_priority` in "
-        f"order, no Sort: {r['index_in_order']} ({_v(r['met'])}).",
+        f"{r['p99_ratio']:.2f} (goal <= 1.2); the claim reads `agent_run_claim_fair` (priority "
+        f"first) in order, no Sort: {r['index_in_order']} ({_v(r['met'])}).",
     ]
 
 

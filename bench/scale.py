@@ -123,6 +123,13 @@ def claims_in(url: str, n: int, explain: bool = False, root: Path = common.ROOT)
     )
 
 
+def reads_in_order(plan: str, index: str) -> bool:
+    """Whether the claim's CTE ``ready`` (the pending runs: up to the next CTE or node of the
+    statement's top level) in the EXPLAIN ``plan`` reads ``index``, with no Sort."""
+    ready = plan.partition("CTE ready")[2].split("\n  CTE ", 1)[0].split("\n  ->", 1)[0]
+    return index in ready and "Sort" not in ready
+
+
 def alternate_claims(
     urls: dict[str, str], claims: int, blocks: int, roots: dict[str, Path] | None = None
 ) -> dict[str, list[float]]:
