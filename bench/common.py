@@ -179,6 +179,35 @@ def runagents(
         return subprocess.Popen(cmd, cwd=root, env=environ, stdout=f, stderr=subprocess.STDOUT)
 
 
+def fleet(
+    url: str,
+    base_url: str | None,
+    procs: int,
+    slots: int,
+    *,
+    root: Path = ROOT,
+    logs: Path | None = None,
+    **env: str,
+) -> list[subprocess.Popen[bytes]]:
+    """``procs`` workers of ``slots`` slots (``runagents --concurrency``): with ``logs``, each
+    logs at INFO to ``logs``/worker-<n>.log, else quietly."""
+    if logs is not None:
+        env = {"BENCH_LOG_LEVEL": "INFO", **env}
+    return [
+        runagents(
+            url,
+            base_url,
+            "--concurrency",
+            str(slots),
+            root=root,
+            log=None if logs is None else logs / f"worker-{n}.log",
+            quiet=logs is None,
+            **env,
+        )
+        for n in range(procs)
+    ]
+
+
 def count_backends(url: str) -> int:
     """Client backends connected to ``url``'s database, this connection's left out."""
     import psycopg

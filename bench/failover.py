@@ -44,23 +44,6 @@ def answered(base_url: str) -> list[tuple[str, int, int]]:
     return [tuple(row) for row in common.get_json(base_url, "/_turns")]  # type: ignore[misc]
 
 
-def start_workers(
-    url: str, base_url: str, root: Path, args: argparse.Namespace, logs: Path
-) -> list[subprocess.Popen[bytes]]:
-    return [
-        common.runagents(
-            url,
-            base_url,
-            "--concurrency",
-            str(args.slots),
-            root=root,
-            log=logs / f"worker-{n}.log",
-            BENCH_LOG_LEVEL="INFO",
-        )
-        for n in range(args.procs)
-    ]
-
-
 def over(url: str) -> tuple[int, dict[str, int]]:
     import psycopg
 
@@ -120,7 +103,7 @@ def scenario(root: Path, kind: str, args: argparse.Namespace, label: str) -> dic
         fake += ["--rpm", str(args.rpm), "--burst-seconds", "2"]
         fake += ["--overloaded-rate", str(args.overloaded_rate)]
         with common.serving(fake, "slow fake API") as base_url:
-            procs = start_workers(url, base_url, root, args, Path(logs))
+            procs = common.fleet(url, base_url, args.procs, args.slots, root=root, logs=Path(logs))
             try:
                 time.sleep(2)  # the workers connect
                 common.bulk_insert_runs(url, args.runs, TURNS)

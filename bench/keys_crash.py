@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, quota
+from bench import common
 from bench.common import log
 
 DB = "da_bench_keys_crash"
@@ -156,26 +156,6 @@ def track_takeovers(conn: Any, killed: dict[str, Any], taken: dict[str, float]) 
             taken[rid] = now - killed["killed_at"]
 
 
-def workers(
-    url: str, base_url: str, args: argparse.Namespace, env: dict[str, str]
-) -> list[subprocess.Popen[bytes]]:
-    """``quota.workers``, or with ``--logs DIR`` each worker's log at INFO in DIR/worker-<n>.log."""
-    if not args.logs:
-        return quota.workers(url, base_url, common.ROOT, args.procs, args.slots, env)
-    return [
-        common.runagents(
-            url,
-            base_url,
-            "--concurrency",
-            str(args.slots),
-            log=args.logs / f"worker-{n}.log",
-            BENCH_LOG_LEVEL="INFO",
-            **env,
-        )
-        for n in range(args.procs)
-    ]
-
-
 def scenario(args: argparse.Namespace) -> dict[str, Any]:
     """Insert the runs, kill the busiest worker once ``--kill-after`` of them finished, wait
     until every run finished (or ``--timeout``); the fake's counts and what the kill took."""
@@ -193,7 +173,7 @@ def scenario(args: argparse.Namespace) -> dict[str, Any]:
     killed: dict[str, Any] | None = None
     taken: dict[str, float] = {}
     with common.serving(fake, "slow fake API") as base_url:
-        procs = workers(url, base_url, args, env)
+        procs = common.fleet(url, base_url, args.procs, args.slots, logs=args.logs, **env)
         try:
             with psycopg.connect(url, autocommit=True) as conn:
                 wait_listening(conn, procs)

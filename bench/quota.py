@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -69,15 +68,6 @@ def insert_runs(url: str, first: int, n: int, priority: int, padding: int) -> No
         conn.commit()
 
 
-def workers(
-    url: str, base_url: str, root: Path, procs: int, slots: int, env: dict[str, str]
-) -> list[subprocess.Popen[bytes]]:
-    return [
-        common.runagents(url, base_url, "--concurrency", str(slots), root=root, quiet=True, **env)
-        for _ in range(procs)
-    ]
-
-
 def scenario(root: Path, args: argparse.Namespace, label: str) -> dict[str, Any]:
     import psycopg
 
@@ -105,7 +95,7 @@ def scenario(root: Path, args: argparse.Namespace, label: str) -> dict[str, Any]
             limits["input_tokens_per_minute"] = args.itpm
         env["DA_BENCH_RATE_LIMITS"] = json.dumps({"*": limits})
     with common.serving(fake, "rate-limited fake API") as base_url:
-        procs = workers(url, base_url, root, args.procs, args.slots, env)
+        procs = common.fleet(url, base_url, args.procs, args.slots, root=root, **env)
         try:
             time.sleep(3)  # the workers connect and start listening
             t0 = time.perf_counter()
