@@ -371,7 +371,8 @@ class StepHooks:
         self.limit = 0
         self.drain = threading.Event()
 
-    def append(self, claim: Any, seq: int, *a: Any, **k: Any) -> bool:
+    def append(self, claim: Any, step: Any, *a: Any, **k: Any) -> bool:
+        """``append_step(claim, step, ...)``: ``step`` is a store.StepWrite (.seq, .kind)."""
         raise NotImplementedError
 
     def create(self, *a: Any, **k: Any) -> Any:
