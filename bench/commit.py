@@ -218,9 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=10)
     a = p.parse_args(argv)
     res = run(a.n, a.rounds)
-    common.write_result("commit", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("commit", res, DB)
 
 
 if __name__ == "__main__":

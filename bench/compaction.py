@@ -108,11 +108,11 @@ class _Probe(common.StepHooks):
         self.steps: list[tuple[int, str, float, float]] = []  # seq, kind, commit end, commit s
         self.calls: list[tuple[float, int]] = []  # per model call: seconds, bytes of messages
 
-    def append(self, claim: Any, seq: int, kind: str, *a: Any, **k: Any) -> bool:  # type: ignore[override]
+    def append(self, claim: Any, step: Any, *a: Any, **k: Any) -> bool:
         started = time.perf_counter()
-        ok = self.orig_append(claim, seq, kind, *a, **k)
+        ok = self.orig_append(claim, step, *a, **k)
         end = time.perf_counter()
-        self.steps.append((seq, str(kind), end, end - started))
+        self.steps.append((step.seq, str(step.kind), end, end - started))
         if len(self.steps) >= self.limit:
             self.drain.set()
         return ok

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import threading
 import time
 from typing import Any
@@ -115,22 +114,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     url = common.fresh_db(DB)
     common.OUT.mkdir(parents=True, exist_ok=True)
     try:
-        with common.fake_api() as base_url, open(LOGFILE, "ab") as worker_log:
+        with common.fake_api() as base_url:
             common.setup_django(url, base_url)
-            worker = subprocess.Popen(
-                [
-                    common.PY,
-                    "manage.py",
-                    "runagents",
-                    "--concurrency",
-                    "4",
-                    "--poll-interval",
-                    str(a.poll_interval),
-                ],
-                cwd=common.ROOT,
-                env=common.bench_env(url, base_url),
-                stdout=worker_log,
-                stderr=subprocess.STDOUT,
+            worker = common.runagents(
+                url,
+                base_url,
+                "--concurrency",
+                "4",
+                "--poll-interval",
+                str(a.poll_interval),
+                log=LOGFILE,
             )
             try:
                 time.sleep(2)  # the worker is up and polling (an empty queue meanwhile)

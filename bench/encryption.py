@@ -119,15 +119,14 @@ def _committer(payload: str) -> tuple[Callable[[bool], float], dict[bool, Any]]:
 
 
 def _alternate(once: Callable[[bool], float], n: int, block: int) -> dict[bool, list[float]]:
-    times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(50):  # warm-up, both modes
         once(False)
         once(True)
-    for i in range(max(1, n // block)):
-        # Blocks alternate, and which mode leads alternates too.
-        for on in (False, True) if i % 2 == 0 else (True, False):
-            times[on] += [once(on) for _ in range(block)]
-    return times
+    # Blocks alternate, and which mode leads alternates too.
+    return common.interleaved(
+        max(1, n // block),
+        {on: (lambda on=on: [once(on) for _ in range(block)]) for on in (False, True)},
+    )
 
 
 def _rebuilds(reps: int) -> dict[bool, list[float]]:
@@ -138,15 +137,16 @@ def _rebuilds(reps: int) -> dict[bool, list[float]]:
         commit(False)
         commit(True)
     ids = {on: claim.run_id for on, claim in claims.items()}
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(reps):
-        for on in (False, True) if i % 2 == 0 else (True, False):
-            _encrypting(on)
-            t = time.perf_counter()
-            log_ = load_log(ids[on])
-            times[on].append(time.perf_counter() - t)
-            assert len(log_.conversation) == REBUILD_STEPS + 1
-    return times
+
+    def rebuild(on: bool) -> list[float]:
+        _encrypting(on)
+        t = time.perf_counter()
+        log_ = load_log(ids[on])
+        elapsed = time.perf_counter() - t
+        assert len(log_.conversation) == REBUILD_STEPS + 1
+        return [elapsed]
+
+    return common.interleaved(reps, {on: (lambda on=on: rebuild(on)) for on in (False, True)})
 
 
 def _side(times: dict[bool, list[float]]) -> dict[str, Any]:
@@ -229,10 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--block", type=int, default=50)
     p.add_argument("--reps", type=int, default=30, help="rebuilds a side")
     a = p.parse_args(argv)
-    res = run(a.n, a.block, a.reps)
-    common.write_result("encryption", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("encryption", run(a.n, a.block, a.reps), DB)
 
 
 if __name__ == "__main__":

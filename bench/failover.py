@@ -44,24 +44,6 @@ def answered(base_url: str) -> list[tuple[str, int, int]]:
     return [tuple(row) for row in common.get_json(base_url, "/_turns")]  # type: ignore[misc]
 
 
-def start_workers(
-    url: str, base_url: str, root: Path, args: argparse.Namespace, logs: Path
-) -> list[subprocess.Popen[bytes]]:
-    procs = []
-    for n in range(args.procs):
-        out = open(logs / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(
-            subprocess.Popen(
-                [common.PY, "manage.py", "runagents", "--concurrency", str(args.slots)],
-                cwd=root,
-                env=common.bench_env(url, base_url, PYTHONPATH=str(root), BENCH_LOG_LEVEL="INFO"),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        )
-    return procs
-
-
 def over(url: str) -> tuple[int, dict[str, int]]:
     import psycopg
 
@@ -116,17 +98,12 @@ def scenario(root: Path, kind: str, args: argparse.Namespace, label: str) -> dic
         primary = made.primary()
         primary.execute(f"CREATE DATABASE {DB}")
         url = primary.url(DB)
-        subprocess.run(
-            [common.PY, "manage.py", "migrate", "--verbosity", "0"],
-            cwd=root,
-            env=common.bench_env(url, PYTHONPATH=str(root)),
-            check=True,
-        )
+        common.migrate(url, root)
         fake = ["bench.slowapi", "--port", "0", "--latency", args.latency]
         fake += ["--rpm", str(args.rpm), "--burst-seconds", "2"]
         fake += ["--overloaded-rate", str(args.overloaded_rate)]
         with common.serving(fake, "slow fake API") as base_url:
-            procs = start_workers(url, base_url, root, args, Path(logs))
+            procs = common.fleet(url, base_url, args.procs, args.slots, root=root, logs=Path(logs))
             try:
                 time.sleep(2)  # the workers connect
                 common.bulk_insert_runs(url, args.runs, TURNS)
@@ -151,8 +128,7 @@ def scenario(root: Path, kind: str, args: argparse.Namespace, label: str) -> dic
                 stats = common.get_json(base_url, "/stats")
                 statuses = over(url)[1]
             finally:
-                for proc in procs:
-                    common.stop(proc, 30)
+                common.stop_all(procs, 30)
             worker_log = "".join(p.read_text(errors="replace") for p in Path(logs).glob("*.log"))
     again = [n for _, _, n in turns if n > 1]
     result = {
@@ -194,6 +170,18 @@ def checkout(ref: str) -> Path:
     return path
 
 
+def unavailable() -> str | None:
+    """Why the private cluster cannot be made here (tests/pgcluster.py's requirements: the
+    server binaries, the postgres OS user), or None."""
+    import pytest
+
+    try:
+        pgcluster.require_binaries()
+    except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+        return str(exc.msg)
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=240)
@@ -213,7 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenarios", nargs="+", default=["restart", "outage"])
     parser.add_argument("--before", metavar="REF", help="measure git REF first")
     args = parser.parse_args(argv)
-    pgcluster.require_binaries()
+    why = unavailable()
+    if why:
+        raise SystemExit(f"[failover] cannot run here: {why}")
     rows = []
     if args.before:
         path = checkout(args.before)
@@ -235,8 +225,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['extra_answers']:>6} {r['answered']:>9} {r['rejected_429']!s:>5} "
             f"{r['overloaded_529']!s:>5} {r['commit_retries']:>7} {r['resumed_after_s']!s:>7}s"
         )
-    common.OUT.mkdir(parents=True, exist_ok=True)
-    (common.OUT / "failover.json").write_text(json.dumps(rows, indent=2))
+    common.write_result("failover", rows)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -201,17 +201,10 @@ def worker_env(url: str, base_url: str, pool_size: int | None) -> dict[str, str]
     return common.bench_env(url, base_url, **extra)
 
 
-def worker_cmd(n: int) -> list[str]:
-    return [
-        common.PY,
-        "manage.py",
-        "runagents",
-        "--concurrency",
-        str(n),
-        "--burst",
-        "--lease-seconds",
-        "60",
-    ]
+def worker_cmd(n: int, *args: str) -> list[str]:
+    """``runagents --concurrency n``: by default a burst worker (60 s leases), else ``args``."""
+    args = args or ("--burst", "--lease-seconds", "60")
+    return [common.PY, "manage.py", "runagents", "--concurrency", str(n), *args]
 
 
 def db_outcome(url: str) -> dict[str, Any]:
@@ -520,15 +513,7 @@ def pickup(count: int, interval: float, poll: float, warmup: int) -> dict[str, A
 
         with logpath.open("wb") as f:
             worker = subprocess.Popen(
-                [
-                    common.PY,
-                    "manage.py",
-                    "runagents",
-                    "--concurrency",
-                    "10",
-                    "--poll-interval",
-                    str(poll),
-                ],
+                worker_cmd(10, "--poll-interval", str(poll)),
                 cwd=common.ROOT,
                 env=worker_env(url, base_url, None),
                 stdout=f,

@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "content_end": None,
             "request_id": None,
             "tokens": 0,
+            "cost": None,  # an unpriced step, as bench/commit.py's
         }
 
     def wrapped() -> float:
@@ -83,15 +84,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return wrapped()
 
     variants = {"bare psycopg cursor": bare, "binding_cursor": wrapped, "with a hook": hooked}
-    lat: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(50):
         for fn in variants.values():
             fn()
     per_block = max(1, a.steps // a.blocks)
-    for b in range(a.blocks):
-        names = list(variants) if b % 2 == 0 else list(reversed(variants))
-        for name in names:
-            lat[name] += [variants[name]() for _ in range(per_block)]
+    lat = common.interleaved(
+        a.blocks,
+        {name: (lambda fn=fn: [fn() for _ in range(per_block)]) for name, fn in variants.items()},
+    )
     res: dict[str, Any] = {name: common.summary_ms(v) for name, v in lat.items()}
     base = res["bare psycopg cursor"]
     for name in variants:
@@ -101,9 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"(p50 ratio to bare {r['p50_ms'] / base['p50_ms']:.3f})"
         )
     connection.close()
-    common.drop_db(DB)
-    common.write_result("instrumented_commit", res)
-    return res
+    return common.finish("instrumented_commit", res, DB)
 
 
 if __name__ == "__main__":

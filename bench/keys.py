@@ -31,7 +31,8 @@ from typing import Any
 
 from bench import common
 from bench.common import log
-from bench.priority import LEVELS, claims_in
+from bench.priority import LEVELS
+from bench.scale import alternate_claims, claims_in, reads_in_order
 
 KEYED, PLAIN, FAIR = "da_bench_keys_keyed", "da_bench_keys_plain", "da_bench_keys_fair"
 KEYS = 1000
@@ -83,11 +84,7 @@ def claim_cost(pending: int, claims: int, blocks: int) -> dict[str, Any]:
     load(urls["keyed"], pending, KEYS)
     load(urls["plain"], pending, 0)
     log(f"  loaded {pending:,} pending runs in each ({KEYS:,} keys in one)")
-    lat: dict[str, list[float]] = {name: [] for name in urls}
-    for block in range(blocks):
-        order = list(urls) if block % 2 == 0 else list(reversed(urls))
-        for name in order:
-            lat[name] += claims_in(urls[name], claims // blocks)["lat"]
+    lat = alternate_claims(urls, claims, blocks)
     explained = claims_in(urls["keyed"], 1, explain=True)
     res: dict[str, Any] = {name: common.summary_ms(values) for name, values in lat.items()}
     res |= {
@@ -99,9 +96,7 @@ def claim_cost(pending: int, claims: int, blocks: int) -> dict[str, Any]:
         "p50_ratio": res["keyed"]["p50_ms"] / res["plain"]["p50_ms"],
     }
     plan = explained["explain"]
-    # The CTE ``ready`` (the pending runs): up to the next CTE or node of the top level.
-    ready = plan.partition("CTE ready")[2].split("\n  CTE ", 1)[0].split("\n  ->", 1)[0]
-    res["index_in_order"] = "agent_run_claim_fair" in ready and "Sort" not in ready
+    res["index_in_order"] = reads_in_order(plan, "agent_run_claim_fair")
     for name in urls:
         log(
             f"[keys] claim p50/p99 {name:5s}: {res[name]['p50_ms']:.3f}/"
@@ -242,11 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         and res["claims"]["index_in_order"]
         and res["fairness"]["p95_ratio"] <= 1.5
     )
-    common.write_result("keys", res)
-    if not a.keep:
-        for name in (KEYED, PLAIN, FAIR):
-            common.drop_db(name)
-    return res
+    return common.finish("keys", res, KEYED, PLAIN, FAIR, keep=a.keep)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, quota
+from bench import common
 from bench.common import log
 
 DB = "da_bench_keys_crash"
@@ -156,28 +156,6 @@ def track_takeovers(conn: Any, killed: dict[str, Any], taken: dict[str, float]) 
             taken[rid] = now - killed["killed_at"]
 
 
-def workers(
-    url: str, base_url: str, args: argparse.Namespace, env: dict[str, str]
-) -> list[subprocess.Popen[bytes]]:
-    """``quota.workers``, or with ``--logs DIR`` each worker's log at INFO in DIR/worker-<n>.log."""
-    if not args.logs:
-        return quota.workers(url, base_url, common.ROOT, args.procs, args.slots, env)
-    args.logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for n in range(args.procs):
-        with (args.logs / f"worker-{n}.log").open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [common.PY, "manage.py", "runagents", "--concurrency", str(args.slots)],
-                    cwd=common.ROOT,
-                    env=common.bench_env(url, base_url, BENCH_LOG_LEVEL="INFO", **env),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    return procs
-
-
 def scenario(args: argparse.Namespace) -> dict[str, Any]:
     """Insert the runs, kill the busiest worker once ``--kill-after`` of them finished, wait
     until every run finished (or ``--timeout``); the fake's counts and what the kill took."""
@@ -195,7 +173,7 @@ def scenario(args: argparse.Namespace) -> dict[str, Any]:
     killed: dict[str, Any] | None = None
     taken: dict[str, float] = {}
     with common.serving(fake, "slow fake API") as base_url:
-        procs = workers(url, base_url, args, env)
+        procs = common.fleet(url, base_url, args.procs, args.slots, logs=args.logs, **env)
         try:
             with psycopg.connect(url, autocommit=True) as conn:
                 wait_listening(conn, procs)
@@ -217,9 +195,7 @@ def scenario(args: argparse.Namespace) -> dict[str, Any]:
             stats = common.get_json(base_url, "/stats")
             loop = common.get_json(base_url, "/_stats")
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    common.stop(proc, 30)
+            common.stop_all(procs, 30)
     return measure(url, args, stats, loop, killed, taken)
 
 
@@ -360,10 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         and res["killed_runs"] > 0
     )
     log(f"[keys_crash] {common.verdict(res['met'])} ({res['target']})")
-    common.write_result(a.out, res)
-    if not a.keep_db:
-        common.drop_db(DB)
-    return res
+    return common.finish(a.out, res, DB, keep=a.keep_db)
 
 
 if __name__ == "__main__":

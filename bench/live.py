@@ -49,16 +49,6 @@ APP_NAME = "da_bench_live_readers"
 POLL_MS = 100  # durable_agents.live.hub.POLL_SECONDS
 
 
-def _count_backends(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-        ).fetchone()[0]
-
-
 class ConnectionSampler(threading.Thread):
     """The most backends of the readers' process (by application_name) seen at once."""
 
@@ -100,52 +90,16 @@ def clock_offset(url: str) -> float:
 
 
 def start_worker(url: str, base_url: str, slots: int) -> subprocess.Popen[Any]:
-    worker = subprocess.Popen(
-        [
-            common.PY,
-            "manage.py",
-            "runagents",
-            "--concurrency",
-            str(slots),
-            "--poll-interval",
-            "0.05",
-        ],
-        cwd=common.ROOT,
-        env=common.bench_env(url, base_url),
-    )
-    deadline = time.perf_counter() + 60
-    while _count_backends(url) < 1 and time.perf_counter() < deadline:
-        time.sleep(0.1)
+    worker = common.runagents(url, base_url, "--concurrency", str(slots), "--poll-interval", "0.05")
+    common.wait_backends(url, 1)
     return worker
 
 
 def wait_done(url: str, limit: float = 600) -> None:
-    import psycopg
-
-    t = time.perf_counter()
-    with psycopg.connect(url, autocommit=True) as conn:
-        while conn.execute(
-            "SELECT count(*) FROM agent_run WHERE status NOT IN"
-            " ('succeeded', 'failed', 'dead', 'cancelled')"
-        ).fetchone()[0]:
-            if time.perf_counter() - t > limit:
-                raise RuntimeError(f"the worker did not finish in {limit} s")
-            time.sleep(0.05)
+    common.wait_finished(url, limit)
 
 
-def throughput(url: str) -> dict[str, Any]:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        bad, steps, span = conn.execute(
-            "SELECT (SELECT count(*) FROM agent_run WHERE status <> 'succeeded'),"
-            " (SELECT count(*) FROM agent_step WHERE seq > 0),"
-            " EXTRACT(EPOCH FROM (SELECT max(finished_at) FROM agent_run)"
-            "  - (SELECT min(created_at) FROM agent_step WHERE seq > 0))"
-        ).fetchone()
-    if bad:
-        raise RuntimeError(f"{bad} runs did not succeed")
-    return {"steps": steps, "span_s": float(span), "steps_per_s": steps / float(span)}
+throughput = common.throughput
 
 
 def run_ids(url: str) -> list[Any]:
@@ -397,9 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--latency", default="0.3-0.5")
     a = p.parse_args(argv)
     res = run(a)
-    common.write_result("live", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("live", res, DB)
 
 
 if __name__ == "__main__":

@@ -52,11 +52,11 @@ class _Timer(common.StepHooks):
         self.commits: dict[int, tuple[float, float, float]] = {}  # seq -> (end, commit, model)
         self.model_s = 0.0
 
-    def append(self, claim: Any, seq: int, *a: Any, **k: Any) -> bool:
+    def append(self, claim: Any, step: Any, *a: Any, **k: Any) -> bool:
         t = time.perf_counter()
-        ok = self.orig_append(claim, seq, *a, **k)
+        ok = self.orig_append(claim, step, *a, **k)
         end = time.perf_counter()
-        self.commits[seq] = (end, end - t, self.model_s)
+        self.commits[step.seq] = (end, end - t, self.model_s)
         self.model_s = 0.0
         if len(self.commits) >= self.limit:
             self.drain.set()
@@ -278,9 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gc.disable()
     res = run(a.turns, a.rebuild_reps)
     res["gc_off"] = a.gc_off
-    common.write_result(a.out, res)
-    common.drop_db(DB)
-    return res
+    return common.finish(a.out, res, DB)
 
 
 if __name__ == "__main__":

@@ -175,9 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--reps", type=int, default=4)
     a = p.parse_args(argv)
     res = run(a.runs, a.reps)
-    common.write_result("loop", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("loop", res, DB)
 
 
 if __name__ == "__main__":

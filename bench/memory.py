@@ -10,7 +10,6 @@ the growth from the first sample is reported too.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from typing import Any
 
@@ -58,11 +57,7 @@ def run(n: int, concurrency: int) -> dict[str, Any]:
     with common.fake_api() as base_url:
         common.setup_django(url, base_url)
         bulk_runs(url, n)
-        proc = subprocess.Popen(
-            [common.PY, "manage.py", "runagents", "--burst", "--concurrency", str(concurrency)],
-            cwd=common.ROOT,
-            env=common.bench_env(url, base_url),
-        )
+        proc = common.runagents(url, base_url, "--burst", "--concurrency", str(concurrency))
         samples: list[tuple[float, int, int]] = []
         t0 = time.perf_counter()
         with psycopg.connect(url, autocommit=True) as conn:
@@ -114,9 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--concurrency", type=int, default=1)
     a = p.parse_args(argv)
     res = run(a.runs, a.concurrency)
-    common.write_result("memory", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("memory", res, DB)
 
 
 if __name__ == "__main__":

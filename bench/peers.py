@@ -103,22 +103,16 @@ def dbos_child(base_url: str, sys_url: str, runs: int, reps: int) -> None:
             agent_workflow(common.task_text(rep * runs + i))
         times.append(time.perf_counter() - t)
     DBOS.destroy()
-    print("RESULT " + json.dumps({"times": times}), flush=True)
+    common.print_result({"times": times})
 
 
 def time_dbos(base_url: str, runs: int, reps: int) -> list[float]:
     sys_url = common.recreate_db(DBOS_DB)
-    out = subprocess.run(
-        [common.PY, "-m", "bench.peers", "dbos-child", base_url, sys_url, str(runs), str(reps)],
-        cwd=common.ROOT,
-        env={**os.environ, "PYTHONPATH": str(common.ROOT)},
-        capture_output=True,
-        text=True,
-    )
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if out.returncode or line is None:
-        raise RuntimeError(f"DBOS child failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(line[7:])["times"]
+    return common.child_result(
+        ["bench.peers", "dbos-child", base_url, sys_url, str(runs), str(reps)],
+        {**os.environ, "PYTHONPATH": str(common.ROOT)},
+        what="DBOS child",
+    )["times"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,10 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--q2-n", type=int, default=500)
     a = p.parse_args(argv)
     res = run(a.runs, a.reps, a.q2_n)
-    common.write_result("peers", res)
-    common.drop_db(DB)
-    common.drop_db(DBOS_DB)
-    return res
+    return common.finish("peers", res, DB, DBOS_DB)
 
 
 if __name__ == "__main__":

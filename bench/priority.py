@@ -7,7 +7,8 @@ generate_series) and VACUUM ANALYZEd; then blocks of claims alternate between th
 in a fresh worker-like process, warmed up first: ``bench.scale``'s child), so machine noise
 hits both alike. Each claimed run is finished at once, as a worker would. Target: claim p99
 with priorities / p99 all at 0 <= 1.2. Prints the claim's EXPLAIN (ANALYZE, BUFFERS) with
-priorities: it must read agent_run_claim_priority in order, with no Sort node.
+priorities: it must read the claim's index in order (agent_run_claim_fair since concurrency
+keys: priority DESC first), with no Sort node.
 
 ``--before DIR``: also times the plain case with the code of another checkout (``DIR``, e.g.
 the main branch before priorities), in a third database whose claim index is the old one,
@@ -20,8 +21,6 @@ the main branch before priorities), in a third database whose claim index is the
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,9 +28,11 @@ from typing import Any
 
 from bench import common
 from bench.common import log
+from bench.scale import alternate_claims, claims_in, reads_in_order
 
 SPREAD, FLAT, BEFORE = "da_bench_priority_spread", "da_bench_priority_flat", "da_bench_priority_0"
 LEVELS = (0, 25, 50, 75, 100)
+INDEX = "agent_run_claim_fair"
 
 _COLUMNS = (
     "id, agent, prompt_version, fingerprint, model, task, status, attempt, stalled_claims, "
@@ -68,21 +69,6 @@ def old_claim_index(url: str) -> None:
         conn.execute("ANALYZE agent_run")
 
 
-def claims_in(url: str, n: int, explain: bool = False, root: Path = common.ROOT) -> dict[str, Any]:
-    """``bench.scale``'s child (warm up, then time ``n`` claims) with the code of ``root``."""
-    proc = subprocess.run(
-        [common.PY, "-m", "bench.scale", "child", str(n), "1" if explain else "0"],
-        cwd=root,
-        env=common.bench_env(url, PYTHONPATH=str(root)),
-        capture_output=True,
-        text=True,
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        raise RuntimeError(f"claims failed: {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
-    return json.loads(line[7:])
-
-
 def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str, Any]:
     urls = {"spread": common.fresh_db(SPREAD), "flat": common.fresh_db(FLAT)}
     load(urls["spread"], pending, len(LEVELS))
@@ -94,11 +80,7 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         old_claim_index(urls["before"])
         roots["before"] = before
     log(f"  loaded {pending:,} pending runs in each of {', '.join(urls)}")
-    lat: dict[str, list[float]] = {name: [] for name in urls}
-    for block in range(blocks):
-        order = list(urls) if block % 2 == 0 else list(reversed(urls))
-        for name in order:
-            lat[name] += claims_in(urls[name], claims // blocks, root=roots[name])["lat"]
+    lat = alternate_claims(urls, claims, blocks, roots)
     explained = claims_in(urls["spread"], 1, explain=True)
     res: dict[str, Any] = {name: common.summary_ms(values) for name, values in lat.items()}
     res |= {
@@ -111,9 +93,8 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         "target": "claim p99 with 5 priorities / all at priority 0 <= 1.2",
     }
     plan = explained["explain"]
-    # The CTE ``ready`` (the pending runs): up to the next node of the statement's top level.
-    ready = plan.partition("CTE ready")[2].split("\n  ->", 1)[0]
-    res["index_in_order"] = "agent_run_claim_priority" in ready and "Sort" not in ready
+    # The claim's index since concurrency keys: (priority DESC, fair_at, created_at).
+    res["index_in_order"] = reads_in_order(plan, INDEX)
     res["met"] = res["p99_ratio"] <= 1.2 and res["index_in_order"]
     for name in urls:
         log(
@@ -122,7 +103,7 @@ def run(pending: int, claims: int, blocks: int, before: Path | None) -> dict[str
         )
     log(
         f"[priority] p99 ratio spread/flat {res['p99_ratio']:.2f} (p50 {res['p50_ratio']:.2f});"
-        f" ready reads agent_run_claim_priority in order, no Sort: {res['index_in_order']}"
+        f" ready reads {INDEX} in order, no Sort: {res['index_in_order']}"
         f" -> {common.verdict(res['met'])} (<= 1.2)"
     )
     log("[priority] EXPLAIN with 5 priorities:\n" + plan)
@@ -141,11 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         a.claims, a.blocks = 400, 2
     res = run(a.pending, a.claims, a.blocks, a.before)
-    common.write_result("priority", res)
-    if not a.keep:
-        for name in (SPREAD, FLAT, BEFORE):
-            common.drop_db(name)
-    return res
+    return common.finish("priority", res, SPREAD, FLAT, BEFORE, keep=a.keep)
 
 
 if __name__ == "__main__":

@@ -306,9 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--runs", type=int, default=100)
     a = p.parse_args(argv)
     res = run(a.runs)
-    common.write_result("profile_step", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("profile_step", res, DB)
 
 
 if __name__ == "__main__":

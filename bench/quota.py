@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -70,31 +68,11 @@ def insert_runs(url: str, first: int, n: int, priority: int, padding: int) -> No
         conn.commit()
 
 
-def workers(
-    url: str, base_url: str, root: Path, procs: int, slots: int, env: dict[str, str]
-) -> list[subprocess.Popen[bytes]]:
-    return [
-        subprocess.Popen(
-            [common.PY, "manage.py", "runagents", "--concurrency", str(slots)],
-            cwd=root,
-            env=common.bench_env(url, base_url, PYTHONPATH=str(root), **env),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(procs)
-    ]
-
-
 def scenario(root: Path, args: argparse.Namespace, label: str) -> dict[str, Any]:
     import psycopg
 
     url = common.recreate_db(DB)
-    subprocess.run(
-        [common.PY, "manage.py", "migrate", "--verbosity", "0"],
-        cwd=root,
-        env=common.bench_env(url, PYTHONPATH=str(root)),
-        check=True,
-    )
+    common.migrate(url, root)
     fake = [
         "bench.slowapi",
         "--port",
@@ -117,7 +95,7 @@ def scenario(root: Path, args: argparse.Namespace, label: str) -> dict[str, Any]
             limits["input_tokens_per_minute"] = args.itpm
         env["DA_BENCH_RATE_LIMITS"] = json.dumps({"*": limits})
     with common.serving(fake, "rate-limited fake API") as base_url:
-        procs = workers(url, base_url, root, args.procs, args.slots, env)
+        procs = common.fleet(url, base_url, args.procs, args.slots, root=root, **env)
         try:
             time.sleep(3)  # the workers connect and start listening
             t0 = time.perf_counter()
@@ -142,13 +120,7 @@ def scenario(root: Path, args: argparse.Namespace, label: str) -> dict[str, Any]
                     time.sleep(0.2)
             stats = common.get_json(base_url, "/stats")
         finally:
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            common.stop_all(procs, 30)
     return measure(url, stats, args, label)
 
 
@@ -301,9 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         and (a.scenario == "itpm" or after["priority_p50_s"] < 20)
     )
     log(f"[quota] {a.scenario}: {common.verdict(results['met'])} ({results['target']})")
-    common.write_result(f"quota_{a.scenario}", results)
-    common.drop_db(DB)
-    return results
+    return common.finish(f"quota_{a.scenario}", results, DB)
 
 
 if __name__ == "__main__":

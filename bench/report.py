@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 from bench import common
 from bench.encryption import section as encryption_section
 from bench.report_fleet import keys_crash_section, quota_section
+from bench.report_more import NAMES as MORE_NAMES
+from bench.report_more import sections as more_sections
 
 DOCS = common.ROOT / "docs"
 IMG = DOCS / "img"
@@ -269,6 +271,7 @@ def render() -> Path:
         "keys_crash",
         "keys_crash_slow",
         "encryption",
+        *MORE_NAMES,
     ]
     r = {n: d for n in names if (d := _load(n)) is not None}
     m = r.get("machine", {})
@@ -297,6 +300,7 @@ def render() -> Path:
     _fleet_sections(w, r)
     if r.get("encryption"):
         encryption_section(w, r["encryption"])
+    more_sections(w, r)
     _fakes(w)
     _reproduce(w)
     out = DOCS / "benchmarks.md"
@@ -359,6 +363,8 @@ def _header(w: Any, m: dict[str, Any]) -> None:
         )
     if m.get("failures"):
         w(f"- **failed benchmarks**: {m['failures']}")
+    if m.get("skipped"):
+        w(f"- **skipped benchmarks** (a requirement missing here): {m['skipped']}")
     w("")
 
 
@@ -735,7 +741,16 @@ def _reproduce(w: Any) -> None:
     w('make bench BENCH_ARGS="--before 14be984"   # also measure 14be984 first (twice as long)')
     w(".venv/bin/python -m bench.loop --runs 100   # any single benchmark")
     w(".venv/bin/python -m bench.admin_scale --sizes 10000,10000000 --reps 5 --out admin_scale_10m")
+    w(".venv/bin/python -m bench.run_all --help   # every benchmark --only accepts")
     w("```")
+    w("")
+    w(
+        "`bench.run_all` runs every benchmark script of `bench/` (a unit test keeps it so). "
+        "`failover` needs a private PostgreSQL cluster (`tests/pgcluster.py`: the server "
+        "binaries in `DA_PG_BIN`, default /usr/lib/postgresql/15/bin, and the `postgres` OS "
+        "user); where they are missing, run_all skips it, prints why, and the header above "
+        "lists it as skipped."
+    )
     w("")
 
 
@@ -1408,6 +1423,8 @@ def print_section(name: str) -> None:
         if e is None:
             raise SystemExit("no bench/out/encryption.json: run python -m bench.encryption")
         encryption_section(lines.append, e)
+    if name in MORE_NAMES:
+        more_sections(lines.append, {name: _load(name)})
     if name == "admin_scale":
         a = _load("admin_scale")
         if a is None:

@@ -9,6 +9,10 @@
     python -m bench.run_all --only quota       # many runs, one rate-limited model quota
     python -m bench.run_all --only keys_crash  # keys of limit 2, one of 3 workers SIGKILLed
     python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
+    python -m bench.run_all --help             # lists every benchmark --only accepts
+
+failover needs a private PostgreSQL cluster (tests/pgcluster.py: the server binaries and the
+postgres OS user); without them run_all skips it and says why.
 
 Each benchmark runs in its own process (each configures Django for its own da_bench_*
 database) and leaves its figures in bench/out/<name>.json; bench/report.py renders them.
@@ -82,6 +86,50 @@ QUICK["admin_scale"] = ["--sizes", "10000,100000", "--reps", "3"]
 # Encryption at rest on the commit path and the rebuild (about a minute).
 FULL["encryption"] = []
 QUICK["encryption"] = ["--n", "400", "--reps", "10"]
+# The claim ordered by priority against all at 0 (100,000 pending runs a side; about 2 minutes).
+FULL["priority"] = []
+QUICK["priority"] = ["--quick", "--pending", "20000"]
+# The step commit through Django's cursor wrapper against the bare psycopg cursor (seconds).
+FULL["instrumented_commit"] = []
+QUICK["instrumented_commit"] = ["--steps", "600", "--blocks", "4"]
+# Debounced starts: many start_run calls on one key make one run (about 15 s).
+FULL["debounce"] = []
+QUICK["debounce"] = ["--calls", "200", "--over", "1", "--debounce", "2", "--poll-interval", "0.5"]
+# Replay of a 200-turn recorded run (seconds).
+FULL["replay"] = []
+QUICK["replay"] = ["--repeat", "3"]
+# Forks of a long run: fork_run, the bytes a fork adds, its rebuild (about a minute).
+FULL["fork"] = []
+QUICK["fork"] = ["--steps", "500", "--forks", "10", "--reps", "5"]
+# A big tree's cancel and a big event (111,111 runs; 11,111 with --generations 4).
+FULL["trees_events"] = []
+QUICK["trees_events"] = ["--generations", "4"]
+# Live streams: readers of live runs in one asyncio process (about 2 minutes).
+FULL["live"] = []
+QUICK["live"] = ["--runs", "20", "--readers", "200", "--turns", "10", "--away", "3"]
+# Schedules: one run per slot under worker kills, and what firing costs the claims.
+FULL["schedules"] = []
+QUICK["schedules"] = ["--quick"]
+# The database cut in the middle of a burst: needs a private PostgreSQL cluster (below).
+FULL["failover"] = []
+QUICK["failover"] = [
+    "--runs", "60", "--slots", "20", "--outage", "5", "--timeout", "120",
+]  # fmt: skip
+
+# bench/*.py scripts with a main that are not benchmarks: the fake APIs the benchmarks serve
+# (tests/unit/test_bench_reachable.py checks every other one is in FULL and QUICK).
+NOT_BENCHES = {"run_all": "this script", "fakeapi": "a fake API", "slowapi": "a fake API"}
+
+
+def _failover_unavailable() -> str | None:
+    from bench.failover import unavailable
+
+    return unavailable()
+
+
+# What a benchmark needs beyond the PostgreSQL server of BENCH_PG: a function that says why it
+# cannot run here (run_all then skips it, saying so), or None.
+REQUIRES = {"failover": _failover_unavailable}
 
 
 def _version(pkg: str) -> str:
@@ -167,6 +215,16 @@ NOT_BEFORE = {
     "quota",
     "keys_crash",
     "encryption",  # the ref before it has no encryption
+    # Reachable from run_all only since r33 (older refs run them by hand, if at all).
+    "priority",
+    "instrumented_commit",
+    "debounce",
+    "replay",
+    "fork",
+    "trees_events",
+    "live",
+    "schedules",
+    "failover",
 }
 
 
@@ -255,9 +313,17 @@ def run_before(ref: str, quick: bool, names: list[str], invocation: str) -> dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", default="")
+    p = argparse.ArgumentParser(
+        description="Run the benchmarks and render docs/benchmarks.md.",
+        epilog="benchmarks, in the order they run: " + ", ".join(FULL),
+    )
+    p.add_argument("--quick", action="store_true", help="the small sizes (QUICK)")
+    p.add_argument(
+        "--only",
+        default="",
+        metavar="NAME[,NAME...]",
+        help="only these benchmarks, of: " + ", ".join(FULL),
+    )
     p.add_argument(
         "--before",
         metavar="REF",
@@ -266,7 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     a = p.parse_args(argv)
     sizes = QUICK if a.quick else FULL
-    names = [n for n in sizes if not a.only or n in a.only.split(",")]
+    only = [n for n in a.only.split(",") if n]
+    unknown = [n for n in only if n not in sizes]
+    if unknown:
+        p.error(f"--only: unknown {', '.join(unknown)}; benchmarks: {', '.join(sizes)}")
+    names = [n for n in sizes if not only or n in only]
     common.OUT.mkdir(parents=True, exist_ok=True)
     invocation = time.strftime("%Y-%m-%dT%H:%M:%S") + f"-{os.getpid()}"
     before = run_before(a.before, a.quick, names, invocation) if a.before else None
@@ -278,7 +348,13 @@ def main(argv: list[str] | None = None) -> None:
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     t_all = time.perf_counter()
+    skipped: dict[str, str] = {}
     for name in names:
+        why = REQUIRES[name]() if name in REQUIRES else None
+        if why:
+            skipped[name] = why
+            print(f"== {name} skipped: {why}", flush=True)
+            continue
         print(f"== {name} {' '.join(sizes[name])}", flush=True)
         t = time.perf_counter()
         proc = subprocess.run(
@@ -299,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         failures["before"] = f"--before {a.before}: see bench/out/before/ref.json"
         _loud(f"the --before {a.before} run failed; its column is partial or missing")
     info["failures"] = failures
+    info["skipped"] = skipped
     info["ran"] = names
     (common.OUT / "machine.json").write_text(json.dumps(info, indent=2, default=str))
     from bench import report

@@ -9,10 +9,9 @@ Prints the claim query's EXPLAIN (ANALYZE, BUFFERS) and table and index sizes.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench import common
@@ -109,21 +108,40 @@ def child(nclaims: int, explain: bool) -> None:
             transaction.set_rollback(True)
         out["sql"] = postgres.CLAIM_SQL
         out["explain"] = plan
-    print("RESULT " + json.dumps(out), flush=True)
+    common.print_result(out)
 
 
-def claims_in(url: str, n: int, explain: bool = False) -> dict[str, Any]:
-    proc = subprocess.run(
-        [common.PY, "-m", "bench.scale", "child", str(n), "1" if explain else "0"],
-        cwd=common.ROOT,
-        env=common.bench_env(url),
-        capture_output=True,
-        text=True,
+def claims_in(url: str, n: int, explain: bool = False, root: Path = common.ROOT) -> dict[str, Any]:
+    """The child (warm up, then time ``n`` claims on ``url``) with the code of the checkout
+    ``root``: its latencies, and with ``explain`` the claim's SQL and plan. bench.priority and
+    bench.keys time their claims with it too."""
+    return common.child_result(
+        ["bench.scale", "child", str(n), "1" if explain else "0"],
+        common.bench_env(url, PYTHONPATH=str(root)),
+        cwd=root,
+        what="scale child",
     )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        raise RuntimeError(f"scale child failed: {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
-    return json.loads(line[7:])
+
+
+def reads_in_order(plan: str, index: str) -> bool:
+    """Whether the claim's CTE ``ready`` (the pending runs: up to the next CTE or node of the
+    statement's top level) in the EXPLAIN ``plan`` reads ``index``, with no Sort."""
+    ready = plan.partition("CTE ready")[2].split("\n  CTE ", 1)[0].split("\n  ->", 1)[0]
+    return index in ready and "Sort" not in ready
+
+
+def alternate_claims(
+    urls: dict[str, str], claims: int, blocks: int, roots: dict[str, Path] | None = None
+) -> dict[str, list[float]]:
+    """``claims`` claims on each database of ``urls``, in ``blocks`` blocks that alternate
+    between them (each in a fresh child, with the code of ``roots[name]``): the latencies."""
+    roots = roots or {}
+
+    def side(name: str) -> Any:
+        root = roots.get(name, common.ROOT)
+        return lambda: claims_in(urls[name], claims // blocks, root=root)["lat"]
+
+    return common.interleaved(blocks, {name: side(name) for name in urls})
 
 
 def run(large: int, pending: int, claims: int, blocks: int) -> dict[str, Any]:
@@ -134,10 +152,7 @@ def run(large: int, pending: int, claims: int, blocks: int) -> dict[str, Any]:
         f"  loaded 1,000 + {pending} runs in {load_s['small']:.1f}s, {large:,} + {pending} "
         f"in {load_s['large']:.1f}s"
     )
-    lat: dict[str, list[float]] = {"small": [], "large": []}
-    for _ in range(blocks):
-        lat["small"] += claims_in(small_url, claims // blocks)["lat"]
-        lat["large"] += claims_in(large_url, claims // blocks)["lat"]
+    lat = alternate_claims({"small": small_url, "large": large_url}, claims, blocks)
     ex_small = claims_in(small_url, 1, explain=True)
     ex_large = claims_in(large_url, 1, explain=True)
     res: dict[str, Any] = {
@@ -182,11 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--keep", action="store_true")
     a = p.parse_args(argv)
     res = run(a.large, a.pending, a.claims, a.blocks)
-    common.write_result("scale", res)
-    if not a.keep:
-        common.drop_db(SMALL)
-        common.drop_db(LARGE)
-    return res
+    return common.finish("scale", res, SMALL, LARGE, keep=a.keep)
 
 
 if __name__ == "__main__":

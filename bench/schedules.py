@@ -50,12 +50,15 @@ TICK = 0.25
 
 
 def start_worker(url: str, base_url: str, i: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [common.PY, "manage.py", "runagents", "--concurrency", "4", "--worker-id", f"w{i}"],
-        cwd=common.ROOT,
-        env=common.bench_env(url, base_url, DA_BENCH_LEASE_SECONDS="5"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    return common.runagents(
+        url,
+        base_url,
+        "--concurrency",
+        "4",
+        "--worker-id",
+        f"w{i}",
+        quiet=True,
+        DA_BENCH_LEASE_SECONDS="5",
     )
 
 
@@ -114,9 +117,7 @@ def chaos(url: str, args: argparse.Namespace) -> dict[str, Any]:
                     "SELECT start_key, created_at, started_at, status FROM agent_run"
                 ).fetchall()
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    common.stop(proc, 30)
+            common.stop_all(procs, 30)
     per_slot: Counter[dt.datetime] = Counter()
     created: list[float] = []
     started: list[float] = []

@@ -18,6 +18,11 @@ the old code ignores the columns it does not know)::
     DATABASE_URL=postgres://.../db PYTHONPATH=. python bench/trees_events.py
 
 The tree and the event rows are deleted at the end. PostgreSQL only.
+
+Without DATABASE_URL (as ``bench/run_all.py`` runs it: ``python -m bench.trees_events``), it
+makes the database ``da_bench_trees_events`` on the server of ``BENCH_PG`` with the bench
+settings, writes bench/out/trees_events.json and drops the database; ``--generations 4``
+makes a tree of 11,111 runs (the quick size).
 """
 
 from __future__ import annotations
@@ -197,17 +202,42 @@ def measure_event() -> dict[str, Any]:
     return {"waiters": WAITERS, "payload_bytes": len(text), "tables_grew_bytes": grown}
 
 
-def main() -> None:
-    _setup()
+def measure() -> dict[str, Any]:
     import durable_agents
 
-    result = {
+    return {
         "code": os.path.dirname(durable_agents.__file__),
+        "generations": GENERATIONS,
+        "fanout": FANOUT,
         "cancel": measure_cancel(),
         "event": measure_event(),
     }
-    json.dump(result, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    global GENERATIONS
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--generations", type=int, default=GENERATIONS, help="of 10 children a run")
+    GENERATIONS = p.parse_args(argv).generations
+    if os.environ.get("DATABASE_URL"):  # a database of the caller's; the result on stdout
+        _setup()
+        json.dump(measure(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    from bench import common
+
+    db = "da_bench_trees_events"
+    common.setup_django(common.fresh_db(db))
+    try:
+        result = measure()
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+    common.log(f"[trees_events] {json.dumps(result)}")
+    common.finish("trees_events", result, db)
 
 
 if __name__ == "__main__":

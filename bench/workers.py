@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -67,72 +65,32 @@ class LockSampler(threading.Thread):
                 time.sleep(self.interval)
 
 
-def _backends(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-        ).fetchone()[0]
-
-
 def one_config(url: str, base_url: str, procs: int, conc: int, runs: int) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE agent_run CASCADE")
     workers = [
-        subprocess.Popen(
-            [
-                common.PY,
-                "manage.py",
-                "runagents",
-                "--concurrency",
-                str(conc),
-                "--poll-interval",
-                "0.05",
-            ],
-            cwd=common.ROOT,
-            env=common.bench_env(url, base_url),
-        )
+        common.runagents(url, base_url, "--concurrency", str(conc), "--poll-interval", "0.05")
         for _ in range(procs)
     ]
     try:
-        deadline = time.perf_counter() + 60
-        while _backends(url) < procs * conc and time.perf_counter() < deadline:
-            time.sleep(0.1)
+        common.wait_backends(url, procs * conc)
         time.sleep(0.5)
         sampler = LockSampler(url)
         sampler.start()
         t = time.perf_counter()
         common.bulk_insert_runs(url, runs)
-        with psycopg.connect(url, autocommit=True) as conn:
-            while conn.execute(
-                "SELECT count(*) FROM agent_run WHERE status NOT IN"
-                " ('succeeded', 'failed', 'dead', 'cancelled')"
-            ).fetchone()[0]:
-                if time.perf_counter() - t > 300:
-                    raise RuntimeError("workers did not finish in 300 s")
-                time.sleep(0.02)
+        common.wait_finished(url, 300, interval=0.02)
         wall = time.perf_counter() - t
         sampler.stop.set()
         sampler.join()
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        codes = [w.wait() for w in workers]
+        codes = common.stop_all(workers, 600)
     if any(codes):
         raise RuntimeError(f"worker exit codes {codes}")
-    with psycopg.connect(url, autocommit=True) as conn:
-        bad, steps, span = conn.execute(
-            "SELECT (SELECT count(*) FROM agent_run WHERE status <> 'succeeded'),"
-            " (SELECT count(*) FROM agent_step WHERE seq > 0),"
-            " EXTRACT(EPOCH FROM (SELECT max(finished_at) FROM agent_run)"
-            "  - (SELECT min(created_at) FROM agent_step WHERE seq > 0))"
-        ).fetchone()
-    if bad:
-        raise RuntimeError(f"{bad} runs did not succeed")
+    tp = common.throughput(url)
+    steps, span = tp["steps"], tp["span_s"]
     return {
         "procs": procs,
         "concurrency": conc,
@@ -208,9 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--runs", type=int, default=100)
     a = p.parse_args(argv)
     res = run(a.runs)
-    common.write_result("workers", res)
-    common.drop_db(DB)
-    return res
+    return common.finish("workers", res, DB)
 
 
 if __name__ == "__main__":
