@@ -125,6 +125,24 @@ def _live(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _live_readers(r: dict[str, Any]) -> list[str]:
+    page = r["admin_page_ms"]
+    return [
+        f"`bench/live_readers.py`: {r['readers']:,} readers through the events view under "
+        f"uvicorn (token holders and staff sessions), caps raised to admit them; "
+        f"{r['served']:,} served in {r['seconds_to_admit_all']} s.",
+        "",
+        f"- database connections while they read: {r['backends_peak_while_reading']} "
+        f"(target at most 2), with admin pages served beside them: "
+        f"{r['backends_peak_with_admin_pages']}, after they left: "
+        f"{r['backends_after_readers_left']};",
+        f"- an admin page while they read: p50 {page['p50_ms']} ms, p95 {page['p95_ms']} ms "
+        f"(target under 200 ms);",
+        f"- readers past the cap answered 503 with Retry-After: "
+        f"{r['over_cap_refused_503_retry_after']} of {r['over_cap']}.",
+    ]
+
+
 def _schedules(r: dict[str, Any]) -> list[str]:
     lines = ["`bench/schedules.py`:", ""]
     if r.get("chaos"):
@@ -175,6 +193,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[Any], list[str]]], ...] = (
     ("fork", "Forks of a long run", _fork),
     ("trees_events", "A big tree's cancel, a big event", _trees_events),
     ("live", "Live streams", _live),
+    ("live_readers", "Live readers through the view", _live_readers),
     ("schedules", "Agent schedules", _schedules),
     ("failover", "The database cut in a burst", _failover),
 )

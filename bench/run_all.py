@@ -107,6 +107,10 @@ QUICK["trees_events"] = ["--generations", "4"]
 # Live streams: readers of live runs in one asyncio process (about 2 minutes).
 FULL["live"] = []
 QUICK["live"] = ["--runs", "20", "--readers", "200", "--turns", "10", "--away", "3"]
+# Live readers through the real view under uvicorn: the connections they hold, an admin page
+# beside them, the caps' 503s (about a minute at 1,000 readers).
+FULL["live_readers"] = []
+QUICK["live_readers"] = ["--readers", "300", "--runs", "30", "--over", "20", "--pings", "20"]
 # Schedules: one run per slot under worker kills, and what firing costs the claims.
 FULL["schedules"] = []
 QUICK["schedules"] = ["--quick"]
@@ -223,6 +227,7 @@ NOT_BEFORE = {
     "fork",
     "trees_events",
     "live",
+    "live_readers",
     "schedules",
     "failover",
 }
