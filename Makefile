@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/durable_agents
 
-.PHONY: run admin live test test-fast test-slow test-long test-postgres test-sqlite test-django6 venv-django6 check-wheel dist lint venv demo-venv constraints clean
+.PHONY: run admin live docs test test-fast test-slow test-long test-postgres test-sqlite test-django6 venv-django6 check-wheel dist lint venv demo-venv constraints clean
 
 PIP := $(PY) -m pip install -qq --disable-pip-version-check -c constraints.txt
 
@@ -152,8 +152,14 @@ lint: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+## make docs: the documentation site (mkdocs.yml: the pages of docs/, the API reference from the
+## docstrings) built into site/; a warning (a broken link or anchor, a page left out of the
+## nav, a docstring that does not render) fails it
+docs: venv
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3 test-times.txt
+	rm -rf $(VENV) $(VENV6) demo.sqlite3 test-*.sqlite3 test-times.txt site
 
 ## make bench: the benchmarks (bench/), writes docs/benchmarks.md and docs/img/bench_*.png
 .PHONY: bench
