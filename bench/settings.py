@@ -12,7 +12,8 @@ from project.settings import DATABASES, INSTALLED_APPS, LOGGING
 INSTALLED_APPS = [*INSTALLED_APPS, "django_q", "bench.benchapp"]
 
 # Direct connections (no transaction pooler in between): let psycopg prepare the statements it
-# runs often, the step commit first of all (docs/operating.md, "Connection pooling").
+# runs often, the step commit first of all (docs/howto/database.md, "Database connections and
+# pooling").
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 DEBUG = False  # DEBUG=True makes Django keep every query in memory
 

@@ -97,7 +97,7 @@ def spawn_worker(
     dbname = s["NAME"]
     before = bouncer.transactions(dbname)
     # LISTEN cannot go through transaction pooling: the worker's one listener connection goes
-    # around PgBouncer, as docs/operating.md advises (read by tests/settings.py, if it does).
+    # around PgBouncer, as docs/howto/database.md advises (read by tests/settings.py, if it does).
     listen = {"HOST": s.get("HOST") or "127.0.0.1", "PORT": int(s.get("PORT") or 5432)}
     routed = {"DATABASE_URL": bouncer.url(database_url()), "DA_LISTEN": json.dumps(listen)}
 
