@@ -1,7 +1,7 @@
 """System checks (``manage.py check``) for configuration mistakes that would otherwise show up
 only when a worker meets them, hours later.
 
-One id per problem; docs/settings.md lists them all. Ids are never reused for another problem:
+One id per problem; docs/ref/checks.md lists them all. Ids are never reused for another problem:
 a silenced id (``SILENCED_SYSTEM_CHECKS``) must keep silencing the same thing.
 """
 
@@ -104,12 +104,12 @@ def _unknown_keys(user: dict[str, Any]) -> list[CheckMessage]:
 
 # Where the hint of an unknown key sends the reader for the whole table: naming three close
 # keys helps, naming all forty buries the one meant.
-SETTINGS_DOC = "docs/settings.md"
+SETTINGS_DOC = "docs/ref/settings.md"
 CLOSE_KEYS = 3
 
 
 def _known_keys_hint(key: Any) -> str:
-    """ "Did you mean 'LEASE_SECONDS', 'LEASE_...', '...'? All settings: docs/settings.md":
+    """ "Did you mean 'LEASE_SECONDS', 'LEASE_...', '...'? All settings: docs/ref/settings.md":
     the three known keys closest to ``key``, whatever it is (a cutoff of 0 always finds
     some), then where the others are."""
     close = difflib.get_close_matches(str(key).upper(), sorted(DEFAULTS), n=CLOSE_KEYS, cutoff=0)

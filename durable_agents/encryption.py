@@ -19,7 +19,7 @@ Associated data: the prefix up to the key id and the column (``agent_step.payloa
 ciphertext copied into another column does not decrypt. Not the row's run id: a field's codec
 sees only the value (an ORM ``update()`` has no row at hand), and swapping values between rows
 of one column needs write access to the database, which is outside what this protects
-against (dumps, backups, replicas, read-only SQL; docs/operating.md, "Data at rest").
+against (dumps, backups, replicas, read-only SQL; docs/howto/encryption.md, "Data at rest").
 
 Decryption gives back the very text that was encrypted, so the conversation rebuilt from the
 log is byte for byte what was sent (thinking signatures would refuse anything else).

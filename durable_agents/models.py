@@ -367,8 +367,8 @@ class AgentRun(models.Model):
                 name="agent_run_forks",
                 condition=models.Q(forked_from__isnull=False),
             ),
-            # The admin at production size (docs/operating.md): the runs list newest first,
-            # by agent and by model, windows of finished runs and the dead letter by cause.
+            # The admin at production size (docs/howto/admin-at-scale.md): the runs list newest
+            # first, by agent and by model, windows of finished runs and the dead letter by cause.
             # None of these columns changes while a run is claimed, renewed or committed, so
             # the worker's updates stay HOT; migration 0006 creates them CONCURRENTLY.
             models.Index(fields=["created_at"], name="agent_run_created"),

@@ -1,7 +1,8 @@
 """How the admin lists, counts and searches runs when the table holds millions of them.
 
-A page of the admin must cost what it shows, not what the table holds (docs/operating.md, "The
-admin at ten million runs"). The flow of a runs-list request, and where each step lives:
+A page of the admin must cost what it shows, not what the table holds
+(docs/howto/admin-at-scale.md, "The admin at ten million runs"). The flow of a runs-list
+request, and where each step lives:
 
 1. **Filters** become index conditions: status, agent and model through the indexes led by
    them, "created" through ``agent_run_created``. The agent and model filters list their

@@ -158,8 +158,8 @@ class AgentRunAdmin(
         "claims",
         "lease",
     )
-    # At production size (docs/operating.md): every filter is an index condition, agent and
-    # model and priority list their values by a skip scan, "created" is a range (no date
+    # At production size (docs/howto/admin-at-scale.md): every filter is an index condition,
+    # agent and model and priority list their values by a skip scan, "created" is a range (no date
     # hierarchy, which reads the dates of every row), and the list sorts by creation only.
     list_filter = (
         "status",

@@ -1,4 +1,4 @@
-"""The indexes of the admin at production size (docs/operating.md, "The admin at ten million
+"""The indexes of the admin at production size (docs/howto/admin-at-scale.md, "The admin at ten million
 runs").
 
 - Six B-tree indexes on agent_run: the list newest first, by agent, by model, finished runs
@@ -126,7 +126,7 @@ def create_search_indexes(apps: Any, schema_editor: Any) -> None:
             sys.stderr.write(
                 "durable_agents 0007: could not create the pg_trgm extension "
                 f"({exc.__class__.__name__}: {str(exc).strip()}). The admin's search by words "
-                "of a task or an error scans instead of using an index; docs/operating.md "
+                "of a task or an error scans instead of using an index; docs/howto/admin-at-scale.md "
                 "('The admin at ten million runs') says how to add it later.\n"
             )
     for name, statement, needs_trigrams in SEARCH_INDEXES:

@@ -531,7 +531,7 @@ def binding_cursor() -> Iterator[Any]:
     default for poolers that cannot keep prepared statements), wrapped as Django wraps its
     own cursors: ``connection.execute_wrapper`` hooks (Sentry, OpenTelemetry's Django
     instrumentation), ``connection.queries`` under DEBUG and Django's error classes all see
-    the commit. The wrapper costs about a microsecond (docs/operating.md)."""
+    the commit. The wrapper costs about a microsecond (docs/howto/database.md)."""
     import psycopg  # only on PostgreSQL: SQLite installs need not have it
 
     connection.ensure_connection()

@@ -306,7 +306,7 @@ def test_a_misspelt_setting_suggests_the_three_closest(settings: Any) -> None:
     assert message.id == "durable_agents.E002"
     assert message.hint is not None
     assert message.hint.startswith("Did you mean 'LEASE_SECONDS', '")
-    assert message.hint.endswith("? All settings: docs/settings.md")
+    assert message.hint.endswith("? All settings: docs/ref/settings.md")
     # Three names, not the ~40 of the whole table.
     assert message.hint.count("'") == 6, message.hint
     assert "ENCRYPTION_KEYS" not in message.hint
@@ -320,7 +320,7 @@ def test_a_misspelt_setting_suggests_the_three_closest(settings: Any) -> None:
     settings.DURABLE_AGENTS = {"OFFLINE": True, 5: 1}
     [message] = da_checks.check_settings()
     assert message.hint is not None
-    assert message.hint.endswith("All settings: docs/settings.md")
+    assert message.hint.endswith("All settings: docs/ref/settings.md")
 
 
 def test_several_database_hosts_need_target_session_attrs() -> None:
