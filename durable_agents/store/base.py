@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from durable_agents.capacity.gate import CapacityGate
-    from durable_agents.schedule_models import AgentSchedule
+    from durable_agents.models import AgentSchedule
     from durable_agents.store.portable_schedules import DueSchedules, SlotStart
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.

@@ -24,8 +24,7 @@ from django.db.models.expressions import Expression
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from durable_agents.models import AgentRun
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import AgentRun, AgentSchedule
 from durable_agents.store.portable_batch import PortableBatch
 
 # The columns a firing moves on.

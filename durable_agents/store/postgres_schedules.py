@@ -33,8 +33,7 @@ from typing import Any
 from django.db import connection
 
 from durable_agents import encryption
-from durable_agents.models import STEP_PAYLOAD, AgentRun
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import STEP_PAYLOAD, AgentRun, AgentSchedule
 from durable_agents.store.concurrency import FAIR_SPACING
 from durable_agents.store.portable_schedules import DueSchedules, PortableSchedules, SlotStart
 
