@@ -223,9 +223,8 @@ def measure(steps: int, forks: int, reps: int) -> dict[str, Any]:
 
     from durable_agents import forks as fork_logic
     from durable_agents.api import fork_run
-    from durable_agents.fork_models import steps_of
     from durable_agents.history import load_log
-    from durable_agents.models import AgentStep
+    from durable_agents.models import AgentStep, steps_of
 
     started = time.perf_counter()
     parent = build_parent(steps)

@@ -652,7 +652,7 @@ def check_six_field_schedules(
     database, so only when asked: ``manage.py check --database default``, and ``migrate``."""
     if not databases or "default" not in databases:
         return []
-    from durable_agents.schedule_models import AgentSchedule
+    from durable_agents.models import AgentSchedule
     from durable_agents.schedules import five_fields
 
     try:

@@ -42,16 +42,17 @@ from durable_agents import effects
 from durable_agents.agents import Agent, AgentNotFound, registry
 from durable_agents.deepjson import loads_deep
 from durable_agents.exceptions import ForkRefused as ForkRefused
-from durable_agents.fork_models import SharedSteps, steps_of
 from durable_agents.history import message_text
 from durable_agents.models import (
     AgentRun,
     AgentStep,
     IntentStatus,
     RunStatus,
+    SharedSteps,
     StepKind,
     ToolEffect,
     ToolIntent,
+    steps_of,
 )
 from durable_agents.store.base import ForkWrite, RunId
 from durable_agents.text import (

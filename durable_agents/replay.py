@@ -39,13 +39,13 @@ from durable_agents import effects, waits
 from durable_agents.agents import Agent, registry
 from durable_agents.dispatch import result_block
 from durable_agents.exceptions import AgentNotFound, ReplayError, ToolInputError
-from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
     IntentStatus,
     StepKind,
     ToolEffect,
     ToolIntent,
+    steps_of,
 )
 from durable_agents.text import Unstorable, check_depth, storable_text
 from durable_agents.tools import Tool

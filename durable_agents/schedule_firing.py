@@ -64,11 +64,10 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from durable_agents.exceptions import AgentNotFound
-from durable_agents.models import AgentRun
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import AgentRun, AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, slot_key
 from durable_agents.store import Store, current, dialect_store
-from durable_agents.store.portable_schedules import SlotStart
+from durable_agents.store.rows import SlotStart
 
 logger = logging.getLogger("durable_agents.schedules")
 

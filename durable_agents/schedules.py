@@ -39,8 +39,7 @@ from django.utils import timezone as django_timezone
 
 from durable_agents.exceptions import CronExpressionError
 from durable_agents.migration_state import explains_missing_tables
-from durable_agents.models import AgentRun
-from durable_agents.schedule_models import MAX_SCHEDULE_NAME, AgentSchedule
+from durable_agents.models import MAX_SCHEDULE_NAME, AgentRun, AgentSchedule
 from durable_agents.text import has_unstorable
 
 # The longest cron expression (the column's width).

@@ -47,7 +47,6 @@ from django.utils import timezone
 
 from durable_agents import api, calls, llm, store
 from durable_agents.conf import app_settings
-from durable_agents.fork_models import steps_of
 from durable_agents.history import Conversation, step_message
 from durable_agents.interrupt import Interrupt
 from durable_agents.models import (
@@ -62,6 +61,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
     WaitKind,
+    steps_of,
 )
 from durable_agents.replay import ReplayError, ReplayReport, replay
 from durable_agents.runner import advance_run

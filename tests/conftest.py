@@ -387,7 +387,7 @@ def free_port() -> int:
 
 def own_steps(run: AgentRun | uuid.UUID) -> list[AgentStep]:
     """The rows of agent_step that are a run's own (the run is given, or its id), in seq
-    order: for a fork, not the stretches it shares (durable_agents.fork_models.steps_of reads
+    order: for a fork, not the stretches it shares (durable_agents.models.steps_of reads
     those too)."""
     run_id = run.pk if isinstance(run, AgentRun) else run
     return list(AgentStep.objects.filter(run_id=run_id).order_by("seq"))

@@ -30,7 +30,7 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.store.rollup import utc_day
+from durable_agents.store.rows import utc_day
 from durable_agents.text import has_unstorable
 
 MONEY = DecimalField(max_digits=20, decimal_places=9)

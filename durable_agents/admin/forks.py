@@ -28,8 +28,7 @@ from durable_agents.admin.base import AgentsAdmin, get_or_404
 from durable_agents.admin.format import RUN_COLORS, badge, load_json
 from durable_agents.admin.transcript import TranscriptStep, describe_step
 from durable_agents.deepjson import loads_deep
-from durable_agents.fork_models import steps_of
-from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent
+from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent, steps_of
 from durable_agents.text import (
     Unstorable,
     check_depth,

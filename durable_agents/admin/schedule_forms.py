@@ -19,7 +19,7 @@ from durable_agents.admin.forms import MarkedTextarea, MarkedTextInput
 from durable_agents.agents import registry
 from durable_agents.api import check_priority, check_task
 from durable_agents.exceptions import CronExpressionError
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import AgentSchedule
 from durable_agents.schedules import check_name, check_timing, five_fields, time_zone
 from durable_agents.store.concurrency import check_concurrency_key
 

@@ -40,8 +40,7 @@ from durable_agents.admin.schedule_forms import (
     timing_html,
 )
 from durable_agents.exceptions import AgentNotFound
-from durable_agents.models import AgentRun, RunStatus
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import AgentRun, AgentSchedule, RunStatus
 from durable_agents.text import plain_markers, revealed, storable_text
 
 RUN_PERMISSION = "durable_agents.run_agentschedule"

@@ -19,13 +19,13 @@ from durable_agents.admin.format import (
     shown_json,
     shown_text,
 )
-from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     AgentRun,
     AgentStep,
     StepKind,
     ToolEffect,
     ToolIntent,
+    steps_of,
 )
 from durable_agents.text import storable_text
 

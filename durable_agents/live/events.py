@@ -33,7 +33,6 @@ from django.db.models.functions import RowNumber
 
 from durable_agents.deepjson import loads_deep
 from durable_agents.exceptions import BadEventId as BadEventId  # in the one error tree
-from durable_agents.fork_models import steps_of
 from durable_agents.history import message_text
 from durable_agents.models import (
     ENDED_STATUSES,
@@ -41,6 +40,7 @@ from durable_agents.models import (
     AgentRun,
     AgentStep,
     RunStatus,
+    steps_of,
 )
 
 # One letter per status in event ids.

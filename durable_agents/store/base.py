@@ -74,7 +74,6 @@ from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.exceptions import WaitRefused as WaitRefused
 from durable_agents.models import (
     STEP_PAYLOAD,
-    USAGE_SHARDS,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -90,8 +89,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from durable_agents.capacity.gate import CapacityGate
-    from durable_agents.schedule_models import AgentSchedule
-    from durable_agents.store.portable_schedules import DueSchedules, SlotStart
+    from durable_agents.models import AgentSchedule
+    from durable_agents.store.rows import DueSchedules, SlotStart
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
 MAX_REASON_CHARS = 20_000
@@ -308,11 +307,6 @@ def ended(status: str, result: str | None, error: str) -> dict[str, Any]:
         "lease_owner": None,
         "lease_until": None,
     }
-
-
-def usage_shard(run_id: RunId) -> int:
-    """The rollup shard of a run's turns: fixed per run, spread evenly over USAGE_SHARDS."""
-    return run_id.int % USAGE_SHARDS
 
 
 def lease_losses(missed: Sequence[tuple[RunId, str | None]]) -> dict[RunId, LeaseLoss]:

@@ -32,7 +32,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 
 from durable_agents.models import AgentRun, AgentUsageDay, ConcurrencyKey, RunStatus, WaitKind
 from durable_agents.store import concurrency
-from durable_agents.store.rollup import utc_day
+from durable_agents.store.rows import utc_day
 
 
 def take_turn(key: str) -> datetime.datetime:

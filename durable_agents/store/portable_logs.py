@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from durable_agents.fork_models import steps_of
-from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect
+from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect, steps_of
 from durable_agents.store.base import (
     ForkWrite,
     LogRow,

@@ -13,62 +13,21 @@ schedule_firing.py holds the flow: what is due, which slots fire, what a refusal
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from django.db.models import Value
 from django.db.models.expressions import Expression
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from durable_agents.models import AgentRun
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import AgentSchedule
 from durable_agents.store.portable_batch import PortableBatch
+from durable_agents.store.rows import DueSchedules, SlotStart
 
 # The columns a firing moves on.
 MOVED_FIELDS = ["next_slot", "last_slot", "last_run", "broken", "updated_at"]
-
-
-@dataclass(slots=True)
-class DueSchedules:
-    """What one look at the schedules found."""
-
-    # The earliest next slot of the schedules that fire (due or not, locked or not); None:
-    # no schedule fires.
-    earliest: dt.datetime | None
-    # The time the look fired at: the database's clock, or the caller's (a fake clock).
-    clock: dt.datetime
-    # The due schedules taken, earliest slot first, locked until the transaction ends.
-    rows: list[AgentSchedule]
-
-
-@dataclass(slots=True)
-class SlotStart:
-    """The run a due slot starts (not stored yet)."""
-
-    schedule_id: int
-    slot: dt.datetime
-    # The slot's start key (``schedules.slot_key``): one run per slot, whoever fires it.
-    key: str
-    run_id: uuid.UUID
-    # The run fields of the agent's current version, shared by all the agent's slots in a
-    # firing (an unsaved run; its id and task are not this slot's).
-    template: AgentRun
-    task: str
-    # The task as step 0 stores it (JSON text, not sealed yet).
-    payload: str
-    priority: int
-    concurrency_key: str | None
-
-    def new_run(self) -> AgentRun:
-        """The slot's run, unsaved: the template with this slot's fields."""
-        run = copy.copy(self.template)
-        run.id, run.task, run.start_key = self.run_id, self.task, self.key
-        run.priority, run.concurrency_key = self.priority, self.concurrency_key
-        return run
 
 
 def clock_of(now: dt.datetime | None) -> Expression:

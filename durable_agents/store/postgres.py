@@ -67,7 +67,6 @@ from durable_agents.store.base import (
     RunId,
     StepWrite,
     lease_losses,
-    usage_shard,
 )
 from durable_agents.store.portable import PortableStore
 from durable_agents.store.postgres_debounce import (
@@ -84,6 +83,7 @@ from durable_agents.store.postgres_schedules import (
     TAKE_DUE_SQL as TAKE_DUE_SQL,
 )
 from durable_agents.store.postgres_schedules import PostgresSchedules
+from durable_agents.store.rows import usage_shard
 from durable_agents.text import storable_text
 
 # -- Fragments -------------------------------------------------------------------------------

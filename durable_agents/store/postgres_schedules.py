@@ -33,10 +33,10 @@ from typing import Any
 from django.db import connection
 
 from durable_agents import encryption
-from durable_agents.models import STEP_PAYLOAD, AgentRun
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import STEP_PAYLOAD, AgentRun, AgentSchedule
 from durable_agents.store.concurrency import FAIR_SPACING
-from durable_agents.store.portable_schedules import DueSchedules, PortableSchedules, SlotStart
+from durable_agents.store.portable_schedules import PortableSchedules
+from durable_agents.store.rows import DueSchedules, SlotStart
 
 # The columns of agent_schedule a firing reads, in the model's order (a taken row is built
 # from them; the others are deferred: ``updated_at`` is read only for an agent this process

@@ -11,11 +11,10 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import DecimalField, F, Value
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from durable_agents.models import AgentRun, AgentUsageDay
 from durable_agents.pricing import Usage, add_cost
-from durable_agents.store.base import usage_shard
+from durable_agents.store.rows import usage_shard, utc_day
 
 # The rollup's rows in memory (``InMemoryStore``), by the key of the table's unique index.
 UsageRows = dict[tuple[datetime.date, str, str, str, int], AgentUsageDay]
@@ -29,12 +28,6 @@ def added_cost(cost: Decimal) -> Any:
     not set it."""
     value = Value(cost, output_field=DecimalField(max_digits=20, decimal_places=9))
     return Coalesce(F("cost_usd") + value, value, output_field=COST_FIELD)
-
-
-def utc_day() -> datetime.date:
-    """Today in UTC. The ORM path uses this process's clock; the PostgreSQL statement the
-    database's (a turn committed within a second of midnight may land on either day)."""
-    return timezone.now().astimezone(datetime.UTC).date()
 
 
 def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None) -> None:

@@ -20,9 +20,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 import durable_agents
-from durable_agents.fork_models import steps_of
 from durable_agents.live.events import step_data
-from durable_agents.models import AgentRun
+from durable_agents.models import AgentRun, steps_of
 from durable_agents.offline.script import prose_of
 
 # The runs this session started (their ids), the newest MAX_KEPT.

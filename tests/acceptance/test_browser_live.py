@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from durable_agents.fork_models import steps_of
-from durable_agents.models import AgentRun, RunStatus
+from durable_agents.models import AgentRun, RunStatus, steps_of
 from tests.conftest import ROOT, database_url, free_port, wait_for
 
 CHROMIUM = os.environ.get("DA_CHROMIUM", "/usr/bin/chromium")

@@ -32,7 +32,6 @@ from django.contrib.auth.models import User
 import durable_agents
 from durable_agents import effects
 from durable_agents.deepjson import loads_deep
-from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     ENDED_STATUSES,
     AgentRun,
@@ -42,6 +41,7 @@ from durable_agents.models import (
     StepKind,
     ToolEffect,
     ToolIntent,
+    steps_of,
 )
 from durable_agents.testing import plan
 from tests.conftest import Receiver, WorkerProcess, approver

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from durable_agents.models import AgentRun, RunStatus
-from durable_agents.schedule_models import AgentSchedule
+from durable_agents.models import AgentRun, AgentSchedule, RunStatus
 from durable_agents.schedules import schedule, slot_key
 from tests.conftest import WorkerProcess, wait_for
 

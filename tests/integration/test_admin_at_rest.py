@@ -101,7 +101,7 @@ def test_a_progress_message_never_reaches_its_str() -> None:
     # str() of a row lands in LogEntry.object_repr and in log lines: never the encrypted value.
     import uuid
 
-    from durable_agents.live_models import AgentProgress
+    from durable_agents.models import AgentProgress
 
     progress = AgentProgress(run_id=uuid.uuid4(), seq=3, message="card 4111 1111 1111 1111")
     assert "4111" not in str(progress)

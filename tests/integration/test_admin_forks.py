@@ -20,9 +20,8 @@ from django.utils.html import escape
 from durable_agents import Agent, api, housekeeping, tool
 from durable_agents.admin import listing
 from durable_agents.deepjson import loads_deep
-from durable_agents.fork_models import steps_of
 from durable_agents.forks import ForkRefused
-from durable_agents.models import AgentRun, AgentStep, RunStatus
+from durable_agents.models import AgentRun, AgentStep, RunStatus, steps_of
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic

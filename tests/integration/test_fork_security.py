@@ -21,10 +21,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_agents import Agent, Wait, api, spawn_run, tool
-from durable_agents.fork_models import steps_of
 from durable_agents.forks import ForkRefused
 from durable_agents.housekeeping import apply_retention
-from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolEffect, ToolIntent
+from durable_agents.models import (
+    AgentRun,
+    IntentStatus,
+    RunStatus,
+    ToolEffect,
+    ToolIntent,
+    steps_of,
+)
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic

@@ -17,15 +17,16 @@ from django.utils import timezone
 
 from durable_agents import Agent, api, tool
 from durable_agents.agents import registry
-from durable_agents.fork_models import SharedSteps, steps_of
 from durable_agents.housekeeping import apply_retention
 from durable_agents.models import (
     AgentRun,
     AgentStep,
     IntentStatus,
     RunStatus,
+    SharedSteps,
     ToolEffect,
     ToolIntent,
+    steps_of,
 )
 from durable_agents.testing import plan
 from tests.conftest import run_worker

@@ -13,9 +13,8 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from durable_agents.models import AgentRun
+from durable_agents.models import AgentRun, AgentSchedule
 from durable_agents.schedule_firing import BATCH, MAX_START_FAILURES, fire_due
-from durable_agents.schedule_models import AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, schedule, slot_key
 from durable_agents.testing import plan
 from tests.integration.conftest import call_at_once

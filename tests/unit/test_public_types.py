@@ -61,7 +61,7 @@ def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
 
 
 def test_start_run_returns_an_agent_run(mypy_report: dict[int, str]) -> None:
-    assert 'Revealed type is "durable_agents.models.AgentRun"' in mypy_report[4]
+    assert 'Revealed type is "durable_agents.models.runs.AgentRun"' in mypy_report[4]
     assert 'Revealed type is "bool"' in mypy_report[5]
     assert 3 not in mypy_report, mypy_report[3]  # keyword arguments as documented
 

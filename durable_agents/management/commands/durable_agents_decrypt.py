@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents import encryption
-from durable_agents.fork_models import steps_of
 from durable_agents.logging import escape_controls
+from durable_agents.models import steps_of
 from durable_agents.rekey import encrypted_columns
 
 

@@ -53,7 +53,6 @@ import durable_agents
 from durable_agents import llm
 from durable_agents.checks import worker_checks
 from durable_agents.conf import app_settings
-from durable_agents.fork_models import steps_of
 from durable_agents.models import (
     CLAIMABLE_STATUSES,
     AgentRun,
@@ -63,6 +62,7 @@ from durable_agents.models import (
     RunStatus,
     ToolEffect,
     ToolIntent,
+    steps_of,
 )
 from durable_agents.offline import OfflineServer, RateLimits, ScriptedModel
 from durable_agents.worker import Worker

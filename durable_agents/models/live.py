@@ -1,5 +1,5 @@
 """``agent_progress``: what tool code says while it works (``durable_agents.progress``), kept
-with the run and streamed to whoever watches it. Re-exported by ``models``."""
+with the run and streamed to whoever watches it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import ClassVar
 from django.db import models
 from django.db.models.functions import Now
 
-from durable_agents.models import EncryptedTextField
+from durable_agents.models.fields import EncryptedTextField
 
 
 class AgentProgress(models.Model):

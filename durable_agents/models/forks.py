@@ -1,5 +1,5 @@
-"""``agent_step_share``: the steps a fork reads from the runs it descends from. Re-exported by
-``models``.
+"""``agent_step_share``: the steps a fork reads from the runs it descends from, and
+``steps_of``, a run's whole log read through them.
 
 A fork's log up to its fork point is the original's, byte for byte; rather than copy those rows
 (a 2,000-step run with 20 MB of payloads would take half a second to copy), the fork holds one
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
 
+from durable_agents.models.steps import AgentStep
+
 if TYPE_CHECKING:
     import uuid
-
-    from durable_agents.models import AgentStep
 
 
 class SharedSteps(models.Model):
@@ -54,8 +54,6 @@ def steps_of(run_id: uuid.UUID) -> models.QuerySet[AgentStep]:
     fork's own rows are taken at any seq, so steps that retention copied into the fork between
     the two statements are its own rows by then, and the copies and the deletion of their
     source commit together."""
-    from durable_agents.models import AgentStep
-
     own = models.Q(run_id=run_id)
     for source, lo, hi in SharedSteps.objects.filter(fork_id=run_id).values_list(
         "source_id", "lo", "hi"

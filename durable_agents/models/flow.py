@@ -1,14 +1,57 @@
-"""The flow-control tables of durable_agents: ``model_capacity`` (the fleet's share of each
+"""The flow-control tables: ``agent_concurrency_key`` (each concurrency key's lock, fair-share
+clock, limit and budget as staff set them), ``model_capacity`` (the fleet's share of each
 model's rate limits), ``capacity_event`` (each wait and pause, for the capacity page) and
-``agent_usage_day`` (the daily rollup of tokens and cost). Re-exported by ``models``."""
+``agent_usage_day`` (the daily rollup of tokens and cost)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from django.db import models
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from durable_agents.models.runs import MAX_CONCURRENCY_KEY
+
+
+class ConcurrencyKey(models.Model):
+    """One row per concurrency key ever used: what claims of the key's runs lock, one after
+    the other, to count its running runs race-free, and the key's fair-share clock.
+
+    A claim that takes runs of the key updates ``claimed_at`` under the row's lock; a claim
+    that meets the row locked waits, and PostgreSQL then checks the key's count again with
+    what the first claim committed (store/concurrency.py says why this is race-free)."""
+
+    key = models.CharField(max_length=MAX_CONCURRENCY_KEY, primary_key=True)
+    # The turn (``AgentRun.fair_at``) of the key's next run, unless that is in the past.
+    next_fair_at = models.DateTimeField(db_default=Now())
+    # The last claim that took a run of the key.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # The key's concurrency limit as staff set it in the admin, replacing CONCURRENCY_LIMITS'
+    # and the agents' (NULL: they decide; 0 holds the key's runs pending).
+    concurrency_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "runs of the key running at once; empty: CONCURRENCY_LIMITS and the agents decide"
+        ),
+    )
+    # The key's budget in USD per UTC day as staff set it in the admin, replacing BUDGETS'
+    # (NULL: BUDGETS decides).
+    usd_per_day = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text=_("USD per UTC day; empty: the BUDGETS setting decides"),
+    )
+
+    class Meta:
+        db_table = "agent_concurrency_key"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class ModelCapacity(models.Model):

@@ -1,5 +1,5 @@
 """``agent_schedule``: agents on a clock. One row per schedule, created or updated by name
-(``durable_agents.schedule``); the workers fire its slots. Re-exported by ``models``."""
+(``durable_agents.schedule``); the workers fire its slots."""
 
 from __future__ import annotations
 

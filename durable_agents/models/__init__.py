@@ -1,0 +1,93 @@
+"""The fourteen tables of durable_agents, one module per group; every name is importable from
+here (``from durable_agents.models import AgentRun``), and migrations name the custom fields
+by their path here (``durable_agents.models.JSONTextField``).
+
+    fields      JSONTextField, EncryptedTextField: the custom columns
+    runs        agent_run: RunStatus, WaitKind, its querysets, the admin's proxy entries
+    steps       agent_step: a run's append-only log
+    forks       agent_step_share: the steps a fork shares, and steps_of (a run's whole log)
+    effects     tool_effect: the effect ledger
+    intents     tool_intent: irreversible calls decided by a person
+    waits       agent_event, agent_question: what ends a run's wait
+    live        agent_progress: what tool code says while it works
+    flow        agent_concurrency_key, model_capacity, capacity_event, agent_usage_day
+    schedules   agent_schedule: agents on a clock
+    metrics     agent_metrics: snapshots of the operations figures
+
+Status changes live in ``store/``, not here."""
+
+from durable_agents.models.effects import ToolEffect
+from durable_agents.models.fields import EncryptedTextField, JSONTextField
+from durable_agents.models.flow import (
+    USAGE_SHARDS,
+    AgentUsageDay,
+    CapacityEvent,
+    CapacityEventKind,
+    ConcurrencyKey,
+    ModelCapacity,
+)
+from durable_agents.models.forks import SharedSteps, steps_of
+from durable_agents.models.intents import IntentStatus, ToolIntent, ToolIntentQuerySet
+from durable_agents.models.live import AgentProgress
+from durable_agents.models.metrics import MetricsSnapshot
+from durable_agents.models.runs import (
+    CANCELLABLE_STATUSES,
+    CLAIMABLE_STATUSES,
+    ENDED_STATUSES,
+    FINISHED_STATUSES,
+    MAX_CONCURRENCY_KEY,
+    MAX_START_KEY,
+    AgentRun,
+    AgentRunQuerySet,
+    DeadLetterEntry,
+    OperationsEntry,
+    RunStatus,
+    WaitKind,
+)
+from durable_agents.models.schedules import (
+    MAX_SCHEDULE_NAME,
+    AgentSchedule,
+    AgentScheduleQuerySet,
+)
+from durable_agents.models.steps import STEP_PAYLOAD, AgentStep, StepKind
+from durable_agents.models.waits import AgentEvent, AgentQuestion, QuestionStatus
+
+__all__ = [
+    "CANCELLABLE_STATUSES",
+    "CLAIMABLE_STATUSES",
+    "ENDED_STATUSES",
+    "FINISHED_STATUSES",
+    "MAX_CONCURRENCY_KEY",
+    "MAX_SCHEDULE_NAME",
+    "MAX_START_KEY",
+    "STEP_PAYLOAD",
+    "USAGE_SHARDS",
+    "AgentEvent",
+    "AgentProgress",
+    "AgentQuestion",
+    "AgentRun",
+    "AgentRunQuerySet",
+    "AgentSchedule",
+    "AgentScheduleQuerySet",
+    "AgentStep",
+    "AgentUsageDay",
+    "CapacityEvent",
+    "CapacityEventKind",
+    "ConcurrencyKey",
+    "DeadLetterEntry",
+    "EncryptedTextField",
+    "IntentStatus",
+    "JSONTextField",
+    "MetricsSnapshot",
+    "ModelCapacity",
+    "OperationsEntry",
+    "QuestionStatus",
+    "RunStatus",
+    "SharedSteps",
+    "StepKind",
+    "ToolEffect",
+    "ToolIntent",
+    "ToolIntentQuerySet",
+    "WaitKind",
+    "steps_of",
+]
