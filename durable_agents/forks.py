@@ -143,8 +143,9 @@ def plan_fork(
         point = fork_point(parent, step)
         if point.in_doubt:
             raise ForkRefused(_in_doubt_refusal(point.in_doubt[0], len(point.in_doubt)))
-        inherited = _inherited_effects(parent.pk, step, run_id)
-        key_run_id = effects.key_run(parent, at_seq)
+        caller = calls_made_by(parent, at_seq)
+        inherited = _inherited_effects(caller.pk, step, run_id)
+        key_run_id = effects.key_run(caller, at_seq)
     shares = shares_for(parent.pk, cut)
     if len(shares) > MAX_SHARES:
         raise ForkRefused(
@@ -350,10 +351,32 @@ IN_DOUBT = (IntentStatus.UNKNOWN, IntentStatus.EXECUTING)
 OPEN = (IntentStatus.PENDING, IntentStatus.APPROVED)
 
 
+def calls_made_by(run: AgentRun, seq: int) -> AgentRun:
+    """The run that made (or was to make) the calls of the model turn ``seq`` of ``run``'s log:
+    ``run`` itself, unless the turn comes before ``run``'s own fork point, where the run it was
+    forked from made them (and so on up the line). Its ledger holds what was recorded of them,
+    and its keys are the ones a receiver may have seen. A fork made at an edited step after
+    the turn never made them, so neither its ledger nor its keys know them."""
+    caller = run
+    while caller.fork_seq is not None and seq < caller.fork_seq:
+        parent = (
+            AgentRun.objects.filter(pk=caller.forked_from_id).first()
+            if caller.forked_from_id is not None
+            else None
+        )
+        if parent is None:  # deleted by retention: its keys live on in the fork's key run
+            break
+        caller = parent
+    return caller
+
+
 def fork_point(parent: AgentRun, turn: AgentStep) -> ForkPoint:
     """What a fork of ``parent`` at its model turn ``turn`` inherits and what it does not.
-    The intents looked at are the parent's and, when the parent's calls of this turn carry
-    another run's keys (a fork of a fork at the same turn), that run's too."""
+    The calls are those of the run that made them (``calls_made_by``: ``parent``, or the run
+    it was forked from when the turn predates its fork point); the intents looked at are that
+    run's and, when its calls of this turn carry another run's keys (a fork of a fork at the
+    same turn), that run's too."""
+    parent = calls_made_by(parent, turn.seq)
     calls = _calls_of(turn)
     recorded = set(
         ToolEffect.objects.filter(run_id=parent.pk, seq=turn.seq).values_list(

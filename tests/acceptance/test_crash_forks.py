@@ -32,6 +32,7 @@ from django.contrib.auth.models import User
 import durable_agents
 from durable_agents import effects
 from durable_agents.deepjson import loads_deep
+from durable_agents.forks import calls_made_by
 from durable_agents.models import (
     ENDED_STATUSES,
     AgentRun,
@@ -179,8 +180,11 @@ class Chaos:
         step = steps_of(parent.pk).get(seq=at_seq)
         recorded: set[int] = set()
         if edit is None and step.kind == StepKind.MODEL_TURN:
+            # Recorded by the run that made the turn's calls: the parent, or the run it was
+            # forked from when the turn predates the parent's own fork point.
+            caller = calls_made_by(parent, at_seq)
             recorded = set(
-                ToolEffect.objects.filter(run=parent, seq=at_seq, tool__in=KEYED).values_list(
+                ToolEffect.objects.filter(run=caller, seq=at_seq, tool__in=KEYED).values_list(
                     "call_index", flat=True
                 )
             )
@@ -409,7 +413,11 @@ def check_calls(
                     sent = effects.idempotency_key(
                         key_run, step.seq, index, call["name"], call["input"]
                     )
-                parents = None if fork is None else ledger.get((fork.parent_id, step.seq, index))
+                parents = (
+                    None
+                    if fork is None
+                    else ledger.get((caller_in(forks, fork.parent_id, step.seq), step.seq, index))
+                )
                 if (
                     fork is not None
                     and step.seq == fork_seq
@@ -453,6 +461,14 @@ def check_calls(
     assert Counter(_canonical(a["payload"]) for a in receiver.applied()) == Counter(
         own_inputs.values()
     )
+
+
+def caller_in(forks: dict[Any, Fork], run_id: Any, seq: int) -> Any:
+    """The run of the line that made the calls of model turn ``seq`` of ``run_id``'s log: the
+    run itself, or, while the turn predates its fork point, the run it was forked from."""
+    while run_id in forks and seq < forks[run_id].at_seq:
+        run_id = forks[run_id].parent_id
+    return run_id
 
 
 def _refusal(fake_api: FakeAnthropic, request: Recorded) -> tuple[int, str, str]:

@@ -177,6 +177,26 @@ def test_a_charge_in_flight_when_forked_is_made_by_the_fork_under_the_parents_ke
     assert RECEIVED[0][0] != parent_key
 
 
+def test_a_fork_at_a_turn_before_its_parents_own_fork_point_reads_who_made_the_calls(
+    fake_api: FakeAnthropic,
+) -> None:
+    # The original charged at turn 1; an edited rerun forked it at the results (seq 2), so the
+    # rerun never made turn 1's calls: a fork of the rerun at turn 1 finds them recorded by
+    # the original, reads the result, and charges nothing (before, it looked in the rerun's
+    # empty ledger and charged again under a key nobody had used).
+    original = drive(api.start_run(agent.name, CHARGE, version=agent.version))
+    assert original.status == RunStatus.SUCCEEDED
+    assert len(RECEIVED) == 1
+    results = steps_of(original.pk).get(seq=2).data()
+    edited = [{**block, "content": "charged 999 for o-7 (edited)"} for block in results]
+    rerun = drive(api.fork_run(original.pk, at_seq=2, edit=edited))
+    assert rerun.status == RunStatus.SUCCEEDED
+    again = drive(api.fork_run(rerun.pk, at_seq=1))
+    assert again.status == RunStatus.SUCCEEDED
+    assert len(RECEIVED) == 1, RECEIVED
+    assert ToolEffect.objects.get(run=again, seq=1).result == "charged 999 for o-7"
+
+
 def test_an_irreversible_call_with_an_unknown_outcome_refuses_the_fork_until_resolved(
     fake_api: FakeAnthropic, admin_client: Client, superuser: Any
 ) -> None:
