@@ -19,7 +19,8 @@ A slot holds a database connection only while it talks to the database (``db.rel
 on PostgreSQL a worker with a thousand runs in flight shares ``DB_POOL_SIZE`` connections.
 Every claim, renewal and release goes through the store (``store.current()``, or the one the
 worker was given: unit tests pass an ``InMemoryStore``), and every duty towards connections
-through ``Store.worker_connections()`` (nothing to do for a store without a database).
+through ``connections`` (nothing to do for a store without a database:
+``Store.holds_connections``).
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ class Worker:
         self.store = store
         # What this worker must do with connections (nothing, on a store without a database).
         self.connections: WorkerConnections = (
-            DatabaseConnections() if store is None else store.worker_connections()
+            DatabaseConnections()
+            if store is None or store.holds_connections
+            else WorkerConnections()
         )
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
