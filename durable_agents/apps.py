@@ -18,7 +18,8 @@ class DurableAgentsConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported for what importing them registers: system checks, signal receivers, the
-        # services every worker runs besides advancing runs (worker_services).
+        # services every worker runs besides advancing runs (worker_services), the live
+        # page's publisher of streamed text (observers.publish_text).
         from durable_agents import (  # noqa: F401
             checks,
             housekeeping,
@@ -28,6 +29,7 @@ class DurableAgentsConfig(AppConfig):
             telemetry,
         )
         from durable_agents import logging as run_logging
+        from durable_agents.live import publish  # noqa: F401
 
         run_logging.install_record_factory()
         telemetry.install()  # the spans, when opentelemetry-api is installed
