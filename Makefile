@@ -146,11 +146,13 @@ dist: demo-venv
 	$(PY) -m build --outdir dist . >/dev/null
 	@ls -1 $(CURDIR)/dist/*
 
-## make lint: ruff, then mypy (its configuration and the files it checks are in mypy.ini)
+## make lint: ruff, then mypy (its configuration and the files it checks are in mypy.ini), then
+## lint-imports (the layers: the contracts of [tool.importlinter] in pyproject.toml)
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 ## make docs: the documentation site (mkdocs.yml: the pages of docs/, the API reference from the
 ## docstrings) built into site/; a warning (a broken link or anchor, a page left out of the

@@ -39,7 +39,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError
 from django.db.models import Model
 
-from durable_agents import budgets, effects, forks, signals, telemetry, waits
+from durable_agents import budgets, effects, forks, observers, signals, waits
 from durable_agents._deprecation import keyword_options
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
@@ -281,7 +281,7 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
         fingerprint=definition.fingerprint(pinned_model),
         task=task,
         # Every claim of the run joins the caller's trace (a child run: its parent's tool call).
-        trace_context=telemetry.current_trace_context(),
+        trace_context=observers.trace_context(),
         concurrency_limit=definition.concurrency_limit,
     )
 
@@ -500,7 +500,7 @@ def fork_run(
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
         raise RunNotFound(f"there is no run {storable_text(run_id, 100)!r} to fork") from None
     plan = forks.plan_fork(parent, at_seq, edit, version, model)
-    plan.run.trace_context = telemetry.current_trace_context()
+    plan.run.trace_context = observers.trace_context()
     write = plan.write
     if plan.run.parent_id is not None:
         write = dataclasses.replace(

@@ -4,8 +4,9 @@ A worker on a database store looks after its threads' connections: it refreshes 
 idle claims (``CONN_MAX_AGE``, ``CONN_HEALTH_CHECKS``), hands them back to the pool before
 every wait (``db.release``), closes them when a thread ends, gives the heartbeat its own
 connection and LISTENs for notifications (PostgreSQL). A store without a database (the
-in-memory store of unit tests) needs none of that. ``Store.worker_connections`` says which:
-the worker calls this object at each of those points and never asks what store it has.
+in-memory store of unit tests) needs none of that. ``Store.holds_connections`` says which: the
+worker picks one of the two objects here (the store, below the engine, never imports this
+module) and calls it at each of those points, never asking what store it has.
 """
 
 from __future__ import annotations

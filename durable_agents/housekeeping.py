@@ -15,12 +15,12 @@ import logging
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import DataError, transaction
+from django.db import DatabaseError, DataError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from durable_agents import budgets, forks, metrics, signals
+from durable_agents import budgets, forks, metrics, signals, worker_services
 from durable_agents.agents import registry
 from durable_agents.conf import app_settings
 from durable_agents.exceptions import StoredValueError
@@ -38,6 +38,8 @@ from durable_agents.store.base import RunId
 from durable_agents.text import storable_text
 
 logger = logging.getLogger("durable_agents.housekeeping")
+# What a worker logs as it starts (``StrandedParents``) is the worker's.
+worker_logger = logging.getLogger("durable_agents.worker")
 
 
 def _dead_letter(queryset: Any, reason: str) -> int:
@@ -229,3 +231,27 @@ SCHEDULES = [
     ("durable_agents: retention", "durable_agents.housekeeping.apply_retention", 60),
     ("durable_agents: metrics", "durable_agents.housekeeping.snapshot_metrics", 5),
 ]
+
+
+class StrandedParents(worker_services.WorkerService):
+    """A worker that died between a child run's end and the wake of its parent left the
+    parent waiting: every worker repairs that when it starts (housekeeping does too)."""
+
+    def starting(self, worker: Any) -> None:
+        try:
+            woken = wake_stranded_parents(store=worker.store)
+        except DatabaseError:
+            worker_logger.warning("worker %s: waking stranded parent runs failed", worker.worker_id)
+            return
+        except Exception:
+            worker_logger.exception(
+                "worker %s: waking stranded parent runs failed", worker.worker_id
+            )
+            return
+        finally:
+            worker.connections.release()
+        if woken:
+            worker_logger.info("worker %s woke %d stranded parent run(s)", worker.worker_id, woken)
+
+
+worker_services.register("durable_agents.housekeeping", StrandedParents())

@@ -35,6 +35,9 @@ method             receives                   reported by, and when
 ``tool_span``      a ``ToolRequest``:         ``dispatch``: one ``tool_use`` block of a turn
                    returns a ``ToolSpan``
                    or None
+``trace_context``  nothing: returns the       ``api``: a run created or forked (the first
+                   caller's trace context     observer's answer that is not None is stored
+                   (text) or None             on the run)
 =================  =========================  ==================================================
 
 The last three are scopes: context managers around the work, for observers that need its
@@ -51,10 +54,10 @@ import dataclasses
 import enum
 import re
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from decimal import Decimal
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 if TYPE_CHECKING:
     from durable_agents.agents import Agent
@@ -149,6 +152,15 @@ class ToolRequest:
     key: str
 
 
+class WorkerLoad(Protocol):
+    """What a worker tells of its load, read when an observer asks (``prometheus``' gauges of
+    runs in flight and of slots): an observer holds a worker as this, never as ``Worker``."""
+
+    concurrency: int
+
+    def in_flight(self) -> int: ...
+
+
 # -- scopes: the base classes do nothing ---------------------------------------------------
 
 
@@ -230,6 +242,10 @@ class Observer:
         return None
 
     def tool_span(self, request: ToolRequest) -> ToolSpan | None:
+        return None
+
+    def trace_context(self) -> str | None:
+        """The caller's trace context as text, to store on a run it creates, or None."""
         return None
 
 
@@ -341,6 +357,55 @@ def tool_span(agent: Agent, call: Mapping[str, Any], key: str) -> ToolSpan:
     if len(spans) < 2:
         return spans[0] if spans else _NO_TOOL_SPAN
     return _ToolSpans(spans)
+
+
+# -- the text of streamed turns -----------------------------------------------------------
+
+# What makes the receiver of one streamed turn's text for the readers of its run's live
+# stream, given (run id, seq, attempt): the process's publisher (``live.publish``, which sets
+# it when imported: the app's ``ready`` imports it), or None.
+TextPublisher = Callable[[Any, int, int], Callable[[str], None]]
+_text_publisher: TextPublisher | None = None
+
+
+def publish_text(publisher: TextPublisher | None) -> None:
+    """Send the text of streamed turns to ``publisher``'s receivers (None: to nobody)."""
+    global _text_publisher
+    _text_publisher = publisher
+
+
+def text_receivers(
+    agent: Any, run_id: Any, seq: int, attempt: int, live: bool
+) -> Callable[[str], None] | None:
+    """What gets the text of streamed turn ``seq`` while it comes: the agent's ``on_text``, and
+    (``live``: the store can send it, LIVE_DELTAS on) the readers of the run's stream."""
+    from durable_agents.conf import app_settings
+
+    receivers: list[Callable[[str], None]] = []
+    if agent.on_text is not None:
+        callback = agent.on_text
+        receivers.append(lambda text: callback(run_id, text))
+    publisher = _text_publisher
+    if agent.stream and live and app_settings.LIVE_DELTAS and publisher is not None:
+        receivers.append(publisher(run_id, seq, attempt))
+    if len(receivers) <= 1:
+        return receivers[0] if receivers else None
+
+    def on_text(text: str) -> None:
+        for receiver in receivers:
+            receiver(text)
+
+    return on_text
+
+
+def trace_context() -> str | None:
+    """The caller's trace context to store on a new run (``api``, at a run's creation or
+    fork): the first an observer gives (``telemetry``: W3C trace context as JSON), or None."""
+    for observer in _observers:
+        context = observer.trace_context()
+        if context is not None:
+            return context
+    return None
 
 
 # -- several observers' scopes as one ------------------------------------------------------

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from durable_agents.figures import Figures, Queue
-    from durable_agents.worker import Worker
 
 logger = logging.getLogger("durable_agents.prometheus")
 
@@ -142,7 +141,7 @@ _created: _Metrics | None = None
 _on: Counting | None = None
 _enable_lock = threading.Lock()
 # The workers whose held runs are "in flight" (several only in tests).
-_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+_workers: weakref.WeakSet[observers.WorkerLoad] = weakref.WeakSet()
 
 
 def _create(db_cache_seconds: float) -> _Metrics:
@@ -271,7 +270,7 @@ def enabled() -> bool:
     return _on is not None
 
 
-def track_worker(worker: Worker) -> None:
+def track_worker(worker: observers.WorkerLoad) -> None:
     """Report ``worker``'s held runs as ``durable_agents_runs_in_flight`` (read at scrape)."""
     _workers.add(worker)
 

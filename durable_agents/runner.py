@@ -62,7 +62,6 @@ from durable_agents.history import (
     user_message,
 )
 from durable_agents.interrupt import Interrupt
-from durable_agents.live import publish as live_publish
 from durable_agents.logging import bind_run
 from durable_agents.models import AgentRun, RunStatus, StepKind, WaitKind
 from durable_agents.outage import LeaseClock, retry_while_leased
@@ -490,7 +489,7 @@ class RunAdvancer(ToolDispatch):
                 messages,
                 interrupt=self.interrupt,
                 stream=agent.stream,
-                on_text=live_publish.text_receivers(
+                on_text=observers.text_receivers(
                     agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
                 ),
                 meanwhile=pending,

@@ -58,11 +58,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from cronsim import CronSimError
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from durable_agents import worker_services
 from durable_agents.exceptions import AgentNotFound
 from durable_agents.models import AgentRun, AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, slot_key
@@ -449,3 +451,22 @@ class ScheduleFirer:
         if fired.next_in is None:
             return self.tick_seconds
         return min(self.tick_seconds, fired.next_in)
+
+
+class Firing(worker_services.WorkerService):
+    """The thread that fires agent schedules in a worker that fires them (``Worker.schedules``):
+    apart from the claimer, so that a batch of due slots never delays a claim (their runs wake
+    the claimer like any new run)."""
+
+    def start(self, worker: Any) -> threading.Thread | None:
+        if not worker.schedules:
+            return None
+        firer = ScheduleFirer(
+            worker.stopping, release=worker.connections.release, close=worker.connections.close
+        )
+        thread = threading.Thread(target=firer.serve, name="da-schedules", daemon=True)
+        thread.start()
+        return thread
+
+
+worker_services.register("durable_agents.schedule_firing", Firing())

@@ -548,6 +548,9 @@ class Tracing(observers.Observer):
     def tool_span(self, request: observers.ToolRequest) -> ToolSpan | None:
         return _ToolSpan(request) if AVAILABLE else None
 
+    def trace_context(self) -> str | None:
+        return current_trace_context()
+
     def capacity_wait(self, event: observers.CapacityWait) -> None:
         # An event on the claim's invoke_agent span (current on this thread): the claim ends
         # there, and the next claim's span says when the run went on.

@@ -12,14 +12,17 @@ works on and keeps the leases of the runs it holds alive. The whole flow:
                                names the runs that were cancelled or taken over: their slots
                                are interrupted
     listener (PostgreSQL)      LISTEN: wakes the claimer, interrupts a cancelled run at once
-    schedules                  fires the due slots of agent schedules, a few times a second
-                               (``schedule_firing``): one indexed statement when none is due
+    services                   what else the worker runs, registered with it
+                               (``worker_services``): the schedules' firer, a few times a
+                               second (``schedule_firing``: one indexed statement when none is
+                               due); the wake of stranded parents at start (``housekeeping``)
 
 A slot holds a database connection only while it talks to the database (``db.release``), so
 on PostgreSQL a worker with a thousand runs in flight shares ``DB_POOL_SIZE`` connections.
 Every claim, renewal and release goes through the store (``store.current()``, or the one the
 worker was given: unit tests pass an ``InMemoryStore``), and every duty towards connections
-through ``Store.worker_connections()`` (nothing to do for a store without a database).
+through ``connections`` (nothing to do for a store without a database:
+``Store.holds_connections``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 from django.db import DatabaseError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from durable_agents import calls, credentials, db, observers
+from durable_agents import calls, credentials, db, observers, worker_services
 from durable_agents.conf import app_settings
 from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.interrupt import Interrupt
@@ -135,7 +138,9 @@ class Worker:
         self.store = store
         # What this worker must do with connections (nothing, on a store without a database).
         self.connections: WorkerConnections = (
-            DatabaseConnections() if store is None else store.worker_connections()
+            DatabaseConnections()
+            if store is None or store.holds_connections
+            else WorkerConnections()
         )
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
@@ -201,24 +206,6 @@ class Worker:
         with self._lock:
             return len(self._held)
 
-    def _wake_stranded_parents(self) -> None:
-        """A worker that died between a child run's end and the wake of its parent left the
-        parent waiting: every worker repairs that when it starts (housekeeping does too)."""
-        from durable_agents.housekeeping import wake_stranded_parents
-
-        try:
-            woken = wake_stranded_parents(store=self.store)
-        except DatabaseError:
-            logger.warning("worker %s: waking stranded parent runs failed", self.worker_id)
-            return
-        except Exception:
-            logger.exception("worker %s: waking stranded parent runs failed", self.worker_id)
-            return
-        finally:
-            self.connections.release()
-        if woken:
-            logger.info("worker %s woke %d stranded parent run(s)", self.worker_id, woken)
-
     def run(self) -> int:
         """Work until burst-empty, max_runs, or a signal. Returns the exit code: 0, or 1 when
         a slot died of an unexpected error (the worker stopped because of it)."""
@@ -234,10 +221,12 @@ class Worker:
             self.burst,
             self.connections.pool_note(),
         )
-        self._wake_stranded_parents()
+        services = worker_services.registered()
+        for service in services:
+            service.starting(self)
         threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True).start()
         self._start_listener()
-        firer = self._start_firing()
+        threads = [t for service in services if (t := service.start(self)) is not None]
         slots = [
             threading.Thread(target=self._slot, name=f"da-slot-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -260,9 +249,10 @@ class Worker:
         deadline = time.monotonic() + 2.0
         for slot in slots:
             slot.join(timeout=max(0.0, deadline - time.monotonic()))
-        if firer is not None:
-            # It looks at ``stopping`` at least every TICK_SECONDS: a second is plenty.
-            firer.join(timeout=1.0)
+        for thread in threads:
+            # A service's thread looks at ``stopping`` often (the firer: every TICK_SECONDS):
+            # a second is plenty.
+            thread.join(timeout=1.0)
         self.connections.close()
         logger.info(
             "worker %s stopped after %d claims%s",
@@ -681,20 +671,6 @@ class Worker:
         if self.listener is None:
             return
         threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
-
-    def _start_firing(self) -> threading.Thread | None:
-        """The thread that fires agent schedules: apart from the claimer, so that a batch of
-        due slots never delays a claim (their runs wake the claimer like any new run)."""
-        if not self.schedules:
-            return None
-        from durable_agents.schedule_firing import ScheduleFirer
-
-        firer = ScheduleFirer(
-            self.stopping, release=self.connections.release, close=self.connections.close
-        )
-        thread = threading.Thread(target=firer.serve, name="da-schedules", daemon=True)
-        thread.start()
-        return thread
 
     def _cancelled(self, run_id: str) -> None:
         """A cancellation notified by the database: interrupt its slot now, not at the next

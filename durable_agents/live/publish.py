@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from durable_agents import observers
 from durable_agents.live.hub import DELTA_CHANNEL
 
 logger = logging.getLogger("durable_agents.live")
@@ -163,24 +164,9 @@ def stop() -> None:
         current.stop()
 
 
-def text_receivers(
-    agent: Any, run_id: uuid.UUID, seq: int, attempt: int, live: bool
-) -> Callable[[str], None] | None:
-    """What gets the text of streamed turn ``seq`` while it comes: the agent's ``on_text``, and
-    (``live``: the store can send it, LIVE_DELTAS on) the readers of the run's stream."""
-    from durable_agents.conf import app_settings
+def _turn_callback(run_id: uuid.UUID, seq: int, attempt: int) -> Callable[[str], None]:
+    return publisher().turn_callback(run_id, seq, attempt)
 
-    receivers: list[Callable[[str], None]] = []
-    if agent.on_text is not None:
-        callback = agent.on_text
-        receivers.append(lambda text: callback(run_id, text))
-    if agent.stream and live and app_settings.LIVE_DELTAS:
-        receivers.append(publisher().turn_callback(run_id, seq, attempt))
-    if len(receivers) <= 1:
-        return receivers[0] if receivers else None
 
-    def on_text(text: str) -> None:
-        for receiver in receivers:
-            receiver(text)
-
-    return on_text
+# The engine reaches the publisher through the observers seam, never by importing this module.
+observers.publish_text(_turn_callback)

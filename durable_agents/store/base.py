@@ -70,7 +70,6 @@ from django.utils import timezone
 
 from durable_agents import encryption
 from durable_agents.causes import cause_of
-from durable_agents.connections import DatabaseConnections, WorkerConnections
 from durable_agents.exceptions import WaitRefused as WaitRefused
 from durable_agents.models import (
     STEP_PAYLOAD,
@@ -330,10 +329,10 @@ class Store(abc.ABC):
     # when it is committed.
     sends_live_text: bool = False
 
-    def worker_connections(self) -> WorkerConnections:
-        """What a worker using this store must manage besides calling it: the Django
-        connections of its threads (a database store, this default), or nothing."""
-        return DatabaseConnections()
+    # Whether a worker using this store must look after the Django connections of its threads
+    # besides calling it (a database store, this default): the worker then manages them
+    # (``connections.DatabaseConnections``); a store without a database needs nothing.
+    holds_connections: bool = True
 
     def now(self) -> datetime.datetime:
         """The time as this store tells it (``InMemoryStore``: its own clock)."""

@@ -28,7 +28,6 @@ from django.utils import timezone
 
 from durable_agents.capacity.gate import CapacityGate
 from durable_agents.capacity.memory import InMemoryCapacity
-from durable_agents.connections import WorkerConnections
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
@@ -112,9 +111,8 @@ class InMemoryStore(InMemoryWaits):
         # Each concurrency key's next turn (``ConcurrencyKey.next_fair_at``).
         self.next_turns: dict[str, datetime.datetime] = {}
 
-    def worker_connections(self) -> WorkerConnections:
-        """No database: a worker on this store has no connection to look after."""
-        return WorkerConnections()
+    # No database: a worker on this store has no connection to look after.
+    holds_connections = False
 
     @functools.cached_property
     def capacity(self) -> CapacityGate:
