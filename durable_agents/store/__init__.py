@@ -28,8 +28,10 @@ from durable_agents.store.base import (
     LeaseLoss,
     NextClaim,
     Parked,
+    ScheduleStore,
     StepWrite,
     Store,
+    schedule_store,
 )
 from durable_agents.store.memory import InMemoryStore
 from durable_agents.store.portable import PortableStore
@@ -45,10 +47,12 @@ __all__ = [
     "Parked",
     "PortableStore",
     "PostgresStore",
+    "ScheduleStore",
     "StepWrite",
     "Store",
     "current",
     "dialect_store",
+    "schedule_store",
     "store_for",
 ]
 
