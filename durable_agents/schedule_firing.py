@@ -68,7 +68,8 @@ from durable_agents import worker_services
 from durable_agents.exceptions import AgentNotFound
 from durable_agents.models import AgentRun, AgentSchedule
 from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, slot_key
-from durable_agents.store import Store, current, dialect_store
+from durable_agents.store import current, dialect_store
+from durable_agents.store.base import ScheduleStore, schedule_store
 from durable_agents.store.rows import SlotStart
 
 logger = logging.getLogger("durable_agents.schedules")
@@ -200,10 +201,10 @@ def _fire_batch(now: dt.datetime | None, batch: int, fired: Fired, *, together: 
     return len(due.rows)
 
 
-def _store() -> Store:
+def _store() -> ScheduleStore:
     """The database's own store, also inside the firing's transaction (``current()`` is the
     portable one there): its schedule statements are written to run in one."""
-    return dialect_store(connection.vendor)
+    return schedule_store(dialect_store(connection.vendor))
 
 
 def _seconds_until(earliest: dt.datetime | None, clock: dt.datetime) -> float | None:

@@ -6,7 +6,12 @@ with one implementation per database, chosen once.
                   (a step to commit), ``Parked``, ...
     postgres.py   ``PostgresStore``: one statement per claim, step, finish-and-claim, heartbeat
     portable.py   ``PortableStore``: the Django ORM (SQLite; a caller's transaction)
-    memory.py     ``InMemoryStore``: dicts under a lock, for unit tests without a database
+    memory.py     ``InMemoryStore``: dicts under a lock, the test double without a database
+
+Each is one class with ``Store`` as its only base, calling modules of plain functions, one per
+concern (portable_runs, portable_batch, portable_logs, portable_trees, portable_debounce,
+portable_schedules, postgres_debounce, postgres_schedules, memory_waits). Firing schedules
+needs ``ScheduleStore`` besides (``schedule_store(store)``): the database stores keep it.
 
 ``store_for(connection)`` picks the implementation: by the connection's vendor (one cached
 instance per class), except inside a caller's open transaction (``in_atomic_block``), where
@@ -28,8 +33,10 @@ from durable_agents.store.base import (
     LeaseLoss,
     NextClaim,
     Parked,
+    ScheduleStore,
     StepWrite,
     Store,
+    schedule_store,
 )
 from durable_agents.store.memory import InMemoryStore
 from durable_agents.store.portable import PortableStore
@@ -45,10 +52,12 @@ __all__ = [
     "Parked",
     "PortableStore",
     "PostgresStore",
+    "ScheduleStore",
     "StepWrite",
     "Store",
     "current",
     "dialect_store",
+    "schedule_store",
     "store_for",
 ]
 

@@ -60,6 +60,7 @@ import enum
 import functools
 import logging
 import time
+import typing
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -363,29 +364,6 @@ class Store(abc.ABC):
         order; returns each key's run as stored (the new one, or the one that had the key). A
         database store does it in a few statements, whatever the number of runs."""
         return [self.create_run(run, payload) for run, payload in runs]
-
-    # -- schedules (schedule_firing.py holds the flow; database stores only) ----------------
-
-    def take_due_schedules(self, now: datetime.datetime | None, limit: int) -> DueSchedules:
-        """In the caller's transaction: the earliest next slot of the schedules that fire,
-        the clock (``now``, or the database's), and up to ``limit`` due schedules, earliest
-        first, locked until the transaction ends (skipping those another firer holds)."""
-        raise NotImplementedError("firing schedules needs a database store")
-
-    def fire_slots(
-        self,
-        starts: Sequence[SlotStart],
-        rows: Sequence[AgentSchedule],
-        last_keys: Mapping[int, str],
-    ) -> dict[str, RunId]:
-        """In the caller's transaction: start the run of each slot (none when its agent has
-        a run with the slot's key) and save ``rows`` moved on (``last_keys[row.pk]``: the key
-        whose run becomes the row's last run). Returns each key's run id as stored."""
-        raise NotImplementedError("firing schedules needs a database store")
-
-    def move_schedules(self, rows: Sequence[AgentSchedule]) -> None:
-        """Save the next slot, last slot, last run and broken of ``rows``."""
-        raise NotImplementedError("firing schedules needs a database store")
 
     @abc.abstractmethod
     def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
@@ -719,3 +697,38 @@ def unsealed_log(rows: list[LogRow]) -> list[LogRow]:
         if payload.startswith(encryption.MARKED):
             rows[index] = (seq, kind, encryption.unseal(payload, STEP_PAYLOAD, ring), start, end)
     return rows
+
+
+@typing.runtime_checkable
+class ScheduleStore(typing.Protocol):
+    """What firing schedules needs of a store besides ``Store`` (schedule_firing.py holds the
+    flow): the database stores (``PortableStore``, ``PostgresStore``) implement it;
+    ``InMemoryStore`` does not (it keeps no schedules). ``schedule_store`` says which."""
+
+    def take_due_schedules(self, now: datetime.datetime | None, limit: int) -> DueSchedules:
+        """In the caller's transaction: the earliest next slot of the schedules that fire,
+        the clock (``now``, or the database's), and up to ``limit`` due schedules, earliest
+        first, locked until the transaction ends (skipping those another firer holds)."""
+
+    def fire_slots(
+        self,
+        starts: Sequence[SlotStart],
+        rows: Sequence[AgentSchedule],
+        last_keys: Mapping[int, str],
+    ) -> dict[str, RunId]:
+        """In the caller's transaction: start the run of each slot (none when its agent has
+        a run with the slot's key) and save ``rows`` moved on (``last_keys[row.pk]``: the key
+        whose run becomes the row's last run). Returns each key's run id as stored."""
+
+    def move_schedules(self, rows: Sequence[AgentSchedule]) -> None:
+        """Save the next slot, last slot, last run and broken of ``rows``."""
+
+
+def schedule_store(store: Store) -> ScheduleStore:
+    """``store`` as the schedule firer needs it; ``TypeError`` for a store that keeps no
+    schedules (``InMemoryStore``): firing schedules needs a database store."""
+    if not isinstance(store, ScheduleStore):
+        raise TypeError(
+            f"firing schedules needs a database store: {type(store).__name__} keeps no schedules"
+        )
+    return store

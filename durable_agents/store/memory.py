@@ -8,7 +8,11 @@ clock (inject ``now`` to move it), ``stalled_claims`` counted by claims and rese
 parking, the effect ledger's ``ON CONFLICT DO NOTHING``, and the intents' transitions. Each
 operation holds the lock throughout, as a transaction would.
 
-Modelled on procrastinate's ``InMemoryConnector``.
+A complete test double of ``Store``, modelled on procrastinate's ``InMemoryConnector``: it
+keeps the same contract as the database stores (tests/integration/test_store_contract.py runs
+every test on it too). It keeps no schedules, so it is no ``ScheduleStore``: firing schedules
+needs a database store (``schedule_store`` says so). One class, ``InMemoryStore(Store)``; its
+waits are the functions of memory_waits.py, which it calls.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.pricing import add_cost
-from durable_agents.store import concurrency
+from durable_agents.store import concurrency, memory_waits
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     RUN_CANCELLED,
@@ -58,13 +62,15 @@ from durable_agents.store.base import (
     RunId,
     StepTuple,
     StepWrite,
+    Store,
+    WaitSpec,
     ended,
     lease_losses,
     refuse_fork_in_tree,
     timer_woken_by,
     tree_root,
 )
-from durable_agents.store.memory_waits import InMemoryWaits, _copy
+from durable_agents.store.memory_waits import _copy
 from durable_agents.store.portable_debounce import DEBOUNCED_FIELDS
 from durable_agents.store.rollup import UsageRows, count_in_rows
 from durable_agents.store.transitions import mark_transitioned
@@ -86,7 +92,7 @@ class ManualClock:
         self.time += datetime.timedelta(seconds=seconds)
 
 
-class InMemoryStore(InMemoryWaits):
+class InMemoryStore(Store):
     """Runs, steps, effects and intents in dicts under one lock; ``now`` is its clock."""
 
     def __init__(self, now: Callable[[], datetime.datetime] | None = None) -> None:
@@ -142,6 +148,11 @@ class InMemoryStore(InMemoryWaits):
         for source, lo, hi in self.shares.get(run_id, ()):
             rows += [s for seq, s in self.steps.get(source, {}).items() if lo <= seq < hi]
         return sorted(rows, key=lambda step: step.seq)
+
+    def _stored(self, run_id: RunId | str) -> AgentRun | None:
+        """The run by its id. Runs are kept by UUID: the text of an id finds none here (the
+        database stores read it as the id)."""
+        return self.runs.get(run_id) if isinstance(run_id, uuid.UUID) else None
 
     def _fenced(self, claim: Claim) -> AgentRun | None:
         """The stored run, only while it is still this claim's."""
@@ -632,6 +643,43 @@ class InMemoryStore(InMemoryWaits):
             self._decided(intent, user, reason)
             self.wake_run(intent.run_id)
             return mark_transitioned(_copy(intent))
+
+    # -- waits: memory_waits.py ---------------------------------------------------------
+
+    def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
+        return memory_waits.park_on_wait(self, claim, spec)
+
+    def send_event(self, name: str, payload: Any, user: AuthUser = None) -> tuple[AgentEvent, int]:
+        return memory_waits.send_event(self, name, payload, user)
+
+    def answer_question(
+        self, run_id: RunId | str, user: AuthUser, text: str, question_id: int | None = None
+    ) -> AgentQuestion | None:
+        return memory_waits.answer_question(self, run_id, user, text, question_id)
+
+    def spawn_run(
+        self,
+        child: AgentRun,
+        task_payload: str,
+        max_children: int,
+        max_tree_runs: int | None = None,
+    ) -> tuple[AgentRun, bool]:
+        return memory_waits.spawn_run(self, child, task_payload, max_children, max_tree_runs)
+
+    def wake_parent(self, parent_id: RunId) -> bool:
+        return memory_waits.wake_parent(self, parent_id)
+
+    def stranded_parents(self, limit: int) -> list[RunId]:
+        return memory_waits.stranded_parents(self, limit)
+
+    def sent_event(self, name: str) -> AgentEvent | None:
+        return memory_waits.sent_event(self, name)
+
+    def question_for_key(self, key: str) -> AgentQuestion | None:
+        return memory_waits.question_for_key(self, key)
+
+    def run_outcomes(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return memory_waits.run_outcomes(self, run_ids)
 
     # -- operations on any run -----------------------------------------------------------
 

@@ -4,8 +4,15 @@ Used on SQLite, where the IMMEDIATE transaction mode makes each transaction excl
 check-then-write is atomic), and on PostgreSQL inside a caller's open transaction
 (``connection.in_atomic_block``): there a one-statement path would neither commit by itself
 nor be undone alone, and an error in it would abort the caller's whole transaction, whereas
-``transaction.atomic()`` here nests as a savepoint. ``PostgresStore`` subclasses it and writes
-the hot paths as single statements; the other operations are the same ORM updates on both.
+``transaction.atomic()`` here nests as a savepoint. ``PostgresStore`` writes the hot paths as
+single statements and delegates the other operations to an instance of this class (``orm``):
+the same ORM updates on both.
+
+One class, no mixins: the runs' claims, steps, intents, waits and operations are its methods;
+what is a concern of its own is a module of plain functions it calls (and ``PostgresStore``
+calls too): ``portable_runs`` (create a run), ``portable_batch`` (many keyed runs),
+``portable_logs`` (the log and forks), ``portable_trees`` (cascades, tree roots, poison
+runs), ``portable_debounce`` and ``portable_schedules`` (``ScheduleStore``).
 
 Lease times come from the database clock (``Now()``), never from a worker's clock.
 """
@@ -13,11 +20,11 @@ Lease times come from the database clock (``Now()``), never from a worker's cloc
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from django.db import DataError, IntegrityError, transaction
+from django.db import DataError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
@@ -38,25 +45,38 @@ from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
     AgentRun,
+    AgentSchedule,
     AgentStep,
     IntentStatus,
     QuestionStatus,
     RunStatus,
-    StepKind,
     ToolEffect,
     ToolIntent,
     WaitKind,
 )
-from durable_agents.store import concurrency, key_rows
+from durable_agents.store import (
+    concurrency,
+    key_rows,
+    portable_batch,
+    portable_debounce,
+    portable_logs,
+    portable_runs,
+    portable_schedules,
+    portable_trees,
+)
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
     Claim,
+    ForkWrite,
     LeaseLoss,
+    LogRow,
     NextClaim,
     Parked,
     RunId,
+    StepTuple,
     StepWrite,
+    Store,
     WaitSpec,
     ended,
     lease_losses,
@@ -65,11 +85,8 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
-from durable_agents.store.portable_debounce import PortableDebounce
-from durable_agents.store.portable_logs import PortableLogs
-from durable_agents.store.portable_schedules import PortableSchedules
-from durable_agents.store.portable_trees import PortableTrees
 from durable_agents.store.rollup import added_cost, record_usage
+from durable_agents.store.rows import DueSchedules, SlotStart
 from durable_agents.store.transitions import mark_transitioned
 from durable_agents.text import json_text, storable_text
 
@@ -118,13 +135,6 @@ def ending(status: str, result: str | None, error: str) -> dict[str, Any]:
     return {**ended(status, result, error), "finished_at": Now()}
 
 
-def _take_turn(run: AgentRun) -> None:
-    """A keyed run's turn among the runs of its priority (``fair_at``), taken just before its
-    insert; a run without a key has its creation as its turn (the database default)."""
-    if run.concurrency_key is not None:
-        run.fair_at = key_rows.take_turn(run.concurrency_key)
-
-
 def _run_pk(run_id: RunId | str) -> RunId:
     """A run's id given as itself or as its text, converted by the id field as a lookup
     converts it (``ValidationError`` for text that is not a UUID)."""
@@ -132,52 +142,38 @@ def _run_pk(run_id: RunId | str) -> RunId:
     return pk
 
 
-class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebounce):
+class PortableStore(Store):
     """The store through the Django ORM (SQLite; a caller's transaction on PostgreSQL)."""
 
     # -- create --------------------------------------------------------------------------
 
     def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
-        with transaction.atomic():
-            started = self._insert_run(run)
-            if started is not None:
-                return started
-            AgentStep.objects.create(run=run, seq=0, kind=StepKind.TASK, payload=task_payload)
-        run.refresh_from_db()
-        return run
+        return portable_runs.create_run(run, task_payload)
 
-    @staticmethod
-    def _insert_run(run: AgentRun) -> AgentRun | None:
-        """Insert ``run``; None. A run with a start key whose agent has a run with that key
-        already is not inserted: that run is returned, as stored.
+    def create_runs(self, runs: Sequence[tuple[AgentRun, str]]) -> list[AgentRun]:
+        return portable_batch.create_runs(runs)
 
-        Race-free through the unique index ``agent_run_start_key``: on PostgreSQL a
-        concurrent caller's INSERT waits on the index entry until the first caller commits,
-        then fails, here inside a savepoint, and the next statement sees the first caller's
-        committed run (READ COMMITTED). On SQLite the IMMEDIATE transaction makes the read
-        and the insert one exclusive step already. The read comes first because a retry,
-        long after the first call, is the common case: it costs one indexed read, not a
-        failed INSERT (and the error line that it leaves in PostgreSQL's log)."""
-        if run.start_key is None:
-            _take_turn(run)
-            run.save(force_insert=True)
-            return None
-        # Unordered: the pair is unique (an ORDER BY would only tempt the planner away from
-        # agent_run_start_key).
-        same_key = AgentRun.objects.filter(agent=run.agent, start_key=run.start_key).order_by()
-        started = next(iter(same_key[:1]), None)
-        if started is not None:
-            return started
-        _take_turn(run)
-        try:
-            with transaction.atomic():  # a savepoint: the transaction goes on after a loss
-                run.save(force_insert=True)
-        except IntegrityError:
-            started = next(iter(same_key[:1]), None)
-            if started is None:  # another constraint refused the run
-                raise
-            return started
-        return None
+    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
+        return portable_logs.create_fork(run, write)
+
+    def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
+        return portable_debounce.debounce_run(run, task_payload, seconds)
+
+    # -- schedules (ScheduleStore: schedule_firing.py holds the flow) ---------------------
+
+    def take_due_schedules(self, now: datetime.datetime | None, limit: int) -> DueSchedules:
+        return portable_schedules.take_due_schedules(now, limit)
+
+    def fire_slots(
+        self,
+        starts: Sequence[SlotStart],
+        rows: Sequence[AgentSchedule],
+        last_keys: Mapping[int, str],
+    ) -> dict[str, RunId]:
+        return portable_schedules.fire_slots(starts, rows, last_keys)
+
+    def move_schedules(self, rows: Sequence[AgentSchedule]) -> None:
+        portable_schedules.move_schedules(rows)
 
     # -- claim and renew -----------------------------------------------------------------
 
@@ -238,7 +234,7 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
                 started_at=Coalesce(F("started_at"), Now()),
                 updated_at=Now(),
             )
-            runs, poisoned = self._readable_runs(ids, owner)
+            runs, poisoned = portable_trees.readable_runs(ids, owner)
         for parent_id in poisoned:
             self.child_ended(parent_id)
         return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
@@ -535,9 +531,9 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
                 .values_list("parent_id", flat=True)
                 .first()
             )
-            if not self._cancel([run_id]):
+            if not portable_trees.cancel([run_id]):
                 return False
-        self._cancel_descendants(run_id)
+        portable_trees.cancel_descendants(run_id)
         self.child_ended(parent_id)
         return True
 
@@ -683,7 +679,7 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
             ).first()
             if existing is not None:
                 return existing, False
-            root_id = self._lock_tree_root(child.parent_id)
+            root_id = portable_trees.lock_tree_root(child.parent_id)
             # The parent's row, locked: a cancel of the parent (which cancels its children)
             # and other spawns of it wait, so no child outlives a cancelled parent and the
             # count below holds.
@@ -774,6 +770,12 @@ class PortableStore(PortableSchedules, PortableLogs, PortableTrees, PortableDebo
             .values_list("model", "priority")
             .first()
         )
+
+    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
+        return portable_logs.load_log_rows(run_id)
+
+    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+        return portable_logs.load_steps(run_id, after_seq)
 
     def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
         return {e.key: e for e in ToolEffect.objects.filter(run_id=run_id, seq=seq)}

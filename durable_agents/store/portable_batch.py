@@ -1,6 +1,6 @@
 """Many keyed runs created in a few statements (the slots of a firing of schedules, where the
-database has no statement of its own for it: PostgreSQL fires a batch with FIRE_SQL). The base
-of ``PortableSchedules``, a mixin of ``PortableStore``.
+database has no statement of its own for it: PostgreSQL fires a batch with FIRE_SQL):
+``Store.create_runs`` of both database stores, and ``portable_schedules.fire_slots``.
 
 On PostgreSQL the rows go in as one ``INSERT ... SELECT FROM unnest(<one array per column>)``
 per table: the ORM's ``bulk_create`` spends a quarter of a millisecond of Python per run
@@ -20,37 +20,36 @@ from durable_agents.models import AgentRun, AgentStep, StepKind
 from durable_agents.store.key_rows import take_turn
 
 
-class PortableBatch:
-    def create_runs(self, runs: Sequence[tuple[AgentRun, str]]) -> list[AgentRun]:
-        """``create_run`` of each ``(run, task payload)``, every run with a start key: one
-        INSERT of the runs that skips those whose key their agent has used already (ON
-        CONFLICT DO NOTHING on ``agent_run_start_key``: race-free as ``create_run``), one read
-        of the runs of those keys, one INSERT of the new runs' task steps. Returns the run of
-        each key as stored, in order: the new one, or the one that had the key."""
-        if not runs:
-            return []
-        if any(run.start_key is None for run, _ in runs):
-            raise ValueError("create_runs creates keyed runs only")
-        with transaction.atomic():
-            for run, _ in runs:
-                if run.concurrency_key is not None:
-                    run.fair_at = take_turn(run.concurrency_key)
-            insert_rows([run for run, _ in runs], skip_conflicts=True)
-            stored = {
-                (row.agent, row.start_key): row
-                for row in AgentRun.objects.filter(
-                    start_key__in={run.start_key for run, _ in runs},
-                    agent__in={run.agent for run, _ in runs},
-                ).order_by()
-            }
-            insert_rows(
-                [
-                    AgentStep(run_id=run.pk, seq=0, kind=StepKind.TASK, payload=payload)
-                    for run, payload in runs
-                    if stored[(run.agent, run.start_key)].pk == run.pk
-                ]
-            )
-        return [stored[(run.agent, run.start_key)] for run, _ in runs]
+def create_runs(runs: Sequence[tuple[AgentRun, str]]) -> list[AgentRun]:
+    """``create_run`` of each ``(run, task payload)``, every run with a start key: one
+    INSERT of the runs that skips those whose key their agent has used already (ON
+    CONFLICT DO NOTHING on ``agent_run_start_key``: race-free as ``create_run``), one read
+    of the runs of those keys, one INSERT of the new runs' task steps. Returns the run of
+    each key as stored, in order: the new one, or the one that had the key."""
+    if not runs:
+        return []
+    if any(run.start_key is None for run, _ in runs):
+        raise ValueError("create_runs creates keyed runs only")
+    with transaction.atomic():
+        for run, _ in runs:
+            if run.concurrency_key is not None:
+                run.fair_at = take_turn(run.concurrency_key)
+        insert_rows([run for run, _ in runs], skip_conflicts=True)
+        stored = {
+            (row.agent, row.start_key): row
+            for row in AgentRun.objects.filter(
+                start_key__in={run.start_key for run, _ in runs},
+                agent__in={run.agent for run, _ in runs},
+            ).order_by()
+        }
+        insert_rows(
+            [
+                AgentStep(run_id=run.pk, seq=0, kind=StepKind.TASK, payload=payload)
+                for run, payload in runs
+                if stored[(run.agent, run.start_key)].pk == run.pk
+            ]
+        )
+    return [stored[(run.agent, run.start_key)] for run, _ in runs]
 
 
 def insert_rows(objs: Sequence[models.Model], *, skip_conflicts: bool = False) -> None:

@@ -1,5 +1,6 @@
-"""Debounced starts through the ORM (``start_run(..., key=, debounce=)``): a mixin of
-``PortableStore``, which ``PostgresStore`` inherits.
+"""Debounced starts through the ORM (``start_run(..., key=, debounce=)``): ``debounce_run``,
+a plain function that ``PortableStore`` calls, and ``PostgresStore`` for a first start, a late
+one, or a caller's transaction.
 
 The run is created ``waiting`` for a quiet window (``waiting_for="debounce"``) with its
 ``wake_at`` on the database clock, so the claim's ``due`` part starts it like any due timer:
@@ -29,7 +30,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
 from durable_agents.models import AgentRun, AgentStep, ConcurrencyKey, RunStatus, StepKind, WaitKind
-from durable_agents.store.base import Store
+from durable_agents.store.portable_runs import insert_run
 
 # What a later call within the window replaces, besides the task's step: everything that
 # ``start_run`` derives from the call (the run has not started, so nothing was pinned yet).
@@ -59,43 +60,39 @@ def debouncing(pk: Any) -> Any:
     ).order_by()
 
 
-class PortableDebounce(Store):
-    # PortableStore's: insert a run, or find the run of its agent and start key.
-    @staticmethod
-    def _insert_run(run: AgentRun) -> AgentRun | None:
-        raise NotImplementedError  # pragma: no cover - PortableStore defines it
+def debounce_run(run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
+    """``Store.debounce_run`` through the ORM: the run inserted waiting for its window, or
+    the window of the run of its key pushed back (``push``), in one transaction."""
+    assert run.start_key is not None, "a debounced start has a start key"
+    with transaction.atomic():
+        run.status = RunStatus.WAITING
+        run.waiting_for = WaitKind.DEBOUNCE
+        run.waiting_since = Now()
+        run.wake_at = window_end(seconds)
+        started = insert_run(run)
+        if started is None:
+            AgentStep.objects.create(run=run, seq=0, kind=StepKind.TASK, payload=task_payload)
+            run.refresh_from_db()
+            return run
+        push(started.pk, run, task_payload, seconds)
+    return AgentRun.objects.get(pk=started.pk)
 
-    def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
-        assert run.start_key is not None, "a debounced start has a start key"
-        with transaction.atomic():
-            run.status = RunStatus.WAITING
-            run.waiting_for = WaitKind.DEBOUNCE
-            run.waiting_since = Now()
-            run.wake_at = window_end(seconds)
-            started = self._insert_run(run)
-            if started is None:
-                AgentStep.objects.create(run=run, seq=0, kind=StepKind.TASK, payload=task_payload)
-                run.refresh_from_db()
-                return run
-            self._push(started.pk, run, task_payload, seconds)
-        return AgentRun.objects.get(pk=started.pk)
 
-    @staticmethod
-    def _push(pk: Any, run: AgentRun, task_payload: str, seconds: float) -> bool:
-        """The window of the debouncing run ``pk`` starts again now, with ``run``'s task and
-        settings; False (nothing changed) once the run has started or ended."""
-        if run.concurrency_key is not None:
-            # A claim admits a keyed run only through its key's row: a key new to this run
-            # may be new to the database too.
-            ConcurrencyKey.objects.get_or_create(key=run.concurrency_key)
-        pushed = debouncing(pk).update(
-            wake_at=window_end(seconds),
-            # The window's start, as the admin shows it: waiting for quiet since the last call.
-            waiting_since=Now(),
-            updated_at=Now(),
-            **{name: getattr(run, name) for name in DEBOUNCED_FIELDS},
-        )
-        if not pushed:
-            return False
-        AgentStep.objects.filter(run_id=pk, seq=0, kind=StepKind.TASK).update(payload=task_payload)
-        return True
+def push(pk: Any, run: AgentRun, task_payload: str, seconds: float) -> bool:
+    """The window of the debouncing run ``pk`` starts again now, with ``run``'s task and
+    settings; False (nothing changed) once the run has started or ended."""
+    if run.concurrency_key is not None:
+        # A claim admits a keyed run only through its key's row: a key new to this run
+        # may be new to the database too.
+        ConcurrencyKey.objects.get_or_create(key=run.concurrency_key)
+    pushed = debouncing(pk).update(
+        wake_at=window_end(seconds),
+        # The window's start, as the admin shows it: waiting for quiet since the last call.
+        waiting_since=Now(),
+        updated_at=Now(),
+        **{name: getattr(run, name) for name in DEBOUNCED_FIELDS},
+    )
+    if not pushed:
+        return False
+    AgentStep.objects.filter(run_id=pk, seq=0, kind=StepKind.TASK).update(payload=task_payload)
+    return True

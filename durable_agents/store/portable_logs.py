@@ -1,5 +1,12 @@
-"""A run's log through the ORM (and one raw statement): reading it, a fork's shared stretches
-included, and creating a fork. A mixin of ``PortableStore``; ``PostgresStore`` inherits it."""
+"""A run's log through the ORM (and one raw statement, ``LOG_SQL``): reading it, a fork's
+shared stretches included, and creating a fork. Plain functions; ``PortableStore`` and
+``PostgresStore`` call them.
+
+    create_fork     agent_run (pending, last_seq = the fork point) + agent_step_share + its
+                    edited step + the inherited effects; a child's fork joins its tree
+    load_log_rows   LOG_SQL: the run's own rows and the stretches it shares, one snapshot
+    load_steps      the run's own steps after a seq
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ from durable_agents.store.base import (
     unsealed_log,
 )
 from durable_agents.store.key_rows import take_turn
-from durable_agents.store.portable_trees import PortableTrees
+from durable_agents.store.portable_trees import lock_tree_root
 
 # The log of a run as the rebuild reads it: plain SQL, because the ORM's row iteration costs
 # more than the rest of the rebuild. Its own rows, and for a fork the stretches of other runs'
@@ -34,46 +41,49 @@ SELECT s.seq, s.kind, s.payload, s.content_start, s.content_end
  ORDER BY 1"""
 
 
-class PortableLogs:
-    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
-        with transaction.atomic():
-            if run.parent_id is not None:
-                run.root_id = _join_tree(run, write)
-            if run.concurrency_key is not None:
-                run.fair_at = take_turn(run.concurrency_key)
-            run.save(force_insert=True)
-            SharedSteps.objects.bulk_create(
-                SharedSteps(fork=run, source_id=source, lo=lo, hi=hi)
-                for source, lo, hi in write.shares
-            )
-            if write.own_step is not None:
-                seq, kind, payload = write.own_step
-                AgentStep.objects.create(run=run, seq=seq, kind=kind, payload=payload)
-            ToolEffect.objects.bulk_create(write.effects)
-        run.refresh_from_db()
-        return run
-
-    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
-        with connection.cursor() as cursor:
-            run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
-            cursor.execute(LOG_SQL, {"run": run})
-            rows: list[LogRow] = cursor.fetchall()
-        return unsealed_log(rows)
-
-    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
-        return list(
-            steps_of(run_id)
-            .filter(seq__gt=after_seq)
-            .order_by("seq")
-            .values_list("seq", "kind", "payload")
+def create_fork(run: AgentRun, write: ForkWrite) -> AgentRun:
+    """``Store.create_fork``: the run, its shared stretches, its own step, its effects."""
+    with transaction.atomic():
+        if run.parent_id is not None:
+            run.root_id = _join_tree(run, write)
+        if run.concurrency_key is not None:
+            run.fair_at = take_turn(run.concurrency_key)
+        run.save(force_insert=True)
+        SharedSteps.objects.bulk_create(
+            SharedSteps(fork=run, source_id=source, lo=lo, hi=hi) for source, lo, hi in write.shares
         )
+        if write.own_step is not None:
+            seq, kind, payload = write.own_step
+            AgentStep.objects.create(run=run, seq=seq, kind=kind, payload=payload)
+        ToolEffect.objects.bulk_create(write.effects)
+    run.refresh_from_db()
+    return run
+
+
+def load_log_rows(run_id: RunId | str) -> list[LogRow]:
+    """``Store.load_log_rows``: LOG_SQL, the payloads decrypted."""
+    with connection.cursor() as cursor:
+        run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
+        cursor.execute(LOG_SQL, {"run": run})
+        rows: list[LogRow] = cursor.fetchall()
+    return unsealed_log(rows)
+
+
+def load_steps(run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+    """``Store.load_steps``: the run's own steps after ``after_seq``."""
+    return list(
+        steps_of(run_id)
+        .filter(seq__gt=after_seq)
+        .order_by("seq")
+        .values_list("seq", "kind", "payload")
+    )
 
 
 def _join_tree(run: AgentRun, write: ForkWrite) -> RunId | None:
     """The root of the tree a fork of a child run joins, counted as a spawn counts: the root's
     row locked, then the parent's (a spawn's order: no deadlock with spawns or cancels)."""
     parent_id = run.parent_id
-    root_id = PortableTrees._lock_tree_root(parent_id)
+    root_id = lock_tree_root(parent_id)
     assert parent_id is not None  # the caller checked it
     assert root_id is not None  # the parent's root, or the parent
     parent_status = (

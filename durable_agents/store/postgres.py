@@ -42,8 +42,11 @@ updates of ``PortableStore``, which this class inherits: one UPDATE each on Post
 from __future__ import annotations
 
 import contextlib
+import datetime
+import functools
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from django.db import DataError, connection
@@ -53,26 +56,45 @@ from durable_agents import encryption
 from durable_agents.exceptions import StoredValueError
 from durable_agents.models import (
     STEP_PAYLOAD,
+    AgentEvent,
+    AgentQuestion,
     AgentRun,
+    AgentSchedule,
     IntentStatus,
     ToolEffect,
     ToolIntent,
+    WaitKind,
 )
 from durable_agents.pricing import Usage
-from durable_agents.store import concurrency, key_rows
+from durable_agents.store import (
+    concurrency,
+    key_rows,
+    portable_batch,
+    portable_logs,
+    portable_runs,
+    portable_trees,
+    postgres_debounce,
+    postgres_schedules,
+)
 from durable_agents.store.base import (
+    AuthUser,
     Claim,
+    ForkWrite,
     LeaseLoss,
+    LogRow,
     NextClaim,
+    Parked,
     RunId,
+    StepTuple,
     StepWrite,
+    Store,
+    WaitSpec,
     lease_losses,
 )
 from durable_agents.store.portable import PortableStore
 from durable_agents.store.postgres_debounce import (
     DEBOUNCE_SQL as DEBOUNCE_SQL,  # one of this store's statements, pinned in tests/sql/ too
 )
-from durable_agents.store.postgres_debounce import PostgresDebounce
 from durable_agents.store.postgres_schedules import (  # pinned in tests/sql/ too
     FIRE_SQL as FIRE_SQL,
 )
@@ -82,8 +104,7 @@ from durable_agents.store.postgres_schedules import (
 from durable_agents.store.postgres_schedules import (
     TAKE_DUE_SQL as TAKE_DUE_SQL,
 )
-from durable_agents.store.postgres_schedules import PostgresSchedules
-from durable_agents.store.rows import usage_shard
+from durable_agents.store.rows import DueSchedules, SlotStart, usage_shard
 from durable_agents.text import storable_text
 
 # -- Fragments -------------------------------------------------------------------------------
@@ -547,11 +568,23 @@ def binding_cursor() -> Iterator[Any]:
         yield cursor
 
 
-class PostgresStore(PostgresDebounce, PostgresSchedules, PortableStore):
+class PostgresStore(Store):
     """PostgreSQL outside a caller's transaction: one statement (one round trip) per claim,
-    per step commit, per finish-and-claim, per heartbeat and per debounced start's push."""
+    per step commit, per finish-and-claim, per heartbeat and per debounced start's push.
+
+    What it does not write in SQL of its own it delegates, never inherits: to the concern
+    modules (``portable_runs``, ``portable_logs``, ``portable_batch``, ``portable_trees``,
+    ``postgres_debounce``, ``postgres_schedules``, ``key_rows``) and, for release, park,
+    wake, decisions, waits and the operations on any run, to ``orm`` (a ``PortableStore``:
+    the same ORM updates, one UPDATE each on PostgreSQL too)."""
 
     sends_live_text = True
+
+    @functools.cached_property
+    def orm(self) -> PortableStore:
+        """The ORM's store, which does the operations this one has no statement of its own
+        for (each is one transaction, as on SQLite)."""
+        return PortableStore()
 
     def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
         """CLAIM_SQL, again while a concurrency key's last slot went to another claim in the
@@ -725,7 +758,9 @@ class PostgresStore(PostgresDebounce, PostgresSchedules, PortableStore):
         try:
             return _claim_from(columns, owner, lease_seconds)
         except StoredValueError as exc:
-            dead, parent_id = self.dead_letter_poison(columns["id"], owner, columns["attempt"], exc)
+            dead, parent_id = portable_trees.dead_letter_poison(
+                columns["id"], owner, columns["attempt"], exc
+            )
         if dead:
             self.child_ended(parent_id)
         return None
@@ -745,3 +780,162 @@ class PostgresStore(PostgresDebounce, PostgresSchedules, PortableStore):
         if started:
             intent.status = IntentStatus.EXECUTING
         return started
+
+    # -- what this store has no statement of its own for: the concern modules and the ORM's
+
+    def create_runs(self, runs: Sequence[tuple[AgentRun, str]]) -> list[AgentRun]:
+        return portable_batch.create_runs(runs)
+
+    def take_due_schedules(self, now: datetime.datetime | None, limit: int) -> DueSchedules:
+        return postgres_schedules.take_due_schedules(now, limit)
+
+    def fire_slots(
+        self,
+        starts: Sequence[SlotStart],
+        rows: Sequence[AgentSchedule],
+        last_keys: Mapping[int, str],
+    ) -> dict[str, RunId]:
+        return postgres_schedules.fire_slots(starts, rows, last_keys)
+
+    def move_schedules(self, rows: Sequence[AgentSchedule]) -> None:
+        postgres_schedules.move_schedules(rows)
+
+    def create_run(self, run: AgentRun, task_payload: str) -> AgentRun:
+        return portable_runs.create_run(run, task_payload)
+
+    def create_fork(self, run: AgentRun, write: ForkWrite) -> AgentRun:
+        return portable_logs.create_fork(run, write)
+
+    def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
+        return postgres_debounce.debounce_run(run, task_payload, seconds)
+
+    def claim_run(self, run_id: RunId, owner: str, lease_seconds: float) -> Claim | None:
+        return self.orm.claim_run(run_id, owner, lease_seconds)
+
+    def renew_lease(self, claim: Claim) -> bool:
+        return self.orm.renew_lease(claim)
+
+    def finish_run(
+        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+    ) -> bool:
+        return self.orm.finish_run(claim, status, result=result, error=error)
+
+    def release_lease(
+        self,
+        claim: Claim,
+        *,
+        error: str | None = None,
+        count_claim: bool = True,
+        hold_seconds: float | None = None,
+        waiting_for: WaitKind | None = None,
+    ) -> bool:
+        return self.orm.release_lease(
+            claim,
+            error=error,
+            count_claim=count_claim,
+            hold_seconds=hold_seconds,
+            waiting_for=waiting_for,
+        )
+
+    def park_on_intent(
+        self,
+        claim: Claim,
+        intent: ToolIntent,
+        *,
+        new: bool = False,
+        unknown_because: str | None = None,
+    ) -> Parked:
+        return self.orm.park_on_intent(claim, intent, new=new, unknown_because=unknown_because)
+
+    def complete_intent(self, intent: ToolIntent, effect: ToolEffect) -> None:
+        self.orm.complete_intent(intent, effect)
+
+    def wake_run(self, run_id: RunId) -> bool:
+        return self.orm.wake_run(run_id)
+
+    def decide_intent(
+        self, intent_id: int, user: AuthUser, from_status: str, to_status: str, reason: str
+    ) -> ToolIntent:
+        return self.orm.decide_intent(intent_id, user, from_status, to_status, reason)
+
+    def resolve_intent(
+        self, intent_id: int, user: AuthUser, *, outcome: tuple[str, bool] | None, reason: str
+    ) -> ToolIntent:
+        return self.orm.resolve_intent(intent_id, user, outcome=outcome, reason=reason)
+
+    def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
+        return self.orm.park_on_wait(claim, spec)
+
+    def send_event(self, name: str, payload: Any, user: AuthUser = None) -> tuple[AgentEvent, int]:
+        return self.orm.send_event(name, payload, user)
+
+    def answer_question(
+        self, run_id: RunId | str, user: AuthUser, text: str, question_id: int | None = None
+    ) -> AgentQuestion | None:
+        return self.orm.answer_question(run_id, user, text, question_id)
+
+    def spawn_run(
+        self,
+        child: AgentRun,
+        task_payload: str,
+        max_children: int,
+        max_tree_runs: int | None = None,
+    ) -> tuple[AgentRun, bool]:
+        return self.orm.spawn_run(child, task_payload, max_children, max_tree_runs)
+
+    def wake_parent(self, parent_id: RunId) -> bool:
+        return self.orm.wake_parent(parent_id)
+
+    def stranded_parents(self, limit: int) -> list[RunId]:
+        return self.orm.stranded_parents(limit)
+
+    def sent_event(self, name: str) -> AgentEvent | None:
+        return self.orm.sent_event(name)
+
+    def question_for_key(self, key: str) -> AgentQuestion | None:
+        return self.orm.question_for_key(key)
+
+    def run_outcomes(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return self.orm.run_outcomes(run_ids)
+
+    def cancel_run(self, run_id: RunId | str) -> bool:
+        return self.orm.cancel_run(run_id)
+
+    def requeue_run(self, run_id: RunId | str) -> bool:
+        return self.orm.requeue_run(run_id)
+
+    def dead_letter(self, run_id: RunId, reason: str) -> bool:
+        return self.orm.dead_letter(run_id, reason)
+
+    def current_status(self, run_id: RunId) -> str | None:
+        return self.orm.current_status(run_id)
+
+    def spent_today(self, key: str) -> tuple[Decimal, Decimal | None]:
+        return key_rows.spent_today(key)
+
+    def set_key_limit(self, key: str, limit: int | None) -> None:
+        key_rows.set_limit(key, limit)
+
+    def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
+        return key_rows.set_budget(key, usd_per_day)
+
+    def first_claimable(self) -> tuple[str, int] | None:
+        return self.orm.first_claimable()
+
+    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
+        return portable_logs.load_log_rows(run_id)
+
+    def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
+        return portable_logs.load_steps(run_id, after_seq)
+
+    def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
+        return self.orm.recorded_effects(run_id, seq)
+
+    def record_effect(self, effect: ToolEffect) -> None:
+        self.orm.record_effect(effect)
+
+    def intent_for_key(self, key: str) -> ToolIntent | None:
+        return self.orm.intent_for_key(key)
+
+    def reload_intent(self, intent: ToolIntent) -> None:
+        self.orm.reload_intent(intent)

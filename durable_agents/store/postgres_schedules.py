@@ -1,4 +1,5 @@
-"""Firing schedules on PostgreSQL: a look, and one statement per batch of due schedules.
+"""Firing schedules on PostgreSQL: a look, and one statement per batch of due schedules
+(``PostgresStore``'s ``ScheduleStore`` part: plain functions it calls).
 
     look and take   TAKE_DUE_SQL   the earliest next slot of the schedules that fire, the
                                    clock, and up to a batch of the due ones, locked (FOR
@@ -35,7 +36,6 @@ from django.db import connection
 from durable_agents import encryption
 from durable_agents.models import STEP_PAYLOAD, AgentRun, AgentSchedule
 from durable_agents.store.concurrency import FAIR_SPACING
-from durable_agents.store.portable_schedules import PortableSchedules
 from durable_agents.store.rows import DueSchedules, SlotStart
 
 # The columns of agent_schedule a firing reads, in the model's order (a taken row is built
@@ -181,113 +181,113 @@ def _template_row(template: AgentRun) -> dict[str, Any]:
     }
 
 
-class PostgresSchedules(PortableSchedules):
-    def take_due_schedules(self, now: dt.datetime | None, limit: int) -> DueSchedules:
-        """TAKE_DUE_SQL: one statement, due or not."""
-        with connection.cursor() as cursor:
-            cursor.execute(TAKE_DUE_SQL, {"now": now, "limit": limit})
-            found = cursor.fetchall()
-        earliest, clock = found[0][0], found[0][1]
-        names = [f.attname for f in _SCHEDULE_FIELDS]
-        rows = [
-            AgentSchedule.from_db(connection.alias, names, row[2:])
-            for row in found
-            if row[2] is not None
-        ]
-        return DueSchedules(earliest, clock, rows)
+def take_due_schedules(now: dt.datetime | None, limit: int) -> DueSchedules:
+    """TAKE_DUE_SQL: one statement, due or not."""
+    with connection.cursor() as cursor:
+        cursor.execute(TAKE_DUE_SQL, {"now": now, "limit": limit})
+        found = cursor.fetchall()
+    earliest, clock = found[0][0], found[0][1]
+    names = [f.attname for f in _SCHEDULE_FIELDS]
+    rows = [
+        AgentSchedule.from_db(connection.alias, names, row[2:])
+        for row in found
+        if row[2] is not None
+    ]
+    return DueSchedules(earliest, clock, rows)
 
-    def fire_slots(
-        self,
-        starts: Sequence[SlotStart],
-        rows: Sequence[AgentSchedule],
-        last_keys: Mapping[int, str],
-    ) -> dict[str, uuid.UUID]:
-        """FIRE_SQL: the runs, their task steps and the moves, one statement."""
-        # JSON rather than arrays: psycopg adapts a list element by element in Python, and
-        # the json module does a firing's slots in a fraction of the time.
-        numbers: dict[int, int] = {}  # id(template) -> its number in the statement (from 1)
-        templates = []
-        for start in starts:
-            if id(start.template) not in numbers:
-                numbers[id(start.template)] = len(numbers) + 1
-                templates.append(_template_row(start.template))
-        params: dict[str, Any] = {
-            "slots": _json(
-                [
-                    {
-                        "n": n,
-                        "run_id": start.run_id.hex,
-                        "template": numbers[id(start.template)],
-                        "task": start.task,
-                        "start_key": start.key,
-                        "priority": start.priority,
-                        "concurrency_key": start.concurrency_key,
-                        "payload": encryption.seal(start.payload, STEP_PAYLOAD),
-                    }
-                    for n, start in enumerate(starts, 1)
-                ]
-            ),
-            "templates": _json(templates),
-            "spacing": FAIR_SPACING,
-            "moves": _json(
-                [
-                    {
-                        "id": row.pk,
-                        "next_slot": _iso(row.next_slot),
-                        "last_slot": _iso(row.last_slot),
-                        "last_key": last_keys.get(row.pk),
-                        "broken": row.broken,
-                    }
-                    for row in rows
-                ]
-            ),
-        }
-        with connection.cursor() as cursor:
-            cursor.execute(FIRE_SQL, params)
-            ids: dict[str, uuid.UUID] = dict(cursor.fetchall())
-        missing = [key for key, run_id in ids.items() if run_id is None]
-        if missing:
-            self._find_runs_started_meanwhile(starts, rows, last_keys, ids, missing)
-        for row in rows:
-            key = last_keys.get(row.pk)
-            if key is not None:
-                row.last_run_id = ids[key]
-        return ids
 
-    def _find_runs_started_meanwhile(
-        self,
-        starts: Sequence[SlotStart],
-        rows: Sequence[AgentSchedule],
-        last_keys: Mapping[int, str],
-        ids: dict[str, uuid.UUID],
-        missing: list[str],
-    ) -> None:
-        """A slot's key was taken by a run that committed while FIRE_SQL ran (a start_run
-        with the same key): the statement's snapshot did not see it. Read those runs now,
-        and point the schedules whose last run they are at them."""
-        agents = {start.key: start.template.agent for start in starts}
-        for run_id, agent, found in AgentRun.objects.filter(start_key__in=missing).values_list(
-            "id", "agent", "start_key"
-        ):
-            if found is not None and agents[found] == agent:
-                ids[found] = run_id
-        for row in rows:
-            key = last_keys.get(row.pk)
-            if key is not None and key in missing:
-                AgentSchedule.objects.filter(pk=row.pk).update(last_run_id=ids[key])
+def fire_slots(
+    starts: Sequence[SlotStart],
+    rows: Sequence[AgentSchedule],
+    last_keys: Mapping[int, str],
+) -> dict[str, uuid.UUID]:
+    """FIRE_SQL: the runs, their task steps and the moves, one statement."""
+    # JSON rather than arrays: psycopg adapts a list element by element in Python, and
+    # the json module does a firing's slots in a fraction of the time.
+    numbers: dict[int, int] = {}  # id(template) -> its number in the statement (from 1)
+    templates = []
+    for start in starts:
+        if id(start.template) not in numbers:
+            numbers[id(start.template)] = len(numbers) + 1
+            templates.append(_template_row(start.template))
+    params: dict[str, Any] = {
+        "slots": _json(
+            [
+                {
+                    "n": n,
+                    "run_id": start.run_id.hex,
+                    "template": numbers[id(start.template)],
+                    "task": start.task,
+                    "start_key": start.key,
+                    "priority": start.priority,
+                    "concurrency_key": start.concurrency_key,
+                    "payload": encryption.seal(start.payload, STEP_PAYLOAD),
+                }
+                for n, start in enumerate(starts, 1)
+            ]
+        ),
+        "templates": _json(templates),
+        "spacing": FAIR_SPACING,
+        "moves": _json(
+            [
+                {
+                    "id": row.pk,
+                    "next_slot": _iso(row.next_slot),
+                    "last_slot": _iso(row.last_slot),
+                    "last_key": last_keys.get(row.pk),
+                    "broken": row.broken,
+                }
+                for row in rows
+            ]
+        ),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(FIRE_SQL, params)
+        ids: dict[str, uuid.UUID] = dict(cursor.fetchall())
+    missing = [key for key, run_id in ids.items() if run_id is None]
+    if missing:
+        _find_runs_started_meanwhile(starts, rows, last_keys, ids, missing)
+    for row in rows:
+        key = last_keys.get(row.pk)
+        if key is not None:
+            row.last_run_id = ids[key]
+    return ids
 
-    def move_schedules(self, rows: Sequence[AgentSchedule]) -> None:
-        """MOVE_ON_SQL."""
-        if not rows:
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                MOVE_ON_SQL,
-                [
-                    [row.pk for row in rows],
-                    [row.next_slot for row in rows],
-                    [row.last_slot for row in rows],
-                    [row.last_run_id for row in rows],
-                    [row.broken for row in rows],
-                ],
-            )
+
+def _find_runs_started_meanwhile(
+    starts: Sequence[SlotStart],
+    rows: Sequence[AgentSchedule],
+    last_keys: Mapping[int, str],
+    ids: dict[str, uuid.UUID],
+    missing: list[str],
+) -> None:
+    """A slot's key was taken by a run that committed while FIRE_SQL ran (a start_run
+    with the same key): the statement's snapshot did not see it. Read those runs now,
+    and point the schedules whose last run they are at them."""
+    agents = {start.key: start.template.agent for start in starts}
+    for run_id, agent, found in AgentRun.objects.filter(start_key__in=missing).values_list(
+        "id", "agent", "start_key"
+    ):
+        if found is not None and agents[found] == agent:
+            ids[found] = run_id
+    for row in rows:
+        key = last_keys.get(row.pk)
+        if key is not None and key in missing:
+            AgentSchedule.objects.filter(pk=row.pk).update(last_run_id=ids[key])
+
+
+def move_schedules(rows: Sequence[AgentSchedule]) -> None:
+    """MOVE_ON_SQL."""
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            MOVE_ON_SQL,
+            [
+                [row.pk for row in rows],
+                [row.next_slot for row in rows],
+                [row.last_slot for row in rows],
+                [row.last_run_id for row in rows],
+                [row.broken for row in rows],
+            ],
+        )

@@ -165,3 +165,14 @@ def test_a_fork_reads_the_stretches_it_shares(store: InMemoryStore) -> None:
     assert [s[0] for s in store.load_steps(fork.pk, after_seq=0)] == [1, 2]
     assert set(store.recorded_effects(fork.pk, 2)) == {"fk"}
     assert [s.seq for s in store.steps_of(parent)] == [0, 1, 2, 3]  # untouched
+
+
+def test_firing_schedules_needs_a_database_store() -> None:
+    """The memory store keeps no schedules: it is no ``ScheduleStore``, and the firer's
+    ``schedule_store`` says so rather than failing in the middle of a firing."""
+    from durable_agents.store import PortableStore, PostgresStore, ScheduleStore, schedule_store
+
+    with pytest.raises(TypeError, match="firing schedules needs a database store"):
+        schedule_store(InMemoryStore())
+    assert isinstance(PortableStore(), ScheduleStore)
+    assert isinstance(PostgresStore(), ScheduleStore)
