@@ -140,12 +140,7 @@ def plan_fork(
         payload, task = _edited(step, edit, task)
         own_step = (at_seq, step.kind, payload)
     elif step.kind == StepKind.MODEL_TURN:
-        point = fork_point(parent, step)
-        if point.in_doubt:
-            raise ForkRefused(_in_doubt_refusal(point.in_doubt[0], len(point.in_doubt)))
-        caller = calls_made_by(parent, at_seq)
-        inherited = _inherited_effects(caller.pk, step, run_id)
-        key_run_id = effects.key_run(caller, at_seq)
+        inherited, key_run_id = _at_a_model_turn(parent, step, run_id)
     shares = shares_for(parent.pk, cut)
     if len(shares) > MAX_SHARES:
         raise ForkRefused(
@@ -349,6 +344,19 @@ class ForkPoint:
 
 IN_DOUBT = (IntentStatus.UNKNOWN, IntentStatus.EXECUTING)
 OPEN = (IntentStatus.PENDING, IntentStatus.APPROVED)
+
+
+def _at_a_model_turn(
+    parent: AgentRun, turn: AgentStep, fork_id: RunId
+) -> tuple[list[ToolEffect], RunId]:
+    """A fork at a model turn: the effects of it the fork inherits (the recorded ones), and
+    the run whose keys its other calls carry; ``ForkRefused`` while an irreversible call of
+    the turn is in doubt (a person resolves it on the run that made it first)."""
+    point = fork_point(parent, turn)
+    if point.in_doubt:
+        raise ForkRefused(_in_doubt_refusal(point.in_doubt[0], len(point.in_doubt)))
+    caller = calls_made_by(parent, turn.seq)
+    return _inherited_effects(caller.pk, turn, fork_id), effects.key_run(caller, turn.seq)
 
 
 def calls_made_by(run: AgentRun, seq: int) -> AgentRun:
