@@ -208,6 +208,8 @@ class _Replayer:
         self.report = report
         self.intents = dict(ToolIntent.objects.filter(run=run).values_list("key", "status"))
         self.maker: uuid.UUID = run.pk  # the run that made the calls being replayed
+        # Of each run that made calls: its fork point and the run its keys there came from.
+        self.key_runs: dict[uuid.UUID, tuple[int | None, uuid.UUID | None]] = {}
 
     def replay(self) -> None:
         # A fork's log holds steps of the runs it was forked from: a call's key is that of
@@ -217,6 +219,14 @@ class _Replayer:
         )
         steps = [(seq, kind, payload) for seq, kind, payload, _ in rows]
         makers = {seq: run_id for seq, _, _, run_id in rows}
+        # A fork's calls of its fork-point turn carried the keys of the run it was forked from
+        # (``effects.key_run``): the tool gets the key it got then.
+        self.key_runs = {
+            pk: (fork_seq, key_run)
+            for pk, fork_seq, key_run in AgentRun.objects.filter(
+                pk__in={*makers.values(), self.run.pk}
+            ).values_list("pk", "fork_seq", "fork_key_run_id")
+        }
         if len(set(makers.values())) > 1:
             self.intents = dict(
                 ToolIntent.objects.filter(run_id__in=set(makers.values())).values_list(
@@ -249,6 +259,7 @@ class _Replayer:
             seq, index, storable_text(name), tool_input, old_text, bool(old.get("is_error"))
         )
         key = effects.idempotency_key(self.maker, seq, index, name, tool_input)
+        sent = effects.idempotency_key(self._key_run(seq), seq, index, name, tool_input)
         tool = self.agent.tools_by_name.get(name) if isinstance(name, str) else None
         reason = self._not_replayed(name, key)
         if reason:
@@ -259,7 +270,7 @@ class _Replayer:
                 _with(call, reason=f"a {tool.effect} tool; allow_effects does not name it")
             )
             return
-        outcome = self._call(tool, call, key)
+        outcome = self._call(tool, call, key, sent)
         if isinstance(outcome, str):
             self.report.not_replayed.append(_with(call, reason=outcome))
             return
@@ -276,6 +287,11 @@ class _Replayer:
         else:
             self.report.differences.append(now)
 
+    def _key_run(self, seq: int) -> uuid.UUID:
+        """The run whose id the keys the maker's tools received at ``seq`` came from."""
+        fork_seq, key_run = self.key_runs.get(self.maker, (None, None))
+        return key_run if key_run is not None and seq == fork_seq else self.maker
+
     def _not_replayed(self, name: Any, key: str) -> str:
         if name in BUILTIN_TOOLS:
             return f"the built-in {name}: its result came from a person"
@@ -290,9 +306,12 @@ class _Replayer:
             isinstance(self.allowed, frozenset) and tool.name in self.allowed
         )
 
-    def _call(self, tool: Tool | None, call: ReplayCall, key: str) -> tuple[str, bool, bool] | str:
-        """Today's (text, is_error, raised) of the call, the way the runtime makes it; a
-        string when the call waits instead (the reason it is not replayed)."""
+    def _call(
+        self, tool: Tool | None, call: ReplayCall, key: str, sent: str
+    ) -> tuple[str, bool, bool] | str:
+        """Today's (text, is_error, raised) of the call, the way the runtime makes it (the
+        tool receives ``sent``, the idempotency key it received then); a string when the call
+        waits instead (the reason it is not replayed)."""
         if tool is None:
             known = ", ".join(sorted(self.agent.tools_by_name)) or "none"
             return (
@@ -312,7 +331,7 @@ class _Replayer:
             # A savepoint per call: a query that fails in one tool (which aborts a PostgreSQL
             # transaction) must not fail the calls after it.
             with transaction.atomic(), waits.calling(context):
-                value = tool.invoke(call.input, idempotency_key=key)
+                value = tool.invoke(call.input, idempotency_key=sent)
                 if tool.is_async:
                     value = asyncio.run(value)
         except waits.Wait as wait:

@@ -31,6 +31,7 @@ from durable_agents.models import (
     ToolIntent,
     steps_of,
 )
+from durable_agents.replay import replay
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
@@ -175,6 +176,25 @@ def test_a_charge_in_flight_when_forked_is_made_by_the_fork_under_the_parents_ke
     assert again.status == RunStatus.SUCCEEDED
     assert len(RECEIVED) == 1
     assert RECEIVED[0][0] != parent_key
+
+
+def test_a_replay_of_a_fork_gives_its_fork_point_calls_the_keys_they_were_made_with(
+    fake_api: FakeAnthropic,
+) -> None:
+    parent = api.start_run(agent.name, CHARGE, version=agent.version)
+    made: list[AgentRun] = []
+    IN_FLIGHT.append(lambda: made.append(api.fork_run(parent.pk, at_seq=1)))
+    drive(parent)
+    [fork] = made
+    drive(fork)
+    [(parent_key, *_), (fork_sent, *_)] = RECEIVED
+    assert fork_sent == parent_key  # the fork's call carried the parent's key
+    RECEIVED.clear()
+    report = replay(fork.pk, allow_effects=["charge"])
+    assert report.calls == 1
+    # Today's tool got the key the recorded call got (before: one derived from the fork's
+    # own id, which no receiver had seen).
+    assert [key for key, *_ in RECEIVED] == [parent_key]
 
 
 def test_a_fork_at_a_turn_before_its_parents_own_fork_point_reads_who_made_the_calls(
