@@ -256,7 +256,7 @@ def after_fill() -> None:
     django.setup()
     from django.contrib.auth import get_user_model
 
-    from durable_agents import housekeeping
+    from durable_agents.housekeeping import sweeps as housekeeping
 
     user_model = get_user_model()
     if not user_model.objects.filter(username="bench-admin").exists():

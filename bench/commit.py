@@ -69,7 +69,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
     from django.db import connection
 
     from durable_agents import store
-    from durable_agents.pricing import Usage
+    from durable_agents.flow.pricing import Usage
     from durable_agents.store import StepWrite
     from durable_agents.store.postgres import APPEND_STEP_SQL
 

@@ -128,7 +128,8 @@ class _Probe(common.StepHooks):
         and its steps but the first (which also pays for the claim and the rebuild): seq,
         seconds since the commit before, commit seconds, and for a model turn the call's
         seconds and the bytes of its messages."""
-        from durable_agents import runner, store
+        from durable_agents import store
+        from durable_agents.engine import runner
 
         self.steps, self.calls, self.limit = [], [], limit
         self.drain = threading.Event()
@@ -236,7 +237,7 @@ def run(turns: int, every: int, thinking: bool, tail: int, slice_turns: int) -> 
 
     from durable_agents import Agent, llm, tool
     from durable_agents.api import messages_for, start_run
-    from durable_agents.history import load_log
+    from durable_agents.engine.history import load_log
     from durable_agents.models import AgentRun, AgentStep, StepKind
 
     logging.getLogger("durable_agents").setLevel(logging.WARNING)

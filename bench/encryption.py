@@ -130,7 +130,7 @@ def _alternate(once: Callable[[bool], float], n: int, block: int) -> dict[bool, 
 
 
 def _rebuilds(reps: int) -> dict[bool, list[float]]:
-    from durable_agents.history import load_log
+    from durable_agents.engine.history import load_log
 
     commit, claims = _committer(PAYLOAD)
     for _ in range(REBUILD_STEPS):

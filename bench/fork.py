@@ -103,8 +103,8 @@ def build_parent(steps: int) -> uuid.UUID:
     from django.utils import timezone
 
     from bench.benchapp.agents import bench_long
+    from durable_agents._internal.text import json_text
     from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
-    from durable_agents.text import json_text
 
     rng = random.Random(7)
     task = "A long benchmark run."
@@ -205,7 +205,7 @@ def timed_rebuilds(ids: dict[str, uuid.UUID], reps: int) -> dict[str, list[float
     """``load_log`` of each run, ``reps`` rounds, interleaved, each on a fresh connection."""
     from django.db import connection
 
-    from durable_agents.history import load_log
+    from durable_agents.engine.history import load_log
 
     seconds: dict[str, list[float]] = {name: [] for name in ids}
     for _ in range(reps):
@@ -221,9 +221,9 @@ def timed_rebuilds(ids: dict[str, uuid.UUID], reps: int) -> dict[str, list[float
 def measure(steps: int, forks: int, reps: int) -> dict[str, Any]:
     from django.db import transaction
 
-    from durable_agents import forks as fork_logic
     from durable_agents.api import fork_run
-    from durable_agents.history import load_log
+    from durable_agents.engine.history import load_log
+    from durable_agents.forks import planning as fork_logic
     from durable_agents.models import AgentStep, steps_of
 
     started = time.perf_counter()

@@ -167,7 +167,7 @@ def fairness(
     from django.conf import settings
 
     from durable_agents import llm
-    from durable_agents.worker import Worker
+    from durable_agents.engine.worker import Worker
 
     settings.DURABLE_AGENTS = {
         **settings.DURABLE_AGENTS,

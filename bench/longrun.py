@@ -70,7 +70,8 @@ class _Timer(common.StepHooks):
 
     def advance(self, run_id: Any, limit: int) -> tuple[str, dict[int, dict[str, float]]]:
         """One claim of ``run_id``, stopped after ``limit`` commits; the timed steps."""
-        from durable_agents import runner, store
+        from durable_agents import store
+        from durable_agents.engine import runner
 
         self.commits, self.limit, self.drain = {}, limit, threading.Event()
         claim = store.current().claim_run(run_id, "longrun", 3600)
@@ -104,8 +105,9 @@ def run(turns: int, rebuild_reps: int) -> dict[str, Any]:
     url = common.fresh_db(DB)
     with common.fake_api() as base_url:
         common.setup_django(url, base_url)
-        from durable_agents import runner, store
-        from durable_agents.history import load_log
+        from durable_agents import store
+        from durable_agents.engine import runner
+        from durable_agents.engine.history import load_log
 
         common.start_runs(1, agent="bench_long", turns=5)  # warm-up run (SDK, connections)
         warm = store.current().claim_runs("longrun-warm", 3600, 1)[0]

@@ -82,7 +82,7 @@ def time_durable_worker(runs: int, offset: int, overlap: bool = True) -> tuple[f
 
 def _time_durable_worker(runs: int, offset: int) -> tuple[float, float]:
     import durable_agents
-    from durable_agents.worker import Worker
+    from durable_agents.engine.worker import Worker
 
     started = time.perf_counter()
     for i in range(runs):

@@ -121,8 +121,8 @@ def time_dbos(base_url: str, runs: int, reps: int) -> list[float]:
 
 def time_durable(runs: int, turns: int, offset: int) -> float:
     import durable_agents
+    from durable_agents.engine.worker import Worker
     from durable_agents.models import AgentRun
-    from durable_agents.worker import Worker
 
     for i in range(runs):
         durable_agents.start_run("bench", common.task_text(offset + i, turns))

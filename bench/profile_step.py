@@ -50,7 +50,8 @@ class Buckets:
 
 
 def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
-    from durable_agents import llm, runner, store
+    from durable_agents import llm, store
+    from durable_agents.engine import runner
 
     undo = []
 
@@ -79,7 +80,8 @@ def _unpatch(undo: list[tuple[Any, str, Any]]) -> None:
 
 
 def _drain(owner: str) -> int:
-    from durable_agents import runner, store
+    from durable_agents import store
+    from durable_agents.engine import runner
 
     done = 0
     claim = None

@@ -65,7 +65,7 @@ def start_worker(url: str, base_url: str, i: int) -> subprocess.Popen[bytes]:
 def chaos(url: str, args: argparse.Namespace) -> dict[str, Any]:
     import psycopg
 
-    from durable_agents.schedules import schedule, slot_key
+    from durable_agents.schedules.defining import schedule, slot_key
 
     every = dt.timedelta(seconds=args.every)
     kills = 0
@@ -230,7 +230,7 @@ def firing(stop: threading.Event, batches: list[dict[str, int]], idle: list[int]
     """What a worker's firer does (``ScheduleFirer``), counting each look's statements."""
     from django.db import connection
 
-    from durable_agents.schedule_firing import fire_due
+    from durable_agents.schedules.firing import fire_due
 
     try:
         while not stop.is_set():

@@ -79,13 +79,13 @@ def _insert_tree() -> Any:
 
 
 def _has(agent: str) -> bool:
-    from durable_agents.agents import registry
+    from durable_agents.declare.agents import registry
 
     return any(a.name == agent for a in registry.all())
 
 
 def _any_agent() -> str:
-    from durable_agents.agents import registry
+    from durable_agents.declare.agents import registry
 
     return next(iter(registry.all())).name
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from durable_agents.agents import Agent
-from durable_agents.tools import tool
-from durable_agents.waits import Wait, ask_person
+from durable_agents.declare.agents import Agent
+from durable_agents.declare.tools import tool
+from durable_agents.declare.waits import Wait, ask_person
 
 if TYPE_CHECKING:
     from durable_agents.api import (
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         start_run,
     )
     from durable_agents.live import progress, set_stream_cookie, stream, stream_token
-    from durable_agents.schedules import schedule
+    from durable_agents.schedules.defining import schedule
 
 __all__ = [
     "Agent",
@@ -110,7 +110,7 @@ if not TYPE_CHECKING:
 
             return getattr(live, name)
         if name == "schedule":
-            from durable_agents.schedules import schedule
+            from durable_agents.schedules.defining import schedule
 
             return schedule
         raise AttributeError(f"module 'durable_agents' has no attribute {name!r}")

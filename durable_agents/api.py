@@ -18,7 +18,7 @@ operation run in Django's thread for database work (``astart_run``, ``afork_run`
 Options are keyword-only: only the arguments that say what the call is about are positional
 (``fork_run(run_id, at_seq, *, edit=..., user=...)``), and ``user`` is a keyword everywhere.
 A positional call of the old kind still works, with a ``DeprecationWarning``
-(``durable_agents._deprecation``).
+(``durable_agents._internal.deprecation``).
 
 Errors: a bad argument is an ``InvalidArgument``, a run that does not exist a ``RunNotFound``,
 a child run that cannot be started a ``SpawnRefused``, a fork that cannot be made a
@@ -39,13 +39,18 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError
 from django.db.models import Model
 
-from durable_agents import budgets, effects, forks, observers, signals, waits
-from durable_agents._deprecation import keyword_options
-from durable_agents.agents import registry
+from durable_agents import observers, signals
+from durable_agents._internal.deprecation import keyword_options
+from durable_agents._internal.migration_state import explains_missing_tables
+from durable_agents._internal.text import Unstorable, check_depth, has_unstorable, storable_text
 from durable_agents.conf import app_settings
+from durable_agents.declare import waits
+from durable_agents.declare.agents import registry
+from durable_agents.engine import effects
+from durable_agents.engine.history import rebuild_messages
 from durable_agents.exceptions import InvalidArgument, RunNotFound, SpawnRefused
-from durable_agents.history import rebuild_messages
-from durable_agents.migration_state import explains_missing_tables
+from durable_agents.flow import budgets
+from durable_agents.forks import planning as forks
 from durable_agents.models import (
     MAX_START_KEY,
     AgentEvent,
@@ -60,7 +65,6 @@ from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
 from durable_agents.store.transitions import made_transition as _made_transition
-from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
 
 __all__ = [
     "ADD_RUN_PERMISSION",

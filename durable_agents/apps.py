@@ -20,16 +20,12 @@ class DurableAgentsConfig(AppConfig):
         # Imported for what importing them registers: system checks, signal receivers, the
         # services every worker runs besides advancing runs (worker_services), the live
         # page's publisher of streamed text (observers.publish_text).
-        from durable_agents import (  # noqa: F401
-            checks,
-            housekeeping,
-            notifications,
-            schedule_firing,
-            signals,
-            telemetry,
-        )
+        from durable_agents import checks, notifications, signals  # noqa: F401
         from durable_agents import logging as run_logging
+        from durable_agents.housekeeping import sweeps  # noqa: F401
         from durable_agents.live import publish  # noqa: F401
+        from durable_agents.observe import telemetry
+        from durable_agents.schedules import firing  # noqa: F401
 
         run_logging.install_record_factory()
         telemetry.install()  # the spans, when opentelemetry-api is installed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from durable_agents.text import storable_text
+from durable_agents._internal.text import storable_text
 
 # agent_run.dead_cause is a CharField of this length (an indexed column): longer causes are
 # cut, and two causes that agree on their first MAX_CAUSE_CHARS characters are one group.

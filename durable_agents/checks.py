@@ -24,9 +24,9 @@ from django.db import DatabaseError, connections
 from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
-from durable_agents.budgets import budget_problems
-from durable_agents.capacity.limits import ANY_MODEL, limit_problems
 from durable_agents.conf import DEFAULTS, app_settings, declared_types
+from durable_agents.flow.budgets import budget_problems
+from durable_agents.flow.capacity.limits import ANY_MODEL, limit_problems
 from durable_agents.store.concurrency import check_concurrency_key
 
 # Referred to by runagents, whose --allow-offline lets this one check pass.
@@ -255,7 +255,7 @@ KEY_HINT = (
 
 def _bad_encryption_keys() -> list[CheckMessage]:
     """Malformed keys, named by their position, never shown."""
-    from durable_agents.encryption import InvalidKey, key_id, parse_key
+    from durable_agents._internal.encryption import InvalidKey, key_id, parse_key
 
     keys = app_settings.ENCRYPTION_KEYS
     if not isinstance(keys, list | tuple):
@@ -391,7 +391,7 @@ PRICE_HINT = (
 
 
 def _bad_prices() -> list[CheckMessage]:
-    from durable_agents.pricing import price_problems
+    from durable_agents.flow.pricing import price_problems
 
     prices = app_settings.PRICES
     if not isinstance(prices, dict):
@@ -620,7 +620,7 @@ def check_prompt_drift(
     ``runagents`` at start."""
     if not databases or "default" not in databases:
         return []
-    from durable_agents.inflight import prompt_drift
+    from durable_agents.engine.inflight import prompt_drift
 
     try:
         drifted = prompt_drift("default")
@@ -653,7 +653,7 @@ def check_six_field_schedules(
     if not databases or "default" not in databases:
         return []
     from durable_agents.models import AgentSchedule
-    from durable_agents.schedules import five_fields
+    from durable_agents.schedules.defining import five_fields
 
     try:
         stored = list(
@@ -770,7 +770,7 @@ def database_host_problems(databases: dict[str, Any]) -> list[CheckMessage]:
 
 @register()
 def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from durable_agents.agents import registry
+    from durable_agents.declare.agents import registry
 
     messages: list[CheckMessage] = []
     for agent in registry.all():
@@ -817,8 +817,8 @@ def check_shutdown_grace(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
     one runs (Ctrl-C, a deploy's SIGTERM) abandons it when the grace ends, and its intent's
     outcome becomes unknown, for a person to find out and resolve. One warning per tool, at
     the longest timeout any agent gives it."""
-    from durable_agents.agents import registry
-    from durable_agents.tools import EffectClass
+    from durable_agents.declare.agents import registry
+    from durable_agents.declare.tools import EffectClass
 
     grace, ceiling = app_settings.SHUTDOWN_GRACE_SECONDS, app_settings.TOOL_TIMEOUT
     if not all(_in_bounds(v, False, 0, True) for v in (grace, ceiling)):

@@ -6,9 +6,8 @@ builtin class it had before the base existed (``AgentNotFound`` is still a ``Loo
 goes on working.
 
 Every one of them is defined here and importable from here; the modules that raise them
-import them from here and keep their old names importable (``durable_agents.forks.ForkRefused``,
-``durable_agents.llm.ModelError``, ``durable_agents.store.base.WaitRefused``, ...: the same
-classes). The tree::
+import them from here, and some name them too (``durable_agents.llm.ModelError``,
+``durable_agents.store.base.WaitRefused``, ...: the same classes). The tree::
 
     DurableAgentsError
     ├── DurableAgentsValueError (also ValueError): a value the call does not take
@@ -278,7 +277,7 @@ class TransientModelError(ModelError):
 class CredentialsRefused(TransientModelError):
     """The API refused the credentials (401, 403), or the client had none to send: not the
     run's fault, and no retry of this claim can help. The run is handed back uncounted and the
-    worker pauses its claims (``durable_agents.credentials``)."""
+    worker pauses its claims (``durable_agents.engine.credentials``)."""
 
 
 class ModelCallInterrupted(ModelError):

@@ -31,8 +31,8 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import translation
 from django.utils.translation import gettext
 
+from durable_agents._internal.text import storable_text
 from durable_agents.conf import app_settings
-from durable_agents.text import storable_text
 
 logger = logging.getLogger("durable_agents.notifications")
 

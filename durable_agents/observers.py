@@ -60,7 +60,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 if TYPE_CHECKING:
-    from durable_agents.agents import Agent
+    from durable_agents.declare.agents import Agent
     from durable_agents.llm.errors import ModelTurn
     from durable_agents.store.base import Claim
 

@@ -25,7 +25,7 @@ transaction: tools that use the database (``spawn_run`` does) work under pytest-
 plain ``db`` fixture. Tool timeouts are not enforced there: a call runs to its end.
 
 ``replay(run_id)`` plays a recorded run's tool calls to today's tool code (no model call) and
-reports what changed; it lives in ``durable_agents.replay``.
+reports what changed; it lives in ``durable_agents.forks.replay``.
 
 The pytest fixtures around it live in ``durable_agents.pytest_plugin``.
 """
@@ -45,10 +45,13 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
-from durable_agents import api, calls, llm, store
+from durable_agents import api, llm, store
+from durable_agents._internal import calls
+from durable_agents._internal.interrupt import Interrupt
 from durable_agents.conf import app_settings
-from durable_agents.history import Conversation, step_message
-from durable_agents.interrupt import Interrupt
+from durable_agents.engine.history import Conversation, step_message
+from durable_agents.engine.runner import advance_run
+from durable_agents.forks.replay import ReplayError, ReplayReport, replay
 from durable_agents.models import (
     CLAIMABLE_STATUSES,
     AgentQuestion,
@@ -63,8 +66,6 @@ from durable_agents.models import (
     WaitKind,
     steps_of,
 )
-from durable_agents.replay import ReplayError, ReplayReport, replay
-from durable_agents.runner import advance_run
 
 __all__ = [
     "KEEP_WAITING",
@@ -156,7 +157,7 @@ class RunResult:
 
     def tool_calls(self) -> list[ToolCall]:
         """Every call the model made, in order, with the recorded outcome."""
-        from durable_agents.effects import idempotency_key
+        from durable_agents.engine.effects import idempotency_key
 
         by_key = {e.key: e for e in self.effects}
         calls = []
@@ -287,7 +288,7 @@ class FakeClock:
     def fire_schedules(self) -> list[AgentRun]:
         """Fire every schedule slot due by this clock's time (``advance`` does); returns the
         runs started, also appended to ``fired``."""
-        from durable_agents.schedule_firing import fire_due
+        from durable_agents.schedules.firing import fire_due
 
         now = self.now()
         started: list[AgentRun] = []

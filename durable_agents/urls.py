@@ -5,7 +5,7 @@ GET runs/<id>/events    text/event-stream (``views.run_events``)
 
 from django.urls import path
 
-from durable_agents import views
+from durable_agents.live import views
 
 app_name = "durable_agents"
 

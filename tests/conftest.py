@@ -22,9 +22,10 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 
-from durable_agents import credentials, llm
+from durable_agents import llm
+from durable_agents.engine import credentials
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep
-from durable_agents.worker import Worker
 from tests.fakeserver import FakeAnthropic
 from tests.testapp import receiver as receiver_module
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from durable_agents.deepjson import loads_deep
+from durable_agents._internal.deepjson import loads_deep
 from durable_agents.offline import RateLimits, ScriptedModel
 from durable_agents.offline.transport import SHUTDOWN_POLL
 

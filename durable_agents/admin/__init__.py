@@ -10,9 +10,10 @@ what people set: their change forms save through the api (``durable_agents.sched
 ``set_key_budget``).
 
 Hostile input is expected everywhere: model and tool text is escaped, marked where it cannot be
-encoded (``durable_agents.text.storable_text``), its invisible and direction-changing characters
-drawn as markers under a warning (``durable_agents.text.reveal_invisible``, the ``reveal``
-template filter) and cut to a bound with a link to the whole;
+encoded (``durable_agents._internal.text.storable_text``), its invisible and
+direction-changing characters drawn as markers under a warning
+(``durable_agents._internal.text.reveal_invisible``, the ``reveal`` template filter) and cut
+to a bound with a link to the whole;
 malformed ids give 404; a confirmation page acts on exactly the objects it listed.
 
 Every word the admin shows is translatable: labels, titles, filters and actions with

@@ -24,11 +24,11 @@ from django.urls import URLPattern, reverse
 from django.utils.translation import gettext
 from django.views.decorators.http import require_http_methods, require_POST
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
+from durable_agents._internal.counting import Count
+from durable_agents._internal.text import plain_markers
 from durable_agents.admin.format import Text
 from durable_agents.admin.listing import EstimatingPaginator
-from durable_agents.counting import Count
-from durable_agents.text import plain_markers
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin as _ModelAdmin

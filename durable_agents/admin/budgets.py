@@ -18,10 +18,12 @@ from django.http import Http404, HttpRequest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api, budgets
+from durable_agents import api
+from durable_agents._internal.text import has_unstorable
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import revealed_field
 from durable_agents.admin.keys import limit_in_force_text
+from durable_agents.flow import budgets
 from durable_agents.models import (
     MAX_CONCURRENCY_KEY,
     AgentRun,
@@ -31,7 +33,6 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.store.rows import utc_day
-from durable_agents.text import has_unstorable
 
 MONEY = DecimalField(max_digits=20, decimal_places=9)
 USD_PER_DAY = _("USD per day")

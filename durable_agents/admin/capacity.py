@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from durable_agents.admin.base import AgentsAdmin
-from durable_agents.capacity import buckets
+from durable_agents.flow.capacity import buckets
 from durable_agents.models import (
     AgentRun,
     CapacityEvent,

@@ -11,8 +11,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 
+from durable_agents.flow.pricing import QUANTUM, add_cost, format_usd
 from durable_agents.models import AgentRun
-from durable_agents.pricing import QUANTUM, add_cost, format_usd
 
 # A run page adds up at most this many descendants' costs; past it the family's figure says
 # "at least".

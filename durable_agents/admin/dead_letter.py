@@ -21,16 +21,16 @@ from django.urls import URLPattern, path
 from django.utils.http import urlencode
 from django.utils.translation import gettext
 
-from durable_agents import counting
+from durable_agents._internal import counting
+from durable_agents._internal.counting import bounded_count
+from durable_agents._internal.text import storable_text
 from durable_agents.admin.base import clean_pk
 from durable_agents.admin.format import cut_at_word
 from durable_agents.admin.run_actions import RUN_ACTION_LIMIT, RunActions
 from durable_agents.causes import error_reason
-from durable_agents.counting import bounded_count
 from durable_agents.models import (
     AgentRun,
 )
-from durable_agents.text import storable_text
 
 # Causes (groups) per page of the dead letter.
 DEAD_GROUPS_PER_PAGE = 20

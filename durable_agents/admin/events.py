@@ -28,7 +28,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api, encryption
+from durable_agents import api
+from durable_agents._internal import encryption
+from durable_agents._internal.text import has_unstorable, plain_markers, revealed, storable_text
 from durable_agents.admin.base import (
     SEND_EVENT_PERMISSION,
     CountedChangeList,
@@ -57,7 +59,6 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import has_unstorable, plain_markers, revealed, storable_text
 
 
 def send_event_as(

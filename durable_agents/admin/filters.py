@@ -12,12 +12,12 @@ from django.http import HttpRequest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents._internal.text import plain_markers
 from durable_agents.admin.listing import distinct_values
 from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import plain_markers
 
 
 class WaitingForFilter(admin.SimpleListFilter):

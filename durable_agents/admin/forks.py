@@ -23,13 +23,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api, forks
-from durable_agents.admin.base import AgentsAdmin, get_or_404
-from durable_agents.admin.format import RUN_COLORS, badge, load_json
-from durable_agents.admin.transcript import TranscriptStep, describe_step
-from durable_agents.deepjson import loads_deep
-from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent, steps_of
-from durable_agents.text import (
+from durable_agents import api
+from durable_agents._internal.deepjson import loads_deep
+from durable_agents._internal.text import (
     Unstorable,
     check_depth,
     invisible_characters,
@@ -37,6 +33,11 @@ from durable_agents.text import (
     plain_markers,
     storable_text,
 )
+from durable_agents.admin.base import AgentsAdmin, get_or_404
+from durable_agents.admin.format import RUN_COLORS, badge, load_json
+from durable_agents.admin.transcript import TranscriptStep, describe_step
+from durable_agents.forks import planning as forks
+from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent, steps_of
 
 if TYPE_CHECKING:
     from django.utils.safestring import SafeString

@@ -20,8 +20,15 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, gettext_noop, pgettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import encryption
-from durable_agents.deepjson import dumps_deep, loads_deep
+from durable_agents._internal import encryption
+from durable_agents._internal.deepjson import dumps_deep, loads_deep
+from durable_agents._internal.text import (
+    count_invisible,
+    invisible_warning,
+    reveal_invisible,
+    revealed,
+    storable_text,
+)
 from durable_agents.models import (
     AgentQuestion,
     AgentRun,
@@ -30,13 +37,6 @@ from durable_agents.models import (
     RunStatus,
     ToolEffect,
     ToolIntent,
-)
-from durable_agents.text import (
-    count_invisible,
-    invisible_warning,
-    reveal_invisible,
-    revealed,
-    storable_text,
 )
 
 if TYPE_CHECKING:

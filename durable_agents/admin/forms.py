@@ -10,9 +10,9 @@ from django.core.exceptions import ValidationError
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents.agents import registry
-from durable_agents.deepjson import loads_deep
-from durable_agents.text import Unstorable, check_depth, has_unstorable, storable_text
+from durable_agents._internal.deepjson import loads_deep
+from durable_agents._internal.text import Unstorable, check_depth, has_unstorable, storable_text
+from durable_agents.declare.agents import registry
 
 # What the model is told when a person rejects its call.
 REASON_MAX_CHARS = 5_000

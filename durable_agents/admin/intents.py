@@ -31,7 +31,10 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, gettext_noop, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api, encryption
+from durable_agents import api
+from durable_agents._internal import encryption
+from durable_agents._internal.counting import count_at_most
+from durable_agents._internal.text import plain_markers, revealed, storable_text
 from durable_agents.admin.base import (
     FINGERPRINT_FIELD,
     ConfirmRow,
@@ -60,13 +63,11 @@ from durable_agents.admin.format import (
 from durable_agents.admin.forms import RejectForm, ResolveForm
 from durable_agents.admin.listing import EstimatingPaginator
 from durable_agents.admin.transcript import StepUrl, model_turn_for_intent
-from durable_agents.counting import count_at_most
 from durable_agents.models import (
     IntentStatus,
     ToolEffect,
     ToolIntent,
 )
-from durable_agents.text import plain_markers, revealed, storable_text
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 # A confirmation page lists, and posts back, at most this many intents (each with the

@@ -21,9 +21,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents._internal.text import plain_markers, revealed, storable_text
 from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus
 from durable_agents.store import concurrency, key_rows
-from durable_agents.text import plain_markers, revealed, storable_text
 
 # The filter lists this many keys (in key order); any other is reached from a run's page (its
 # key links to the list filtered by it) or by the URL parameter.
@@ -105,7 +105,7 @@ def key_limit(key: str, row_limit: int | None) -> tuple[int | None, str]:
 
 def agent_limits() -> list[tuple[str, int]]:
     """The registered agents that limit their runs per key themselves, and their limits."""
-    from durable_agents.agents import registry
+    from durable_agents.declare.agents import registry
 
     return sorted(
         (agent.label, agent.concurrency_limit)

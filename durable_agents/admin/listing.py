@@ -20,11 +20,10 @@ request, and where each step lives:
 4. **Paging** reaches back ``EXACT_COUNT_LIMIT`` rows (``EstimatingPaginator.max_pages``
    pages), so that no page asks for a deep OFFSET; a filter or a search goes further.
 
-Counting itself is ``durable_agents.counting`` (the figures and the Prometheus gauges count
-the same way). What differs between databases in search is behind ``Dialect``: PostgreSQL
-looks words up in its trigram indexes; the portable dialect (SQLite) scans for words, which is
-fine at its sizes. Both match
-words the same way (``Dialect.contains_words``).
+Counting itself is ``durable_agents._internal.counting`` (the figures and the Prometheus
+gauges count the same way). What differs between databases in search is behind ``Dialect``:
+PostgreSQL looks words up in its trigram indexes; the portable dialect (SQLite) scans for words,
+which is fine at its sizes. Both match words the same way (``Dialect.contains_words``).
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySe
 from django.utils.functional import cached_property
 from django.utils.translation import gettext, ngettext
 
-from durable_agents import counting, encryption
-from durable_agents.counting import Count, bounded_count
+from durable_agents._internal import counting, encryption
+from durable_agents._internal.counting import Count, bounded_count
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
 
 # Distinct values a filter lists (agents, models); more than that is not a filter any more.

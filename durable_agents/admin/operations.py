@@ -15,13 +15,21 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.translation import gettext, ngettext
 
-from durable_agents import counting
+from durable_agents._internal import counting
+from durable_agents._internal.counting import bounded_count
 from durable_agents.admin.base import AgentsAdmin
 from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
 from durable_agents.admin.schedules import schedule_panel
 from durable_agents.admin.waits import cut_summary
-from durable_agents.counting import bounded_count
-from durable_agents.figures import (
+from durable_agents.flow.pricing import add_cost, format_usd
+from durable_agents.models import (
+    FINISHED_STATUSES,
+    AgentRun,
+    MetricsSnapshot,
+    RunStatus,
+    WaitKind,
+)
+from durable_agents.observe.figures import (
     ATTEMPTS_CAP,
     COST_DAYS,
     FINISHED_WINDOW,
@@ -34,14 +42,6 @@ from durable_agents.figures import (
     percentile,
     read_figures,
 )
-from durable_agents.models import (
-    FINISHED_STATUSES,
-    AgentRun,
-    MetricsSnapshot,
-    RunStatus,
-    WaitKind,
-)
-from durable_agents.pricing import add_cost, format_usd
 
 
 @dataclass

@@ -26,7 +26,15 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api, encryption
+from durable_agents import api
+from durable_agents._internal import encryption
+from durable_agents._internal.text import (
+    count_invisible,
+    invisible_warning,
+    plain_markers,
+    revealed,
+    storable_text,
+)
 from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
 from durable_agents.admin.format import (
     ago,
@@ -44,13 +52,6 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     QuestionStatus,
-)
-from durable_agents.text import (
-    count_invisible,
-    invisible_warning,
-    plain_markers,
-    revealed,
-    storable_text,
 )
 
 

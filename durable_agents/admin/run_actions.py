@@ -18,6 +18,7 @@ from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api
+from durable_agents._internal.text import plain_markers, storable_text
 from durable_agents.admin.base import SEND_EVENT_PERMISSION, AgentsAdmin, ConfirmRow, get_or_404
 from durable_agents.admin.events import already_sent_message, send_event_as
 from durable_agents.admin.format import cut_at_word
@@ -28,7 +29,6 @@ from durable_agents.models import (
     RunStatus,
     WaitKind,
 )
-from durable_agents.text import plain_markers, storable_text
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise

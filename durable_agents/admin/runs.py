@@ -26,6 +26,8 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api
+from durable_agents._internal.counting import bounded_count
+from durable_agents._internal.text import plain_markers, revealed, storable_text
 from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
 from durable_agents.admin.capacity import CapacityPage
 from durable_agents.admin.costs import list_cost, run_page_cost
@@ -71,8 +73,7 @@ from durable_agents.admin.undecodable import (
     run_reading_what_decodes,
 )
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
-from durable_agents.agents import AgentNotFound
-from durable_agents.counting import bounded_count
+from durable_agents.declare.agents import AgentNotFound
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     AgentEvent,
@@ -82,7 +83,6 @@ from durable_agents.models import (
     ToolEffect,
     WaitKind,
 )
-from durable_agents.text import plain_markers, revealed, storable_text
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise

@@ -16,11 +16,11 @@ from django.utils.translation import gettext, ngettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.admin.forms import MarkedTextarea, MarkedTextInput
-from durable_agents.agents import registry
 from durable_agents.api import check_priority, check_task
+from durable_agents.declare.agents import registry
 from durable_agents.exceptions import CronExpressionError
 from durable_agents.models import AgentSchedule
-from durable_agents.schedules import check_name, check_timing, five_fields, time_zone
+from durable_agents.schedules.defining import check_name, check_timing, five_fields, time_zone
 from durable_agents.store.concurrency import check_concurrency_key
 
 SCHEDULE_COLORS = {"active": "#1a7f37", "paused": "#57606a", "broken": "#c62828"}

@@ -27,7 +27,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import schedules
+from durable_agents._internal.text import plain_markers, revealed, storable_text
 from durable_agents.admin.base import AgentsAdmin, ConfirmRow, StrictChangeList, get_or_404
 from durable_agents.admin.format import RUN_COLORS, RUN_SHORT_LABELS, badge, format_time, time_field
 from durable_agents.admin.schedule_forms import (
@@ -41,7 +41,7 @@ from durable_agents.admin.schedule_forms import (
 )
 from durable_agents.exceptions import AgentNotFound
 from durable_agents.models import AgentRun, AgentSchedule, RunStatus
-from durable_agents.text import plain_markers, revealed, storable_text
+from durable_agents.schedules import defining as schedules
 
 RUN_PERMISSION = "durable_agents.run_agentschedule"
 # "Run now" from the list lists, and posts back, at most this many schedules.

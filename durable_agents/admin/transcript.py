@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils.translation import gettext
 
+from durable_agents._internal.text import storable_text
 from durable_agents.admin.format import (
     TEXT_SHOWN_CHARS,
     IntentLine,
@@ -27,7 +28,6 @@ from durable_agents.models import (
     ToolIntent,
     steps_of,
 )
-from durable_agents.text import storable_text
 
 
 @dataclass

@@ -17,7 +17,8 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
+from durable_agents._internal.text import storable_text
 from durable_agents.admin.format import (
     RUN_COLORS,
     TEXT_SHOWN_CHARS,
@@ -37,7 +38,6 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
-from durable_agents.text import storable_text
 
 # Characters of an event name or a question in one line of the runs list.
 WAIT_SUMMARY_CHARS = 60

@@ -25,10 +25,10 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.urls import reverse
 
-from durable_agents import waits
+from durable_agents._internal.text import storable_text
+from durable_agents.declare import waits
 from durable_agents.live.events import BadEventId, Cursor, Event, events_after
 from durable_agents.live.hub import Hub, ReaderDropped
-from durable_agents.text import storable_text
 
 __all__ = [
     "STREAM_COOKIE",

@@ -31,9 +31,9 @@ from django.db.models import BooleanField, F, Max, Window
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import RowNumber
 
-from durable_agents.deepjson import loads_deep
+from durable_agents._internal.deepjson import loads_deep
+from durable_agents.engine.history import message_text
 from durable_agents.exceptions import BadEventId as BadEventId  # in the one error tree
-from durable_agents.history import message_text
 from durable_agents.models import (
     ENDED_STATUSES,
     AgentProgress,

@@ -374,7 +374,7 @@ class Hub:
         self.listener.start()
 
     def _serve_deltas(self) -> None:
-        from durable_agents.db import dedicated
+        from durable_agents._internal.db import dedicated
 
         while not self.stopping.is_set():
             wrapper = dedicated()

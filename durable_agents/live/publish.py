@@ -127,7 +127,7 @@ class DeltaPublisher:
                 return
 
     def _notify(self, payload: str) -> None:
-        from durable_agents.db import dedicated
+        from durable_agents._internal.db import dedicated
 
         if self._wrapper is None:
             self._wrapper = dedicated()

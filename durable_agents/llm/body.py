@@ -14,9 +14,9 @@ import json.scanner
 import time
 from typing import Any
 
-from durable_agents.deepjson import loads_deep, value_end
+from durable_agents._internal.deepjson import loads_deep, value_end
+from durable_agents._internal.text import storable_text
 from durable_agents.llm.errors import ModelTurn, PermanentModelError
-from durable_agents.text import storable_text
 
 # typeshed types the context as a make_scanner; the C scanner takes any JSONDecoder.
 _scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]

@@ -25,9 +25,10 @@ from typing import Any
 import anthropic
 import httpx2
 
-from durable_agents import calls, observers
+from durable_agents import observers
+from durable_agents._internal import calls
+from durable_agents._internal.interrupt import Interrupt
 from durable_agents.conf import app_settings
-from durable_agents.interrupt import Interrupt
 from durable_agents.llm.body import read_turn, request_body
 from durable_agents.llm.client import (
     Answer,

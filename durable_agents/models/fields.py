@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-from durable_agents.encryption import Unreadable, seal, unseal_field
+from durable_agents._internal.encryption import Unreadable, seal, unseal_field
+from durable_agents._internal.text import json_text
 from durable_agents.exceptions import StoredValueError
-from durable_agents.text import json_text
 
 if TYPE_CHECKING:
     # The stubs' TextField is generic (set and get types); Django's class takes no subscript.

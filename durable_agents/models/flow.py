@@ -59,7 +59,7 @@ class ModelCapacity(models.Model):
     tokens, output tokens per minute) refilled continuously, and a pause after a 429.
 
     One row per model, shared by every worker: a grant takes from the buckets under the row's
-    lock (``durable_agents.capacity``), so the fleet as a whole stays within the limits, not
+    lock (``durable_agents.flow.capacity``), so the fleet as a whole stays within the limits, not
     each worker on its own. Limits come from ``RATE_LIMITS`` or, without it, from what the API
     says in its ``anthropic-ratelimit-*`` headers. A limit of NULL means none (no bucket).
     """

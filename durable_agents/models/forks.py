@@ -5,7 +5,7 @@ A fork's log up to its fork point is the original's, byte for byte; rather than 
 (a 2,000-step run with 20 MB of payloads would take half a second to copy), the fork holds one
 row here per stretch of another run's log it reads: steps ``lo`` to ``hi - 1`` of ``source``.
 Its own steps (from the fork point on, and any copied in later) are ordinary ``agent_step`` rows
-of its own. ``durable_agents.forks`` writes these rows and says how the log is read."""
+of its own. ``durable_agents.forks.planning`` writes these rows and says how the log is read."""
 
 from __future__ import annotations
 

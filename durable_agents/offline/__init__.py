@@ -34,7 +34,7 @@ One module per job:
 - ``wire``: what the model shares with the real API (constants, error answers, ids, JSON bytes).
 """
 
-from durable_agents.deepjson import dumps_deep, loads_deep
+from durable_agents._internal.deepjson import dumps_deep, loads_deep
 from durable_agents.offline.compaction import (
     COMPACT_BETA,
     CONTEXT_EDITING_BETA,

@@ -36,7 +36,7 @@ import hashlib
 import hmac
 from typing import Any, NamedTuple
 
-from durable_agents.deepjson import loads_deep
+from durable_agents._internal.deepjson import loads_deep
 from durable_agents.offline.script import Script
 from durable_agents.offline.signatures import canonical_bytes
 from durable_agents.offline.wire import blocks_of, invalid, text_of

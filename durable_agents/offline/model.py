@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx2
 
-from durable_agents.deepjson import loads_deep
+from durable_agents._internal.deepjson import loads_deep
 from durable_agents.offline.compaction import (
     CompactionEdit,
     View,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from durable_agents.deepjson import loads_deep
+from durable_agents._internal.deepjson import loads_deep
 from durable_agents.offline.compaction import View
 from durable_agents.offline.signatures import SIGNATURE_ERROR, Signer, canonical_bytes, sign
 from durable_agents.offline.wire import blocks_of, compaction_only, invalid

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_agents.deepjson import dumps_deep, loads_deep, raw_decode_deep
+from durable_agents._internal.deepjson import dumps_deep, loads_deep, raw_decode_deep
 from durable_agents.offline.wire import RequestError, invalid
 
 LATENCY_DIRECTIVE = "latency"

@@ -11,7 +11,7 @@ import hmac
 import json
 from typing import Any
 
-from durable_agents.deepjson import dumps_deep
+from durable_agents._internal.deepjson import dumps_deep
 
 SIGNATURE_ERROR = "Invalid `signature` in `thinking` block"
 

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from durable_agents.deepjson import dumps_deep
+from durable_agents._internal.deepjson import dumps_deep
 
 DEFAULT_SECRET = b"durable-agents-offline"
 

@@ -69,9 +69,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
+from durable_agents._internal.text import storable_text
 from durable_agents.causes import cause_of
 from durable_agents.exceptions import WaitRefused as WaitRefused
+from durable_agents.flow.pricing import Usage
 from durable_agents.models import (
     STEP_PAYLOAD,
     AgentEvent,
@@ -82,13 +84,11 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
-from durable_agents.pricing import Usage
-from durable_agents.text import storable_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from durable_agents.capacity.gate import CapacityGate
+    from durable_agents.flow.capacity.gate import CapacityGate
     from durable_agents.models import AgentSchedule
     from durable_agents.store.rows import DueSchedules, SlotStart
 
@@ -343,7 +343,7 @@ class Store(abc.ABC):
     def capacity(self) -> CapacityGate:
         """The fleet's grants of model capacity (rate limits, pauses after a 429), kept where
         this store keeps runs: the ORM's gate here, one in memory for ``InMemoryStore``."""
-        from durable_agents.capacity.portable import PortableCapacity
+        from durable_agents.flow.capacity.portable import PortableCapacity
 
         return PortableCapacity()
 

@@ -72,10 +72,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from durable_agents._internal.text import has_unstorable
 from durable_agents.conf import app_settings
 from durable_agents.exceptions import InvalidArgument
 from durable_agents.models import MAX_CONCURRENCY_KEY, AgentRun
-from durable_agents.text import has_unstorable
 
 # How far apart the turns of one key's runs are (see the module docstring).
 FAIR_SPACING = datetime.timedelta(seconds=1)

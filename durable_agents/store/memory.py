@@ -30,8 +30,10 @@ from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from durable_agents.capacity.gate import CapacityGate
-from durable_agents.capacity.memory import InMemoryCapacity
+from durable_agents._internal.text import storable_text
+from durable_agents.flow.capacity.gate import CapacityGate
+from durable_agents.flow.capacity.memory import InMemoryCapacity
+from durable_agents.flow.pricing import add_cost
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
@@ -47,7 +49,6 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
-from durable_agents.pricing import add_cost
 from durable_agents.store import concurrency, memory_waits
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
@@ -74,7 +75,6 @@ from durable_agents.store.memory_waits import _copy
 from durable_agents.store.portable_debounce import DEBOUNCED_FIELDS
 from durable_agents.store.rollup import UsageRows, count_in_rows
 from durable_agents.store.transitions import mark_transitioned
-from durable_agents.text import storable_text
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 

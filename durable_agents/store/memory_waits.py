@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db.models import Model
 
+from durable_agents._internal.text import storable_text
 from durable_agents.models import (
     ENDED_STATUSES,
     AgentEvent,
@@ -40,7 +41,6 @@ from durable_agents.store.base import (
     tree_root,
 )
 from durable_agents.store.transitions import mark_transitioned
-from durable_agents.text import storable_text
 
 if TYPE_CHECKING:
     from durable_agents.store.memory import InMemoryStore

@@ -39,6 +39,7 @@ from django.db.models import (
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
 
+from durable_agents._internal.text import json_text, storable_text
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     ENDED_STATUSES,
@@ -88,7 +89,6 @@ from durable_agents.store.base import (
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.rows import DueSchedules, SlotStart
 from durable_agents.store.transitions import mark_transitioned
-from durable_agents.text import json_text, storable_text
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 

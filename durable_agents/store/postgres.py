@@ -52,8 +52,10 @@ from typing import Any
 from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
+from durable_agents._internal.text import storable_text
 from durable_agents.exceptions import StoredValueError
+from durable_agents.flow.pricing import Usage
 from durable_agents.models import (
     STEP_PAYLOAD,
     AgentEvent,
@@ -65,7 +67,6 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
-from durable_agents.pricing import Usage
 from durable_agents.store import (
     concurrency,
     key_rows,
@@ -105,7 +106,6 @@ from durable_agents.store.postgres_schedules import (
     TAKE_DUE_SQL as TAKE_DUE_SQL,
 )
 from durable_agents.store.rows import DueSchedules, SlotStart, usage_shard
-from durable_agents.text import storable_text
 
 # -- Fragments -------------------------------------------------------------------------------
 

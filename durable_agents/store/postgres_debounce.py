@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connection
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
 from durable_agents.models import STEP_PAYLOAD, AgentRun, ConcurrencyKey
 from durable_agents.store import portable_debounce
 from durable_agents.store.portable_debounce import DEBOUNCED_FIELDS

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import connection
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
 from durable_agents.models import STEP_PAYLOAD, AgentRun, AgentSchedule
 from durable_agents.store.concurrency import FAIR_SPACING
 from durable_agents.store.rows import DueSchedules, SlotStart

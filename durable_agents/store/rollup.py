@@ -12,8 +12,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import DecimalField, F, Value
 from django.db.models.functions import Coalesce
 
+from durable_agents.flow.pricing import Usage, add_cost
 from durable_agents.models import AgentRun, AgentUsageDay
-from durable_agents.pricing import Usage, add_cost
 from durable_agents.store.rows import usage_shard, utc_day
 
 # The rollup's rows in memory (``InMemoryStore``), by the key of the table's unique index.

@@ -14,7 +14,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from durable_agents import text
+from durable_agents._internal import text
 
 register = template.Library()
 

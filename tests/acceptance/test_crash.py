@@ -22,7 +22,7 @@ import pytest
 from django.db import connection
 
 import durable_agents
-from durable_agents import effects
+from durable_agents.engine import effects
 from durable_agents.models import (
     AgentRun,
     AgentStep,

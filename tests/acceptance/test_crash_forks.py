@@ -30,9 +30,9 @@ import pytest
 from django.contrib.auth.models import User
 
 import durable_agents
-from durable_agents import effects
-from durable_agents.deepjson import loads_deep
-from durable_agents.forks import calls_made_by
+from durable_agents._internal.deepjson import loads_deep
+from durable_agents.engine import effects
+from durable_agents.forks.planning import calls_made_by
 from durable_agents.models import (
     ENDED_STATUSES,
     AgentRun,

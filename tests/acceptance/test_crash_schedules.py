@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 
 from durable_agents.models import AgentRun, AgentSchedule, RunStatus
-from durable_agents.schedules import schedule, slot_key
+from durable_agents.schedules.defining import schedule, slot_key
 from tests.conftest import WorkerProcess, wait_for
 
 pytestmark = [

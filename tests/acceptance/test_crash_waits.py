@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import durable_agents
-from durable_agents import effects
+from durable_agents.engine import effects
 from durable_agents.models import AgentRun, RunStatus, ToolEffect, WaitKind
 from tests.conftest import Receiver, backend_waits_on_lock, database_url, wait_for
 

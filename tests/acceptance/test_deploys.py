@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 import durable_agents
-from durable_agents.agents import Agent, registry
+from durable_agents.declare.agents import Agent, registry
 from durable_agents.models import AgentRun, RunStatus, ToolIntent
 from tests.conftest import run_worker
 from tests.testapp.agents import TOOLS, lookup

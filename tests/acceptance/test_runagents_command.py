@@ -16,7 +16,7 @@ from django.core.management.base import CommandError, CommandParser
 
 import durable_agents
 from durable_agents import store
-from durable_agents.agents import registry
+from durable_agents.declare.agents import registry
 from durable_agents.management.commands.runagents import Command
 from durable_agents.models import AgentRun, RunStatus
 from tests.conftest import ROOT, database_url, free_port

@@ -90,7 +90,7 @@ def test_a_database_that_goes_away_is_one_error_line_not_a_traceback_per_poll(
     import logging
     import threading
 
-    from durable_agents.worker import Worker
+    from durable_agents.engine.worker import Worker
 
     worker = Worker(handle_signals=False, poll_interval=0.05)
     with connection.cursor() as cursor:

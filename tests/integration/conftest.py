@@ -18,8 +18,8 @@ from django.db import connection, connections
 import durable_agents
 from durable_agents import api
 from durable_agents.admin.run_actions import RunActions
-from durable_agents.agents import Agent, registry
-from durable_agents.history import Conversation, step_message
+from durable_agents.declare.agents import Agent, registry
+from durable_agents.engine.history import Conversation, step_message
 from durable_agents.live import publish as live_publish
 from durable_agents.live.hub import Hub
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, StepKind, ToolIntent

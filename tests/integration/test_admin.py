@@ -20,7 +20,8 @@ from django.utils import timezone
 from django.utils.html import escape
 
 import durable_agents
-from durable_agents import api, housekeeping, store
+from durable_agents import api, store
+from durable_agents.housekeeping import sweeps as housekeeping
 from durable_agents.models import (
     AgentRun,
     AgentStep,

@@ -16,8 +16,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from durable_agents import housekeeping
 from durable_agents.api import set_key_budget, start_run
+from durable_agents.housekeeping import sweeps as housekeeping
 from durable_agents.models import AgentRun, ConcurrencyKey, RunStatus, WaitKind
 
 pytestmark = pytest.mark.django_db

@@ -88,7 +88,7 @@ def test_the_page_needs_the_view_permission() -> None:
 
 
 def test_housekeeping_prunes_the_capacity_record_after_a_week() -> None:
-    from durable_agents import housekeeping
+    from durable_agents.housekeeping import sweeps as housekeeping
 
     now = timezone.now()
     old = CapacityEvent.objects.create(

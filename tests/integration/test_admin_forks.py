@@ -17,10 +17,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from durable_agents import Agent, api, housekeeping, tool
+from durable_agents import Agent, api, tool
+from durable_agents._internal.deepjson import loads_deep
 from durable_agents.admin import listing
-from durable_agents.deepjson import loads_deep
-from durable_agents.forks import ForkRefused
+from durable_agents.forks.planning import ForkRefused
+from durable_agents.housekeeping import sweeps as housekeeping
 from durable_agents.models import AgentRun, AgentStep, RunStatus, steps_of
 from durable_agents.testing import plan
 from tests.conftest import run_worker

@@ -24,7 +24,7 @@ import durable_agents
 from durable_agents import causes
 from durable_agents.admin import format as views
 from durable_agents.admin.forms import RejectForm, StartRunForm
-from durable_agents.agents import Agent, registry
+from durable_agents.declare.agents import Agent, registry
 from durable_agents.models import (
     AgentRun,
     AgentStep,

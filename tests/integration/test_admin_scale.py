@@ -18,10 +18,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
-from durable_agents import counting, housekeeping, store
+from durable_agents import store
+from durable_agents._internal import counting
 from durable_agents.admin import AgentRunAdmin, listing
 from durable_agents.admin import dead_letter as views
 from durable_agents.causes import backfill_causes, cause_of
+from durable_agents.housekeeping import sweeps as housekeeping
 from durable_agents.models import (
     AgentRun,
     AgentStep,

@@ -16,9 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from durable_agents import schedules
 from durable_agents.api import start_run
 from durable_agents.models import AgentRun, AgentSchedule, RunStatus
+from durable_agents.schedules import defining as schedules
 from tests.integration.test_admin import ESCAPED, SCRIPT, messages_of
 
 pytestmark = pytest.mark.django_db

@@ -17,8 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import connection
 
 import durable_agents
-from durable_agents import api, effects
-from durable_agents.agents import AgentNotFound, registry
+from durable_agents import api
 from durable_agents.api import (
     approve_intent,
     cancel_run,
@@ -27,6 +26,8 @@ from durable_agents.api import (
     resolve_intent,
     start_run,
 )
+from durable_agents.declare.agents import AgentNotFound, registry
+from durable_agents.engine import effects
 from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolEffect, ToolIntent
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import durable_agents
+from durable_agents.engine.runner import tokens_of
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
-from durable_agents.runner import tokens_of
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,8 +12,8 @@ import pytest
 
 from durable_agents import store
 from durable_agents.api import start_run
-from durable_agents.capacity import Estimate
-from durable_agents.capacity.portable import PortableCapacity
+from durable_agents.flow.capacity import Estimate
+from durable_agents.flow.capacity.portable import PortableCapacity
 from durable_agents.models import AgentRun, CapacityEvent, ModelCapacity, RunStatus
 from tests.conftest import wait_for
 from tests.fakeserver import FakeAnthropic, api_error
@@ -115,7 +115,7 @@ def test_grants_are_race_free_between_connections(da_settings: Any) -> None:
 
 
 def test_the_claimer_takes_no_more_runs_than_there_is_room_for(da_settings: Any) -> None:
-    from durable_agents.worker import FIRST_CLAIMS, NO_LIMIT, Worker
+    from durable_agents.engine.worker import FIRST_CLAIMS, NO_LIMIT, Worker
 
     for _ in range(8):
         start_run("tester", '@lookup {"key": "a"}')

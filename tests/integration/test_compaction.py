@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from durable_agents import llm
-from durable_agents.agents import Agent, registry
 from durable_agents.api import messages_for, start_run
-from durable_agents.history import Conversation, step_message
+from durable_agents.declare.agents import Agent, registry
+from durable_agents.engine.history import Conversation, step_message
+from durable_agents.engine.runner import tokens_of
 from durable_agents.models import AgentRun, StepKind
-from durable_agents.runner import tokens_of
 from tests.conftest import own_steps, run_worker
 from tests.fakeserver import FakeAnthropic, api_error
 from tests.testapp.compaction_agents import COMPACT_BETA, COMPACTORS, compaction_params, compactor

@@ -20,12 +20,14 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.urls import reverse
 
-from durable_agents import api, encryption, llm, rekey, store
-from durable_agents.agents import registry
-from durable_agents.history import load_log
-from durable_agents.interrupt import Interrupt
+from durable_agents import api, llm, store
+from durable_agents._internal import encryption
+from durable_agents._internal.interrupt import Interrupt
+from durable_agents.declare.agents import registry
+from durable_agents.engine.history import load_log
+from durable_agents.engine.runner import advance_run
+from durable_agents.housekeeping import rekey
 from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, ToolEffect
-from durable_agents.runner import advance_run
 from durable_agents.store import StepWrite
 from tests.conftest import own_steps, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic

@@ -16,11 +16,12 @@ from django.db.models.functions import Now
 from django.urls import reverse
 
 from durable_agents import checks as da_checks
-from durable_agents import credentials, store
+from durable_agents import store
 from durable_agents.api import start_run
-from durable_agents.figures import Part, read_figures
+from durable_agents.engine import credentials
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, RunStatus, WaitKind
-from durable_agents.worker import Worker
+from durable_agents.observe.figures import Part, read_figures
 from tests.conftest import run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, api_error
 

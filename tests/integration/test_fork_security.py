@@ -21,8 +21,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_agents import Agent, Wait, api, spawn_run, tool
-from durable_agents.forks import ForkRefused
-from durable_agents.housekeeping import apply_retention
+from durable_agents.forks.planning import ForkRefused
+from durable_agents.forks.replay import replay
+from durable_agents.housekeeping.sweeps import apply_retention
 from durable_agents.models import (
     AgentRun,
     IntentStatus,
@@ -31,7 +32,6 @@ from durable_agents.models import (
     ToolIntent,
     steps_of,
 )
-from durable_agents.replay import replay
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic

@@ -16,8 +16,8 @@ from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
 from durable_agents import Agent, api, tool
-from durable_agents.agents import registry
-from durable_agents.housekeeping import apply_retention
+from durable_agents.declare.agents import registry
+from durable_agents.housekeeping.sweeps import apply_retention
 from durable_agents.models import (
     AgentRun,
     AgentStep,

@@ -38,6 +38,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 import durable_agents
+from durable_agents._internal.text import (
+    NUL_MARKER,
+    SURROGATE_MARKER,
+    has_unstorable,
+    storable_text,
+)
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
 from durable_agents.offline import (
     ScriptedModel,
@@ -47,8 +54,6 @@ from durable_agents.offline import (
     offline_client,
     turn_directive,
 )
-from durable_agents.text import NUL_MARKER, SURROGATE_MARKER, has_unstorable, storable_text
-from durable_agents.worker import Worker
 from tests.testapp.fuzz_agents import BUILD_KINDS, EXCEPTION_NAMES, FUZZ_TOOL_NAMES
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,12 +15,12 @@ import pytest
 from django.apps import apps as django_apps
 
 from durable_agents import llm, store
-from durable_agents.agents import registry
+from durable_agents._internal.interrupt import Interrupt
 from durable_agents.api import messages_for, start_run
-from durable_agents.history import load_log, user_message
-from durable_agents.interrupt import Interrupt
+from durable_agents.declare.agents import registry
+from durable_agents.engine.history import load_log, user_message
+from durable_agents.engine.runner import advance_run, tokens_of
 from durable_agents.models import AgentRun, AgentStep
-from durable_agents.runner import advance_run, tokens_of
 from durable_agents.store import StepWrite
 from tests.conftest import own_steps, run_worker
 from tests.fakeserver import FakeAnthropic

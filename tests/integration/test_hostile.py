@@ -20,11 +20,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from durable_agents import Agent, effects, store, tool
-from durable_agents import worker as worker_module
+from durable_agents import Agent, store, tool
 from durable_agents.api import approve_intent, cancel_run, resolve_intent, start_run
+from durable_agents.engine import effects
+from durable_agents.engine import worker as worker_module
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
-from durable_agents.worker import Worker
 from tests.conftest import backend_waits_on_lock, database_url, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic
 

@@ -12,7 +12,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 import durable_agents
-from durable_agents import housekeeping, metrics, signals, store
+from durable_agents import signals, store
+from durable_agents.housekeeping import metrics
+from durable_agents.housekeeping import sweeps as housekeeping
 from durable_agents.models import (
     AgentEvent,
     AgentRun,

@@ -19,9 +19,9 @@ from django.test.utils import CaptureQueriesContext
 
 import durable_agents
 from durable_agents import store
+from durable_agents.engine.worker import Worker, _Held
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind, ToolEffect
 from durable_agents.store import LeaseLoss
-from durable_agents.worker import Worker, _Held
 from tests.conftest import backend_waits_on_lock, wait_for
 from tests.testapp import inflight_agents
 
@@ -184,7 +184,7 @@ def test_a_cancel_lets_a_call_with_a_side_effect_finish_and_records_it(
 def test_the_notify_trigger_fires_for_new_woken_and_cancelled_runs() -> None:
     import psycopg
 
-    from durable_agents import db
+    from durable_agents._internal import db
 
     listener = db.dedicated()
     listener.ensure_connection()

@@ -18,7 +18,7 @@ from django.db import connections
 
 import durable_agents
 from durable_agents import Agent, api, tool
-from durable_agents.agents import AgentNotFound
+from durable_agents.declare.agents import AgentNotFound
 from durable_agents.live import ReaderDropped, progress, stream, stream_token
 from durable_agents.live import events as live_events
 from durable_agents.live import hub as live_hub

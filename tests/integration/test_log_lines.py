@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from durable_agents import api, tool
-from durable_agents.agents import Agent
+from durable_agents.declare.agents import Agent
 from durable_agents.logging import EscapeControlsFilter, escape_controls
 from durable_agents.models import AgentRun, RunStatus
 from tests.conftest import run_worker

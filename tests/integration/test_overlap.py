@@ -16,9 +16,9 @@ import pytest
 
 from durable_agents import store
 from durable_agents.api import start_run
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, ToolEffect
 from durable_agents.store import StepWrite
-from durable_agents.worker import Worker
 from tests.conftest import backend_waits_on_lock, database_url, wait_for
 from tests.fakeserver import FakeAnthropic
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from durable_agents import api
-from durable_agents.effects import idempotency_key
+from durable_agents.engine.effects import idempotency_key
 from durable_agents.models import IntentStatus, QuestionStatus, RunStatus, WaitKind
 from durable_agents.testing import KEEP_WAITING
 

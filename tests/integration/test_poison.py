@@ -16,10 +16,10 @@ from django.test import Client
 from django.urls import reverse
 
 from durable_agents import api
+from durable_agents.engine.worker import Worker
 from durable_agents.exceptions import DurableAgentsError, StoredValueError
-from durable_agents.housekeeping import sweep
+from durable_agents.housekeeping.sweeps import sweep
 from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolIntent, WaitKind
-from durable_agents.worker import Worker
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""Prometheus metrics (``durable_agents.prometheus``, ``runagents --metrics-port``).
+"""Prometheus metrics (``durable_agents.observe.prometheus``, ``runagents --metrics-port``).
 
 Real workers against the fake API, scraped over HTTP with urllib and parsed with
 prometheus_client's own parser, while a burst runs and after it. Counters are process-wide
@@ -25,11 +25,12 @@ from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durable_agents import figures, observers, prometheus, signals
+from durable_agents import observers, signals
 from durable_agents.api import cancel_run, start_run
+from durable_agents.engine.worker import Worker
 from durable_agents.management.commands import runagents
 from durable_agents.models import AgentQuestion, AgentRun, ToolIntent
-from durable_agents.worker import Worker
+from durable_agents.observe import figures, prometheus
 from tests.conftest import WorkerProcess, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, api_error
 

@@ -17,7 +17,7 @@ from django.db import connection
 from django.test import override_settings
 
 from durable_agents import Agent, Wait, api, ask_person, llm, tool
-from durable_agents.agents import registry
+from durable_agents.declare.agents import registry
 from durable_agents.models import AgentRun, RunStatus
 from durable_agents.testing import ReplayError, ReplayReport, plan, replay
 from tests.integration.conftest import agents_registered

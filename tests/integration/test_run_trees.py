@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api
-from durable_agents.housekeeping import sweep
+from durable_agents.housekeeping.sweeps import sweep
 from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent
 from durable_agents.store import current, portable_trees
 from durable_agents.store.base import WaitRefused

@@ -20,14 +20,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
 
-from durable_agents import effects, llm, store
-from durable_agents.agents import Agent, registry
+from durable_agents import llm, store
+from durable_agents._internal.interrupt import Interrupt
 from durable_agents.api import approve_intent, cancel_run, messages_for, requeue_run, start_run
-from durable_agents.interrupt import Interrupt
+from durable_agents.declare.agents import Agent, registry
+from durable_agents.declare.tools import tool
+from durable_agents.engine import effects
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
 from durable_agents.store import StepWrite
-from durable_agents.tools import tool
-from durable_agents.worker import Worker
 from tests.conftest import own_steps, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, Recorded, api_error
 
@@ -290,7 +291,7 @@ BAD_INPUT = [
     ),
     pytest.param(
         '@weird {"kind": "nul"}',
-        "before\u2400after",  # NUL becomes the visible marker (durable_agents/text.py)
+        "before\u2400after",  # NUL becomes the visible marker (durable_agents/_internal/text.py)
         False,
         id="nul-byte",
     ),

@@ -17,8 +17,8 @@ from django.utils import translation
 from durable_agents.admin.schedule_forms import ScheduleForm
 from durable_agents.exceptions import CronExpressionError, DurableAgentsError
 from durable_agents.models import AgentSchedule
-from durable_agents.schedule_firing import fire_due
-from durable_agents.schedules import next_slot, schedule, slot_key
+from durable_agents.schedules.defining import next_slot, schedule, slot_key
+from durable_agents.schedules.firing import fire_due
 from tests.integration.test_admin_schedules import form_data
 
 pytestmark = pytest.mark.django_db

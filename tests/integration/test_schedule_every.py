@@ -19,8 +19,8 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 
 from durable_agents.models import AgentRun, AgentSchedule
-from durable_agents.schedule_firing import fire_due
-from durable_agents.schedules import schedule, slot_key
+from durable_agents.schedules.defining import schedule, slot_key
+from durable_agents.schedules.firing import fire_due
 from tests.integration.test_admin import messages_of
 from tests.integration.test_admin_schedules import page_url
 

@@ -14,8 +14,8 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from durable_agents.models import AgentRun, AgentSchedule
-from durable_agents.schedule_firing import BATCH, MAX_START_FAILURES, fire_due
-from durable_agents.schedules import MAX_CATCH_UP, due_slots, next_slot, schedule, slot_key
+from durable_agents.schedules.defining import MAX_CATCH_UP, due_slots, next_slot, schedule, slot_key
+from durable_agents.schedules.firing import BATCH, MAX_START_FAILURES, fire_due
 from durable_agents.testing import plan
 from tests.integration.conftest import call_at_once
 
@@ -475,7 +475,7 @@ def test_a_fired_runs_task_is_encrypted_at_rest(da_settings: Any) -> None:
     """The batch insert seals the task step as the ORM does (``ENCRYPTION_KEYS``)."""
     import base64
 
-    from durable_agents import encryption
+    from durable_agents._internal import encryption
 
     da_settings(ENCRYPTION_KEYS=[base64.urlsafe_b64encode(b"A" * 32).decode()])
     schedule("secret", "tester", "Keep me secret.", every=MINUTE)
@@ -573,7 +573,7 @@ def test_a_batch_of_one_keys_slots_takes_the_keys_turns_one_after_the_other() ->
 
 
 def test_one_batch_fires_the_slots_of_several_agents_each_with_its_own_version() -> None:
-    from durable_agents.agents import registry
+    from durable_agents.declare.agents import registry
 
     agents = ["tester", "thinker", "short", "tester"]
     for i, agent in enumerate(agents):

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
+from durable_agents.flow.pricing import Usage, add_cost
 from durable_agents.models import (
     AgentRun,
     AgentUsageDay,
@@ -25,7 +26,6 @@ from durable_agents.models import (
     ToolEffect,
     WaitKind,
 )
-from durable_agents.pricing import Usage, add_cost
 from durable_agents.store import (
     Claim,
     InMemoryStore,

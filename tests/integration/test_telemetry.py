@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (durable_agents/telemetry.py): invoke_agent per claim, chat per model
+"""OpenTelemetry spans (durable_agents/observe/telemetry.py): invoke_agent per claim, chat per model
 call, execute_tool per tool call, all in the trace of the code that started the run.
 
 The spans go to the SDK's in-memory exporter through a provider of this module's own
@@ -28,12 +28,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from durable_agents import store, telemetry
-from durable_agents.agents import Agent, registry
+from durable_agents import store
 from durable_agents.api import start_run
+from durable_agents.declare.agents import Agent, registry
+from durable_agents.declare.tools import tool
 from durable_agents.models import AgentRun, AgentStep
+from durable_agents.observe import telemetry
 from durable_agents.testing import drive
-from durable_agents.tools import tool
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic, api_error
 

@@ -480,7 +480,7 @@ def test_a_stranded_parent_is_woken_by_the_next_worker_to_start(
 
 
 def test_housekeeping_wakes_a_stranded_parent(fake_api: FakeAnthropic, receiver: Any) -> None:
-    from durable_agents import housekeeping
+    from durable_agents.housekeeping import sweeps as housekeeping
 
     run = strand_parent()
     assert housekeeping.sweep()["parents_woken"] == 1

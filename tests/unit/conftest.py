@@ -15,11 +15,11 @@ from typing import Any, Protocol
 import pytest
 
 from durable_agents import llm
-from durable_agents.agents import Agent, registry
+from durable_agents.declare.agents import Agent, registry
+from durable_agents.declare.tools import Tool
 from durable_agents.models import AgentRun
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.store.memory import ManualClock
-from durable_agents.tools import Tool
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""durable_agents.agents: Agent validation, request parameters, fingerprints, the registry.
+"""durable_agents.declare.agents: Agent validation, request parameters, fingerprints, the registry.
 
 Agents here are built with ``register=False`` or against a private ``AgentRegistry``; the few
 tests of the global registry unregister what they add, because other tests rely on it.
@@ -15,14 +15,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 import durable_agents
-from durable_agents.agents import (
+from durable_agents.declare.agents import (
     Agent,
     AgentNotFound,
     AgentRegistry,
     get_agent,
     registry,
 )
-from durable_agents.tools import tool
+from durable_agents.declare.tools import tool
 
 
 @tool(effect="pure")

@@ -1,4 +1,5 @@
-"""durable_agents.calls: the slot's caller thread, walked away from on a timeout or interrupt."""
+"""durable_agents._internal.calls: the slot's caller thread, walked away from on a timeout or
+interrupt."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from durable_agents import calls
-from durable_agents.interrupt import Interrupt
+from durable_agents._internal import calls
+from durable_agents._internal.interrupt import Interrupt
 from durable_agents.logging import bind_run, current_run_id
 
 

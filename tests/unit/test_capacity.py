@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from durable_agents.agents import Agent
-from durable_agents.capacity import Estimate, Outlook, buckets, limit_problems, observed
-from durable_agents.capacity import gate as gate_module
-from durable_agents.capacity.headers import BucketReport, Observed
-from durable_agents.capacity.limits import ModelLimits
-from durable_agents.capacity.memory import InMemoryCapacity
+from durable_agents.declare.agents import Agent
+from durable_agents.declare.tools import tool
+from durable_agents.engine.runner import Disposition, advance_run
+from durable_agents.flow.capacity import Estimate, Outlook, buckets, limit_problems, observed
+from durable_agents.flow.capacity import gate as gate_module
+from durable_agents.flow.capacity.headers import BucketReport, Observed
+from durable_agents.flow.capacity.limits import ModelLimits
+from durable_agents.flow.capacity.memory import InMemoryCapacity
 from durable_agents.models import ModelCapacity, RunStatus, WaitKind
-from durable_agents.runner import Disposition, advance_run
 from durable_agents.store import InMemoryStore
 from durable_agents.store.memory import ManualClock
-from durable_agents.tools import tool
 from tests.unit.conftest import RegisterAgent, claimed, start
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

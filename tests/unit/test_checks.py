@@ -13,8 +13,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from durable_agents import checks as da_checks
-from durable_agents.agents import Agent, registry
-from durable_agents.tools import tool
+from durable_agents.declare.agents import Agent, registry
+from durable_agents.declare.tools import tool
 
 
 def ids(messages: list[checks.CheckMessage]) -> list[str]:

@@ -17,8 +17,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_agents import llm
-from durable_agents.agents import Agent, _canonical_json, registry
-from durable_agents.history import (
+from durable_agents._internal.interrupt import Interrupt
+from durable_agents.declare.agents import Agent, _canonical_json, registry
+from durable_agents.engine.history import (
     Conversation,
     _row_compacts,
     assistant_message,
@@ -26,7 +27,7 @@ from durable_agents.history import (
     step_message,
     user_message,
 )
-from durable_agents.interrupt import Interrupt
+from durable_agents.engine.runner import Disposition, advance_run, tokens_of
 from durable_agents.models import StepKind
 from durable_agents.offline import (
     COMPACT_BETA,
@@ -38,7 +39,6 @@ from durable_agents.offline import (
     parse_script,
     sign,
 )
-from durable_agents.runner import Disposition, advance_run, tokens_of
 from durable_agents.store import InMemoryStore
 from tests.testapp.compaction_agents import compaction_params, compactor
 from tests.unit.conftest import claimed, start

@@ -15,7 +15,7 @@ import pytest
 from django.core.exceptions import PermissionDenied
 
 from durable_agents import api
-from durable_agents._deprecation import keyword_options
+from durable_agents._internal.deprecation import keyword_options
 from durable_agents.exceptions import InvalidArgument
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from durable_agents import checks as da_checks
-from durable_agents import encryption
-from durable_agents.encryption import InvalidKey, Keyring, UndecryptableValue
+from durable_agents._internal import encryption
+from durable_agents._internal.encryption import InvalidKey, Keyring, UndecryptableValue
 from durable_agents.models import AgentQuestion, AgentRun, AgentStep, ToolEffect
 
 KEY_A = base64.urlsafe_b64encode(b"A" * 32).decode()

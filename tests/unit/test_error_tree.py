@@ -18,16 +18,16 @@ from durable_agents.exceptions import DurableAgentsError, DurableAgentsValueErro
 # Exceptions that are not errors a user meets, so not in the tree (each class says why too).
 CONTROL_FLOW = {
     # Parks a run: tool code raises it, and it must get past `except DurableAgentsError`.
-    "durable_agents.waits.Wait",
-    "durable_agents.waits.AskPerson",  # the Wait of the built-in ask_person tool
+    "durable_agents.declare.waits.Wait",
+    "durable_agents.declare.waits.AskPerson",  # the Wait of the built-in ask_person tool
     # The call thread's news to the dispatcher, which turns it into an interruption / a result.
-    "durable_agents.calls.CallInterrupted",
-    "durable_agents.calls.CallTimedOut",
-    "durable_agents.dispatch.WaitRaised",  # a tool's Wait on its way to the park
-    "durable_agents.dispositions.Stop",  # unwinds the runner's step loop
+    "durable_agents._internal.calls.CallInterrupted",
+    "durable_agents._internal.calls.CallTimedOut",
+    "durable_agents.engine.dispatch.WaitRaised",  # a tool's Wait on its way to the park
+    "durable_agents.engine.dispositions.Stop",  # unwinds the runner's step loop
     "durable_agents.live.hub.ReaderDropped",  # ends a stream, as StopAsyncIteration would
     "durable_agents.offline.wire.RequestError",  # becomes the offline model's HTTP answer
-    "durable_agents.schedule_firing._TogetherRefused",  # private: retries a batch one by one
+    "durable_agents.schedules.firing._TogetherRefused",  # private: retries a batch one by one
 }
 
 
@@ -117,7 +117,9 @@ def test_value_errors_are_still_value_errors() -> None:
 
 
 def test_old_names_give_the_same_classes() -> None:
-    from durable_agents import encryption, forks, replay
+    from durable_agents._internal import encryption
+    from durable_agents.forks import planning as forks
+    from durable_agents.forks import replay
     from durable_agents.live import BadEventId
     from durable_agents.live.events import BadEventId as BadEventIdOfEvents
     from durable_agents.llm import ModelError

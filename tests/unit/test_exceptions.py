@@ -8,7 +8,10 @@ import pickle
 import pytest
 from django.db import DatabaseError
 
-from durable_agents import agents, llm, text, tools
+from durable_agents import llm
+from durable_agents._internal import text
+from durable_agents.declare import agents, tools
+from durable_agents.declare.waits import Wait
 from durable_agents.exceptions import (
     AgentNotFound,
     DurableAgentsError,
@@ -18,7 +21,6 @@ from durable_agents.exceptions import (
 )
 from durable_agents.llm import errors as llm_errors
 from durable_agents.store import base as store_base
-from durable_agents.waits import Wait
 
 PUBLIC_ERRORS = [
     (AgentNotFound, LookupError),

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from durable_agents import llm, observers, runner
-from durable_agents.agents import Agent
+from durable_agents import llm, observers
+from durable_agents.declare.agents import Agent
+from durable_agents.declare.tools import tool
+from durable_agents.engine import runner
+from durable_agents.engine.worker import Worker
 from durable_agents.observers import ModelOutcome, ToolOutcome
 from durable_agents.store import Claim, InMemoryStore
-from durable_agents.tools import tool
-from durable_agents.worker import Worker
 from tests.unit.conftest import RegisterAgent, claimed, start
 
 
@@ -204,9 +205,9 @@ def test_the_model_call_layer_imports_neither_observers_nor_the_engine() -> None
     "line",
     [
         "from durable_agents import calls, prometheus",
-        "import durable_agents.telemetry",
-        "from durable_agents.runner import advance_run",
-        "from durable_agents.worker import Worker",
+        "import durable_agents.observe.telemetry",
+        "from durable_agents.engine.runner import advance_run",
+        "from durable_agents.engine.worker import Worker",
         "def f():\n    from durable_agents import telemetry",
     ],
 )

@@ -7,8 +7,8 @@ import time
 import pytest
 from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
 
-from durable_agents.interrupt import Interrupt
-from durable_agents.outage import LeaseClock, connection_lost, retry_while_leased
+from durable_agents._internal.interrupt import Interrupt
+from durable_agents.engine.outage import LeaseClock, connection_lost, retry_while_leased
 
 
 class _ReadOnly(Exception):

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from durable_agents import observers, pricing
-from durable_agents.agents import Agent
+from durable_agents import observers
+from durable_agents.declare.agents import Agent
+from durable_agents.engine.runner import Disposition, advance_run, tokens_of
+from durable_agents.flow import pricing
+from durable_agents.flow.pricing import Usage, cost_of, format_usd, usage_of
 from durable_agents.models import AgentRun, StepKind
-from durable_agents.pricing import Usage, cost_of, format_usd, usage_of
-from durable_agents.runner import Disposition, advance_run, tokens_of
 from durable_agents.store import InMemoryStore
 from tests.unit.conftest import RegisterAgent, claimed, start
 

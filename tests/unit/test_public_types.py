@@ -87,7 +87,7 @@ def test_a_misspelt_operation_is_an_error(mypy_report: dict[int, str]) -> None:
 
 def test_tool_takes_only_the_four_effects(mypy_report: dict[int, str]) -> None:
     assert "No overload variant" in mypy_report[9]
-    assert "durable_agents.tools.Tool" in mypy_report[10]
+    assert "durable_agents.declare.tools.Tool" in mypy_report[10]
 
 
 def test_importing_the_package_loads_no_operations() -> None:

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
-from durable_agents.agents import Agent
+from durable_agents.declare.agents import Agent
+from durable_agents.declare.tools import tool
+from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.models import IntentStatus, RunStatus, StepKind
-from durable_agents.runner import Disposition, advance_run
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.store.memory import ManualClock
-from durable_agents.tools import tool
 from tests.unit.conftest import RegisterAgent, claimed, start
 
 HOOKS: dict[str, Callable[[], None]] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.template import Context, Template
 
-from durable_agents.text import (
+from durable_agents._internal.text import (
     character_references,
     count_invisible,
     plain_markers,

@@ -1,4 +1,4 @@
-"""durable_agents.tools: schema derivation, validation, invocation. No database."""
+"""durable_agents.declare.tools: schema derivation, validation, invocation. No database."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_agents import tool as exported_tool
-from durable_agents.exceptions import DefinitionError
-from durable_agents.tools import (
+from durable_agents.declare.tools import (
     EFFECTS,
     Tool,
     ToolInputError,
     schema_from_signature,
     tool,
 )
+from durable_agents.exceptions import DefinitionError
 
 
 class Color(enum.Enum):

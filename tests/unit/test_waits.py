@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from durable_agents import Wait, ask_person
-from durable_agents.agents import Agent
+from durable_agents.declare.agents import Agent
+from durable_agents.declare.tools import tool
+from durable_agents.declare.waits import AskPerson
+from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.models import RunStatus, WaitKind
-from durable_agents.runner import Disposition, advance_run
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.store.memory import ManualClock
-from durable_agents.tools import tool
-from durable_agents.waits import AskPerson
 from tests.unit.conftest import RegisterAgent, start
 
 CALLS: list[tuple[str, str | None, Any]] = []

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from durable_agents.agents import Agent
+from durable_agents.declare.agents import Agent
+from durable_agents.declare.tools import tool
+from durable_agents.engine.worker import Worker
 from durable_agents.models import RunStatus, StepKind
 from durable_agents.store import Claim, InMemoryStore, LeaseLoss
 from durable_agents.store.memory import ManualClock
-from durable_agents.tools import tool
-from durable_agents.worker import Worker
 from tests.unit.conftest import RegisterAgent, start
 
 # A bound for every wait on another thread: a broken worker fails the test, never hangs it.
@@ -198,7 +198,7 @@ def test_a_heartbeat_that_finds_the_run_gone_interrupts_its_slot(
 
 
 def test_a_drain_ends_a_pause_at_once_but_not_what_is_in_flight() -> None:
-    from durable_agents.interrupt import Interrupt
+    from durable_agents._internal.interrupt import Interrupt
 
     interrupt = Interrupt()
     ended: list[bool] = []
@@ -213,8 +213,8 @@ def test_a_drain_ends_a_pause_at_once_but_not_what_is_in_flight() -> None:
 
 
 def test_a_shutdown_says_why_to_the_calls_that_wait_it_out() -> None:
-    from durable_agents.interrupt import Interrupt
-    from durable_agents.runner import SHUTDOWN
+    from durable_agents._internal.interrupt import Interrupt
+    from durable_agents.engine.runner import SHUTDOWN
 
     interrupt = Interrupt()
     call = interrupt.narrowed(SHUTDOWN)  # an irreversible call waits out anything else

@@ -8,10 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_agents import encryption
+from durable_agents._internal import encryption
+from durable_agents.housekeeping.rekey import encrypted_columns
 from durable_agents.logging import escape_controls
 from durable_agents.models import steps_of
-from durable_agents.rekey import encrypted_columns
 
 
 class Command(BaseCommand):

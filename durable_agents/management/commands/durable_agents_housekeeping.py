@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from durable_agents import housekeeping
+from durable_agents.housekeeping import sweeps as housekeeping
 
 
 class Command(BaseCommand):

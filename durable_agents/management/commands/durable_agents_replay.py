@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_agents.replay import ReplayError, replay
+from durable_agents.forks.replay import ReplayError, replay
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_agents import encryption
-from durable_agents.rekey import (
+from durable_agents._internal import encryption
+from durable_agents.housekeeping.rekey import (
     DEFAULT_BATCH,
     Column,
     Tally,

@@ -7,7 +7,7 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from durable_agents.housekeeping import SCHEDULES
+from durable_agents.housekeeping.sweeps import SCHEDULES
 
 
 class Command(BaseCommand):

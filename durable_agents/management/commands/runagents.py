@@ -17,14 +17,15 @@ from django.core.management.base import (
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.utils import timezone
 
-from durable_agents import db, prometheus
-from durable_agents.agents import registry
+from durable_agents._internal import db
+from durable_agents._internal.migration_state import unapplied_migrations
 from durable_agents.checks import OFFLINE_WITHOUT_DEBUG, PROMPT_DRIFT, worker_checks
 from durable_agents.conf import app_settings
+from durable_agents.declare.agents import registry
+from durable_agents.engine.inflight import prompt_drift, runs_held_by_others
+from durable_agents.engine.worker import Worker
 from durable_agents.exceptions import NotMigrated
-from durable_agents.inflight import prompt_drift, runs_held_by_others
-from durable_agents.migration_state import unapplied_migrations
-from durable_agents.worker import Worker
+from durable_agents.observe import prometheus
 
 logger = logging.getLogger("durable_agents.worker")
 

@@ -53,6 +53,7 @@ import durable_agents
 from durable_agents import llm
 from durable_agents.checks import worker_checks
 from durable_agents.conf import app_settings
+from durable_agents.engine.worker import Worker
 from durable_agents.models import (
     CLAIMABLE_STATUSES,
     AgentRun,
@@ -65,7 +66,6 @@ from durable_agents.models import (
     steps_of,
 )
 from durable_agents.offline import OfflineServer, RateLimits, ScriptedModel
-from durable_agents.worker import Worker
 
 MIGRATION = """Migrate the orders table: add a note column, backfill it, retire orders_old.
 @@latency 0.15

@@ -27,8 +27,8 @@ from django.db.models import QuerySet
 from django.urls import reverse
 
 import durable_agents
+from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, IntentStatus, RunStatus, ToolIntent, WaitKind
-from durable_agents.worker import Worker
 from project.demo.management.commands.demo import QUESTION
 
 USERNAME = "admin"

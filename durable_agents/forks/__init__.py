@@ -1,0 +1,2 @@
+"""Time travel: forks of a run at any step (``fork_run``), and replays of recorded runs
+against today's tool code."""
