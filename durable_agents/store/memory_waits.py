@@ -1,7 +1,8 @@
 """The waits of ``InMemoryStore`` (timers, events, questions, child runs): park, wake and the
 reads they need, in the store's dicts under its lock, with the semantics of the SQL stores'.
 Plain functions taking the store, which calls them (``InMemoryStore.park_on_wait`` is
-``park_on_wait(self, ...)``): no mixin.
+``park_on_wait(self, ...)``): no mixin. What they use of the store is ``WaitHost``, so this
+module does not import the store that imports it.
 
     park_on_wait         running -> waiting on a timer, an event, child runs or a question
                          (fenced: ``InMemoryStore._fenced``); or ready at once
@@ -14,8 +15,11 @@ Plain functions taking the store, which calls them (``InMemoryStore.park_on_wait
 from __future__ import annotations
 
 import copy
+import datetime
+import itertools
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.db.models import Model
 
@@ -42,10 +46,24 @@ from durable_agents.store.base import (
 )
 from durable_agents.store.transitions import mark_transitioned
 
-if TYPE_CHECKING:
-    from durable_agents.store.memory import InMemoryStore
-
 M = TypeVar("M", bound=Model)
+
+
+class WaitHost(Protocol):
+    """What the waits use of ``InMemoryStore``: its dicts, its lock and its helpers."""
+
+    lock: threading.RLock
+    runs: dict[RunId, AgentRun]
+    events: dict[str, AgentEvent]
+    questions: dict[str, AgentQuestion]
+    _row_ids: itertools.count[int]
+
+    def now(self) -> datetime.datetime: ...
+    def create_run(self, run: AgentRun, task_payload: str) -> AgentRun: ...
+    def _stored(self, run_id: RunId | str) -> AgentRun | None: ...
+    def _fenced(self, claim: Claim) -> AgentRun | None: ...
+    def _expiry(self, seconds: float) -> datetime.datetime: ...
+    def _park(self, run: AgentRun, kind: str, key: str, **wait: Any) -> None: ...
 
 
 def _copy(instance: M) -> M:
@@ -57,7 +75,7 @@ def _copy(instance: M) -> M:
 
 
 def park_on_wait(
-    store: InMemoryStore, claim: Claim, spec: WaitSpec
+    store: WaitHost, claim: Claim, spec: WaitSpec
 ) -> tuple[Parked, dict[str, Any] | None]:
     with store.lock:
         run = store._fenced(claim)
@@ -102,7 +120,7 @@ def park_on_wait(
         return Parked.PARKED, None
 
 
-def _event(store: InMemoryStore, name: str) -> AgentEvent:
+def _event(store: WaitHost, name: str) -> AgentEvent:
     event = store.events.get(name)
     if event is None:
         event = store.events[name] = AgentEvent(
@@ -111,7 +129,7 @@ def _event(store: InMemoryStore, name: str) -> AgentEvent:
     return event
 
 
-def _by_text(store: InMemoryStore, run_id: str) -> AgentRun | None:
+def _by_text(store: WaitHost, run_id: str) -> AgentRun | None:
     for run in store.runs.values():
         if str(run.pk) == run_id:
             return run
@@ -119,7 +137,7 @@ def _by_text(store: InMemoryStore, run_id: str) -> AgentRun | None:
 
 
 def send_event(
-    store: InMemoryStore, name: str, payload: Any, user: AuthUser = None
+    store: WaitHost, name: str, payload: Any, user: AuthUser = None
 ) -> tuple[AgentEvent, int]:
     with store.lock:
         event = _event(store, name)
@@ -144,7 +162,7 @@ def send_event(
 
 
 def answer_question(
-    store: InMemoryStore,
+    store: WaitHost,
     run_id: RunId | str,
     user: AuthUser,
     text: str,
@@ -179,7 +197,7 @@ def answer_question(
 
 
 def spawn_run(
-    store: InMemoryStore,
+    store: WaitHost,
     child: AgentRun,
     task_payload: str,
     max_children: int,
@@ -202,7 +220,7 @@ def spawn_run(
         return store.create_run(child, task_payload), True
 
 
-def wake_parent(store: InMemoryStore, parent_id: RunId) -> bool:
+def wake_parent(store: WaitHost, parent_id: RunId) -> bool:
     with store.lock:
         parent = store.runs.get(parent_id)
         if (
@@ -221,7 +239,7 @@ def wake_parent(store: InMemoryStore, parent_id: RunId) -> bool:
         return True
 
 
-def stranded_parents(store: InMemoryStore, limit: int) -> list[RunId]:
+def stranded_parents(store: WaitHost, limit: int) -> list[RunId]:
     with store.lock:
         waiting = [
             r
@@ -231,19 +249,19 @@ def stranded_parents(store: InMemoryStore, limit: int) -> list[RunId]:
         return [r.pk for r in sorted(waiting, key=lambda r: r.created_at)[:limit]]
 
 
-def sent_event(store: InMemoryStore, name: str) -> AgentEvent | None:
+def sent_event(store: WaitHost, name: str) -> AgentEvent | None:
     with store.lock:
         event = store.events.get(name)
         return None if event is None or not event.is_sent else _copy(event)
 
 
-def question_for_key(store: InMemoryStore, key: str) -> AgentQuestion | None:
+def question_for_key(store: WaitHost, key: str) -> AgentQuestion | None:
     with store.lock:
         question = store.questions.get(key)
         return None if question is None else _copy(question)
 
 
-def run_outcomes(store: InMemoryStore, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def run_outcomes(store: WaitHost, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     with store.lock:
         outcomes = {}
         for run_id in run_ids:
