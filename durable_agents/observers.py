@@ -57,11 +57,10 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from decimal import Decimal
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 if TYPE_CHECKING:
     from durable_agents.declare.agents import Agent
-    from durable_agents.llm.errors import ModelTurn
     from durable_agents.store.base import Claim
 
 
@@ -186,10 +185,26 @@ class AgentSpan(Scope):
         """What became of the run (a ``runner.Disposition``)."""
 
 
+class Answer(Protocol):
+    """What an observer may read of a model call's answer (``llm.ModelTurn`` is one): the seam
+    names it by what it reads, so that it imports nothing of the model calls that report to it."""
+
+    @property
+    def request_id(self) -> str | None: ...
+    @property
+    def message(self) -> dict[str, Any]: ...
+    @property
+    def elapsed_ms(self) -> float: ...
+
+
+# ``ModelSpan.answered`` returns the very answer it was given, whatever its class.
+AnswerT = TypeVar("AnswerT", bound=Answer)
+
+
 class ModelSpan(Scope):
     """One attempt of a model call: ``with call.attempt() as span: return span.answered(turn)``."""
 
-    def answered(self, turn: ModelTurn) -> ModelTurn:
+    def answered(self, turn: AnswerT) -> AnswerT:
         """Record the answer; returns it."""
         return turn
 
@@ -438,7 +453,7 @@ class _AgentSpans(_Together, AgentSpan):
 
 
 class _ModelSpans(_Together, ModelSpan):
-    def answered(self, turn: ModelTurn) -> ModelTurn:
+    def answered(self, turn: AnswerT) -> AnswerT:
         for span in self.entered:
             span.answered(turn)
         return turn

@@ -45,7 +45,6 @@ else:
     AVAILABLE = True
 
 if TYPE_CHECKING:
-    from durable_agents.llm.errors import ModelTurn
     from durable_agents.store.base import Claim
 
 PROVIDER = "anthropic"
@@ -322,7 +321,7 @@ class _ModelSpan(ModelSpan):
         self.active = _Active(span)
         return self
 
-    def answered(self, turn: ModelTurn) -> ModelTurn:
+    def answered(self, turn: observers.AnswerT) -> observers.AnswerT:
         message = turn.message
         usage = _usage(message.get("usage"))
         stop_reason = message.get("stop_reason")

@@ -75,7 +75,7 @@ class Recording(observers.Observer):
         recording.seen.append(("model_call", request.params["model"]))
 
         class Attempt(observers.ModelSpan):
-            def answered(self, turn: llm.ModelTurn) -> llm.ModelTurn:
+            def answered(self, turn: observers.AnswerT) -> observers.AnswerT:
                 recording.seen.append(("answered", turn.message.get("stop_reason")))
                 return turn
 
