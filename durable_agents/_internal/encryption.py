@@ -1,7 +1,7 @@
 """Encryption at rest of the columns that hold customers' data (``ENCRYPTION_KEYS``).
 
 A column opts in at the field (``JSONTextField(encrypted=True)``, ``EncryptedTextField``):
-whatever writes through the ORM, or through the raw statements of ``store/postgres.py`` with
+whatever writes through the ORM, or through the raw statements of ``store/postgres_*.py`` with
 ``seal`` on the value, stores
 
     da:enc:v1:<key id>:<base64 of nonce + ciphertext + tag>

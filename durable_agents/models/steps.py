@@ -34,7 +34,7 @@ class AgentStep(models.Model):
     )
     seq = models.IntegerField()
     kind = models.CharField(max_length=16, choices=StepKind.choices)
-    # Encrypted at rest under ENCRYPTION_KEYS (the raw statements of store/postgres.py seal it
+    # Encrypted at rest under ENCRYPTION_KEYS (the raw statements of store/postgres_*.py seal it
     # themselves); decrypted, it is the stored text byte for byte.
     payload = EncryptedTextField()
     # Model turns: where the response's ``content`` array lies in ``payload`` (character
@@ -72,5 +72,5 @@ class AgentStep(models.Model):
 
 
 # The column a step's payload is bound to when encrypted, for the statements that read or
-# write it without the ORM (store/postgres.py, store/portable.py).
+# write it without the ORM (store/postgres_*.py, store/portable.py).
 STEP_PAYLOAD = "agent_step.payload"

@@ -10,8 +10,9 @@ with one implementation per database, chosen once.
 
 Each is one class with ``Store`` as its only base, calling modules of plain functions, one per
 concern (portable_runs, portable_batch, portable_logs, portable_trees, portable_debounce,
-portable_schedules, postgres_debounce, postgres_schedules, memory_waits). Firing schedules
-needs ``ScheduleStore`` besides (``schedule_store(store)``): the database stores keep it.
+portable_schedules, postgres_claims, postgres_steps, postgres_debounce, postgres_schedules,
+memory_waits). Firing schedules needs ``ScheduleStore`` besides (``schedule_store(store)``):
+the database stores keep it.
 
 ``store_for(connection)`` picks the implementation: by the connection's vendor (one cached
 instance per class), except inside a caller's open transaction (``in_atomic_block``), where
