@@ -226,6 +226,8 @@ class PostgresStore(Store):
     def _finish_and_claim(self, params: dict[str, Any], then_claim: NextClaim) -> bool:
         """``append_step`` of a run's last step that also claims the next run, if the slot
         may (``then_claim.take()``); a model turn (its rollup parameters) is counted too."""
+        if not then_claim.take():
+            return self._execute_append(postgres_steps.last_step_statement(params), params)
         appended, poisoned_parent = postgres_steps.finish_and_claim(params, then_claim)
         self.child_ended(poisoned_parent)  # the next run's, if it was dead-lettered as poison
         return appended

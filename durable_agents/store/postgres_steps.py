@@ -317,15 +317,18 @@ def execute_append(sql: str, params: dict[str, Any]) -> bool:
         return bool(cursor.rowcount == 1)
 
 
+def last_step_statement(params: dict[str, Any]) -> str:
+    """The statement of a run's last step that claims nothing next (a model turn's counts it)."""
+    return APPEND_LAST_TURN_SQL if "shard" in params else APPEND_LAST_STEP_SQL
+
+
 def finish_and_claim(params: dict[str, Any], then_claim: NextClaim) -> tuple[bool, RunId | None]:
-    """The last step of a run that also claims the next run, if the slot may
-    (``then_claim.take()``; the claim, if any, is set on it); a model turn (its rollup
-    parameters) is counted too. Returns whether the step was appended, and the parent of the
-    next run if its row could not be decoded and it was dead-lettered as poison instead: the
-    caller tells it (``child_ended``)."""
+    """The last step of a run that also claims the next run, once the slot took its place
+    (``then_claim.take()``, asked by the caller; the claim, if any, is set on it); a model
+    turn (its rollup parameters) is counted too. Returns whether the step was appended, and
+    the parent of the next run if its row could not be decoded and it was dead-lettered as
+    poison instead: the caller tells it (``child_ended``)."""
     turn = "shard" in params
-    if not then_claim.take():
-        return execute_append(APPEND_LAST_TURN_SQL if turn else APPEND_LAST_STEP_SQL, params), None
     params = {**params, **key_limits(), "lease": float(then_claim.lease_seconds), "limit": 1}
     with binding_cursor() as cursor:
         try:
