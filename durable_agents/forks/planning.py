@@ -100,12 +100,7 @@ def plan_fork(
 ) -> ForkPlan:
     """What ``create_fork`` writes for a fork of ``parent`` at ``at_seq``; ``ForkRefused``
     (a ``ValueError``) with the reason when the fork cannot be made."""
-    if not isinstance(at_seq, int) or isinstance(at_seq, bool):
-        raise ForkRefused(f"at_seq is a step's seq, an int, not {type(at_seq).__name__}")
-    if not 0 <= at_seq <= parent.last_seq:
-        raise ForkRefused(
-            f"run {parent.pk} has steps 0 to {parent.last_seq}; there is no step {at_seq}"
-        )
+    step = _fork_point(parent, at_seq)
     pinned = _registered(parent.agent, parent.prompt_version)
     target = pinned if version is None else _registered(parent.agent, version)
     if target is None:
@@ -116,21 +111,8 @@ def plan_fork(
             "pass version= to fork onto one that is)"
         )
     fork_model = parent.model if model is None else model
-    step = steps_of(parent.pk).filter(seq=at_seq).first()
-    if step is None:
-        raise ForkRefused(f"run {parent.pk} has no step {at_seq} in its log")
     cut = at_seq if edit is not None else at_seq + 1
-    changed = _changed_params(parent, pinned, target, fork_model)
-    if changed:
-        bound = bound_blocks(parent.pk, cut)
-        if bound:
-            raise ForkRefused(
-                f"cannot fork onto a different {' and '.join(changed)}: {bound[0]} holds "
-                "signed thinking, which is bound to the model, system prompt and tools that "
-                "produced it (the API refuses it with 400 Invalid signature). Fork without "
-                f"version=/model=, or at a step before {bound[0].seq}"
-                + (f" ({len(bound)} such blocks in all)" if len(bound) > 1 else "")
-            )
+    _refuse_rebinding(parent, cut, _changed_params(parent, pinned, target, fork_model))
     task = parent.task
     own_step: tuple[int, str, str] | None = None
     inherited: list[ToolEffect] = []
@@ -170,6 +152,37 @@ def plan_fork(
         depth=parent.depth,
     )
     return ForkPlan(run, ForkWrite(shares, own_step, inherited))
+
+
+def _fork_point(parent: AgentRun, at_seq: Any) -> AgentStep:
+    """The step of ``parent``'s log a fork at ``at_seq`` starts from; ``ForkRefused`` when
+    ``at_seq`` names none."""
+    if not isinstance(at_seq, int) or isinstance(at_seq, bool):
+        raise ForkRefused(f"at_seq is a step's seq, an int, not {type(at_seq).__name__}")
+    if not 0 <= at_seq <= parent.last_seq:
+        raise ForkRefused(
+            f"run {parent.pk} has steps 0 to {parent.last_seq}; there is no step {at_seq}"
+        )
+    step = steps_of(parent.pk).filter(seq=at_seq).first()
+    if step is None:
+        raise ForkRefused(f"run {parent.pk} has no step {at_seq} in its log")
+    return step
+
+
+def _refuse_rebinding(parent: AgentRun, cut: int, changed: list[str]) -> None:
+    """``ForkRefused`` when the fork changes what signed thinking before ``cut`` is bound to
+    (the model, or the version's system prompt and tools): the API would refuse the history."""
+    if not changed:
+        return
+    bound = bound_blocks(parent.pk, cut)
+    if bound:
+        raise ForkRefused(
+            f"cannot fork onto a different {' and '.join(changed)}: {bound[0]} holds "
+            "signed thinking, which is bound to the model, system prompt and tools that "
+            "produced it (the API refuses it with 400 Invalid signature). Fork without "
+            f"version=/model=, or at a step before {bound[0].seq}"
+            + (f" ({len(bound)} such blocks in all)" if len(bound) > 1 else "")
+        )
 
 
 def _registered(name: str, version: str) -> Agent | None:
