@@ -150,12 +150,12 @@ CLAIMS_HELP = _(
 ERROR_FIRST_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
 
 
-class AgentRunAdmin(CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]):
+class AgentRunAdmin(DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     """The runs list and the run page, with the run actions (cancel, requeue, send an event),
     and the pages that live under the runs' URLs (``pages``)."""
 
     # Built with this admin in __init__; their URLs are the runs' (get_urls).
-    pages: ClassVar[tuple[type[AdminPage[Any]], ...]] = (ForkPages,)
+    pages: ClassVar[tuple[type[AdminPage[Any]], ...]] = (ForkPages, CapacityPage, OperationsPage)
     # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
     # the run id, the model under the agent, the error (truncated) under the task, one lease
     # column and short headers; admin.css sets the widths.
