@@ -71,6 +71,7 @@ from durable_agents.admin.listing import (
 from durable_agents.admin.live import live_context
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
+from durable_agents.admin.run_actions import RunActions
 from durable_agents.admin.transcript import block_text, build_transcript, log_of
 from durable_agents.admin.undecodable import (
     Undecodable,
@@ -150,12 +151,17 @@ CLAIMS_HELP = _(
 ERROR_FIRST_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
 
 
-class AgentRunAdmin(DeadLetterPages, ReadOnlyAdmin[AgentRun]):
+class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
     """The runs list and the run page, with the run actions (cancel, requeue, send an event),
     and the pages that live under the runs' URLs (``pages``)."""
 
     # Built with this admin in __init__; their URLs are the runs' (get_urls).
-    pages: ClassVar[tuple[type[AdminPage[Any]], ...]] = (ForkPages, CapacityPage, OperationsPage)
+    pages: ClassVar[tuple[type[AdminPage[Any]], ...]] = (
+        ForkPages,
+        CapacityPage,
+        OperationsPage,
+        DeadLetterPages,
+    )
     # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
     # the run id, the model under the agent, the error (truncated) under the task, one lease
     # column and short headers; admin.css sets the widths.
@@ -520,8 +526,8 @@ class AgentRunAdmin(DeadLetterPages, ReadOnlyAdmin[AgentRun]):
     def get_urls(self) -> list[URLPattern]:
         name = self._object_url
         view = self.admin_site.admin_view
-        # The pages' paths come before those of the pages still mixed in, of the run actions
-        # and of Django, whose "<path:object_id>/..." would take "compare/".
+        # The pages' paths come before those of the run actions and of Django, whose
+        # "<path:object_id>/..." would take "compare/" or "dead-letter/cancel/".
         return [
             path(
                 "<path:object_id>/answer/", self._post_view(self.answer_view), name=name("answer")
