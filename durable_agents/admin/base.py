@@ -1,12 +1,14 @@
-"""What the admin's screens share: the ModelAdmin base, the read-only base, the
-confirmation page of an action, and ids read from a URL or a form."""
+"""What the admin's screens share: the ModelAdmin base, the read-only base, the pages a
+ModelAdmin holds besides its own, the confirmation page of an action, and ids read from a URL
+or a form."""
 
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -324,6 +326,25 @@ class ReadOnlyAdmin(AgentsAdmin[_M]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+_A = TypeVar("_A", bound=AgentsAdmin[Any])
+
+
+class AdminPage(abc.ABC, Generic[_A]):
+    """Pages that live under a ModelAdmin without being its own views: the admin builds each
+    with itself (``page = ForkPages(model_admin)``) and adds the page's ``urls()`` to its
+    ``get_urls``, so their paths and URL names are the admin's. A page holds its views;
+    whatever they need of the admin (its site and model, permissions, messages, the names
+    of its URLs, its confirmation pages) they ask of ``self.admin``."""
+
+    def __init__(self, model_admin: _A) -> None:
+        self.admin = model_admin
+
+    @abc.abstractmethod
+    def urls(self) -> list[URLPattern]:
+        """The page's URL patterns, each view wrapped by the admin site's ``admin_view``
+        (staff login and CSRF protection), as the admin's own views are."""
 
 
 class CountedChangeList(StrictChangeList):

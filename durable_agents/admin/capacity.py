@@ -19,7 +19,7 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.translation import gettext
 
-from durable_agents.admin.base import AgentsAdmin
+from durable_agents.admin.base import AdminPage, AgentsAdmin
 from durable_agents.flow.capacity import buckets
 from durable_agents.models import (
     AgentRun,
@@ -127,23 +127,20 @@ def capacity_stats() -> dict[str, Any]:
     }
 
 
-class CapacityPage(AgentsAdmin[AgentRun]):
+class CapacityPage(AdminPage[AgentsAdmin[AgentRun]]):
     """The capacity page, under the runs' admin (beside the operations page)."""
 
-    def get_urls(self) -> list[URLPattern]:
-        view = self.admin_site.admin_view(self.capacity_view)
-        return [
-            path("capacity/", view, name=self._object_url("capacity")),
-            *super().get_urls(),
-        ]
+    def urls(self) -> list[URLPattern]:
+        view = self.admin.admin_site.admin_view(self.capacity_view)
+        return [path("capacity/", view, name=self.admin._object_url("capacity"))]
 
     def capacity_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
+        if not self.admin.has_view_permission(request):
             raise PermissionDenied
         context = {
-            **self.admin_site.each_context(request),
+            **self.admin.admin_site.each_context(request),
             "title": gettext("Model capacity"),
-            "opts": self.opts,
+            "opts": self.admin.opts,
             **capacity_stats(),
         }
         return TemplateResponse(request, "admin/durable_agents/agentrun/capacity.html", context)

@@ -24,7 +24,7 @@ from django.utils.translation import gettext
 from durable_agents._internal import counting
 from durable_agents._internal.counting import bounded_count
 from durable_agents._internal.text import storable_text
-from durable_agents.admin.base import clean_pk
+from durable_agents.admin.base import AdminPage, clean_pk
 from durable_agents.admin.format import cut_at_word
 from durable_agents.admin.run_actions import RUN_ACTION_LIMIT, RunActions
 from durable_agents.causes import error_reason
@@ -138,13 +138,14 @@ def dead_group_run_ids(cause: str, limit: int) -> list[Any]:
     # -- dead letter and operations --------------------------------------------------------
 
 
-class DeadLetterPages(RunActions):
+class DeadLetterPages(AdminPage[RunActions]):
     """The dead letter's pages. They live under the runs' admin (their URLs and names are the
-    runs'), and a group's requeue or cancel is the runs' action, confirmed the same way."""
+    runs'), and a group's requeue or cancel is the runs' action, confirmed the same way: the
+    admin they serve has the run actions."""
 
-    def get_urls(self) -> list[URLPattern]:
-        name = self._object_url
-        view = self.admin_site.admin_view
+    def urls(self) -> list[URLPattern]:
+        name = self.admin._object_url
+        view = self.admin.admin_site.admin_view
         return [
             path("dead-letter/", view(self.dead_letter_view), name=name("dead_letter")),
             path(
@@ -152,11 +153,10 @@ class DeadLetterPages(RunActions):
                 view(self.dead_letter_confirm_view),
                 name=name("dead_letter_confirm"),
             ),
-            *super().get_urls(),
         ]
 
     def dead_letter_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
+        if not self.admin.has_view_permission(request):
             raise PermissionDenied
         try:
             number = int(request.GET.get("page", "1"))
@@ -164,13 +164,13 @@ class DeadLetterPages(RunActions):
             number = 1
         page = dead_letter_page(min(max(number, 1), DEAD_LETTER_MAX_PAGE))
         context = {
-            **self.admin_site.each_context(request),
+            **self.admin.admin_site.each_context(request),
             "title": gettext("Dead letter"),
-            "opts": self.opts,
+            "opts": self.admin.opts,
             "page": page,
             "groups": page.groups,
             "total": page.total,
-            "can_operate": self.has_operate_permission(request),
+            "can_operate": self.admin.has_operate_permission(request),
             "action_limit": RUN_ACTION_LIMIT,
         }
         return TemplateResponse(request, "admin/durable_agents/agentrun/dead_letter.html", context)
@@ -181,24 +181,24 @@ class DeadLetterPages(RunActions):
         posts exactly their ids back here. A POST acts only on the posted runs that are still
         dead of that cause (never on the rest of the group: runs that died since were not
         shown), then answers with the dead letter and a message."""
-        if action not in self.RUN_OPERATIONS:
+        if action not in self.admin.RUN_OPERATIONS:
             raise Http404(gettext("No such operation."))
-        if not self.has_operate_permission(request):
+        if not self.admin.has_operate_permission(request):
             raise PermissionDenied
         cause = request.GET.get("cause", "")
         if request.method == "POST":
             return self._dead_group_posted(request, action, cause)
         run_ids = dead_group_run_ids(cause, RUN_ACTION_LIMIT) if "cause" in request.GET else []
         if not run_ids:
-            self.message_user(
+            self.admin.message_user(
                 request,
                 gettext("That group is gone: its runs are no longer dead."),
                 messages.WARNING,
             )
-            return HttpResponseRedirect(self._url("dead_letter"))
+            return HttpResponseRedirect(self.admin._url("dead_letter"))
         queryset = AgentRun.objects.filter(pk__in=run_ids)
         example = cut_at_word(cause, 60)[0]
-        response = self._run_operation(
+        response = self.admin._run_operation(
             request, queryset, action, form_url=request.get_full_path(), example=example
         )
         assert response is not None  # a GET is never confirmed: it shows the page
@@ -208,13 +208,13 @@ class DeadLetterPages(RunActions):
         """The "Yes" of a group's confirmation: the posted ids, re-checked to be dead runs of
         the group still. Anything else posted here (no "Yes", malformed or no ids) changes
         nothing and says so."""
-        back = HttpResponseRedirect(self._url("dead_letter"))
+        back = HttpResponseRedirect(self.admin._url("dead_letter"))
         try:
-            ids = [clean_pk(AgentRun, value) for value in self._posted_ids(request)]
+            ids = [clean_pk(AgentRun, value) for value in self.admin._posted_ids(request)]
         except ValueError:
             ids = []
-        if not self._confirmed(request) or not ids or len(ids) > RUN_ACTION_LIMIT:
-            self.message_user(
+        if not self.admin._confirmed(request) or not ids or len(ids) > RUN_ACTION_LIMIT:
+            self.admin.message_user(
                 request,
                 gettext(
                     "Nothing was changed: confirm the runs of a group from its confirmation page."
@@ -223,5 +223,5 @@ class DeadLetterPages(RunActions):
             )
             return back
         listed = AgentRun.objects.dead().filter(dead_cause=cause, pk__in=ids)
-        self._run_operation(request, listed, action)
+        self.admin._run_operation(request, listed, action)
         return back

@@ -33,7 +33,7 @@ from durable_agents._internal.text import (
     plain_markers,
     storable_text,
 )
-from durable_agents.admin.base import AgentsAdmin, get_or_404
+from durable_agents.admin.base import AdminPage, AgentsAdmin, get_or_404
 from durable_agents.admin.format import RUN_COLORS, badge, load_json
 from durable_agents.admin.transcript import TranscriptStep, describe_step
 from durable_agents.forks import planning as forks
@@ -191,35 +191,36 @@ def part(a: AgentRun, b: AgentRun, limit: int = COMPARE_STEPS) -> Parting:
     return parting
 
 
-class ForkPages(AgentsAdmin[AgentRun]):
-    """The fork pages of the runs admin: mixed into ``AgentRunAdmin``."""
+class ForkPages(AdminPage[AgentsAdmin[AgentRun]]):
+    """The fork pages of the runs admin (their URLs and names are the runs'), and the fork
+    box of the run page (``fork_context``)."""
 
-    def get_urls(self) -> list[URLPattern]:
-        name = self._object_url
+    def urls(self) -> list[URLPattern]:
+        name = self.admin._object_url
+        view = self.admin.admin_site.admin_view
         return [
-            path("compare/", self.admin_site.admin_view(self.compare_view), name=name("compare")),
+            path("compare/", view(self.compare_view), name=name("compare")),
             path(
                 "<path:object_id>/fork/<int:seq>/",
-                self._confirm_view(self.fork_view),
+                self.admin._confirm_view(self.fork_view),
                 name=name("fork"),
             ),
             path(
                 "<path:object_id>/fork/<int:seq>/edit/",
-                self._confirm_view(self.fork_edit_view),
+                self.admin._confirm_view(self.fork_edit_view),
                 name=name("fork_edit"),
             ),
-            *super().get_urls(),
         ]
 
     def has_fork_permission(self, request: HttpRequest) -> bool:
         """To fork, and to see the run forked (a fork page shows its steps, as the run page
         does): what ``fork_run(..., user=)`` checks too."""
-        return request.user.has_perm(FORK_PERMISSION) and self.has_view_permission(request)
+        return request.user.has_perm(FORK_PERMISSION) and self.admin.has_view_permission(request)
 
     def has_fork_task_permission(self, request: HttpRequest) -> bool:
         """To fork with an edited task, which starts a run with a task of one's own: the
         permission to add runs too."""
-        return self.has_fork_permission(request) and self.has_add_permission(request)
+        return self.has_fork_permission(request) and self.admin.has_add_permission(request)
 
     # -- the run page ----------------------------------------------------------------------
 
@@ -239,7 +240,7 @@ class ForkPages(AgentsAdmin[AgentRun]):
             "forks": forks[:FORKS_LISTED],
             "forks_more": len(forks) > FORKS_LISTED,
             "compare_url": (
-                f"{self._url('compare')}?a={run.forked_from_id}&b={run.pk}"
+                f"{self.admin._url('compare')}?a={run.forked_from_id}&b={run.pk}"
                 if is_fork and run.forked_from_id
                 else ""
             ),
@@ -273,10 +274,10 @@ class ForkPages(AgentsAdmin[AgentRun]):
         except ValueError as exc:
             return storable_text(exc, 2000)
         how = "edited" if edit is not None else "unedited"
-        self.log_addition(
+        self.admin.log_addition(
             request, fork, f"Forked from the admin: run {run.pk} at step {seq} ({how})."
         )
-        self.message_user(
+        self.admin.message_user(
             request,
             gettext("Forked run %(run)s at step %(seq)s: the new run %(fork)s waits for a worker.")
             % {"run": run.pk, "seq": seq, "fork": fork.pk},
@@ -312,14 +313,14 @@ class ForkPages(AgentsAdmin[AgentRun]):
             text = shown if isinstance(shown, str) else ""
         hidden = hidden_characters(text)
         context = {
-            **self.admin_site.each_context(request),
+            **self.admin.admin_site.each_context(request),
             "title": title,
-            "opts": self.opts,
+            "opts": self.admin.opts,
             "original": run,
             "entry": entry,
             "form": form,
             "error": error,
-            "run_url": self._url("change", run.pk),
+            "run_url": self.admin._url("change", run.pk),
             # The calls of the fork point's turn the run did not record: the fork makes them
             # with the run's keys. Intents in doubt refuse the fork; open ones are warned of.
             "unrecorded": point.unrecorded,
@@ -336,7 +337,8 @@ class ForkPages(AgentsAdmin[AgentRun]):
         )
 
     def _intent_url(self, intent: ToolIntent) -> str:
-        return reverse(f"{self.admin_site.name}:durable_agents_toolintent_change", args=[intent.pk])
+        site = self.admin.admin_site.name
+        return reverse(f"{site}:durable_agents_toolintent_change", args=[intent.pk])
 
     def fork_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
         """GET: what the fork will be; POST ("Yes"): fork the run at the step, unedited."""
@@ -344,7 +346,7 @@ class ForkPages(AgentsAdmin[AgentRun]):
         if request.method == "POST" and request.POST.get("post") == "yes":
             made = self._make_fork(request, run, seq, None)
             if isinstance(made, AgentRun):
-                return self._redirect_to_object(made)
+                return self.admin._redirect_to_object(made)
             return self._fork_page(request, run, step, form=None, error=made)
         return self._fork_page(request, run, step, form=None)
 
@@ -364,7 +366,7 @@ class ForkPages(AgentsAdmin[AgentRun]):
         if form.is_valid():
             made = self._make_fork(request, run, seq, form.cleaned_data["edit"])
             if isinstance(made, AgentRun):
-                return self._redirect_to_object(made)
+                return self.admin._redirect_to_object(made)
             form.add_error("edit", made)
         return self._fork_page(request, run, step, form=form)
 
@@ -372,7 +374,7 @@ class ForkPages(AgentsAdmin[AgentRun]):
 
     def compare_view(self, request: HttpRequest) -> HttpResponse:
         """Two runs side by side from the step where they part (``?a=<id>&b=<id>``)."""
-        if not self.has_view_permission(request):
+        if not self.admin.has_view_permission(request):
             raise PermissionDenied
         a_id, b_id = request.GET.get("a"), request.GET.get("b")
         if not a_id or not b_id:
@@ -382,14 +384,14 @@ class ForkPages(AgentsAdmin[AgentRun]):
         b = get_or_404(AgentRun, b_id, AgentRun.objects.only(*columns))
         parting = part(a, b)
         context = {
-            **self.admin_site.each_context(request),
+            **self.admin.admin_site.each_context(request),
             "title": gettext("Compare runs %(a)s and %(b)s")
             % {"a": str(a.pk)[:8], "b": str(b.pk)[:8]},
-            "opts": self.opts,
+            "opts": self.admin.opts,
             "a": a,
             "b": b,
-            "a_url": self._url("change", a.pk),
-            "b_url": self._url("change", b.pk),
+            "a_url": self.admin._url("change", a.pk),
+            "b_url": self.admin._url("change", b.pk),
             "a_badge": badge(a.status, a.get_status_display(), RUN_COLORS),
             "b_badge": badge(b.status, b.get_status_display(), RUN_COLORS),
             "parting": parting,

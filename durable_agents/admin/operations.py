@@ -17,7 +17,7 @@ from django.utils.translation import gettext, ngettext
 
 from durable_agents._internal import counting
 from durable_agents._internal.counting import bounded_count
-from durable_agents.admin.base import AgentsAdmin
+from durable_agents.admin.base import AdminPage, AgentsAdmin
 from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
 from durable_agents.admin.schedules import schedule_panel
 from durable_agents.admin.waits import cut_summary
@@ -329,23 +329,20 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     }
 
 
-class OperationsPage(AgentsAdmin[AgentRun]):
+class OperationsPage(AdminPage[AgentsAdmin[AgentRun]]):
     """The operations page, under the runs' admin (its URL and name are the runs')."""
 
-    def get_urls(self) -> list[URLPattern]:
-        view = self.admin_site.admin_view(self.operations_view)
-        return [
-            path("operations/", view, name=self._object_url("operations")),
-            *super().get_urls(),
-        ]
+    def urls(self) -> list[URLPattern]:
+        view = self.admin.admin_site.admin_view(self.operations_view)
+        return [path("operations/", view, name=self.admin._object_url("operations"))]
 
     def operations_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
+        if not self.admin.has_view_permission(request):
             raise PermissionDenied
         context = {
-            **self.admin_site.each_context(request),
+            **self.admin.admin_site.each_context(request),
             "title": gettext("Operations"),
-            "opts": self.opts,
+            "opts": self.admin.opts,
             **operations_stats(),
             # The schedules' next slots and those in trouble, for whoever may see schedules.
             "schedules": schedule_panel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -28,7 +28,13 @@ from django.utils.translation import gettext_lazy as _
 from durable_agents import api
 from durable_agents._internal.counting import bounded_count
 from durable_agents._internal.text import plain_markers, revealed, storable_text
-from durable_agents.admin.base import CountedChangeList, ReadOnlyAdmin, clean_pk, get_or_404
+from durable_agents.admin.base import (
+    AdminPage,
+    CountedChangeList,
+    ReadOnlyAdmin,
+    clean_pk,
+    get_or_404,
+)
 from durable_agents.admin.capacity import CapacityPage
 from durable_agents.admin.costs import list_cost, run_page_cost
 from durable_agents.admin.dead_letter import DeadLetterPages
@@ -65,6 +71,7 @@ from durable_agents.admin.listing import (
 from durable_agents.admin.live import live_context
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
+from durable_agents.admin.run_actions import RunActions
 from durable_agents.admin.transcript import block_text, build_transcript, log_of
 from durable_agents.admin.undecodable import (
     Undecodable,
@@ -93,6 +100,7 @@ LAST_ERROR_CHARS = 60
 LAST_ERROR_TITLE_CHARS = 500
 # Run fields that can be long, each with a page of its own for the whole text.
 RUN_TEXT_FIELDS = ("task", "result", "error")
+_P = TypeVar("_P", bound=AdminPage[Any])
 
 
 class RunChangeList(CountedChangeList):
@@ -143,9 +151,17 @@ CLAIMS_HELP = _(
 ERROR_FIRST_STATUSES = (RunStatus.DEAD, RunStatus.FAILED)
 
 
-class AgentRunAdmin(
-    ForkPages, CapacityPage, OperationsPage, DeadLetterPages, ReadOnlyAdmin[AgentRun]
-):
+class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
+    """The runs list and the run page, with the run actions (cancel, requeue, send an event),
+    and the pages that live under the runs' URLs (``pages``)."""
+
+    # Built with this admin in __init__; their URLs are the runs' (get_urls).
+    pages: ClassVar[tuple[type[AdminPage[Any]], ...]] = (
+        ForkPages,
+        CapacityPage,
+        OperationsPage,
+        DeadLetterPages,
+    )
     # Sized for 1280 px with the nav sidebar and the filters (a 631 px table): the age under
     # the run id, the model under the agent, the error (truncated) under the task, one lease
     # column and short headers; admin.css sets the widths.
@@ -494,10 +510,24 @@ class AgentRunAdmin(
             return True
         return super().lookup_allowed(lookup, value, request)
 
-    # -- actions ---------------------------------------------------------------------------
+    # -- pages and views -------------------------------------------------------------------
+
+    def __init__(self, model: type[AgentRun], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self.built_pages: list[AdminPage[Any]] = [page(self) for page in self.pages]
+
+    def page(self, kind: type[_P]) -> _P:
+        """The page of class ``kind`` (or a subclass) this admin holds."""
+        for built in self.built_pages:
+            if isinstance(built, kind):
+                return built
+        raise LookupError(f"{type(self).__name__}.pages holds no {kind.__name__}")
+
     def get_urls(self) -> list[URLPattern]:
         name = self._object_url
         view = self.admin_site.admin_view
+        # The pages' paths come before those of the run actions and of Django, whose
+        # "<path:object_id>/..." would take "compare/" or "dead-letter/cancel/".
         return [
             path(
                 "<path:object_id>/answer/", self._post_view(self.answer_view), name=name("answer")
@@ -517,6 +547,7 @@ class AgentRunAdmin(
                 view(self.run_text_view),
                 name=name("text"),
             ),
+            *(pattern for page in self.built_pages for pattern in page.urls()),
             *super().get_urls(),
         ]
 
@@ -627,7 +658,7 @@ class AgentRunAdmin(
                 can_cancel=can_operate and obj.status in CANCELLABLE_STATUSES,
                 can_requeue=can_operate and obj.status == RunStatus.DEAD,
                 **self._wait_context(request, obj),
-                **self.fork_context(request, obj),
+                **self.page(ForkPages).fork_context(request, obj),
                 **live_context(obj),
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
