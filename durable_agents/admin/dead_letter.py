@@ -135,8 +135,6 @@ def dead_group_run_ids(cause: str, limit: int) -> list[Any]:
         .values_list("pk", flat=True)[:limit]
     )
 
-    # -- dead letter and operations --------------------------------------------------------
-
 
 class DeadLetterPages(AdminPage[RunActions]):
     """The dead letter's pages. They live under the runs' admin (their URLs and names are the
