@@ -892,7 +892,7 @@ def _unused_prices(agents: list[Any]) -> list[CheckMessage]:
     ]
 
 
-# The anthropic-beta each server-side context edit needs (NOTES-anthropic-sdk, long transcripts).
+# The anthropic-beta each server-side context edit needs: the API refuses the edit without it.
 EDIT_BETAS = {
     "compact_20260112": "compact-2026-01-12",
     "clear_tool_uses_20250919": "context-management-2025-06-27",
