@@ -16,6 +16,8 @@ from durable_agents.conf import app_settings
 
 @register()
 def check_agents(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each registered agent's tools and context edits, then the models that RATE_LIMITS
+    and PRICES name and no agent uses."""
     from durable_agents.declare.agents import registry
 
     messages: list[CheckMessage] = []

@@ -14,6 +14,8 @@ from django.db import connections
 def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
+    """SQLite with DEBUG off: it serves one host and one worker process, not a production
+    deployment."""
     if settings.DEBUG or "default" not in settings.DATABASES:
         return []
     if connections["default"].vendor == "sqlite":

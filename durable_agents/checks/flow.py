@@ -55,6 +55,7 @@ PRICE_HINT = (
 
 
 def bad_prices() -> list[CheckMessage]:
+    """Each problem of ``PRICES``, under the id of its kind (``PRICE_CHECK_IDS``)."""
     from durable_agents.flow.pricing import price_problems
 
     prices = app_settings.PRICES

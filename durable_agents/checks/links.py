@@ -35,6 +35,7 @@ def _site_url_problem(value: Any) -> str | None:
 
 
 def bad_site_url() -> list[CheckMessage]:
+    """A ``SITE_URL`` that the links of notification mails cannot start with."""
     problem = _site_url_problem(app_settings.SITE_URL)
     if problem is None:
         return []

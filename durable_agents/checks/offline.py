@@ -15,6 +15,8 @@ OFFLINE_WITHOUT_DEBUG = "durable_agents.E011"
 
 
 def offline_without_debug() -> list[CheckMessage]:
+    """The offline scripted model with DEBUG off: in production, whoever writes a task
+    would decide which tools run."""
     if app_settings.OFFLINE is not True or settings.DEBUG:
         return []
     return [
@@ -32,6 +34,9 @@ def offline_without_debug() -> list[CheckMessage]:
 
 
 def online_without_api_key() -> list[CheckMessage]:
+    """The real API and no key to call it with: every model call would fail. A warning
+    among the settings (a web server needs no key); ``worker_checks`` makes it an error
+    for a worker."""
     if (
         app_settings.OFFLINE
         or app_settings.CLIENT_FACTORY != DEFAULTS["CLIENT_FACTORY"]

@@ -56,6 +56,8 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
 
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``DURABLE_AGENTS``, key by key, with the messages of the settings that have a module
+    of their own; the heartbeat against the lease only once nothing else is wrong."""
     user = getattr(settings, "DURABLE_AGENTS", None) or {}
     if not isinstance(user, dict):
         return [Error("DURABLE_AGENTS must be a dict.", id="durable_agents.E001")]
@@ -132,6 +134,8 @@ def _bad_numbers() -> list[CheckMessage]:
 
 
 def in_bounds(value: Any, whole: bool, minimum: float, inclusive: bool) -> bool:
+    """Whether ``value`` is a number (a whole one if ``whole``, never a bool) not under
+    ``minimum``, nor equal to it unless ``inclusive``."""
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
         return False
     # Written as the refusal so that NaN, which compares false to everything, stays allowed.
