@@ -1,0 +1,84 @@
+"""What the database holds, read only when a command asks for the checks of the database
+(``manage.py check --database default``, ``migrate``, ``runagents``): runs in flight that the
+registered agents would dead-letter for prompt drift (W040), schedules stored with six cron
+fields (W006)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Tags, Warning, register
+from django.db import DatabaseError
+
+PROMPT_DRIFT = "durable_agents.W040"
+
+
+@register(Tags.database)
+def check_prompt_drift(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Runs in flight that the registered agents would dead-letter for prompt drift. Reads
+    the database, so only when asked: ``manage.py check --database default``, and
+    ``runagents`` at start."""
+    if not databases or "default" not in databases:
+        return []
+    from durable_agents.engine.inflight import prompt_drift
+
+    try:
+        drifted = prompt_drift("default")
+    except DatabaseError:  # not migrated yet: nothing is in flight
+        return []
+    return [
+        Warning(
+            drift.describe() + ".",
+            hint="Give the changed agent a new version (Agent(version=...)) and keep the old "
+            "definition registered until its runs end; or restore the old definition.",
+            obj=f"{drift.agent}@{drift.version}",
+            id=PROMPT_DRIFT,
+        )
+        for drift in drifted
+    ]
+
+
+SIX_FIELD_SCHEDULES = "durable_agents.W006"
+# The schedules W006 names in its message; the rest are counted.
+MAX_NAMED_SCHEDULES = 20
+
+
+@register(Tags.database)
+def check_six_field_schedules(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Schedules an earlier version stored with six cron fields (seconds first), which
+    ``schedule()`` and the admin now refuse: they fire as before until saved again. Reads the
+    database, so only when asked: ``manage.py check --database default``, and ``migrate``."""
+    if not databases or "default" not in databases:
+        return []
+    from durable_agents.models import AgentSchedule
+    from durable_agents.schedules.defining import five_fields
+
+    try:
+        stored = list(
+            AgentSchedule.objects.using("default")
+            .exclude(cron="")
+            .order_by("name")
+            .values_list("name", "cron")
+        )
+    except DatabaseError:  # not migrated yet: no schedule is stored
+        return []
+    names = [name for name, cron in stored if len(five_fields(cron).split()) == 6]
+    if not names:
+        return []
+    listed = ", ".join(map(repr, names[:MAX_NAMED_SCHEDULES]))
+    if len(names) > MAX_NAMED_SCHEDULES:
+        listed += f" and {len(names) - MAX_NAMED_SCHEDULES} more"
+    return [
+        Warning(
+            f"{len(names)} schedule(s) have a cron expression of six fields (seconds first), "
+            f"which schedule() and the admin no longer take: {listed}.",
+            hint="They fire as before. Save each again with five fields (minute hour "
+            'day-of-month month day-of-week), such as "*/5 * * * *", or with every= for slots '
+            "seconds apart: on its admin page or with durable_agents.schedule().",
+            id=SIX_FIELD_SCHEDULES,
+        )
+    ]
