@@ -129,6 +129,9 @@ def test_the_formatter_message_says_what_is_wrong(da_settings: Any) -> None:
 def test_settings_that_are_not_a_dict(settings: Any) -> None:
     settings.DURABLE_AGENTS = ["LEASE_SECONDS", 5]
     assert ids(da_checks.check_settings()) == ["durable_agents.E001"]
+    # Every other check runs on the defaults meanwhile, rather than crashing on the list.
+    everything = [m for m in checks.run_checks() if str(m.id).startswith("durable_agents.")]
+    assert "durable_agents.E001" in ids(everything)
 
 
 def test_offline_without_debug_is_an_error(
