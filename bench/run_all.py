@@ -114,6 +114,8 @@ QUICK["live_readers"] = ["--readers", "300", "--runs", "30", "--over", "20", "--
 # Schedules: one run per slot under worker kills, and what firing costs the claims.
 FULL["schedules"] = []
 QUICK["schedules"] = ["--quick"]
+FULL["compression"] = []
+QUICK["compression"] = ["--steps", "4000", "--blocks", "4"]
 # The database cut in the middle of a burst: needs a private PostgreSQL cluster (below).
 FULL["failover"] = []
 QUICK["failover"] = [
@@ -230,6 +232,7 @@ NOT_BEFORE = {
     "live_readers",
     "schedules",
     "failover",
+    "compression",
 }
 
 
