@@ -18,7 +18,7 @@ class DurableAgentsConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported for what importing them registers: system checks, signal receivers, the
-        # services every worker runs besides advancing runs (worker_services), the live
+        # services every worker runs besides advancing runs (engine.services), the live
         # page's publisher of streamed text (observers.publish_text).
         from durable_agents import checks, notifications, signals  # noqa: F401
         from durable_agents import logging as run_logging

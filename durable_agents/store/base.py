@@ -701,7 +701,7 @@ def unsealed_log(rows: list[LogRow]) -> list[LogRow]:
 
 @typing.runtime_checkable
 class ScheduleStore(typing.Protocol):
-    """What firing schedules needs of a store besides ``Store`` (schedule_firing.py holds the
+    """What firing schedules needs of a store besides ``Store`` (schedules/firing.py holds the
     flow): the database stores (``PortableStore``, ``PostgresStore``) implement it;
     ``InMemoryStore`` does not (it keeps no schedules). ``schedule_store`` says which."""
 

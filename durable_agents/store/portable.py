@@ -159,7 +159,7 @@ class PortableStore(Store):
     def debounce_run(self, run: AgentRun, task_payload: str, seconds: float) -> AgentRun:
         return portable_debounce.debounce_run(run, task_payload, seconds)
 
-    # -- schedules (ScheduleStore: schedule_firing.py holds the flow) ---------------------
+    # -- schedules (ScheduleStore: schedules/firing.py holds the flow) -------------------
 
     def take_due_schedules(self, now: datetime.datetime | None, limit: int) -> DueSchedules:
         return portable_schedules.take_due_schedules(now, limit)

@@ -8,7 +8,7 @@ part; ``postgres_schedules`` does each step in one statement.
                          together: ``portable_batch.create_runs`` and one UPDATE here
     move_schedules       the schedules' moves alone (after runs started one by one)
 
-schedule_firing.py holds the flow: what is due, which slots fire, what a refusal does.
+schedules/firing.py holds the flow: what is due, which slots fire, what a refusal does.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
                                    fired twice starts one run), its task step; every
                                    schedule moved on to its next slot with its last run
     move            MOVE_ON_SQL    the schedules alone, after runs started one by one (the
-                                   fallback when FIRE_SQL fails: schedule_firing.py)
+                                   fallback when FIRE_SQL fails: schedules/firing.py)
 
 Both statements run in the firing's transaction: the row locks of the take hold until the
 runs and the moves commit together, so a worker that dies between them commits neither.

@@ -1,4 +1,5 @@
-"""Re-encrypt every encrypted column under the first key of ENCRYPTION_KEYS (rekey.py)."""
+"""Re-encrypt every encrypted column under the first key of ENCRYPTION_KEYS
+(housekeeping/rekey.py)."""
 
 from __future__ import annotations
 
