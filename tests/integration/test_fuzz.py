@@ -13,8 +13,9 @@ in-process burst workers advance each run one claim at a time, and for every exa
     every model turn is byte for byte a body the offline model sent, every call of a turn
     followed by a tool_result step has its result block, and ``messages_for`` works.
 
-Examples: 60 on PostgreSQL and 40 on SQLite in ``make test`` (the short profile, about 20 s);
-500 and 150 in ``make test-long`` (``DA_FUZZ=long``); ``DA_FUZZ_EXAMPLES`` overrides both.
+Examples: 60 on PostgreSQL and 40 on SQLite in ``make test`` (the short profile), 500 and 150
+in ``make test-long`` (``DA_FUZZ=long``), each split between two test functions that xdist
+runs side by side; ``DA_FUZZ_EXAMPLES`` sets the number of each.
 Derandomized when ``CI`` is set, so CI runs the same examples every time. The focused tests
 at the end pin concrete hostile inputs (NUL, lone surrogates, deep nesting, exits).
 """
@@ -92,16 +93,22 @@ for _length, _postgresql, _sqlite in (("short", 60, 40), ("long", 500, 150)):
     )
 
 
+# The examples are split between HALVES test functions (each derandomized by its own name, so
+# they play different examples), which pytest-xdist runs side by side: each stays well inside
+# the time a test of the default run may take.
+HALVES = 2
+
+
 def fuzz_profile() -> hypothesis_settings:
-    """The profile of this database and length (``DA_FUZZ=long``: the long one);
-    ``DA_FUZZ_EXAMPLES`` sets the number of examples."""
+    """The profile of this database and length (``DA_FUZZ=long``: the long one), for one of
+    the HALVES fuzz tests; ``DA_FUZZ_EXAMPLES`` sets the number of examples of each."""
     length = "long" if os.environ.get("DA_FUZZ") == "long" else "short"
     name = f"durable_agents_fuzz_{length}_" + ("postgresql" if ON_POSTGRES else "sqlite")
     profile = hypothesis_settings.get_profile(name)
     examples = os.environ.get("DA_FUZZ_EXAMPLES")
     if examples:
         return hypothesis_settings(profile, max_examples=int(examples))
-    return profile
+    return hypothesis_settings(profile, max_examples=max(1, profile.max_examples // HALVES))
 
 
 # --------------------------------------------------------------------------- recording model
@@ -508,15 +515,30 @@ agents = st.sampled_from(["fuzzer", "fuzzer", "fuzz_thinker"])
 # --------------------------------------------------------------------------- the fuzz test
 
 
-@fuzz_profile()
-@given(agent=agents, plan=turns, final=finals)
-def test_hostile_turns_settle_and_lose_nothing(
+def play_example(
     fuzz: Fuzz, agent: str, plan: list[list[tuple[str, Any]]], final: str | None
 ) -> None:
     try:
         fuzz.play_checked(agent, plan, final)
     finally:
         clean_database()
+
+
+@fuzz_profile()
+@given(agent=agents, plan=turns, final=finals)
+def test_hostile_turns_settle_and_lose_nothing(
+    fuzz: Fuzz, agent: str, plan: list[list[tuple[str, Any]]], final: str | None
+) -> None:
+    play_example(fuzz, agent, plan, final)
+
+
+@fuzz_profile()
+@given(agent=agents, plan=turns, final=finals)
+def test_more_hostile_turns_settle_and_lose_nothing(
+    fuzz: Fuzz, agent: str, plan: list[list[tuple[str, Any]]], final: str | None
+) -> None:
+    """The other half of the examples (other ones: derandomized by this test's name)."""
+    play_example(fuzz, agent, plan, final)
 
 
 # --------------------------------------------------------------------------- focused regressions
