@@ -44,12 +44,14 @@ class Setting(Generic[T]):
         if instance is None:
             return self
         user = getattr(django_settings, "DURABLE_AGENTS", None) or {}
-        # What the user wrote is checked by the system checks, not here: this is read often.
-        # Not a dict at all (E001 says so): every setting reads as its default meanwhile, so
-        # that the other checks and the commands report instead of crashing.
-        if not isinstance(user, dict):
+        # What the user wrote is checked by the system checks, not here: this is read often
+        # (a try costs nothing until it catches).
+        try:
+            return typing.cast(T, user.get(self.name, self.default))
+        except AttributeError:
+            # Not a dict at all (E001 says so): every setting reads as its default meanwhile,
+            # so that the other checks and the commands report instead of crashing.
             return self.default
-        return typing.cast(T, user.get(self.name, self.default))
 
 
 class DurableAgentsSettings:
