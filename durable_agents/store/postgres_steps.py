@@ -168,13 +168,17 @@ APPEND_LAST_TURN_SQL = f"{FENCED_LAST_STEP},\n{RECORD_USAGE}\n{STEP_INSERT}"
 APPEND_STEP_WITH_EFFECTS_SQL = f"{FENCED_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
 APPEND_LAST_STEP_WITH_EFFECTS_SQL = f"{FENCED_LAST_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
 
+
 # The last step of a run and the claim of the worker's next run, in one statement: a busy
 # worker saves a round trip and a flushed commit per run. The claim happens only if the fence
 # held (CLAIMABLE_RUNS_IF_FENCED); the finished run is not claimable in the statement's
 # snapshot (its lease is still held there). One row: whether the step was appended, then the
 # next run's columns, or NULLs when there was none.
-FINISH_AND_CLAIM_SQL = f"""\
-{FENCED_LAST_STEP}, appended AS (
+def _finish_and_claim(also: str) -> str:
+    """The finish-and-claim statement, with ``also`` (CTEs ending in ", ") run after the
+    fence and before the step's insert."""
+    return f"""\
+{FENCED_LAST_STEP}, {also}appended AS (
 {STEP_INSERT}
  RETURNING run_id
 ), {CLAIMABLE_RUNS_IF_FENCED},
@@ -184,18 +188,12 @@ FINISH_AND_CLAIM_SQL = f"""\
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
   FROM (SELECT 1) AS one LEFT JOIN taken ON true"""
 
+
+FINISH_AND_CLAIM_SQL = _finish_and_claim("")
+
 # The same for a run's last model turn, counted in the day's rollup too: what a busy worker
 # sends at the end of every run.
-FINISH_TURN_AND_CLAIM_SQL = f"""\
-{FENCED_LAST_STEP}, {RECORD_USAGE}, appended AS (
-{STEP_INSERT}
- RETURNING run_id
-), {CLAIMABLE_RUNS_IF_FENCED},
-{ADMITTED}, taken AS (
-{TAKE_CLAIMABLE_RUNS}
-)
-SELECT (SELECT count(*) FROM appended) AS appended, taken.*
-  FROM (SELECT 1) AS one LEFT JOIN taken ON true"""
+FINISH_TURN_AND_CLAIM_SQL = _finish_and_claim(f"{RECORD_USAGE}, ")
 
 # A model turn that was paid for but not committed (its fence failed: the run was taken over
 # or cancelled meanwhile; or the step was refused): its tokens and cost still count, on the
