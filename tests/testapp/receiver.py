@@ -23,12 +23,16 @@ def deliver(kind: str, key: str, payload: Any) -> dict[str, Any]:
     line = json.dumps({"kind": kind, "key": key, "payload": payload, "pid": os.getpid()})
     with open(directory / "attempts.log", "a", encoding="utf-8") as log:
         log.write(line + "\n")
+    # Written aside, then linked into place: the link is the once-only apply (it fails if the
+    # key was applied), and a reader never sees an applied file before its content.
+    pending = directory / f"pending-{key}-{os.getpid()}-{time.monotonic_ns()}"
+    pending.write_text(line, encoding="utf-8")
     try:
-        fd = os.open(directory / f"applied-{key}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.link(pending, directory / f"applied-{key}")
     except FileExistsError:
         return {"kind": kind, "key": key, "applied": False, "duplicate": True}
-    with os.fdopen(fd, "w", encoding="utf-8") as applied:
-        applied.write(line)
+    finally:
+        pending.unlink()
     return {"kind": kind, "key": key, "applied": True}
 
 
