@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import uuid
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
 
@@ -60,6 +59,7 @@ from durable_agents.models import (
     QuestionStatus,
     RunStatus,
     ToolIntent,
+    new_run_id,
 )
 from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
@@ -278,7 +278,7 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
     definition = registry.get(agent, version)
     pinned_model = model or definition.model
     return AgentRun(
-        id=uuid.uuid4(),
+        id=new_run_id(),
         agent=definition.name,
         prompt_version=definition.version,
         model=pinned_model,

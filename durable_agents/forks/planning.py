@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -60,6 +59,7 @@ from durable_agents.models import (
     StepKind,
     ToolEffect,
     ToolIntent,
+    new_run_id,
     steps_of,
 )
 from durable_agents.store.base import ForkWrite, RunId
@@ -116,7 +116,7 @@ def plan_fork(
     task = parent.task
     own_step: tuple[int, str, str] | None = None
     inherited: list[ToolEffect] = []
-    run_id = uuid.uuid4()
+    run_id = new_run_id()
     key_run_id: RunId | None = None
     if edit is not None:
         payload, task = _edited(step, edit, task)

@@ -3,6 +3,7 @@ here (``from durable_agents.models import AgentRun``), and migrations name the c
 by their path here (``durable_agents.models.JSONTextField``).
 
     fields      JSONTextField, EncryptedTextField: the custom columns
+    ids         new_run_id (time-ordered run ids), short_id, step_part (a run's step partition)
     runs        agent_run: RunStatus, WaitKind, its querysets, the admin's proxy entries
     steps       agent_step: a run's append-only log
     forks       agent_step_share: the steps a fork shares, and steps_of (a run's whole log)
@@ -27,6 +28,7 @@ from durable_agents.models.flow import (
     ModelCapacity,
 )
 from durable_agents.models.forks import SharedSteps, steps_of
+from durable_agents.models.ids import new_run_id, short_id, step_part, time_of
 from durable_agents.models.intents import IntentStatus, ToolIntent, ToolIntentQuerySet
 from durable_agents.models.live import AgentProgress
 from durable_agents.models.metrics import MetricsSnapshot
@@ -89,5 +91,9 @@ __all__ = [
     "ToolIntent",
     "ToolIntentQuerySet",
     "WaitKind",
+    "new_run_id",
+    "short_id",
+    "step_part",
     "steps_of",
+    "time_of",
 ]

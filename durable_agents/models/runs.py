@@ -5,7 +5,6 @@ put the operations and dead-letter pages in the admin's list of models. Status c
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
@@ -13,6 +12,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.models.fields import JSONTextField
+from durable_agents.models.ids import new_run_id
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -91,7 +91,8 @@ class AgentRunQuerySet(models.QuerySet["AgentRun"]):
 
 
 class AgentRun(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Time-ordered (models/ids.py): ids sort by start, and a run's step partition is its id's day.
+    id = models.UUIDField(primary_key=True, default=new_run_id, editable=False)
     agent = models.CharField(max_length=200)
     prompt_version = models.CharField(max_length=200)
     # sha256 of everything sent besides the messages (model, parameters, system, tools):

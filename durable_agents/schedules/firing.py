@@ -66,7 +66,7 @@ from django.utils import timezone
 
 from durable_agents.engine import services as worker_services
 from durable_agents.exceptions import AgentNotFound
-from durable_agents.models import AgentRun, AgentSchedule
+from durable_agents.models import AgentRun, AgentSchedule, new_run_id
 from durable_agents.schedules.defining import MAX_CATCH_UP, due_slots, next_slot, slot_key
 from durable_agents.store import current, dialect_store
 from durable_agents.store.base import ScheduleStore, schedule_store
@@ -304,7 +304,7 @@ def _slot_starts(
                     schedule_id=row.pk,
                     slot=slot,
                     key=key,
-                    run_id=uuid.uuid4(),
+                    run_id=new_run_id(),
                     template=template,
                     task=row.task,
                     payload=payload,
