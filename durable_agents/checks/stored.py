@@ -82,3 +82,62 @@ def check_six_field_schedules(
             id=SIX_FIELD_SCHEDULES,
         )
     ]
+
+
+STEP_PARTITIONS = "durable_agents.W060"
+
+
+@register(Tags.database)
+def check_step_partitions(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """PostgreSQL's step log: days whose steps are kept in the default partition (their day
+    had no partition when they were written), and today or tomorrow without a partition.
+    Reads the database, so only when asked: ``manage.py check --database default``,
+    ``migrate`` and ``runagents``."""
+    if not databases or "default" not in databases:
+        return []
+    from django.db import connections
+
+    from durable_agents.models import step_partitions
+    from durable_agents.models.ids import day_of_part
+
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        with connection.cursor() as cursor:
+            if not step_partitions.is_partitioned(cursor):
+                return []
+            kept = step_partitions.default_days(cursor)
+            missing = step_partitions.missing_days_ahead(cursor)
+    except DatabaseError:  # not migrated yet
+        return []
+    messages: list[CheckMessage] = []
+    if kept:
+        days = ", ".join(f"{day_of_part(part)} ({count} steps)" for part, count in kept[:20])
+        messages.append(
+            Warning(
+                f"agent_step_default holds the steps of days that had no partition: {days}. "
+                "They are read and kept like any other, but retention cannot drop them "
+                "with a day.",
+                hint="Housekeeping's sweep moves them into partitions of their own (from "
+                "django-q2, or durable_agents.housekeeping.sweep() from a shell). Steps of "
+                "days far from today mean a clock was wrong where those runs were started.",
+                obj="agent_step",
+                id=STEP_PARTITIONS,
+            )
+        )
+    if missing:
+        days = ", ".join(str(day_of_part(part)) for part in missing)
+        messages.append(
+            Warning(
+                f"The step log has no partition for {days}: new runs' steps go to the "
+                "default partition.",
+                hint="Workers make the days ahead when they start, and housekeeping's sweep "
+                "every five minutes: schedule it (django-q2), or restart a worker.",
+                obj="agent_step",
+                id=STEP_PARTITIONS,
+            )
+        )
+    return messages

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -60,6 +61,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
     new_run_id,
+    step_part,
     steps_of,
 )
 from durable_agents.store.base import ForkWrite, RunId
@@ -494,21 +496,32 @@ def keep_shared_steps(run_ids: Sequence[RunId]) -> int:
     to_db = AgentRun._meta.pk.get_db_prep_value
     ids = [to_db(run_id, connection) for run_id in run_ids]
     marks = ", ".join(["%s"] * len(ids))
+    copied = 0
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end,"
-            " request_id, attempt, worker, created_at)"
-            " SELECT h.fork_id, s.seq, s.kind, s.payload, s.content_start, s.content_end,"
-            " s.request_id, s.attempt, s.worker, s.created_at"
-            " FROM agent_step_share h"
-            " JOIN agent_step s ON s.run_id = h.source_id AND s.seq >= h.lo AND s.seq < h.hi"
-            f" WHERE h.source_id IN ({marks}) AND h.fork_id NOT IN ({marks})",
+            "SELECT DISTINCT fork_id FROM agent_step_share"
+            f" WHERE source_id IN ({marks}) AND fork_id NOT IN ({marks})",
             [*ids, *ids],
         )
-        copied: int = cursor.rowcount
+        forks = [row[0] for row in cursor.fetchall()]
+        for fork in forks:
+            # Each fork's copies go to its own partition (its id's day, models/ids.py).
+            part = step_part(uuid.UUID(str(fork)))
+            cursor.execute(
+                "INSERT INTO agent_step (run_id, seq, part, kind, payload, content_start,"
+                " content_end, request_id, attempt, worker, created_at)"
+                " SELECT h.fork_id, s.seq, %s, s.kind, s.payload, s.content_start,"
+                " s.content_end, s.request_id, s.attempt, s.worker, s.created_at"
+                " FROM agent_step_share h"
+                " JOIN agent_step s ON s.run_id = h.source_id AND s.seq >= h.lo"
+                " AND s.seq < h.hi"
+                f" WHERE h.source_id IN ({marks}) AND h.fork_id = %s",
+                [part, *ids, fork],
+            )
+            copied += max(cursor.rowcount, 0)
         cursor.execute(
             f"DELETE FROM agent_step_share WHERE source_id IN ({marks})"
             f" AND fork_id NOT IN ({marks})",
             [*ids, *ids],
         )
-    return max(copied, 0)
+    return copied

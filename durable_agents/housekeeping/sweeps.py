@@ -29,6 +29,7 @@ from durable_agents.exceptions import StoredValueError
 from durable_agents.flow import budgets
 from durable_agents.forks import planning as forks
 from durable_agents.housekeeping import metrics
+from durable_agents.housekeeping.step_log import step_log
 from durable_agents.models import (
     FINISHED_STATUSES,
     AgentEvent,
@@ -70,6 +71,9 @@ def sweep() -> dict[str, int]:
         "cascades_finished": finish_cancel_cascades(),
         "budget_woken": wake_budget_waiters(),
         "capacity_events_pruned": prune_capacity_events(),
+        # The step log's days ahead (PostgreSQL): a day without its partition would have its
+        # steps kept in the default partition.
+        "step_partitions_made": len(step_log().make_days_ahead()),
     }
     for model in app_settings.RETIRED_MODELS:
         moved["retired_model"] += _dead_letter(
@@ -186,6 +190,10 @@ def apply_retention(now: datetime.datetime | None = None) -> int:
         return 0
     cutoff = (now or timezone.now()) - datetime.timedelta(days=days)
     archiver = import_string(app_settings.ARCHIVER) if app_settings.ARCHIVER else None
+    log = step_log()
+    # Days whose steps go as one partition once their runs are deleted (PostgreSQL); the
+    # steps of every other run are deleted with it, row by row.
+    dropping = log.droppable_days(cutoff)
     deleted = 0
     while True:
         with transaction.atomic():
@@ -201,8 +209,10 @@ def apply_retention(now: datetime.datetime | None = None) -> int:
             forks.keep_shared_steps(batch)
             if archiver is not None:
                 archiver(AgentRun.objects.filter(pk__in=batch))
+            log.delete_steps(batch, dropping)
             AgentRun.objects.filter(pk__in=batch).delete()
         deleted += len(batch)
+    log.drop_days(dropping)
     if deleted:
         logger.info("retention deleted %d finished runs older than %s", deleted, cutoff)
     events = _expire_events(cutoff)
@@ -259,3 +269,24 @@ class StrandedParents(worker_services.WorkerService):
 
 
 worker_services.register("durable_agents.housekeeping.sweeps", StrandedParents())
+
+
+class StepPartitionsAhead(worker_services.WorkerService):
+    """Every worker makes the step log's days ahead when it starts (housekeeping's sweep does
+    too): a fleet without django-q2 still has its partitions."""
+
+    def starting(self, worker: Any) -> None:
+        try:
+            made = (worker.store or current()).make_step_partitions()
+        except DatabaseError:
+            worker_logger.warning(
+                "worker %s: making the step log's days ahead failed", worker.worker_id
+            )
+            return
+        finally:
+            worker.connections.release()
+        if made:
+            worker_logger.info("worker %s made step partitions %s", worker.worker_id, made)
+
+
+worker_services.register("durable_agents.housekeeping.step_partitions", StepPartitionsAhead())

@@ -18,7 +18,7 @@ by their path here (``durable_agents.models.JSONTextField``).
 Status changes live in ``store/``, not here."""
 
 from durable_agents.models.effects import ToolEffect
-from durable_agents.models.fields import EncryptedTextField, JSONTextField
+from durable_agents.models.fields import EncryptedTextField, JSONTextField, StepPartField
 from durable_agents.models.flow import (
     USAGE_SHARDS,
     AgentUsageDay,
@@ -87,6 +87,7 @@ __all__ = [
     "RunStatus",
     "SharedSteps",
     "StepKind",
+    "StepPartField",
     "ToolEffect",
     "ToolIntent",
     "ToolIntentQuerySet",

@@ -1,5 +1,6 @@
 """The custom columns of the app's tables: ``JSONTextField`` (any JSON value as JSON text, key
-order and all) and ``EncryptedTextField`` (text encrypted at rest under ENCRYPTION_KEYS).
+order and all), ``EncryptedTextField`` (text encrypted at rest under ENCRYPTION_KEYS) and
+``StepPartField`` (a step's partition, from its run's id).
 
 Migrations name them ``durable_agents.models.<field>``: the package hands them on under those
 paths, and ``JSONTextField`` deconstructs to its path there, not to this module's."""
@@ -14,12 +15,15 @@ from django.db import models
 from durable_agents._internal.encryption import Unreadable, seal, unseal_field
 from durable_agents._internal.text import json_text
 from durable_agents.exceptions import StoredValueError
+from durable_agents.models.ids import step_part
 
 if TYPE_CHECKING:
     # The stubs' TextField is generic (set and get types); Django's class takes no subscript.
     _TextField = models.TextField[Any, Any]
+    _IntegerField = models.IntegerField[Any, Any]
 else:
     _TextField = models.TextField
+    _IntegerField = models.IntegerField
 
 
 def _column_of(field: Any) -> str:
@@ -99,3 +103,18 @@ class EncryptedTextField(_TextField):
     def get_prep_value(self, value: Any) -> Any:
         value = super().get_prep_value(value)
         return None if value is None else seal(value, _column_of(self))
+
+
+class StepPartField(_IntegerField):
+    """The partition of the step log a step lives in, computed from its run's id when the row
+    is written (``models.ids.step_part``), by ``save`` and ``bulk_create`` alike: no caller
+    sets it. Statements written by hand pass ``step_part(run_id)`` themselves."""
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "durable_agents.models.StepPartField", args, kwargs
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> int:
+        part = step_part(model_instance.run_id)  # type: ignore[attr-defined]
+        setattr(model_instance, self.attname, part)
+        return part

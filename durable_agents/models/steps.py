@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents.models.fields import EncryptedTextField
+from durable_agents.models.fields import EncryptedTextField, StepPartField
 from durable_agents.models.runs import AgentRun
 
 
@@ -28,11 +28,23 @@ class AgentStep(models.Model):
     """
 
     pk = models.CompositePrimaryKey("run_id", "seq")
-    # The primary key (run_id, seq) already indexes run_id.
+    # The primary key (run_id, seq) already indexes run_id. No foreign key in the database:
+    # on PostgreSQL a day's steps are dropped as one partition after their runs were deleted
+    # (housekeeping/partitions.py), so a step may outlive its run for that while; every
+    # statement that writes a step updates its run's row in the same transaction (the fence),
+    # which is what the key would have checked.
     run = models.ForeignKey(
-        AgentRun, on_delete=models.CASCADE, related_name="steps", db_index=False
+        AgentRun,
+        on_delete=models.DO_NOTHING,
+        related_name="steps",
+        db_index=False,
+        db_constraint=False,
     )
     seq = models.IntegerField()
+    # The day (since 1970-01-01) the run's id was made, 0 for runs with random ids: the
+    # partition key on PostgreSQL, where the primary key is (run_id, seq, part) and a CHECK
+    # holds part to its run's id (so (run_id, seq) stays unique).
+    part = StepPartField(default=0, editable=False)
     kind = models.CharField(max_length=16, choices=StepKind.choices)
     # Encrypted at rest under ENCRYPTION_KEYS (the raw statements of store/postgres_*.py seal it
     # themselves); decrypted, it is the stored text byte for byte.

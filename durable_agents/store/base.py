@@ -339,6 +339,11 @@ class Store(abc.ABC):
         """The time as this store tells it (``InMemoryStore``: its own clock)."""
         return timezone.now()
 
+    def make_step_partitions(self) -> list[str]:
+        """The step log's partitions for the days ahead, made if missing (a worker asks as it
+        starts); the names made. Only PostgreSQL partitions the log."""
+        return []
+
     @functools.cached_property
     def capacity(self) -> CapacityGate:
         """The fleet's grants of model capacity (rate limits, pauses after a 429), kept where

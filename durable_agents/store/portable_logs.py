@@ -10,9 +10,11 @@ shared stretches included, and creating a fork. Plain functions; ``PortableStore
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import connection, transaction
 
-from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect, steps_of
+from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect, step_part, steps_of
 from durable_agents.store.base import (
     ForkWrite,
     LogRow,
@@ -32,7 +34,7 @@ from durable_agents.store.portable_trees import lock_tree_root
 LOG_SQL = """\
 SELECT seq, kind, payload, content_start, content_end
   FROM agent_step
- WHERE run_id = %(run)s
+ WHERE run_id = %(run)s AND part = %(part)s
 UNION ALL
 SELECT s.seq, s.kind, s.payload, s.content_start, s.content_end
   FROM agent_step_share h
@@ -64,7 +66,7 @@ def load_log_rows(run_id: RunId | str) -> list[LogRow]:
     """``Store.load_log_rows``: LOG_SQL, the payloads decrypted."""
     with connection.cursor() as cursor:
         run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
-        cursor.execute(LOG_SQL, {"run": run})
+        cursor.execute(LOG_SQL, {"run": run, "part": step_part(uuid.UUID(str(run_id)))})
         rows: list[LogRow] = cursor.fetchall()
     return unsealed_log(rows)
 

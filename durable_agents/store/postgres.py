@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from django.db import DataError
+from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.models import (
@@ -59,6 +59,7 @@ from durable_agents.models import (
     ToolEffect,
     ToolIntent,
     WaitKind,
+    step_partitions,
 )
 from durable_agents.store import (
     key_rows,
@@ -177,6 +178,9 @@ class PostgresStore(Store):
     ) -> dict[RunId, LeaseLoss]:
         """One statement, on ``using`` (the heartbeat's own connection) if given."""
         return postgres_claims.renew_leases(owner, claims, lease_seconds, using)
+
+    def make_step_partitions(self) -> list[str]:
+        return step_partitions.ensure_ahead(connection)
 
     def append_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None

@@ -31,6 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from durable_agents._internal import encryption
 from durable_agents.exceptions import StoredValueError
 from durable_agents.models import STEP_PAYLOAD, AgentRun
+from durable_agents.models.step_partitions import part_of_run
 from durable_agents.store import concurrency, key_rows, portable_trees
 from durable_agents.store.base import Claim, LeaseLoss, RunId, lease_losses
 
@@ -176,7 +177,8 @@ RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
           (SELECT payload FROM agent_step
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
-          ) AS task_payload"""
+              AND part = {RUN_PART}
+          ) AS task_payload""".replace("{RUN_PART}", part_of_run("run.id"))
 
 # -- Statements ------------------------------------------------------------------------------
 

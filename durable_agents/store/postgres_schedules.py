@@ -35,6 +35,7 @@ from django.db import connection
 
 from durable_agents._internal import encryption
 from durable_agents.models import STEP_PAYLOAD, AgentRun, AgentSchedule
+from durable_agents.models.step_partitions import part_of_run
 from durable_agents.store.concurrency import FAIR_SPACING
 from durable_agents.store.rows import DueSchedules, SlotStart
 
@@ -122,8 +123,8 @@ WITH slot AS (
         ON CONFLICT DO NOTHING
     RETURNING id
 ), task_step AS (
-    INSERT INTO agent_step (run_id, seq, kind, payload, attempt, worker)
-    SELECT s.run_id, 0, 'task', s.payload, 0, ''
+    INSERT INTO agent_step (run_id, seq, part, kind, payload, attempt, worker)
+    SELECT s.run_id, 0, {slot_part}, 'task', s.payload, 0, ''
       FROM slot AS s
       JOIN started ON started.id = s.run_id
 ), stored AS (
@@ -148,6 +149,7 @@ WITH slot AS (
      WHERE sc.id = m.id
 )
 SELECT start_key, run_id FROM stored ORDER BY n""".format(
+    slot_part=part_of_run("s.run_id"),
     run_columns=",\n                           ".join(_RUN_COLUMNS),
     run_values=",\n           ".join(
         _slot_value(column) if column in _SLOT_COLUMNS else f"t.{column}" for column in _RUN_COLUMNS

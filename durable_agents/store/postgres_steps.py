@@ -32,7 +32,7 @@ from django.db import connection
 from durable_agents._internal import encryption
 from durable_agents._internal.text import storable_text
 from durable_agents.flow.pricing import Usage
-from durable_agents.models import STEP_PAYLOAD, IntentStatus, ToolEffect, ToolIntent
+from durable_agents.models import STEP_PAYLOAD, IntentStatus, ToolEffect, ToolIntent, step_part
 from durable_agents.store.base import Claim, NextClaim, RunId, StepWrite
 from durable_agents.store.postgres_claims import (
     ADMITTED,
@@ -146,10 +146,10 @@ usage AS (
 
 # The step itself, one row if the fence held (it selects from ``fence``), none otherwise.
 STEP_INSERT = """\
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
+INSERT INTO agent_step (run_id, seq, part, kind, payload, content_start, content_end,
+                        request_id, attempt, worker)
+SELECT id, %(seq)s, %(part)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s,
+       %(request_id)s, %(attempt)s, %(owner)s
   FROM fence"""
 
 # -- Statements ------------------------------------------------------------------------------
@@ -271,6 +271,7 @@ def step_params(claim: Claim, step: StepWrite) -> dict[str, Any]:
         "attempt": claim.attempt,
         "lease": float(claim.lease_seconds),
         "seq": step.seq,
+        "part": step_part(claim.run_id),
         "kind": step.kind,
         "payload": encryption.seal(step.payload, STEP_PAYLOAD),
         "content_start": step.content_span[0] if step.content_span else None,

@@ -35,8 +35,8 @@ usage AS (
            cache_write_tokens = used.cache_write_tokens + EXCLUDED.cache_write_tokens,
            cost_usd = coalesce(used.cost_usd + EXCLUDED.cost_usd, EXCLUDED.cost_usd, used.cost_usd)
 )
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
+INSERT INTO agent_step (run_id, seq, part, kind, payload, content_start, content_end,
+                        request_id, attempt, worker)
+SELECT id, %(seq)s, %(part)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s,
+       %(request_id)s, %(attempt)s, %(owner)s
   FROM fence

@@ -13,8 +13,8 @@ WITH fence AS (
        AND last_seq = %(seq)s - 1
  RETURNING id, agent, model, concurrency_key
 )
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
+INSERT INTO agent_step (run_id, seq, part, kind, payload, content_start, content_end,
+                        request_id, attempt, worker)
+SELECT id, %(seq)s, %(part)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s,
+       %(request_id)s, %(attempt)s, %(owner)s
   FROM fence

@@ -18,8 +18,8 @@ recorded AS (
     VALUES (%(k0)s, %(run_id)s, %(s0)s, %(c0)s, %(t0)s, %(r0)s, %(e0)s), (%(k1)s, %(run_id)s, %(s1)s, %(c1)s, %(t1)s, %(r1)s, %(e1)s)
     ON CONFLICT (key) DO NOTHING
 )
-INSERT INTO agent_step (run_id, seq, kind, payload, content_start, content_end, request_id,
-                        attempt, worker)
-SELECT id, %(seq)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s, %(request_id)s,
-       %(attempt)s, %(owner)s
+INSERT INTO agent_step (run_id, seq, part, kind, payload, content_start, content_end,
+                        request_id, attempt, worker)
+SELECT id, %(seq)s, %(part)s, %(kind)s, %(payload)s, %(content_start)s, %(content_end)s,
+       %(request_id)s, %(attempt)s, %(owner)s
   FROM fence

@@ -112,8 +112,8 @@ WITH slot AS (
         ON CONFLICT DO NOTHING
     RETURNING id
 ), task_step AS (
-    INSERT INTO agent_step (run_id, seq, kind, payload, attempt, worker)
-    SELECT s.run_id, 0, 'task', s.payload, 0, ''
+    INSERT INTO agent_step (run_id, seq, part, kind, payload, attempt, worker)
+    SELECT s.run_id, 0, CASE WHEN substr(s.run_id::text, 15, 1) = '7' AND substr(s.run_id::text, 20, 1) IN ('8', '9', 'a', 'b') THEN (('x' || translate(left(s.run_id::text, 13), '-', ''))::bit(48)::bigint / 86400000)::integer ELSE 0 END, 'task', s.payload, 0, ''
       FROM slot AS s
       JOIN started ON started.id = s.run_id
 ), stored AS (
