@@ -44,6 +44,35 @@ def before_the_constraint() -> Iterator[None]:
         call_command("migrate", "durable_agents", verbosity=0)
 
 
+@pytest.fixture
+def without_the_constraint() -> Iterator[None]:
+    """The newest schema without the CHECK of migration 0022 for the test (the code that
+    runs must find today's tables: an older schema lacks their newer columns), the CHECK back
+    after it, once the test's schedules are gone."""
+    if connection.vendor == "sqlite":
+        # SQLite drops a CHECK only by copying the table, from the model (which has it).
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA ignore_check_constraints = ON")
+        try:
+            yield
+        finally:
+            AgentSchedule.objects.all().delete()
+            with connection.cursor() as cursor:
+                cursor.execute("PRAGMA ignore_check_constraints = OFF")
+        return
+    (constraint,) = [
+        c for c in AgentSchedule._meta.constraints if c.name == "agent_schedule_every_positive"
+    ]
+    with connection.schema_editor() as editor:
+        editor.remove_constraint(AgentSchedule, constraint)
+    try:
+        yield
+    finally:
+        AgentSchedule.objects.all().delete()
+        with connection.schema_editor() as editor:
+            editor.add_constraint(AgentSchedule, constraint)
+
+
 def write_by_hand(name: str, every: dt.timedelta, **fields: Any) -> None:
     """A schedule as SQL past the app writes it: ``schedule()`` for the row, then its
     interval set with an UPDATE that no check of the app sees."""
@@ -59,7 +88,7 @@ def write_by_hand(name: str, every: dt.timedelta, **fields: Any) -> None:
     "every", [dt.timedelta(0), dt.timedelta(seconds=-5)], ids=["zero", "negative"]
 )
 def test_firing_marks_a_schedule_with_a_bad_interval_broken_and_fires_the_others(
-    before_the_constraint: None, every: dt.timedelta
+    without_the_constraint: None, every: dt.timedelta
 ) -> None:
     write_by_hand("bad", every, catch_up=True)
     schedule("good", "tester", "Work.", every=dt.timedelta(minutes=1))
@@ -77,7 +106,7 @@ def test_firing_marks_a_schedule_with_a_bad_interval_broken_and_fires_the_others
 
 
 def test_resume_in_the_admin_refuses_a_bad_interval_with_a_message(
-    before_the_constraint: None, admin_client: Client
+    without_the_constraint: None, admin_client: Client
 ) -> None:
     write_by_hand("paused-bad", dt.timedelta(0), enabled=False)
     row = AgentSchedule.objects.get(name="paused-bad")
