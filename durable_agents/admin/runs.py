@@ -89,6 +89,7 @@ from durable_agents.models import (
     RunStatus,
     ToolEffect,
     WaitKind,
+    short_id,
 )
 
 if TYPE_CHECKING:
@@ -378,12 +379,12 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
 
     @admin.display(description=_("run"), ordering="created_at")
     def short_id(self, obj: AgentRun) -> SafeString:
-        """The id's first 8 characters, and the run's age under it (sorts by creation)."""
+        """The run's short id (``ids.short_id``), and its age under it (sorts by creation)."""
         if not obj.created_at:
-            return format_html("{}", str(obj.pk)[:8])
+            return format_html("{}", short_id(obj.pk))
         return format_html(
             '{}<br><span class="da-meta" title="{}">{}</span>',
-            str(obj.pk)[:8],
+            short_id(obj.pk),
             created_title(obj),
             ago(obj.created_at),
         )
@@ -429,7 +430,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
                 '<a class="da-child" href="{}" title="{}">↳ {}</a> {}',
                 self._url("change", obj.parent_id),
                 gettext("a child run of %(run)s") % {"run": obj.parent_id},
-                str(obj.parent_id)[:8],
+                short_id(obj.parent_id),
                 html,
             )
         wait = getattr(obj, "wait", None)
