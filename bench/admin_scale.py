@@ -314,6 +314,8 @@ def _fixtures() -> dict[str, str]:
     """The ids the pages ask for, picked alike in every database (by position, not by value)."""
     from django.db import connection
 
+    from durable_agents.models import short_id
+
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, error FROM agent_run WHERE status = 'dead'"
@@ -336,7 +338,7 @@ def _fixtures() -> dict[str, str]:
     today = timezone.now().date()
     return {
         "run": str(run_id),
-        "short": str(run_id)[:8],
+        "short": short_id(run_id),
         "request": request_id,
         "dead_request": dead_request.group(),
         "intent": str(intent_id),

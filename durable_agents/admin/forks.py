@@ -37,7 +37,7 @@ from durable_agents.admin.base import AdminPage, AgentsAdmin, get_or_404
 from durable_agents.admin.format import RUN_COLORS, badge, load_json
 from durable_agents.admin.transcript import TranscriptStep, describe_step
 from durable_agents.forks import planning as forks
-from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent, steps_of
+from durable_agents.models import AgentRun, AgentStep, StepKind, ToolIntent, short_id, steps_of
 
 if TYPE_CHECKING:
     from django.utils.safestring import SafeString
@@ -386,7 +386,7 @@ class ForkPages(AdminPage[AgentsAdmin[AgentRun]]):
         context = {
             **self.admin.admin_site.each_context(request),
             "title": gettext("Compare runs %(a)s and %(b)s")
-            % {"a": str(a.pk)[:8], "b": str(b.pk)[:8]},
+            % {"a": short_id(a.pk), "b": short_id(b.pk)},
             "opts": self.admin.opts,
             "a": a,
             "b": b,

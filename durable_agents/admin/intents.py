@@ -67,6 +67,7 @@ from durable_agents.models import (
     IntentStatus,
     ToolEffect,
     ToolIntent,
+    short_id,
 )
 
 AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
@@ -191,7 +192,7 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
     @admin.display(description=_("run"), ordering="run_id")
     def run_link(self, obj: ToolIntent) -> SafeString:
         url = reverse(f"{self.admin_site.name}:durable_agents_agentrun_change", args=[obj.run_id])
-        return format_html('<a href="{}">{}</a>', url, str(obj.run_id)[:8])
+        return format_html('<a href="{}">{}</a>', url, short_id(obj.run_id))
 
     @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: ToolIntent) -> SafeString:
@@ -274,7 +275,7 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
             label = gettext("#%(id)s %(tool)s for run %(run)s") % {
                 "id": intent.pk,
                 "tool": storable_text(intent.tool),
-                "run": str(intent.run_id)[:8],
+                "run": short_id(intent.run_id),
             }
             text = shown_json(intent.input)
             row = ConfirmRow(pk=str(intent.pk), url=url, label=label)

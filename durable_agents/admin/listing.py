@@ -9,11 +9,13 @@ request, and where each step lives:
    values with a skip scan (``distinct_values``): one index probe per value, not a scan.
 2. **Search** (``search_runs``) reads what the operator typed and asks the one index that
    can answer it: a whole run id (the primary key), the first characters of one (a range of
-   the primary key), a request id or its prefix (``agent_step_request_id_prefix``), words of
-   a task (``agent_step_task_trgm``, a trigram index on the task step, which is written once
-   and never updated) or of a dead or failed run's reason (``agent_run_error_trgm``). Whatever
-   the term looks like, a run started with exactly that key (``start_run(..., key=...)``) is
-   found too, through ``agent_run_start_key``, in the same query.
+   the primary key), the short id of a time-ordered one (its last 8 hex digits,
+   ``agent_run_id_tail``), a request id or its prefix (``agent_step_request_id_prefix``),
+   words of a task (``agent_step_task_trgm``, a trigram index on the task step, which is
+   written once and never updated) or of a dead or failed run's reason
+   (``agent_run_error_trgm``). Whatever the term looks like, a run started with exactly that
+   key (``start_run(..., key=...)``) is found too, through ``agent_run_start_key``, in the
+   same query.
 3. **Counting** (``EstimatingPaginator``) is exact up to ``EXACT_COUNT_LIMIT`` rows, which it
    reads at most; past that the count is the planner's estimate and says so ("about 1.2
    million").
@@ -44,6 +46,8 @@ from django.utils.translation import gettext, ngettext
 from durable_agents._internal import counting, encryption
 from durable_agents._internal.counting import Count, bounded_count
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
+from durable_agents.models.ids import SHORT_ID_DIGITS
+from durable_agents.models.runs import time_ordered_id_ending
 
 # Distinct values a filter lists (agents, models); more than that is not a filter any more.
 MAX_FILTER_VALUES = 100
@@ -59,6 +63,7 @@ MIN_WORD_CHARS = 3
 
 _REQUEST_ID = re.compile(r"^(req|msg)_[A-Za-z0-9_-]+$")
 _HEX_PREFIX = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+_SHORT_ID = re.compile(rf"^[0-9a-fA-F]{{{SHORT_ID_DIGITS}}}$")
 
 
 class ILike(Func):
@@ -243,6 +248,25 @@ def run_id_prefix(term: str) -> str | None:
     return digits if 4 <= len(digits) < 32 else None
 
 
+def run_id_tail(term: str) -> str | None:
+    """``term`` as the short id of a time-ordered run, the last 8 hex digits of its id as the
+    admin shows them ("9c41e07b"), lowercase; None for anything else."""
+    return term.lower() if _SHORT_ID.match(term) else None
+
+
+def short_id_match(term: str) -> Q | None:
+    """The runs ``term`` names as the admin shows ids, each way it can: the runs whose id
+    starts with it (a random id's short id is its first digits: ``id_range``) and the
+    time-ordered run whose short id it is (its last digits: ``time_ordered_id_ending``, through
+    the index ``agent_run_id_tail``). None for a term that is neither."""
+    by_head = id_range(term)
+    tail = run_id_tail(term)
+    by_tail = None if tail is None else time_ordered_id_ending(tail)
+    if by_head is None or by_tail is None:
+        return by_head or by_tail
+    return by_head | by_tail
+
+
 def id_range(term: str) -> Q | None:
     """A run id's first characters as a range of the primary key. The same on PostgreSQL
     (uuid, ordered bytewise) and SQLite (32 lowercase hex digits); dashes are ignored, as in a
@@ -299,7 +323,8 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
       request (a step's request id), and dead or failed runs whose reason names it;
     - anything else, word by word (every word must match): runs whose task holds the words,
       dead or failed runs whose reason holds them, runs of an agent or model of that exact
-      name, and, for a single run of hex digits, the runs whose id starts with it.
+      name, and, for a single run of hex digits, the runs whose id starts with it and the
+      time-ordered run whose short id (the last 8 digits of its id) it is.
 
     Whatever the term, the run started with exactly that key is listed too (a key is often
     an id of the caller's: a ticket's, an order's, a request's UUID), and the runs of exactly
@@ -335,7 +360,7 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
     found = Q(pk__in=list(dict.fromkeys(by_task + by_reason))[:MAX_SEARCH_MATCHES]) | by_key
     if len(words) == 1:
         found |= Q(agent=term) | Q(model=term)
-        by_id = id_range(term)
+        by_id = short_id_match(term)
         if by_id is not None:
             found |= by_id
     capped = len(by_task) > MAX_SEARCH_MATCHES or len(by_reason) > MAX_SEARCH_MATCHES

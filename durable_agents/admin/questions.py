@@ -52,6 +52,7 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     QuestionStatus,
+    short_id,
 )
 
 
@@ -236,7 +237,7 @@ class AgentQuestionAdmin(ReadOnlyAdmin[AgentQuestion]):
     @admin.display(description=_("run"), ordering="run_id")
     def run_link(self, obj: AgentQuestion) -> SafeString:
         url = reverse(f"{self.admin_site.name}:durable_agents_agentrun_change", args=[obj.run_id])
-        return format_html('<a href="{}">{}</a>', url, str(obj.run_id)[:8])
+        return format_html('<a href="{}">{}</a>', url, short_id(obj.run_id))
 
     @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: AgentQuestion) -> SafeString:

@@ -65,6 +65,7 @@ from durable_agents.admin.listing import (
     EstimatingPaginator,
     id_range,
     run_id_prefix,
+    run_id_tail,
     search_note,
     search_runs,
 )
@@ -89,7 +90,9 @@ from durable_agents.models import (
     RunStatus,
     ToolEffect,
     WaitKind,
+    short_id,
 )
+from durable_agents.models.runs import time_ordered_id_ending
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -378,12 +381,12 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
 
     @admin.display(description=_("run"), ordering="created_at")
     def short_id(self, obj: AgentRun) -> SafeString:
-        """The id's first 8 characters, and the run's age under it (sorts by creation)."""
+        """The run's short id (``ids.short_id``), and its age under it (sorts by creation)."""
         if not obj.created_at:
-            return format_html("{}", str(obj.pk)[:8])
+            return format_html("{}", short_id(obj.pk))
         return format_html(
             '{}<br><span class="da-meta" title="{}">{}</span>',
-            str(obj.pk)[:8],
+            short_id(obj.pk),
             created_title(obj),
             ago(obj.created_at),
         )
@@ -429,7 +432,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
                 '<a class="da-child" href="{}" title="{}">↳ {}</a> {}',
                 self._url("change", obj.parent_id),
                 gettext("a child run of %(run)s") % {"run": obj.parent_id},
-                str(obj.parent_id)[:8],
+                short_id(obj.parent_id),
                 html,
             )
         wait = getattr(obj, "wait", None)
@@ -565,47 +568,67 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        prefix = run_id_prefix(unquote(object_id))
-        if prefix is not None:
-            return self._short_id_view(request, prefix)
+        term = unquote(object_id)
+        if run_id_prefix(term) is not None:
+            return self._short_id_view(request, term)
         return super().change_view(request, object_id, form_url, extra_context)
 
-    def _short_id_view(self, request: HttpRequest, prefix: str) -> HttpResponse:
-        """A run's page by the first characters of its id, as the admin shows ids: the run's
-        own page when one run's id starts with them; else a 404 that says whether none or
-        several do. Permission first: a user who may not see runs learns nothing of which
-        ids exist."""
+    def _short_id_view(self, request: HttpRequest, term: str) -> HttpResponse:
+        """A run's page by its id as the admin shows ids: the first characters of an id (the
+        short id of a random one), or the last 8 digits of a time-ordered one (its short id).
+        The run's own page when the term names one run either way; else a 404 that says
+        whether it names none or several. Permission first: a user who may not see runs learns
+        nothing of which ids exist."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        by_prefix = id_range(prefix)
-        assert by_prefix is not None  # run_id_prefix accepted it
-        found = list(
-            self.get_queryset(request)
-            .filter(by_prefix)
-            .order_by("pk")
-            .values_list("pk", flat=True)[:2]
-        )
+        # change_view took the term for the start of an id: both accept it.
+        digits = run_id_prefix(term)
+        by_head = id_range(term)
+        assert digits is not None
+        assert by_head is not None
+        tail = run_id_tail(term)
+        runs = self.get_queryset(request)
+        # Two index reads (a range of the primary key; agent_run_id_tail), two runs at most
+        # each: enough to tell one run from several.
+        found = list(runs.filter(by_head).order_by("pk").values_list("pk", flat=True)[:2])
+        if tail is not None:
+            by_tail = runs.filter(time_ordered_id_ending(tail)).order_by()
+            found = list(dict.fromkeys([*found, *by_tail.values_list("pk", flat=True)[:2]]))
         if len(found) == 1:
             url = self._url("change", found[0])
             query = request.META.get("QUERY_STRING", "")
             return HttpResponseRedirect(f"{url}?{query}" if query else url)
-        names = {"prefix": prefix}
-        message = (
-            gettext("No run's id starts with %(prefix)s.") % names
-            if not found
-            else gettext(
-                "Several runs' ids start with %(prefix)s: give more of the id, or pick the run "
-                "from the list of them."
+        if tail is None:  # not the 8 plain digits of a short id: the start of an id only
+            names = {"prefix": digits}
+            title = gettext("Run %(prefix)s…") % names
+            message = (
+                gettext("No run's id starts with %(prefix)s.") % names
+                if not found
+                else gettext(
+                    "Several runs' ids start with %(prefix)s: give more of the id, or pick the "
+                    "run from the list of them."
+                )
+                % names
             )
-            % names
-        )
+        else:
+            names = {"id": tail}
+            title = gettext("Run %(id)s") % names
+            message = (
+                gettext("No run has the short id %(id)s, nor an id that starts with it.") % names
+                if not found
+                else gettext(
+                    "Several runs have the short id %(id)s or an id that starts with it: give "
+                    "the whole id, or pick the run from the list of them."
+                )
+                % names
+            )
         context = {
             **self.admin_site.each_context(request),
-            "title": gettext("Run %(prefix)s…") % names,
+            "title": title,
             "opts": self.opts,
             "message": message,
             "several": bool(found),
-            "search_url": f"{self._url('changelist')}?{urlencode({'q': prefix})}",
+            "search_url": f"{self._url('changelist')}?{urlencode({'q': digits})}",
         }
         return TemplateResponse(
             request, "admin/durable_agents/agentrun/short_id.html", context, status=404

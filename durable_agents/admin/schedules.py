@@ -40,7 +40,7 @@ from durable_agents.admin.schedule_forms import (
     timing_html,
 )
 from durable_agents.exceptions import AgentNotFound
-from durable_agents.models import AgentRun, AgentSchedule, RunStatus
+from durable_agents.models import AgentRun, AgentSchedule, RunStatus, short_id
 from durable_agents.schedules import defining as schedules
 
 RUN_PERMISSION = "durable_agents.run_agentschedule"
@@ -223,7 +223,7 @@ class AgentScheduleAdmin(AgentsAdmin[AgentSchedule]):
             if status
             else gettext("deleted")
         )
-        return format_html('<a href="{}">{}</a> {}', url, str(obj.last_run_id)[:8], shown)
+        return format_html('<a href="{}">{}</a> {}', url, short_id(obj.last_run_id), shown)
 
     # -- saving: through durable_agents.schedule -------------------------------------------
 

@@ -10,11 +10,11 @@ Events, in the order a run makes them::
               turn's step event supersedes its deltas, also those of an attempt a crash cut
     end       the run is over (succeeded, failed, cancelled, dead): the stream ends
 
-Every event carries an id: ``<first 8 hex digits of the run id>:<seq>.<progress>.<status>.
-<attempt>.<n>``, the cursor just after it (the newest step, the newest progress message and
-the status delivered, in upper case once the end was, and the deltas of the turn in flight
-delivered so far). ``after=`` (or
-SSE's ``Last-Event-ID``) resumes from any id: nothing missed, nothing twice.
+Every event carries an id: ``<the run's short id>:<seq>.<progress>.<status>.<attempt>.<n>``
+(the short id: ``models.ids.short_id``, the last 8 hex digits of a time-ordered run id), the
+cursor just after it (the newest step, the newest progress message and the status delivered,
+in upper case once the end was, and the deltas of the turn in flight delivered so far).
+``after=`` (or SSE's ``Last-Event-ID``) resumes from any id: nothing missed, nothing twice.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from durable_agents.models import (
     AgentRun,
     AgentStep,
     RunStatus,
+    short_id,
     steps_of,
 )
 
@@ -81,7 +82,7 @@ class Cursor:
 
     def id_for(self, run_id: uuid.UUID) -> str:
         return (
-            f"{run_id.hex[:8]}:{self.seq}.{self.progress}.{self.status}."
+            f"{short_id(run_id)}:{self.seq}.{self.progress}.{self.status}."
             f"{self.attempt}.{self.chunks}"
         )
 
@@ -98,7 +99,10 @@ class Cursor:
         if match is None:
             raise BadEventId("not an event id of a run's stream")
         tag, seq, progress, status, attempt, chunks = match.groups()
-        if tag != run_id.hex[:8]:
+        # Ids were tagged with the first 8 digits of the run id before short ids of
+        # time-ordered runs became their last 8: a page open across the upgrade reconnects
+        # with such an id, and resumes where it was.
+        if tag not in (short_id(run_id), run_id.hex[:8]):
             raise BadEventId("an event id of another run's stream")
         if status and status.lower() not in STATUS_CODES.values():
             raise BadEventId("not an event id of a run's stream")

@@ -28,6 +28,9 @@ MS_PER_DAY = 86_400_000
 # The partition of the step log that holds the steps of runs whose id is not time-ordered.
 LEGACY_PART = 0
 
+# How many hex digits of a run id the admin and the live stream show to tell runs apart.
+SHORT_ID_DIGITS = 8
+
 _COUNTER_BITS = 42
 _COUNTER_MAX = (1 << _COUNTER_BITS) - 1
 # A new millisecond's counter starts below this, leaving 2**41 increments before it overflows.
@@ -118,4 +121,7 @@ def short_id(run_id: uuid.UUID | str) -> str:
     time-ordered id (its first ones are the same for every run of the same minute), the first
     eight of any other (what was always shown for those)."""
     value = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-    return value.hex[-8:] if is_time_ordered(value) else value.hex[:8]
+    digits = value.hex
+    if is_time_ordered(value):
+        return digits[-SHORT_ID_DIGITS:]
+    return digits[:SHORT_ID_DIGITS]

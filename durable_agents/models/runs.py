@@ -5,16 +5,19 @@ put the operations and dead-letter pages in the admin's list of models. Status c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Cast, Now, Replace, Right, Substr
+from django.db.models.lookups import Exact, In
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents.models.fields import JSONTextField
-from durable_agents.models.ids import new_run_id
+from durable_agents.models.ids import SHORT_ID_DIGITS, new_run_id
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler
     from django_stubs_ext import StrOrPromise
 
 
@@ -59,6 +62,51 @@ class WaitKind(models.TextChoices):
     # A debounced start (``start_run(..., key=, debounce=)``): the run has not started yet and
     # starts once its start key has been quiet until wake_at; no model has seen its task.
     DEBOUNCE = "debounce", _("a quiet window")
+
+
+def id_tail_index() -> models.Index:
+    """The index ``agent_run_id_tail``: on the last ``SHORT_ID_DIGITS`` hex digits of a run's
+    id, as text, the short id of a time-ordered id (``ids.short_id``). SQLite stores a UUID as
+    its 32 hex digits, PostgreSQL's ``id::text`` has dashes, but its last 12 characters are one
+    group without any: the same digits on both. Migration 0026 builds it."""
+    tail = Right(Cast("id", output_field=models.TextField()), SHORT_ID_DIGITS)
+    return models.Index(tail, name="agent_run_id_tail")
+
+
+class IdTail(Right):
+    """The expression of ``agent_run_id_tail`` in a query: a database uses the index only for
+    a condition spelled as the index is. SQLite also wants the same constants where the index
+    has them (it plans before a parameter's value is known): its numbers are written into the
+    statement as the schema editor wrote them into the index's."""
+
+    def __init__(self) -> None:
+        super().__init__(Cast("id", output_field=models.TextField()), SHORT_ID_DIGITS)
+
+    def as_sqlite(
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra_context: Any
+    ) -> tuple[str, tuple[str | int, ...]]:
+        sql, params = super().as_sqlite(compiler, connection, **extra_context)
+        return sql % tuple(str(int(param)) for param in params), ()
+
+
+def _id_digit(position: int) -> Substr:
+    """The hex digit of a run's id at ``position`` (1 to 32, dashes left out: the same on
+    both databases)."""
+    digits = Replace(Cast("id", output_field=models.TextField()), models.Value("-"))
+    return Substr(digits, position, 1)
+
+
+def time_ordered_id_ending(digits: str) -> models.Q:
+    """The runs with a time-ordered id whose last hex digits are ``digits`` (lowercase,
+    ``SHORT_ID_DIGITS`` of them): the run whose short id they are. Found through the index
+    ``agent_run_id_tail``; its version (7) and variant digits (8, 9, a, b) are checked on the
+    rows the index found, so that a random id that happens to end so is not taken for it (the
+    short id of a random id is its first digits)."""
+    return (
+        models.Q(Exact(IdTail(), digits))
+        & models.Q(Exact(_id_digit(13), "7"))
+        & models.Q(In(_id_digit(17), ["8", "9", "a", "b"]))
+    )
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):
@@ -332,6 +380,10 @@ class AgentRun(models.Model):
                 name="agent_run_wait_event",
                 condition=models.Q(status="waiting", wait_event__isnull=False),
             ),
+            # The admin finds a time-ordered run by its short id, the last digits of its id
+            # (time_ordered_id_ending): the primary key is ordered by the first ones. The id
+            # never changes: no HOT update lost. Migration 0026 builds it CONCURRENTLY.
+            id_tail_index(),
         ]
         constraints: ClassVar[list[models.BaseConstraint]] = [
             models.UniqueConstraint(

@@ -5,6 +5,7 @@ as a visible ``⟨U+202E⟩`` marker, after a warning that says how many there a
 ``{{ value|plain_markers }}``: the same markers as plain text, for attributes and titles.
 ``{{ value|input_markers }}``: above a form input (which cannot hold markup), the warning and
 the value drawn with its markers, when the value holds any such character; else nothing.
+``{{ run_id|short_id }}``: the 8 hex digits that stand for a run in lists and titles.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django import template
 from django.utils.safestring import SafeString
 
 from durable_agents._internal import text
+from durable_agents.models.ids import short_id as run_short_id
 
 register = template.Library()
 
@@ -41,6 +43,16 @@ def hidden_value(value: Any) -> SafeString:
     if value is None:
         return SafeString("")
     return text.character_references(value)
+
+
+@register.filter(is_safe=True)
+def short_id(run_id: Any) -> str:
+    """The short id of a run id (a UUID or its text) as every page shows it: the last 8 hex
+    digits of a time-ordered id, the first 8 of any other (``ids.short_id``); '' for none.
+    Hex digits only, so safe as they are."""
+    if run_id is None or run_id == "":
+        return ""
+    return run_short_id(run_id)
 
 
 @register.filter(is_safe=True)

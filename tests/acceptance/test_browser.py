@@ -38,7 +38,7 @@ from django.utils import timezone
 
 import durable_agents
 from durable_agents import store as run_store
-from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, ToolIntent
+from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, ToolIntent, short_id
 from tests.conftest import ROOT, run_worker, wait_for
 
 CHROMIUM = os.environ.get("DA_CHROMIUM", "/usr/bin/chromium")
@@ -336,7 +336,7 @@ def test_cancel_a_running_run_from_the_list(page: Page, live_server: Any, operat
         login(page, base, operator.username)
 
         page.goto(base + reverse("admin:durable_agents_agentrun_changelist"))
-        row = page.locator("#result_list tbody tr", has_text=str(run.pk)[:8])
+        row = page.locator("#result_list tbody tr", has_text=short_id(run.pk))
         expect(row).to_contain_text("Running", ignore_case=True)
         row.locator("input.action-select").check()
         page.locator("select[name=action]").select_option(label="Cancel selected runs")
@@ -489,7 +489,7 @@ def test_operations_page_with_traffic(page: Page, live_server: Any, operator: An
         assert [h.strip().lower() for h in headers[1:]] == [
             *("run", "status", "agent", "task", "steps", "claims", "lease")
         ], headers
-        dead_row = page.locator("#result_list tbody tr", has_text=str(dead.pk)[:8])
+        dead_row = page.locator("#result_list tbody tr", has_text=short_id(dead.pk))
         expect(dead_row.locator(".da-list-error")).to_contain_text("model claude-x: not found")
         error = dead_row.locator(".da-list-error").inner_text()
         assert len(error) <= 60, error  # truncated; the whole error is on the run page

@@ -16,7 +16,14 @@ import pytest
 from django.urls import reverse
 
 import durable_agents
-from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, QuestionStatus, RunStatus
+from durable_agents.models import (
+    AgentEvent,
+    AgentQuestion,
+    AgentRun,
+    QuestionStatus,
+    RunStatus,
+    short_id,
+)
 from tests.acceptance import test_browser
 from tests.acceptance.test_browser import (
     PWNED,
@@ -68,7 +75,7 @@ def test_a_staff_user_answers_a_question_on_the_run_page(
 
     # The list says what the run waits for.
     page.goto(base + reverse("admin:durable_agents_agentrun_changelist"))
-    row = page.locator("#result_list tbody tr", has_text=str(run.pk)[:8])
+    row = page.locator("#result_list tbody tr", has_text=short_id(run.pk))
     expect(row.locator(".da-wait")).to_have_text(
         "waits for an answer to “Which region do we migrate first?”"
     )

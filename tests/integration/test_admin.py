@@ -30,6 +30,8 @@ from durable_agents.models import (
     StepKind,
     ToolEffect,
     ToolIntent,
+    new_run_id,
+    short_id,
 )
 from tests.conftest import run_worker
 from tests.integration.conftest import written_intent
@@ -810,7 +812,8 @@ def short_url(prefix: str, suffix: str = "") -> str:
 
 def test_a_runs_short_id_in_the_url_opens_its_page(admin_client: Client) -> None:
     run = durable_agents.start_run("tester", "Find me by my short id.")
-    short = str(run.pk)[:8]
+    short = short_id(run.pk)
+    assert short == run.pk.hex[-8:]  # a time-ordered id: its last digits
     assert short_url(short) != run_url(run)
     response = admin_client.get(short_url(short, "?seq=0"))
     assert response.status_code == 302
@@ -818,8 +821,51 @@ def test_a_runs_short_id_in_the_url_opens_its_page(admin_client: Client) -> None
     page = admin_client.get(response["Location"])
     assert page.status_code == 200
     assert "Find me by my short id." in page.content.decode()
-    # Upper case, and a prefix as pasted with its dash, name the run too.
+    # Upper case, and the first characters of the id as pasted with its dash, name it too.
+    assert admin_client.get(short_url(short.upper()))["Location"] == run_url(run)
     assert admin_client.get(short_url(str(run.pk)[:13].upper()))["Location"] == run_url(run)
+
+
+def test_runs_started_in_the_same_second_each_have_a_short_id_of_their_own(
+    admin_client: Client,
+) -> None:
+    """Time-ordered ids of one millisecond share their first digits: the lists show the last
+    ones, and each short id the list shows opens its own run."""
+    same_moment = 1_700_000_000_000  # 2023-11-14, a millisecond in the past
+    first = _run_with_id(str(new_run_id(now_ms=same_moment)))
+    second = _run_with_id(str(new_run_id(now_ms=same_moment)))
+    assert first.pk.hex[:8] == second.pk.hex[:8]  # what the lists showed before
+    assert short_id(first.pk) != short_id(second.pk)
+    page = admin_client.get(runs_url()).content.decode()
+    for run, other in ((first, second), (second, first)):
+        [row] = [row for row in page.split("<tr") if short_id(run.pk) in row]
+        assert f'href="{run_url(run)}"' in row  # the row links its own run
+        assert short_id(other.pk) not in row
+        assert admin_client.get(short_url(short_id(run.pk)))["Location"] == run_url(run)
+        found = admin_client.get(runs_url(), {"q": short_id(run.pk)}).context["cl"].result_list
+        assert [listed.pk for listed in found] == [run.pk]
+
+
+def test_a_short_id_is_the_tail_of_a_time_ordered_id_and_the_head_of_a_random_one(
+    admin_client: Client,
+) -> None:
+    ordered = durable_agents.start_run("tester", "a run of this release")
+    random_id = uuid.uuid4()
+    older = _run_with_id(str(random_id))  # a run made before ids were time-ordered
+    assert short_id(older.pk) == random_id.hex[:8]
+    assert admin_client.get(short_url(short_id(ordered.pk)))["Location"] == run_url(ordered)
+    assert admin_client.get(short_url(short_id(older.pk)))["Location"] == run_url(older)
+    # The last digits of a random id are not its short id: they name no run.
+    tail_of_random = admin_client.get(short_url(random_id.hex[-8:]))
+    assert tail_of_random.status_code == 404
+    assert f"No run has the short id {random_id.hex[-8:]}" in tail_of_random.content.decode()
+    # A random id that starts with the short id of a time-ordered one: both are named.
+    clash = _run_with_id(short_id(ordered.pk) + "0000400080000000" + "00000000")
+    several = admin_client.get(short_url(short_id(ordered.pk)))
+    assert several.status_code == 404
+    assert f"Several runs have the short id {short_id(ordered.pk)}" in several.content.decode()
+    found = admin_client.get(runs_url(), {"q": short_id(ordered.pk)}).context["cl"].result_list
+    assert {run.pk for run in found} == {ordered.pk, clash.pk}
 
 
 def test_a_short_id_of_no_run_or_of_several_is_a_404_that_says_which(
@@ -827,14 +873,19 @@ def test_a_short_id_of_no_run_or_of_several_is_a_404_that_says_which(
 ) -> None:
     first = _run_with_id("abcd1234-1000-4000-8000-000000000000")
     _run_with_id("abcd1234-2000-4000-8000-000000000000")
-    several = admin_client.get(short_url("abcd1234"))
-    assert several.status_code == 404
-    content = several.content.decode()
-    assert "Several runs&#x27; ids start with abcd1234" in content
-    assert "?q=abcd1234" in content  # the list of them
-    none = admin_client.get(short_url("0123abcd"))
-    assert none.status_code == 404
-    assert "No run&#x27;s id starts with 0123abcd." in none.content.decode()
+
+    def said(term: str) -> str:
+        response = admin_client.get(short_url(term))
+        assert response.status_code == 404
+        return response.content.decode()
+
+    several = said("abcd1234")
+    assert "Several runs have the short id abcd1234 or an id that starts with it" in several
+    assert "?q=abcd1234" in several  # the list of them
+    assert "No run has the short id 0123abcd, nor an id that starts with it." in said("0123abcd")
+    # Fewer or more digits than a short id has: the first characters of an id only.
+    assert "Several runs&#x27; ids start with abcd:" in said("abcd")
+    assert "No run&#x27;s id starts with 0123a." in said("0123a")
     # One more digit tells the two apart.
     assert admin_client.get(short_url("abcd1234-1"))["Location"] == run_url(first)
 
@@ -847,10 +898,10 @@ def test_a_user_who_may_not_see_runs_learns_nothing_from_a_short_id(
     client = Client()
     client.force_login(staff)
     # The same answer whether the prefix names a run or not.
-    assert client.get(short_url(str(run.pk)[:8])).status_code == 403
+    assert client.get(short_url(short_id(run.pk))).status_code == 403
     assert client.get(short_url("0123abcd")).status_code == 403
     client.logout()
-    assert client.get(short_url(str(run.pk)[:8])).status_code == 302  # to the login page
+    assert client.get(short_url(short_id(run.pk))).status_code == 302  # to the login page
 
 
 def test_an_unknown_intents_page_says_what_happened(admin_client: Client) -> None:

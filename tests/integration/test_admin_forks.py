@@ -22,7 +22,7 @@ from durable_agents._internal.deepjson import loads_deep
 from durable_agents.admin import listing
 from durable_agents.forks.planning import ForkRefused
 from durable_agents.housekeeping import sweeps as housekeeping
-from durable_agents.models import AgentRun, AgentStep, RunStatus, steps_of
+from durable_agents.models import AgentRun, AgentStep, RunStatus, short_id, steps_of
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
@@ -281,10 +281,10 @@ def test_a_forks_transcript_shows_its_shared_steps_linked_to_their_run(
     for seq in range(5):
         assert f'id="seq-{seq}"' in page
     assert f'href="{run_url(parent)}#seq-0"' in page
-    assert f"from run {str(parent.pk)[:8]}" in page
+    assert f"from run {short_id(parent.pk)}" in page
     assert "Transcript (5 steps)" in page
     # Its origin, and the parent's list of forks.
-    assert f'id="forked-from-link">{str(parent.pk)[:8]}</a> at step 4' in page
+    assert f'id="forked-from-link">{short_id(parent.pk)}</a> at step 4' in page
     assert escape(compare_url(parent.pk, fork.pk)) in page
     parent_page = forker.get(run_url(parent)).content.decode()
     assert 'id="forks"' in parent_page
@@ -327,6 +327,9 @@ def test_compare_collapses_the_shared_steps_and_shows_both_runs_from_where_they_
     response = forker.get(compare_url(parent.pk, fork.pk))
     assert response.status_code == 200
     html = response.content.decode()
+    # Each run by its own short id: two runs made seconds apart share their ids' first digits.
+    assert f"Compare runs {short_id(parent.pk)} and {short_id(fork.pk)}" in html
+    assert f'">{short_id(fork.pk)}</a>' in html
     assert "Steps 0-1 are the same in both runs." in html
     parting = response.context["parting"]
     assert parting.same == 2

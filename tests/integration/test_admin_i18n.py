@@ -278,7 +278,19 @@ def test_an_unknown_intent_its_mail_a_keys_limit_and_a_short_id_are_german(
     assert "Geltendes Limit" in key_page
     assert "5, aus der Einstellung CONCURRENCY_LIMITS" in key_page
     assert "USD pro Tag" in key_page
-    # A short id that names no run.
+    # A short id that names no run, or several; the first characters of an id that name none.
     missing = german_client.get("/admin/durable_agents/agentrun/0123abcd/change/")
     assert missing.status_code == 404
-    assert "Die ID keines Laufs beginnt mit 0123abcd." in missing.content.decode()
+    content = missing.content.decode()
+    assert "Kein Lauf hat die Kurz-ID 0123abcd oder eine ID, die damit beginnt." in content
+    assert "Lauf 0123abcd" in content
+    assert "In der Liste der Läufe danach suchen" in content
+    for digit in "12":  # two random ids that start alike
+        run_id = f"abcd1234-{digit}000-4000-8000-000000000000"
+        AgentRun.objects.create(id=run_id, agent="a", prompt_version="v", model="m", task="t")
+    several = german_client.get("/admin/durable_agents/agentrun/abcd1234/change/")
+    content = several.content.decode()
+    assert "Mehrere Läufe haben die Kurz-ID abcd1234 oder eine ID, die damit beginnt" in content
+    assert "Die Liste dieser Läufe" in content
+    missing = german_client.get("/admin/durable_agents/agentrun/0123a/change/")
+    assert "Die ID keines Laufs beginnt mit 0123a." in missing.content.decode()

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client, override_settings
 
 import durable_agents
-from durable_agents.models import AgentRun
+from durable_agents.models import AgentRun, short_id
 from durable_agents.store import current
 from tests.integration.test_admin import run_url, runs_url
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 
 def status_cell(page: str, run: AgentRun) -> str:
-    rows = [row for row in page.split("<tr") if str(run.pk)[:8] in row]
+    rows = [row for row in page.split("<tr") if short_id(run.pk) in row]
     assert rows, f"no row for {run.pk}"
     cell = re.search(r'<td class="field-status_short">(.*?)</td>', rows[0], re.S)
     assert cell
@@ -50,9 +50,9 @@ def test_the_list_is_filtered_by_key_and_found_by_it(admin_client: Client) -> No
         admin_client.get(runs_url(), {"q": "tenant:acme"}),
     ):
         page = response.content.decode()
-        assert str(acme.pk)[:8] in page
-        assert str(other.pk)[:8] not in page
-        assert str(plain.pk)[:8] not in page
+        assert short_id(acme.pk) in page
+        assert short_id(other.pk) not in page
+        assert short_id(plain.pk) not in page
     filters = admin_client.get(runs_url()).content.decode()
     assert "?concurrency_key=tenant%3Aother" in filters
 

@@ -6,6 +6,7 @@ on PostgreSQL, that each query has the shape its index answers."""
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,7 +32,10 @@ from durable_agents.models import (
     RunStatus,
     StepKind,
     ToolIntent,
+    new_run_id,
+    short_id,
 )
+from durable_agents.models.runs import time_ordered_id_ending
 from tests.integration.test_admin import messages_of, parked_intent, runs_url
 
 pytestmark = pytest.mark.django_db
@@ -340,8 +344,74 @@ def test_each_admin_query_can_use_its_index() -> None:
     assert "agent_run_start_key" in plan(runs.filter(start_key="k").order_by())
     history = ToolIntent.objects.exclude(status=IntentStatus.PENDING).order_by("-created_at")
     assert "tool_intent_created" in plan(history[:50])
+    # A run by its short id: the first digits of a random id (a range of the primary key),
+    # the last digits of a time-ordered one (the index on the id's last 8 digits).
+    assert "agent_run_id_tail" in plan(runs.filter(time_ordered_id_ending("9c41e07b")))
+    by_short_id = plan(runs.filter(listing.short_id_match("9c41e07b")).order_by())
+    assert "agent_run_id_tail" in by_short_id
+    assert "agent_run_pkey" in by_short_id
     # The planner's estimate is what the list prints past the exact limit.
     assert isinstance(counting.PostgresRowEstimator().estimate_rows(runs), int)
+
+
+def _runs_of_one_minute(count: int) -> list[AgentRun]:
+    """``count`` runs made in the same minute: their ids share their first 8 digits."""
+    moment = 1_700_000_000_000
+    runs = [
+        AgentRun(
+            id=new_run_id(now_ms=moment + i),
+            agent="tester",
+            prompt_version="v1",
+            model="m",
+            task=f"task {i}",
+        )
+        for i in range(count)
+    ]
+    AgentRun.objects.bulk_create(runs)
+    return runs
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=False)
+def test_the_short_id_page_reads_a_time_ordered_run_through_its_index(
+    admin_client: Client,
+) -> None:
+    """The page that opens a run by its short id (the last digits of a time-ordered id) reads
+    the index on those digits, not the table: EXPLAIN of the very statement the page ran, on a
+    table the planner knows the size of, with sequential scans allowed."""
+    runs = _runs_of_one_minute(5_000)
+    target = runs[2_345]
+    assert {run.pk.hex[:8] for run in runs} == {target.pk.hex[:8]}  # the head tells none apart
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE agent_run")
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(
+            reverse("admin:durable_agents_agentrun_change", args=[short_id(target.pk)])
+        )
+    assert response.status_code == 302
+    assert response["Location"] == reverse("admin:durable_agents_agentrun_change", args=[target.pk])
+    [by_tail] = [q["sql"] for q in ctx.captured_queries if "RIGHT(" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + by_tail)
+        explained = "\n".join(row[0] for row in cursor.fetchall())
+    assert re.search(r"(Index Scan|Bitmap Index Scan) (using|on) agent_run_id_tail", explained), (
+        explained
+    )
+    assert "Seq Scan" not in explained, explained
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's query planner")
+def test_sqlite_looks_a_short_id_up_through_its_index_too() -> None:
+    """SQLite uses an index on an expression only for the expression written as in the index,
+    constants included (``IdTail`` writes them so)."""
+    _runs_of_one_minute(50)
+    sql, params = AgentRun.objects.filter(
+        time_ordered_id_ending("9c41e07b")
+    ).query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        explained = " ".join(str(row[-1]) for row in cursor.fetchall())
+    assert "USING INDEX agent_run_id_tail" in explained, explained
 
 
 # -- the intents list ---------------------------------------------------------------------

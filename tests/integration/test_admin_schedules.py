@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_agents.api import start_run
-from durable_agents.models import AgentRun, AgentSchedule, RunStatus
+from durable_agents.models import AgentRun, AgentSchedule, RunStatus, short_id
 from durable_agents.schedules import defining as schedules
 from tests.integration.test_admin import ESCAPED, SCRIPT, messages_of
 
@@ -114,10 +114,10 @@ def test_the_list_shows_timing_state_slots_and_the_last_run(admin_client: Client
     content = response.content.decode()
     assert "<code>0 6 * * *</code> (Europe/Berlin)" in content
     assert "every 5 min" in content
-    assert f'<a href="{run_url(run.pk)}">{str(run.pk)[:8]}</a>' in content
+    assert f'<a href="{run_url(run.pk)}">{short_id(run.pk)}</a>' in content
     assert ">Failed<" in content  # the last run's status, read in the same query
     page = admin_client.get(page_url(AgentSchedule.objects.get(name="nightly"))).content.decode()
-    assert f'<a href="{run_url(run.pk)}">{str(run.pk)[:8]}</a>' in page
+    assert f'<a href="{run_url(run.pk)}">{short_id(run.pk)}</a>' in page
     assert ">Failed<" in page
     states = {
         row.name: response.context["cl"].model_admin.state(row)

@@ -34,6 +34,7 @@ from durable_agents.models import (
     StepKind,
     ToolIntent,
     WaitKind,
+    short_id,
 )
 from tests.conftest import run_worker
 from tests.integration.test_admin import (
@@ -199,7 +200,7 @@ def test_runs_list_says_what_each_run_waits_for(admin_client: Client) -> None:
     assert "waits for an approval of drop_table" in content
     # A child run is marked, with a link to its parent.
     assert content.count(f'href="{run_url(parent)}" title="a child run of {parent.pk}"') == 3
-    assert f"↳ {str(parent.pk)[:8]}" in content
+    assert f"↳ {short_id(parent.pk)}" in content
     del timer, event, children, asking, approving
 
 

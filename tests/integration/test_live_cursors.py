@@ -13,7 +13,7 @@ import pytest
 import durable_agents
 from durable_agents import Agent, tool
 from durable_agents.live import Event, progress, stream, stream_sync
-from durable_agents.models import AgentProgress, AgentRun
+from durable_agents.models import AgentProgress, AgentRun, short_id
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.integration.conftest import in_thread, live_agents_registered
@@ -96,7 +96,7 @@ def test_a_first_reader_with_a_progress_id_ahead_does_not_blind_the_others(
     fake_api: Any,
 ) -> None:
     run = durable_agents.start_run(counter.name, TASK)
-    ahead = f"{run.pk.hex[:8]}:0.999999999..0.0"  # well formed, past any message there is
+    ahead = f"{short_id(run.pk)}:0.999999999..0.0"  # well formed, past any message there is
 
     worker = in_thread(run_worker)
 

@@ -24,7 +24,7 @@ from durable_agents.live import events as live_events
 from durable_agents.live import hub as live_hub
 from durable_agents.live.events import Event
 from durable_agents.live.hub import Hub
-from durable_agents.models import AgentQuestion, AgentRun, RunStatus
+from durable_agents.models import AgentQuestion, AgentRun, RunStatus, short_id
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.integration.conftest import in_thread, live_agents_registered
@@ -375,7 +375,7 @@ def test_an_event_id_from_the_future_does_not_cut_other_readers_off(fake_api: An
     restored from a backup): its reader is told what comes next, and a reader that joins after
     it misses nothing."""
     run = durable_agents.start_run(watcher.name, TASK)
-    future = f"{run.pk.hex[:8]}:999999.999999999.r.0.0"
+    future = f"{short_id(run.pk)}:999999.999999999.r.0.0"
     worker = in_thread(run_worker)
 
     async def main() -> tuple[list[Event], list[Event]]:

@@ -18,6 +18,7 @@ from django.test import RequestFactory
 import durable_agents
 from durable_agents.live import STREAM_COOKIE, set_stream_cookie, stream_token, token_run
 from durable_agents.logging import RedactStreamTokens
+from durable_agents.models import short_id
 from tests.conftest import free_port, wait_for
 from tests.integration.conftest import live_agents_registered
 from tests.integration.test_live import watcher
@@ -40,7 +41,7 @@ def test_an_event_id_with_a_negative_seq_is_refused() -> None:
     run = durable_agents.start_run(watcher.name, TASK)
     durable_agents.cancel_run(run.pk)  # over: a stream that was let in would end at once
     token = stream_token(run.pk)
-    tag = run.pk.hex[:8]
+    tag = short_id(run.pk)
     for after in (f"{tag}:-999999.0..0.0", f"{tag}:1.0.r.0.-5"):
         exchange = asgi(Exchange("GET", events_url(run.pk), f"token={token}&after={after}"))
         assert exchange.status == 400, exchange.body

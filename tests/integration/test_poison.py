@@ -19,7 +19,7 @@ from durable_agents import api
 from durable_agents.engine.worker import Worker
 from durable_agents.exceptions import DurableAgentsError, StoredValueError
 from durable_agents.housekeeping.sweeps import sweep
-from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolIntent, WaitKind
+from durable_agents.models import AgentRun, AgentStep, RunStatus, ToolIntent, WaitKind, short_id
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -152,8 +152,8 @@ def test_the_runs_list_renders_past_a_run_whose_wait_cannot_be_read(
     response = admin_client.get(reverse("admin:durable_agents_agentrun_changelist"))
     assert response.status_code == 200
     page = response.content.decode()
-    assert str(bad.pk)[:8] in page
-    assert str(good.pk)[:8] in page
+    assert short_id(bad.pk) in page
+    assert short_id(good.pk) in page
 
 
 def _waiting_on(ids_text: str) -> AgentRun:

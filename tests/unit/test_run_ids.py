@@ -7,6 +7,7 @@ import threading
 import uuid
 
 import pytest
+from django.template import Context, Template
 
 from durable_agents.models import ids
 
@@ -94,3 +95,15 @@ def test_the_short_id_of_a_time_ordered_id_is_its_random_tail() -> None:
     assert a.hex[:8] == b.hex[:8]  # the same minute: the head tells them not apart
     assert ids.short_id(a) == a.hex[-8:] != ids.short_id(b)
     assert ids.short_id(str(a)) == ids.short_id(a)
+
+
+def test_templates_show_the_short_id_through_their_filter() -> None:
+    ordered = ids.new_run_id(2_100_000_000_000)
+    old = uuid.UUID("9f3c2a10-1111-4222-8333-444455556666")
+    page = Template(
+        "{% load durable_agents_text %}"
+        "{{ ordered|short_id }} {{ ordered_text|short_id }} {{ old|short_id }}"
+        " [{{ none|short_id }}]"
+    ).render(Context({"ordered": ordered, "ordered_text": str(ordered), "old": old, "none": None}))
+    tail = ordered.hex[-8:]
+    assert page == f"{tail} {tail} 9f3c2a10 []"

@@ -63,6 +63,7 @@ from durable_agents.models import (
     RunStatus,
     ToolEffect,
     ToolIntent,
+    short_id,
     steps_of,
 )
 from durable_agents.offline import OfflineServer, RateLimits, ScriptedModel
@@ -352,7 +353,7 @@ class Command(BaseCommand):
         children = list(AgentRun.objects.filter(parent=fan_out).order_by("spawn_key"))
         self._line(
             f"fan-out: run {fan_out.pk} spawned {len(children)} child runs "
-            f"({', '.join(f'{str(c.pk)[:8]} {c.status}' for c in children)}), waited for them "
+            f"({', '.join(f'{short_id(c.pk)} {c.status}' for c in children)}), waited for them "
             f"without a worker, and resumed with their outcomes: {fan_out.status}"
         )
         self._expect(
@@ -456,7 +457,7 @@ class Command(BaseCommand):
             slot = datetime.datetime.fromisoformat(run.start_key.split("@", 1)[1])
             late = (run.created_at - slot).total_seconds()
             self._line(
-                f"slot {slot:%H:%M:%S} UTC: run {str(run.pk)[:8]} {run.status}, started "
+                f"slot {slot:%H:%M:%S} UTC: run {short_id(run.pk)} {run.status}, started "
                 f"{late:.2f}s after its slot"
             )
         schedule = AgentSchedule.objects.get(name=SCHEDULE_NAME)
