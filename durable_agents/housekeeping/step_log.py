@@ -27,7 +27,7 @@ from django.db import connection as default_connection
 
 from durable_agents.models import FINISHED_STATUSES, AgentRun, AgentStep, step_part
 from durable_agents.models import step_partitions as partitions
-from durable_agents.models.ids import day_of_part, first_id_at
+from durable_agents.models.ids import LEGACY_PART, day_of_part, first_id_at
 from durable_agents.store.base import RunId
 
 logger = logging.getLogger("durable_agents.housekeeping")
@@ -86,7 +86,7 @@ class DayPartitions:
         last_day = cutoff.astimezone(datetime.UTC).date() - datetime.timedelta(days=1)
         droppable = set()
         for partition in days:
-            if partition.lo is None or partition.lo == partitions.LEGACY_PART:
+            if partition.lo is None or partition.lo == LEGACY_PART:
                 continue
             if day_of_part(partition.lo) > last_day:
                 continue

@@ -221,7 +221,7 @@ def adopt_default_days(connection: Any) -> list[str]:
     there. The default partition is detached for the move (an exclusive lock on agent_step
     for as long as moving those few rows takes: it only ever holds the steps of days that had
     no partition). Needs autocommit."""
-    made = []
+    made: list[str] = []
     with connection.cursor() as cursor:
         if not is_partitioned(cursor):
             return made
@@ -277,7 +277,7 @@ def missing_days_ahead(cursor: Any, today: datetime.date | None = None) -> list[
 def finish_pending_detaches(connection: Any) -> list[str]:
     """Detaches a killed retention left half done: finished, then the tables dropped by the
     retention that comes next (they hold only steps of deleted runs)."""
-    finished = []
+    finished: list[str] = []
     with connection.cursor() as cursor:
         if not is_partitioned(cursor):
             return finished
