@@ -103,11 +103,26 @@ def run_id_sql(expr: str = "g") -> str:
     return f"md5('run' || {expr})::uuid"
 
 
+def part_sql(url: str) -> str:
+    """A step's partition, from its run's id as the CHECK on agent_step computes it (an md5
+    id is no time-ordered id, but 1 in 64 looks like one and has a day of its own)."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:  # the SQL text only: any bench database will do
+        os.environ.update(common.bench_env(url))
+        django.setup()
+    from durable_agents.models.step_partitions import part_of_run
+
+    return part_of_run(run_id_sql())
+
+
 def fill(url: str, size: int) -> float:
     """Bulk-load ``size`` runs (and their steps and intents) into the migrated database."""
     import psycopg
 
     started = time.perf_counter()
+    part = part_sql(url)
     seconds_apart = 86_400 / RUNS_PER_DAY
     agents, models, tasks = _sql_array(AGENTS), _sql_array(MODELS), _sql_array(TASKS)
     # g = 1 is the oldest run, g = size the newest (created now).
@@ -151,17 +166,17 @@ def fill(url: str, size: int) -> float:
                 (low, high),
             )
             conn.execute(
-                "INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker,"
-                " created_at) "
-                f"SELECT {run_id_sql()}, 0, 'task', to_json(r.task)::text, NULL, 0, '',"
+                "INSERT INTO agent_step (run_id, seq, part, kind, payload, request_id, attempt,"
+                " worker, created_at) "
+                f"SELECT {run_id_sql()}, 0, {part}, 'task', to_json(r.task)::text, NULL, 0, '',"
                 " r.created_at FROM generate_series(%s::int, %s::int) g"
                 f" JOIN agent_run r ON r.id = {run_id_sql()}",
                 (low, high),
             )
             conn.execute(
-                "INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker,"
-                " created_at) "
-                f"SELECT {run_id_sql()}, t.seq, t.kind,"
+                "INSERT INTO agent_step (run_id, seq, part, kind, payload, request_id, attempt,"
+                " worker, created_at) "
+                f"SELECT {run_id_sql()}, t.seq, {part}, t.kind,"
                 " CASE WHEN t.seq = 1 THEN"
                 '  \'{"id":"msg_\' || substr(md5(\'m\' || g), 1, 20) || \'","type":"message",'
                 '"role":"assistant","model":"claude-sonnet-4-5","content":[{"type":'

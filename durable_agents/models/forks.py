@@ -9,14 +9,13 @@ of its own. ``durable_agents.forks.planning`` writes these rows and says how the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import uuid
+from typing import ClassVar
 
 from django.db import models
 
+from durable_agents.models.ids import step_part
 from durable_agents.models.steps import AgentStep
-
-if TYPE_CHECKING:
-    import uuid
 
 
 class SharedSteps(models.Model):
@@ -54,9 +53,15 @@ def steps_of(run_id: uuid.UUID) -> models.QuerySet[AgentStep]:
     fork's own rows are taken at any seq, so steps that retention copied into the fork between
     the two statements are its own rows by then, and the copies and the deletion of their
     source commit together."""
-    own = models.Q(run_id=run_id)
+    # Each run's rows are in the partition of its id's day (part): naming it lets PostgreSQL
+    # read that partition only.
+    own = models.Q(run_id=run_id, part=step_part(_as_uuid(run_id)))
     for source, lo, hi in SharedSteps.objects.filter(fork_id=run_id).values_list(
         "source_id", "lo", "hi"
     ):
-        own |= models.Q(run_id=source, seq__gte=lo, seq__lt=hi)
+        own |= models.Q(run_id=source, part=step_part(source), seq__gte=lo, seq__lt=hi)
     return AgentStep.objects.filter(own)
+
+
+def _as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
+    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))

@@ -10,7 +10,7 @@ import importlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -52,7 +52,7 @@ def today_part() -> int:
 
 
 @pytest.fixture
-def days_ago(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def days_ago(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], int]:
     """``days_ago(40)``: runs started from now on get ids of that many days ago (their
     partition made first), as if a clock had started them then."""
 
@@ -113,7 +113,9 @@ def test_a_day_without_partition_keeps_its_steps_in_the_default_until_the_sweep_
     housekeeping.sweep()
     assert where(run.pk) == {step_partitions.partition_name(ahead // MS_PER_DAY)}
     assert [s.seq for s in steps_of(run.pk)] == [0]
-    assert not [m for m in checks.run_checks(databases=["default"]) if m.id.endswith("W060")]
+    assert not [
+        m for m in checks.run_checks(databases=["default"]) if (m.id or "").endswith("W060")
+    ]
 
 
 def test_a_missing_day_ahead_is_made_by_the_sweep_and_warned_about_until_then() -> None:
@@ -121,7 +123,7 @@ def test_a_missing_day_ahead_is_made_by_the_sweep_and_warned_about_until_then() 
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE agent_step DETACH PARTITION {tomorrow}")
         cursor.execute(f"DROP TABLE {tomorrow}")
-    warned = [m for m in checks.run_checks(databases=["default"]) if m.id.endswith("W060")]
+    warned = [m for m in checks.run_checks(databases=["default"]) if (m.id or "").endswith("W060")]
     assert len(warned) == 1
     assert "no partition for" in warned[0].msg
     assert housekeeping.sweep()["step_partitions_made"] == 1
@@ -232,7 +234,9 @@ def test_converting_a_filled_table_never_stops_the_commits() -> None:
     def commit_steps() -> None:
         with psycopg.connect(database_url(), autocommit=True) as conn:
             conn.execute("SET lock_timeout = '1s'")
-            (run_id,) = conn.execute("SELECT id FROM agent_run LIMIT 1").fetchone()
+            row = conn.execute("SELECT id FROM agent_run LIMIT 1").fetchone()
+            assert row is not None
+            (run_id,) = row
             seq = 1000
             while not stop.is_set():
                 try:
