@@ -65,7 +65,7 @@ def _run_id_sql(day_ms: str, g: str) -> str:
     )
 
 
-def fill_day(cursor: Any, index: int, days: int) -> None:
+def fill_day(cursor: Any, index: int, days: int, fingerprint: str) -> None:
     """Day ``index`` of ``days`` (0 is the oldest, ``days`` - 1 is yesterday). Rows already
     there are kept (a day filled again after the retention measurement)."""
     from django.db import connection
@@ -89,7 +89,7 @@ def fill_day(cursor: Any, index: int, days: int) -> None:
         "INSERT INTO agent_run (id, agent, prompt_version, fingerprint, model, task, status,"
         " attempt, stalled_claims, last_seq, tokens_used, result, error, created_at, updated_at,"
         " started_at, finished_at, waiting_for, depth, priority, dead_cause, fair_at)"
-        f" SELECT {rid}, 'bench', '1', 'fp', 'claude-bench-1', 'Step log run ' || g, s,"
+        f" SELECT {rid}, 'bench', '1', '{fingerprint}', 'claude-bench-1', 'Step log run ' || g, s,"
         " CASE WHEN s = 'pending' THEN 0 ELSE 1 END, 0,"
         f" CASE WHEN s = 'pending' THEN 0 ELSE {STEPS_PER_RUN - 1} END, 1000,"
         " CASE WHEN s = 'succeeded' THEN 'done' END,"
@@ -133,10 +133,11 @@ def fill(days: int) -> float:
     from django.db import connection
 
     started = time.perf_counter()
+    fingerprint = bench_fingerprint()
     with connection.cursor() as cursor:
         cursor.execute("SET synchronous_commit = off")
         for index in range(days):
-            fill_day(cursor, index, days)
+            fill_day(cursor, index, days, fingerprint)
             log(f"  {days} days: day {index + 1} filled")
         _add_today()
         cursor.execute("VACUUM ANALYZE")
@@ -144,6 +145,14 @@ def fill(days: int) -> float:
         cursor.execute("DELETE FROM bench_steps_fill")
         cursor.execute("INSERT INTO bench_steps_fill VALUES (%s, %s)", [FILL_VERSION, days])
     return time.perf_counter() - started
+
+
+def bench_fingerprint() -> str:
+    """The fingerprint of the bench agent as this code computes it (runs filled with another
+    would be dead-lettered for prompt drift when claimed)."""
+    from durable_agents.declare.agents import registry
+
+    return registry.get("bench").fingerprint()
 
 
 def _add_today() -> None:
@@ -154,7 +163,7 @@ def _add_today() -> None:
 
     for i in range(PENDING):
         durable_agents.start_run("bench", f"Pending run {i}")
-    run = durable_agents.start_run("bench", "The long run.", start_key="bench-rebuild")
+    run = durable_agents.start_run("bench", "The long run.", key="bench-rebuild")
     AgentStep.objects.bulk_create(
         AgentStep(
             run_id=run.pk,
@@ -305,7 +314,7 @@ class Child:
         def starting(i: int) -> None:
             try:
                 while time.perf_counter() < deadline:
-                    durable_agents.start_run("bench", "started", priority=-100)
+                    durable_agents.start_run("bench", "started")
                     counts[i] += 1
             finally:
                 connection.close()
@@ -405,7 +414,7 @@ class Child:
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM agent_step WHERE seq >= 100000")
             for index in range(min(2, self.days)):  # what retention deleted, back
-                fill_day(cursor, index, self.days)
+                fill_day(cursor, index, self.days, bench_fingerprint())
             cursor.execute("VACUUM ANALYZE agent_run")
         return {
             "runs_deleted": deleted,
@@ -454,6 +463,7 @@ def prepare(days: int, refill: bool) -> tuple[str, dict[str, Any]]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE agent_step")
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
         count = sum(
             int(r[0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -271,11 +272,35 @@ class StrandedParents(worker_services.WorkerService):
 worker_services.register("durable_agents.housekeeping.sweeps", StrandedParents())
 
 
+# How often a worker makes the step log's days ahead again while it runs (a worker that runs
+# for weeks without housekeeping would otherwise write its steps to the default partition).
+STEP_PARTITIONS_EVERY_SECONDS = 3600.0
+
+
 class StepPartitionsAhead(worker_services.WorkerService):
-    """Every worker makes the step log's days ahead when it starts (housekeeping's sweep does
-    too): a fleet without django-q2 still has its partitions."""
+    """Every worker makes the step log's days ahead when it starts and every hour while it
+    runs (housekeeping's sweep does too): a fleet without django-q2 still has its partitions."""
 
     def starting(self, worker: Any) -> None:
+        self._make(worker)
+
+    def start(self, worker: Any) -> threading.Thread | None:
+        if not (worker.store or current()).partitions_steps:
+            return None  # nothing to make: the store keeps one table
+
+        def serve() -> None:
+            try:
+                while not worker.stopping.wait(STEP_PARTITIONS_EVERY_SECONDS):
+                    self._make(worker)
+            finally:
+                worker.connections.close()
+
+        thread = threading.Thread(target=serve, name="da-step-partitions", daemon=True)
+        thread.start()
+        return thread
+
+    @staticmethod
+    def _make(worker: Any) -> None:
         try:
             made = (worker.store or current()).make_step_partitions()
         except DatabaseError:

@@ -339,6 +339,10 @@ class Store(abc.ABC):
         """The time as this store tells it (``InMemoryStore``: its own clock)."""
         return timezone.now()
 
+    # Whether the step log is partitioned by day (PostgreSQL): ``make_step_partitions`` then
+    # has days to make, and a worker makes them again every hour.
+    partitions_steps: bool = False
+
     def make_step_partitions(self) -> list[str]:
         """The step log's partitions for the days ahead, made if missing (a worker asks as it
         starts); the names made. Only PostgreSQL partitions the log."""

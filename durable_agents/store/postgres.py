@@ -154,6 +154,7 @@ class PostgresStore(Store):
     ``PortableStore``: the same ORM updates, one UPDATE each on PostgreSQL too)."""
 
     sends_live_text = True
+    partitions_steps = True
 
     @functools.cached_property
     def orm(self) -> PortableStore:

@@ -25,7 +25,7 @@ from durable_agents.housekeeping import sweeps as housekeeping
 from durable_agents.models import AgentRun, AgentStep, RunStatus, step_partitions, steps_of
 from durable_agents.models.ids import MS_PER_DAY, new_run_id, part_of_day, step_part
 from durable_agents.store import current
-from tests.conftest import database_url, run_worker
+from tests.conftest import database_url, run_worker, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -274,3 +274,19 @@ def test_converting_a_filled_table_never_stops_the_commits() -> None:
     assert step_partitions.is_partitioned(connection.cursor())
     assert exists(step_partitions.DEFAULT)
     assert exists(step_partitions.partition_name(today_part() + 1))
+
+
+def test_a_running_worker_makes_the_days_ahead_again(
+    monkeypatch: pytest.MonkeyPatch, worker_thread: Any
+) -> None:
+    """A worker that runs for weeks without housekeeping keeps its days ahead: its service
+    makes them again while it runs (every hour; here every 0.1 s)."""
+    monkeypatch.setattr(housekeeping, "STEP_PARTITIONS_EVERY_SECONDS", 0.1)
+    worker_thread(concurrency=1)
+    tomorrow = step_partitions.partition_name(today_part() + 1)
+    wait_for(lambda: exists(tomorrow))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE agent_step DETACH PARTITION {tomorrow}")
+        cursor.execute(f"DROP TABLE {tomorrow}")
+    connection.close()
+    wait_for(lambda: exists(tomorrow), timeout=30)
