@@ -111,6 +111,7 @@ def check_step_partitions(
                 return []
             kept = step_partitions.default_days(cursor)
             missing = step_partitions.missing_days_ahead(cursor)
+            lost = step_partitions.days_of_active_runs_without_partition(cursor)
     except DatabaseError:  # not migrated yet
         return []
     messages: list[CheckMessage] = []
@@ -124,6 +125,20 @@ def check_step_partitions(
                 hint="Housekeeping's sweep moves them into partitions of their own (from "
                 "django-q2, or durable_agents.housekeeping.sweep() from a shell). Steps of "
                 "days far from today mean a clock was wrong where those runs were started.",
+                obj="agent_step",
+                id=STEP_PARTITIONS,
+            )
+        )
+    if lost:
+        days = ", ".join(f"{day_of_part(part)} ({count} runs)" for part, count in lost[:20])
+        messages.append(
+            Warning(
+                f"Runs not ended were started on days whose step partition is gone: {days}. "
+                "Their steps were dropped with it (by hand: retention drops a day only when "
+                "none of its runs is left), and a worker cannot resume them.",
+                hint="Restore the partition (agent_step_pNNNNN, NNNNN the day's number since "
+                "1970-01-01) from a backup and attach it again (ALTER TABLE agent_step ATTACH "
+                "PARTITION ... FOR VALUES FROM (NNNNN) TO (NNNNN + 1)), or cancel those runs.",
                 obj="agent_step",
                 id=STEP_PARTITIONS,
             )

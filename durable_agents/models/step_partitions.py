@@ -263,6 +263,24 @@ def ensure_ahead(connection: Any, today: datetime.date | None = None) -> list[st
     return ensure_days(connection, first, first + 1 + DAYS_AHEAD)
 
 
+def days_of_active_runs_without_partition(cursor: Any) -> list[tuple[int, int]]:
+    """(part, runs) of runs not ended whose day has no partition, and whose steps the default
+    partition does not hold either: a partition dropped by hand took their steps."""
+    cursor.execute(
+        f"SELECT {part_of_run('id')} AS part, count(*) FROM agent_run"
+        " WHERE status IN ('pending', 'running', 'waiting') GROUP BY 1"
+    )
+    active = [(int(part), int(count)) for part, count in cursor.fetchall()]
+    covered = [(p.lo, p.hi) for p in partitions(cursor)]
+    in_default = {part for part, _ in default_days(cursor)}
+    return [
+        (part, count)
+        for part, count in active
+        if part not in in_default
+        and not any(lo is not None and hi is not None and lo <= part < hi for lo, hi in covered)
+    ]
+
+
 def missing_days_ahead(cursor: Any, today: datetime.date | None = None) -> list[int]:
     """Today and tomorrow, if either has no partition (check W060)."""
     today = today or datetime.datetime.now(datetime.UTC).date()

@@ -47,6 +47,10 @@ def exists(table: str) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+def w060() -> list[checks.CheckMessage]:
+    return [m for m in checks.run_checks(databases=["default"]) if m.id == "durable_agents.W060"]
+
+
 def today_part() -> int:
     return part_of_day(datetime.datetime.now(datetime.UTC).date())
 
@@ -290,3 +294,23 @@ def test_a_running_worker_makes_the_days_ahead_again(
         cursor.execute(f"DROP TABLE {tomorrow}")
     connection.close()
     wait_for(lambda: exists(tomorrow), timeout=30)
+
+
+def test_a_partition_dropped_by_hand_under_a_waiting_run_is_named_by_the_check(
+    days_ago: Any,
+) -> None:
+    day = days_ago(3)
+    waiting = durable_agents.start_run("tester", "waits for days")
+    AgentRun.objects.filter(pk=waiting.pk).update(status=RunStatus.WAITING)
+    assert not [
+        m for m in checks.run_checks(databases=["default"]) if m.id == "durable_agents.W060"
+    ]
+    with connection.cursor() as cursor:
+        name = step_partitions.partition_name(day)
+        cursor.execute(f"ALTER TABLE agent_step DETACH PARTITION {name}")
+        cursor.execute(f"DROP TABLE {name}")
+    (warned,) = [
+        m for m in checks.run_checks(databases=["default"]) if m.id == "durable_agents.W060"
+    ]
+    assert "(1 runs)" in warned.msg
+    assert "a worker cannot resume them" in warned.msg
