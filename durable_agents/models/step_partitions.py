@@ -30,14 +30,16 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import OperationalError
 
 from durable_agents.models.ids import LEGACY_PART, part_of_day
 
 logger = logging.getLogger("durable_agents.housekeeping")
+T = TypeVar("T")
 
 TABLE = "agent_step"
 LEGACY = "agent_step_legacy"
@@ -132,19 +134,29 @@ def _briefly(
     lock_timeout: str = LOCK_TIMEOUT,
 ) -> None:
     """A catalogue change with a short lock_timeout, tried again until it gets its lock."""
+
+    def once() -> None:
+        cursor.execute(f"SET lock_timeout = '{lock_timeout}'")
+        try:
+            cursor.execute(statement, params)
+        finally:
+            cursor.execute("RESET lock_timeout")
+
+    _until_locked(once)
+
+
+def _until_locked(change: Callable[[], T]) -> T:
+    """``change()``, again after half a second each time it gave up waiting for a lock
+    (lock_timeout), LOCK_ATTEMPTS times at most."""
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
-            cursor.execute(f"SET lock_timeout = '{lock_timeout}'")
-            try:
-                cursor.execute(statement, params)
-            finally:
-                cursor.execute("RESET lock_timeout")
-            return
+            return change()
         except OperationalError as exc:
             lost = getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
             if not lost or attempt == LOCK_ATTEMPTS:
                 raise
             time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def ensure_days(connection: Any, first: int, last: int) -> list[str]:
@@ -174,15 +186,7 @@ def ensure_days(connection: Any, first: int, last: int) -> list[str]:
 def _make_day(cursor: Any, part: int) -> bool:
     """One day's partition, in a transaction of its own (tried again when its lock waits too
     long); False if another worker made it first or the default partition holds that day."""
-    for attempt in range(1, LOCK_ATTEMPTS + 1):
-        try:
-            return _make_day_once(cursor, part)
-        except OperationalError as exc:
-            lost = getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
-            if not lost or attempt == LOCK_ATTEMPTS:
-                raise
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
+    return _until_locked(lambda: _make_day_once(cursor, part))
 
 
 def _make_day_once(cursor: Any, part: int) -> bool:
@@ -444,15 +448,7 @@ def convert(connection: Any, today: datetime.date | None = None) -> None:
         )
         _add_checked(cursor, PART_CHECK, f"part = {PART_OF_RUN}")
         _add_checked(cursor, _LEGACY_DAY, f"part >= {LEGACY_PART} AND part < {LEGACY_PART + 1}")
-        for attempt in range(1, LOCK_ATTEMPTS + 1):
-            try:
-                _swap_in_partitioned(cursor, today)
-                return
-            except OperationalError as exc:
-                lost = getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
-                if not lost or attempt == LOCK_ATTEMPTS:
-                    raise
-                time.sleep(0.5)
+        _until_locked(lambda: _swap_in_partitioned(cursor, today))
 
 
 def _swap_in_partitioned(cursor: Any, today: datetime.date | None) -> None:
