@@ -218,7 +218,9 @@ def _last_compaction(rows: list[Any]) -> int | None:
     return None
 
 
-def load_log(run_id: RunId | str, store: Store | None = None, *, trim: bool = True) -> RunLog:
+def load_log(
+    run_id: RunId | str, store: Store | None = None, *, trim: bool = True, shares: bool = True
+) -> RunLog:
     """Rebuild a run's conversation from its log (a claim does this once, then appends).
 
     One SELECT (``Store.load_log_rows``); each turn's content is cut out of its body at the
@@ -226,8 +228,9 @@ def load_log(run_id: RunId | str, store: Store | None = None, *, trim: bool = Tr
     (measured: the rows plus this loop cost about 1.3x the bare SELECT of them at 2,000 steps;
     assembling the text in SQL was slower). With ``trim`` (the default: what a claim sends),
     the messages before the turn holding the last compaction block are left out, but the
-    first (see the module docstring); ``trim=False`` gives the whole transcript."""
-    rows = (store or current()).load_log_rows(run_id)
+    first (see the module docstring); ``trim=False`` gives the whole transcript.
+    ``shares=False`` for a run known to be no fork (``Store.load_log_rows``)."""
+    rows = (store or current()).load_log_rows(run_id, shares=shares)
     cut = _last_compaction(rows) if trim else None
     kept = rows if cut is None else [rows[0], *rows[cut:]]
     texts = [message_text(kind, payload, start, end) for _, kind, payload, start, end in kept]

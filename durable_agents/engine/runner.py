@@ -291,7 +291,7 @@ class RunAdvancer(ToolDispatch):
         if self.claim.task_payload is not None:
             log = task_log(self.claim.task_payload)
         else:
-            log = load_log(run.pk, store=self.store)
+            log = load_log(run.pk, store=self.store, shares=run.fork_seq is not None)
         if log.last is None or log.first_kind != StepKind.TASK:
             self._dead("the step log has no task step at seq 0")
         # Kept in memory (and appended to) while this claim lasts, so the log is read once per

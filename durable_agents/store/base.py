@@ -674,8 +674,10 @@ class Store(abc.ABC):
         aside), or None: whom the next room for a model call is for."""
 
     @abc.abstractmethod
-    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
-        """The whole log of a run, in seq order, for the rebuild (``history.load_log``)."""
+    def load_log_rows(self, run_id: RunId | str, *, shares: bool = True) -> list[LogRow]:
+        """The whole log of a run, in seq order, for the rebuild (``history.load_log``).
+        ``shares=False``: the run is no fork (``fork_seq`` is None), so it shares no stretch
+        of another run's log and only its own rows are read."""
 
     @abc.abstractmethod
     def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:

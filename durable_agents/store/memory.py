@@ -793,7 +793,7 @@ class InMemoryStore(Store):
             first = min(candidates, key=lambda run: (-run.priority, run.fair_at, run.created_at))
             return first.model, first.priority
 
-    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
+    def load_log_rows(self, run_id: RunId | str, *, shares: bool = True) -> list[LogRow]:
         if not isinstance(run_id, uuid.UUID):
             return []  # kept by UUID, like the runs: the text of an id finds no log here
         with self.lock:

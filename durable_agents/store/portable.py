@@ -771,8 +771,8 @@ class PortableStore(Store):
             .first()
         )
 
-    def load_log_rows(self, run_id: RunId | str) -> list[LogRow]:
-        return portable_logs.load_log_rows(run_id)
+    def load_log_rows(self, run_id: RunId | str, *, shares: bool = True) -> list[LogRow]:
+        return portable_logs.load_log_rows(run_id, shares=shares)
 
     def load_steps(self, run_id: RunId, after_seq: int = -1) -> list[StepTuple]:
         return portable_logs.load_steps(run_id, after_seq)

@@ -22,6 +22,7 @@ dead-lettered as poison rather than failing the claim.
 from __future__ import annotations
 
 import contextlib
+import datetime
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from durable_agents._internal import encryption
 from durable_agents.exceptions import StoredValueError
 from durable_agents.models import STEP_PAYLOAD, AgentRun
+from durable_agents.models.ids import part_of_day
 from durable_agents.models.step_partitions import part_of_run
 from durable_agents.store import concurrency, key_rows, portable_trees
 from durable_agents.store.base import Claim, LeaseLoss, RunId, lease_losses
@@ -175,9 +177,13 @@ UPDATE agent_run AS run
                       OR concurrency_key IN (SELECT key FROM admitted))
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
+          -- Read only from the partitions of yesterday to tomorrow (bounds PostgreSQL prunes
+          -- before it runs the statement, where the run's own day it cannot): the task of a
+          -- run started earlier is read with its log instead (NULL here).
           (SELECT payload FROM agent_step
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
               AND part = {RUN_PART}
+              AND part BETWEEN %(recent_from)s AND %(recent_to)s
           ) AS task_payload""".replace("{RUN_PART}", part_of_run("run.id"))
 
 # -- Statements ------------------------------------------------------------------------------
@@ -293,10 +299,17 @@ def renew_leases(
 
 
 def key_limits() -> dict[str, Any]:
-    """The parameters of the keys' limits in the claim (CONCURRENCY_LIMITS, and the limits
-    staff set in the admin, which win): two parallel arrays."""
+    """The parameters every claim statement takes: the keys' limits (CONCURRENCY_LIMITS, and
+    the limits staff set in the admin, which win), two parallel arrays; and the days whose
+    partitions a claim reads a fresh run's task from (yesterday to tomorrow, UTC)."""
     limits = {**concurrency.overrides(), **key_rows.limit_overrides()}
-    return {"limit_keys": list(limits), "limit_values": list(limits.values())}
+    today = part_of_day(datetime.datetime.now(datetime.UTC).date())
+    return {
+        "limit_keys": list(limits),
+        "limit_values": list(limits.values()),
+        "recent_from": today - 1,
+        "recent_to": today + 1,
+    }
 
 
 def read_claim(

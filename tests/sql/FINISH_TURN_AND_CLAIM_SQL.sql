@@ -112,9 +112,13 @@ UPDATE agent_run AS run
                       OR concurrency_key IN (SELECT key FROM admitted))
 RETURNING run.*,
           -- A run with nothing but its task: its log comes with the claim (no second read).
+          -- Read only from the partitions of yesterday to tomorrow (bounds PostgreSQL prunes
+          -- before it runs the statement, where the run's own day it cannot): the task of a
+          -- run started earlier is read with its log instead (NULL here).
           (SELECT payload FROM agent_step
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
               AND part = CASE WHEN substr(run.id::text, 15, 1) = '7' AND substr(run.id::text, 20, 1) IN ('8', '9', 'a', 'b') THEN (('x' || translate(left(run.id::text, 13), '-', ''))::bit(48)::bigint / 86400000)::integer ELSE 0 END
+              AND part BETWEEN %(recent_from)s AND %(recent_to)s
           ) AS task_payload
 )
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
