@@ -55,7 +55,7 @@ def fill(url: str, steps: int) -> float:
             conn.execute(
                 "INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker)"
                 " SELECT md5('u' || g)::uuid, s, CASE WHEN s = 0 THEN 'task' ELSE 'tool_result'"
-                " END, repeat('x', 300), CASE WHEN s % 2 = 1 THEN 'req_' || g || '_' || s END,"
+                " END, repeat('x', 300), CASE WHEN s %% 2 = 1 THEN 'req_' || g || '_' || s END,"
                 " 1, 'bench' FROM generate_series(%s::int, %s::int) g,"
                 f" generate_series(0, {STEPS_PER_RUN - 1}) s",
                 [low, high],
@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     args = parser.parse_args()
     url = common.recreate_db(NAME)
+    common.migrate(url)  # every app (auth's later migrations too), then back to before 0025
     migrate_to(url, "0024")
     log(f"filling {NAME} with {args.steps:,} steps")
     filled = fill(url, args.steps)

@@ -72,7 +72,13 @@ def part_of_run(column: str) -> str:
 
 
 PART_OF_RUN = part_of_run("run_id")
+# Every partition checks that its rows are of their run's day: the days and the default from
+# their creation; the legacy partition for the rows written after the conversion only (NOT
+# VALID: the rows it had were all written with part 0, and some random ids written by other
+# tools than this app look time-ordered). So (run_id, seq, part) unique keeps (run_id, seq)
+# unique.
 PART_CHECK = "agent_step_part_of_run"
+PART_OF_RUN_CONSTRAINT = f"CONSTRAINT {PART_CHECK} CHECK (part = {PART_OF_RUN})"
 
 
 def partition_name(part: int) -> str:
@@ -205,7 +211,7 @@ def _make_day_once(cursor: Any, part: int) -> bool:
         cursor.execute(
             f'CREATE TABLE "{name}" (LIKE {TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS'
             f" INCLUDING COMPRESSION, CONSTRAINT {name}_day CHECK (part >= {part}"
-            f" AND part < {part + 1}))"
+            f" AND part < {part + 1}), {PART_OF_RUN_CONSTRAINT})"
         )
         # SHARE UPDATE EXCLUSIVE on agent_step (commits go on); the new table is empty and
         # its CHECK proves the range, so nothing is scanned but the default partition.
@@ -238,7 +244,7 @@ def adopt_default_days(connection: Any) -> list[str]:
                 cursor.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {DEFAULT}")
                 cursor.execute(
                     f'CREATE TABLE IF NOT EXISTS "{name}" (LIKE {TABLE} INCLUDING DEFAULTS'
-                    " INCLUDING CONSTRAINTS INCLUDING COMPRESSION)"
+                    f" INCLUDING CONSTRAINTS INCLUDING COMPRESSION, {PART_OF_RUN_CONSTRAINT})"
                 )
                 cursor.execute(
                     f'INSERT INTO "{name}" SELECT * FROM {DEFAULT} WHERE part = %s',
@@ -383,7 +389,8 @@ CONVERT_STEPS = """
 1. ADD COLUMN part integer NOT NULL DEFAULT 0       catalogue only: every row reads 0
 2. DROP the foreign key to agent_run                a day's steps outlive their runs briefly
 3. CREATE UNIQUE INDEX CONCURRENTLY (run_id, seq, part)   built while commits go on
-4. ADD CHECK part_of_run, part in [0, 1) NOT VALID; VALIDATE   scanned while commits go on
+4. ADD CHECK part in [0, 1) NOT VALID; VALIDATE     scanned while commits go on
+   ADD CHECK part_of_run NOT VALID                   for the rows written from now on
 5. one transaction, catalogue only (lock_timeout, tried again):
      agent_step -> agent_step_legacy (its primary key becomes the index of 3, its other
      indexes renamed *_legacy); a new partitioned agent_step LIKE it; the legacy attached
@@ -446,7 +453,8 @@ def convert(connection: Any, today: datetime.date | None = None) -> None:
             f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {_LEGACY_KEY}"
             f" ON {TABLE} (run_id, seq, part)"
         )
-        _add_checked(cursor, PART_CHECK, f"part = {PART_OF_RUN}")
+        if PART_CHECK not in _constraint_names(cursor, TABLE, "c"):
+            _briefly(cursor, f"ALTER TABLE {TABLE} ADD {PART_OF_RUN_CONSTRAINT} NOT VALID")
         _add_checked(cursor, _LEGACY_DAY, f"part >= {LEGACY_PART} AND part < {LEGACY_PART + 1}")
         _until_locked(lambda: _swap_in_partitioned(cursor, today))
 
@@ -470,19 +478,25 @@ def _swap_in_partitioned(cursor: Any, today: datetime.date | None) -> None:
             f" INCLUDING COMPRESSION, CONSTRAINT {TABLE}_pkey PRIMARY KEY (run_id, seq, part))"
             " PARTITION BY RANGE (part)"
         )
-        cursor.execute(f"ALTER TABLE {TABLE} DROP CONSTRAINT {_LEGACY_DAY}")
+        # The partitions check themselves (PART_OF_RUN_CONSTRAINT), the legacy one its range.
+        cursor.execute(
+            f"ALTER TABLE {TABLE} DROP CONSTRAINT IF EXISTS {_LEGACY_DAY},"
+            f" DROP CONSTRAINT IF EXISTS {PART_CHECK}"
+        )
         cursor.execute(
             f"ALTER TABLE {TABLE} ATTACH PARTITION {LEGACY}"
             f" FOR VALUES FROM ({LEGACY_PART}) TO ({LEGACY_PART + 1})"
         )
         for _name, ddl in indexes:  # "CREATE INDEX name ON public.agent_step ...": the parent now
             cursor.execute(ddl)
-        cursor.execute(f"CREATE TABLE {DEFAULT} PARTITION OF {TABLE} DEFAULT")
+        cursor.execute(
+            f"CREATE TABLE {DEFAULT} PARTITION OF {TABLE} ({PART_OF_RUN_CONSTRAINT}) DEFAULT"
+        )
         first = part_of_day(today) - 1
         for part in range(first, first + 2 + DAYS_AHEAD):
             cursor.execute(
                 f"CREATE TABLE {partition_name(part)} PARTITION OF {TABLE}"
-                f" FOR VALUES FROM ({part}) TO ({part + 1})"
+                f" ({PART_OF_RUN_CONSTRAINT}) FOR VALUES FROM ({part}) TO ({part + 1})"
             )
         cursor.execute("COMMIT")
     except BaseException:
