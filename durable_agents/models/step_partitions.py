@@ -211,8 +211,9 @@ def _make_day_once(cursor: Any, part: int) -> bool:
         cursor.execute(
             f'CREATE TABLE "{name}" (LIKE {TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS'
             f" INCLUDING COMPRESSION, CONSTRAINT {name}_day CHECK (part >= {part}"
-            f" AND part < {part + 1}), {PART_OF_RUN_CONSTRAINT})"
+            f" AND part < {part + 1}))"
         )
+        _check_part_of_run(cursor, name)
         # SHARE UPDATE EXCLUSIVE on agent_step (commits go on); the new table is empty and
         # its CHECK proves the range, so nothing is scanned but the default partition.
         cursor.execute(
@@ -244,8 +245,9 @@ def adopt_default_days(connection: Any) -> list[str]:
                 cursor.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {DEFAULT}")
                 cursor.execute(
                     f'CREATE TABLE IF NOT EXISTS "{name}" (LIKE {TABLE} INCLUDING DEFAULTS'
-                    f" INCLUDING CONSTRAINTS INCLUDING COMPRESSION, {PART_OF_RUN_CONSTRAINT})"
+                    " INCLUDING CONSTRAINTS INCLUDING COMPRESSION)"
                 )
+                _check_part_of_run(cursor, name)
                 cursor.execute(
                     f'INSERT INTO "{name}" SELECT * FROM {DEFAULT} WHERE part = %s',
                     [part],
@@ -264,6 +266,13 @@ def adopt_default_days(connection: Any) -> list[str]:
     if made:
         logger.warning("step log: steps kept in the default partition moved to %s", made)
     return made
+
+
+def _check_part_of_run(cursor: Any, name: str) -> None:
+    """PART_OF_RUN_CONSTRAINT on a new partition's table (empty: nothing to scan), unless it
+    has it already (copied from agent_step, which had it in a first form of migration 0025)."""
+    if PART_CHECK not in _constraint_names(cursor, name, "c"):
+        cursor.execute(f'ALTER TABLE "{name}" ADD {PART_OF_RUN_CONSTRAINT}')
 
 
 def ensure_ahead(connection: Any, today: datetime.date | None = None) -> list[str]:
