@@ -361,16 +361,7 @@ def drop_day(connection: Any, partition: Partition, id_range: tuple[Any, Any]) -
             f'ALTER TABLE {TABLE} DETACH PARTITION "{partition.name}"',
             lock_timeout=DETACH_LOCK_TIMEOUT,
         )
-        cursor.execute(RUNS_OF_DAY_SQL, list(id_range))
-        if cursor.fetchone()[0]:
-            _briefly(
-                cursor,
-                f'ALTER TABLE {TABLE} ATTACH PARTITION "{partition.name}"'
-                f" FOR VALUES FROM ({partition.lo}) TO ({partition.hi})",
-            )
-            return False
-        cursor.execute(f'DROP TABLE "{partition.name}"')
-    return True
+    return settle_leftover(connection, partition.name, id_range)
 
 
 def settle_leftover(connection: Any, name: str, id_range: tuple[Any, Any]) -> bool:
