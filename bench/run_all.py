@@ -116,6 +116,13 @@ FULL["schedules"] = []
 QUICK["schedules"] = ["--quick"]
 FULL["compression"] = []
 QUICK["compression"] = ["--steps", "4000", "--blocks", "4"]
+# The step log at scale: 10 days of a million steps against one (the 50-day figure of
+# docs/howto/sizing.md is `python -m bench.step_log`, its fill about 15 minutes), and
+# migration 0025 on a filled table while a connection commits.
+FULL["step_log"] = ["--days", "1,10", "--rounds", "3"]
+QUICK["step_log"] = ["--days", "1,2", "--rounds", "1"]
+FULL["step_log_upgrade"] = ["--steps", "2000000"]
+QUICK["step_log_upgrade"] = ["--steps", "200000"]
 # The database cut in the middle of a burst: needs a private PostgreSQL cluster (below).
 FULL["failover"] = []
 QUICK["failover"] = [
@@ -233,6 +240,8 @@ NOT_BEFORE = {
     "schedules",
     "failover",
     "compression",
+    "step_log",
+    "step_log_upgrade",
 }
 
 
