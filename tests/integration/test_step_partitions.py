@@ -317,3 +317,19 @@ def test_a_partition_dropped_by_hand_under_a_waiting_run_is_named_by_the_check(
     ]
     assert "(1 runs)" in warned.msg
     assert "a worker cannot resume them" in warned.msg
+
+
+def test_a_day_whose_run_appears_during_its_drop_is_attached_again(days_ago: Any) -> None:
+    """A clock set back can start a run on a day retention is dropping: after its DETACH the
+    drop reads the day's runs again, and a day that has one is attached back, steps and all."""
+    from durable_agents.housekeeping.step_log import _id_range
+
+    day = days_ago(50)
+    late = durable_agents.start_run("tester", "started by a clock fifty days behind")
+    (partition,) = [p for p in step_partitions.partitions(connection.cursor()) if p.lo == day]
+    assert step_partitions.drop_day(connection, partition, _id_range(day)) is False
+    assert exists(step_partitions.partition_name(day))
+    assert where(late.pk) == {step_partitions.partition_name(day)}
+    AgentRun.objects.filter(pk=late.pk).delete()
+    assert step_partitions.drop_day(connection, partition, _id_range(day)) is True
+    assert not exists(step_partitions.partition_name(day))
