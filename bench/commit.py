@@ -70,6 +70,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
 
     from durable_agents import store
     from durable_agents.flow.pricing import Usage
+    from durable_agents.models import step_part
     from durable_agents.store import StepWrite
     from durable_agents.store.postgres import APPEND_STEP_SQL
 
@@ -118,9 +119,10 @@ def run(n: int, rounds: int) -> dict[str, Any]:
         t = time.perf_counter()
         with raw.cursor() as cur:
             cur.execute(
-                "INSERT INTO agent_step (run_id, seq, kind, payload, request_id, attempt, worker,"
-                " created_at) VALUES (%s, %s, 'model_turn', %s, 'req_x', 1, 'w', now())",
-                (raw_run, seq["raw"], PAYLOAD),
+                "INSERT INTO agent_step (run_id, seq, part, kind, payload, request_id, attempt,"
+                " worker, created_at)"
+                " VALUES (%s, %s, %s, 'model_turn', %s, 'req_x', 1, 'w', now())",
+                (raw_run, seq["raw"], step_part(raw_run), PAYLOAD),
             )
             cur.execute(
                 "UPDATE agent_run SET last_seq = %s, lease_until = now() + interval '60 s',"
@@ -140,6 +142,7 @@ def run(n: int, rounds: int) -> dict[str, Any]:
             "attempt": cte_run.attempt,
             "lease": 3600.0,
             "seq": seq["cte"],
+            "part": step_part(cte_run.run_id),
             "kind": "model_turn",
             "payload": PAYLOAD,
             "content_start": None,
