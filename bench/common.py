@@ -331,12 +331,22 @@ def start_runs(n: int, agent: str = "bench", turns: int = TURNS) -> list[Any]:
     return [durable_agents.start_run(agent, task_text(i, turns)).pk for i in range(n)]
 
 
+# A time-ordered run id made in SQL (as models.ids.new_run_id makes them: the millisecond, the
+# version 7, random bits), so that bulk-loaded runs live in today's partition of the step log
+# as runs started by the app do.
+TIME_ORDERED_ID_SQL = (
+    "(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7'"
+    " || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid"
+)
+
+
 def bulk_insert_runs(url: str, n: int, turns: int = TURNS, offset: int = 0) -> None:
     """Insert ``n`` pending runs of the ``bench`` agent (and their task steps) in one
     transaction, so that they all become claimable at the same instant."""
     import psycopg
 
     from bench.benchapp.agents import bench
+    from durable_agents.models.step_partitions import part_of_run
 
     fp = bench.fingerprint(bench.model)
     with psycopg.connect(url) as conn, conn.cursor() as cur:
@@ -344,10 +354,10 @@ def bulk_insert_runs(url: str, n: int, turns: int = TURNS, offset: int = 0) -> N
         cur.executemany(
             "WITH r AS (INSERT INTO agent_run (id, agent, prompt_version, fingerprint, model,"
             " task, status, attempt, stalled_claims, last_seq, error, created_at, updated_at)"
-            " VALUES (gen_random_uuid(), 'bench', '1', %s, %s, %s, 'pending', 0, 0, 0, '',"
+            f" VALUES ({TIME_ORDERED_ID_SQL}, 'bench', '1', %s, %s, %s, 'pending', 0, 0, 0, '',"
             " clock_timestamp(), now()) RETURNING id, task)"
-            " INSERT INTO agent_step (run_id, seq, kind, payload, attempt, worker, created_at)"
-            " SELECT id, 0, 'task', %s, 0, '', now() FROM r",
+            " INSERT INTO agent_step (run_id, seq, part, kind, payload, attempt, worker,"
+            f" created_at) SELECT id, 0, {part_of_run('id')}, 'task', %s, 0, '', now() FROM r",
             [
                 (fp, bench.model, task, json.dumps(task, ensure_ascii=False))
                 for task in (task_text(offset + i, turns) for i in range(n))

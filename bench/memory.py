@@ -23,18 +23,21 @@ def bulk_runs(url: str, n: int) -> None:
     import psycopg
 
     from bench.benchapp.agents import bench
+    from durable_agents.models.step_partitions import part_of_run
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO agent_run (id, agent, prompt_version, fingerprint, model, task, status,"
             " attempt, stalled_claims, last_seq, error, created_at, updated_at) "
-            "SELECT gen_random_uuid(), 'bench', '1', %s, %s, 'Memory run ' || g || '.', 'pending',"
+            f"SELECT {common.TIME_ORDERED_ID_SQL}, 'bench', '1', %s, %s,"
+            " 'Memory run ' || g || '.', 'pending',"
             " 0, 0, 0, '', now() + g * interval '1 us', now() FROM generate_series(1, %s) g",
             (bench.fingerprint(bench.model), bench.model, n),
         )
         conn.execute(
-            "INSERT INTO agent_step (run_id, seq, kind, payload, attempt, worker, created_at) "
-            "SELECT id, 0, 'task', to_json(task)::text, 0, '', now() FROM agent_run"
+            "INSERT INTO agent_step (run_id, seq, part, kind, payload, attempt, worker,"
+            f" created_at) SELECT id, 0, {part_of_run('id')}, 'task', to_json(task)::text, 0,"
+            " '', now() FROM agent_run"
         )
         conn.execute("VACUUM ANALYZE")
 
