@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -506,7 +505,7 @@ def keep_shared_steps(run_ids: Sequence[RunId]) -> int:
         forks = [row[0] for row in cursor.fetchall()]
         for fork in forks:
             # Each fork's copies go to its own partition (its id's day, models/ids.py).
-            part = step_part(uuid.UUID(str(fork)))
+            part = step_part(fork)
             cursor.execute(
                 "INSERT INTO agent_step (run_id, seq, part, kind, payload, content_start,"
                 " content_end, request_id, attempt, worker, created_at)"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -101,7 +100,7 @@ class DayPartitions:
         return droppable
 
     def delete_steps(self, run_ids: Sequence[RunId], dropping: set[int]) -> int:
-        return _delete_rows([r for r in run_ids if step_part(_as_uuid(r)) not in dropping])
+        return _delete_rows([r for r in run_ids if step_part(r) not in dropping])
 
     def drop_days(self, days: set[int]) -> list[int]:
         dropped = []
@@ -133,10 +132,6 @@ class DayPartitions:
         for name in [*leftovers, *(n for n in finished if n not in leftovers)]:
             part = int(name.rsplit("_p", 1)[1])
             partitions.settle_leftover(self.connection, name, _id_range(part))
-
-
-def _as_uuid(run_id: RunId) -> uuid.UUID:
-    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
 
 
 def step_log(connection: Any = None) -> StepLog:

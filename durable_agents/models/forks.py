@@ -55,13 +55,9 @@ def steps_of(run_id: uuid.UUID) -> models.QuerySet[AgentStep]:
     source commit together."""
     # Each run's rows are in the partition of its id's day (part): naming it lets PostgreSQL
     # read that partition only.
-    own = models.Q(run_id=run_id, part=step_part(_as_uuid(run_id)))
+    own = models.Q(run_id=run_id, part=step_part(run_id))
     for source, lo, hi in SharedSteps.objects.filter(fork_id=run_id).values_list(
         "source_id", "lo", "hi"
     ):
         own |= models.Q(run_id=source, part=step_part(source), seq__gte=lo, seq__lt=hi)
     return AgentStep.objects.filter(own)
-
-
-def _as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
-    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))

@@ -100,11 +100,16 @@ def first_id_at(moment: datetime.datetime) -> uuid.UUID:
     return uuid.UUID(int=(ms << 80) | (0x7 << 76) | (0b10 << 62))
 
 
-def step_part(run_id: uuid.UUID) -> int:
+def as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
+    """A run id as a UUID, whether given as one or as its text (hex, with or without dashes)."""
+    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+
+
+def step_part(run_id: uuid.UUID | str) -> int:
     """The partition of the step log the steps of ``run_id`` live in: the day (since
     1970-01-01, UTC) its id was made for a time-ordered id, ``LEGACY_PART`` for any other.
     The CHECK constraint ``agent_step_part_of_run`` computes the same in SQL."""
-    ms = millis_of(run_id)
+    ms = millis_of(as_uuid(run_id))
     return LEGACY_PART if ms is None else ms // MS_PER_DAY
 
 
@@ -120,7 +125,7 @@ def short_id(run_id: uuid.UUID | str) -> str:
     """Eight hex digits that tell a run from its neighbours in a list: the last eight of a
     time-ordered id (its first ones are the same for every run of the same minute), the first
     eight of any other (what was always shown for those)."""
-    value = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    value = as_uuid(run_id)
     digits = value.hex
     if is_time_ordered(value):
         return digits[-SHORT_ID_DIGITS:]

@@ -10,8 +10,6 @@ shared stretches included, and creating a fork. Plain functions; ``PortableStore
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import connection, transaction
 
 from durable_agents.models import AgentRun, AgentStep, SharedSteps, ToolEffect, step_part, steps_of
@@ -76,7 +74,7 @@ def load_log_rows(run_id: RunId | str, *, shares: bool = True) -> list[LogRow]:
         run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
         cursor.execute(
             LOG_SQL if shares else OWN_LOG_SQL,
-            {"run": run, "part": step_part(uuid.UUID(str(run_id)))},
+            {"run": run, "part": step_part(run_id)},
         )
         rows: list[LogRow] = cursor.fetchall()
     return unsealed_log(rows)
