@@ -15,6 +15,7 @@ This module never touches the database: agents are built at import of an app's `
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import threading
@@ -78,10 +79,12 @@ class Agent:
         betas: list[str] | tuple[str, ...] = (),
         cache: bool = False,
         concurrency_limit: int | None = None,
+        upgrades_from: Iterable[str] = (),
         register: bool = True,
     ) -> None:
         _check_labels(name=name, version=version, model=model)
         where = f"agent {name}@{version}"
+        upgrades = _checked_upgrades(where, version, upgrades_from)
         _check_concurrency_limit(where, concurrency_limit)
         _check_limits(
             where,
@@ -130,6 +133,11 @@ class Agent:
         # (CONCURRENCY_LIMITS[key] overrides it); pinned on each run when it starts. Not part
         # of the request: left out of the fingerprint.
         self.concurrency_limit = concurrency_limit
+        # Versions whose runs a worker of this code moves to this one (``upgrade_runs``) when
+        # no live worker defines theirs, where their history allows it. Not part of the
+        # request: left out of the fingerprint.
+        self.upgrades_from: tuple[str, ...] = upgrades
+        self._digests: dict[str, Any] | None = None
 
         self._check_serialisable(where)
         if register:
@@ -193,6 +201,25 @@ class Agent:
             cached = self._fingerprints[key] = hashlib.sha256(canonical.encode()).hexdigest()
         return cached
 
+    def digests(self) -> dict[str, Any]:
+        """What ``agent_version`` records of this definition: the fingerprint (for the
+        agent's model), ``binding`` (sha256 of the system prompt and tools, which signed
+        thinking binds besides the model) and ``tools`` ({name: sha256 of its effect class and
+        input schema}), so that a version no deployed code defines can still be compared."""
+        if self._digests is None:
+            request = self.request_for()
+            binding = {p: request.get(p) for p in ("system", "tools")}
+            self._digests = {
+                "fingerprint": self.fingerprint(),
+                "model": self.model,
+                "binding": _sha256(binding),
+                "tools": {
+                    tool.name: _sha256({"effect": str(tool.effect), "schema": tool.input_schema})
+                    for tool in self.tools
+                },
+            }
+        return self._digests
+
     def timeout_for(self, tool: Tool, ceiling: float) -> float:
         """Seconds one call of ``tool`` may take: its own timeout, else the agent's, else the
         ``ceiling`` (the TOOL_TIMEOUT setting), and never more than the ceiling."""
@@ -201,6 +228,32 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.label} model={self.model} tools={len(self.tools)}>"
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(_canonical_json(value).encode()).hexdigest()
+
+
+def _checked_upgrades(where: str, version: str, upgrades_from: Any) -> tuple[str, ...]:
+    """``upgrades_from``: other versions of the agent, as strings."""
+    if isinstance(upgrades_from, str):
+        raise ImproperlyConfigured(
+            f"{where}: upgrades_from is a list of versions, not the string {upgrades_from!r}"
+        )
+    try:
+        versions = tuple(upgrades_from)
+    except TypeError:
+        raise ImproperlyConfigured(
+            f"{where}: upgrades_from is a list of versions, not {type(upgrades_from).__name__}"
+        ) from None
+    for old in versions:
+        if not isinstance(old, str) or not old.strip() or len(old) > _MAX_LABEL_CHARS:
+            raise ImproperlyConfigured(
+                f"{where}: upgrades_from holds versions (non-empty strings), not {old!r}"
+            )
+        if old == version:
+            raise ImproperlyConfigured(f"{where}: a version cannot upgrade from itself")
+    return tuple(dict.fromkeys(versions))
 
 
 def _check_labels(**labels: Any) -> None:
@@ -212,6 +265,9 @@ def _check_labels(**labels: Any) -> None:
             raise ImproperlyConfigured(
                 f"Agent {label} {value[:40]!r}... is longer than {_MAX_LABEL_CHARS} characters"
             )
+        if not value.isprintable():
+            # Claims match a run's agent and version joined by a control character.
+            raise ImproperlyConfigured(f"Agent {label} {value[:40]!r} contains control characters")
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -330,6 +386,31 @@ def _checked_betas(where: str, betas: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(betas))
 
 
+# Joins an agent's name, version and fingerprint into one text a claim compares (labels
+# cannot contain control characters).
+ROUTE_SEPARATOR = "\x1f"
+
+
+def route_key(*parts: str) -> str:
+    """``agent``, ``version`` (and a fingerprint) as claims compare them."""
+    return ROUTE_SEPARATOR.join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """The runs a process's claims may take: ``serves``, route keys of (agent, version);
+    ``refuses``, route keys of (agent, version, fingerprint) it cannot serve."""
+
+    serves: tuple[str, ...]
+    refuses: tuple[str, ...]
+
+    def admits(self, agent: str, version: str, fingerprint: str) -> bool:
+        return (
+            route_key(agent, version) in self.serves
+            and route_key(agent, version, fingerprint) not in self.refuses
+        )
+
+
 class AgentRegistry:
     """Agents by name and version, filled as apps' ``agents.py`` modules are imported."""
 
@@ -337,6 +418,10 @@ class AgentRegistry:
         # name -> version -> agent; dicts keep registration order, which ``get`` relies on.
         self._agents: dict[str, dict[str, Agent]] = {}
         self._lock = threading.RLock()
+        # (agent, version, fingerprint) of runs this process found it cannot serve: started
+        # with another definition of a version it defines (``refuse``).
+        self._refused: set[tuple[str, str, str]] = set()
+        self._routing: Routing | None = None
 
     def register(self, agent: Agent) -> Agent:
         fingerprint = agent.fingerprint()
@@ -356,6 +441,7 @@ class AgentRegistry:
                 )
             # Same fingerprint: the module was imported twice; replacing keeps the old position.
             versions[agent.version] = agent
+            self._routing = None
         return agent
 
     def get(self, name: str, version: str | None = None) -> Agent:
@@ -396,10 +482,36 @@ class AgentRegistry:
                 versions.pop(version, None)
                 if not versions:
                     del self._agents[name]
+            self._routing = None
 
     def clear(self) -> None:
         with self._lock:
             self._agents.clear()
+            self._refused.clear()
+            self._routing = None
+
+    def routing(self) -> Routing:
+        """What a claim of this process may take: the agent versions it defines, less the
+        definitions of them it found it cannot serve. Built once per change of the registry."""
+        with self._lock:
+            if self._routing is None:
+                self._routing = Routing(
+                    serves=tuple(
+                        route_key(name, version)
+                        for name, versions in self._agents.items()
+                        for version in versions
+                    ),
+                    refuses=tuple(sorted(route_key(*refused) for refused in self._refused)),
+                )
+            return self._routing
+
+    def refuse(self, name: str, version: str, fingerprint: str) -> None:
+        """Runs of ``name``@``version`` started with ``fingerprint`` are not this process's:
+        its definition of that version differs (drift). Its claims skip them from now on."""
+        with self._lock:
+            if (name, version, fingerprint) not in self._refused:
+                self._refused.add((name, version, fingerprint))
+                self._routing = None
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, tuple) and len(key) == 2:

@@ -1,4 +1,4 @@
-"""The fourteen tables of durable_agents, one module per group; every name is importable from
+"""The sixteen tables of durable_agents, one module per group; every name is importable from
 here (``from durable_agents.models import AgentRun``), and migrations name the custom fields
 by their path here (``durable_agents.models.JSONTextField``).
 
@@ -14,6 +14,7 @@ by their path here (``durable_agents.models.JSONTextField``).
     flow        agent_concurrency_key, model_capacity, capacity_event, agent_usage_day
     schedules   agent_schedule: agents on a clock
     metrics     agent_metrics: snapshots of the operations figures
+    workers     agent_worker, agent_version: live workers and the agent versions they define
 
 Status changes live in ``store/``, not here."""
 
@@ -53,6 +54,13 @@ from durable_agents.models.schedules import (
 )
 from durable_agents.models.steps import STEP_PAYLOAD, AgentStep, StepKind
 from durable_agents.models.waits import AgentEvent, AgentQuestion, QuestionStatus
+from durable_agents.models.workers import (
+    MAX_WORKER_ID,
+    WORKER_ROWS_KEPT,
+    AgentVersion,
+    AgentWorker,
+    WorkerQuerySet,
+)
 
 __all__ = [
     "CANCELLABLE_STATUSES",
@@ -62,8 +70,10 @@ __all__ = [
     "MAX_CONCURRENCY_KEY",
     "MAX_SCHEDULE_NAME",
     "MAX_START_KEY",
+    "MAX_WORKER_ID",
     "STEP_PAYLOAD",
     "USAGE_SHARDS",
+    "WORKER_ROWS_KEPT",
     "AgentEvent",
     "AgentProgress",
     "AgentQuestion",
@@ -73,6 +83,8 @@ __all__ = [
     "AgentScheduleQuerySet",
     "AgentStep",
     "AgentUsageDay",
+    "AgentVersion",
+    "AgentWorker",
     "CapacityEvent",
     "CapacityEventKind",
     "ConcurrencyKey",
@@ -92,6 +104,7 @@ __all__ = [
     "ToolIntent",
     "ToolIntentQuerySet",
     "WaitKind",
+    "WorkerQuerySet",
     "new_run_id",
     "short_id",
     "step_part",

@@ -62,6 +62,10 @@ class WaitKind(models.TextChoices):
     # A debounced start (``start_run(..., key=, debounce=)``): the run has not started yet and
     # starts once its start key has been quiet until wake_at; no model has seen its task.
     DEBOUNCE = "debounce", _("a quiet window")
+    # A pending run no live worker can serve: none defines its agent version, or none with
+    # the definition (fingerprint) the run started with. It costs no attempt meanwhile; a
+    # worker that defines it claims it as any pending run.
+    WORKER = "worker", _("a worker that defines its version")
 
 
 def id_tail_index() -> models.Index:

@@ -79,6 +79,7 @@ from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
     AgentRun,
+    AgentWorker,
     RunStatus,
     ToolEffect,
     ToolIntent,
@@ -124,6 +125,23 @@ class ForkWrite:
     # there as a spawn is (MAX_CHILD_RUNS of the parent, MAX_TREE_RUNS of the tree).
     max_children: int | None = None
     max_tree_runs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Presence:
+    """A worker as its row in ``agent_worker`` says it, sent with each heartbeat."""
+
+    worker_id: str
+    instance: uuid.UUID  # this process's: a second process with the same id never beats
+    host: str
+    pid: int
+    concurrency: int
+    # [{"agent", "version", "model", "fingerprint"}]: the agent versions its code defines.
+    versions: tuple[dict[str, str], ...]
+    # Seconds the row counts as live after a beat (the worker's lease).
+    alive_seconds: float
+    runs_held: int = 0
+    draining: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,10 +439,30 @@ class Store(abc.ABC):
         claims: Sequence[Claim],
         lease_seconds: float,
         using: BaseDatabaseWrapper | None = None,
+        presence: Presence | None = None,
     ) -> dict[RunId, LeaseLoss]:
         """Renew: the heartbeat of a whole worker. Renews the leases of ``claims`` (all of
         ``owner``) that still hold, and returns the runs whose work must stop: cancelled, or
-        no longer this worker's. ``using``: a connection wrapper (database stores)."""
+        no longer this worker's. ``using``: a connection wrapper (database stores).
+        ``presence``: the worker's row is beaten in the same statement (or transaction)."""
+
+    # -- the worker's row (agent_worker) -------------------------------------------------
+
+    @abc.abstractmethod
+    def register_worker(
+        self, presence: Presence, definitions: Sequence[dict[str, Any]]
+    ) -> AgentWorker | None:
+        """Write the worker's row and record the agent versions it defines (``definitions``:
+        ``Agent.digests()`` with agent and version); or, when a live worker of another process
+        holds the id, write nothing and return that worker's row."""
+
+    @abc.abstractmethod
+    def beat_worker(self, presence: Presence) -> None:
+        """The worker's heartbeat when it holds no run (``renew_leases`` beats otherwise)."""
+
+    @abc.abstractmethod
+    def unregister_worker(self, presence: Presence, definitions: Sequence[dict[str, Any]]) -> None:
+        """A clean stop: the row goes; its versions were defined until now."""
 
     @abc.abstractmethod
     def renew_lease(self, claim: Claim) -> bool:

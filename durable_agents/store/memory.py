@@ -31,6 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from durable_agents._internal.text import storable_text
+from durable_agents.declare.agents import registry
 from durable_agents.flow.capacity.gate import CapacityGate
 from durable_agents.flow.capacity.memory import InMemoryCapacity
 from durable_agents.flow.pricing import add_cost
@@ -41,6 +42,7 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     AgentStep,
+    AgentWorker,
     IntentStatus,
     QuestionStatus,
     RunStatus,
@@ -60,6 +62,7 @@ from durable_agents.store.base import (
     LogRow,
     NextClaim,
     Parked,
+    Presence,
     RunId,
     StepTuple,
     StepWrite,
@@ -116,6 +119,10 @@ class InMemoryStore(Store):
         self.key_budgets: dict[str, Decimal] = {}
         # Each concurrency key's next turn (``ConcurrencyKey.next_fair_at``).
         self.next_turns: dict[str, datetime.datetime] = {}
+        # agent_worker, by worker id; agent_version's last definitions, by (agent, version,
+        # fingerprint).
+        self.workers: dict[str, AgentWorker] = {}
+        self.versions_defined: dict[tuple[str, str, str], datetime.datetime] = {}
 
     # No database: a worker on this store has no connection to look after.
     holds_connections = False
@@ -334,9 +341,15 @@ class InMemoryStore(Store):
     def claim_runs(self, owner: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
         with self.lock:
             now = self.now()
-            due = [run for run in self.runs.values() if self._due(run, now)]
+            routing = registry.routing()
+            routed = [
+                run
+                for run in self.runs.values()
+                if routing.admits(run.agent, run.prompt_version, run.fingerprint)
+            ]
+            due = [run for run in routed if self._due(run, now)]
             due.sort(key=lambda run: run.wake_at or now)  # a due run always has its wake_at
-            candidates = [run for run in self.runs.values() if self._claimable(run, now)]
+            candidates = [run for run in routed if self._claimable(run, now)]
             # Highest priority first, then by turn, then oldest; stable: ties keep insertion
             # order.
             candidates.sort(key=lambda run: (-run.priority, run.fair_at, run.created_at))
@@ -366,14 +379,69 @@ class InMemoryStore(Store):
                 held[key] = held.get(key, 0) + 1
         return held
 
+    def register_worker(
+        self, presence: Presence, definitions: Sequence[dict[str, Any]]
+    ) -> AgentWorker | None:
+        with self.lock:
+            now = self.now()
+            holder = self.workers.get(presence.worker_id)
+            if (
+                holder is not None
+                and holder.instance != presence.instance
+                and holder.alive_until > now
+            ):
+                return _copy(holder)
+            self.workers[presence.worker_id] = AgentWorker(
+                id=presence.worker_id,
+                instance=presence.instance,
+                host=presence.host,
+                pid=presence.pid,
+                concurrency=presence.concurrency,
+                versions=list(presence.versions),
+                started_at=now,
+            )
+            self._beat_worker(presence)
+            self._record_versions(definitions, now)
+            return None
+
+    def beat_worker(self, presence: Presence) -> None:
+        with self.lock:
+            self._beat_worker(presence)
+
+    def _beat_worker(self, presence: Presence) -> None:
+        row = self.workers.get(presence.worker_id)
+        if row is None or row.instance != presence.instance:
+            return
+        row.beat_at = self.now()
+        row.alive_until = self._expiry(presence.alive_seconds)
+        row.runs_held = presence.runs_held
+        row.draining = presence.draining
+
+    def unregister_worker(self, presence: Presence, definitions: Sequence[dict[str, Any]]) -> None:
+        with self.lock:
+            self._record_versions(definitions, self.now())
+            row = self.workers.get(presence.worker_id)
+            if row is not None and row.instance == presence.instance:
+                del self.workers[presence.worker_id]
+
+    def _record_versions(
+        self, definitions: Sequence[dict[str, Any]], at: datetime.datetime
+    ) -> None:
+        for definition in definitions:
+            key = (definition["agent"], definition["version"], definition["fingerprint"])
+            self.versions_defined[key] = max(at, self.versions_defined.get(key, at))
+
     def renew_leases(
         self,
         owner: str,
         claims: Sequence[Claim],
         lease_seconds: float,
         using: BaseDatabaseWrapper | None = None,
+        presence: Presence | None = None,
     ) -> dict[RunId, LeaseLoss]:
         with self.lock:
+            if presence is not None:
+                self._beat_worker(presence)
             missed: list[tuple[RunId, str | None]] = []
             for claim in claims:
                 run = self.runs.get(claim.run_id)

@@ -40,6 +40,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from durable_agents._internal.text import json_text, storable_text
+from durable_agents.declare.agents import registry
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     ENDED_STATUSES,
@@ -48,6 +49,7 @@ from durable_agents.models import (
     AgentRun,
     AgentSchedule,
     AgentStep,
+    AgentWorker,
     IntentStatus,
     QuestionStatus,
     RunStatus,
@@ -64,6 +66,7 @@ from durable_agents.store import (
     portable_runs,
     portable_schedules,
     portable_trees,
+    workers,
 )
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
@@ -74,6 +77,7 @@ from durable_agents.store.base import (
     LogRow,
     NextClaim,
     Parked,
+    Presence,
     RunId,
     StepTuple,
     StepWrite,
@@ -181,11 +185,15 @@ class PortableStore(Store):
         """The claimable runs locked with select_for_update(skip_locked=True, no_key=True):
         FOR NO KEY UPDATE rather than FOR UPDATE, which would conflict with the FOR KEY SHARE
         lock that inserting a step takes on its run through the foreign key. On SQLite the
-        IMMEDIATE transaction mode makes the whole claim exclusive instead."""
+        IMMEDIATE transaction mode makes the whole claim exclusive instead. Only runs of the
+        agent versions this process defines (``routed``)."""
+        routing = registry.routing()
         return self._lock_and_take(
             [
-                AgentRun.objects.due().order_by("wake_at"),
-                AgentRun.objects.claimable().order_by("-priority", "fair_at", "created_at"),
+                workers.routed(AgentRun.objects.due(), routing).order_by("wake_at"),
+                workers.routed(AgentRun.objects.claimable(), routing).order_by(
+                    "-priority", "fair_at", "created_at"
+                ),
             ],
             owner,
             lease_seconds,
@@ -239,18 +247,35 @@ class PortableStore(Store):
             self.child_ended(parent_id)
         return [Claim(run, owner, run.attempt, lease_seconds) for run in runs]
 
+    def register_worker(
+        self, presence: Presence, definitions: Sequence[dict[str, Any]]
+    ) -> AgentWorker | None:
+        return workers.register(presence, definitions)
+
+    def beat_worker(self, presence: Presence) -> None:
+        workers.beat(presence)
+
+    def unregister_worker(self, presence: Presence, definitions: Sequence[dict[str, Any]]) -> None:
+        workers.unregister(presence, definitions)
+
     def renew_leases(
         self,
         owner: str,
         claims: Sequence[Claim],
         lease_seconds: float,
         using: BaseDatabaseWrapper | None = None,
+        presence: Presence | None = None,
     ) -> dict[RunId, LeaseLoss]:
         """Read, then renew what is still ours, in one IMMEDIATE transaction (SQLite: a single
-        writer, so nothing changes in between). ``using`` is not needed here."""
+        writer, so nothing changes in between), with the worker's row. ``using`` is not
+        needed here."""
         if not claims:
+            if presence is not None:
+                workers.beat(presence)
             return {}
         with transaction.atomic():
+            if presence is not None:
+                workers.beat(presence)
             by_id = {c.run_id: c for c in claims}
             rows = list(
                 AgentRun.objects.filter(pk__in=list(by_id)).values_list(

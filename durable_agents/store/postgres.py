@@ -56,6 +56,7 @@ from durable_agents.models import (
     AgentQuestion,
     AgentRun,
     AgentSchedule,
+    AgentWorker,
     ToolEffect,
     ToolIntent,
     WaitKind,
@@ -79,6 +80,7 @@ from durable_agents.store.base import (
     LogRow,
     NextClaim,
     Parked,
+    Presence,
     RunId,
     StepTuple,
     StepWrite,
@@ -92,6 +94,7 @@ from durable_agents.store.portable import PortableStore
 # tests check the fragments (``_FREED`` too) and the benchmarks run the claim and the commit.
 from durable_agents.store.postgres_claims import _FREED as _FREED
 from durable_agents.store.postgres_claims import ADMITTED as ADMITTED
+from durable_agents.store.postgres_claims import BEAT_SQL as BEAT_SQL
 from durable_agents.store.postgres_claims import CLAIM_SQL as CLAIM_SQL
 from durable_agents.store.postgres_claims import CLAIMABLE_RUNS as CLAIMABLE_RUNS
 from durable_agents.store.postgres_claims import (
@@ -99,7 +102,11 @@ from durable_agents.store.postgres_claims import (
 )
 from durable_agents.store.postgres_claims import CLAIMABLE_SQL as CLAIMABLE_SQL
 from durable_agents.store.postgres_claims import KEY_LIMIT as KEY_LIMIT
+from durable_agents.store.postgres_claims import (
+    RENEW_ALL_AND_BEAT_SQL as RENEW_ALL_AND_BEAT_SQL,
+)
 from durable_agents.store.postgres_claims import RENEW_ALL_SQL as RENEW_ALL_SQL
+from durable_agents.store.postgres_claims import ROUTED as ROUTED
 from durable_agents.store.postgres_claims import TAKE_CLAIMABLE_RUNS as TAKE_CLAIMABLE_RUNS
 from durable_agents.store.postgres_claims import binding_cursor as binding_cursor
 from durable_agents.store.postgres_claims import key_limits as key_limits
@@ -176,9 +183,22 @@ class PostgresStore(Store):
         claims: Sequence[Claim],
         lease_seconds: float,
         using: BaseDatabaseWrapper | None = None,
+        presence: Presence | None = None,
     ) -> dict[RunId, LeaseLoss]:
-        """One statement, on ``using`` (the heartbeat's own connection) if given."""
-        return postgres_claims.renew_leases(owner, claims, lease_seconds, using)
+        """One statement with the worker's row, on ``using`` (the heartbeat's own
+        connection) if given."""
+        return postgres_claims.renew_leases(owner, claims, lease_seconds, using, presence)
+
+    def register_worker(
+        self, presence: Presence, definitions: Sequence[dict[str, Any]]
+    ) -> AgentWorker | None:
+        return self.orm.register_worker(presence, definitions)
+
+    def beat_worker(self, presence: Presence) -> None:
+        postgres_claims.renew_leases(presence.worker_id, (), presence.alive_seconds, None, presence)
+
+    def unregister_worker(self, presence: Presence, definitions: Sequence[dict[str, Any]]) -> None:
+        self.orm.unregister_worker(presence, definitions)
 
     def make_step_partitions(self) -> list[str]:
         return step_partitions.ensure_ahead(connection)

@@ -2,7 +2,8 @@
 lease it holds (``PostgresStore``'s claim and heartbeat: plain functions it calls).
 
     claim   CLAIM_SQL         lock the claimable runs (``CLAIMABLE_RUNS``: pending runs,
-                              expired leases and due waits), admit them within their
+                              expired leases and due waits, of the agent versions this
+                              process defines: ``ROUTED``), admit them within their
                               concurrency keys' limits (``ADMITTED``, race-free:
                               store/concurrency.py), lease them, attempt + 1
                               (``TAKE_CLAIMABLE_RUNS``)
@@ -10,7 +11,9 @@ lease it holds (``PostgresStore``'s claim and heartbeat: plain functions it call
                               quiet window: the claim takes the run and says what ended
                               its wait (``woken_by``)
     renew   RENEW_ALL_SQL     the heartbeat: every lease of a worker, one statement, and
-                              the runs it held that are no longer its own
+                              the runs it held that are no longer its own; with the
+                              worker's row (RENEW_ALL_AND_BEAT_SQL: ``WORKER_BEAT``), or
+                              that row alone when it holds no run (BEAT_SQL)
 
 ``CLAIMABLE_SQL`` is the claim's look without the take (the tests EXPLAIN it). The same
 fragments claim a worker's next run in the statement of a run's last step
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,12 +34,13 @@ from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents._internal import encryption
+from durable_agents.declare.agents import registry
 from durable_agents.exceptions import StoredValueError
 from durable_agents.models import STEP_PAYLOAD, AgentRun
 from durable_agents.models.ids import part_of_day
 from durable_agents.models.step_partitions import part_of_run
 from durable_agents.store import concurrency, key_rows, portable_trees
-from durable_agents.store.base import Claim, LeaseLoss, RunId, lease_losses
+from durable_agents.store.base import Claim, LeaseLoss, Presence, RunId, lease_losses
 
 # -- Fragments -------------------------------------------------------------------------------
 
@@ -82,6 +87,7 @@ SELECT id, concurrency_key, {key_limit} AS key_limit,
  WHERE status = 'waiting'
    AND wake_at <= now(){and_also}
    AND {has_room}
+   AND {routed}
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
@@ -93,6 +99,7 @@ SELECT id, concurrency_key, {key_limit} AS key_limit,
  WHERE status IN ('pending', 'running')
    AND (lease_until IS NULL OR lease_until < now()){and_also}
    AND {has_room}
+   AND {routed}
  ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED
@@ -133,6 +140,17 @@ SELECT k.key
 UPDATE agent_concurrency_key SET claimed_at = now() WHERE key IN (SELECT key FROM admitted)
 )"""
 
+# Routing: only runs of the agent versions this process defines (%(serves)s: route keys,
+# agent and version joined by chr(31)), less those started with a definition of them it
+# cannot serve (%(refuses)s: agent, version and fingerprint): ``AgentRegistry.routing``. A run
+# no live worker serves stays pending, untouched, and costs no attempt. Plain filters on the
+# rows the indexes give, in their order: the claim's plan does not change.
+ROUTED = (
+    "(run.agent || chr(31) || run.prompt_version) = ANY(%(serves)s::text[])\n"
+    "   AND NOT (run.agent || chr(31) || run.prompt_version || chr(31) || run.fingerprint)"
+    " = ANY(%(refuses)s::text[])"
+)
+
 # The run ending in this statement (FINISH_AND_CLAIM_SQL's ``fence``) frees its key's slot:
 # the filter's count, on the statement's snapshot, still sees it running.
 _FREED = " - (SELECT count(*) FROM fence WHERE fence.concurrency_key = run.concurrency_key)"
@@ -145,7 +163,7 @@ def _claimable_runs(and_also: str, freed: str) -> str:
         f"        OR {KEY_LIMIT} > {held})"
     )
     return _CLAIMABLE_RUNS.format(
-        and_also=and_also, key_limit=KEY_LIMIT, held=held, has_room=has_room
+        and_also=and_also, key_limit=KEY_LIMIT, held=held, has_room=has_room, routed=ROUTED
     )
 
 
@@ -231,6 +249,33 @@ SELECT run.id, run.status
    AND run.id NOT IN (SELECT id FROM renewed)
    FOR SHARE OF run"""
 
+# The worker's row (agent_worker) beaten in the same statement: its heartbeat, and its count
+# of runs held, or the row again if housekeeping removed it meanwhile (a long outage). Only its
+# own process's row (``instance``): a second process started with the same id never beats it.
+# A data-modifying CTE runs whether or not the rest reads it.
+WORKER_BEAT = """
+present AS (
+    INSERT INTO agent_worker AS worker
+           (id, instance, host, pid, started_at, beat_at, alive_until, concurrency,
+            runs_held, draining, versions)
+    VALUES (%(owner)s, %(instance)s, %(host)s, %(pid)s, now(), now(),
+            now() + make_interval(secs => %(alive)s), %(concurrency)s, %(runs_held)s,
+            %(draining)s, %(versions)s::jsonb)
+    ON CONFLICT (id) DO UPDATE
+       SET beat_at = now(),
+           alive_until = EXCLUDED.alive_until,
+           runs_held = EXCLUDED.runs_held,
+           draining = EXCLUDED.draining
+     WHERE worker.instance = EXCLUDED.instance
+)"""
+
+# RENEW_ALL_SQL with the worker's row: still one statement per beat.
+RENEW_ALL_AND_BEAT_SQL = RENEW_ALL_SQL.replace(
+    "\nWITH held AS (", "\nWITH" + WORKER_BEAT + ", held AS (", 1
+)
+# The beat of a worker that holds no run.
+BEAT_SQL = "WITH" + WORKER_BEAT + "\nSELECT 1"
+
 # Claims in a row of one ``claim_runs`` while concurrency keys were lost to other claims.
 CLAIM_TRIES = 4
 
@@ -282,9 +327,11 @@ def renew_leases(
     claims: Sequence[Claim],
     lease_seconds: float,
     using: BaseDatabaseWrapper | None = None,
+    presence: Presence | None = None,
 ) -> dict[RunId, LeaseLoss]:
-    """RENEW_ALL_SQL, on ``using`` (the heartbeat's own connection) if given."""
-    if not claims:
+    """RENEW_ALL_SQL (with ``presence``: RENEW_ALL_AND_BEAT_SQL, or BEAT_SQL when it holds
+    no run), on ``using`` (the heartbeat's own connection) if given."""
+    if not claims and presence is None:
         return {}
     params: dict[str, Any] = {
         "ids": [c.run_id for c in claims],
@@ -292,23 +339,47 @@ def renew_leases(
         "owner": owner,
         "lease": float(lease_seconds),
     }
+    if presence is None:
+        sql = RENEW_ALL_SQL
+    else:
+        params.update(presence_params(presence))
+        sql = RENEW_ALL_AND_BEAT_SQL if claims else BEAT_SQL
     with (using or connection).cursor() as cursor:
-        cursor.execute(RENEW_ALL_SQL, params)
-        missed = cursor.fetchall()
+        cursor.execute(sql, params)
+        missed = cursor.fetchall() if claims else []
     return lease_losses(missed)
+
+
+def presence_params(presence: Presence) -> dict[str, Any]:
+    """WORKER_BEAT's parameters (``owner`` is the worker id)."""
+    return {
+        "owner": presence.worker_id,
+        "instance": presence.instance,
+        "host": presence.host,
+        "pid": presence.pid,
+        "alive": float(presence.alive_seconds),
+        "concurrency": presence.concurrency,
+        "runs_held": presence.runs_held,
+        "draining": presence.draining,
+        "versions": json.dumps(list(presence.versions)),
+    }
 
 
 def key_limits() -> dict[str, Any]:
     """The parameters every claim statement takes: the keys' limits (CONCURRENCY_LIMITS, and
-    the limits staff set in the admin, which win), two parallel arrays; and the days whose
-    partitions a claim reads a fresh run's task from (yesterday to tomorrow, UTC)."""
+    the limits staff set in the admin, which win), two parallel arrays; the days whose
+    partitions a claim reads a fresh run's task from (yesterday to tomorrow, UTC); and the
+    agent versions this process serves (``ROUTED``)."""
     limits = {**concurrency.overrides(), **key_rows.limit_overrides()}
     today = part_of_day(datetime.datetime.now(datetime.UTC).date())
+    routing = registry.routing()
     return {
         "limit_keys": list(limits),
         "limit_values": list(limits.values()),
         "recent_from": today - 1,
         "recent_to": today + 1,
+        "serves": list(routing.serves),
+        "refuses": list(routing.refuses),
     }
 
 
