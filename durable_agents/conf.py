@@ -130,9 +130,16 @@ class DurableAgentsSettings:
     MODEL_TIMEOUT: Setting[float] = Setting(600.0, "HTTP timeout of one model call, in seconds.")
     UNDEPLOYED_RETRY_SECONDS: Setting[float] = Setting(
         30.0,
-        "A worker that lacks a run's prompt version (a rolling deploy: the code that started "
-        "the run is newer than this worker) hands the run back for this long, for another "
-        "worker. MAX_ATTEMPTS such claims in a row send it to the dead letter.",
+        "A worker that claimed a run it cannot serve (its code lacks the run's agent version, "
+        "or defines it differently) hands the run back, claimable by nobody for this long, for "
+        "a worker that can serve it. Such claims cost the run no attempt.",
+    )
+    UNDEPLOYED_GRACE: Setting[float] = Setting(
+        7 * 24 * 3600.0,
+        "Seconds a run in flight whose agent version no live worker defines waits for one "
+        "(a rolling deploy, an old worker brought back) before housekeeping dead-letters it. "
+        "Counted from the last time a live worker defined the version, or from the run's "
+        "creation when none ever did.",
     )
     SHUTDOWN_GRACE_SECONDS: Setting[float] = Setting(
         10.0,

@@ -77,6 +77,7 @@ __all__ = [
     "UndecryptableValue",
     "Unstorable",
     "WaitRefused",
+    "WorkerIdInUse",
 ]
 
 
@@ -92,6 +93,11 @@ class DurableAgentsValueError(DurableAgentsError, ValueError):
 class InvalidArgument(DurableAgentsValueError):
     """An argument of a public operation that it does not take (a bad key, priority, task,
     model name, event, answer, ...): the message says which and why. Nothing was written."""
+
+
+class WorkerIdInUse(DurableAgentsError):
+    """A worker was started with the id of a live worker (``runagents --worker-id``): two
+    processes under one id would renew each other's leases. The message names the live one."""
 
 
 class RunNotFound(DurableAgentsValueError, LookupError):

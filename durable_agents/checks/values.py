@@ -38,6 +38,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "TOOL_TIMEOUT": (0, False),
     "SHUTDOWN_GRACE_SECONDS": (0, True),
     "UNDEPLOYED_RETRY_SECONDS": (0, True),
+    "UNDEPLOYED_GRACE": (0, True),
     "RETENTION_DAYS": (0, False),
     "MAX_ATTEMPTS": (1, True),
     "MAX_RESULT_CHARS": (1, True),

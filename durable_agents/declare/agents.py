@@ -482,6 +482,7 @@ class AgentRegistry:
                 versions.pop(version, None)
                 if not versions:
                     del self._agents[name]
+            self._refused = {r for r in self._refused if r[:2] != (name, version)}
             self._routing = None
 
     def clear(self) -> None:

@@ -3,8 +3,8 @@
 Prompt drift (``prompt_drift``): an agent whose definition changed without a new version while
 runs started with the old definition are still in flight. A run pins its agent's name, version
 and the fingerprint of what its requests send; a worker that finds another fingerprint under
-the same name and version dead-letters the run when it claims it (resuming would change what
-the model was shown). ``manage.py check --database default`` reports it (W040) and
+the same name and version does not serve the run (resuming would change what the model was
+shown): it hands it back, and the run waits for a worker with its definition. ``manage.py check --database default`` reports it (W040) and
 ``runagents`` says it at start, before that happens.
 
 Leases of other workers (``runs_held_by_others``): after a burst that claimed nothing, the runs
@@ -40,8 +40,8 @@ class Drift:
         return (
             f"agent {self.agent}@{self.version} changed without a new version: {self.runs} "
             f"run(s) in flight were started with fingerprint {pinned}, this code has "
-            f"{self.registered[:12]}; each goes to the dead letter (prompt drift) when a worker "
-            "claims it"
+            f"{self.registered[:12]}; workers of this code will not serve them (they wait, "
+            "pending, for a worker with their definition)"
         )
 
 

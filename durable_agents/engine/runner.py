@@ -95,6 +95,13 @@ __all__ = [
 
 logger = logging.getLogger("durable_agents.runner")
 
+# What a person can do about a run started with another definition of its version.
+DRIFT_ADVICE = (
+    "Restore the definition the run started with, or give the changed agent a new version "
+    "(version='<new>', upgrades_from=['{version}']) so that its runs carry over where their "
+    "history allows (durable_agents.upgrade_runs('{agent}', '{version}', '<new>'))."
+)
+
 T = TypeVar("T")
 
 
@@ -239,7 +246,7 @@ class RunAdvancer(ToolDispatch):
         # The size of what every call sends besides the messages (system, tools, ...).
         self._request_bytes: int | None = None
 
-    # -- entry -----------------------------------------------------------------------------
+        # -- entry -----------------------------------------------------------------------------
 
     def advance(self) -> Disposition:
         try:
@@ -408,31 +415,45 @@ class RunAdvancer(ToolDispatch):
     # -- pinning ---------------------------------------------------------------------------
 
     def _pinned_agent(self) -> Agent:
+        """The registered agent the run is pinned to (name, version and fingerprint for the
+        run's model). A run this process cannot serve is handed back: it costs no attempt and
+        waits, pending and visibly, for a worker that can (``WaitKind.WORKER``). Claims route
+        by version already (``AgentRegistry.routing``): this is a claim by id ("run now"), or
+        the first run of a definition found to differ, after which this process's claims
+        skip that definition."""
         run = self.run
         try:
             agent = registry.get(run.agent, run.prompt_version)
         except AgentNotFound as exc:
-            # Most likely a rolling deploy: the run was started by newer code than this
-            # worker's. Another worker may have the version; after MAX_ATTEMPTS such claims
-            # the run goes to the dead letter with this reason.
-            reason = (
-                f"prompt version {run.prompt_version!r} of agent {run.agent!r} is not deployed "
-                f"on worker {self.claim.owner} ({exc}); deploy it again or cancel the run"
+            self._hand_back_unserved(
+                f"waiting for a worker that defines {run.agent}@{run.prompt_version}: worker "
+                f"{self.claim.owner} does not ({exc})",
+                hold_seconds=app_settings.UNDEPLOYED_RETRY_SECONDS,
             )
-            logger.warning("run %s handed back: %s", run.pk, reason)
-            self.store.release_lease(
-                self.claim, error=reason, hold_seconds=app_settings.UNDEPLOYED_RETRY_SECONDS
-            )
-            raise Stop(RELEASED) from exc
         current = agent.fingerprint(run.model)
         if current != run.fingerprint:
-            self._dead(
-                f"prompt drift: agent {run.agent}@{run.prompt_version} on this worker has "
-                f"fingerprint {current[:12]}, the run was started with {run.fingerprint[:12]}; "
-                "its system prompt, tools or parameters changed without a new version, and "
-                "resuming would change the history the model signed"
+            registry.refuse(run.agent, run.prompt_version, run.fingerprint)
+            self._hand_back_unserved(
+                f"waiting for a worker whose {run.agent}@{run.prompt_version} has fingerprint "
+                f"{run.fingerprint[:12]} (the run's): worker {self.claim.owner} has "
+                f"{current[:12]}: its system prompt, tools or parameters changed without a new "
+                "version, and resuming would change the history the model signed. "
+                + DRIFT_ADVICE.format(agent=run.agent, version=run.prompt_version),
+                # This process's claims skip the run from now on: another may take it at once.
+                hold_seconds=None,
             )
         return agent
+
+    def _hand_back_unserved(self, reason: str, *, hold_seconds: float | None) -> NoReturn:
+        logger.warning("run %s handed back: %s", self.run.pk, reason)
+        self.store.release_lease(
+            self.claim,
+            error=reason,
+            count_claim=False,
+            hold_seconds=hold_seconds,
+            waiting_for=WaitKind.WORKER,
+        )
+        raise Stop(RELEASED)
 
     # -- the model -------------------------------------------------------------------------
 

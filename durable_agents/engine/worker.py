@@ -9,8 +9,10 @@ works on and keeps the leases of the runs it holds alive. The whole flow:
     slots (``concurrency``)    each advances one run at a time (``runner.advance_run``); the
                                statement that commits a run's last step may claim its next run
     heartbeat                  one statement per beat renews every lease the worker holds and
-                               names the runs that were cancelled or taken over: their slots
-                               are interrupted
+                               its row in agent_worker (idle or not), and names the runs that
+                               were cancelled or taken over: their slots are interrupted
+    its row                    written at start (refused while a live worker holds the id),
+                               deleted at a clean stop; a killed worker's row ages out
     listener (PostgreSQL)      LISTEN: wakes the claimer, interrupts a cancelled run at once
     services                   what else the worker runs, registered with it
                                (``worker_services``): the schedules' firer, a few times a
@@ -45,20 +47,53 @@ from durable_agents import observers
 from durable_agents._internal import calls, db
 from durable_agents._internal.interrupt import Interrupt
 from durable_agents.conf import app_settings
+from durable_agents.declare.agents import registry
 from durable_agents.engine import credentials
 from durable_agents.engine import services as worker_services
 from durable_agents.engine.connections import DatabaseConnections, WorkerConnections
 from durable_agents.engine.outage import LeaseClock
 from durable_agents.engine.runner import SHUTDOWN, Disposition, advance_run
+from durable_agents.exceptions import InvalidArgument, WorkerIdInUse
 from durable_agents.logging import bind_run
+from durable_agents.models import MAX_WORKER_ID
 from durable_agents.store import Claim, LeaseLoss, NextClaim, Store, current, dialect_store
-from durable_agents.store.base import RunId
+from durable_agents.store.base import Presence, RunId
 
 logger = logging.getLogger("durable_agents.worker")
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    # A host name may be 255 characters; the id fits agent_worker.id.
+    return f"{socket.gethostname()[:150]}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def checked_worker_id(worker_id: str) -> str:
+    """A worker id as given (``runagents --worker-id``): printable text that fits the lease
+    owner and agent_worker columns; ``InvalidArgument`` says what is wrong otherwise."""
+    if not isinstance(worker_id, str) or not worker_id.strip():
+        raise InvalidArgument("a worker id is a non-empty string")
+    if len(worker_id) > MAX_WORKER_ID:
+        raise InvalidArgument(
+            f"a worker id has at most {MAX_WORKER_ID} characters; this one has {len(worker_id)}"
+        )
+    if not worker_id.isprintable():
+        raise InvalidArgument(
+            "a worker id cannot contain control characters (NUL, newlines, ...): "
+            f"{worker_id[:40]!r}"
+        )
+    return worker_id
+
+
+def defined_versions() -> tuple[tuple[dict[str, str], ...], list[dict[str, Any]]]:
+    """What this process's code defines, as its worker row says it (agent, version, model,
+    fingerprint) and as agent_version records it (with the digests)."""
+    agents = registry.all()
+    versions = tuple(
+        {"agent": a.name, "version": a.version, "model": a.model, "fingerprint": a.fingerprint()}
+        for a in agents
+    )
+    definitions = [{"agent": a.name, "version": a.version, **a.digests()} for a in agents]
+    return versions, definitions
 
 
 @dataclass
@@ -145,7 +180,14 @@ class Worker:
             if store is None or store.holds_connections
             else WorkerConnections()
         )
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = default_worker_id() if worker_id is None else checked_worker_id(worker_id)
+        # This process's, in its agent_worker row: another process started with the same id
+        # never beats this one's row.
+        self.instance = uuid.uuid4()
+        # The agent versions this worker's code defines, as registered when it starts.
+        self._versions: tuple[dict[str, str], ...] = ()
+        self._definitions: list[dict[str, Any]] = []
+        self._registered = False
         self.concurrency = concurrency
         self.burst = burst
         self.max_runs = max_runs
@@ -224,6 +266,8 @@ class Worker:
             self.burst,
             self.connections.pool_note(),
         )
+        if not self._registered:
+            self.register()
         services = worker_services.registered()
         for service in services:
             service.starting(self)
@@ -256,6 +300,7 @@ class Worker:
             # A service's thread looks at ``stopping`` often (the firer: every TICK_SECONDS):
             # a second is plenty.
             thread.join(timeout=1.0)
+        self.unregister()
         self.connections.close()
         logger.info(
             "worker %s stopped after %d claims%s",
@@ -267,6 +312,50 @@ class Worker:
             logger.critical("worker %s exits with status 1: a slot died", self.worker_id)
             return 1
         return 0
+
+    def presence(self) -> Presence:
+        """This worker as its row in agent_worker says it, now."""
+        return Presence(
+            worker_id=self.worker_id,
+            instance=self.instance,
+            host=socket.gethostname()[:255],
+            pid=os.getpid(),
+            concurrency=self.concurrency,
+            versions=self._versions,
+            alive_seconds=self.lease_seconds,
+            runs_held=self.in_flight(),
+            draining=self.stopping.is_set(),
+        )
+
+    def register(self) -> None:
+        """Write this worker's row (and record the versions it defines); ``WorkerIdInUse``
+        when a live worker of another process holds the id. With the database away, the
+        worker starts all the same: its first beat that reaches the database writes the row."""
+        self._versions, self._definitions = defined_versions()
+        try:
+            holder = self._store().register_worker(self.presence(), self._definitions)
+        except DatabaseError as exc:
+            logger.error("worker %s: its row could not be written yet (%s)", self.worker_id, exc)
+            holder = None
+        if holder is not None:
+            raise WorkerIdInUse(
+                f"worker id {self.worker_id!r} is in use by a live worker: pid {holder.pid} on "
+                f"host {holder.host!r}, started {holder.started_at:%Y-%m-%d %H:%M:%S %Z}, last "
+                f"heartbeat {holder.beat_at:%H:%M:%S %Z}. Give this worker another "
+                "--worker-id, or stop that one; a killed worker's id is free once its row "
+                f"ages out ({holder.alive_until:%H:%M:%S %Z})."
+            )
+        self._registered = True
+
+    def unregister(self) -> None:
+        """A clean stop: the row goes (a killed worker's row ages out instead)."""
+        if not self._registered:
+            return
+        try:
+            self._store().unregister_worker(self.presence(), self._definitions)
+        except DatabaseError as exc:
+            logger.warning("worker %s: its row stays until it ages out (%s)", self.worker_id, exc)
+        self._registered = False
 
     def stop(self) -> None:
         # Called from the signal handler: it only sets events (the handler may run while the
@@ -626,21 +715,28 @@ class Worker:
                 wait = retry if self._failed_beats else self.heartbeat_seconds
 
     def beat(self, using: BaseDatabaseWrapper | None = None) -> dict[RunId, LeaseLoss]:
-        """One heartbeat: renew every lease held; returns the runs that were interrupted."""
+        """One heartbeat: renew every lease held and the worker's row (an idle worker beats
+        too: its row says it is alive), in one statement; returns the runs that were
+        interrupted."""
         with self._lock:
             held = {
                 item.claim.run_id: item
                 for item in self._held.values()
                 if not item.interrupt.is_set()
             }
-        if not held:
+        presence = self.presence() if self._registered else None
+        if not held and presence is None:
             return {}
         sent = time.monotonic()
         try:
             if using is None:
                 self.connections.refresh()
             lost = self._store(using or connection).renew_leases(
-                self.worker_id, [item.claim for item in held.values()], self.lease_seconds, using
+                self.worker_id,
+                [item.claim for item in held.values()],
+                self.lease_seconds,
+                using,
+                presence,
             )
         except DatabaseError as exc:
             self._failed_beats += 1

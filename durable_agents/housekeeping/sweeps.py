@@ -2,8 +2,10 @@
 
 Each task is a plain function: django-q2 schedules them (``manage.py durable_agents_schedules``),
 and ``manage.py durable_agents_housekeeping`` runs them from cron or a Kubernetes CronJob
-instead. The worker never depends on them to be correct: it refuses a drifted or missing
-prompt by itself when it meets one; the sweep only makes those runs visible sooner. Parents
+instead. The worker never depends on them to be correct: it claims only runs of the agent
+versions it defines, and hands back one whose definition differs. The sweep dead-letters a run
+whose version no live worker has defined for UNDEPLOYED_GRACE (what agent_worker and
+agent_version say, never what this process defines). Parents
 left waiting by a worker that died between a child's end and the parent's wake are woken by
 the sweep, and by every worker when it starts.
 """
@@ -24,7 +26,6 @@ from django.utils.module_loading import import_string
 from durable_agents import signals
 from durable_agents._internal.text import storable_text
 from durable_agents.conf import app_settings
-from durable_agents.declare.agents import registry
 from durable_agents.engine import services as worker_services
 from durable_agents.exceptions import StoredValueError
 from durable_agents.flow import budgets
@@ -33,13 +34,17 @@ from durable_agents.housekeeping import metrics
 from durable_agents.housekeeping.step_log import step_log
 from durable_agents.models import (
     FINISHED_STATUSES,
+    WORKER_ROWS_KEPT,
     AgentEvent,
     AgentRun,
+    AgentVersion,
+    AgentWorker,
     CapacityEvent,
     MetricsSnapshot,
     RunStatus,
     WaitKind,
 )
+from durable_agents.models.workers import versions_seen
 from durable_agents.store import Store, current
 from durable_agents.store.base import RunId
 
@@ -62,8 +67,10 @@ def _dead_letter(queryset: Any, reason: str) -> int:
 
 
 def sweep() -> dict[str, int]:
-    """Dead-letter active runs pinned to a retired model or to a prompt version that is no
-    longer deployed, with a reason a person can act on."""
+    """Dead-letter active runs pinned to a retired model, or to an agent version no live
+    worker has defined for UNDEPLOYED_GRACE, with a reason a person can act on; and the rest
+    of the periodic chores (stranded parents, cascades, budgets, capacity events, step
+    partitions ahead, rows of workers long gone)."""
     active = AgentRun.objects.not_leased()
     moved = {
         "retired_model": 0,
@@ -82,16 +89,67 @@ def sweep() -> dict[str, int]:
             f"model {model!r} is retired (DURABLE_AGENTS['RETIRED_MODELS']); its thinking "
             "blocks cannot be continued by another model. Cancel the run, or start it again.",
         )
-    pinned = active.order_by().values_list("agent", "prompt_version").distinct()
-    deployed = {(a.name, a.version) for a in registry.all()}
-    for agent, version in pinned:
-        if (agent, version) not in deployed:
-            moved["undeployed_prompt"] += _dead_letter(
-                active.filter(agent=agent, prompt_version=version),
-                f"prompt version {version!r} of agent {agent!r} is no longer deployed; deploy "
-                "it again to resume the run, or cancel it",
-            )
+    moved["undeployed_prompt"] = dead_letter_undeployed(active)
+    moved["workers_aged_out"] = age_out_workers()
     return moved
+
+
+def dead_letter_undeployed(active: Any, now: datetime.datetime | None = None) -> int:
+    """Dead-letter the unleased runs of an agent version that no live worker has defined for
+    UNDEPLOYED_GRACE (from the last time one did, or from the run's creation when none ever
+    did): never because this process lacks the version, since another deploy may define it."""
+    now = now or timezone.now()
+    grace = datetime.timedelta(seconds=float(app_settings.UNDEPLOYED_GRACE))
+    seen = versions_seen(now)
+    moved = 0
+    pinned = active.order_by().values_list("agent", "prompt_version").distinct()
+    for agent, version in pinned:
+        known = seen.get((agent, version))
+        if known is not None and known.live_workers:
+            continue
+        cutoff = now - grace
+        if known is not None and known.last_defined_at is not None:
+            if known.last_defined_at > cutoff:
+                continue
+            since = f"since {known.last_defined_at:%Y-%m-%d %H:%M %Z}"
+        else:
+            since = "ever"
+        moved += _dead_letter(
+            active.filter(agent=agent, prompt_version=version, created_at__lt=cutoff),
+            f"agent version {agent}@{version} has not been defined by any live worker {since} "
+            f"(UNDEPLOYED_GRACE is {_duration(grace)}): deploy it again, or upgrade the run to "
+            "another version, or cancel it",
+        )
+    return moved
+
+
+def age_out_workers(now: datetime.datetime | None = None) -> int:
+    """Remove the rows of workers gone for WORKER_ROWS_KEPT (killed: a clean stop removes its
+    own), recording in agent_version that their versions were defined until their last beat."""
+    cutoff = (now or timezone.now()) - WORKER_ROWS_KEPT
+    removed = 0
+    for worker in AgentWorker.objects.filter(alive_until__lt=cutoff):
+        with transaction.atomic():
+            for defined in worker.defined():
+                AgentVersion.objects.filter(
+                    agent=defined.get("agent"),
+                    version=defined.get("version"),
+                    fingerprint=defined.get("fingerprint"),
+                    last_defined_at__lt=worker.beat_at,
+                ).update(last_defined_at=worker.beat_at)
+            removed += AgentWorker.objects.filter(
+                pk=worker.pk, alive_until=worker.alive_until
+            ).delete()[0]
+    return removed
+
+
+def _duration(delta: datetime.timedelta) -> str:
+    seconds = delta.total_seconds()
+    if seconds >= 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:g} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} hours"
+    return f"{seconds:g} s"
 
 
 # How long the record of 429s, 529s and pauses is kept (the capacity page shows the last hour).

@@ -9,6 +9,8 @@ SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_positio
    AND (run.concurrency_key IS NULL
         OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
         OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key))
+   AND (run.agent || chr(31) || run.prompt_version) = ANY(%(serves)s::text[])
+   AND NOT (run.agent || chr(31) || run.prompt_version || chr(31) || run.fingerprint) = ANY(%(refuses)s::text[])
  ORDER BY wake_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED
@@ -22,6 +24,8 @@ SELECT id, concurrency_key, coalesce((%(limit_values)s::integer[])[array_positio
    AND (run.concurrency_key IS NULL
         OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) IS NULL
         OR coalesce((%(limit_values)s::integer[])[array_position(%(limit_keys)s::text[], run.concurrency_key)], run.concurrency_limit) > agent_concurrency_holders(run.concurrency_key))
+   AND (run.agent || chr(31) || run.prompt_version) = ANY(%(serves)s::text[])
+   AND NOT (run.agent || chr(31) || run.prompt_version || chr(31) || run.fingerprint) = ANY(%(refuses)s::text[])
  ORDER BY priority DESC, fair_at, created_at
  LIMIT greatest(%(limit)s - (SELECT count(*) FROM due), 0)
    FOR NO KEY UPDATE SKIP LOCKED

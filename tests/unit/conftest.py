@@ -39,9 +39,14 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def store(clock: ManualClock) -> InMemoryStore:
-    """The store of a unit test: every transition, no database."""
-    return InMemoryStore(now=clock)
+def store(clock: ManualClock) -> Iterator[InMemoryStore]:
+    """The store of a unit test: every transition, no database. The agent of a bare run
+    (``start`` without an agent: "a" at "v1") is registered meanwhile, since claims take only
+    runs of the agent versions the process defines."""
+    bare = Agent(name="a", version="v1", model="m", register=False)
+    registry.register(bare)
+    yield InMemoryStore(now=clock)
+    registry.unregister("a", "v1")
 
 
 class RegisterAgent(Protocol):

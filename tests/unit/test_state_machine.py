@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from durable_agents.declare.agents import Agent
 from durable_agents.declare.tools import tool
 from durable_agents.engine.runner import Disposition, advance_run
-from durable_agents.models import IntentStatus, RunStatus, StepKind
+from durable_agents.models import IntentStatus, RunStatus, StepKind, WaitKind
 from durable_agents.store import Claim, InMemoryStore
 from durable_agents.store.memory import ManualClock
 from tests.unit.conftest import RegisterAgent, claimed, start
@@ -241,15 +241,24 @@ def test_claims_that_commit_nothing_send_the_run_to_the_dead_letter(
     assert "the step in flight was a model call" in run.error
 
 
-def test_prompt_drift_is_dead_lettered_without_a_step(
+def test_a_run_of_another_definition_waits_for_a_worker_without_a_step_or_an_attempt(
     store: InMemoryStore, agents: dict[str, Agent]
 ) -> None:
-    run_id = start(store, agents["main"], "Say hello.", fingerprint="0" * 64)
-    assert advance_run(claimed(store, run_id), store=store) is Disposition.DEAD
-    run = store.run(run_id)
-    assert run.status == RunStatus.DEAD
-    assert run.error.startswith("prompt drift: agent unit-state-machine@v1")
-    assert kinds(store, run_id) == [StepKind.TASK]
+    drifted = start(store, agents["main"], "Say hello.", fingerprint="0" * 64)
+    served = start(store, agents["main"], "Say goodbye.")
+    assert advance_run(claimed(store, drifted), store=store) is Disposition.RELEASED
+    run = store.run(drifted)
+    assert run.status == RunStatus.PENDING
+    assert run.waiting_for == WaitKind.WORKER
+    assert run.stalled_claims == 0  # the claim cost no attempt
+    assert "waiting for a worker whose unit-state-machine@v1 has fingerprint 000000000000" in (
+        run.error
+    )
+    assert "upgrades_from=['v1']" in run.error  # what a person can do about it
+    assert kinds(store, drifted) == [StepKind.TASK]
+    # This process's claims skip that definition from now on; the others' runs go on.
+    [claim] = store.claim_runs("w1", 30, limit=5)
+    assert claim.run_id == served
 
 
 def test_the_last_step_claims_the_next_run_in_memory_too(

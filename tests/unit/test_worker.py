@@ -168,9 +168,9 @@ class HandBackFails(InMemoryStore):
 
 def test_a_dead_slot_stops_the_worker_with_exit_code_1(agent: Agent) -> None:
     broken = HandBackFails(now=ManualClock())
-    # A version this process does not have: the runner hands the run back (and that raises),
-    # then the worker's own hand-back after the error raises too, out of the slot.
-    start(broken, agent, "Say hello.", version="v-undeployed")
+    # A definition this process does not have: the runner hands the run back (and that
+    # raises), then the worker's own hand-back after the error raises too, out of the slot.
+    start(broken, agent, "Say hello.", fingerprint="started-with-another-definition")
     running = Running(worker(broken))  # not burst: only the dead slot can stop it
     assert running.result() == 1
     assert running.worker.slot_died.is_set()

@@ -24,7 +24,7 @@ from durable_agents.conf import app_settings
 from durable_agents.declare.agents import registry
 from durable_agents.engine.inflight import prompt_drift, runs_held_by_others
 from durable_agents.engine.worker import Worker
-from durable_agents.exceptions import NotMigrated
+from durable_agents.exceptions import InvalidArgument, NotMigrated, WorkerIdInUse
 from durable_agents.observe import prometheus
 
 logger = logging.getLogger("durable_agents.worker")
@@ -138,12 +138,12 @@ class Command(BaseCommand):
         _report_prompt_drift(strict=options["strict"])
         if not registry.all():
             # Not fatal (a worker may be started before the code that registers agents is
-            # deployed), but it cannot advance anything: every run it claims is handed back
-            # as undeployed and counts towards MAX_ATTEMPTS.
+            # deployed), but it cannot advance anything: it claims only runs of the agent
+            # versions it defines.
             logger.warning(
                 "no agents are registered in this process: durable_agents imports the "
                 "agents.py module of every app in INSTALLED_APPS at startup, and none of them "
-                "defined an Agent. This worker will hand back every run it claims."
+                "defined an Agent. This worker will claim no run."
             )
         # Every thread of this process shares one small pool (PostgreSQL): a connection is
         # held only while a slot talks to the database, not for a run's whole life. The
@@ -151,16 +151,20 @@ class Command(BaseCommand):
         db.use_pool(db.statement_pool_size(app_settings.DB_POOL_SIZE, bool(app_settings.LISTEN)))
         _raise_open_files_limit(options["concurrency"])
         _limit_malloc_arenas()
-        worker = Worker(
-            worker_id=options["worker_id"],
-            concurrency=options["concurrency"],
-            burst=options["burst"],
-            max_runs=options["max_runs"],
-            lease_seconds=options["lease_seconds"],
-            poll_interval=options["poll_interval"],
-            grace_seconds=options["grace_seconds"],
-            schedules=False if options["no_schedules"] else None,
-        )
+        try:
+            worker = Worker(
+                worker_id=options["worker_id"],
+                concurrency=options["concurrency"],
+                burst=options["burst"],
+                max_runs=options["max_runs"],
+                lease_seconds=options["lease_seconds"],
+                poll_interval=options["poll_interval"],
+                grace_seconds=options["grace_seconds"],
+                schedules=False if options["no_schedules"] else None,
+            )
+            worker.register()
+        except (InvalidArgument, WorkerIdInUse) as exc:
+            raise CommandError(f"refusing to start: {exc}") from exc
         if metrics is not None:
             _serve_metrics(worker, *metrics)
         code = worker.run()
@@ -204,7 +208,11 @@ def _report_prompt_drift(*, strict: bool) -> None:
             "new version, or restore its definition."
         )
     for line in lines:
-        logger.warning("%s (give it a new version, or restore the old definition)", line)
+        logger.warning(
+            "%s (they wait for a worker with their definition: give the changed agent a new "
+            "version with upgrades_from, or restore the old definition)",
+            line,
+        )
 
 
 def _report_held_leases(worker_id: str) -> None:
