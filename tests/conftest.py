@@ -23,6 +23,7 @@ from django.db import connection
 from django.test import Client
 
 from durable_agents import llm
+from durable_agents.declare.agents import registry
 from durable_agents.engine import credentials
 from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep
@@ -164,6 +165,13 @@ def _credentials_accepted() -> Iterator[None]:
     """A test whose fake API refused the key must not pause the next test's workers."""
     yield
     credentials.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_definitions_refused() -> Iterator[None]:
+    """A test whose worker met a drifted run must not make the next test's claims skip it."""
+    yield
+    registry.forget_refusals()
 
 
 def serve_fake_api(

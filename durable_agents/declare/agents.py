@@ -506,6 +506,12 @@ class AgentRegistry:
                 )
             return self._routing
 
+    def forget_refusals(self) -> None:
+        """Serve every definition of the registered versions again (tests)."""
+        with self._lock:
+            self._refused.clear()
+            self._routing = None
+
     def refuse(self, name: str, version: str, fingerprint: str) -> None:
         """Runs of ``name``@``version`` started with ``fingerprint`` are not this process's:
         its definition of that version differs (drift). Its claims skip them from now on."""

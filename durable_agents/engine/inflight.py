@@ -4,8 +4,8 @@ Prompt drift (``prompt_drift``): an agent whose definition changed without a new
 runs started with the old definition are still in flight. A run pins its agent's name, version
 and the fingerprint of what its requests send; a worker that finds another fingerprint under
 the same name and version does not serve the run (resuming would change what the model was
-shown): it hands it back, and the run waits for a worker with its definition. ``manage.py check --database default`` reports it (W040) and
-``runagents`` says it at start, before that happens.
+shown): it hands it back, and the run waits for a worker with its definition. ``manage.py
+check --database default`` reports it (W040) and ``runagents`` says it at start.
 
 Leases of other workers (``runs_held_by_others``): after a burst that claimed nothing, the runs
 a killed worker still holds until its lease expires.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import uuid
 from typing import Any
 
 import pytest
@@ -19,6 +20,8 @@ from durable_agents.models import (
     AgentEvent,
     AgentRun,
     AgentStep,
+    AgentVersion,
+    AgentWorker,
     MetricsSnapshot,
     RunStatus,
     ToolEffect,
@@ -59,8 +62,45 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
     AgentRun.objects.filter(pk=retired_waiting.pk).update(status=RunStatus.WAITING)
     held = durable_agents.start_run("tester", "c", model="claude-gone-1")
     assert store.current().claim_run(held.pk, "busy-worker", 60) is not None
+    week_ago = timezone.now() - datetime.timedelta(days=8)
+    # v0: no live worker has defined it for longer than UNDEPLOYED_GRACE (7 days).
     undeployed = durable_agents.start_run("tester", "d")
-    AgentRun.objects.filter(pk=undeployed.pk).update(prompt_version="v0")
+    AgentRun.objects.filter(pk=undeployed.pk).update(prompt_version="v0", created_at=week_ago)
+    AgentVersion.objects.create(
+        agent="tester",
+        version="v0",
+        fingerprint="f0",
+        model="m",
+        binding="b",
+        first_defined_at=week_ago,
+        last_defined_at=week_ago,
+    )
+    # v-1: a gone worker defined it yesterday; within the grace, it waits.
+    recent = durable_agents.start_run("tester", "d2")
+    AgentRun.objects.filter(pk=recent.pk).update(prompt_version="v-1", created_at=week_ago)
+    AgentVersion.objects.create(
+        agent="tester",
+        version="v-1",
+        fingerprint="f1",
+        model="m",
+        binding="b",
+        last_defined_at=timezone.now() - datetime.timedelta(days=1),
+    )
+    # v-2: this process lacks it, but a live worker defines it: never the sweep's to judge.
+    elsewhere = durable_agents.start_run("tester", "d3")
+    AgentRun.objects.filter(pk=elsewhere.pk).update(prompt_version="v-2", created_at=week_ago)
+    AgentWorker.objects.create(
+        id="old-code",
+        instance=uuid.uuid4(),
+        host="h",
+        pid=1,
+        concurrency=1,
+        alive_until=timezone.now() + datetime.timedelta(minutes=1),
+        versions=[{"agent": "tester", "version": "v-2", "model": "m", "fingerprint": "f2"}],
+    )
+    # v-3: started an hour ago by code no worker ever ran: the grace counts from its start.
+    fresh = durable_agents.start_run("tester", "d4")
+    AgentRun.objects.filter(pk=fresh.pk).update(prompt_version="v-3")
     healthy = durable_agents.start_run("tester", "e")
     finished = durable_agents.start_run("tester", "f", model="claude-gone-1")
     AgentRun.objects.filter(pk=finished.pk).update(status=RunStatus.SUCCEEDED)
@@ -80,6 +120,7 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
             "budget_woken": 0,
             "capacity_events_pruned": 0,
             "step_partitions_made": 0,  # the days ahead exist (made by migrate)
+            "workers_aged_out": 0,
         }
     finally:
         signals.run_dead_lettered.disconnect(listener)
@@ -88,13 +129,47 @@ def test_sweep_dead_letters_retired_models_and_undeployed_prompts(da_settings: A
     assert status[retired.pk] == status[retired_waiting.pk] == RunStatus.DEAD
     assert status[undeployed.pk] == RunStatus.DEAD
     assert status[held.pk] == RunStatus.RUNNING  # its worker decides
+    assert status[recent.pk] == status[elsewhere.pk] == status[fresh.pk] == RunStatus.PENDING
     assert status[healthy.pk] == RunStatus.PENDING
     assert status[finished.pk] == RunStatus.SUCCEEDED
     assert "model 'claude-gone-1' is retired" in AgentRun.objects.get(pk=retired.pk).error
-    assert "prompt version 'v0' of agent 'tester' is no longer deployed" in (
-        AgentRun.objects.get(pk=undeployed.pk).error
+    assert (
+        "agent version tester@v0 has not been defined by any live worker since "
+        in AgentRun.objects.get(pk=undeployed.pk).error
     )
+    assert "UNDEPLOYED_GRACE is 7 days" in AgentRun.objects.get(pk=undeployed.pk).error
     assert sorted(heard) == sorted([retired.pk, retired_waiting.pk, undeployed.pk])
+
+
+def test_housekeeping_ages_out_killed_workers_keeping_when_they_defined_their_versions() -> None:
+    long_ago = timezone.now() - datetime.timedelta(hours=2)
+    AgentVersion.objects.create(
+        agent="tester",
+        version="v9",
+        fingerprint="f9",
+        model="m",
+        binding="b",
+        last_defined_at=long_ago - datetime.timedelta(days=3),
+    )
+    for worker_id, alive_until in [
+        ("killed", long_ago),
+        ("just-gone", timezone.now() - datetime.timedelta(minutes=5)),
+        ("live", timezone.now() + datetime.timedelta(minutes=1)),
+    ]:
+        AgentWorker.objects.create(
+            id=worker_id,
+            instance=uuid.uuid4(),
+            host="h",
+            pid=1,
+            concurrency=1,
+            beat_at=alive_until - datetime.timedelta(seconds=60),
+            alive_until=alive_until,
+            versions=[{"agent": "tester", "version": "v9", "model": "m", "fingerprint": "f9"}],
+        )
+    assert housekeeping.age_out_workers() == 1
+    assert sorted(AgentWorker.objects.values_list("id", flat=True)) == ["just-gone", "live"]
+    recorded = AgentVersion.objects.get(version="v9").last_defined_at
+    assert recorded == long_ago - datetime.timedelta(seconds=60)  # the killed one's last beat
 
 
 ARCHIVED: list[list[Any]] = []

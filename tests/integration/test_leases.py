@@ -248,7 +248,7 @@ def test_the_claim_query_can_use_the_partial_index() -> None:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(
             "EXPLAIN " + subquery.replace("%(limit)s", "1"),
-            {"limit_keys": ["tenant:a"], "limit_values": [2]},
+            {"limit_keys": ["tenant:a"], "limit_values": [2], "serves": ["a\x1fv1"], "refuses": []},
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)

@@ -26,6 +26,7 @@ from durable_agents.api import approve_intent, cancel_run, messages_for, requeue
 from durable_agents.declare.agents import Agent, registry
 from durable_agents.declare.tools import tool
 from durable_agents.engine import effects
+from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
 from durable_agents.store import StepWrite
@@ -472,21 +473,28 @@ def test_max_turns_reached_exactly_by_the_final_turn_succeeds(fake_api: FakeAnth
     assert len(fake_api.requests) == 2
 
 
-def test_prompt_drift_is_dead_lettered_without_a_model_call(fake_api: FakeAnthropic) -> None:
+def test_a_run_started_with_another_definition_waits_without_a_model_call_or_attempt(
+    fake_api: FakeAnthropic,
+) -> None:
     run = start_run("tester", '@lookup {"key": "a"}')
     AgentRun.objects.filter(pk=run.pk).update(fingerprint="0" * 64)
     worker = run_worker()
     run = reload(run)
     current = registry.get("tester", "v1").fingerprint("claude-test-1")
-    assert worker.stats.dispositions == {"dead": 1}
-    assert run.status == "dead"
+    assert worker.stats.dispositions == {"released": 1}
+    assert (run.status, run.waiting_for, run.stalled_claims) == ("pending", "worker", 0)
     assert run.error.startswith(
-        f"prompt drift: agent tester@v1 on this worker has fingerprint {current[:12]}, "
-        "the run was started with 000000000000;"
+        "waiting for a worker whose tester@v1 has fingerprint 000000000000 (the run's): "
+        f"worker {worker.worker_id} has {current[:12]}"
     )
     assert fake_api.requests == []
     assert len(own_steps(run)) == 1
-    assert (run.lease_owner, run.lease_until) == (None, None)
+    # Claimable at once by another process (no hold), but this one's claims skip it now.
+    assert run.lease_until is None
+    assert store.current().claim_runs("same-code", 5) == []
+    registry.forget_refusals()  # as a worker of the run's own definition would
+    [claim] = store.current().claim_runs("old-code", 5)
+    assert claim.run_id == run.pk
 
 
 @pytest.fixture
@@ -504,7 +512,7 @@ def tester_v2() -> Iterator[Agent]:
     registry.unregister("tester", "v2-drifted")
 
 
-def test_run_moved_to_another_version_is_dead_lettered(
+def test_a_run_moved_to_another_version_by_hand_is_not_sent_with_its_definition(
     fake_api: FakeAnthropic, tester_v2: Agent
 ) -> None:
     run = start_run("tester", '@lookup {"key": "a"}', version="v1")
@@ -512,35 +520,34 @@ def test_run_moved_to_another_version_is_dead_lettered(
     AgentRun.objects.filter(pk=run.pk).update(prompt_version="v2-drifted")
     run_worker()
     run = reload(run)
-    assert run.status == "dead"
-    assert run.error.startswith("prompt drift: agent tester@v2-drifted on this worker")
+    assert (run.status, run.waiting_for) == ("pending", "worker")
+    assert run.error.startswith("waiting for a worker whose tester@v2-drifted has fingerprint")
     assert fake_api.requests == []
 
 
-def test_undeployed_prompt_version_is_handed_back_then_dead_lettered(
+def test_a_run_of_a_version_this_worker_lacks_is_never_claimed_and_costs_no_attempt(
     fake_api: FakeAnthropic, da_settings: Any
 ) -> None:
-    """A worker without the run's version (a rolling deploy) hands it back for a while, for a
-    worker that has it; MAX_ATTEMPTS claims in a row without one send it to the dead letter."""
+    """A rolling deploy: the run's version is not defined here. The claims skip it (it stays
+    pending, untouched); a claim by its id ("run now") hands it back at no attempt, held for
+    UNDEPLOYED_RETRY_SECONDS, waiting for a worker that defines it."""
     da_settings(MAX_ATTEMPTS=2, UNDEPLOYED_RETRY_SECONDS=30)
     run = start_run("tester", '@lookup {"key": "a"}')
     AgentRun.objects.filter(pk=run.pk).update(prompt_version="v0-gone")
-    run_worker(worker_id="old-worker")
-    run = reload(run)
-    assert (run.status, run.lease_owner, run.stalled_claims) == ("pending", None, 1)
-    assert run.error.startswith(
-        "prompt version 'v0-gone' of agent 'tester' is not deployed on worker old-worker ("
-    )
-    assert run.error.endswith("); deploy it again or cancel the run")
-    assert store.current().claim_runs("eager-worker", 5) == []  # not claimable during the pause
-    da_settings(MAX_ATTEMPTS=2, UNDEPLOYED_RETRY_SECONDS=0)
     for _ in range(3):
-        AgentRun.objects.filter(pk=run.pk).update(lease_until=None)
-        run_worker()
+        worker = run_worker(worker_id="new-worker")
+        assert worker.stats.claims == 0
+    assert reload(run).attempt == 0
+    claim = store.current().claim_run(run.pk, "run-now", 60)
+    assert claim is not None
+    assert advance_run(claim) is Disposition.RELEASED
     run = reload(run)
-    assert run.status == "dead"
-    assert run.error.startswith("2 claims in a row ended without committing a step")
-    assert "is not deployed on worker" in run.error
+    assert (run.status, run.lease_owner, run.stalled_claims) == ("pending", None, 0)
+    assert run.waiting_for == "worker"
+    assert run.error.startswith(
+        "waiting for a worker that defines tester@v0-gone: worker run-now does not ("
+    )
+    assert run.lease_until is not None  # held for UNDEPLOYED_RETRY_SECONDS
     assert fake_api.requests == []
 
 

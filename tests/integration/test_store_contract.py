@@ -8,7 +8,7 @@ import dataclasses
 import datetime
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
+from durable_agents.declare.agents import Agent, registry
 from durable_agents.flow.pricing import Usage, add_cost
 from durable_agents.models import (
     AgentRun,
@@ -137,8 +138,18 @@ def database_env() -> Env:
         pytest.param("database", id="database", marks=pytest.mark.django_db(transaction=True)),
     ]
 )
-def env(request: pytest.FixtureRequest) -> Env:
-    return memory_env() if request.param == "memory" else database_env()
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    # Claims take only runs of the agent versions this process defines: the contract's runs'.
+    defined = [Agent(name=name, version="v1", model="m", register=False) for name in AGENTS]
+    for agent in defined:
+        registry.register(agent)
+    yield memory_env() if request.param == "memory" else database_env()
+    for agent in defined:
+        registry.unregister(agent.name, agent.version)
+
+
+# The agents of the contract's runs.
+AGENTS = ("contract", "other")
 
 
 def effect(run_id: Any, key: str, result: str) -> ToolEffect:
