@@ -58,10 +58,13 @@ def register(presence: Presence, definitions: Sequence[dict[str, Any]]) -> Agent
                     and holder.alive_until > now
                 ):
                     return holder
-                AgentWorker.objects.update_or_create(
-                    pk=presence.worker_id,
-                    defaults={**_row(presence, now), "started_at": now},
-                )
+                row = {**_row(presence, now), "started_at": now}
+                if holder is None:
+                    # A second process inserting the same id at once fails here: it looks
+                    # again and finds this one live.
+                    AgentWorker.objects.create(pk=presence.worker_id, **row)
+                else:
+                    AgentWorker.objects.filter(pk=presence.worker_id).update(**row)
                 record_versions(definitions, now)
             return None
         except IntegrityError:
