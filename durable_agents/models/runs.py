@@ -68,6 +68,16 @@ class WaitKind(models.TextChoices):
     WORKER = "worker", _("a worker that defines its version")
 
 
+def in_flight_version_index() -> models.Index:
+    """The index ``agent_run_in_flight_version``: (agent, prompt_version) of the runs in
+    flight (pending, running, waiting)."""
+    return models.Index(
+        fields=["agent", "prompt_version"],
+        name="agent_run_in_flight_version",
+        condition=models.Q(status__in=["pending", "running", "waiting"]),
+    )
+
+
 def id_tail_index() -> models.Index:
     """The index ``agent_run_id_tail``: on the last ``SHORT_ID_DIGITS`` hex digits of a run's
     id, as text, the short id of a time-ordered id (``ids.short_id``). SQLite stores a UUID as
@@ -360,6 +370,10 @@ class AgentRun(models.Model):
                 name="agent_run_waiting",
                 condition=models.Q(status="waiting"),
             ),
+            # The runs in flight of each agent version: what the fleet must serve (the
+            # operations page, the deploy check, the sweep) and what an upgrade moves, without
+            # reading finished runs. Migration 0028 builds it CONCURRENTLY.
+            in_flight_version_index(),
             # Timers and timeouts: the claim takes waiting runs that are due in wake_at order.
             models.Index(
                 fields=["wake_at"],
