@@ -124,6 +124,8 @@ QUICK["step_log"] = ["--days", "1,2", "--rounds", "1"]
 FULL["step_log_upgrade"] = ["--steps", "2000000"]
 QUICK["step_log_upgrade"] = ["--steps", "200000"]
 # The database cut in the middle of a burst: needs a private PostgreSQL cluster (below).
+FULL["versions"] = []  # 100,000 pending runs, five pairs of 1,000 claims
+QUICK["versions"] = ["--quick"]
 FULL["failover"] = []
 QUICK["failover"] = [
     "--runs", "60", "--slots", "20", "--outage", "5", "--timeout", "120",

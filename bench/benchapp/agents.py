@@ -32,3 +32,29 @@ bench_long = Agent(
     max_tokens=256,
     max_turns=100_000,
 )
+
+# bench/versions.py: a fleet's 10 versions of 5 agents (fleet0@1, fleet0@2, ..., fleet4@2), of
+# which this process defines those DA_BENCH_FLEET_DEFINES names by index ("0,1,2"); none
+# unless it is set.
+FLEET_VERSIONS = [(f"fleet{a}", str(v)) for a in range(5) for v in (1, 2)]
+
+
+def _fleet() -> list[Agent]:
+    import os
+
+    wanted = os.environ.get("DA_BENCH_FLEET_DEFINES", "")
+    return [
+        Agent(
+            name=FLEET_VERSIONS[int(i)][0],
+            version=FLEET_VERSIONS[int(i)][1],
+            model=MODEL,
+            system=f"You are benchmark agent {FLEET_VERSIONS[int(i)][0]}.",
+            tools=[noop],
+            max_tokens=256 + int(FLEET_VERSIONS[int(i)][1]),
+        )
+        for i in wanted.split(",")
+        if i.strip()
+    ]
+
+
+fleet = _fleet()

@@ -416,19 +416,17 @@ class RunAdvancer(ToolDispatch):
 
     def _pinned_agent(self) -> Agent:
         """The registered agent the run is pinned to (name, version and fingerprint for the
-        run's model). A run this process cannot serve is handed back: it costs no attempt and
-        waits, pending and visibly, for a worker that can (``WaitKind.WORKER``). Claims route
-        by version already (``AgentRegistry.routing``): this is a claim by id ("run now"), or
-        the first run of a definition found to differ, after which this process's claims
-        skip that definition."""
+        run's model). A run this process cannot serve costs no attempt: it waits, visibly, for
+        a worker that can (``WaitKind.WORKER``). Claims route by version already
+        (``AgentRegistry.routing``): this is a claim by id ("run now"), or a run of a
+        definition found to differ, which this process's claims skip from then on."""
         run = self.run
         try:
             agent = registry.get(run.agent, run.prompt_version)
         except AgentNotFound as exc:
             self._hand_back_unserved(
                 f"waiting for a worker that defines {run.agent}@{run.prompt_version}: worker "
-                f"{self.claim.owner} does not ({exc})",
-                hold_seconds=app_settings.UNDEPLOYED_RETRY_SECONDS,
+                f"{self.claim.owner} does not ({exc})"
             )
         current = agent.fingerprint(run.model)
         if current != run.fingerprint:
@@ -438,22 +436,17 @@ class RunAdvancer(ToolDispatch):
                 f"{run.fingerprint[:12]} (the run's): worker {self.claim.owner} has "
                 f"{current[:12]}: its system prompt, tools or parameters changed without a new "
                 "version, and resuming would change the history the model signed. "
-                + DRIFT_ADVICE.format(agent=run.agent, version=run.prompt_version),
-                # This process's claims skip the run from now on: another may take it at once.
-                hold_seconds=None,
+                + DRIFT_ADVICE.format(agent=run.agent, version=run.prompt_version)
             )
         return agent
 
-    def _hand_back_unserved(self, reason: str, *, hold_seconds: float | None) -> NoReturn:
+    def _hand_back_unserved(self, reason: str) -> NoReturn:
+        """The run waits for a worker that can serve it (``WaitKind.WORKER``), out of every
+        claim's way; a worker that can wakes it (``Store.wake_served_runs``)."""
         logger.warning("run %s handed back: %s", self.run.pk, reason)
-        self.store.release_lease(
-            self.claim,
-            error=reason,
-            count_claim=False,
-            hold_seconds=hold_seconds,
-            waiting_for=WaitKind.WORKER,
-        )
-        raise Stop(RELEASED)
+        if not self.store.wait_for_worker(self.claim, reason):
+            self._fence_failed()
+        raise Stop(WAITING)
 
     # -- the model -------------------------------------------------------------------------
 

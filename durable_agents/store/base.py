@@ -62,7 +62,7 @@ import logging
 import time
 import typing
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -533,6 +533,24 @@ class Store(abc.ABC):
         ``hold_seconds`` keeps it claimable by nobody for that long (the lease column doubles
         as a not-before time); otherwise it is claimable at once. ``waiting_for`` records
         what the pending run waits for meanwhile (model capacity), since now."""
+
+    @abc.abstractmethod
+    def wait_for_worker(self, claim: Claim, reason: str) -> bool:
+        """Park a run this worker cannot serve (its code lacks the run's agent version, or
+        defines it differently): ``waiting`` for a worker that can (``WaitKind.WORKER``), out
+        of every claim's way, with ``reason``; fenced. The claim costs the run no attempt.
+        ``wake_served_runs`` of a worker that can serve it makes it pending again."""
+
+    @abc.abstractmethod
+    def park_unserved_runs(self, served: Collection[tuple[str, str]]) -> int:
+        """Park the pending runs that no worker holds whose (agent, version) is not in
+        ``served`` (what the live workers define): ``waiting`` for a worker, so that claims
+        no longer read past them. Returns how many."""
+
+    @abc.abstractmethod
+    def wake_served_runs(self, can_serve: Callable[[str, str, str, str], bool]) -> int:
+        """Make pending again the runs waiting for a worker that ``can_serve(agent, version,
+        model, fingerprint)`` says this process serves. Returns how many."""
 
     @abc.abstractmethod
     def park_on_intent(

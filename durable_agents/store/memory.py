@@ -22,7 +22,7 @@ import functools
 import itertools
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -430,6 +430,60 @@ class InMemoryStore(Store):
         for definition in definitions:
             key = (definition["agent"], definition["version"], definition["fingerprint"])
             self.versions_defined[key] = max(at, self.versions_defined.get(key, at))
+
+    def wait_for_worker(self, claim: Claim, reason: str) -> bool:
+        with self.lock:
+            run = self._fenced(claim)
+            if run is None:
+                return False
+            run.status = RunStatus.WAITING
+            run.waiting_for = WaitKind.WORKER
+            run.waiting_since = self.now()
+            run.lease_owner = None
+            run.lease_until = None
+            run.error = storable_text(reason, MAX_REASON_CHARS)
+            run.stalled_claims = max(run.stalled_claims - 1, 0)
+            run.updated_at = self.now()
+            return True
+
+    def park_unserved_runs(self, served: Collection[tuple[str, str]]) -> int:
+        with self.lock:
+            now = self.now()
+            parked = 0
+            for run in self.runs.values():
+                if (
+                    run.status == RunStatus.PENDING
+                    and (run.lease_until is None or run.lease_until < now)
+                    and (run.agent, run.prompt_version) not in served
+                ):
+                    run.status = RunStatus.WAITING
+                    run.waiting_for = WaitKind.WORKER
+                    run.waiting_since = now
+                    run.lease_owner = None
+                    run.lease_until = None
+                    run.error = (
+                        f"waiting for a worker that defines {run.agent}@{run.prompt_version}:"
+                        " no live worker does"
+                    )
+                    run.updated_at = now
+                    parked += 1
+            return parked
+
+    def wake_served_runs(self, can_serve: Callable[[str, str, str, str], bool]) -> int:
+        with self.lock:
+            woken = 0
+            for run in self.runs.values():
+                if (
+                    run.status == RunStatus.WAITING
+                    and run.waiting_for == WaitKind.WORKER
+                    and can_serve(run.agent, run.prompt_version, run.model, run.fingerprint)
+                ):
+                    run.status = RunStatus.PENDING
+                    run.waiting_for = ""
+                    run.wake_at = None
+                    run.updated_at = self.now()
+                    woken += 1
+            return woken
 
     def renew_leases(
         self,

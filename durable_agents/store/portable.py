@@ -20,7 +20,7 @@ Lease times come from the database clock (``Now()``), never from a worker's cloc
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -401,6 +401,26 @@ class PortableStore(Store):
             changes["waiting_for"] = waiting_for
             changes["waiting_since"] = Now()
         return bool(fenced(claim).update(**changes))
+
+    def wait_for_worker(self, claim: Claim, reason: str) -> bool:
+        return bool(
+            fenced(claim).update(
+                status=RunStatus.WAITING,
+                waiting_for=WaitKind.WORKER,
+                waiting_since=Now(),
+                lease_owner=None,
+                lease_until=None,
+                error=storable_text(reason, MAX_REASON_CHARS),
+                stalled_claims=Greatest(F("stalled_claims") - 1, 0),
+                updated_at=Now(),
+            )
+        )
+
+    def park_unserved_runs(self, served: Collection[tuple[str, str]]) -> int:
+        return workers.park_unserved(served)
+
+    def wake_served_runs(self, can_serve: Callable[[str, str, str, str], bool]) -> int:
+        return workers.wake_served(can_serve)
 
     def park_on_intent(
         self,

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -69,8 +69,10 @@ from durable_agents.store import (
     portable_runs,
     postgres_claims,
     postgres_debounce,
+    postgres_fleet,
     postgres_schedules,
     postgres_steps,
+    workers,
 )
 from durable_agents.store.base import (
     AuthUser,
@@ -113,6 +115,7 @@ from durable_agents.store.postgres_claims import key_limits as key_limits
 from durable_agents.store.postgres_debounce import (
     DEBOUNCE_SQL as DEBOUNCE_SQL,  # one of this store's statements, pinned in tests/sql/ too
 )
+from durable_agents.store.postgres_fleet import IN_FLIGHT_VERSIONS_SQL as IN_FLIGHT_VERSIONS_SQL
 from durable_agents.store.postgres_schedules import (  # pinned in tests/sql/ too
     FIRE_SQL as FIRE_SQL,
 )
@@ -199,6 +202,17 @@ class PostgresStore(Store):
 
     def unregister_worker(self, presence: Presence, definitions: Sequence[dict[str, Any]]) -> None:
         self.orm.unregister_worker(presence, definitions)
+
+    def wait_for_worker(self, claim: Claim, reason: str) -> bool:
+        return self.orm.wait_for_worker(claim, reason)
+
+    def park_unserved_runs(self, served: Collection[tuple[str, str]]) -> int:
+        """The versions in flight by a loose index scan (``postgres_fleet``), then the ORM's
+        update per version to park."""
+        return workers.park_unserved(served, postgres_fleet.in_flight_versions())
+
+    def wake_served_runs(self, can_serve: Callable[[str, str, str, str], bool]) -> int:
+        return self.orm.wake_served_runs(can_serve)
 
     def make_step_partitions(self) -> list[str]:
         return step_partitions.ensure_ahead(connection)

@@ -11,21 +11,30 @@ every database.
                  until now
     routing      ``routed(queryset, routing)``: the runs of the agent versions this process
                  defines, less the definitions of them it cannot serve
+    park         ``park_unserved(served)``: pending runs of versions no live worker defines
+                 wait for a worker (out of every claim's way); one run a worker could not
+                 serve waits so too (``PortableStore.wait_for_worker``, fenced on its claim)
+    wake         ``wake_served(can_serve)``: runs waiting for a worker that this process
+                 serves are pending again (at a worker's start and every heartbeat interval)
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
+from durable_agents._internal.text import storable_text
 from durable_agents.declare.agents import ROUTE_SEPARATOR, Routing
-from durable_agents.models import AgentRun, AgentVersion, AgentWorker
-from durable_agents.store.base import Presence
+from durable_agents.models import AgentRun, AgentVersion, AgentWorker, RunStatus, WaitKind
+from durable_agents.store.base import MAX_REASON_CHARS, Presence
+
+IN_FLIGHT = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
 
 
 def routed(queryset: QuerySet[AgentRun], routing: Routing) -> QuerySet[AgentRun]:
@@ -39,6 +48,65 @@ def routed(queryset: QuerySet[AgentRun], routing: Routing) -> QuerySet[AgentRun]
         agent, version, fingerprint = key.split(ROUTE_SEPARATOR)
         queryset = queryset.exclude(agent=agent, prompt_version=version, fingerprint=fingerprint)
     return queryset
+
+
+def in_flight_versions() -> list[tuple[str, str]]:
+    """(agent, version) of every run in flight, each once (a DISTINCT; PostgreSQL reads them
+    by a loose index scan instead: ``postgres_fleet``)."""
+    return list(
+        AgentRun.objects.filter(status__in=IN_FLIGHT)
+        .order_by()
+        .values_list("agent", "prompt_version")
+        .distinct()
+    )
+
+
+def park_unserved(
+    served: Collection[tuple[str, str]], pairs: Iterable[tuple[str, str]] | None = None
+) -> int:
+    """Pending runs (no live lease) of the agent versions not in ``served`` wait for a worker:
+    one statement per such version of ``pairs`` (default: ``in_flight_versions()``), through
+    agent_run_in_flight_version."""
+    pending = AgentRun.objects.filter(status=RunStatus.PENDING).filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=Now())
+    )
+    pairs = in_flight_versions() if pairs is None else pairs
+    parked = 0
+    for agent, version in pairs:
+        if (agent, version) in served:
+            continue
+        parked += pending.filter(agent=agent, prompt_version=version).update(
+            status=RunStatus.WAITING,
+            waiting_for=WaitKind.WORKER,
+            waiting_since=Now(),
+            lease_owner=None,
+            lease_until=None,
+            error=storable_text(
+                f"waiting for a worker that defines {agent}@{version}: no live worker does",
+                MAX_REASON_CHARS,
+            ),
+            updated_at=Now(),
+        )
+    return parked
+
+
+def wake_served(can_serve: Callable[[str, str, str, str], bool]) -> int:
+    """Runs waiting for a worker that this process serves are pending again, claimable at
+    once (read through agent_run_waiting: only the runs that wait for a worker)."""
+    waiting = AgentRun.objects.filter(status=RunStatus.WAITING, waiting_for=WaitKind.WORKER)
+    ids = [
+        pk
+        for pk, agent, version, model, fingerprint in waiting.values_list(
+            "pk", "agent", "prompt_version", "model", "fingerprint"
+        )
+        if can_serve(agent, version, model, fingerprint)
+    ]
+    woken = 0
+    for start in range(0, len(ids), 500):
+        woken += waiting.filter(pk__in=ids[start : start + 500]).update(
+            status=RunStatus.PENDING, waiting_for="", wake_at=None, updated_at=Now()
+        )
+    return woken
 
 
 def register(presence: Presence, definitions: Sequence[dict[str, Any]]) -> AgentWorker | None:

@@ -229,6 +229,6 @@ def test_changed_betas_cache_or_context_management_is_prompt_drift(
     swap_agent(original, changed)
     run_worker()
     run = AgentRun.objects.get(pk=run.pk)
-    assert (run.status, run.waiting_for) == ("pending", "worker")
+    assert (run.status, run.waiting_for) == ("waiting", "worker")
     assert "changed without a new version" in run.error
     assert fake_api.requests == []

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from durable_agents import llm, store
 from durable_agents._internal.interrupt import Interrupt
@@ -28,7 +30,8 @@ from durable_agents.declare.tools import tool
 from durable_agents.engine import effects
 from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.engine.worker import Worker
-from durable_agents.models import AgentRun, AgentStep, ToolEffect, ToolIntent
+from durable_agents.housekeeping import serving
+from durable_agents.models import AgentRun, AgentStep, AgentWorker, ToolEffect, ToolIntent
 from durable_agents.store import StepWrite
 from tests.conftest import own_steps, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic, Recorded, api_error
@@ -481,18 +484,20 @@ def test_a_run_started_with_another_definition_waits_without_a_model_call_or_att
     worker = run_worker()
     run = reload(run)
     current = registry.get("tester", "v1").fingerprint("claude-test-1")
-    assert worker.stats.dispositions == {"released": 1}
-    assert (run.status, run.waiting_for, run.stalled_claims) == ("pending", "worker", 0)
+    assert worker.stats.dispositions == {"waiting": 1}
+    assert (run.status, run.waiting_for, run.stalled_claims) == ("waiting", "worker", 0)
     assert run.error.startswith(
         "waiting for a worker whose tester@v1 has fingerprint 000000000000 (the run's): "
         f"worker {worker.worker_id} has {current[:12]}"
     )
     assert fake_api.requests == []
     assert len(own_steps(run)) == 1
-    # Claimable at once by another process (no hold), but this one's claims skip it now.
+    # Out of every claim's way until a worker that serves its definition wakes it.
     assert run.lease_until is None
     assert store.current().claim_runs("same-code", 5) == []
-    registry.forget_refusals()  # as a worker of the run's own definition would
+    assert store.current().wake_served_runs(serving.can_serve) == 0  # not this code's
+    registry.forget_refusals()
+    assert store.current().wake_served_runs(lambda *pinned: pinned[3] == "0" * 64) == 1
     [claim] = store.current().claim_runs("old-code", 5)
     assert claim.run_id == run.pk
 
@@ -520,35 +525,59 @@ def test_a_run_moved_to_another_version_by_hand_is_not_sent_with_its_definition(
     AgentRun.objects.filter(pk=run.pk).update(prompt_version="v2-drifted")
     run_worker()
     run = reload(run)
-    assert (run.status, run.waiting_for) == ("pending", "worker")
+    assert (run.status, run.waiting_for) == ("waiting", "worker")
     assert run.error.startswith("waiting for a worker whose tester@v2-drifted has fingerprint")
     assert fake_api.requests == []
 
 
 def test_a_run_of_a_version_this_worker_lacks_is_never_claimed_and_costs_no_attempt(
-    fake_api: FakeAnthropic, da_settings: Any
+    fake_api: FakeAnthropic,
 ) -> None:
-    """A rolling deploy: the run's version is not defined here. The claims skip it (it stays
-    pending, untouched); a claim by its id ("run now") hands it back at no attempt, held for
-    UNDEPLOYED_RETRY_SECONDS, waiting for a worker that defines it."""
-    da_settings(MAX_ATTEMPTS=2, UNDEPLOYED_RETRY_SECONDS=30)
+    """A rolling deploy: the run's version is not defined here. The claims skip it and the
+    worker's pass parks it, waiting for a worker that defines it; a claim by its id ("run
+    now") of such a run parks it too, at no attempt."""
     run = start_run("tester", '@lookup {"key": "a"}')
     AgentRun.objects.filter(pk=run.pk).update(prompt_version="v0-gone")
     for _ in range(3):
         worker = run_worker(worker_id="new-worker")
         assert worker.stats.claims == 0
-    assert reload(run).attempt == 0
+    run = reload(run)
+    assert (run.attempt, run.status, run.waiting_for) == (0, "waiting", "worker")  # parked
+    AgentRun.objects.filter(pk=run.pk).update(status="pending", waiting_for="")
     claim = store.current().claim_run(run.pk, "run-now", 60)
     assert claim is not None
-    assert advance_run(claim) is Disposition.RELEASED
+    assert advance_run(claim) is Disposition.WAITING
     run = reload(run)
-    assert (run.status, run.lease_owner, run.stalled_claims) == ("pending", None, 0)
+    assert (run.status, run.lease_owner, run.stalled_claims) == ("waiting", None, 0)
     assert run.waiting_for == "worker"
     assert run.error.startswith(
         "waiting for a worker that defines tester@v0-gone: worker run-now does not ("
     )
-    assert run.lease_until is not None  # held for UNDEPLOYED_RETRY_SECONDS
     assert fake_api.requests == []
+
+
+def test_a_workers_pass_parks_runs_no_live_worker_defines_and_wakes_its_own(
+    fake_api: FakeAnthropic,
+) -> None:
+    gone = start_run("tester", "Say hello.")
+    AgentRun.objects.filter(pk=gone.pk).update(prompt_version="v0-gone")
+    elsewhere = start_run("tester", "Say hello.")
+    AgentRun.objects.filter(pk=elsewhere.pk).update(prompt_version="v-old-code")
+    AgentWorker.objects.create(
+        id="old-code", instance=uuid.uuid4(), host="h", pid=1, concurrency=1,
+        alive_until=timezone.now() + datetime.timedelta(minutes=1),
+        versions=[{"agent": "tester", "version": "v-old-code", "model": "m", "fingerprint": "f"}],
+    )  # fmt: skip
+    mine = start_run("tester", "Say hello.")
+    assert serving.serve_pass(store.current()) == (0, 1)
+    status = dict(AgentRun.objects.values_list("pk", "status"))
+    assert status[gone.pk] == "waiting"  # out of the claims' way
+    assert status[elsewhere.pk] == status[mine.pk] == "pending"
+    assert "no live worker does" in reload(gone).error
+    # The version is deployed again: the next pass of a worker that defines it wakes the run.
+    AgentRun.objects.filter(pk=gone.pk).update(prompt_version="v1")
+    assert serving.serve_pass(store.current()) == (1, 0)
+    assert reload(gone).status == "pending"
 
 
 # --------------------------------------------------------------------------- model errors

@@ -246,9 +246,9 @@ def test_a_run_of_another_definition_waits_for_a_worker_without_a_step_or_an_att
 ) -> None:
     drifted = start(store, agents["main"], "Say hello.", fingerprint="0" * 64)
     served = start(store, agents["main"], "Say goodbye.")
-    assert advance_run(claimed(store, drifted), store=store) is Disposition.RELEASED
+    assert advance_run(claimed(store, drifted), store=store) is Disposition.WAITING
     run = store.run(drifted)
-    assert run.status == RunStatus.PENDING
+    assert run.status == RunStatus.WAITING
     assert run.waiting_for == WaitKind.WORKER
     assert run.stalled_claims == 0  # the claim cost no attempt
     assert "waiting for a worker whose unit-state-machine@v1 has fingerprint 000000000000" in (

@@ -165,6 +165,9 @@ class HandBackFails(InMemoryStore):
     def release_lease(self, claim: Claim, **options: Any) -> bool:
         raise RuntimeError("a bug while handing a run back")
 
+    def wait_for_worker(self, claim: Claim, reason: str) -> bool:
+        raise RuntimeError("a bug while parking a run")
+
 
 def test_a_dead_slot_stops_the_worker_with_exit_code_1(agent: Agent) -> None:
     broken = HandBackFails(now=ManualClock())
