@@ -613,3 +613,16 @@ def upgrade(
     for ids in job.pages(run_ids):
         job.audit(job.run_batch(ids, report))
     return report
+
+
+def compared(agent: str, from_version: str, to_version: str) -> Sent | None:
+    """What ``to_version`` sends differently from what ``from_version`` sent (as this process
+    defines it, else as a worker recorded it), for the admin's choice of a target; None when
+    nothing is known of ``from_version``. Runs started with another definition of
+    ``from_version`` are judged on their own when they move."""
+    job = Upgrade(agent, from_version, to_version)
+    if job.pinned is not None:
+        return job.sent(job.pinned.fingerprint(), job.pinned.model)
+    if job.records:
+        return job.sent(job.records[0].fingerprint, job.records[0].model)
+    return None
