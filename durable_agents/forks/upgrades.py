@@ -74,13 +74,18 @@ logger = logging.getLogger("durable_agents.upgrades")
 BATCH = 500
 
 # The dead-letter reasons of a run whose version no worker defines, or defines differently:
-# the housekeeping sweep's, the runner's (after MAX_ATTEMPTS claims, as the "last error"), and
-# the runner's prompt drift. Such a run is carried over rather than requeued.
+# the housekeeping sweep's (after UNDEPLOYED_GRACE without a live worker defining it), and
+# those of earlier releases, which may still be in the dead letter: their sweep's, their
+# worker's after MAX_ATTEMPTS claims (as the "last error"), and their worker's prompt drift.
+# Such a run is carried over rather than requeued.
 CARRIED_OVER_REASON = re.compile(
-    r"prompt version .* of agent .* is (?:no longer deployed|not deployed on worker)"
+    r"agent version .* has not been defined by any live worker"
+    r"|prompt version .* of agent .* is (?:no longer deployed|not deployed on worker)"
     r"|prompt drift: agent ",
     re.DOTALL,
 )
+# Words of those reasons a query can look for (CARRIED_OVER_REASON checks each run's again).
+CARRIED_OVER_WORDS = ("defined by any live worker", "deployed", "prompt drift: ")
 # Intents that hold a run: a person decides them (pending) or settles them (unknown), or the
 # call is running (executing: in doubt if its worker died).
 HOLDING_INTENTS = (IntentStatus.PENDING, IntentStatus.UNKNOWN, IntentStatus.EXECUTING)
@@ -195,10 +200,10 @@ class Upgrade:
         after: uuid.UUID | None = None
         candidates = AgentRun.objects.filter(self.movable())
         if self.carry_over:
-            # The reasons a carry over is for (CARRIED_OVER_REASON checks each run's again).
-            candidates = candidates.filter(
-                Q(error__contains="deployed") | Q(error__contains="prompt drift: ")
-            )
+            words = Q()
+            for word in CARRIED_OVER_WORDS:
+                words |= Q(error__contains=word)
+            candidates = candidates.filter(words)
         while True:
             found = candidates
             if after is not None:

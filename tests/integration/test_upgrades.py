@@ -23,6 +23,7 @@ from durable_agents import Agent, api, signals, tool
 from durable_agents.declare.agents import registry
 from durable_agents.exceptions import InvalidArgument
 from durable_agents.forks.upgrades import BATCH, carries_over
+from durable_agents.housekeeping import sweeps
 from durable_agents.models import (
     AgentRun,
     AgentStep,
@@ -429,7 +430,14 @@ def test_what_an_unknown_version_sent_counts_as_changed() -> None:
 
 # -- the dead letter: a carry over ---------------------------------------------------------
 
+# The sweep's reason (housekeeping.sweeps.dead_letter_undeployed), and those of earlier
+# releases still found in dead letters.
 UNDEPLOYED = (
+    "agent version upgrader@1 has not been defined by any live worker since 2026-11-20 10:00 "
+    "UTC (UNDEPLOYED_GRACE is 7 days): deploy it again, or upgrade the run to another version, "
+    "or cancel it"
+)
+OLD_UNDEPLOYED = (
     "prompt version '1' of agent 'upgrader' is no longer deployed; deploy it again to resume "
     "the run, or cancel it"
 )
@@ -447,6 +455,7 @@ DRIFT = (
 
 def test_reasons_a_carry_over_is_for() -> None:
     assert carries_over(UNDEPLOYED)
+    assert carries_over(OLD_UNDEPLOYED)
     assert carries_over(STALLED)
     assert carries_over(DRIFT)
     assert not carries_over("the model stopped with stop_reason='refusal'")
@@ -458,7 +467,7 @@ def test_a_dead_run_of_an_undeployed_version_is_carried_over_to_pending() -> Non
         reason: run_with(
             *PLAIN_LOG, status=RunStatus.DEAD, error=reason, dead_cause="x", stalled_claims=6
         )
-        for reason in (UNDEPLOYED, STALLED, DRIFT, "boom")
+        for reason in (UNDEPLOYED, OLD_UNDEPLOYED, STALLED, DRIFT, "boom")
     }
     thought = run_with(*THOUGHT_LOG, status=RunStatus.DEAD, error=UNDEPLOYED)
     pending = run_with(*PLAIN_LOG)
@@ -466,7 +475,8 @@ def test_a_dead_run_of_an_undeployed_version_is_carried_over_to_pending() -> Non
     ids = [run.pk for run in (*dead.values(), thought, pending)]
     report = durable_agents.carry_over_runs("upgrader", "1", "2", run_ids=ids)
 
-    assert sorted(report.upgraded) == sorted(dead[r].pk for r in (UNDEPLOYED, STALLED, DRIFT))
+    carried = (UNDEPLOYED, OLD_UNDEPLOYED, STALLED, DRIFT)
+    assert sorted(report.upgraded) == sorted(dead[r].pk for r in carried)
     assert "requeue it instead" in report.refused[dead["boom"].pk]
     assert "step 1 (a model turn), content block 0 (thinking)" in report.refused[thought.pk]
     assert "it is pending, not dead" in report.refused[pending.pk]
@@ -482,6 +492,22 @@ def test_a_dead_run_of_an_undeployed_version_is_carried_over_to_pending() -> Non
     assert AgentRun.objects.claimable().filter(pk=run.pk).exists()
     # Without ids: every dead run of the version that died of it (none are left).
     assert durable_agents.carry_over_runs("upgrader", "1", "2").upgraded == []
+
+
+def test_a_run_the_sweep_dead_lettered_for_its_undeployed_version_is_carried_over(
+    da_settings: Any,
+) -> None:
+    da_settings(UNDEPLOYED_GRACE=0)
+    run = run_with(*PLAIN_LOG)
+    assert sweeps.dead_letter_undeployed(AgentRun.objects.not_leased()) == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.DEAD
+    assert carries_over(run.error)
+    # Every such dead run of the version, found without ids.
+    report = durable_agents.carry_over_runs("upgrader", "1", "2")
+    assert report.upgraded == [run.pk]
+    assert pinned(run) == ("2", REWORDED.fingerprint())
+    assert run.status == RunStatus.PENDING
 
 
 # -- audit ---------------------------------------------------------------------------------
