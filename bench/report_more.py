@@ -93,6 +93,20 @@ def _fork(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _upgrade_runs(r: dict[str, Any]) -> list[str]:
+    return [
+        f"`bench/upgrade_runs.py`: `upgrade_runs` of every run in flight of an agent version, "
+        f"{r['runs']:,} runs built in bulk (half waiting for a worker, {r['thinking']:,} with "
+        "signed thinking in their log):",
+        "",
+        f"- to a version whose binding is unchanged: median {r['unchanged_median_s']:.2f} s "
+        f"of {len(r['unchanged_seconds'])}, {r['per_10000_s']:.2f} s per 10,000 runs "
+        f"({_v(r['target_met'])}, goal < 5 s);",
+        f"- to a version with another system prompt (every log read): {r['changed_seconds']:.2f} "
+        f"s, {r['changed_moved']:,} moved, {r['changed_refused']:,} refused (signed thinking).",
+    ]
+
+
 def _trees_events(r: dict[str, Any]) -> list[str]:
     c, e = r["cancel"], r["event"]
     return [
@@ -191,6 +205,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[Any], list[str]]], ...] = (
     ("debounce", "Debounced starts", _debounce),
     ("replay", "Replay of a recorded run", _replay),
     ("fork", "Forks of a long run", _fork),
+    ("upgrade_runs", "Upgrades of the runs of a version", _upgrade_runs),
     ("trees_events", "A big tree's cancel, a big event", _trees_events),
     ("live", "Live streams", _live),
     ("live_readers", "Live readers through the view", _live_readers),

@@ -123,6 +123,9 @@ FULL["step_log"] = ["--days", "1,10", "--rounds", "3"]
 QUICK["step_log"] = ["--days", "1,2", "--rounds", "1"]
 FULL["step_log_upgrade"] = ["--steps", "2000000"]
 QUICK["step_log_upgrade"] = ["--steps", "200000"]
+# upgrade_runs over a whole agent version: 10,000 runs in flight moved (about 30 s).
+FULL["upgrade_runs"] = []
+QUICK["upgrade_runs"] = ["--runs", "2000", "--reps", "1"]
 # The database cut in the middle of a burst: needs a private PostgreSQL cluster (below).
 FULL["versions"] = []  # 100,000 pending runs, five pairs of 1,000 claims
 QUICK["versions"] = ["--quick"]
@@ -244,6 +247,7 @@ NOT_BEFORE = {
     "compression",
     "step_log",
     "step_log_upgrade",
+    "upgrade_runs",
 }
 
 

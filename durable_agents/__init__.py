@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         aanswer_question,
         aapprove_intent,
         acancel_run,
+        acarry_over_runs,
         afork_run,
         amessages_for,
         answer_question,
@@ -39,7 +40,9 @@ if TYPE_CHECKING:
         aset_key_budget,
         aset_key_limit,
         astart_run,
+        aupgrade_runs,
         cancel_run,
+        carry_over_runs,
         fork_run,
         made_transition,
         messages_for,
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
         set_key_limit,
         spawn_run,
         start_run,
+        upgrade_runs,
     )
     from durable_agents.live import progress, set_stream_cookie, stream, stream_token
     from durable_agents.schedules.defining import schedule
@@ -61,6 +65,7 @@ __all__ = [
     "aanswer_question",
     "aapprove_intent",
     "acancel_run",
+    "acarry_over_runs",
     "afork_run",
     "amessages_for",
     "answer_question",
@@ -73,7 +78,9 @@ __all__ = [
     "aset_key_limit",
     "ask_person",
     "astart_run",
+    "aupgrade_runs",
     "cancel_run",
+    "carry_over_runs",
     "fork_run",
     "made_transition",
     "messages_for",
@@ -91,6 +98,7 @@ __all__ = [
     "stream",
     "stream_token",
     "tool",
+    "upgrade_runs",
 ]
 
 # The names above that live in ``durable_agents.live`` and in ``durable_agents.api`` (both

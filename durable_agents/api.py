@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import uuid
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias
 
@@ -50,6 +52,8 @@ from durable_agents.engine.history import rebuild_messages
 from durable_agents.exceptions import InvalidArgument, RunNotFound, SpawnRefused
 from durable_agents.flow import budgets
 from durable_agents.forks import planning as forks
+from durable_agents.forks import upgrades
+from durable_agents.forks.upgrades import UpgradeReport
 from durable_agents.models import (
     MAX_START_KEY,
     AgentEvent,
@@ -75,12 +79,15 @@ __all__ = [
     "MAX_DEBOUNCE_SECONDS",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "UPGRADE_PERMISSION",
     "VIEW_RUN_PERMISSION",
     "JSONValue",
     "Person",
+    "UpgradeReport",
     "aanswer_question",
     "aapprove_intent",
     "acancel_run",
+    "acarry_over_runs",
     "afork_run",
     "amessages_for",
     "answer_question",
@@ -92,7 +99,9 @@ __all__ = [
     "aset_key_budget",
     "aset_key_limit",
     "astart_run",
+    "aupgrade_runs",
     "cancel_run",
+    "carry_over_runs",
     "fork_run",
     "made_transition",
     "messages_for",
@@ -104,6 +113,7 @@ __all__ = [
     "set_key_limit",
     "spawn_run",
     "start_run",
+    "upgrade_runs",
 ]
 
 APPROVE_PERMISSION = "durable_agents.approve_toolintent"
@@ -524,6 +534,128 @@ def fork_run(
         ) from None
 
 
+# Who may move runs to another version of their agent: Django's change permission on runs (the
+# admin's run actions ask the same).
+UPGRADE_PERMISSION = "durable_agents.change_agentrun"
+
+
+@explains_missing_tables
+def upgrade_runs(
+    agent: str,
+    from_version: str,
+    to_version: str,
+    *,
+    run_ids: Iterable[RunId | str] | None = None,
+    user: Person | None = None,
+) -> UpgradeReport:
+    """Move runs of ``agent`` in flight from ``from_version`` to ``to_version``, in place, where
+    their history allows it: every such run (pending, waiting, or running with an expired
+    lease), or those of ``run_ids``. Each keeps its id, log and model; its version and
+    fingerprint become the target's, a run waiting for a worker that defines its version is
+    claimable at once, and a running run whose lease expired goes back to pending (the worker
+    that held it can commit nothing more).
+
+    Refused, each with its reason in ``report.refused`` (the others move): a run whose log
+    holds signed thinking (thinking, redacted_thinking) when the target sends another system
+    prompt or other tools than the run's version did, or when what that version sent is not
+    known here (the reason names the step and content block); a run with an intent pending,
+    unknown or executing; a run whose last model turn asks for a tool that the target lacks
+    or declares with another effect class or input schema (or when the tools of the run's
+    version are not known here); a run a live worker holds (the reason names the worker) or
+    is claiming right now ("busy"); and ids of runs that do not exist, are of another agent
+    or version, or are over. What the run's version sent is its definition in this process
+    when this process defines it with the run's fingerprint, else the ``agent_version``
+    record a worker left of it.
+
+    Runs move in batches of 500, each locked and moved in one short transaction fenced as a
+    worker's writes are (a run a worker claims meanwhile is refused, never moved under it);
+    two upgrades at once move each run once. Every run moved is audited: the
+    ``run_upgraded`` signal and a log line (``durable_agents.upgrades``), naming ``user``.
+
+    ``to_version`` must be registered in this process; ``user``, when given, needs the
+    ``durable_agents.change_agentrun`` permission (``PermissionDenied`` otherwise). A bad
+    argument (an agent or version that is not a non-empty string, the same version twice,
+    ``run_ids`` that are not run ids) is an ``InvalidArgument``, raised before anything
+    moves."""
+    ids = _check_upgrade(agent, from_version, to_version, run_ids, user)
+    return upgrades.upgrade(agent, from_version, to_version, ids, user=user)
+
+
+@explains_missing_tables
+def carry_over_runs(
+    agent: str,
+    from_version: str,
+    to_version: str,
+    *,
+    run_ids: Iterable[RunId | str] | None = None,
+    user: Person | None = None,
+) -> UpgradeReport:
+    """Move dead runs of ``agent`` from ``from_version`` to ``to_version`` and back to pending,
+    in one fenced transaction per batch: the runs the dead letter holds because their version
+    is not deployed any more (the housekeeping sweep's reason, or the worker's after
+    ``MAX_ATTEMPTS`` claims) or drifted (prompt drift), for which a requeue would only die
+    again. Every such dead run, or those of ``run_ids``; the history is judged as by
+    ``upgrade_runs``, and a dead run that died of anything else is refused (requeue it).
+    Audited and checked as ``upgrade_runs`` is."""
+    ids = _check_upgrade(agent, from_version, to_version, run_ids, user)
+    return upgrades.upgrade(agent, from_version, to_version, ids, carry_over=True, user=user)
+
+
+def _check_upgrade(
+    agent: str, from_version: str, to_version: str, run_ids: object, user: Person | None
+) -> list[uuid.UUID] | None:
+    """The arguments of ``upgrade_runs``: the run ids as UUIDs (None: every run that can move)."""
+    if user is not None and not user.has_perm(UPGRADE_PERMISSION):
+        raise PermissionDenied(f"upgrading runs needs the {UPGRADE_PERMISSION} permission")
+    labels: dict[str, object] = {
+        "agent": agent,
+        "from_version": from_version,
+        "to_version": to_version,
+    }
+    for name, value in labels.items():
+        if not isinstance(value, str):
+            raise InvalidArgument(f"{name} is a string, not {type(value).__name__}")
+        if not value.strip():
+            raise InvalidArgument(f"{name} cannot be empty")
+    if from_version == to_version:
+        raise InvalidArgument(
+            f"from_version and to_version are both {storable_text(to_version, 100)!r}: an "
+            "upgrade moves runs to another version"
+        )
+    if (agent, to_version) not in registry:
+        known = ", ".join(repr(v) for v in registry.versions(agent)) or "none"
+        raise InvalidArgument(
+            f"agent {storable_text(agent, 100)!r} has no version "
+            f"{storable_text(to_version, 100)!r} registered in this process (registered: "
+            f"{known}): runs are upgraded to a version the code calling this defines"
+        )
+    return None if run_ids is None else _run_ids(run_ids)
+
+
+def _run_ids(run_ids: object) -> list[uuid.UUID]:
+    """``run_ids`` as a list of UUIDs without repeats, in their order; ``InvalidArgument``
+    for anything that is not an iterable of UUIDs or of their text."""
+    if isinstance(run_ids, str | bytes) or not isinstance(run_ids, Iterable):
+        raise InvalidArgument(
+            f"run_ids is a list of run ids (UUIDs, or their text), not {type(run_ids).__name__}"
+        )
+    ids: list[uuid.UUID] = []
+    for value in run_ids:
+        if isinstance(value, uuid.UUID):
+            ids.append(value)
+            continue
+        if isinstance(value, str):
+            try:
+                ids.append(uuid.UUID(value))
+                continue
+            except ValueError:
+                pass
+        raise InvalidArgument(
+            f"run_ids holds {storable_text(repr(value), 80)}, which is not a run id (a UUID)"
+        )
+    return list(dict.fromkeys(ids))
+
+
 def _check_fork_permissions(user: Person, *, edits_task: bool) -> None:
     """What ``fork_run(..., user=)`` needs (the admin's fork pages ask the same): to fork, to
     see the run it reads, and to start a run when the task is the user's own."""
@@ -703,3 +835,31 @@ async def aset_key_budget(
 async def aset_key_limit(key: str, limit: int | None, *, user: Person | None = None) -> None:
     """``set_key_limit`` for async code."""
     await sync_to_async(set_key_limit)(key, limit, user=user)
+
+
+async def aupgrade_runs(
+    agent: str,
+    from_version: str,
+    to_version: str,
+    *,
+    run_ids: Iterable[RunId | str] | None = None,
+    user: Person | None = None,
+) -> UpgradeReport:
+    """``upgrade_runs`` for async code."""
+    return await sync_to_async(upgrade_runs)(
+        agent, from_version, to_version, run_ids=run_ids, user=user
+    )
+
+
+async def acarry_over_runs(
+    agent: str,
+    from_version: str,
+    to_version: str,
+    *,
+    run_ids: Iterable[RunId | str] | None = None,
+    user: Person | None = None,
+) -> UpgradeReport:
+    """``carry_over_runs`` for async code."""
+    return await sync_to_async(carry_over_runs)(
+        agent, from_version, to_version, run_ids=run_ids, user=user
+    )

@@ -24,3 +24,8 @@ question_answered = Signal()
 
 # sender=AgentEvent, event=<AgentEvent>, woken=<int>: send_event stored an event and woke runs.
 event_sent = Signal()
+
+# sender=AgentRun, run_id=<uuid>, agent=<str>, from_version=<str>, to_version=<str>,
+# carried_over=<bool>, user=<the user who asked, or None from code>: a run was moved to another
+# version of its agent (upgrade_runs; carry_over_runs for a dead run, carried_over=True).
+run_upgraded = Signal()

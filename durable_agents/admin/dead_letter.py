@@ -28,6 +28,7 @@ from durable_agents.admin.base import AdminPage, clean_pk
 from durable_agents.admin.format import cut_at_word
 from durable_agents.admin.run_actions import RUN_ACTION_LIMIT, RunActions
 from durable_agents.causes import error_reason
+from durable_agents.forks.upgrades import carries_over
 from durable_agents.models import (
     AgentRun,
 )
@@ -60,6 +61,12 @@ class DeadGroup:
     def query(self) -> str:
         """The group's cause as a query string: what its confirmation asks."""
         return urlencode({"cause": self.cause})
+
+    @property
+    def carries_over(self) -> bool:
+        """Dead of an undeployed version or drift: carried over to another version, not
+        requeued (which would only die again)."""
+        return carries_over(self.cause)
 
     @property
     def runs_query(self) -> str:

@@ -80,8 +80,10 @@ from durable_agents.admin.undecodable import (
     reading_raw,
     run_reading_what_decodes,
 )
+from durable_agents.admin.upgrades import UpgradePages
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
 from durable_agents.declare.agents import AgentNotFound
+from durable_agents.forks.upgrades import carries_over
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     AgentEvent,
@@ -160,6 +162,8 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
 
     # Built with this admin in __init__; their URLs are the runs' (get_urls).
     pages: ClassVar[tuple[type[AdminPage[Any]], ...]] = (
+        # First: its "dead-letter/carry-over/" comes before the dead letter's paths.
+        UpgradePages,
         ForkPages,
         CapacityPage,
         OperationsPage,
@@ -212,7 +216,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
     show_facets = admin.ShowFacets.NEVER  # facet counts would count the whole table
     list_select_related = False  # every column lives on agent_run itself
     list_per_page = 50
-    actions = ("cancel_runs", "requeue_runs", "send_events")
+    actions = ("cancel_runs", "requeue_runs", "send_events", "upgrade_runs")
     fieldsets = (
         (
             None,
@@ -513,6 +517,12 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
             return True
         return super().lookup_allowed(lookup, value, request)
 
+    @admin.action(description=_("Upgrade to version…"), permissions=["operate"])
+    def upgrade_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        """Move the selected runs (of one agent and one version) to another registered
+        version: an intermediate page chooses it (``UpgradePages``)."""
+        return self.page(UpgradePages).upgrade_action(request, queryset)
+
     # -- pages and views -------------------------------------------------------------------
 
     def __init__(self, model: type[AgentRun], admin_site: admin.AdminSite) -> None:
@@ -671,6 +681,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
                 step_url=step_url,
                 effect_url=lambda key: self._url("effect_text", run_pk, key),
             )
+            carried = obj.status == RunStatus.DEAD and carries_over(obj.error)
             run_error = None
             if obj.status in ERROR_FIRST_STATUSES and obj.error:
                 run_error = shown_text(obj.error, self._url("text", run_pk, "error"))
@@ -679,7 +690,10 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
                 run_error=run_error,
                 sql_hint=sql_hint(obj),
                 can_cancel=can_operate and obj.status in CANCELLABLE_STATUSES,
-                can_requeue=can_operate and obj.status == RunStatus.DEAD,
+                # A run dead of an undeployed version or drift would only die again: it is
+                # carried over to another version instead.
+                can_requeue=can_operate and obj.status == RunStatus.DEAD and not carried,
+                carry_over_url=self._url("carry_over", run_pk) if can_operate and carried else None,
                 **self._wait_context(request, obj),
                 **self.page(ForkPages).fork_context(request, obj),
                 **live_context(obj),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import connection
@@ -215,6 +215,15 @@ def bound_blocks(run_id: RunId, cut: int) -> list[BoundBlock]:
         .order_by("seq")
         .values_list("seq", "kind", "payload", "content_start", "content_end")
     )
+    return bound_in(rows)
+
+
+# A step as ``bound_in`` reads it: (seq, kind, payload, content_start, content_end).
+StepRow = tuple[int, str, str, int | None, int | None]
+
+
+def bound_in(rows: Iterable[StepRow]) -> list[BoundBlock]:
+    """``bound_blocks`` of a log already read: its model turns, in seq order."""
     found: list[BoundBlock] = []
     for seq, kind, payload, start, end in rows:
         content = loads_deep(message_text(kind, payload, start, end)).get("content") or []
