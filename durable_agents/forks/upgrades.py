@@ -14,7 +14,7 @@ How runs are upgraded (``api.upgrade_runs`` and ``api.carry_over_runs`` -> ``upg
                           or tools the target sends differently
     the movable ones   -> one UPDATE for the batch, fenced again on agent, version, status and
                           lease: version and fingerprint pinned anew (for the run's own model), a
-                          run waiting for a worker plainly pending, a running run whose lease
+                          run waiting for a worker pending again, a running run whose lease
                           expired handed back (its old holder's fence fails from then on), a
                           dead run back to pending as a requeue makes it
     after the commit   -> each upgraded run audited: the ``run_upgraded`` signal, a log line
@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Now
 
@@ -381,8 +381,14 @@ class Upgrade:
         else:
             # A running run whose lease expired is handed back: the fence of the worker that
             # held it (owner, attempt, running) fails from now on, and a claim takes it anew.
+            for_worker = Q(status=RunStatus.WAITING, waiting_for=WaitKind.WORKER)
             changes.update(
-                status=Case(When(running, then=Value(RunStatus.PENDING)), default=F("status")),
+                # A run waiting for a worker that defines its old version is claimable at
+                # once (the trigger on agent_run tells the workers that it became pending).
+                status=Case(
+                    When(running | for_worker, then=Value(RunStatus.PENDING)),
+                    default=F("status"),
+                ),
                 lease_owner=Case(When(running, then=Value(None)), default=F("lease_owner")),
                 lease_until=Case(
                     When(running | (pending & ~Q(waiting_for__in=KEPT_HOLDS)), then=Value(None)),
@@ -396,11 +402,6 @@ class Upgrade:
         )
         if moved != len(rows):
             raise _Raced
-        if connection.vendor == "postgresql":
-            # Pending runs that were waiting for a worker changed no status: the trigger on
-            # agent_run does not wake the workers for them; this does (once, at commit).
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_notify('durable_agents', 'run')")
 
     # -- after each batch ----------------------------------------------------------------
 
