@@ -130,9 +130,9 @@ class DurableAgentsSettings:
     MODEL_TIMEOUT: Setting[float] = Setting(600.0, "HTTP timeout of one model call, in seconds.")
     UNDEPLOYED_RETRY_SECONDS: Setting[float] = Setting(
         30.0,
-        "A worker that claimed a run it cannot serve (its code lacks the run's agent version, "
-        "or defines it differently) hands the run back, claimable by nobody for this long, for "
-        "a worker that can serve it. Such claims cost the run no attempt.",
+        "No longer used: a run no worker of this code can serve waits for a worker that can "
+        "(waiting_for 'worker') instead of being handed back for a while. Accepted so that "
+        "existing settings stay valid.",
     )
     UNDEPLOYED_GRACE: Setting[float] = Setting(
         7 * 24 * 3600.0,

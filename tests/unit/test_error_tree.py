@@ -25,6 +25,7 @@ CONTROL_FLOW = {
     "durable_agents._internal.calls.CallTimedOut",
     "durable_agents.engine.dispatch.WaitRaised",  # a tool's Wait on its way to the park
     "durable_agents.engine.dispositions.Stop",  # unwinds the runner's step loop
+    "durable_agents.forks.upgrades._Raced",  # rolls back one batch of an upgrade
     "durable_agents.live.hub.ReaderDropped",  # ends a stream, as StopAsyncIteration would
     "durable_agents.offline.wire.RequestError",  # becomes the offline model's HTTP answer
     "durable_agents.schedules.firing._TogetherRefused",  # private: retries a batch one by one
