@@ -1,4 +1,6 @@
-"""The fleet in the admin: the Workers and Agent versions pages (view only, escaped)."""
+"""The fleet in the admin: the Workers and Agent versions pages (view only, escaped), and the
+operations page's lines about workers (none live, or none defining a version runs in flight
+need, in one statement more)."""
 
 from __future__ import annotations
 
@@ -15,13 +17,17 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+import durable_agents
+from durable_agents.admin import operations
 from durable_agents.declare.agents import registry
 from durable_agents.models import (
     AgentRun,
     AgentVersion,
     AgentWorker,
     RunStatus,
+    WaitKind,
 )
+from durable_agents.observe.fleet import read_fleet
 from tests.integration.test_admin import ESCAPED, SCRIPT
 
 pytestmark = pytest.mark.django_db
@@ -234,3 +240,109 @@ def test_the_versions_page_says_which_a_live_worker_defines_now(admin_client: Cl
     with CaptureQueriesContext(connection) as more:
         get()
     assert len(more) == len(first)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The operations page
+
+
+def test_no_live_worker_while_runs_are_in_flight_is_said_first(admin_client: Client) -> None:
+    page = admin_client.get(reverse(OPERATIONS)).content.decode()
+    assert 'id="fleet"' not in page  # nothing in flight, nothing to say
+    durable_agents.start_run("tester", "Pending work")
+    worker("pod-gone", live=False)
+    response = admin_client.get(reverse(OPERATIONS))
+    page = response.content.decode()
+    assert "No live worker: nothing will advance until a worker runs" in page
+    assert "<code>python manage.py runagents</code>" in page
+    assert page.index('id="fleet"') < page.index('id="runs-by-status"')
+    # Not also a line per version: none has a live worker then.
+    assert "which no live worker defines" not in page
+    worker("pod-live")
+    page = admin_client.get(reverse(OPERATIONS)).content.decode()
+    assert 'id="fleet"' not in page  # tester@v1 is served
+
+
+def test_versions_runs_need_that_no_live_worker_defines(admin_client: Client) -> None:
+    now = timezone.now()
+    worker("pod-a")  # defines tester@v1 only
+    durable_agents.start_run("tester", "Served")
+    pinned_run()
+    pinned_run()
+    pinned_run(status=RunStatus.WAITING, waiting_for=WaitKind.TIMER)
+    pinned_run(status=RunStatus.SUCCEEDED)  # finished: needs nobody
+    AgentVersion.objects.create(
+        agent="rollout",
+        version="1",
+        fingerprint="a" * 64,
+        model="claude-test-1",
+        binding="b",
+        last_defined_at=now - datetime.timedelta(days=3),
+    )
+    # A gone worker defined it more recently than agent_version says.
+    worker("pod-old", live=False, beat_ago=7200, versions=[defines("rollout", "1")])
+    pinned_run(agent=SCRIPT, version="9")
+    response = admin_client.get(reverse(OPERATIONS))
+    page = response.content.decode()
+    lines = response.context["fleet_lines"]
+    assert [line.need.label for line in lines] == ["rollout@1", f"{SCRIPT}@9"]
+    rollout = lines[0].text
+    assert rollout.startswith(
+        "2 pending and 1 waiting runs need rollout@1, which no live worker defines (last defined "
+    )
+    assert ", 2h ago; housekeeping dead-letters them after UNDEPLOYED_GRACE)." in rollout
+    assert lines[1].text.startswith(f"1 pending run needs {SCRIPT}@9, which no live worker")
+    assert "no worker on record has defined it" in lines[1].text
+    assert "2 pending and 1 waiting runs need rollout@1" in page
+    assert SCRIPT not in page
+    assert ESCAPED in page
+    assert "No live worker" not in page
+
+
+def test_the_grace_is_dated_when_the_setting_is_there(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(operations, "undeployed_grace", lambda: datetime.timedelta(days=7))
+    worker("pod-a")
+    at = timezone.now() - datetime.timedelta(days=1)
+    AgentVersion.objects.create(
+        agent="rollout", version="1", fingerprint="a", model="m", last_defined_at=at
+    )
+    pinned_run()
+    (line,) = admin_client.get(reverse(OPERATIONS)).context["fleet_lines"]
+    assert line.dead_letter_from == at + datetime.timedelta(days=7)
+    assert "after UNDEPLOYED_GRACE, from " in line.text
+
+
+def test_the_fleet_is_one_statement_more_on_the_operations_page(admin_client: Client) -> None:
+    def fleet_statements() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as ctx:
+            assert admin_client.get(reverse(OPERATIONS)).status_code == 200
+        statements = [q["sql"] for q in ctx.captured_queries]
+        fleet = [s for s in statements if "agent_worker" in s or "agent_version" in s]
+        return len(fleet), len(statements)
+
+    worker("pod-a")
+    pinned_run()
+    one, total = fleet_statements()
+    assert one == 1
+    for n in range(5):
+        worker(f"pod-{n}", versions=[defines("rollout", str(n))])
+        pinned_run(version=str(n + 10))
+        pinned_run(agent=f"other{n}", status=RunStatus.WAITING, waiting_for=WaitKind.EVENT)
+    assert fleet_statements() == (1, total)
+
+
+def test_read_fleet_reads_the_runs_in_flight_and_the_workers() -> None:
+    assert read_fleet().no_live_worker is False  # nothing in flight
+    pinned_run(status=RunStatus.RUNNING)
+    pinned_run(agent="tester", version="v1")
+    worker("pod-a")
+    worker("pod-b", live=False, versions=[defines("rollout", "1")])
+    fleet = read_fleet()
+    assert fleet.live_workers == 1
+    assert fleet.runs_in_flight == 2
+    (need,) = fleet.needs
+    assert (need.label, need.pending, need.running, need.waiting) == ("rollout@1", 0, 1, 0)
+    assert need.last_defined_at is not None
+    assert not fleet.no_live_worker
