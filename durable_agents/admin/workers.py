@@ -9,6 +9,7 @@ no row can hold is a 404."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
@@ -23,8 +24,15 @@ from django.utils.translation import gettext_lazy as _
 from durable_agents._internal.text import has_unstorable, revealed
 from durable_agents.admin.base import ReadOnlyAdmin, StrictChangeList
 from durable_agents.admin.format import ago, badge, format_time
-from durable_agents.models import MAX_WORKER_ID, AgentVersion, AgentWorker
-from durable_agents.observe.fleet import defined_versions, short
+from durable_agents.models import (
+    MAX_WORKER_ID,
+    AgentRun,
+    AgentVersion,
+    AgentWorker,
+    RunStatus,
+    WaitKind,
+)
+from durable_agents.observe.fleet import defined_versions, serving, short
 
 LIVE_COLORS = {"live": "#1a7f37", "gone": "#57606a", "draining": "#9a6700"}
 
@@ -224,3 +232,32 @@ class AgentVersionAdmin(ReadOnlyAdmin[AgentVersion]):
             '{} <code class="da-meta">{}</code>',
             ((revealed(name), short(str(digest))) for name, digest in sorted(tools.items())),
         )
+
+
+@dataclass(frozen=True)
+class WorkerWait:
+    """A pending run no live worker can serve, as its page says it: the version it needs,
+    and, when live workers define that version with another definition, the fingerprint it
+    needs and theirs."""
+
+    label: str
+    fingerprint: str = ""  # the run's, shown when live workers define the version otherwise
+    theirs: tuple[str, ...] = ()
+    live_workers: int = 0  # live workers that define the version (with any fingerprint)
+
+
+def worker_wait(run: AgentRun) -> WorkerWait | None:
+    """What the run page of a pending run says about the worker it waits for: when it is
+    marked as waiting for one, no live worker defines its version, or the live workers that do
+    define it with another fingerprint (for the run's model). One query (the live worker
+    rows), for pending runs only."""
+    if run.status != RunStatus.PENDING:
+        return None
+    found = serving(run.agent, run.prompt_version)
+    theirs = found.other_fingerprints(run.model, run.fingerprint) if found.workers else ()
+    if found.workers and not theirs and run.waiting_for != WaitKind.WORKER:
+        return None
+    shown = tuple(short(f) for f in theirs)
+    return WorkerWait(
+        found.label, short(run.fingerprint) if theirs else "", shown, len(found.workers)
+    )

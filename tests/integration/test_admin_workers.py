@@ -1,6 +1,6 @@
-"""The fleet in the admin: the Workers and Agent versions pages (view only, escaped), and the
+"""The fleet in the admin: the Workers and Agent versions pages (view only, escaped), the
 operations page's lines about workers (none live, or none defining a version runs in flight
-need, in one statement more)."""
+need, in one statement more), and the run page of a pending run no live worker can serve."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.observe.fleet import read_fleet
-from tests.integration.test_admin import ESCAPED, SCRIPT
+from tests.integration.test_admin import ESCAPED, SCRIPT, run_url
 
 pytestmark = pytest.mark.django_db
 
@@ -346,3 +346,46 @@ def test_read_fleet_reads_the_runs_in_flight_and_the_workers() -> None:
     assert (need.label, need.pending, need.running, need.waiting) == ("rollout@1", 0, 1, 0)
     assert need.last_defined_at is not None
     assert not fleet.no_live_worker
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The run page
+
+
+def test_a_pending_run_of_a_version_no_live_worker_defines_says_so(admin_client: Client) -> None:
+    run = pinned_run()
+    page = admin_client.get(run_url(run)).content.decode()
+    assert "Waiting for a worker that defines rollout@1</h3>" in page
+    assert "No live worker defines this version now" in page
+    worker("pod-a", versions=[defines("rollout", "1", fingerprint="b" * 64)])
+    page = admin_client.get(run_url(run)).content.decode()
+    assert (
+        "Waiting for a worker that defines rollout@1 with fingerprint <code>aaaaaaaaaaaa</code>"
+        in page
+    )
+    assert "define this version with fingerprint bbbbbbbbbbbb" in page
+
+
+def test_a_served_run_says_nothing_unless_marked_as_waiting_for_a_worker(
+    admin_client: Client,
+) -> None:
+    worker("pod-a", versions=[defines("rollout", "1", fingerprint="a" * 64)])
+    run = pinned_run()
+    assert "run-worker-wait" not in admin_client.get(run_url(run)).content.decode()
+    # Another model: its fingerprint there is not known, so it is not said to differ.
+    other = pinned_run(model="claude-test-2", fingerprint="9" * 64)
+    assert "run-worker-wait" not in admin_client.get(run_url(other)).content.decode()
+    AgentRun.objects.filter(pk=run.pk).update(waiting_for=WaitKind.WORKER)
+    page = admin_client.get(run_url(run)).content.decode()
+    assert "Waiting for a worker that defines rollout@1</h3>" in page
+    assert "A live worker defines this version" in page
+    done = pinned_run(status=RunStatus.SUCCEEDED, agent="gone")
+    assert "run-worker-wait" not in admin_client.get(run_url(done)).content.decode()
+
+
+def test_the_run_page_escapes_the_version_it_waits_for(admin_client: Client) -> None:
+    run = pinned_run(agent=SCRIPT, version=SCRIPT)
+    page = admin_client.get(run_url(run)).content.decode()
+    assert "run-worker-wait" in page
+    assert SCRIPT not in page
+    assert f"Waiting for a worker that defines {ESCAPED}@{ESCAPED}" in page
