@@ -1,13 +1,16 @@
 """The fleet as the runs in flight need it: which agent versions the live workers define, and
 which versions runs in flight are pinned to that none of them does.
 
-Two readers:
+Three readers:
 
     read_fleet        the operations page: live workers, and the agent versions of runs in
                       flight no live worker defines, in one statement whatever the number of
                       runs (``FLEET_SQL`` below says what it reads)
     serving           the run page: the live workers that define one agent version, and with
                       which fingerprints
+    deploy_check      ``manage.py durable_agents_deploycheck``: the runs in flight that the
+                      code of this process (its registry) does not define, or defines with
+                      another fingerprint, by agent and version
 
 The worker rows (``agent_worker``) and ``agent_version`` are written by the workers and
 housekeeping; this module only reads them.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,7 @@ from django.db.models import (
     IntegerField,
     Max,
     Min,
+    Q,
     QuerySet,
     TextField,
     Value,
@@ -35,6 +39,7 @@ from django.db.models import (
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from durable_agents.declare.agents import AgentNotFound, AgentRegistry
 from durable_agents.models import AgentRun, AgentVersion, AgentWorker, RunStatus
 
 # The statuses of a run in flight: each still needs a worker that defines its version.
@@ -249,4 +254,154 @@ def serving(agent: str, version: str, *, using: str = DEFAULT_DB_ALIAS) -> Servi
         version,
         tuple(workers),
         {model: tuple(sorted(found)) for model, found in prints.items()},
+    )
+
+
+# -- the deploy check --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PinnedGroup:
+    """Runs in flight with one agent, version, model and fingerprint."""
+
+    model: str
+    fingerprint: str
+    runs: int
+    pending: int
+    running: int
+    waiting: int
+    oldest: datetime.datetime | None
+    # This code's fingerprint of the version for the group's model: None when this code
+    # does not define the version.
+    defined_with: str | None = None
+
+
+@dataclass(frozen=True)
+class DeployFinding:
+    """An agent version that runs in flight are pinned to, which the code checked does not
+    define (``groups`` hold all its runs in flight), or defines with another fingerprint
+    (``groups`` hold only the runs started with another one)."""
+
+    agent: str
+    version: str
+    groups: tuple[PinnedGroup, ...]
+    defined: bool  # this code defines the version (with another fingerprint for ``groups``)
+    # This code's versions of the agent whose ``upgrades_from`` names this one.
+    upgraded_by: tuple[str, ...] = ()
+    live_workers: tuple[str, ...] = ()  # live workers that define the version now
+
+    @property
+    def label(self) -> str:
+        return f"{self.agent}@{self.version}"
+
+    @property
+    def runs(self) -> int:
+        return sum(group.runs for group in self.groups)
+
+    @property
+    def oldest(self) -> datetime.datetime | None:
+        return min((g.oldest for g in self.groups if g.oldest is not None), default=None)
+
+    @property
+    def stranded(self) -> bool:
+        """No worker of this code will take these runs: a version it does not define and no
+        ``upgrades_from`` of it covers, or defined with another fingerprint (a run keeps the
+        definition it started with)."""
+        return self.defined or not self.upgraded_by
+
+    def count(self, status: str) -> int:
+        return sum(getattr(group, status) for group in self.groups)
+
+
+@dataclass(frozen=True)
+class DeployCheck:
+    """What ``deploy_check`` found: the runs in flight it looked at, and the findings."""
+
+    runs_in_flight: int
+    findings: tuple[DeployFinding, ...]
+    agents_defined: int  # agent versions the code checked defines
+
+    @property
+    def stranded(self) -> int:
+        return sum(f.runs for f in self.findings if f.stranded)
+
+    @property
+    def upgradable(self) -> int:
+        return sum(f.runs for f in self.findings if not f.stranded)
+
+
+def pinned_groups(using: str = DEFAULT_DB_ALIAS) -> QuerySet[Any]:
+    """The runs in flight by agent, version, model and fingerprint: how many (and of each
+    status) and the oldest. One aggregate over the runs in flight (a few rows per version)."""
+    return (
+        AgentRun.objects.using(using)
+        .filter(status__in=IN_FLIGHT)
+        .order_by()
+        .values_list("agent", "prompt_version", "model", "fingerprint")
+        .annotate(
+            runs=Count("*"),
+            pending=Count("pk", filter=Q(status=RunStatus.PENDING)),
+            running=Count("pk", filter=Q(status=RunStatus.RUNNING)),
+            waiting=Count("pk", filter=Q(status=RunStatus.WAITING)),
+            oldest=Min("created_at"),
+        )
+        .order_by("agent", "prompt_version", "model", "fingerprint")
+    )
+
+
+def live_definers(using: str = DEFAULT_DB_ALIAS) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(agent, version) -> the live workers that define it: one query of the worker rows."""
+    found: dict[tuple[str, str], list[str]] = {}
+    rows = AgentWorker.objects.using(using).live().order_by("id").values_list("id", "versions")
+    for worker_id, versions in rows:
+        for defined in defined_versions(versions):
+            workers = found.setdefault((defined["agent"], defined["version"]), [])
+            if worker_id not in workers:
+                workers.append(worker_id)
+    return {key: tuple(workers) for key, workers in found.items()}
+
+
+def deploy_check(registry: AgentRegistry, *, using: str = DEFAULT_DB_ALIAS) -> DeployCheck:
+    """The runs in flight that the code of ``registry`` does not define, or defines with
+    another fingerprint (for the run's model: ``Agent.fingerprint(run.model)``), by agent and
+    version: two queries (the aggregate ``pinned_groups``, the live workers)."""
+    by_version: dict[tuple[str, str], list[PinnedGroup]] = {}
+    defined: dict[tuple[str, str], bool] = {}
+    total = 0
+    for name, version, model, fingerprint, runs, pending, running, waiting, oldest in pinned_groups(
+        using
+    ):
+        total += runs
+        try:
+            current: str | None = registry.get(name, version).fingerprint(model)
+        except AgentNotFound:
+            current = None
+        if current == fingerprint:
+            continue
+        defined[(name, version)] = current is not None
+        by_version.setdefault((name, version), []).append(
+            PinnedGroup(model, fingerprint, runs, pending, running, waiting, oldest, current)
+        )
+    definers = live_definers(using) if by_version else {}
+    findings = [
+        DeployFinding(
+            agent=name,
+            version=version,
+            groups=tuple(groups),
+            defined=defined[(name, version)],
+            upgraded_by=()
+            if defined[(name, version)]
+            else _upgraded_by(registry.all(), name, version),
+            live_workers=definers.get((name, version), ()),
+        )
+        for (name, version), groups in sorted(by_version.items())
+    ]
+    return DeployCheck(total, tuple(findings), len(registry.all()))
+
+
+def _upgraded_by(agents: Iterable[Any], name: str, version: str) -> tuple[str, ...]:
+    return tuple(
+        agent.version
+        for agent in agents
+        if agent.name == name and version in getattr(agent, "upgrades_from", ())
     )
