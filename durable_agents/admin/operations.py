@@ -284,14 +284,21 @@ class FleetLine:
     """A line at the top of the operations page about the workers: none is live while runs
     are in flight, or none defines a version that runs in flight need."""
 
-    kind: str  # "no-worker" or "version"
+    kind: str  # "no-worker", "version", or "more" (versions past FLEET_LINES)
     need: VersionNeed | None = None
     dead_letter_from: datetime.datetime | None = None  # last defined + UNDEPLOYED_GRACE
+    more: int = 0
 
     @property
     def text(self) -> str:
         """The line, in words."""
         need = self.need
+        if self.kind == "more":
+            return ngettext(
+                "%(count)s more agent version that runs in flight need has no live worker.",
+                "%(count)s more agent versions that runs in flight need have no live worker.",
+                self.more,
+            ) % {"count": self.more}
         if need is None:
             return gettext(
                 "No live worker: nothing will advance until a worker runs "
@@ -346,14 +353,19 @@ def undeployed_grace() -> datetime.timedelta | None:
         return None
 
 
+# The most agent versions without a worker the page names (those most runs need first).
+FLEET_LINES = 10
+
+
 def fleet_lines(fleet: Fleet) -> list[FleetLine]:
     """What the page says first about the workers: that none is live while runs are in flight
     (and nothing else: every version then lacks a worker), or each agent version that runs in
-    flight need and no live worker defines."""
+    flight need and no live worker defines (the FLEET_LINES that most runs need, then how many
+    more there are)."""
     if fleet.no_live_worker:
         return [FleetLine("no-worker")]
     grace = undeployed_grace()
-    return [
+    lines = [
         FleetLine(
             "version",
             need,
@@ -361,8 +373,11 @@ def fleet_lines(fleet: Fleet) -> list[FleetLine]:
             if grace is not None and need.last_defined_at is not None
             else None,
         )
-        for need in fleet.needs
+        for need in fleet.needs[:FLEET_LINES]
     ]
+    if len(fleet.needs) > FLEET_LINES:
+        lines.append(FleetLine("more", more=len(fleet.needs) - FLEET_LINES))
+    return lines
 
 
 def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:

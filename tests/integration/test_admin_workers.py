@@ -314,6 +314,19 @@ def test_the_grace_is_dated_when_the_setting_is_there(
     assert "after UNDEPLOYED_GRACE, from " in line.text
 
 
+def test_the_page_names_the_versions_most_runs_need_then_counts_the_rest(
+    admin_client: Client,
+) -> None:
+    worker("pod-a")
+    for n in range(operations.FLEET_LINES + 2):
+        for _ in range(1 + (n == 3)):
+            pinned_run(version=str(n))
+    lines = admin_client.get(reverse(OPERATIONS)).context["fleet_lines"]
+    assert len(lines) == operations.FLEET_LINES + 1
+    assert lines[0].need.label == "rollout@3"  # two runs need it
+    assert lines[-1].text == ("2 more agent versions that runs in flight need have no live worker.")
+
+
 def test_the_fleet_is_one_statement_more_on_the_operations_page(admin_client: Client) -> None:
     def fleet_statements() -> tuple[int, int]:
         with CaptureQueriesContext(connection) as ctx:
