@@ -1,13 +1,14 @@
 """The durable_agents admin: runs and their transcripts (with what a waiting run waits for, its
 parent and children), intents to decide, questions to answer, events to send, schedules, the
-dead letter and an operations page. One module per screen; this one registers them.
+dead letter, an operations page, and the fleet's workers and agent versions. One module per
+screen; this one registers them.
 
-Runs, steps, intents, questions and events are never edited by hand: every page is read-only,
-and every change of state is an action or a POST view that checks its permission, calls
-``durable_agents.api`` and writes a LogEntry. AgentStep has a composite primary key and
-cannot be registered; steps are shown on their run's page. Schedules and concurrency keys are
-what people set: their change forms save through the api (``durable_agents.schedule``,
-``set_key_budget``).
+Runs, steps, intents, questions, events, workers and agent versions are never edited by hand:
+every page is read-only, and every change of state is an action or a POST view that checks its
+permission, calls ``durable_agents.api`` and writes a LogEntry. AgentStep has a composite
+primary key and cannot be registered; steps are shown on their run's page. Schedules and
+concurrency keys are what people set: their change forms save through the api
+(``durable_agents.schedule``, ``set_key_budget``).
 
 Hostile input is expected everywhere: model and tool text is escaped, marked where it cannot be
 encoded (``durable_agents._internal.text.storable_text``), its invisible and
@@ -32,11 +33,14 @@ from durable_agents.admin.intents import ToolIntentAdmin
 from durable_agents.admin.questions import AgentQuestionAdmin
 from durable_agents.admin.runs import AgentRunAdmin
 from durable_agents.admin.schedules import AgentScheduleAdmin
+from durable_agents.admin.workers import AgentVersionAdmin, WorkerAdmin
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
     AgentRun,
     AgentSchedule,
+    AgentVersion,
+    AgentWorker,
     ConcurrencyKey,
     DeadLetterEntry,
     OperationsEntry,
@@ -49,14 +53,18 @@ admin.site.register(AgentQuestion, AgentQuestionAdmin)
 admin.site.register(AgentEvent, AgentEventAdmin)
 admin.site.register(ConcurrencyKey, ConcurrencyKeyAdmin)
 admin.site.register(AgentSchedule, AgentScheduleAdmin)
+admin.site.register(AgentWorker, WorkerAdmin)
+admin.site.register(AgentVersion, AgentVersionAdmin)
 
 __all__ = [
     "AgentEventAdmin",
     "AgentQuestionAdmin",
     "AgentRunAdmin",
     "AgentScheduleAdmin",
+    "AgentVersionAdmin",
     "ConcurrencyKeyAdmin",
     "ToolIntentAdmin",
+    "WorkerAdmin",
 ]
 # Lines of the list of models on /admin/ that lead to the operations and dead-letter pages.
 admin.site.register(OperationsEntry, OperationsEntryAdmin)

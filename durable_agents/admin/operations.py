@@ -18,9 +18,16 @@ from django.utils.translation import gettext, ngettext
 from durable_agents._internal import counting
 from durable_agents._internal.counting import bounded_count
 from durable_agents.admin.base import AdminPage, AgentsAdmin
-from durable_agents.admin.format import HOUR_CHART_HEIGHT, RUN_COLORS, RUN_STATUS_NAMES
+from durable_agents.admin.format import (
+    HOUR_CHART_HEIGHT,
+    RUN_COLORS,
+    RUN_STATUS_NAMES,
+    compact_age,
+    format_time,
+)
 from durable_agents.admin.schedules import schedule_panel
 from durable_agents.admin.waits import cut_summary
+from durable_agents.conf import app_settings
 from durable_agents.flow.pricing import add_cost, format_usd
 from durable_agents.models import (
     FINISHED_STATUSES,
@@ -42,6 +49,7 @@ from durable_agents.observe.figures import (
     percentile,
     read_figures,
 )
+from durable_agents.observe.fleet import Fleet, VersionNeed, read_fleet
 
 
 @dataclass
@@ -271,12 +279,115 @@ def table_count() -> TableCount:
     return TableCount(counted.value, {}, None, counted)
 
 
+@dataclass
+class FleetLine:
+    """A line at the top of the operations page about the workers: none is live while runs
+    are in flight, or none defines a version that runs in flight need."""
+
+    kind: str  # "no-worker", "version", or "more" (versions past FLEET_LINES)
+    need: VersionNeed | None = None
+    dead_letter_from: datetime.datetime | None = None  # last defined + UNDEPLOYED_GRACE
+    more: int = 0
+
+    @property
+    def text(self) -> str:
+        """The line, in words."""
+        need = self.need
+        if self.kind == "more":
+            return ngettext(
+                "%(count)s more agent version that runs in flight need has no live worker.",
+                "%(count)s more agent versions that runs in flight need have no live worker.",
+                self.more,
+            ) % {"count": self.more}
+        if need is None:
+            return gettext(
+                "No live worker: nothing will advance until a worker runs "
+                "(python manage.py runagents)."
+            )
+        parts = [
+            (need.pending, gettext("pending")),
+            (need.running, gettext("running")),
+            (need.waiting, gettext("waiting")),
+        ]
+        words = [f"{n} {word}" for n, word in parts if n]
+        if len(words) == 1:
+            runs = words[0]
+        else:
+            runs = gettext("%(first)s and %(last)s") % {
+                "first": ", ".join(words[:-1]),
+                "last": words[-1],
+            }
+        values = {"runs": runs, "version": need.label}
+        head = (
+            ngettext(
+                "%(runs)s run needs %(version)s, which no live worker defines",
+                "%(runs)s runs need %(version)s, which no live worker defines",
+                need.runs,
+            )
+            % values
+        )
+        if need.last_defined_at is None:
+            when = gettext("no worker on record has defined it")
+        else:
+            when = gettext("last defined %(time)s, %(age)s ago") % {
+                "time": format_time(need.last_defined_at),
+                "age": compact_age(need.last_defined_at),
+            }
+        if self.dead_letter_from is not None:
+            grace = gettext(
+                "housekeeping dead-letters them after UNDEPLOYED_GRACE, from %(time)s"
+            ) % {"time": format_time(self.dead_letter_from)}
+        else:
+            grace = gettext("housekeeping dead-letters them after UNDEPLOYED_GRACE")
+        return f"{head} ({when}; {grace})."
+
+
+def undeployed_grace() -> datetime.timedelta | None:
+    """UNDEPLOYED_GRACE, when this release has the setting (seconds)."""
+    seconds = getattr(app_settings, "UNDEPLOYED_GRACE", None)  # None: not declared (yet)
+    if seconds is None:
+        return None
+    try:
+        return datetime.timedelta(seconds=float(seconds))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+# The most agent versions without a worker the page names (those most runs need first).
+FLEET_LINES = 10
+
+
+def fleet_lines(fleet: Fleet) -> list[FleetLine]:
+    """What the page says first about the workers: that none is live while runs are in flight
+    (and nothing else: every version then lacks a worker), or each agent version that runs in
+    flight need and no live worker defines (the FLEET_LINES that most runs need, then how many
+    more there are)."""
+    if fleet.no_live_worker:
+        return [FleetLine("no-worker")]
+    grace = undeployed_grace()
+    lines = [
+        FleetLine(
+            "version",
+            need,
+            need.last_defined_at + grace
+            if grace is not None and need.last_defined_at is not None
+            else None,
+        )
+        for need in fleet.needs[:FLEET_LINES]
+    ]
+    if len(fleet.needs) > FLEET_LINES:
+        lines.append(FleetLine("more", more=len(fleet.needs) - FLEET_LINES))
+    return lines
+
+
 def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     """Every figure of the operations page, shaped for its charts. Each reads a bounded window
     through an index, or the latest metrics snapshot, never the whole table, and the page says
     which: live statuses now, finished runs in the last 24 hours, the newest finished runs, the
-    table's totals as of the snapshot."""
+    table's totals as of the snapshot; and the fleet (``read_fleet``: one statement over the
+    runs in flight and the worker rows)."""
     figures = read_figures(OPERATIONS_PAGE, now)
+    fleet = read_fleet(now)
     live_bars, finished_bars, finished_total = status_bars(figures)
     attempts = attempt_bars(figures)
     hours = hour_bars(figures)
@@ -287,6 +398,8 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     steps = figures.steps
     table = table_count()
     return {
+        "fleet": fleet,
+        "fleet_lines": fleet_lines(fleet),
         "table": table,
         "total_runs": table.total,
         "live_bars": live_bars,

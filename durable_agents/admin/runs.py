@@ -82,6 +82,7 @@ from durable_agents.admin.undecodable import (
 )
 from durable_agents.admin.upgrades import UpgradePages
 from durable_agents.admin.waits import attach_waits, run_children, run_questions
+from durable_agents.admin.workers import worker_wait
 from durable_agents.declare.agents import AgentNotFound
 from durable_agents.forks.upgrades import carries_over
 from durable_agents.models import (
@@ -697,6 +698,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
                 **self._wait_context(request, obj),
                 **self.page(ForkPages).fork_context(request, obj),
                 **live_context(obj),
+                worker_wait=worker_wait(obj),
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
 

@@ -218,9 +218,21 @@ def read_figures(
         pending = runs.filter(status=RunStatus.PENDING).order_by("created_at").first()
         values["pending"] = Queue(None, pending.created_at if pending else None, pending)
     if Part.INTENTS in parts:
+        # The oldest with the count of all as a scalar subquery: one statement (none waiting:
+        # no row, and none to count).
         waiting = ToolIntent.objects.using(using).awaiting_person()
-        oldest = waiting.order_by("created_at").select_related("run").first()
-        values["intents"] = Queue(waiting.count(), oldest.created_at if oldest else None, oldest)
+        oldest = (
+            waiting.annotate(waiting_total=scalar(waiting, "COUNT", "pk", IntegerField()))
+            .order_by("created_at")
+            .select_related("run")
+            .first()
+        )
+        if oldest is None:
+            values["intents"] = Queue(0, None)
+        else:
+            # The custom queryset's type does not carry the annotation.
+            total = oldest.waiting_total  # type: ignore[attr-defined]
+            values["intents"] = Queue(total, oldest.created_at, oldest)
     if Part.QUESTIONS in parts:
         values["questions"] = _questions(using, oldest=Part.OLDEST_QUESTION in parts)
     values.update(_finished(runs, parts, now))
@@ -288,22 +300,31 @@ def _waits(runs: QuerySet[AgentRun], *, with_runs: bool) -> tuple[WaitFigure, ..
     )
 
 
+def scalar(queryset: QuerySet[Any], function: str, column: str, output: Any) -> Subquery:
+    """``function`` (an aggregate: COUNT, MIN) of ``column`` over ``queryset``, as a scalar
+    subquery another statement carries (evaluated once: it refers to nothing outside)."""
+    value = Func(F(column), function=function, output_field=output)
+    return Subquery(queryset.order_by().annotate(v=value).values("v")[:1])
+
+
 def _questions(using: str, *, oldest: bool) -> Queue:
     """Open questions: how many; with ``oldest``, the oldest one (its head, not its text)."""
     open_questions = AgentQuestion.objects.using(using).filter(status=QuestionStatus.OPEN)
     if not oldest:
         return Queue(open_questions.count(), None)
+    # The oldest with the count of all as a scalar subquery: one statement.
     first = (
         open_questions.order_by("created_at", "pk")
         .annotate(
-            question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField())
+            question_head=Substr("question", 1, QUESTION_HEAD_CHARS, output_field=TextField()),
+            open_total=scalar(open_questions, "COUNT", "pk", IntegerField()),
         )
         .defer("question", "answer")
         .first()
     )
     if first is None:
         return Queue(0, None)
-    return Queue(open_questions.count(), first.created_at, first)
+    return Queue(first.open_total, first.created_at, first)
 
 
 def _finished(runs: QuerySet[AgentRun], parts: Part, now: datetime.datetime) -> dict[str, Any]:
@@ -364,10 +385,6 @@ def _gauges(using: str) -> dict[str, Any]:
     intents and open questions as scalar subqueries (evaluated once); then the ended runs per
     status, each a bounded count (exact up to 10,000 rows, past that the planner's estimate),
     so that a table of ten million runs is not read at every scrape."""
-
-    def scalar(queryset: Any, function: str, column: str, output: Any) -> Subquery:
-        value = Func(F(column), function=function, output_field=output)
-        return Subquery(queryset.order_by().annotate(v=value).values("v")[:1])
 
     intents = ToolIntent.objects.using(using).awaiting_person()
     questions = AgentQuestion.objects.using(using).filter(status=QuestionStatus.OPEN)
