@@ -1,8 +1,10 @@
-"""``agent_run_in_flight_version``: (agent, prompt_version) of the runs in flight.
+"""``agent_run_in_flight_version``: (agent, prompt_version, status, created_at) of the runs in
+flight.
 
 The fleet's view of versions reads it: which agent versions pending and waiting runs need (the
 operations page, ``durable_agents_deploycheck``, the housekeeping sweep) and which runs an
-upgrade moves, without reading the finished runs of an agent. A partial index: only pending,
+upgrade moves, without reading the finished runs of an agent; the operations page counts them
+by version and status, with the oldest, from the index alone. A partial index: only pending,
 running and waiting runs are in it, a small share of the table in production.
 
 Built CONCURRENTLY on PostgreSQL (hence ``atomic = False``), so a deployment with millions of
@@ -17,7 +19,7 @@ from typing import Any
 from django.db import migrations, models
 
 IN_FLIGHT_VERSION_INDEX = models.Index(
-    fields=["agent", "prompt_version"],
+    fields=["agent", "prompt_version", "status", "created_at"],
     name="agent_run_in_flight_version",
     condition=models.Q(status__in=["pending", "running", "waiting"]),
 )

@@ -69,10 +69,11 @@ class WaitKind(models.TextChoices):
 
 
 def in_flight_version_index() -> models.Index:
-    """The index ``agent_run_in_flight_version``: (agent, prompt_version) of the runs in
-    flight (pending, running, waiting)."""
+    """The index ``agent_run_in_flight_version``: (agent, prompt_version, status, created_at)
+    of the runs in flight (pending, running, waiting): the operations page counts them by
+    version and status, with the oldest, from the index alone."""
     return models.Index(
-        fields=["agent", "prompt_version"],
+        fields=["agent", "prompt_version", "status", "created_at"],
         name="agent_run_in_flight_version",
         condition=models.Q(status__in=["pending", "running", "waiting"]),
     )
