@@ -343,12 +343,10 @@ class FleetLine:
 
 
 def undeployed_grace() -> datetime.timedelta | None:
-    """UNDEPLOYED_GRACE, when this release has the setting (seconds)."""
-    seconds = getattr(app_settings, "UNDEPLOYED_GRACE", None)  # None: not declared (yet)
-    if seconds is None:
-        return None
+    """UNDEPLOYED_GRACE as a duration; None when the setting holds no number (the system
+    checks say so)."""
     try:
-        return datetime.timedelta(seconds=float(seconds))
+        return datetime.timedelta(seconds=float(app_settings.UNDEPLOYED_GRACE))
     except (TypeError, ValueError, OverflowError):
         return None
 

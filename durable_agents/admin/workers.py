@@ -236,7 +236,7 @@ class AgentVersionAdmin(ReadOnlyAdmin[AgentVersion]):
 
 @dataclass(frozen=True)
 class WorkerWait:
-    """A pending run no live worker can serve, as its page says it: the version it needs,
+    """A run no live worker can serve, as its page says it: the version it needs,
     and, when live workers define that version with another definition, the fingerprint it
     needs and theirs."""
 
@@ -247,15 +247,16 @@ class WorkerWait:
 
 
 def worker_wait(run: AgentRun) -> WorkerWait | None:
-    """What the run page of a pending run says about the worker it waits for: when it is
-    marked as waiting for one, no live worker defines its version, or the live workers that do
-    define it with another fingerprint (for the run's model). One query (the live worker
-    rows), for pending runs only."""
-    if run.status != RunStatus.PENDING:
+    """What the run page says about the worker a run waits for: a run waiting for one
+    (``WaitKind.WORKER``), or a pending run whose version no live worker defines, or the live
+    workers that do define it with another fingerprint (for the run's model). One query (the
+    live worker rows), for those runs only."""
+    waits_for_one = run.status == RunStatus.WAITING and run.waiting_for == WaitKind.WORKER
+    if run.status != RunStatus.PENDING and not waits_for_one:
         return None
     found = serving(run.agent, run.prompt_version)
     theirs = found.other_fingerprints(run.model, run.fingerprint) if found.workers else ()
-    if found.workers and not theirs and run.waiting_for != WaitKind.WORKER:
+    if found.workers and not theirs and not waits_for_one:
         return None
     shown = tuple(short(f) for f in theirs)
     return WorkerWait(

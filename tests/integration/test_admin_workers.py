@@ -290,7 +290,7 @@ def test_versions_runs_need_that_no_live_worker_defines(admin_client: Client) ->
     assert rollout.startswith(
         "2 pending and 1 waiting runs need rollout@1, which no live worker defines (last defined "
     )
-    assert ", 2h ago; housekeeping dead-letters them after UNDEPLOYED_GRACE)." in rollout
+    assert ", 2h ago; housekeeping dead-letters them after UNDEPLOYED_GRACE, from " in rollout
     assert lines[1].text.startswith(f"1 pending run needs {SCRIPT}@9, which no live worker")
     assert "no worker on record has defined it" in lines[1].text
     assert "2 pending and 1 waiting runs need rollout@1" in page
@@ -388,7 +388,9 @@ def test_a_served_run_says_nothing_unless_marked_as_waiting_for_a_worker(
     # Another model: its fingerprint there is not known, so it is not said to differ.
     other = pinned_run(model="claude-test-2", fingerprint="9" * 64)
     assert "run-worker-wait" not in admin_client.get(run_url(other)).content.decode()
-    AgentRun.objects.filter(pk=run.pk).update(waiting_for=WaitKind.WORKER)
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.WAITING, waiting_for=WaitKind.WORKER
+    )  # as a worker that could not serve it leaves it
     page = admin_client.get(run_url(run)).content.decode()
     assert "Waiting for a worker that defines rollout@1</h3>" in page
     assert "A live worker defines this version" in page
