@@ -29,6 +29,7 @@ through ``connections`` (nothing to do for a store without a database:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -42,6 +43,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from durable_agents import observers
 from durable_agents._internal import calls, db
@@ -55,7 +57,7 @@ from durable_agents.engine.outage import LeaseClock
 from durable_agents.engine.runner import SHUTDOWN, Disposition, advance_run
 from durable_agents.exceptions import InvalidArgument, WorkerIdInUse
 from durable_agents.logging import bind_run
-from durable_agents.models import MAX_WORKER_ID
+from durable_agents.models import MAX_WORKER_ID, AgentWorker
 from durable_agents.store import Claim, LeaseLoss, NextClaim, Store, current, dialect_store
 from durable_agents.store.base import Presence, RunId
 
@@ -65,6 +67,16 @@ logger = logging.getLogger("durable_agents.worker")
 def default_worker_id() -> str:
     # A host name may be 255 characters; the id fits agent_worker.id.
     return f"{socket.gethostname()[:150]}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+# The workers of this process between their registration and their stop (their instances): a
+# row of this process's host and pid under another instance is a worker that ended here.
+_RUNNING: set[uuid.UUID] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _host() -> str:
+    return socket.gethostname()[:255]
 
 
 def checked_worker_id(worker_id: str) -> str:
@@ -254,6 +266,14 @@ class Worker:
     def run(self) -> int:
         """Work until burst-empty, max_runs, or a signal. Returns the exit code: 0, or 1 when
         a slot died of an unexpected error (the worker stopped because of it)."""
+        try:
+            return self._run()
+        finally:
+            # Whatever ended it: a later worker of this process may take its id at once.
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self.instance)
+
+    def _run(self) -> int:
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
@@ -318,7 +338,7 @@ class Worker:
         return Presence(
             worker_id=self.worker_id,
             instance=self.instance,
-            host=socket.gethostname()[:255],
+            host=_host(),
             pid=os.getpid(),
             concurrency=self.concurrency,
             versions=self._versions,
@@ -329,11 +349,22 @@ class Worker:
 
     def register(self) -> None:
         """Write this worker's row (and record the versions it defines); ``WorkerIdInUse``
-        when a live worker of another process holds the id. With the database away, the
-        worker starts all the same: its first beat that reaches the database writes the row."""
+        when a live worker of another process holds the id. A row under the id that stops
+        beating is a worker that was killed (a pod restarted under its name): its row is taken
+        over once it ages out, within one of its leases; a row that beats meanwhile is a live
+        worker, and this one refuses to start. With the database away, the worker starts all
+        the same: its first beat that reaches the database writes the row."""
         self._versions, self._definitions = defined_versions()
         try:
-            holder = self._store().register_worker(self.presence(), self._definitions)
+            holder = self._register_once()
+            if holder is not None and self._stopped_here(holder):
+                # An earlier worker of this very process that ended without removing its row
+                # (an exception out of ``run``): nothing beats it any more.
+                gone = dataclasses.replace(self.presence(), instance=holder.instance)
+                self._store().unregister_worker(gone, [])
+                holder = self._register_once()
+            if holder is not None:
+                holder = self._wait_until_aged_out(holder)
         except DatabaseError as exc:
             logger.error("worker %s: its row could not be written yet (%s)", self.worker_id, exc)
             holder = None
@@ -342,13 +373,51 @@ class Worker:
                 f"worker id {self.worker_id!r} is in use by a live worker: pid {holder.pid} on "
                 f"host {holder.host!r}, started {holder.started_at:%Y-%m-%d %H:%M:%S %Z}, last "
                 f"heartbeat {holder.beat_at:%H:%M:%S %Z}. Give this worker another "
-                "--worker-id, or stop that one; a killed worker's id is free once its row "
-                f"ages out ({holder.alive_until:%H:%M:%S %Z})."
+                "--worker-id, or stop that one."
             )
         self._registered = True
+        with _RUNNING_LOCK:
+            _RUNNING.add(self.instance)
+
+    def _register_once(self) -> AgentWorker | None:
+        return self._store().register_worker(self.presence(), self._definitions)
+
+    @staticmethod
+    def _stopped_here(holder: AgentWorker) -> bool:
+        with _RUNNING_LOCK:
+            running = holder.instance in _RUNNING
+        return holder.pid == os.getpid() and holder.host == _host() and not running
+
+    def _wait_until_aged_out(self, holder: AgentWorker) -> AgentWorker | None:
+        """Wait, at most until the holder's row ages out, for a sign of life: a new beat
+        (it is live: the holder is returned) or the row free (None: this worker's now)."""
+        instance, last_beat = holder.instance, holder.beat_at
+        wait = max(0.0, (holder.alive_until - timezone.now()).total_seconds()) + 0.5
+        logger.warning(
+            "worker %s: a worker with this id (pid %s on %s) beat last at %s; waiting up to "
+            "%.0fs to see whether it is alive or was killed",
+            self.worker_id,
+            holder.pid,
+            holder.host,
+            last_beat,
+            wait,
+        )
+        deadline = time.monotonic() + wait
+        step = min(1.0, self.heartbeat_seconds)
+        current: AgentWorker | None = holder
+        while current is not None:
+            if current.instance != instance or current.beat_at != last_beat:
+                return current  # it beats: a live worker
+            if time.monotonic() >= deadline:
+                return current
+            time.sleep(step)
+            current = self._register_once()
+        return None
 
     def unregister(self) -> None:
         """A clean stop: the row goes (a killed worker's row ages out instead)."""
+        with _RUNNING_LOCK:
+            _RUNNING.discard(self.instance)
         if not self._registered:
             return
         try:

@@ -31,6 +31,7 @@ from django.db import DatabaseError
 from durable_agents.api import upgrade_runs
 from durable_agents.declare.agents import AgentNotFound, registry
 from durable_agents.engine import services as worker_services
+from durable_agents.logging import bind_run
 from durable_agents.models import AgentRun, RunStatus
 from durable_agents.models.workers import versions_seen
 from durable_agents.store import Store, current
@@ -54,6 +55,9 @@ def can_serve(agent: str, version: str, model: str, fingerprint: str) -> bool:
 # how many passes a run it refused is left alone.
 CARRY_PER_PASS = 1000
 REFUSED_FOR_PASSES = 10
+# The refusals of ``upgrade_runs`` that say a run was held or locked at that moment (a killed
+# worker's lease runs out within seconds): not remembered.
+MOMENTARY = ("held by worker", "busy:")
 
 
 class CarryOver:
@@ -92,14 +96,17 @@ class CarryOver:
             return 0
         report = upgrade_runs(name, old, new, run_ids=candidates)
         for run_id, why in report.refused.items():
+            if why.startswith(MOMENTARY):
+                continue  # held or locked at that moment: the next pass offers it again
             self.refused[run_id] = self.passes
-            logger.info(
-                "run %s stays on %s@%s, waiting for a worker that defines it: %s",
-                run_id,
-                name,
-                old,
-                why,
-            )
+            with bind_run(run_id):
+                logger.info(
+                    "run %s stays on %s@%s, waiting for a worker that defines it: %s",
+                    run_id,
+                    name,
+                    old,
+                    why,
+                )
         if report.upgraded:
             logger.info(
                 "worker %s carried %d run(s) of %s@%s over to version %s",

@@ -543,9 +543,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def park_unserved_runs(self, served: Collection[tuple[str, str]]) -> int:
-        """Park the pending runs that no worker holds whose (agent, version) is not in
-        ``served`` (what the live workers define): ``waiting`` for a worker, so that claims
-        no longer read past them. Returns how many."""
+        """Park the runs no worker holds (pending, or running with an expired lease) whose
+        (agent, version) is not in ``served`` (what the live workers define): ``waiting`` for
+        a worker, so that claims no longer read past them. Returns how many."""
 
     @abc.abstractmethod
     def wake_served_runs(self, can_serve: Callable[[str, str, str, str], bool]) -> int:

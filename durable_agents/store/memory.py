@@ -452,8 +452,9 @@ class InMemoryStore(Store):
             parked = 0
             for run in self.runs.values():
                 if (
-                    run.status == RunStatus.PENDING
+                    run.status in (RunStatus.PENDING, RunStatus.RUNNING)
                     and (run.lease_until is None or run.lease_until < now)
+                    and (run.status == RunStatus.PENDING or run.lease_until is not None)
                     and (run.agent, run.prompt_version) not in served
                 ):
                     run.status = RunStatus.WAITING

@@ -64,11 +64,14 @@ def in_flight_versions() -> list[tuple[str, str]]:
 def park_unserved(
     served: Collection[tuple[str, str]], pairs: Iterable[tuple[str, str]] | None = None
 ) -> int:
-    """Pending runs (no live lease) of the agent versions not in ``served`` wait for a worker:
+    """Runs no worker holds (pending, or running with an expired lease) of the agent versions
+    not in ``served`` wait for a worker:
     one statement per such version of ``pairs`` (default: ``in_flight_versions()``), through
     agent_run_in_flight_version."""
-    pending = AgentRun.objects.filter(status=RunStatus.PENDING).filter(
-        Q(lease_until__isnull=True) | Q(lease_until__lt=Now())
+    # Pending, and running with an expired lease (a killed worker's): no worker holds them.
+    pending = AgentRun.objects.filter(
+        Q(status=RunStatus.PENDING, lease_until__isnull=True)
+        | Q(status__in=(RunStatus.PENDING, RunStatus.RUNNING), lease_until__lt=Now())
     )
     pairs = in_flight_versions() if pairs is None else pairs
     parked = 0

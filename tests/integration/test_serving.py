@@ -91,15 +91,28 @@ def test_without_upgrades_from_they_wait_for_a_worker_and_one_wakes_them() -> No
         registry.unregister("rollout-pass", "1")
 
 
-def test_a_run_the_upgrade_refuses_is_not_offered_again_for_a_while(
+def test_a_run_held_at_that_moment_is_offered_again_at_the_next_pass(
     old_runs: list[AgentRun],
 ) -> None:
-    live_worker("1")  # it holds one of them: a live lease refuses the upgrade
-    held = store.current().claim_run(old_runs[0].pk, "old-code", 60)
+    held = store.current().claim_run(old_runs[0].pk, "old-code", 60)  # a live lease
     assert held is not None
-    AgentWorker.objects.all().delete()
     carry = serving.CarryOver()
     serving.serve_pass(store.current(), "w", carry)
     assert versions(old_runs)[1:] == [("2", RunStatus.PENDING)] * 2
     assert versions(old_runs)[0] == ("1", RunStatus.RUNNING)
-    assert old_runs[0].pk in carry.refused
+    assert old_runs[0].pk not in carry.refused  # momentary: not remembered
+    assert store.current().release_lease(held)
+    serving.serve_pass(store.current(), "w", carry)
+    assert versions(old_runs)[0] == ("2", RunStatus.PENDING)
+
+
+def test_a_killed_workers_runs_of_a_version_nobody_defines_wait_visibly() -> None:
+    rollout("1")
+    run = start_run("rollout-pass", "Task.")
+    registry.unregister("rollout-pass", "1")
+    assert store.current().claim_run(run.pk, "killed-worker", 60) is not None
+    AgentRun.objects.filter(pk=run.pk).update(
+        lease_until=timezone.now() - datetime.timedelta(seconds=1)
+    )  # its worker died: the lease ran out
+    assert serving.serve_pass(store.current(), "w", serving.CarryOver()) == (0, 1)
+    assert versions([run]) == [("1", RunStatus.WAITING)]

@@ -4,9 +4,12 @@ that no column can hold, and agent_version, which outlives the rows."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
+import os
 import threading
+from collections.abc import Iterator
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -77,35 +80,84 @@ def test_a_row_removed_while_the_worker_lives_is_written_again_by_its_next_beat(
     assert AgentWorker.objects.get(pk="comes-back").instance == worker.instance
 
 
+def beating(worker: Worker, every: float = 0.2) -> threading.Event:
+    """Beat ``worker``'s row from a thread until the returned event is set (a live worker)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not done.wait(every):
+                worker.beat()
+        finally:
+            connection.close()
+
+    threading.Thread(target=beat, daemon=True).start()
+    return done
+
+
 def test_a_second_worker_with_the_id_of_a_live_one_refuses_to_start() -> None:
-    first = Worker(worker_id="only-one", handle_signals=False)
+    first = Worker(worker_id="only-one", lease_seconds=3, handle_signals=False)
     first.register()
-    second = Worker(worker_id="only-one", handle_signals=False)
-    with pytest.raises(WorkerIdInUse, match=r"worker id 'only-one' is in use by a live worker"):
-        second.register()
+    stop_beating = beating(first)
+    try:
+        second = Worker(worker_id="only-one", handle_signals=False)
+        with pytest.raises(WorkerIdInUse, match=r"worker id 'only-one' is in use by a live"):
+            second.register()
+    finally:
+        stop_beating.set()
     # The first one's row is untouched, and a beat of the second would not touch it either.
     assert AgentWorker.objects.get(pk="only-one").instance == first.instance
     second._registered = True
     second.beat()
     assert AgentWorker.objects.get(pk="only-one").instance == first.instance
-    # Once the first one is gone (killed: its row aged), the id is free again.
-    AgentWorker.objects.filter(pk="only-one").update(
-        alive_until=timezone.now() - datetime.timedelta(seconds=1)
-    )
-    third = Worker(worker_id="only-one", handle_signals=False)
-    third.register()
-    assert AgentWorker.objects.get(pk="only-one").instance == third.instance
+
+
+def test_a_killed_workers_id_is_taken_over_once_its_row_stops_beating() -> None:
+    """A pod restarted under its name: the old row beats no more; the new worker waits for it
+    to age out (at most one of its leases) and takes the id."""
+    killed = Worker(worker_id="pod-0", lease_seconds=1.5, handle_signals=False)
+    killed.register()
+    AgentWorker.objects.filter(pk="pod-0").update(pid=killed_pid())  # another process's row
+    restarted = Worker(worker_id="pod-0", handle_signals=False)
+    restarted.register()
+    assert AgentWorker.objects.get(pk="pod-0").instance == restarted.instance
+
+
+def test_an_earlier_worker_of_this_process_that_ended_without_its_goodbye_frees_its_id() -> None:
+    ended = Worker(worker_id="reused", handle_signals=False)
+    ended.register()
+    with ended_without_goodbye(ended):
+        pass
+    again = Worker(worker_id="reused", handle_signals=False)
+    again.register()  # at once: nothing of this process runs the earlier one any more
+    assert AgentWorker.objects.get(pk="reused").instance == again.instance
+
+
+def killed_pid() -> int:
+    return os.getpid() + 1
+
+
+@contextlib.contextmanager
+def ended_without_goodbye(worker: Worker) -> Iterator[None]:
+    """As when an exception left ``run`` before the worker removed its row."""
+    yield
+    from durable_agents.engine import worker as worker_module
+
+    with worker_module._RUNNING_LOCK:
+        worker_module._RUNNING.discard(worker.instance)
 
 
 def test_two_workers_starting_at_once_with_one_id_one_of_them_refuses() -> None:
-    workers = [Worker(worker_id="racing", handle_signals=False) for _ in range(2)]
+    workers = [Worker(worker_id="racing", lease_seconds=3, handle_signals=False) for _ in range(2)]
     outcomes: list[str] = []
+    beats: list[threading.Event] = []
     gate = threading.Barrier(2)
 
     def start(worker: Worker) -> None:
         gate.wait()
         try:
             worker.register()
+            beats.append(beating(worker))  # the one that started is live
             outcomes.append("started")
         except WorkerIdInUse:
             outcomes.append("refused")
@@ -117,20 +169,23 @@ def test_two_workers_starting_at_once_with_one_id_one_of_them_refuses() -> None:
         thread.start()
     for thread in threads:
         thread.join(30)
+    for beat in beats:
+        beat.set()
     assert sorted(outcomes) == ["refused", "started"]
 
 
 def test_runagents_refuses_a_worker_id_in_use_with_a_clear_message() -> None:
-    Worker(worker_id="busy-id", handle_signals=False).register()
-    with pytest.raises(CommandError, match="refusing to start: worker id 'busy-id' is in use"):
-        call_command(
-            "runagents",
-            "--burst",
-            "--allow-offline",
-            "--worker-id",
-            "busy-id",
-            stdout=io.StringIO(),
-        )
+    live = Worker(worker_id="busy-id", lease_seconds=3, handle_signals=False)
+    live.register()
+    stop_beating = beating(live)
+    try:
+        with pytest.raises(CommandError, match="refusing to start: worker id 'busy-id' is in use"):
+            call_command(
+                "runagents", "--burst", "--allow-offline", "--worker-id", "busy-id",
+                stdout=io.StringIO(),
+            )  # fmt: skip
+    finally:
+        stop_beating.set()
 
 
 @pytest.mark.parametrize(
