@@ -181,5 +181,11 @@ time_capped = Agent(
     max_wall_seconds=1.0,
 )
 
-# The fuzz suite's agents and the in-flight tests' agents.
-from tests.testapp import compaction_agents, fuzz_agents, inflight_agents, wait_agents  # noqa: E402, F401
+# The fuzz suite's agents, the in-flight tests' agents and the rolling deploy's two codes.
+from tests.testapp import (  # noqa: E402, F401
+    compaction_agents,
+    fuzz_agents,
+    inflight_agents,
+    rollout_agents,
+    wait_agents,
+)
