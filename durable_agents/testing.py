@@ -551,6 +551,11 @@ def describe_wait(run: AgentRun, notes: Mapping[Any, str] | None = None) -> str:
     elif kind == WaitKind.QUESTION:
         question = AgentQuestion.objects.filter(run=run, status=QuestionStatus.OPEN).first()
         text = f"an answer to {question.question!r}" if question else "an answer"
+    elif kind == WaitKind.WORKER:
+        text = (
+            f"a worker that defines {run.agent}@{run.prompt_version} with the run's definition"
+            f" (fingerprint {run.fingerprint[:12]}): {run.error}"
+        )
     elif kind == WaitKind.RUNS:
         ids = [str(r) for r in run.wait_runs or []]
         by_id = {str(r.pk): r for r in AgentRun.objects.filter(pk__in=ids)}

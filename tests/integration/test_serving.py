@@ -16,6 +16,7 @@ from durable_agents.api import start_run
 from durable_agents.declare.agents import Agent, registry
 from durable_agents.housekeeping import serving
 from durable_agents.models import AgentRun, AgentWorker, RunStatus
+from durable_agents.testing import describe_wait
 from tests.testapp.agents import lookup
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -116,3 +117,13 @@ def test_a_killed_workers_runs_of_a_version_nobody_defines_wait_visibly() -> Non
     )  # its worker died: the lease ran out
     assert serving.serve_pass(store.current(), "w", serving.CarryOver()) == (0, 1)
     assert versions([run]) == [("1", RunStatus.WAITING)]
+
+
+def test_the_testing_helpers_say_what_a_run_waiting_for_a_worker_waits_for() -> None:
+    rollout("1")
+    run = start_run("rollout-pass", "Task.")
+    registry.unregister("rollout-pass", "1")
+    serving.serve_pass(store.current(), "w", serving.CarryOver())
+    said = describe_wait(AgentRun.objects.get(pk=run.pk))
+    assert said.startswith("a worker that defines rollout-pass@1 with the run's definition")
+    assert "no live worker does" in said
