@@ -182,4 +182,10 @@ time_capped = Agent(
 )
 
 # The fuzz suite's agents and the in-flight tests' agents.
-from tests.testapp import compaction_agents, fuzz_agents, inflight_agents, wait_agents  # noqa: E402, F401
+from tests.testapp import (  # noqa: E402, F401
+    compaction_agents,
+    context_agents,
+    fuzz_agents,
+    inflight_agents,
+    wait_agents,
+)
