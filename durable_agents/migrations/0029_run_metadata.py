@@ -4,8 +4,10 @@ queries (``AgentRun.objects.with_metadata(tenant="acme")``, the admin's metadata
 
 The column has a database default (``{}``), so code deployed before it existed (a rolling
 deploy) and raw INSERTs still create runs; on PostgreSQL 11 and later, adding a column with a
-constant default rewrites nothing and holds its lock for an instant. ``ADD COLUMN IF NOT
-EXISTS``: a migration interrupted after the column was added runs again.
+constant default rewrites nothing and holds its lock for an instant. The ALTER waits at most
+LOCK_TIMEOUT for that lock and is tried again, so that a long transaction holding ``agent_run``
+never queues every claim, heartbeat and commit behind the migration. The column is added only
+if it is missing: a migration interrupted after it was added finishes when run again.
 
 The index is PostgreSQL's alone (SQLite has no containment of JSON and gets no index), built
 CONCURRENTLY (hence ``atomic = False``), so a deployment with millions of runs goes on claiming
@@ -15,10 +17,17 @@ again. Metadata never changes once a run has started, so the index costs no HOT 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.contrib.postgres.indexes import GinIndex
-from django.db import migrations, models
+from django.db import OperationalError, migrations, models
+
+# How long the ALTER waits for its lock on agent_run before it gives up and tries again, and
+# how many times it tries.
+LOCK_TIMEOUT = "3s"
+LOCK_ATTEMPTS = 20
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for lock_not_available
 
 METADATA_FIELD = models.JSONField(
     blank=True,
@@ -44,17 +53,45 @@ def _with_metadata(apps: Any) -> Any:
     return model
 
 
+def _has_metadata(schema_editor: Any) -> bool:
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        columns = connection.introspection.get_table_description(cursor, "agent_run")
+    return any(column.name == "metadata" for column in columns)
+
+
+def _alter_briefly(schema_editor: Any, statement: str) -> None:
+    """Run an ALTER TABLE on PostgreSQL with a short lock_timeout, again until it gets its
+    lock: while it waits, every statement on agent_run would queue behind it."""
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            with schema_editor.connection.cursor() as cursor:
+                cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+                try:
+                    cursor.execute(statement)
+                finally:
+                    cursor.execute("RESET lock_timeout")
+            return
+        except OperationalError as exc:
+            lost = getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+            if not lost or attempt == LOCK_ATTEMPTS:
+                raise
+            time.sleep(1.0)
+
+
 def add_metadata(apps: Any, schema_editor: Any) -> None:
     model = _with_metadata(apps)
     if schema_editor.connection.vendor != "postgresql":
-        schema_editor.add_field(model, model._meta.get_field("metadata"))
+        if not _has_metadata(schema_editor):
+            schema_editor.add_field(model, model._meta.get_field("metadata"))
         return
+    if not _has_metadata(schema_editor):
+        _alter_briefly(
+            schema_editor,
+            """ALTER TABLE "agent_run" ADD COLUMN "metadata" jsonb DEFAULT '{}'::jsonb NOT NULL""",
+        )
     name = METADATA_INDEX.name
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "ALTER TABLE agent_run ADD COLUMN IF NOT EXISTS metadata jsonb"
-            " DEFAULT '{}'::jsonb NOT NULL"
-        )
         cursor.execute(
             "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
             " WHERE c.relname = %s AND pg_catalog.pg_table_is_visible(c.oid)",
