@@ -5,10 +5,12 @@ put the operations and dead-letter pages in the admin's list of models. Status c
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib.postgres.indexes import GinIndex
 from django.db import connections, models
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Now, Replace, Right, Substr
 from django.db.models.lookups import Exact, In
 from django.utils.translation import gettext_lazy as _
@@ -167,14 +169,32 @@ class AgentRunQuerySet(models.QuerySet["AgentRun"]):
         On PostgreSQL a containment (``metadata__contains``) that the GIN index
         ``agent_run_metadata`` serves; a nested value matches when the run's value contains it.
         SQLite has no containment of JSON: there each key's value is compared whole."""
-        if not pairs:
-            return self.all()
-        if connections[self.db].vendor == "postgresql":
-            return self.filter(metadata__contains=pairs)
-        found = self
-        for key, value in pairs.items():
-            found = found.filter(**{f"metadata__{key}": value})
-        return found
+        return self.filter(metadata_match(connections[self.db].vendor, pairs))
+
+
+def metadata_match(vendor: str, pairs: dict[str, Any]) -> models.Q:
+    """The condition ``with_metadata`` filters on: containment on PostgreSQL (served by the
+    index ``agent_run_metadata``), each key's value on other databases."""
+    if not pairs:
+        return models.Q()
+    if vendor == "postgresql":
+        return models.Q(metadata__contains=pairs)
+    # SQLite's JSON functions: the key's value, of the same JSON type, equal (an object or a
+    # list compared as its JSON text). A key is quoted in the path, so "0" or "a.b" is a key.
+    return models.Q(
+        *(
+            RawSQL(
+                "(json_type(metadata, %s) = json_type(%s) AND"
+                " json_extract(metadata, %s) IS json_extract(%s, '$'))",
+                [path, text, path, text],
+                output_field=models.BooleanField(),
+            )
+            for path, text in (
+                ('$."' + key.replace('"', '""') + '"', json.dumps(value, sort_keys=False))
+                for key, value in pairs.items()
+            )
+        )
+    )
 
 
 class AgentRun(models.Model):

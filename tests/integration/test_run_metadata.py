@@ -7,9 +7,12 @@ from __future__ import annotations
 import base64
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api
 from durable_agents.api import MAX_METADATA_BYTES, check_metadata, start_run
@@ -17,6 +20,8 @@ from durable_agents.exceptions import InvalidArgument
 from durable_agents.models import AgentRun, AgentStep, RunStatus
 from durable_agents.testing import plan
 from tests.conftest import run_worker
+from tests.integration.test_admin import ESCAPED, SCRIPT, run_url
+from tests.integration.test_admin_scale import listed
 from tests.testapp import context_agents
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -220,3 +225,50 @@ def test_the_model_cannot_set_the_run_context() -> None:
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert context_agents.SEEN == []  # the call was an is_error result the model saw
+
+
+# -- the admin ------------------------------------------------------------------------------
+
+
+def test_the_run_page_shows_the_metadata_escaped(admin_client: Client) -> None:
+    run = start_run("tester", "t", metadata={"tenant": SCRIPT, "order": 42})
+    content = admin_client.get(run_url(run)).content.decode()
+    assert "metadata" in content
+    assert ESCAPED in content
+    assert SCRIPT not in content
+    plain = start_run("tester", "no metadata")
+    assert "searchable with meta:" not in admin_client.get(run_url(plain)).content.decode()
+
+
+def test_the_runs_list_finds_runs_by_metadata_in_the_same_queries(admin_client: Client) -> None:
+    acme = start_run("tester", "Refund the order", metadata={"tenant": "acme", "order": 42})
+    globex = start_run("tester", "Refund the order", metadata={"tenant": "globex", "order": "42"})
+    start_run("tester", "Refund the order")
+
+    def search(term: str) -> tuple[list[Any], int]:
+        with CaptureQueriesContext(connection) as queries:
+            found = listed(admin_client, "?" + urlencode({"q": term}))
+        return found, len(queries)
+
+    assert search("meta:tenant=acme")[0] == [acme.pk]
+    assert set(search("meta:order=42")[0]) == {acme.pk, globex.pk}  # 42 and "42"
+    assert search("meta:tenant=acme meta:order=42")[0] == [acme.pk]
+    assert search("meta:tenant=initech")[0] == []
+    assert search("meta:tenant=acme Refund")[0] == [acme.pk]  # and words of the task
+    # No query more than the list without a search.
+    assert search("meta:tenant=acme")[1] == len_of_plain_list(admin_client)
+
+
+def len_of_plain_list(admin_client: Client) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        listed(admin_client, "")
+    return len(queries)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_the_metadata_search_is_a_containment_the_index_serves(admin_client: Client) -> None:
+    start_run("tester", "t", metadata={"tenant": "acme"})
+    with CaptureQueriesContext(connection) as queries:
+        listed(admin_client, "?" + urlencode({"q": "meta:tenant=acme"}))
+    sql = "\n".join(q["sql"] for q in queries.captured_queries)
+    assert '"agent_run"."metadata" @> ' in sql
