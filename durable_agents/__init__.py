@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from durable_agents.declare.agents import Agent
+from durable_agents.declare.context import RunContext
 from durable_agents.declare.tools import tool
 from durable_agents.declare.waits import Wait, ask_person
 
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Agent",
+    "RunContext",
     "Wait",
     "aanswer_question",
     "aapprove_intent",
@@ -104,7 +106,11 @@ __all__ = [
 # The names above that live in ``durable_agents.live`` and in ``durable_agents.api`` (both
 # import the models).
 _LIVE_NAMES = frozenset({"progress", "set_stream_cookie", "stream", "stream_token"})
-_API_NAMES = frozenset(__all__) - {"Agent", "tool", "Wait", "ask_person", "schedule"} - _LIVE_NAMES
+_API_NAMES = (
+    frozenset(__all__)
+    - {"Agent", "RunContext", "tool", "Wait", "ask_person", "schedule"}
+    - _LIVE_NAMES
+)
 
 if not TYPE_CHECKING:
     # Hidden from the type checker, which would otherwise take any misspelt name for ``Any``.

@@ -153,6 +153,7 @@ def start_run(
     priority: int = 0,
     concurrency_key: str | None = None,
     debounce: float | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
@@ -195,8 +196,16 @@ def start_run(
     run is cancelled like any other run (``cancel_run``). ``debounce`` is a number of seconds
     greater than 0 and at most ``MAX_DEBOUNCE_SECONDS`` (one day); it needs a ``key``.
 
-    A bad key, priority, concurrency key or debounce is an ``InvalidArgument`` (a
+    ``metadata``: a JSON object the product attaches to the run (``{"tenant": "acme",
+    "order": 42}``), stored on it as given (``run.metadata``), passed to its tools
+    (``RunContext.metadata``) and searchable: ``AgentRun.objects.with_metadata(tenant="acme")``
+    and the admin's runs list. It is stored in the clear, even under ``ENCRYPTION_KEYS``: no
+    secrets in it. Its child runs and its forks have it too. At most 64 kB as JSON, 100 levels
+    deep, without NUL or lone surrogates. A debounced call replaces it, as it does the task.
+
+    A bad key, priority, concurrency key, debounce or metadata is an ``InvalidArgument`` (a
     ``ValueError``), and nothing is created."""
+    stored_metadata = {} if metadata is None else check_metadata(metadata)
     if key is not None:
         _check_start_key(key)
     if debounce is not None:
@@ -208,6 +217,7 @@ def start_run(
     run.start_key = key
     run.priority = priority
     run.concurrency_key = concurrency_key
+    run.metadata = stored_metadata
     task_payload = json.dumps(task, ensure_ascii=False)
     if debounce is not None:
         return current().debounce_run(run, task_payload, float(debounce))
@@ -272,6 +282,60 @@ def _check_model(model: object) -> None:
         raise InvalidArgument("a model name cannot contain control characters or lone surrogates")
 
 
+# The largest metadata a run takes, as compact UTF-8 JSON: it is read with every run the admin
+# lists and every claim, so it holds identifiers (a tenant, a user, an order), not documents.
+MAX_METADATA_BYTES = 64 * 1024
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    """The run metadata ``metadata`` as it will be stored (a copy), or ``InvalidArgument``
+    saying what is wrong: not a dict of JSON values (str keys; str, int, float, bool, None,
+    list and dict values), a number JSON cannot hold (NaN, infinity), deeper than
+    ``MAX_DEPTH`` levels, larger than ``MAX_METADATA_BYTES`` as JSON, or a NUL or lone
+    surrogate in a key or a string."""
+    if not isinstance(metadata, dict):
+        raise InvalidArgument(f"metadata is a dict, not {type(metadata).__name__}")
+    try:
+        check_depth(metadata)
+    except Unstorable as exc:
+        raise InvalidArgument(f"metadata {exc}") from None
+    stack: list[tuple[str, Any]] = [("metadata", metadata)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidArgument(
+                        f"{where} has a key of type {type(key).__name__}: keys are strings"
+                    )
+                if has_unstorable(key):
+                    raise InvalidArgument(
+                        f"{where} has a key with a NUL character or a lone surrogate"
+                    )
+                stack.append((f"{where}[{key!r}]", item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            if has_unstorable(value):
+                raise InvalidArgument(f"{where} has a NUL character or a lone surrogate")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidArgument(f"{where} is {value!r}, which JSON cannot hold")
+        elif value is not None and not isinstance(value, (bool, int)):
+            raise InvalidArgument(
+                f"{where} is a {type(value).__name__}, not a JSON value (str, int, float, "
+                "bool, None, list or dict)"
+            )
+    text = json.dumps(metadata, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    size = len(text.encode("utf-8"))
+    if size > MAX_METADATA_BYTES:
+        raise InvalidArgument(
+            f"metadata is at most {MAX_METADATA_BYTES} bytes as JSON; this is {size}"
+        )
+    copied: dict[str, Any] = json.loads(text)
+    return copied
+
+
 def check_task(task: object) -> None:
     if not isinstance(task, str) or not task.strip():
         raise InvalidArgument("a run needs a non-empty task")
@@ -308,15 +372,17 @@ def spawn_run(
     key: str,
     version: str | None = None,
     model: str | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> AgentRun:
     """Start a child run of the run whose tool calls this, once per ``key``: calling it again
     with the same key (after a crash, or on the call's wake) returns the same run. The child
     is an ordinary run (pending), linked to its parent; ``raise Wait(runs=[...])`` waits for
     children to end. Cancelling the parent cancels its unfinished children. The child has its
     parent's priority and concurrency key: a child of an urgent run is urgent too, and a
-    tenant's children count toward the tenant's limit.
+    tenant's children count toward the tenant's limit. It has its parent's metadata too, unless
+    given its own (``metadata=``, checked as ``start_run`` checks it).
 
-    Raises ``RuntimeError`` outside tool code, ``InvalidArgument`` for a bad key, and
+    Raises ``RuntimeError`` outside tool code, ``InvalidArgument`` for a bad key or metadata, and
     ``SpawnRefused`` past ``MAX_RUN_DEPTH``, ``MAX_CHILD_RUNS`` or ``MAX_TREE_RUNS`` (the runs
     of the whole tree, its root included), or when the parent is over (both ``ValueError``)."""
     call = waits.current_call()
@@ -332,7 +398,12 @@ def spawn_run(
         raise SpawnRefused(
             f"a child run would be at depth {depth}; MAX_RUN_DEPTH is {app_settings.MAX_RUN_DEPTH}"
         )
+    if metadata is not None:
+        child_metadata = check_metadata(metadata)
+    else:
+        child_metadata = json.loads(json.dumps(call.metadata or {}))
     child = _new_run(agent, task, version, model)
+    child.metadata = child_metadata
     child.parent_id = call.run_id
     child.spawn_key = key
     child.depth = depth
@@ -742,6 +813,7 @@ async def astart_run(
     priority: int = 0,
     concurrency_key: str | None = None,
     debounce: float | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> AgentRun:
     """``start_run`` for async code."""
     return await sync_to_async(start_run)(
@@ -753,6 +825,7 @@ async def astart_run(
         priority=priority,
         concurrency_key=concurrency_key,
         debounce=debounce,
+        metadata=metadata,
     )
 
 

@@ -612,12 +612,13 @@ def run_agent(
     version: str | None = None,
     model: str | None = None,
     offline: bool = True,
+    metadata: dict[str, Any] | None = None,
     **options: Any,
 ) -> RunResult:
-    """Start a run of ``agent`` and drive it to its end with the offline scripted model;
-    ``options`` are those of ``drive`` (``intents``, ``events``, ``answers``, ``timers``,
-    ``children``, ``clock``, ``max_claims``)."""
-    run = api.start_run(agent, task, version=version, model=model)
+    """Start a run of ``agent`` (with its ``metadata``, if given) and drive it to its end with
+    the offline scripted model; ``options`` are those of ``drive`` (``intents``, ``events``,
+    ``answers``, ``timers``, ``children``, ``clock``, ``max_claims``)."""
+    run = api.start_run(agent, task, version=version, model=model, metadata=metadata)
     if not offline:
         return drive(run, **options)
     with offline_model():

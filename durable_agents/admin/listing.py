@@ -47,7 +47,7 @@ from durable_agents._internal import counting, encryption
 from durable_agents._internal.counting import Count, bounded_count
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
 from durable_agents.models.ids import SHORT_ID_DIGITS
-from durable_agents.models.runs import time_ordered_id_ending
+from durable_agents.models.runs import metadata_match, time_ordered_id_ending
 
 # Distinct values a filter lists (agents, models); more than that is not a filter any more.
 MAX_FILTER_VALUES = 100
@@ -314,6 +314,38 @@ def _task_matches(queryset: QuerySet[Any], words: list[str], words_of: Dialect) 
     return recent + older_ids[: MAX_SEARCH_MATCHES + 1 - len(recent)]
 
 
+# ``meta:key=value`` in the runs list's search: the runs whose metadata holds that value.
+METADATA_PREFIX = "meta:"
+_METADATA_TERM = re.compile(r"^meta:(?P<key>[^=\s]+)=(?P<value>\S*)$")
+
+
+def metadata_terms(term: str) -> tuple[list[tuple[str, str]], str]:
+    """The ``meta:key=value`` words of a search and what is left of it. A word that starts
+    with ``meta:`` but has no ``=`` is an ordinary word."""
+    pairs, rest = [], []
+    for word in term.split():
+        match = _METADATA_TERM.match(word)
+        if match is None:
+            rest.append(word)
+        else:
+            pairs.append((match["key"], match["value"]))
+    return pairs, " ".join(rest)
+
+
+def _metadata_value_match(vendor: str, key: str, value: str) -> Q:
+    """``key=value`` as typed: the value as a string, and as the JSON scalar it spells too
+    (``order=42`` finds 42 and "42"; ``vip=true`` finds true and "true"). Each a containment
+    of its own on PostgreSQL, so that the index serves each."""
+    found = metadata_match(vendor, {key: value})
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return found
+    if parsed is None or isinstance(parsed, (bool, int, float)):
+        found |= metadata_match(vendor, {key: parsed})
+    return found
+
+
 def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
     """The runs of ``queryset`` (already filtered) that ``term`` names, each kind of term
     through its own index:
@@ -326,6 +358,10 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
       name, and, for a single run of hex digits, the runs whose id starts with it and the
       time-ordered run whose short id (the last 8 digits of its id) it is.
 
+    ``meta:key=value`` words (``meta:tenant=acme``) keep the runs whose metadata has that
+    value under that key (``with_metadata``: a containment the index ``agent_run_metadata``
+    serves on PostgreSQL); the rest of the term, if any, is searched among those.
+
     Whatever the term, the run started with exactly that key is listed too (a key is often
     an id of the caller's: a ticket's, an order's, a request's UUID), and the runs of exactly
     that concurrency key (the index agent_run_key).
@@ -335,6 +371,14 @@ def search_runs(queryset: QuerySet[AgentRun], term: str) -> SearchResult:
     query: it is one more condition of the list's own.
     """
     term = term.strip()
+    pairs, rest = metadata_terms(term)
+    if pairs:
+        vendor = connections[queryset.db].vendor
+        for key, value in pairs:
+            queryset = queryset.filter(_metadata_value_match(vendor, key, value))
+        if not rest:
+            return SearchResult(queryset)
+        term = rest
     by_key = Q(start_key=term) | Q(concurrency_key=term)
     try:
         return SearchResult(queryset.filter(Q(pk=uuid.UUID(term)) | by_key))

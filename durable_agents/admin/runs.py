@@ -119,7 +119,7 @@ class RunChangeList(CountedChangeList):
             .get_queryset(request, exclude_parameters)
             .annotate(task_head=Substr("task", 1, TASK_HEAD_CHARS))
             # woken_by can hold an event's whole payload: the list never shows it.
-            .defer("task", "result", "fingerprint", "woken_by")
+            .defer("task", "result", "fingerprint", "woken_by", "metadata")
         )
         # wait_runs as text, decoded per row: one run's undecodable wait cannot fail the list.
         return reading_raw(queryset, "wait_runs")
@@ -209,7 +209,8 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
     search_help_text = _(
         "A run id or its first characters, a request id (req_...) or its first characters, "
         "a start key, a concurrency key, an agent or a model, or words of the task or of a "
-        "dead or failed run's reason."
+        "dead or failed run's reason; meta:key=value for the runs whose metadata has that "
+        "value (meta:tenant=acme)."
     )
     ordering = ("-created_at",)
     paginator = EstimatingPaginator
@@ -286,6 +287,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         "wait_event",
         "woken_by_text",
         "concurrency",
+        "metadata_text",
     )
     # Shown on the page of a child run, and of a run that has waited.
     child_fieldset = (_("Child run"), {"fields": ("parent_link", "spawn_key", "depth")})
@@ -320,6 +322,10 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),
         "woken_by_text": _("what ended the wait: the waiting call receives it"),
+        "metadata_text": _(
+            "what the product attached to the run when it started it; stored unencrypted, "
+            "searchable with meta:key=value"
+        ),
     }
 
     agent_shown = revealed_field("agent", _("agent"))
@@ -346,6 +352,10 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         if obj is not None and obj.concurrency_key is not None:
             name, options = fieldsets[0]
             fieldsets[0] = (name, {**options, "fields": (*options["fields"], "concurrency")})
+        if obj is not None and obj.metadata:
+            # What the product attached to it (a tenant, a user, an order), after the task.
+            name, options = fieldsets[0]
+            fieldsets[0] = (name, {**options, "fields": (*options["fields"], "metadata_text")})
         if obj is not None and obj.parent_id:
             fieldsets.insert(1, self.child_fieldset)
         if obj is not None and obj.waiting_for and obj.status != RunStatus.WAITING:
@@ -366,6 +376,13 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
     @admin.display(description=_("concurrency key"))
     def concurrency(self, obj: AgentRun) -> SafeString | str:
         return key_detail(obj)
+
+    @admin.display(description=_("metadata"))
+    def metadata_text(self, obj: AgentRun) -> SafeString | str:
+        """The run's metadata as indented JSON, escaped (it is the product's, not ours)."""
+        if not obj.metadata:
+            return self.get_empty_value_display()
+        return text_html(shown_text(pretty_json(obj.metadata)))
 
     @admin.display(description=_("woken by"))
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import jsonschema
 
+from durable_agents.declare.context import RunContext
 from durable_agents.exceptions import DefinitionError, ToolInputError
 
 __all__ = [
@@ -62,6 +63,39 @@ IDEMPOTENCY_KEY = "idempotency_key"
 WOKEN_BY = "woken_by"
 # Parameters the runtime fills in, never the model.
 RUNTIME_PARAMETERS = (IDEMPOTENCY_KEY, WOKEN_BY)
+
+
+def run_context_parameter(
+    func: Callable[..., Any], hints: Mapping[str, Any] | None = None
+) -> str | None:
+    """The name of ``func``'s parameter annotated ``RunContext`` (the runtime fills it in, never
+    the model), or None. Found by its annotation, whatever its name: a parameter named ``run``
+    of another type is an ordinary parameter. More than one is a definition error."""
+    signature = inspect.signature(func)
+    if hints is None:
+        try:
+            hints = typing.get_type_hints(func, include_extras=True)
+        except Exception:  # noqa: BLE001 - unresolvable hints: read the raw annotations
+            hints = {}
+    found = []
+    for name, param in signature.parameters.items():
+        hint = hints.get(name, param.annotation)
+        if typing.get_origin(hint) is typing.Annotated:
+            hint = typing.get_args(hint)[0]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            # ``RunContext | None`` (with a default of None: a direct call may leave it out)
+            others = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+            hint = others[0] if len(others) == 1 else hint
+        if hint is RunContext or hint == "RunContext":
+            found.append(name)
+    if len(found) > 1:
+        raise _definition_error(
+            func, f"only one parameter may be a RunContext; {', '.join(found)} are"
+        )
+    if found and found[0] in RUNTIME_PARAMETERS:
+        raise _definition_error(func, f"{found[0]!r} is filled in by the runtime; not a RunContext")
+    return found[0] if found else None
+
 
 # What the Messages API accepts as a tool name.
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
@@ -334,11 +368,12 @@ def schema_from_signature(func: Callable[..., Any]) -> dict[str, Any]:
     signature = _check_signature(func)
     hints = _hints(func)
     _, arg_docs = _split_docstring(func.__doc__)
+    context_name = run_context_parameter(func, hints)
 
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, param in signature.parameters.items():
-        if name in RUNTIME_PARAMETERS:
+        if name in RUNTIME_PARAMETERS or name == context_name:
             continue
         where = f"tool {_qualname(func)}, parameter {name!r}"
         schema = _type_schema(hints.get(name, inspect.Parameter.empty), where)
@@ -518,6 +553,13 @@ class Tool:
             and signature.parameters[IDEMPOTENCY_KEY].default is not inspect.Parameter.empty
         )
         self.takes_woken_by = WOKEN_BY in signature.parameters
+        # The parameter annotated RunContext, if any: it gets the run the call belongs to.
+        self.run_context_parameter = run_context_parameter(func)
+        self._context_has_default = (
+            self.run_context_parameter is not None
+            and signature.parameters[self.run_context_parameter].default
+            is not inspect.Parameter.empty
+        )
         self._validator = jsonschema.Draft202012Validator(self.input_schema)
 
         # Hints only matter for turning JSON back into Enum members and tuples. With an explicit
@@ -566,11 +608,23 @@ class Tool:
         *,
         idempotency_key: str | None = None,
         woken_by: dict[str, Any] | None = None,
+        run_context: RunContext | None = None,
     ) -> Any:
         """Validate the model's input, then call the function with it (and with the runtime's
-        ``idempotency_key`` and ``woken_by``, for a function that declares them)."""
+        ``idempotency_key``, ``woken_by`` and ``RunContext``, for a function that declares
+        them)."""
         self.validate(tool_input)
         kwargs = dict(tool_input)
+        if self.run_context_parameter is not None:
+            if self.run_context_parameter in kwargs:
+                raise ToolInputError(
+                    f"Invalid input for tool {self.name!r}: {self.run_context_parameter!r} is "
+                    "set by the runtime, not by the model"
+                )
+            if run_context is not None:
+                kwargs[self.run_context_parameter] = run_context
+            elif not self._context_has_default:
+                raise TypeError(f"tool {self.name!r} needs a RunContext")
         if self.takes_woken_by:
             if WOKEN_BY in kwargs:
                 raise ToolInputError(

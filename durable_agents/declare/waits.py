@@ -198,6 +198,8 @@ class CallContext:
     depth: int
     key: str
     seq: int = 0  # the model turn that asked for the call
+    # The run's metadata: what a child run spawned by the call inherits unless given its own.
+    metadata: Any = None
 
 
 _current_call: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(

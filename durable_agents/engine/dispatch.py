@@ -311,15 +311,27 @@ class ToolDispatch:
         key = call.key
         sent = call.receiver_key
         # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
-        context = waits.CallContext(self.run.pk, self.run.depth, key, call.seq)
+        context = waits.CallContext(
+            self.run.pk, self.run.depth, key, call.seq, metadata=self.run.metadata
+        )
+        # The run, for a tool with a parameter annotated RunContext (built only for those).
+        run_context = (
+            None
+            if tool.run_context_parameter is None
+            else self.run.run_context(attempt=self.claim.attempt, tool=tool.name)
+        )
 
         def run_call(abort: threading.Event) -> Any:
             with waits.calling(context):
-                return tool.invoke(call.input, idempotency_key=sent, woken_by=woken_by)
+                return tool.invoke(
+                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
+                )
 
         async def call_async() -> Any:
             with waits.calling(context):
-                return await tool.invoke(call.input, idempotency_key=sent, woken_by=woken_by)
+                return await tool.invoke(
+                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
+                )
 
         try:
             if tool.is_async:

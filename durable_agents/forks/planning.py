@@ -142,6 +142,8 @@ def plan_fork(
         priority=parent.priority,
         concurrency_key=parent.concurrency_key,
         concurrency_limit=parent.concurrency_limit,
+        # A fork is the same piece of work, for the same tenant, user or order.
+        metadata=parent.metadata,
         forked_from=parent,
         fork_seq=at_seq,
         fork_key_run_id=key_run_id,

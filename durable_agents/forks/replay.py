@@ -327,12 +327,20 @@ class _Replayer:
             return f"Invalid input for tool {tool.name!r}: the input {exc}", True, False
         except ToolInputError as exc:
             return str(exc), True, False
-        context = waits.CallContext(self.run.pk, self.run.depth, key)
+        context = waits.CallContext(self.run.pk, self.run.depth, key, metadata=self.run.metadata)
         try:
             # A savepoint per call: a query that fails in one tool (which aborts a PostgreSQL
             # transaction) must not fail the calls after it.
             with transaction.atomic(), waits.calling(context):
-                value = tool.invoke(call.input, idempotency_key=sent)
+                value = tool.invoke(
+                    call.input,
+                    idempotency_key=sent,
+                    run_context=(
+                        None
+                        if tool.run_context_parameter is None
+                        else self.run.run_context(attempt=self.run.attempt, tool=tool.name)
+                    ),
+                )
                 if tool.is_async:
                     value = asyncio.run(value)
         except waits.Wait as wait:

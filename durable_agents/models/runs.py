@@ -5,13 +5,17 @@ put the operations and dead-letter pages in the admin's list of models. Status c
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.db import models
+from django.contrib.postgres.indexes import GinIndex
+from django.db import connections, models
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Now, Replace, Right, Substr
 from django.db.models.lookups import Exact, In
 from django.utils.translation import gettext_lazy as _
 
+from durable_agents.declare.context import RunContext
 from durable_agents.models.fields import JSONTextField
 from durable_agents.models.ids import SHORT_ID_DIGITS, new_run_id
 
@@ -88,6 +92,14 @@ def id_tail_index() -> models.Index:
     return models.Index(tail, name="agent_run_id_tail")
 
 
+def metadata_index() -> models.Index:
+    """The index ``agent_run_metadata``: a GIN index (``jsonb_path_ops``) on the runs'
+    metadata, for containment (``metadata @> '{"tenant": "acme"}'``, ``with_metadata``). On
+    PostgreSQL only: migration 0029 builds it CONCURRENTLY there, and no index on SQLite.
+    Metadata never changes once the run has started, so updates stay HOT."""
+    return GinIndex(fields=["metadata"], name="agent_run_metadata", opclasses=["jsonb_path_ops"])
+
+
 class IdTail(Right):
     """The expression of ``agent_run_id_tail`` in a query: a database uses the index only for
     a condition spelled as the index is. SQLite also wants the same constants where the index
@@ -151,6 +163,38 @@ class AgentRunQuerySet(models.QuerySet["AgentRun"]):
 
     def dead(self) -> AgentRunQuerySet:
         return self.filter(status=RunStatus.DEAD)
+
+    def with_metadata(self, **pairs: Any) -> AgentRunQuerySet:
+        """Runs whose metadata holds each ``key=value`` given: ``with_metadata(tenant="acme")``.
+        On PostgreSQL a containment (``metadata__contains``) that the GIN index
+        ``agent_run_metadata`` serves; a nested value matches when the run's value contains it.
+        SQLite has no containment of JSON: there each key's value is compared whole."""
+        return self.filter(metadata_match(connections[self.db].vendor, pairs))
+
+
+def metadata_match(vendor: str, pairs: dict[str, Any]) -> models.Q:
+    """The condition ``with_metadata`` filters on: containment on PostgreSQL (served by the
+    index ``agent_run_metadata``), each key's value on other databases."""
+    if not pairs:
+        return models.Q()
+    if vendor == "postgresql":
+        return models.Q(metadata__contains=pairs)
+    # SQLite's JSON functions: the key's value, of the same JSON type, equal (an object or a
+    # list compared as its JSON text). A key is quoted in the path, so "0" or "a.b" is a key.
+    return models.Q(
+        *(
+            RawSQL(
+                "(json_type(metadata, %s) = json_type(%s) AND"
+                " json_extract(metadata, %s) IS json_extract(%s, '$'))",
+                [path, text, path, text],
+                output_field=models.BooleanField(),
+            )
+            for path, text in (
+                ('$."' + key.replace('"', '""') + '"', json.dumps(value, sort_keys=False))
+                for key, value in pairs.items()
+            )
+        )
+    )
 
 
 class AgentRun(models.Model):
@@ -300,6 +344,20 @@ class AgentRun(models.Model):
     # (retention), and the keys with it. effects.key_run() reads it.
     fork_key_run_id = models.UUIDField(null=True, blank=True, editable=False)
 
+    # What the product that started the run attaches to it (``start_run(..., metadata=...)``):
+    # a JSON object such as a tenant, a user, an order. Stored in the clear even under
+    # ENCRYPTION_KEYS, because it is meant to be searched (``with_metadata``, the admin's
+    # filter): no secrets here. A child run and a fork have their parent's unless given
+    # their own. A database default, so that code deployed before the column existed (a
+    # rolling deploy) and raw INSERTs still create runs.
+    metadata = models.JSONField(
+        default=dict,
+        db_default=models.Value({}, output_field=models.JSONField()),
+        blank=True,
+        editable=False,
+        help_text=_("what the product attached to the run (a tenant, a user, an order)"),
+    )
+
     objects = AgentRunQuerySet.as_manager()
 
     class Meta:
@@ -403,6 +461,9 @@ class AgentRun(models.Model):
             # (time_ordered_id_ending): the primary key is ordered by the first ones. The id
             # never changes: no HOT update lost. Migration 0026 builds it CONCURRENTLY.
             id_tail_index(),
+            # with_metadata and the admin's metadata filter: containment, on PostgreSQL only.
+            # Migration 0029 builds it CONCURRENTLY (and none on SQLite).
+            metadata_index(),
         ]
         constraints: ClassVar[list[models.BaseConstraint]] = [
             models.UniqueConstraint(
@@ -426,6 +487,22 @@ class AgentRun(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+    def run_context(self, *, attempt: int | None = None, tool: str = "") -> RunContext:
+        """What a tool annotated with a ``RunContext`` parameter receives: this run, seen by
+        the claim ``attempt`` (the run's own by default); its logger is
+        ``durable_agents.tools.<tool>``, bound to the run."""
+        name = f"durable_agents.tools.{tool}" if tool else "durable_agents.tools"
+        return RunContext(
+            id=self.pk,
+            agent=self.agent,
+            version=self.prompt_version,
+            metadata=self.metadata or {},
+            key=self.start_key,
+            concurrency_key=self.concurrency_key,
+            attempt=self.attempt if attempt is None else attempt,
+            logger_name=name,
+        )
 
 
 class OperationsEntry(AgentRun):

@@ -43,6 +43,7 @@ DEBOUNCED_FIELDS = (
     "concurrency_key",
     "concurrency_limit",
     "trace_context",
+    "metadata",
 )
 
 

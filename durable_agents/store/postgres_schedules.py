@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connection
+from django.db.models import JSONField
 
 from durable_agents._internal import encryption
 from durable_agents.models import STEP_PAYLOAD, AgentRun, AgentSchedule
@@ -177,10 +178,14 @@ def _iso(moment: dt.datetime | None) -> str | None:
 
 def _template_row(template: AgentRun) -> dict[str, Any]:
     """The template's columns as JSON values (each prepared by its field, as for a save)."""
-    return {
-        str(field.column): field.get_db_prep_save(field.pre_save(template, True), connection)
-        for field in _TEMPLATE_FIELDS
-    }
+    return {str(field.column): _template_value(field, template) for field in _TEMPLATE_FIELDS}
+
+
+def _template_value(field: Any, template: AgentRun) -> Any:
+    value = field.pre_save(template, True)
+    if isinstance(field, JSONField):  # a JSON column (metadata) is its value, not its adapter
+        return value
+    return field.get_db_prep_save(value, connection)
 
 
 def take_due_schedules(now: dt.datetime | None, limit: int) -> DueSchedules:

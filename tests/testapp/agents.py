@@ -181,9 +181,11 @@ time_capped = Agent(
     max_wall_seconds=1.0,
 )
 
-# The fuzz suite's agents, the in-flight tests' agents and the rolling deploy's two codes.
+# The fuzz suite's agents, the in-flight tests' agents, the agent whose tool reads its run,
+# and the rolling deploy's two codes.
 from tests.testapp import (  # noqa: E402, F401
     compaction_agents,
+    context_agents,
     fuzz_agents,
     inflight_agents,
     rollout_agents,

@@ -114,3 +114,10 @@ def test_the_errors_of_the_api_say_what_is_wrong() -> None:
         api.start_run("agent", "task", debounce=5)
     assert issubclass(RunNotFound, LookupError)
     assert issubclass(SpawnRefused, ValueError)
+
+
+def test_run_context_is_exported_from_the_package() -> None:
+    from durable_agents.declare.context import RunContext
+
+    assert "RunContext" in durable_agents.__all__
+    assert durable_agents.RunContext is RunContext
