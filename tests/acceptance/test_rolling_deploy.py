@@ -66,10 +66,10 @@ WAIT = 0.05
 
 # The runs of version 1: (kind, agent, how many). Thinking runs cannot be upgraded.
 MIX = [
-    ("plain", "rollout", 6),
-    ("charge", "rollout", 6),
-    ("thinking", "rollout_thinking", 4),
-    ("thinking-charge", "rollout_thinking", 4),
+    ("plain", "deploying", 6),
+    ("charge", "deploying", 6),
+    ("thinking", "deploying_thinking", 4),
+    ("thinking-charge", "deploying_thinking", 4),
 ]
 CHARGING = {"charge", "thinking-charge"}
 THINKING = {"thinking", "thinking-charge"}
@@ -286,7 +286,7 @@ def roll_out(
     started_up("b0")
     # The new code's own runs: started on version 2, for code B alone.
     for tag in ("v2 new 20", "v2 new 21"):
-        run = durable_agents.start_run("rollout", plan(tag, "charge"), version="2")
+        run = durable_agents.start_run("deploying", plan(tag, "charge"), version="2")
         deploy.new_runs.append(Run(tag, "new", run))
 
     # -- a crash midway: the worker of code A with a charge in flight is killed --------------

@@ -10,7 +10,8 @@ UPDATE agent_run
        priority = %(priority)s,
        concurrency_key = %(concurrency_key)s,
        concurrency_limit = %(concurrency_limit)s,
-       trace_context = %(trace_context)s
+       trace_context = %(trace_context)s,
+       metadata = %(metadata)s
  WHERE start_key = %(start_key)s
    AND agent = %(agent)s
    AND status = 'waiting'

@@ -65,7 +65,8 @@ WITH slot AS (
                            fair_at,
                            forked_from_id,
                            fork_seq,
-                           fork_key_run_id)
+                           fork_key_run_id,
+                           metadata)
     SELECT s.run_id,
            t.agent,
            t.prompt_version,
@@ -104,7 +105,8 @@ WITH slot AS (
            COALESCE(f.fair_at, now()),
            t.forked_from_id,
            t.fork_seq,
-           t.fork_key_run_id
+           t.fork_key_run_id,
+           t.metadata
       FROM slot AS s
       JOIN template AS t ON t.ordinality = s.template
       LEFT JOIN fair AS f ON f.n = s.n

@@ -2,12 +2,12 @@
 (tests/acceptance/test_rolling_deploy.py), chosen by the DA_ROLLOUT_CODE environment variable
 of the process:
 
-- ``A`` (the old code): version 1 of ``rollout`` and of ``rollout_thinking``;
+- ``A`` (the old code): version 1 of ``deploying`` and of ``deploying_thinking``;
 - ``B`` (the new code): version 2 of both, with another system prompt and the same tools,
   each ``upgrades_from=["1"]``, and NOT version 1;
 - unset (the test process, which starts the runs, and every other test): all four.
 
-``rollout_thinking`` runs with extended thinking: its signed thinking blocks bind version 1's
+``deploying_thinking`` runs with extended thinking: its signed thinking blocks bind version 1's
 system prompt, so its runs cannot move to version 2 and only code A can finish them.
 """
 
@@ -36,7 +36,7 @@ THINKING = {"type": "enabled", "budget_tokens": 1024}
 
 if CODE in ("", "A"):
     Agent(
-        name="rollout",
+        name="deploying",
         version="1",
         model="claude-test-1",
         system=SYSTEM["1"],
@@ -44,7 +44,7 @@ if CODE in ("", "A"):
         max_tokens=1024,
     )
     Agent(
-        name="rollout_thinking",
+        name="deploying_thinking",
         version="1",
         model="claude-test-1",
         system=THINKING_SYSTEM["1"],
@@ -55,7 +55,7 @@ if CODE in ("", "A"):
 
 if CODE in ("", "B"):
     Agent(
-        name="rollout",
+        name="deploying",
         version="2",
         model="claude-test-1",
         system=SYSTEM["2"],
@@ -64,7 +64,7 @@ if CODE in ("", "B"):
         upgrades_from=["1"],
     )
     Agent(
-        name="rollout_thinking",
+        name="deploying_thinking",
         version="2",
         model="claude-test-1",
         system=THINKING_SYSTEM["2"],
