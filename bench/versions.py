@@ -113,8 +113,8 @@ def run(pending: int, claims: int, pairs: int, defines: str = ALL) -> dict[str, 
         if i % 2:
             sides.reverse()
         got: dict[str, list[float]] = {}
-        for name, url, defines in sides:
-            got[name] = claims_in(url, claims, defines)["lat"]
+        for name, url, its_versions in sides:
+            got[name] = claims_in(url, claims, its_versions)["lat"]
         p99 = {k: common.pct(v, 99) for k, v in got.items()}
         ratios.append(p99["fleet"] / p99["one"])
         lat_one += got["one"]
