@@ -158,9 +158,18 @@ def beat(presence: Presence) -> None:
 
 
 def unregister(presence: Presence, definitions: Sequence[dict[str, Any]]) -> None:
-    """A clean stop: its versions were defined until now; its row goes."""
+    """A clean stop: its versions were defined until now (one UPDATE of the rows recorded at
+    its start); its row goes."""
+    now = timezone.now()
+    defined = Q(pk__in=[])
+    for definition in definitions:
+        defined |= Q(
+            agent=definition["agent"],
+            version=definition["version"],
+            fingerprint=definition["fingerprint"],
+        )
     with transaction.atomic():
-        record_versions(definitions, timezone.now())
+        AgentVersion.objects.filter(defined, last_defined_at__lt=now).update(last_defined_at=now)
         AgentWorker.objects.filter(pk=presence.worker_id, instance=presence.instance).delete()
 
 

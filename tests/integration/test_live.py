@@ -393,10 +393,16 @@ def test_the_text_of_a_cut_attempt_is_superseded(fake_api: Any) -> None:
                 listening = Hub.current().listening
                 assert await asyncio.to_thread(listening.wait, 30)
                 # The worker's side, on a thread of its own while this reader reads on.
-                threading.Thread(target=_cut_then_commit, args=(publisher, run, seen)).start()
+                worker_side.append(
+                    threading.Thread(target=_cut_then_commit, args=(publisher, run, seen))
+                )
+                worker_side[0].start()
         return seen
 
+    worker_side: list[threading.Thread] = []
     events = asyncio.run(asyncio.wait_for(follow(), 60))
+    for thread in worker_side:
+        thread.join(30)  # its worker stops (and removes its row) before the teardown
     deltas = [(e.data["attempt"], e.data["n"], e.data["text"]) for e in events if e.type == "delta"]
     assert deltas == [(1, 0, "Hel"), (1, 1, "lo, w"), (2, 0, "Hello"), (2, 1, ", world")]
     types = [e.type for e in events]
@@ -456,10 +462,12 @@ def test_a_reader_that_joins_mid_turn_gets_the_text_so_far_once(fake_api: Any) -
                     await asyncio.sleep(0.05)
                     turn = hub.watches[run.pk].turn
             if event.type == "delta" and event.data["n"] == 1:
-                threading.Thread(target=_commit, args=(run,)).start()
+                committer.start()
         return seen
 
+    committer = threading.Thread(target=_commit, args=(run,))
     events = asyncio.run(asyncio.wait_for(follow(), 60))
+    committer.join(30)  # its worker stops (and removes its row) before the teardown
     deltas = [(e.data["attempt"], e.data["n"], e.data["text"]) for e in events if e.type == "delta"]
     assert deltas == [(2, 0, "Hello"), (2, 1, ", world")]
     assert [e.data["seq"] for e in events if e.type == "step"] == [0, 1]
