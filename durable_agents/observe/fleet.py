@@ -155,7 +155,7 @@ def _fleet_query(using: str) -> QuerySet[Any]:
             j=Value(None, text),
         )
     )
-    return runs.union(workers, versions, all=True)
+    return runs.union(workers, versions, all=True).order_by()
 
 
 def read_fleet(now: datetime.datetime | None = None, *, using: str = DEFAULT_DB_ALIAS) -> Fleet:

@@ -161,38 +161,47 @@ def unregister(presence: Presence, definitions: Sequence[dict[str, Any]]) -> Non
     """A clean stop: its versions were defined until now (one UPDATE of the rows recorded at
     its start); its row goes."""
     now = timezone.now()
-    defined = Q(pk__in=[])
-    for definition in definitions:
-        defined |= Q(
-            agent=definition["agent"],
-            version=definition["version"],
-            fingerprint=definition["fingerprint"],
-        )
     with transaction.atomic():
-        AgentVersion.objects.filter(defined, last_defined_at__lt=now).update(last_defined_at=now)
+        AgentVersion.objects.filter(_definitions(definitions), last_defined_at__lt=now).update(
+            last_defined_at=now
+        )
         AgentWorker.objects.filter(pk=presence.worker_id, instance=presence.instance).delete()
 
 
 def record_versions(definitions: Iterable[dict[str, Any]], at: datetime.datetime) -> None:
     """agent_version: each definition (``Agent.digests()`` with its agent and version) was
-    defined by a live worker at ``at`` (never moved back)."""
-    for definition in definitions:
-        row, created = AgentVersion.objects.get_or_create(
-            agent=definition["agent"],
-            version=definition["version"],
-            fingerprint=definition["fingerprint"],
-            defaults={
-                "model": definition["model"],
-                "binding": definition["binding"],
-                "tools": definition["tools"],
-                "first_defined_at": at,
-                "last_defined_at": at,
-            },
-        )
-        if not created:
-            AgentVersion.objects.filter(pk=row.pk, last_defined_at__lt=at).update(
-                last_defined_at=at
+    defined by a live worker at ``at`` (never moved back). Two statements whatever the number
+    of agents: the new definitions inserted, the known ones' last definition moved on."""
+    definitions = list(definitions)
+    if not definitions:
+        return
+    AgentVersion.objects.bulk_create(
+        [
+            AgentVersion(
+                agent=d["agent"],
+                version=d["version"],
+                fingerprint=d["fingerprint"],
+                model=d["model"],
+                binding=d["binding"],
+                tools=d["tools"],
+                first_defined_at=at,
+                last_defined_at=at,
             )
+            for d in definitions
+        ],
+        ignore_conflicts=True,
+    )
+    AgentVersion.objects.filter(_definitions(definitions), last_defined_at__lt=at).update(
+        last_defined_at=at
+    )
+
+
+def _definitions(definitions: Iterable[dict[str, Any]]) -> Q:
+    """The agent_version rows of ``definitions``."""
+    found = Q(pk__in=[])
+    for d in definitions:
+        found |= Q(agent=d["agent"], version=d["version"], fingerprint=d["fingerprint"])
+    return found
 
 
 def _beat(presence: Presence, now: datetime.datetime) -> dict[str, Any]:
