@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 from typing import Any
 
 import pytest
@@ -39,8 +40,14 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def test_each_slot_starts_one_run_while_workers_are_killed(spawn_worker: Any) -> None:
+    started = itertools.count()
+
     def start(i: int) -> WorkerProcess:
-        return spawn_worker("--concurrency", "2", "--lease-seconds", "2", "--worker-id", f"w{i}")
+        # A fresh id per process: one restarted under a killed worker's id would first wait
+        # for the killed one's row to age out (up to its lease), which this test is not about.
+        return spawn_worker(
+            "--concurrency", "2", "--lease-seconds", "2", "--worker-id", f"w{i}-{next(started)}"
+        )  # fmt: skip
 
     def up(worker: WorkerProcess) -> None:
         wait_for(lambda: "started" in worker.output(), timeout=60, interval=0.1)
