@@ -93,19 +93,19 @@ def decide(intent_id: int, user: Any, *, approve: bool, reason: str = "") -> Out
     verb = "approved" if approve else "rejected"
     lines = ["Before:", *intent_lines(intent)]
     if intent.status != IntentStatus.PENDING:
-        failure = (
+        refusal = (
             f"intent {intent.pk} is {intent.status}, not pending: nothing was {verb}"
             if intent.status != IntentStatus.UNKNOWN
             else f"intent {intent.pk}'s outcome is unknown: resolve it in the admin; nothing "
             f"was {verb}"
         )
-        return Output({"intent": intent_document(intent), "decided": False}, lines, failure=failure)
+        return Output({"intent": intent_document(intent), "decided": False}, lines, failure=refusal)
     after, decided = audit.decide_intent(intent.pk, user, approve=approve, reason=reason)
     after = ToolIntent.objects.select_related("decided_by").get(pk=after.pk)
     lines += ["", "After:", *intent_lines(after)]
+    failure: str | None = None
     if decided:
         lines.append(f"Intent {after.pk} {verb} by {one_line(user.get_username())}.")
-        failure = None
     else:
         failure = f"intent {after.pk} was decided meanwhile by someone else: nothing was {verb}"
     return Output({"intent": intent_document(after), "decided": decided}, lines, failure)

@@ -198,20 +198,23 @@ def _blocks(step: AgentStep, data: Any, names: dict[str, str]) -> list[dict[str,
                 results.append({"type": "other", "json": dumps_deep(block)})
                 continue
             call_id = str(block.get("tool_use_id", ""))
-            results.append(
-                {
-                    "type": "tool_result",
-                    "tool_use_id": call_id,
-                    "tool_name": names.get(call_id, ""),
-                    "is_error": bool(block.get("is_error")),
-                    "content": _content_text(block.get("content", "")),
-                }
-            )
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": call_id,
+                "tool_name": names.get(call_id, ""),
+                "is_error": bool(block.get("is_error")),
+                "content": _content_text(block.get("content", "")),
+            }
+            results.append(result)
         return results
     return [{"type": "other", "json": dumps_deep(data)}]
 
 
-ROLES = {StepKind.TASK: "user", StepKind.MODEL_TURN: "assistant", StepKind.TOOL_RESULT: "user"}
+ROLES: dict[str, str] = {
+    StepKind.TASK: "user",
+    StepKind.MODEL_TURN: "assistant",
+    StepKind.TOOL_RESULT: "user",
+}
 
 
 def step_document(step: AgentStep, names: dict[str, str]) -> dict[str, Any]:

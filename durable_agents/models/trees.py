@@ -49,7 +49,7 @@ class FamilyCost:
 
 def _quantized(value: object) -> Decimal:
     # SQLite sums decimals as floats: through their text, to the stored precision.
-    places = AgentRun._meta.get_field("cost_usd").decimal_places  # type: ignore[union-attr]
+    places = AgentRun._meta.get_field("cost_usd").decimal_places
     return Decimal(str(value)).quantize(Decimal(1).scaleb(-places))
 
 

@@ -111,7 +111,8 @@ def test_runs_lists_newest_first_with_columns_and_json() -> None:
     ]
     assert lines[1].startswith(short_id(second.pk))
     assert lines[2].startswith(short_id(first.pk))
-    assert "tester@v1" in lines[1] and "pending" in lines[1]
+    assert "tester@v1" in lines[1]
+    assert "pending" in lines[1]
     assert "the second task\\nsecond line" in lines[1]  # one line per run
     # Columns are aligned: each row's task starts where the header's does.
     assert lines[1].index("the second") == lines[0].index("TASK")
@@ -206,9 +207,7 @@ def test_the_costs_of_many_families_are_one_query() -> None:
     runs = [durable_agents.start_run("tester", f"root {i}") for i in range(3)]
     for i, root in enumerate(runs):
         child = durable_agents.start_run("tester", f"child {i}")
-        AgentRun.objects.filter(pk=child.pk).update(
-            parent=root, depth=1, cost_usd=Decimal(i + 1)
-        )
+        AgentRun.objects.filter(pk=child.pk).update(parent=root, depth=1, cost_usd=Decimal(i + 1))
     rows = list(AgentRun.objects.filter(pk__in=[run.pk for run in runs]))
     with CaptureQueriesContext(connection) as queries:
         costs = family_costs(rows)
@@ -245,10 +244,12 @@ def test_show_prints_the_header_and_transcript_by_short_or_whole_id() -> None:
     kinds = [step["kind"] for step in document["steps"]]
     assert kinds == ["task", "model_turn", "tool_result", "model_turn"]
     call = document["steps"][1]["blocks"][-1]
-    assert call["type"] == "tool_use" and call["name"] == "lookup"
+    assert call["type"] == "tool_use"
+    assert call["name"] == "lookup"
     assert call["input"] == {"key": "k1"}
     result = document["steps"][2]["blocks"][0]
-    assert result["tool_name"] == "lookup" and result["content"] == "value-of-k1"
+    assert result["tool_name"] == "lookup"
+    assert result["content"] == "value-of-k1"
 
 
 def test_show_prints_thinking_as_its_length_only() -> None:
@@ -260,7 +261,8 @@ def test_show_prints_thinking_as_its_length_only() -> None:
         for block in step["blocks"]
         if block["type"] == "thinking"
     ]
-    assert thinking and all(block["chars"] > 0 for block in thinking)
+    assert thinking
+    assert all(block["chars"] > 0 for block in thinking)
     text = cli("show", str(run.pk))
     assert f"[thinking, {thinking[0]['chars']} chars]" in text
 
@@ -342,7 +344,8 @@ def test_cancel_says_what_happened_to_each_run() -> None:
 def test_cancel_json_and_exit_status_zero_when_every_run_changed() -> None:
     runs = [durable_agents.start_run("tester", f"t{i}") for i in range(2)]
     document = cli_json("cancel", *(str(run.pk) for run in runs))
-    assert document["changed"] == 2 and document["failed"] == 0
+    assert document["changed"] == 2
+    assert document["failed"] == 0
     assert [r["outcome"] for r in document["runs"]] == ["cancelled", "cancelled"]
     assert [r["status_before"] for r in document["runs"]] == ["pending", "pending"]
     assert LogEntry.objects.count() == 0  # no --user: nobody to name
@@ -380,6 +383,7 @@ def test_cancel_with_a_user_is_audited_and_needs_the_change_permission() -> None
     refused = user_without_permission()
     _, error = failing("cancel", str(run.pk), "--user", refused.username)
     assert "does not hold the durable_agents.change_agentrun permission" in str(error)
+    assert "cancelling runs is refused" in str(error)
     run.refresh_from_db()
     assert run.status == RunStatus.PENDING
     operator = User.objects.create_user("ops")
@@ -407,7 +411,8 @@ def test_intents_lists_those_waiting_for_a_person_first() -> None:
         str(done.pk),
     ]
     assert short_id(pending.run_id) in lines[1]
-    assert 'drop_table' in lines[1] and '{"table": "t1"}' in lines[1]
+    assert "drop_table" in lines[1]
+    assert '{"table": "t1"}' in lines[1]
     document = cli_json("intents", "--status", "pending")
     assert [i["id"] for i in document["intents"]] == [pending.pk]
     assert document["intents"][0]["input"] == {"table": "t1"}
@@ -423,11 +428,14 @@ def test_approve_shows_what_runs_decides_and_audits_as_the_admin_does() -> None:
     text = cli("approve", str(intent.pk), "--user", "alice")
     before, after = text.split("After:")
     assert f"intent {intent.pk}: drop_table for run {run.pk}" in before
-    assert '{"table": "t1"}' in before and "pending" in before
-    assert "approved" in after and "decided by alice" in after
+    assert '{"table": "t1"}' in before
+    assert "pending" in before
+    assert "approved" in after
+    assert "decided by alice" in after
     assert f"Intent {intent.pk} approved by alice." in text
     intent.refresh_from_db()
-    assert intent.status == IntentStatus.APPROVED and intent.decided_by_id == alice.pk
+    assert intent.status == IntentStatus.APPROVED
+    assert intent.decided_by_id == alice.pk
     entry = LogEntry.objects.get()
     assert entry.user_id == alice.pk
     assert entry.action_flag == CHANGE
@@ -460,6 +468,8 @@ def test_reject_needs_a_reason_and_names_it_in_the_audit() -> None:
     assert "--reason" in str(error)
     _, error = failing("reject", str(intent.pk), "--user", "alice", "--reason", "  ")
     assert "--reason cannot be empty" in str(error)
+    _, error = failing("reject", str(intent.pk), "--user", "alice", "--reason", "x" * 5001)
+    assert "--reason has at most 5000 characters" in str(error)
     document = cli_json("reject", str(intent.pk), "--user", "alice", "--reason", "not today")
     assert document["decided"] is True
     assert document["intent"]["status"] == "rejected"
@@ -541,7 +551,8 @@ def test_with_encryption_an_operator_reads_plain_text_and_the_audit_holds_none(
     text = cli("reject", str(intent.pk), "--user", "alice", "--reason", "wrong table")
     assert SECRET in text
     entry = LogEntry.objects.get()
-    assert SECRET not in entry.change_message and SECRET not in entry.object_repr
+    assert SECRET not in entry.change_message
+    assert SECRET not in entry.object_repr
     assert entry.change_message == "Rejected: wrong table."
 
 
@@ -556,14 +567,19 @@ def test_workers_lists_live_workers_first_with_what_they_hold() -> None:
     assert terminal_safe(text)
     lines = text.splitlines()
     assert lines[0].split()[:6] == ["WORKER", "HOST", "PID", "STARTED", "LAST", "BEAT"]
-    assert lines[-1].startswith("w-gone") and " gone " in lines[-1]
+    assert lines[-1].startswith("w-gone")
+    assert " gone " in lines[-1]
     live_line = next(line for line in lines if line.startswith("w-live"))
-    assert " live " in live_line and " yes " in live_line and "tester@v1" in live_line
+    assert " live " in live_line
+    assert " yes " in live_line
+    assert "tester@v1" in live_line
     assert "w-\\x1b[2J" in text
     document = cli_json("workers")
-    assert document["count"] == 3 and document["live"] == 2
+    assert document["count"] == 3
+    assert document["live"] == 2
     by_id = {w["id"]: w for w in document["workers"]}
-    assert by_id["w-live"]["runs_held"] == 3 and by_id["w-live"]["draining"] is True
+    assert by_id["w-live"]["runs_held"] == 3
+    assert by_id["w-live"]["draining"] is True
     assert by_id["w-gone"]["live"] is False
     assert by_id["w-live"]["versions"][0]["agent"] == "tester"
     assert by_id["w-live"]["pid"] == 4242

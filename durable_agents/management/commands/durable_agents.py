@@ -15,6 +15,8 @@ from durable_agents.models import IntentStatus
 
 DEFAULT_LIMIT = 50
 DEFAULT_STEPS = 20
+# The longest reason of a rejection, as the admin's form takes it.
+MAX_REASON_CHARS = 5_000
 
 
 class Command(BaseCommand):
@@ -123,9 +125,8 @@ class Command(BaseCommand):
             runs = lookup.runs_named(options["runs"])
             user = None
             if options["user"] is not None:
-                user = lookup.operator(
-                    options["user"], decisions.OPERATE_PERMISSION, f"{name}ling runs"
-                )
+                doing = "cancelling runs" if name == "cancel" else "requeueing runs"
+                user = lookup.operator(options["user"], decisions.OPERATE_PERMISSION, doing)
             operate = decisions.cancel if name == "cancel" else decisions.requeue
             return operate(runs, user=user)
         intent_id = lookup.intent_id(options["intent"])
@@ -163,4 +164,8 @@ def _reason(text: str) -> str:
         raise CommandError("--reason cannot be empty: the model reads it, and you are named")
     if "\x00" in text:
         raise CommandError("--reason cannot hold a NUL character")
+    if len(text) > MAX_REASON_CHARS:
+        raise CommandError(
+            f"--reason has at most {MAX_REASON_CHARS} characters; this one has {len(text)}"
+        )
     return text
