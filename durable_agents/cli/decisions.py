@@ -26,6 +26,7 @@ def _operate(
     operation: Callable[[Any], bool],
     *,
     done: str,
+    unchanged: str,
     logged: str,
     user: Any | None,
 ) -> Output:
@@ -59,7 +60,7 @@ def _operate(
         elif outcome == "not found":
             lines.append(f"{short_id(run.pk)}  {run.pk}  not found (deleted meanwhile)")
         else:
-            lines.append(f"{short_id(run.pk)}  {run.pk}  nothing changed: it is {after}")
+            lines.append(f"{short_id(run.pk)}  {run.pk}  {unchanged}: it is {after}")
     failed = sum(1 for outcome in outcomes if outcome["outcome"] != done)
     document = {"runs": outcomes, "changed": len(outcomes) - failed, "failed": failed}
     failure = None
@@ -70,12 +71,26 @@ def _operate(
 
 def cancel(runs: list[AgentRun], *, user: Any | None = None) -> Output:
     """Cancel each run (pending, running, waiting or dead) with its unfinished descendants."""
-    return _operate(runs, api.cancel_run, done="cancelled", logged="Cancelled", user=user)
+    return _operate(
+        runs,
+        api.cancel_run,
+        done="cancelled",
+        unchanged="already finished",
+        logged="Cancelled",
+        user=user,
+    )
 
 
 def requeue(runs: list[AgentRun], *, user: Any | None = None) -> Output:
     """Send each dead run back to pending."""
-    return _operate(runs, api.requeue_run, done="requeued", logged="Requeued", user=user)
+    return _operate(
+        runs,
+        api.requeue_run,
+        done="requeued",
+        unchanged="not dead, nothing changed",
+        logged="Requeued",
+        user=user,
+    )
 
 
 def decide(intent_id: int, user: Any, *, approve: bool, reason: str = "") -> Output:

@@ -335,7 +335,7 @@ def test_cancel_says_what_happened_to_each_run() -> None:
     assert len(lines) == 3  # the repeated id acts once
     assert "cancelled (was pending)" in lines[0]
     assert "cancelled (was waiting)" in lines[1]
-    assert "nothing changed: it is succeeded" in lines[2]
+    assert "already finished: it is succeeded" in lines[2]
     statuses = dict(AgentRun.objects.values_list("pk", "status"))
     assert statuses[pending.pk] == statuses[waiting.pk] == RunStatus.CANCELLED
     assert statuses[done.pk] == RunStatus.SUCCEEDED
@@ -372,7 +372,7 @@ def test_requeue_sends_dead_runs_back_and_says_which_were_not_dead() -> None:
     pending = durable_agents.start_run("tester", "pending")
     out, error = failing("requeue", short_id(dead.pk), short_id(pending.pk))
     assert "requeued (was dead)" in out
-    assert "nothing changed: it is pending" in out
+    assert "not dead, nothing changed: it is pending" in out
     assert "1 of 2 run(s) not requeued" in str(error)
     dead.refresh_from_db()
     assert dead.status == RunStatus.PENDING
