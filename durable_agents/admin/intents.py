@@ -31,7 +31,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, gettext_noop, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from durable_agents import api
+from durable_agents import api, audit
 from durable_agents._internal import encryption
 from durable_agents._internal.counting import count_at_most
 from durable_agents._internal.text import plain_markers, revealed, storable_text
@@ -371,14 +371,7 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         """Approve or reject through the api; True when this request made the decision (a
         second request deciding at the same moment, even the same person's, finds it made and
         writes no LogEntry)."""
-        if approve:
-            after = api.approve_intent(intent.pk, user=request.user)
-        else:
-            after = api.reject_intent(intent.pk, user=request.user, reason=reason)
-        decided = api.made_transition(after)
-        if decided:
-            message = "Approved." if approve else f"Rejected: {reason or 'no reason given'}."
-            self.log_change(request, after, storable_text(message))
+        _, decided = audit.decide_intent(intent.pk, request.user, approve=approve, reason=reason)
         return decided
 
     # -- the intent page and its decision views --------------------------------------------

@@ -46,8 +46,7 @@ from django.utils.translation import gettext, ngettext
 from durable_agents._internal import counting, encryption
 from durable_agents._internal.counting import Count, bounded_count
 from durable_agents.models import AgentRun, AgentStep, RunStatus, StepKind
-from durable_agents.models.ids import SHORT_ID_DIGITS
-from durable_agents.models.runs import metadata_match, time_ordered_id_ending
+from durable_agents.models.runs import metadata_match, short_id_match
 
 # Distinct values a filter lists (agents, models); more than that is not a filter any more.
 MAX_FILTER_VALUES = 100
@@ -62,8 +61,6 @@ RECENT_WINDOW = 10_000
 MIN_WORD_CHARS = 3
 
 _REQUEST_ID = re.compile(r"^(req|msg)_[A-Za-z0-9_-]+$")
-_HEX_PREFIX = re.compile(r"^[0-9a-fA-F-]{4,36}$")
-_SHORT_ID = re.compile(rf"^[0-9a-fA-F]{{{SHORT_ID_DIGITS}}}$")
 
 
 class ILike(Func):
@@ -237,48 +234,6 @@ def _newest_ids(queryset: QuerySet[Any]) -> list[Any]:
     return list(
         queryset.order_by("-created_at").values_list("pk", flat=True)[: MAX_SEARCH_MATCHES + 1]
     )
-
-
-def run_id_prefix(term: str) -> str | None:
-    """``term`` as the first characters of a run id (4 to 31 hex digits, dashes ignored, as the
-    admin shows ids: "3f2a1c9e"), lowercase; None for anything else, a whole id included."""
-    if not _HEX_PREFIX.match(term):
-        return None
-    digits = term.replace("-", "").lower()
-    return digits if 4 <= len(digits) < 32 else None
-
-
-def run_id_tail(term: str) -> str | None:
-    """``term`` as the short id of a time-ordered run, the last 8 hex digits of its id as the
-    admin shows them ("9c41e07b"), lowercase; None for anything else."""
-    return term.lower() if _SHORT_ID.match(term) else None
-
-
-def short_id_match(term: str) -> Q | None:
-    """The runs ``term`` names as the admin shows ids, each way it can: the runs whose id
-    starts with it (a random id's short id is its first digits: ``id_range``) and the
-    time-ordered run whose short id it is (its last digits: ``time_ordered_id_ending``, through
-    the index ``agent_run_id_tail``). None for a term that is neither."""
-    by_head = id_range(term)
-    tail = run_id_tail(term)
-    by_tail = None if tail is None else time_ordered_id_ending(tail)
-    if by_head is None or by_tail is None:
-        return by_head or by_tail
-    return by_head | by_tail
-
-
-def id_range(term: str) -> Q | None:
-    """A run id's first characters as a range of the primary key. The same on PostgreSQL
-    (uuid, ordered bytewise) and SQLite (32 lowercase hex digits); dashes are ignored, as in a
-    pasted "3f2a1c9e-12"."""
-    if not _HEX_PREFIX.match(term):
-        return None
-    digits = term.replace("-", "").lower()
-    if not 4 <= len(digits) <= 32:
-        return None
-    low = uuid.UUID(digits.ljust(32, "0"))
-    high = uuid.UUID(digits.ljust(32, "f"))
-    return Q(pk__gte=low, pk__lte=high)
 
 
 def _task_matches(queryset: QuerySet[Any], words: list[str], words_of: Dialect) -> list[Any]:

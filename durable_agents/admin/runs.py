@@ -61,19 +61,12 @@ from durable_agents.admin.forms import AnswerForm, SendEventForm, StartRunForm
 from durable_agents.admin.keys import KeyFilter, attach_key_states
 from durable_agents.admin.keys import detail as key_detail
 from durable_agents.admin.keys import list_summary as key_list_summary
-from durable_agents.admin.listing import (
-    EstimatingPaginator,
-    id_range,
-    run_id_prefix,
-    run_id_tail,
-    search_note,
-    search_runs,
-)
+from durable_agents.admin.listing import EstimatingPaginator, search_note, search_runs
 from durable_agents.admin.live import live_context
 from durable_agents.admin.operations import OperationsPage
 from durable_agents.admin.questions import answer_as, question_text_url
 from durable_agents.admin.run_actions import RunActions
-from durable_agents.admin.transcript import block_text, build_transcript, log_of
+from durable_agents.admin.transcript import block_text, build_transcript
 from durable_agents.admin.undecodable import (
     Undecodable,
     decode_raw,
@@ -95,7 +88,13 @@ from durable_agents.models import (
     WaitKind,
     short_id,
 )
-from durable_agents.models.runs import time_ordered_id_ending
+from durable_agents.models.forks import log_of
+from durable_agents.models.runs import (
+    id_range,
+    run_id_prefix,
+    run_id_tail,
+    time_ordered_id_ending,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 from django.utils.translation import gettext
 
 from durable_agents._internal.text import storable_text
@@ -28,6 +28,7 @@ from durable_agents.models import (
     ToolIntent,
     steps_of,
 )
+from durable_agents.models.forks import log_of
 
 
 @dataclass
@@ -241,14 +242,6 @@ def _call_names(step: AgentStep) -> dict[str, str]:
         for b in (content if isinstance(content, list) else [])
         if isinstance(b, dict) and b.get("type") == "tool_use"
     }
-
-
-def log_of(run: AgentRun) -> QuerySet[AgentStep]:
-    """The run's whole log: through ``steps_of`` for a fork (its shared steps are other runs'
-    rows), and without looking for shared stretches for any other run (one query less)."""
-    if run.fork_seq is not None:
-        return steps_of(run.pk)
-    return AgentStep.objects.filter(run_id=run.pk)
 
 
 # Steps per page of the transcript: a run of thousands of steps renders one page at a time.

@@ -10,12 +10,15 @@ of its own. ``durable_agents.forks.planning`` writes these rows and says how the
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
 
 from durable_agents.models.ids import step_part
 from durable_agents.models.steps import AgentStep
+
+if TYPE_CHECKING:
+    from durable_agents.models.runs import AgentRun
 
 
 class SharedSteps(models.Model):
@@ -61,3 +64,12 @@ def steps_of(run_id: uuid.UUID) -> models.QuerySet[AgentStep]:
     ):
         own |= models.Q(run_id=source, part=step_part(source), seq__gte=lo, seq__lt=hi)
     return AgentStep.objects.filter(own)
+
+
+def log_of(run: AgentRun) -> models.QuerySet[AgentStep]:
+    """The run's whole log: through ``steps_of`` for a fork (its shared steps are other runs'
+    rows), and without looking for shared stretches for any other run (one query less). What
+    the admin's transcript and the command line's ``show`` read."""
+    if run.fork_seq is not None:
+        return steps_of(run.pk)
+    return AgentStep.objects.filter(run_id=run.pk)

@@ -6,6 +6,8 @@ put the operations and dead-letter pages in the admin's list of models. Status c
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import connections, models
@@ -134,6 +136,54 @@ def time_ordered_id_ending(digits: str) -> models.Q:
         & models.Q(Exact(_id_digit(13), "7"))
         & models.Q(In(_id_digit(17), ["8", "9", "a", "b"]))
     )
+
+
+# How the admin and the command line read a run id typed by a person: the first characters
+# of an id (4 to 36 hex digits and dashes), or the short id of a time-ordered one.
+_HEX_PREFIX = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+_SHORT_ID = re.compile(rf"^[0-9a-fA-F]{{{SHORT_ID_DIGITS}}}$")
+
+
+def run_id_prefix(term: str) -> str | None:
+    """``term`` as the first characters of a run id (4 to 31 hex digits, dashes ignored, as the
+    admin shows ids: "3f2a1c9e"), lowercase; None for anything else, a whole id included."""
+    if not _HEX_PREFIX.match(term):
+        return None
+    digits = term.replace("-", "").lower()
+    return digits if 4 <= len(digits) < 32 else None
+
+
+def run_id_tail(term: str) -> str | None:
+    """``term`` as the short id of a time-ordered run, the last 8 hex digits of its id as the
+    admin shows them ("9c41e07b"), lowercase; None for anything else."""
+    return term.lower() if _SHORT_ID.match(term) else None
+
+
+def short_id_match(term: str) -> models.Q | None:
+    """The runs ``term`` names as the admin shows ids, each way it can: the runs whose id
+    starts with it (a random id's short id is its first digits: ``id_range``) and the
+    time-ordered run whose short id it is (its last digits: ``time_ordered_id_ending``, through
+    the index ``agent_run_id_tail``). None for a term that is neither."""
+    by_head = id_range(term)
+    tail = run_id_tail(term)
+    by_tail = None if tail is None else time_ordered_id_ending(tail)
+    if by_head is None or by_tail is None:
+        return by_head or by_tail
+    return by_head | by_tail
+
+
+def id_range(term: str) -> models.Q | None:
+    """A run id's first characters as a range of the primary key. The same on PostgreSQL
+    (uuid, ordered bytewise) and SQLite (32 lowercase hex digits); dashes are ignored, as in a
+    pasted "3f2a1c9e-12"."""
+    if not _HEX_PREFIX.match(term):
+        return None
+    digits = term.replace("-", "").lower()
+    if not 4 <= len(digits) <= 32:
+        return None
+    low = uuid.UUID(digits.ljust(32, "0"))
+    high = uuid.UUID(digits.ljust(32, "f"))
+    return models.Q(pk__gte=low, pk__lte=high)
 
 
 class AgentRunQuerySet(models.QuerySet["AgentRun"]):

@@ -15,8 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
-from durable_agents.admin import costs
-from durable_agents.models import AgentRun, AgentUsageDay
+from durable_agents.models import AgentRun, AgentUsageDay, trees
 from tests.conftest import run_worker
 from tests.integration.test_admin_i18n import german_client
 
@@ -80,7 +79,7 @@ def test_a_parents_page_adds_its_descendants_costs(
     content = admin_client.get(run_url(child)).content.decode()
     assert "($0.3750 with its 1 descendant run)" in content
     # Past the limit the figure is a lower bound, and says so.
-    monkeypatch.setattr(costs, "FAMILY_LIMIT", 1)
+    monkeypatch.setattr(trees, "FAMILY_LIMIT", 1)
     content = admin_client.get(run_url(parent)).content.decode()
     assert "(at least $0." in content
     assert "with the first 2 of its descendant runs)" in content

@@ -35,7 +35,7 @@ from durable_agents.models import (
     new_run_id,
     short_id,
 )
-from durable_agents.models.runs import time_ordered_id_ending
+from durable_agents.models.runs import short_id_match, time_ordered_id_ending
 from tests.integration.test_admin import messages_of, parked_intent, runs_url
 
 pytestmark = pytest.mark.django_db
@@ -347,7 +347,7 @@ def test_each_admin_query_can_use_its_index() -> None:
     # A run by its short id: the first digits of a random id (a range of the primary key),
     # the last digits of a time-ordered one (the index on the id's last 8 digits).
     assert "agent_run_id_tail" in plan(runs.filter(time_ordered_id_ending("9c41e07b")))
-    by_short_id = plan(runs.filter(listing.short_id_match("9c41e07b")).order_by())
+    by_short_id = plan(runs.filter(short_id_match("9c41e07b")).order_by())
     assert "agent_run_id_tail" in by_short_id
     assert "agent_run_pkey" in by_short_id
     # The planner's estimate is what the list prints past the exact limit.
