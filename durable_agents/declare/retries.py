@@ -19,7 +19,7 @@ import dataclasses
 import math
 import random
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from durable_agents.exceptions import DefinitionError
 
@@ -109,15 +109,26 @@ def _exception_classes(on: Any) -> tuple[type[Exception], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Retry:
-    """How often a tool's call is tried, and after which failures.
+    """How often a tool's call is tried, and after which failures:
+    ``@tool(effect="pure", retry=Retry(attempts=3, on=(TimeoutError, ConnectionError)))``.
 
-    ``attempts``: how many times in all (1: never again; at most ``MAX_ATTEMPTS``).
-    ``backoff``: the pause before each retry (see ``BackoffSpec``); 0 for none.
-    ``on``: the exceptions worth another attempt (their subclasses too). ``TimeoutError``
-    covers the tool's own timeout as well: an attempt that overran it is abandoned (it may
-    still finish in the background) and the next one starts with a timeout of its own.
-    ``Wait`` is never retried: it parks the run.
+    ``attempts``: how many times in all, the first included (1 to 20).
+    ``backoff``: the pause before each retry: seconds (0: none), a tuple of seconds (before
+    retry 1, 2, ...; its last for the retries after), ``Retry.Exponential(base, factor, cap,
+    jitter)`` (the default: 0.5 s doubling up to 30 s, jittered), or a function of the retry's
+    number (1, 2, ...) that returns seconds. At most 300 s each.
+    ``on``: the exceptions worth another attempt, their subclasses too (``Exception``
+    subclasses only). ``TimeoutError`` covers the tool's own timeout as well: an attempt that
+    overran it is abandoned (it may still finish in the background) and the next one has a
+    timeout of its own. ``Wait`` is never retried, whatever ``on`` says: it parks the run.
+
+    Pure, idempotent and non-idempotent tools take a policy (a non-idempotent tool gets the
+    same ``idempotency_key`` on every attempt); an irreversible one refuses it. The model
+    reads what the last attempt came to. A wrong policy is a ``DefinitionError``.
     """
+
+    # ``Retry(backoff=Retry.Exponential(base=1, cap=10))``: the exponential pauses, tuned.
+    Exponential: ClassVar[type[ExponentialBackoff]] = ExponentialBackoff
 
     attempts: int = 3
     backoff: BackoffSpec = DEFAULT_BACKOFF

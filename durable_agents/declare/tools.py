@@ -8,6 +8,9 @@ The effect tells the runtime how careful it must be when a step is replayed afte
   ``idempotency_key`` (declare a parameter of that name) that it passes to the remote system.
 * ``irreversible``: cannot be undone or deduplicated; needs a human approval before it runs.
 
+``retry=Retry(...)`` (``declare/retries.py``) tries a call's transient failures again before
+the model is told; any class but ``irreversible`` may have one.
+
 This module never imports Django models: it is imported by every ``agents.py`` at app loading.
 """
 

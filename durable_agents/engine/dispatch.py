@@ -11,6 +11,10 @@ step calls ``_dispatch``, which runs the calls in order and returns their result
     irreversible                            -> an intent a person approves first; the call
                                                runs once, behind a fenced ``executing`` mark
 
+A tool with a ``Retry`` policy (any class but irreversible) is called again, with the same
+idempotency key, after a failure the policy names and its pause (``_invoke``); the model
+reads what the last attempt came to.
+
 Each call travels as one ``ToolCall`` value. Every completed call is recorded at once, but
 the last, which is committed with the tool_result step (``RunAdvancer._commit``).
 """

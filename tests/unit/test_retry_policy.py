@@ -287,3 +287,9 @@ def test_delays_never_draw_without_jitter() -> None:
     Retry(backoff=(1, 2)).delay(1, draw)
     Retry(backoff=0).delay(1, draw)
     assert next(counter) == 0
+
+
+def test_the_exponential_backoff_is_reachable_from_retry() -> None:
+    policy = Retry(backoff=Retry.Exponential(base=1, factor=2, cap=3, jitter=False))
+    assert [policy.delay(n) for n in (1, 2, 3)] == [1.0, 2.0, 3.0]
+    assert Retry.Exponential is ExponentialBackoff
