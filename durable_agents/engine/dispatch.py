@@ -304,18 +304,37 @@ class ToolDispatch:
             delay,
         )
         if not self.interrupt.wait_unless_draining(delay):
-            return True
-        why = self.interrupt.reason if self.interrupt.is_set() else "the worker drains"
+            if tool.effect is EffectClass.PURE or self.durably(
+                functools.partial(self.store.renew_lease, self.claim), "renewal before a retry"
+            ):
+                return True
+            # As before the first attempt: a side effect starts only while the run is ours
+            # and not cancelled (a cancel the pause did not hear of in time).
+            self._not_retried(tool, attempt, "its fenced lease renewal failed")
+            if tool.effect.rerun_is_free:
+                self._fence_failed()  # not recorded: whoever holds the run calls it again
+            return False
+        self._not_retried(
+            tool,
+            attempt,
+            (self.interrupt.reason or "interrupted")
+            if self.interrupt.is_set()
+            else "the worker drains",
+        )
+        if tool.effect.rerun_is_free:
+            # Hands the run back or stops it: the call is not recorded, the next claim (if
+            # any) makes it again.
+            self._check_interrupt()
+        return False
+
+    def _not_retried(self, tool: Tool, attempt: int, why: str) -> None:
         logger.info(
             "run %s: tool %s not tried again (%s) after %d attempt(s)",
             self.run.pk,
             tool.name,
-            why or "interrupted",
+            why,
             attempt,
         )
-        if tool.effect.rerun_is_free:
-            self._check_interrupt()  # hands the run back or stops it: the call is not recorded
-        return False
 
     def _woken_by(self, key: str) -> dict[str, Any] | None:
         """What ended the wait of the call with this key, if this claim follows that wake."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durable_agents import Agent, Retry, Wait, observers, tool
+from durable_agents import Agent, Retry, RunContext, Wait, observers, tool
 from durable_agents.api import cancel_run, start_run
 from durable_agents.engine import effects
 from durable_agents.engine.worker import Worker
@@ -98,6 +98,15 @@ def slow_charge(cents: int, *, idempotency_key: str) -> str:
     raise TimeoutError("the payment server is slow")
 
 
+@tool(effect="idempotent", retry=Retry(attempts=3, backoff=0))
+def cancelled_meanwhile(key: str, run: RunContext) -> str:
+    """Its run is cancelled while its first attempt fails (a person, from elsewhere)."""
+    if called("cancelled_meanwhile") == 1:
+        cancel_run(run.id)
+        raise ConnectionError("the server went away")
+    return "set"
+
+
 retrier = Agent(
     name="retrier",
     version="v1",
@@ -112,6 +121,7 @@ retrier = Agent(
         hangs_once,
         slow_retry,
         slow_charge,
+        cancelled_meanwhile,
     ],
     max_tokens=512,
     max_turns=10,
@@ -326,3 +336,38 @@ def test_a_drain_during_the_pause_records_a_non_idempotent_calls_last_error(
     effect = ToolEffect.objects.get(run_id=run.pk)
     assert effect.is_error
     assert effect.result == "slow_charge raised TimeoutError: the payment server is slow"
+
+
+def test_a_cancel_during_the_pause_records_a_non_idempotent_calls_last_error(
+    fake_api: FakeAnthropic,
+) -> None:
+    run = start_run("retrier", '@slow_charge {"cents": 5}')
+    worker = Worker(burst=True, handle_signals=False, heartbeat_seconds=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    assert FAILED_ONCE.wait(15)
+    assert cancel_run(run.pk)
+    thread.join(15)
+    assert not thread.is_alive(), "the slot slept out the pause"
+    assert worker.stats.dispositions == {"cancelled": 1}
+    assert len(CALLS["slow_charge"]) == 1
+    effect = ToolEffect.objects.get(run_id=run.pk)
+    assert (effect.is_error, effect.result) == (
+        True,
+        "slow_charge raised TimeoutError: the payment server is slow",
+    )
+    assert reload(run).status == "cancelled"
+
+
+def test_no_attempt_with_a_side_effect_starts_once_the_run_is_cancelled(
+    fake_api: FakeAnthropic,
+) -> None:
+    """No pause to be woken from: the fenced renewal before the next attempt (or the cancel's
+    notification, whichever comes first) stops it."""
+    run = start_run("retrier", '@cancelled_meanwhile {"key": "a"}')
+    worker = run_worker()
+    assert worker.stats.dispositions == {"cancelled": 1}
+    assert len(CALLS["cancelled_meanwhile"]) == 1
+    # An idempotent call is free to make again: nothing recorded of it.
+    assert not ToolEffect.objects.filter(run_id=run.pk).exists()
+    assert reload(run).status == "cancelled"
