@@ -254,11 +254,10 @@ class ToolDispatch:
                     continue
                 except WaitRefused as exc:
                     outcome = CallOutcome(f"{tool.name}: {exc}", True)
-            if outcome.retry:
+            if outcome.retry and self._pause_before_retry(tool, attempt, outcome):
                 failures.append(outcome.failure)
-                if self._pause_before_retry(tool, call, attempt, outcome):
-                    attempt += 1
-                    continue
+                attempt += 1
+                continue
             if attempt > 1:
                 logger.info(
                     "run %s: tool %s call %d of turn %d: %s after %d attempts (failed before: %s)",
@@ -272,9 +271,7 @@ class ToolDispatch:
                 )
             return self._effect(call, outcome.text, outcome.is_error)
 
-    def _pause_before_retry(
-        self, tool: Tool, call: ToolCall, attempt: int, outcome: CallOutcome
-    ) -> bool:
+    def _pause_before_retry(self, tool: Tool, attempt: int, outcome: CallOutcome) -> bool:
         """The pause of ``tool``'s Retry policy after failed attempt ``attempt``: True when
         the next attempt may start. Nothing is in flight meanwhile (the heartbeat renews the
         lease on its own thread): a cancellation, a lost lease or a draining worker ends the
