@@ -1,10 +1,10 @@
 """durable_agents: LLM agent runs that live in the database and survive any worker's death.
 
-The public surface (see README): ``Agent``, ``tool``, ``Wait``, ``ask_person``, the run
-operations of ``durable_agents.api`` and ``schedule`` (agents on a clock). The operations are
-imported lazily so that importing ``durable_agents`` in a settings module or an ``agents.py``
-never touches the app registry; a type checker sees them imported here, with their real
-signatures.
+The public surface (see README): ``Agent``, ``tool`` (and its ``Retry`` policies), ``Wait``,
+``ask_person``, the run operations of ``durable_agents.api`` and ``schedule`` (agents on a
+clock). The operations are imported lazily so that importing ``durable_agents`` in a settings
+module or an ``agents.py`` never touches the app registry; a type checker sees them imported
+here, with their real signatures.
 
 The operations that a view or other async code calls have async twins (``astart_run``,
 ``afork_run``, ...: ``durable_agents.api`` lists them, and those without one). Of the others:
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from durable_agents.declare.agents import Agent
 from durable_agents.declare.context import RunContext
+from durable_agents.declare.retries import Retry
 from durable_agents.declare.tools import tool
 from durable_agents.declare.waits import Wait, ask_person
 
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Agent",
+    "Retry",
     "RunContext",
     "Wait",
     "aanswer_question",
@@ -108,7 +110,7 @@ __all__ = [
 _LIVE_NAMES = frozenset({"progress", "set_stream_cookie", "stream", "stream_token"})
 _API_NAMES = (
     frozenset(__all__)
-    - {"Agent", "RunContext", "tool", "Wait", "ask_person", "schedule"}
+    - {"Agent", "Retry", "RunContext", "tool", "Wait", "ask_person", "schedule"}
     - _LIVE_NAMES
 )
 

@@ -75,9 +75,12 @@ class ModelOutcome(enum.StrEnum):
 
 
 class ToolOutcome(enum.StrEnum):
+    """How one attempt of a tool call ended."""
+
     OK = "ok"
     ERROR = "error"
     TIMEOUT = "timeout"
+    RETRIED = "retried"  # it failed as its Retry policy says is worth another attempt
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +97,7 @@ class ToolCallEnd:
     outcome: ToolOutcome
     seconds: float
     error_type: str | None = None  # what it raised (its class name), or "timeout"
+    attempt: int = 1  # which attempt of the call this was (a tool with a Retry policy)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -299,11 +303,16 @@ def model_attempt(model: str, outcome: ModelOutcome, seconds: float) -> None:
 
 
 def tool_call(
-    tool: str, effect: str, outcome: str, seconds: float, error_type: str | None = None
+    tool: str,
+    effect: str,
+    outcome: str,
+    seconds: float,
+    error_type: str | None = None,
+    attempt: int = 1,
 ) -> None:
     observers = _observers
     if observers:
-        event = ToolCallEnd(tool, str(effect), ToolOutcome(outcome), seconds, error_type)
+        event = ToolCallEnd(tool, str(effect), ToolOutcome(outcome), seconds, error_type, attempt)
         for observer in observers:
             observer.tool_call(event)
 

@@ -8,6 +8,9 @@ The effect tells the runtime how careful it must be when a step is replayed afte
   ``idempotency_key`` (declare a parameter of that name) that it passes to the remote system.
 * ``irreversible``: cannot be undone or deduplicated; needs a human approval before it runs.
 
+``retry=Retry(...)`` (``declare/retries.py``) tries a call's transient failures again before
+the model is told; any class but ``irreversible`` may have one.
+
 This module never imports Django models: it is imported by every ``agents.py`` at app loading.
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 import jsonschema
 
 from durable_agents.declare.context import RunContext
+from durable_agents.declare.retries import Retry
 from durable_agents.exceptions import DefinitionError, ToolInputError
 
 __all__ = [
@@ -507,6 +511,7 @@ class Tool:
         description: str | None = None,
         input_schema: dict[str, Any] | None = None,
         timeout: float | None = None,
+        retry: Retry | None = None,
     ) -> None:
         if not callable(func):
             raise TypeError(f"@tool decorates a function, not {func!r}")
@@ -518,10 +523,23 @@ class Tool:
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
         ):
             raise _definition_error(func, "timeout must be a positive number of seconds")
+        if retry is not None and not isinstance(retry, Retry):
+            raise _definition_error(
+                func, f"retry takes a Retry(attempts=..., backoff=..., on=...), not {retry!r}"
+            )
+        if retry is not None and effect == EffectClass.IRREVERSIBLE:
+            raise _definition_error(
+                func,
+                "an irreversible tool is never retried: a person approves each execution, and a "
+                "failed one is the model's to handle; remove retry=",
+            )
 
         self.func = func
         # Seconds one call may take (None: the agent's tool_timeout, else TOOL_TIMEOUT).
         self.timeout = timeout
+        # How its failures are tried again before the model is told (None: never). Not part
+        # of what the model is shown, so neither of the agent's fingerprint nor of its digests.
+        self.retry = retry
         self.effect = EffectClass(effect)
         # ``async def`` tools are awaited on the worker's event loop, not run on a thread.
         self.is_async = inspect.iscoroutinefunction(func)
@@ -677,6 +695,7 @@ def tool(
     description: str | None = None,
     input_schema: dict[str, Any] | None = None,
     timeout: float | None = None,
+    retry: Retry | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -690,6 +709,7 @@ def tool(
     description: str | None = None,
     input_schema: dict[str, Any] | None = None,
     timeout: float | None = None,
+    retry: Retry | None = None,
 ) -> typing.NoReturn: ...
 
 
@@ -702,6 +722,7 @@ def tool(
     description: str | None = None,
     input_schema: dict[str, Any] | None = None,
     timeout: float | None = None,
+    retry: Retry | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Declare a tool: ``@tool(effect="pure")`` above a function with type hints."""
 
@@ -715,6 +736,7 @@ def tool(
             description=description,
             input_schema=input_schema,
             timeout=timeout,
+            retry=retry,
         )
 
     if func is not None:

@@ -11,6 +11,10 @@ step calls ``_dispatch``, which runs the calls in order and returns their result
     irreversible                            -> an intent a person approves first; the call
                                                runs once, behind a fenced ``executing`` mark
 
+A tool with a ``Retry`` policy (any class but irreversible) is called again, with the same
+idempotency key, after a failure the policy names and its pause (``_invoke``); the model
+reads what the last attempt came to.
+
 Each call travels as one ``ToolCall`` value. Every completed call is recorded at once, but
 the last, which is committed with the tool_result step (``RunAdvancer._commit``).
 """
@@ -53,6 +57,8 @@ logger = logging.getLogger("durable_agents.runner")
 # A tool's exception message in its WARNING line is cut to this many characters (the model
 # gets the whole text as the tool's result; the traceback at DEBUG has it too).
 MAX_LOGGED_ERROR_CHARS = 500
+# A failed attempt that is tried again: its exception's message in the log is cut to this.
+MAX_LOGGED_FAILURE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,10 @@ class CallOutcome:
     text: str
     is_error: bool
     timed_out: bool = False
+    # The tool's Retry policy asks for another attempt (see ``ToolDispatch._invoke``).
+    retry: bool = False
+    # What the attempt raised, in words, for the log of a retried attempt ("" if nothing).
+    failure: str = ""
 
 
 # Not a DurableAgentsError: control flow inside the runtime (a tool's Wait on its way to the
@@ -228,18 +238,100 @@ class ToolDispatch:
 
     def _invoke(self, agent: Agent, tool: Tool, call: ToolCall) -> ToolEffect:
         """Call the tool; a ``Wait`` it raises parks the run here (``Stop``), or, when what
-        it waits for is over already, the call is made again at once with ``woken_by``."""
+        it waits for is over already, the call is made again at once with ``woken_by``. A
+        failure its ``Retry`` policy names is tried again (with the same idempotency key)
+        after the policy's pause, up to its attempts: the model reads what the last attempt
+        came to, never the failures before it."""
         woken_by = self._woken_by(call.key)
+        attempt = 1
+        failures: list[str] = []
         while True:
             try:
-                outcome = self._run_tool(agent, tool, call, woken_by)
+                outcome = self._run_tool(agent, tool, call, woken_by, attempt)
             except WaitRaised as raised:
                 try:
                     woken_by = self._park_on_wait(raised.wait, tool, call)
                     continue
                 except WaitRefused as exc:
                     outcome = CallOutcome(f"{tool.name}: {exc}", True)
+            if outcome.retry and self._pause_before_retry(tool, attempt, outcome):
+                failures.append(outcome.failure)
+                attempt += 1
+                continue
+            if attempt > 1:
+                logger.info(
+                    "run %s: tool %s call %d of turn %d: %s after %d attempts (failed before: %s)",
+                    self.run.pk,
+                    tool.name,
+                    call.index,
+                    call.seq,
+                    "error" if outcome.is_error else "ok",
+                    attempt,
+                    "; ".join(failures),
+                )
             return self._effect(call, outcome.text, outcome.is_error)
+
+    def _pause_before_retry(self, tool: Tool, attempt: int, outcome: CallOutcome) -> bool:
+        """The pause of ``tool``'s Retry policy after failed attempt ``attempt``: True when
+        the next attempt may start. Nothing is in flight meanwhile (the heartbeat renews the
+        lease on its own thread): a cancellation, a lost lease or a draining worker ends the
+        pause at once, and no other attempt starts. A call whose rerun is free (pure,
+        idempotent) is then left to the next claim, which calls it again (``Stop``); a
+        non-idempotent one is over, its last failure the model's news, recorded as any
+        completed call is."""
+        retry = tool.retry
+        assert retry is not None
+        try:
+            delay = retry.delay(attempt)
+        except Exception as exc:  # noqa: BLE001 - the user's backoff function: its failure is logged
+            logger.error(
+                "run %s: tool %s: no retry: its backoff failed: %s",
+                self.run.pk,
+                tool.name,
+                storable_text(exc, MAX_LOGGED_ERROR_CHARS),
+            )
+            return False
+        logger.warning(
+            "run %s: tool %s attempt %d of %d failed (%s); retrying in %.2fs",
+            self.run.pk,
+            tool.name,
+            attempt,
+            retry.attempts,
+            outcome.failure,
+            delay,
+        )
+        if not self.interrupt.wait_unless_draining(delay):
+            if tool.effect is EffectClass.PURE or self.durably(
+                functools.partial(self.store.renew_lease, self.claim), "renewal before a retry"
+            ):
+                return True
+            # As before the first attempt: a side effect starts only while the run is ours
+            # and not cancelled (a cancel the pause did not hear of in time).
+            self._not_retried(tool, attempt, "its fenced lease renewal failed")
+            if tool.effect.rerun_is_free:
+                self._fence_failed()  # not recorded: whoever holds the run calls it again
+            return False
+        self._not_retried(
+            tool,
+            attempt,
+            (self.interrupt.reason or "interrupted")
+            if self.interrupt.is_set()
+            else "the worker drains",
+        )
+        if tool.effect.rerun_is_free:
+            # Hands the run back or stops it: the call is not recorded, the next claim (if
+            # any) makes it again.
+            self._check_interrupt()
+        return False
+
+    def _not_retried(self, tool: Tool, attempt: int, why: str) -> None:
+        logger.info(
+            "run %s: tool %s not tried again (%s) after %d attempt(s)",
+            self.run.pk,
+            tool.name,
+            why,
+            attempt,
+        )
 
     def _woken_by(self, key: str) -> dict[str, Any] | None:
         """What ended the wait of the call with this key, if this claim follows that wake."""
@@ -278,7 +370,12 @@ class ToolDispatch:
         raise Stop(WAITING)
 
     def _run_tool(
-        self, agent: Agent, tool: Tool, call: ToolCall, woken_by: dict[str, Any] | None = None
+        self,
+        agent: Agent,
+        tool: Tool,
+        call: ToolCall,
+        woken_by: dict[str, Any] | None = None,
+        attempt: int = 1,
     ) -> CallOutcome:
         """Call the tool on the slot's caller thread (``async def`` tools: on the event loop),
         bounded by its timeout; whatever it raises (``SystemExit`` included) or returns becomes
@@ -292,7 +389,7 @@ class ToolDispatch:
             self.interrupt if tool.effect is EffectClass.PURE else self.interrupt.narrowed(SHUTDOWN)
         )
         try:
-            return self._await_tool(tool, call, interrupt, timeout, woken_by)
+            return self._await_tool(tool, call, interrupt, timeout, woken_by, attempt)
         finally:
             if interrupt is not self.interrupt:
                 self.interrupt.drop(interrupt)
@@ -304,10 +401,15 @@ class ToolDispatch:
         interrupt: Interrupt,
         timeout: float,
         woken_by: dict[str, Any] | None = None,
+        attempt: int = 1,
     ) -> CallOutcome:
         started = time.monotonic()
         timed_out = False
         error_type: str | None = None  # the span's error.type
+        # The tool's Retry policy asks for another attempt after this one's failure.
+        retry = False
+        failure = ""
+        retries_left = tool.retry is not None and attempt < tool.retry.attempts
         key = call.key
         sent = call.receiver_key
         # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
@@ -363,26 +465,37 @@ class ToolDispatch:
                 f"{tool.name} timed out after {timeout:g}s and was abandoned; it may still "
                 "finish in the background"
             )
+            if retries_left and tool.retry is not None and tool.retry.retries_timeouts:
+                retry, failure = True, f"timed out after {timeout:g}s"
         # The tool's failure is the model's news: catch everything (logged just below).
         except BaseException as exc:  # noqa: BLE001
             error_type = type(exc).__qualname__
-            self._log_tool_error(tool, exc)
+            if retries_left and tool.retry is not None and tool.retry.retries(exc):
+                # Logged with the attempt by ``_pause_before_retry``; its traceback here.
+                retry = True
+                failure = f"{type(exc).__name__}: {storable_text(exc, MAX_LOGGED_FAILURE_CHARS)}"
+                self._log_traceback(tool, exc)
+            else:
+                self._log_tool_error(tool, exc)
             text, is_error = effects.tool_error_text(tool.name, exc), True
         else:
             text, is_error = effects.format_result(value)
-        outcome = "timeout" if timed_out else "error" if is_error else "ok"
-        observers.tool_call(tool.name, tool.effect, outcome, time.monotonic() - started, error_type)
+        outcome = "retried" if retry else "timeout" if timed_out else "error" if is_error else "ok"
+        observers.tool_call(
+            tool.name, tool.effect, outcome, time.monotonic() - started, error_type, attempt
+        )
         logger.info(
-            "run %s tool %s (%s) call %d of turn %d: %s in %.1f ms",
+            "run %s tool %s (%s) call %d of turn %d%s: %s in %.1f ms",
             self.run.pk,
             tool.name,
             tool.effect,
             call.index,
             call.seq,
+            f", attempt {attempt}" if tool.retry is not None else "",
             "timed out" if timed_out else "error" if is_error else "ok",
             (time.monotonic() - started) * 1000,
         )
-        return CallOutcome(text, is_error, timed_out)
+        return CallOutcome(text, is_error, timed_out, retry, failure)
 
     def _log_tool_error(self, tool: Tool, exc: BaseException) -> None:
         """A tool's exception is the model's news, not the worker's failure: one line at
@@ -396,6 +509,9 @@ class ToolDispatch:
             type(exc).__name__,
             storable_text(exc, MAX_LOGGED_ERROR_CHARS),
         )
+        self._log_traceback(tool, exc)
+
+    def _log_traceback(self, tool: Tool, exc: BaseException) -> None:
         logger.debug(
             "run %s: tool %s raised %s; its traceback:",
             self.run.pk,

@@ -65,7 +65,7 @@ CLAIM_OUTCOMES = (
     "error",
 )
 MODEL_OUTCOMES = ("ok", "retried", "transient_error", "permanent_error")
-TOOL_OUTCOMES = ("ok", "error", "timeout")
+TOOL_OUTCOMES = ("ok", "error", "timeout", "retried")
 EFFECTS = ("pure", "idempotent", "non_idempotent", "irreversible")
 STEP_KINDS = ("model_turn", "tool_result")
 
@@ -170,7 +170,8 @@ def _create(db_cache_seconds: float) -> _Metrics:
         model_calls.labels(outcome)
     tool_calls = Counter(
         "durable_agents_tool_calls",
-        "Tool calls that returned, raised or timed out, by effect class and outcome",
+        "Tool call attempts that returned, raised or timed out, by effect class and outcome "
+        "(retried: an attempt whose failure the tool's Retry policy tries again)",
         ["effect", "outcome"],
     )
     tool_seconds = Histogram(

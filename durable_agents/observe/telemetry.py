@@ -567,10 +567,15 @@ class Tracing(observers.Observer):
 
     def tool_call(self, event: observers.ToolCallEnd) -> None:
         # What made the call in flight on this thread an error: its span's error.type.
-        if event.error_type is None or not AVAILABLE:
+        if not AVAILABLE:
             return
         span = _current_tool.get()
-        if span is not None:
+        if span is None:
+            return
+        if event.attempt > 1 and span.active.recording:
+            # A tool with a Retry policy: how many attempts the call took so far.
+            span.active.span.set_attribute("durable_agents.tool.attempts", event.attempt)
+        if event.error_type is not None:
             span.error_type = event.error_type
 
 

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from durable_agents import store
+from durable_agents import Retry, store
 from durable_agents.api import start_run
 from durable_agents.declare.agents import Agent, registry
 from durable_agents.declare.tools import tool
@@ -255,6 +255,41 @@ def test_spans_started_in_tool_code_are_children_of_its_execute_tool_span(
     (inner,) = spans_named("inside the tool")
     assert parent_id(inner) == tool_span.context.span_id
     assert inner.context.trace_id == caller.get_span_context().trace_id
+
+
+def test_a_retried_tool_call_is_one_span_that_counts_its_attempts(
+    fake_api: FakeAnthropic,
+) -> None:
+    attempts: list[int] = []
+
+    @tool(effect="pure", retry=Retry(attempts=3, backoff=0))
+    def flaky(key: str) -> str:
+        """Loses its connection once."""
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("reset")
+        return f"value-of-{key}"
+
+    agent = Agent(
+        name="otel_retried_tool",
+        version="t1",
+        model="claude-test-1",
+        system="You retry.",
+        tools=[flaky],
+        max_tokens=256,
+    )
+    try:
+        start_run(agent.name, '@flaky {"key": "a"}')
+        assert run_worker().stats.dispositions == {"succeeded": 1}
+    finally:
+        registry.unregister(agent.name, agent.version)
+
+    (tool_span,) = spans_named("execute_tool flaky")
+    assert tool_span.attributes is not None
+    assert tool_span.attributes["durable_agents.tool.attempts"] == 2
+    # Its last attempt succeeded: the span is no error.
+    assert "error.type" not in tool_span.attributes
+    assert tool_span.status.status_code is not StatusCode.ERROR
 
 
 # --------------------------------------------------------------------------- claims

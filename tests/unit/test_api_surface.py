@@ -121,3 +121,10 @@ def test_run_context_is_exported_from_the_package() -> None:
 
     assert "RunContext" in durable_agents.__all__
     assert durable_agents.RunContext is RunContext
+
+
+def test_retry_is_exported_from_the_package() -> None:
+    from durable_agents.declare.retries import Retry
+
+    assert "Retry" in durable_agents.__all__
+    assert durable_agents.Retry is Retry
