@@ -25,6 +25,7 @@ from durable_agents.checks.flow import (
 )
 from durable_agents.checks.links import bad_site_url
 from durable_agents.checks.offline import offline_without_debug, online_without_api_key
+from durable_agents.checks.webhooks import bad_webhooks
 from durable_agents.conf import DEFAULTS, app_settings, declared_types
 
 # The bounds of each number setting: (minimum, whether the minimum itself is allowed). Whether
@@ -80,6 +81,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *bad_concurrency_limits(),
         *bad_encryption_keys(),
         *bad_site_url(),
+        *bad_webhooks(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).
