@@ -427,10 +427,11 @@ def retry_wait(attempts: int) -> datetime.timedelta:
     return datetime.timedelta(seconds=min(first * 2 ** max(attempts - 1, 0), MAX_RETRY_SECONDS))
 
 
-def attempt(delivery_id: int) -> WebhookStatus | None:
-    """One attempt at a pending delivery that is due; its status after it, or None when it was
-    not due (delivered, failed, not yet, or being sent by someone else)."""
-    now = _now()
+def attempt(delivery_id: int, now: datetime.datetime | None = None) -> WebhookStatus | None:
+    """One attempt at a pending delivery that is due (at ``now``); its status after it, or None
+    when it was not due (delivered, failed, not yet, or being sent by someone else). The next
+    attempt's time counts from ``now``."""
+    now = now or _now()
     claimed = WebhookDelivery.objects.filter(
         pk=delivery_id, status=WebhookStatus.PENDING, next_attempt_at__lte=now
     ).update(
@@ -476,7 +477,7 @@ def attempt(delivery_id: int) -> WebhookStatus | None:
         )
         return WebhookStatus.FAILED
     after.update(
-        next_attempt_at=_now() + retry_wait(delivery.attempts),
+        next_attempt_at=now + retry_wait(delivery.attempts),
         response_status=response_status,
         last_error=error,
     )
@@ -533,7 +534,7 @@ def retry_due(now: datetime.datetime | None = None, limit: int = RETRY_BATCH) ->
         .order_by("next_attempt_at")
         .values_list("pk", flat=True)[:limit]
     )
-    return sum(1 for delivery_id in due if attempt(delivery_id) is not None)
+    return sum(1 for delivery_id in due if attempt(delivery_id, now) is not None)
 
 
 def prune(now: datetime.datetime | None = None) -> int:
