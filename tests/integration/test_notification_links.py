@@ -58,7 +58,8 @@ def logged_in(user: User) -> Client:
 def refused(response: Any, why: str) -> None:
     assert response.status_code == 403
     html = response.content.decode()
-    assert "cannot be used" in html and why in html
+    assert "cannot be used" in html
+    assert why in html
     assert "Nothing was decided" in html
 
 
@@ -86,7 +87,8 @@ def test_a_link_leads_through_the_login_to_exactly_the_call(
     back = client.post(
         reverse("admin:login"), {"username": "ann", "password": "pw", "next": next_page}
     )
-    assert back.status_code == 302 and back["Location"] == link
+    assert back.status_code == 302
+    assert back["Location"] == link
     page = client.get(link)
     assert page.status_code == 200
     html = page.content.decode()
