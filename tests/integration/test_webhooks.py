@@ -481,7 +481,7 @@ def test_an_intent_is_still_decided_as_before(hooked: HookServer, superuser: Any
 
 def ids_of(hooks: Any, da_settings: Any) -> list[str]:
     da_settings(WEBHOOKS=hooks)
-    return [message.id for message in bad_webhooks()]
+    return [str(message.id) for message in bad_webhooks()]
 
 
 GOOD = {"url": "https://hooks.example.net/x", "events": ["run.dead"], "secret": SECRET}
