@@ -20,7 +20,7 @@ class DurableAgentsConfig(AppConfig):
         # Imported for what importing them registers: system checks, signal receivers, the
         # services every worker runs besides advancing runs (engine.services), the live
         # page's publisher of streamed text (observers.publish_text).
-        from durable_agents import checks, notifications, signals  # noqa: F401
+        from durable_agents import checks, notifications, signals, webhooks  # noqa: F401
         from durable_agents import logging as run_logging
         from durable_agents.housekeeping import serving, sweeps  # noqa: F401
         from durable_agents.live import publish  # noqa: F401
@@ -34,6 +34,13 @@ class DurableAgentsConfig(AppConfig):
             notifications.on_run_dead_lettered, dispatch_uid="da-dead"
         )
         signals.question_asked.connect(notifications.on_question_asked, dispatch_uid="da-question")
+        # Webhooks: a receiver writes deliveries only when WEBHOOKS takes the event.
+        signals.intent_waiting.connect(webhooks.on_intent_waiting, dispatch_uid="da-hook-intent")
+        signals.question_asked.connect(webhooks.on_question_asked, dispatch_uid="da-hook-question")
+        signals.run_dead_lettered.connect(
+            webhooks.on_run_dead_lettered, dispatch_uid="da-hook-dead"
+        )
+        signals.run_finished.connect(webhooks.on_run_finished, dispatch_uid="da-hook-finished")
         # Like admin.py: every installed app's agents.py registers its agents on import.
         try:
             autodiscover_modules("agents")

@@ -203,6 +203,30 @@ class DurableAgentsSettings:
         "mail is this followed by the admin page's path. None: mails give paths only (check "
         "W007 warns while NOTIFY is on).",
     )
+    LINK_MAX_AGE: Setting[float] = Setting(
+        7 * 24 * 3600.0,
+        "Seconds a signed link to an intent's approve or reject confirmation page (in "
+        "notification mails and webhooks) stays valid; an older link is refused (403) and the "
+        "person opens the intent's page instead.",
+    )
+    WEBHOOKS: Setting[list[dict[str, Any]]] = Setting(
+        [],
+        'Where to POST events as signed JSON: a list of {"url": ..., "events": [...], '
+        '"secret": ..., "template": optional}; events among "intent.waiting", '
+        '"question.asked", "run.dead", "run.finished". Each delivery is recorded in '
+        "agent_webhook_delivery and retried by housekeeping.",
+    )
+    WEBHOOK_MAX_ATTEMPTS: Setting[int] = Setting(
+        8, "Attempts of one webhook delivery before it is marked failed."
+    )
+    WEBHOOK_RETRY_SECONDS: Setting[float] = Setting(
+        30.0,
+        "Seconds before a failed webhook delivery is tried again; the wait doubles after each "
+        "failed attempt (at most a day).",
+    )
+    WEBHOOK_KEEP_DAYS: Setting[int] = Setting(
+        30, "Housekeeping: days that delivered and failed webhook deliveries are kept."
+    )
     PRICES: Setting[dict[str, dict[str, float]]] = Setting(
         {},
         'USD per million tokens, by model name ("*": any other model): {"input": ..., '

@@ -29,8 +29,10 @@ from django.core.mail import send_mail
 from django.db.models import Q
 from django.urls import NoReverseMatch, reverse
 from django.utils import translation
+from django.utils.http import urlencode
 from django.utils.translation import gettext
 
+from durable_agents._internal import intent_links
 from durable_agents._internal.text import storable_text
 from durable_agents.conf import app_settings
 
@@ -120,6 +122,35 @@ def admin_url(name: str, object_id: Any) -> str | None:
         return absolute_url(reverse(f"admin:durable_agents_{name}", args=[object_id]))
     except NoReverseMatch:
         return None
+
+
+def decision_links(intent: Any) -> dict[str, str]:
+    """Signed links to the approve and reject confirmation pages of a pending intent, by
+    action ("approve", "reject"); empty when the admin's URLs are not installed. A link only
+    leads to the page: login, the permission and a confirming POST are still required, and the
+    page refuses a link made for another intent, an altered or expired one, or one made before
+    the call changed (``durable_agents._internal.intent_links``)."""
+    links = {}
+    for action in intent_links.ACTIONS:
+        url = admin_url(f"toolintent_{action}", intent.pk)
+        if url is None:
+            return {}
+        token = intent_links.sign(intent, action)
+        links[action] = f"{url}?{urlencode({intent_links.LINK_PARAMETER: token})}"
+    return links
+
+
+def decision_lines(intent: Any) -> str:
+    """The signed approve and reject links, as lines for a mail body."""
+    links = decision_links(intent)
+    if not links:
+        return ""
+    return (
+        "\n\n"
+        + gettext("Approve (you confirm on the page): %(url)s") % {"url": links["approve"]}
+        + "\n"
+        + gettext("Reject (you confirm on the page): %(url)s") % {"url": links["reject"]}
+    )
 
 
 def run_page(run_id: Any) -> str:
@@ -245,6 +276,7 @@ def on_intent_waiting(sender: Any, intent: Any, **kwargs: Any) -> None:
                 )
                 % names
             )
+            body += decision_lines(intent)
         body += intent_page(intent.pk) + run_page(intent.run_id)
     notify(SUBJECT_PREFIX + subject, body)
 

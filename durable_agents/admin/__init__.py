@@ -1,6 +1,7 @@
 """The durable_agents admin: runs and their transcripts (with what a waiting run waits for, its
 parent and children), intents to decide, questions to answer, events to send, schedules, the
-dead letter, an operations page, and the fleet's workers and agent versions. One module per
+dead letter, an operations page, the fleet's workers and agent versions, and the webhook
+deliveries. One module per
 screen; this one registers them.
 
 Runs, steps, intents, questions, events, workers and agent versions are never edited by hand:
@@ -33,6 +34,7 @@ from durable_agents.admin.intents import ToolIntentAdmin
 from durable_agents.admin.questions import AgentQuestionAdmin
 from durable_agents.admin.runs import AgentRunAdmin
 from durable_agents.admin.schedules import AgentScheduleAdmin
+from durable_agents.admin.webhooks import WebhookDeliveryAdmin
 from durable_agents.admin.workers import AgentVersionAdmin, WorkerAdmin
 from durable_agents.models import (
     AgentEvent,
@@ -45,6 +47,7 @@ from durable_agents.models import (
     DeadLetterEntry,
     OperationsEntry,
     ToolIntent,
+    WebhookDelivery,
 )
 
 admin.site.register(AgentRun, AgentRunAdmin)
@@ -55,6 +58,7 @@ admin.site.register(ConcurrencyKey, ConcurrencyKeyAdmin)
 admin.site.register(AgentSchedule, AgentScheduleAdmin)
 admin.site.register(AgentWorker, WorkerAdmin)
 admin.site.register(AgentVersion, AgentVersionAdmin)
+admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)
 
 __all__ = [
     "AgentEventAdmin",
@@ -64,6 +68,7 @@ __all__ = [
     "AgentVersionAdmin",
     "ConcurrencyKeyAdmin",
     "ToolIntentAdmin",
+    "WebhookDeliveryAdmin",
     "WorkerAdmin",
 ]
 # Lines of the list of models on /admin/ that lead to the operations and dead-letter pages.

@@ -32,7 +32,7 @@ from django.utils.translation import gettext, gettext_noop, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from durable_agents import api, audit
-from durable_agents._internal import encryption
+from durable_agents._internal import encryption, intent_links
 from durable_agents._internal.counting import count_at_most
 from durable_agents._internal.text import plain_markers, revealed, storable_text
 from durable_agents.admin.base import (
@@ -501,6 +501,31 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
             request, "admin/durable_agents/toolintent/decide.html", context, status=status
         )
 
+    def _refused_link(
+        self, request: HttpRequest, intent: ToolIntent, action: str
+    ) -> HttpResponse | None:
+        """A confirmation page reached by a signed link from a notification: None when the
+        link is good (or there is none: the page is reached from the admin too), else a 403
+        page that says why and leads to the intent's page. The link grants nothing; the
+        person is logged in and may decide already (``admin_view``, ``_intent_for_decision``)."""
+        token = request.GET.get(intent_links.LINK_PARAMETER)
+        if token is None:
+            return None
+        found = intent_links.problem(token, intent, action)
+        if found is None:
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("This link cannot be used"),
+            "opts": self.opts,
+            "original": intent,
+            "reason": gettext(found.value),
+            "changed": found is intent_links.LinkProblem.CHANGED,
+        }
+        return TemplateResponse(
+            request, "admin/durable_agents/toolintent/bad_link.html", context, status=403
+        )
+
     def approve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: the exact input, and a form carrying its fingerprint; POST: approve it, only
         if the fingerprint posted is that of the intent now (what was shown is approved)."""
@@ -509,7 +534,8 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         except encryption.UndecryptableValue as exc:  # a POST reads strictly: it may write
             return self._undecidable(request, object_id, exc)
         if request.method != "POST":
-            return self._render_decision(request, intent, approve=True)
+            refused = self._refused_link(request, intent, "approve")
+            return refused or self._render_decision(request, intent, approve=True)
         shown = request.POST.get(FINGERPRINT_FIELD, "")
         if not constant_time_compare(shown, intent_fingerprint(intent)):
             self.message_user(
@@ -537,7 +563,10 @@ class ToolIntentAdmin(ReadOnlyAdmin[ToolIntent]):
         except encryption.UndecryptableValue as exc:  # a POST reads strictly: it may write
             return self._undecidable(request, object_id, exc)
         if request.method != "POST":
-            return self._render_decision(request, intent, approve=False, form=RejectForm())
+            refused = self._refused_link(request, intent, "reject")
+            return refused or self._render_decision(
+                request, intent, approve=False, form=RejectForm()
+            )
         form = RejectForm(request.POST)
         if not form.is_valid():
             return self._render_decision(request, intent, approve=False, form=form)

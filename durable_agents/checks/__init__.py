@@ -12,6 +12,7 @@ this package imports them all, once:
 - ``flow``: rate limits, budgets, prices and concurrency limits;
 - ``encryption``: the encryption keys;
 - ``links``: ``SITE_URL``, which the links of notification mails start with;
+- ``webhooks``: the ``WEBHOOKS`` the events are posted to;
 - ``offline``: ``OFFLINE`` and the API credentials;
 - ``agents``: the registered agents and their tools;
 - ``database``: the ``DATABASES`` setting;
@@ -50,6 +51,7 @@ from durable_agents.checks.stored import (
     check_six_field_schedules,
 )
 from durable_agents.checks.values import CLOSE_KEYS, NUMBER_BOUNDS, SETTINGS_DOC, check_settings
+from durable_agents.checks.webhooks import WEBHOOK_CHECK_IDS
 from durable_agents.checks.worker import (
     WORKER_WITHOUT_CREDENTIALS,
     check_worker_credentials,
@@ -75,6 +77,7 @@ __all__ = [
     "SETTING_NAME",
     "SITE_URL_EXAMPLE",
     "SIX_FIELD_SCHEDULES",
+    "WEBHOOK_CHECK_IDS",
     "WORKER_WITHOUT_CREDENTIALS",
     "check_agents",
     "check_database",

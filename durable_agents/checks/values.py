@@ -25,6 +25,7 @@ from durable_agents.checks.flow import (
 )
 from durable_agents.checks.links import bad_site_url
 from durable_agents.checks.offline import offline_without_debug, online_without_api_key
+from durable_agents.checks.webhooks import bad_webhooks
 from durable_agents.conf import DEFAULTS, app_settings, declared_types
 
 # The bounds of each number setting: (minimum, whether the minimum itself is allowed). Whether
@@ -52,6 +53,10 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "MAX_CHILD_RUNS": (0, True),
     "MAX_TREE_RUNS": (1, True),
     "MAX_EVENT_BYTES": (1, True),
+    "LINK_MAX_AGE": (0, False),
+    "WEBHOOK_MAX_ATTEMPTS": (1, True),
+    "WEBHOOK_RETRY_SECONDS": (0, False),
+    "WEBHOOK_KEEP_DAYS": (1, True),
 }
 
 
@@ -76,6 +81,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         *bad_concurrency_limits(),
         *bad_encryption_keys(),
         *bad_site_url(),
+        *bad_webhooks(),
     ]
     if not messages:
         # Only once the numbers are known to be numbers (and nothing else is wrong).

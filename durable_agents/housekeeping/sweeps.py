@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from durable_agents import signals
+from durable_agents import signals, webhooks
 from durable_agents._internal.text import storable_text
 from durable_agents.conf import app_settings
 from durable_agents.engine import services as worker_services
@@ -298,11 +298,19 @@ def snapshot_metrics() -> int:
     return snapshot.pk
 
 
+def deliver_webhooks(now: datetime.datetime | None = None) -> dict[str, int]:
+    """The webhook deliveries whose next attempt is due, attempted here (a batch each pass:
+    this task's time, not a worker's), and those delivered or failed for WEBHOOK_KEEP_DAYS
+    deleted."""
+    return {"attempted": webhooks.retry_due(now), "pruned": webhooks.prune(now)}
+
+
 # The django-q2 schedules: (name, function path, minutes between runs).
 SCHEDULES = [
     ("durable_agents: sweep", "durable_agents.housekeeping.sweep", 5),
     ("durable_agents: retention", "durable_agents.housekeeping.apply_retention", 60),
     ("durable_agents: metrics", "durable_agents.housekeeping.snapshot_metrics", 5),
+    ("durable_agents: webhooks", "durable_agents.housekeeping.deliver_webhooks", 1),
 ]
 
 

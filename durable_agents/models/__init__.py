@@ -1,4 +1,4 @@
-"""The sixteen tables of durable_agents, one module per group; every name is importable from
+"""The seventeen tables of durable_agents, one module per group; every name is importable from
 here (``from durable_agents.models import AgentRun``), and migrations name the custom fields
 by their path here (``durable_agents.models.JSONTextField``).
 
@@ -15,6 +15,7 @@ by their path here (``durable_agents.models.JSONTextField``).
     schedules   agent_schedule: agents on a clock
     metrics     agent_metrics: snapshots of the operations figures
     workers     agent_worker, agent_version: live workers and the agent versions they define
+    webhooks    agent_webhook_delivery: events posted to webhooks, and their attempts
 
 Status changes live in ``store/``, not here."""
 
@@ -54,6 +55,7 @@ from durable_agents.models.schedules import (
 )
 from durable_agents.models.steps import STEP_PAYLOAD, AgentStep, StepKind
 from durable_agents.models.waits import AgentEvent, AgentQuestion, QuestionStatus
+from durable_agents.models.webhooks import WebhookDelivery, WebhookStatus
 from durable_agents.models.workers import (
     MAX_WORKER_ID,
     WORKER_ROWS_KEPT,
@@ -104,6 +106,8 @@ __all__ = [
     "ToolIntent",
     "ToolIntentQuerySet",
     "WaitKind",
+    "WebhookDelivery",
+    "WebhookStatus",
     "WorkerQuerySet",
     "new_run_id",
     "short_id",

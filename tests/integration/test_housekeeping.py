@@ -42,9 +42,10 @@ def test_schedules_are_installed_once() -> None:
         "durable_agents: sweep": ("durable_agents.housekeeping.sweep", "I", 5, -1),
         "durable_agents: retention": ("durable_agents.housekeeping.apply_retention", "I", 60, -1),
         "durable_agents: metrics": ("durable_agents.housekeeping.snapshot_metrics", "I", 5, -1),
+        "durable_agents: webhooks": ("durable_agents.housekeeping.deliver_webhooks", "I", 1, -1),
     }
-    assert out.getvalue().count("created schedule") == 3
-    assert out.getvalue().count("updated schedule") == 3
+    assert out.getvalue().count("created schedule") == 4
+    assert out.getvalue().count("updated schedule") == 4
 
 
 def test_the_scheduled_functions_run_through_django_q() -> None:
