@@ -24,6 +24,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_agents.declare.output import OutputSchema
 from durable_agents.declare.tools import Tool
 from durable_agents.exceptions import AgentNotFound
 
@@ -80,6 +81,7 @@ class Agent:
         cache: bool = False,
         concurrency_limit: int | None = None,
         upgrades_from: Iterable[str] = (),
+        output_schema: dict[str, Any] | None = None,
         register: bool = True,
     ) -> None:
         _check_labels(name=name, version=version, model=model)
@@ -100,6 +102,8 @@ class Agent:
         _check_callable(where, on_text=on_text)
         _check_thinking(where, thinking, max_tokens)
         params = _checked_params(where, params, cache)
+        output = None if output_schema is None else OutputSchema(where, output_schema)
+        _check_output_config(where, params, output)
         betas = _checked_betas(where, betas)
         tools_by_name = _tools_by_name(where, tools)
 
@@ -118,6 +122,9 @@ class Agent:
         self.betas: tuple[str, ...] = betas
         self.cache = cache
         self.max_turns = max_turns
+        # The JSON Schema of the final answer (None: a text answer only). Sent with every
+        # request as ``output_config.format``, so it is part of the fingerprint.
+        self.output: OutputSchema | None = output
         self._fingerprints: dict[str, str] = {}
         self._requests: dict[str, dict[str, Any]] = {}
         # Budgets and delivery are checked or used by the worker between and during steps;
@@ -154,6 +161,11 @@ class Agent:
             ) from exc
 
     @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the final answer must match, or None (a copy)."""
+        return None if self.output is None else copy.deepcopy(self.output.schema)
+
+    @property
     def label(self) -> str:
         """``name@version``, as runs and messages show it."""
         return f"{self.name}@{self.version}"
@@ -176,6 +188,11 @@ class Agent:
         if self.cache:
             out["cache_control"] = copy.deepcopy(AUTOMATIC_CACHE_CONTROL)
         out.update(copy.deepcopy(self.params))
+        if self.output is not None:
+            # Merged into an ``output_config`` of ``params`` (its ``effort``), else added: an
+            # agent without an output schema sends exactly what it sent before they existed.
+            config = out.get("output_config") or {}
+            out["output_config"] = {**config, "format": self.output.request_format()}
         if self.betas:
             out["betas"] = list(self.betas)
         return out
@@ -350,6 +367,23 @@ def _checked_params(where: str, params: Any, cache: Any) -> dict[str, Any]:
             "cache_control out of params (or set it there and leave cache off)"
         )
     return params
+
+
+def _check_output_config(where: str, params: dict[str, Any], output: OutputSchema | None) -> None:
+    """With ``output_schema``, an ``output_config`` of ``params`` (its ``effort``) must be an
+    object without a ``format`` of its own: one source of truth for what the answer must be."""
+    config = params.get("output_config")
+    if output is None or config is None:
+        return
+    if not isinstance(config, dict):
+        raise ImproperlyConfigured(
+            f"{where}: params['output_config'] must be a dict, got {config!r}"
+        )
+    if "format" in config:
+        raise ImproperlyConfigured(
+            f"{where}: give the final answer's JSON Schema once, as output_schema=...; "
+            "leave format out of params['output_config']"
+        )
 
 
 def _tools_by_name(where: str, tools: Iterable[Any]) -> dict[str, Tool]:

@@ -30,6 +30,7 @@ from durable_agents.offline.limits import (
 )
 from durable_agents.offline.requests import (
     cache_control,
+    check_output_config,
     check_signatures,
     check_structure,
     parse_body,
@@ -264,6 +265,7 @@ class ScriptedModel:
         betas = betas_of(headers)
         compaction = compaction_edit(req.get("context_management"), betas)
         cached = cache_control(req.get("cache_control"))
+        check_output_config(req.get("output_config"))
         messages: list[dict[str, Any]] = req["messages"]
         check_structure(messages)
         view = view_of(self.secret, model, messages, betas)
@@ -355,6 +357,11 @@ class ScriptedModel:
             calls = []
             thought = f"Turn {turn + 1}: a tool call failed, so the plan cannot go on."
             text = f"Stopped: a tool call failed: {failed}"
+            stop_reason = "end_turn"
+        elif turn in script.answers:
+            calls = []
+            thought = f"Turn {turn + 1}: the plan says to answer now."
+            text = script.answers[turn]
             stop_reason = "end_turn"
         elif turn < len(script.plan):
             calls = script.plan[turn]
