@@ -70,7 +70,8 @@ class OutputSchema:
         try:
             value = json.loads(text)
         except (ValueError, RecursionError) as exc:
-            raise InvalidOutput(_cap(f"the answer is not valid JSON: {exc}", _MAX_ERROR_CHARS))
+            message = _cap(f"the answer is not valid JSON: {exc}", _MAX_ERROR_CHARS)
+            raise InvalidOutput(message) from None
         errors = sorted(
             leaf
             for error in self._validator.iter_errors(value)

@@ -235,7 +235,8 @@ def test_with_encryption_the_output_is_stored_as_the_result_is(
     # encrypted as it always was.
     assert result == '{"total": 3, "note": "secret"}'
     assert json.loads(output) == {"total": 3, "note": "secret"}
-    assert woken_by.startswith("da:enc:v1:") and "secret" not in woken_by
+    assert woken_by.startswith("da:enc:v1:")
+    assert "secret" not in woken_by
     assert WOKEN[0]["runs"][str(child.pk)]["output"] == {"total": 3, "note": "secret"}
 
 
