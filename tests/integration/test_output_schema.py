@@ -5,17 +5,22 @@ model: ``@@answer "..."`` lines are final turns with that text, in order with th
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.urls import reverse
 
-from durable_agents import Agent, Wait, api, spawn_run, tool
+from durable_agents import Agent, Wait, api, llm, spawn_run, store, tool
+from durable_agents._internal.interrupt import Interrupt
 from durable_agents.models import AgentRun, RunStatus
 from durable_agents.offline import answer_directive
+from durable_agents.store import StepWrite
+from durable_agents.testing import run_agent
 from tests.conftest import own_steps, run_worker
 from tests.fakeserver import FakeAnthropic
 from tests.integration.conftest import agents_registered
@@ -251,3 +256,52 @@ def test_the_run_page_shows_the_output_escaped(fake_api: FakeAnthropic, admin_cl
     assert "&lt;script&gt;x()&lt;/script&gt;" in html
     assert "<script>x()</script>" not in html
     assert "&quot;total&quot;: 1,\n  &quot;note&quot;" in html  # indented JSON
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def crashed_after_the_final_turn(run: AgentRun) -> None:
+    """An earlier worker committed the run's final turn (seq 1) and died before it did
+    anything about it; its lease then expired."""
+    crashed = store.current().claim_run(run.pk, "crashed-worker", 30)
+    assert crashed is not None
+    turn = llm.create_turn(
+        COUNTER.request_params(run.model), api.messages_for(run.pk), interrupt=Interrupt()
+    )
+    assert turn.message["stop_reason"] == "end_turn"
+    assert store.current().append_step(
+        crashed, StepWrite(1, "model_turn", turn.body, turn.request_id)
+    )
+    AgentRun.objects.filter(pk=run.pk).update(lease_until=Now() - datetime.timedelta(seconds=1))
+
+
+@pytest.mark.parametrize(
+    ("answers", "kinds"),
+    [
+        ([{"total": 5}], ["task", "model_turn"]),
+        ([{"total": "five"}, {"total": 5}], ["task", "model_turn", "tool_result", "model_turn"]),
+    ],
+    ids=["valid", "refused"],
+)
+def test_a_final_turn_committed_by_a_crashed_worker_is_validated_on_resume(
+    fake_api: FakeAnthropic, answers: list[Any], kinds: list[str]
+) -> None:
+    run = api.start_run("counter", script(*[answer(value) for value in answers]))
+    crashed_after_the_final_turn(run)
+    run_worker()
+
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    assert done.output == {"total": 5}
+    assert [s.kind for s in own_steps(done)] == kinds
+    if len(kinds) > 2:
+        assert "'five' is not of type 'integer'" in api.messages_for(run.pk)[2]["content"]
+
+
+def test_run_agent_of_the_testing_helpers_returns_the_output() -> None:
+    result = run_agent("counter", script('@count_items {"box": "a"}', answer({"total": 12})))
+
+    assert result.status == RunStatus.SUCCEEDED, result.error
+    assert result.output == {"total": 12}
+    assert result.result == '{"total": 12}'
