@@ -6,7 +6,8 @@ fingerprint, so two processes never disagree silently about what the model was s
 
 The fingerprint covers everything an agent sends besides the messages: the request body's
 parameters (``request_params``: model, system, tools, thinking, ``params`` such as
-``context_management``, and the top-level ``cache_control`` of ``cache=True``) and the agent's own
+``context_management``, the top-level ``cache_control`` of ``cache=True`` and the
+``output_config.format`` of ``output_schema``) and the agent's own
 ``anthropic-beta`` values (``betas``). Changing any of them without a new version is prompt drift.
 
 This module never touches the database: agents are built at import of an app's ``agents.py``.
@@ -58,7 +59,13 @@ def _canonical_json(value: Any) -> str:
 
 
 class Agent:
-    """A versioned agent: model, system prompt, tools and the other request parameters."""
+    """A versioned agent: model, system prompt, tools and the other request parameters.
+
+    ``output_schema``: a JSON Schema the final answer must match. It is sent with every
+    request as structured outputs (``output_config.format``), so it is part of the
+    fingerprint; the answer is parsed and validated, an invalid one is told to the model,
+    which answers again within ``max_turns``, and the valid one is the run's ``output``.
+    """
 
     def __init__(
         self,

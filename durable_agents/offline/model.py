@@ -35,7 +35,7 @@ from durable_agents.offline.requests import (
     check_structure,
     parse_body,
 )
-from durable_agents.offline.script import Script, script_of
+from durable_agents.offline.script import PlanCall, Script, script_of
 from durable_agents.offline.signatures import Signer, canonical_bytes
 from durable_agents.offline.sse import sse_events
 from durable_agents.offline.wire import (
@@ -353,6 +353,7 @@ class ScriptedModel:
         """The blocks of turn ``turn`` of the script (a thinking block signed by ``signer``,
         the text, the calls) and its stop reason. ``failed``: the error result the model just
         read, under ``@@stop_on_error``: it stops there."""
+        calls: list[PlanCall]
         if failed is not None:
             calls = []
             thought = f"Turn {turn + 1}: a tool call failed, so the plan cannot go on."
