@@ -5,7 +5,8 @@ A nullable column without a default: on PostgreSQL the ALTER rewrites nothing an
 lock for an instant. It waits at most LOCK_TIMEOUT for that lock and is tried again, so that a
 long transaction holding ``agent_run`` never queues every claim, heartbeat and commit behind
 the migration. The column is added only if it is missing: a migration interrupted after it was
-added finishes when run again.
+added finishes when run again. Where the server has lz4 (as ``0023`` set for ``result``), the
+column is compressed with it: an answer can be as long as a result.
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ def _has_output(schema_editor: Any) -> bool:
     return any(column.name == "output" for column in columns)
 
 
+def _has_lz4(schema_editor: Any) -> bool:
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings"
+            " WHERE name = 'default_toast_compression'"
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def _alter_briefly(schema_editor: Any, statement: str) -> None:
     """Run an ALTER TABLE on PostgreSQL with a short lock_timeout, again until it gets its
     lock: while it waits, every statement on agent_run would queue behind it."""
@@ -77,7 +88,10 @@ def add_output(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor != "postgresql":
         schema_editor.add_field(model, model._meta.get_field("output"))
         return
-    _alter_briefly(schema_editor, 'ALTER TABLE "agent_run" ADD COLUMN "output" text NULL')
+    compression = " COMPRESSION lz4" if _has_lz4(schema_editor) else ""
+    _alter_briefly(
+        schema_editor, f'ALTER TABLE "agent_run" ADD COLUMN "output" text{compression} NULL'
+    )
 
 
 def remove_output(apps: Any, schema_editor: Any) -> None:
