@@ -72,11 +72,15 @@ class OutputSchema:
         except (ValueError, RecursionError) as exc:
             message = _cap(f"the answer is not valid JSON: {exc}", _MAX_ERROR_CHARS)
             raise InvalidOutput(message) from None
-        errors = sorted(
-            leaf
-            for error in self._validator.iter_errors(value)
-            for leaf in _leaf_errors(error, root="answer")
-        )
+        try:
+            errors = sorted(
+                leaf
+                for error in self._validator.iter_errors(value)
+                for leaf in _leaf_errors(error, root="answer")
+            )
+        except RecursionError:
+            # The validator recurses per level: an answer nested this deep is no answer.
+            raise InvalidOutput("the answer is nested too deeply to be validated") from None
         if not errors:
             return value
         lines = [_cap(f"{path}: {msg}", _MAX_ERROR_CHARS) for path, msg in errors[:_MAX_ERRORS]]

@@ -195,3 +195,16 @@ def test_the_offline_model_checks_the_shape_of_output_config(
         assert json.loads(out)["content"][0] == {"type": "text", "text": "{}"}
     else:
         assert b"output_config" in out
+
+
+def test_an_answer_nested_deeper_than_the_validator_recurses_is_refused() -> None:
+    schema = {
+        "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+        "$ref": "#/$defs/n",
+    }
+    output = make(output_schema=schema).output
+    assert output is not None
+    depth = 900  # json.loads reads it; the validator recurses several frames per level
+    with pytest.raises(InvalidOutput, match="nested too deeply"):
+        output.parse("[" * depth + "]" * depth)
+    assert output.parse("[[[]]]") == [[[]]]
