@@ -105,7 +105,7 @@ TASK_HEAD_CHARS = 80
 LAST_ERROR_CHARS = 60
 LAST_ERROR_TITLE_CHARS = 500
 # Run fields that can be long, each with a page of its own for the whole text.
-RUN_TEXT_FIELDS = ("task", "result", "error")
+RUN_TEXT_FIELDS = ("task", "result", "output", "error")
 _P = TypeVar("_P", bound=AdminPage[Any])
 
 
@@ -402,7 +402,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         """The validated final answer as indented JSON, escaped (it is the model's)."""
         if obj.output is None:
             return self.get_empty_value_display()
-        return text_html(shown_text(pretty_json(obj.output)))
+        return text_html(shown_text(pretty_json(obj.output), self._url("text", obj.pk, "output")))
 
     @admin.display(description=_("woken by"))
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:
@@ -877,8 +877,11 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         return plain_text_response(result if isinstance(result, str) else pretty_json(result))
 
     def run_text_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
-        """The task, result or error of a run, as plain text."""
+        """The task, result, output (indented JSON) or error of a run, as plain text."""
         if field not in RUN_TEXT_FIELDS:
             raise Http404(gettext("No such text."))
         run = self._run_for_text(request, object_id, field)
-        return plain_text_response(getattr(run, field) or "")
+        value = getattr(run, field)
+        if field == "output":
+            return plain_text_response("" if value is None else pretty_json(value))
+        return plain_text_response(value or "")

@@ -305,3 +305,21 @@ def test_run_agent_of_the_testing_helpers_returns_the_output() -> None:
     assert result.status == RunStatus.SUCCEEDED, result.error
     assert result.output == {"total": 12}
     assert result.result == '{"total": 12}'
+
+
+def test_a_long_output_is_cut_on_the_run_page_and_whole_on_its_text_page(
+    fake_api: FakeAnthropic, admin_client: Any
+) -> None:
+    note = "<i>" + "n" * 20_000
+    run = api.start_run("counter", script(answer({"total": 2, "note": note})))
+    run_worker()
+    assert reload(run).status == RunStatus.SUCCEEDED
+
+    page = admin_client.get(reverse("admin:durable_agents_agentrun_change", args=[run.pk]))
+    text_url = reverse("admin:durable_agents_agentrun_text", args=[run.pk, "output"])
+    assert text_url in page.content.decode()
+    assert "n" * 5_000 not in page.content.decode()  # cut to TEXT_SHOWN_CHARS
+    whole = admin_client.get(text_url)
+    assert whole.status_code == 200
+    assert whole["Content-Type"] == "text/plain; charset=utf-8"
+    assert json.loads(whole.content) == {"total": 2, "note": note}
