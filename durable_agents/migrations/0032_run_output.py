@@ -29,7 +29,7 @@ def output_field() -> Any:
     return durable_agents.models.JSONTextField(
         blank=True,
         editable=False,
-        help_text="the final answer as JSON, valid against the agent's output schema",
+        help_text="the final answer as JSON, validated against the agent's output schema",
         null=True,
     )
 

@@ -243,7 +243,7 @@ class AgentRun(models.Model):
         null=True,
         blank=True,
         editable=False,
-        help_text=_("the final answer as JSON, valid against the agent's output schema"),
+        help_text=_("the final answer as JSON, validated against the agent's output schema"),
     )
     error = models.TextField(blank=True, default="")
     # A dead run's reason with its variable parts folded away (causes.cause_of), written when
