@@ -146,6 +146,12 @@ class RunResult:
         return self.run.result
 
     @property
+    def output(self) -> Any:
+        """The validated final answer of an agent with an ``output_schema`` (a JSON value),
+        else None."""
+        return self.run.output
+
+    @property
     def error(self) -> str:
         return self.run.error
 

@@ -104,7 +104,7 @@ TASK_HEAD_CHARS = 80
 LAST_ERROR_CHARS = 60
 LAST_ERROR_TITLE_CHARS = 500
 # Run fields that can be long, each with a page of its own for the whole text.
-RUN_TEXT_FIELDS = ("task", "result", "error")
+RUN_TEXT_FIELDS = ("task", "result", "output", "error")
 _P = TypeVar("_P", bound=AdminPage[Any])
 
 
@@ -118,7 +118,7 @@ class RunChangeList(CountedChangeList):
             .get_queryset(request, exclude_parameters)
             .annotate(task_head=Substr("task", 1, TASK_HEAD_CHARS))
             # woken_by can hold an event's whole payload: the list never shows it.
-            .defer("task", "result", "fingerprint", "woken_by", "metadata")
+            .defer("task", "result", "output", "fingerprint", "woken_by", "metadata")
         )
         # wait_runs as text, decoded per row: one run's undecodable wait cannot fail the list.
         return reading_raw(queryset, "wait_runs")
@@ -274,6 +274,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         "updated_at_display",
         "finished_at_display",
         "result_text",
+        "output_text",
         "error_text",
         "fingerprint",
         "start_key_shown",
@@ -321,6 +322,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         "started_at_display": _("first claim"),
         "wake_at_display": _("a timer's due time, or the timeout of an event or child runs wait"),
         "woken_by_text": _("what ended the wait: the waiting call receives it"),
+        "output_text": _("the final answer as JSON, validated against the agent's output schema"),
         "metadata_text": _(
             "what the product attached to the run when it started it; stored unencrypted, "
             "searchable with meta:key=value"
@@ -355,6 +357,17 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
             # What the product attached to it (a tenant, a user, an order), after the task.
             name, options = fieldsets[0]
             fieldsets[0] = (name, {**options, "fields": (*options["fields"], "metadata_text")})
+        if obj is not None and obj.output is not None:
+            # The validated answer of an agent with an output schema, after the result text.
+            index = next(
+                i
+                for i, (_name, options) in enumerate(fieldsets)
+                if "result_text" in options["fields"]
+            )
+            name, options = fieldsets[index]
+            fields = list(options["fields"])
+            fields.insert(fields.index("result_text") + 1, "output_text")
+            fieldsets[index] = (name, {**options, "fields": tuple(fields)})
         if obj is not None and obj.parent_id:
             fieldsets.insert(1, self.child_fieldset)
         if obj is not None and obj.waiting_for and obj.status != RunStatus.WAITING:
@@ -382,6 +395,13 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         if not obj.metadata:
             return self.get_empty_value_display()
         return text_html(shown_text(pretty_json(obj.metadata)))
+
+    @admin.display(description=_("output"))
+    def output_text(self, obj: AgentRun) -> SafeString | str:
+        """The validated final answer as indented JSON, escaped (it is the model's)."""
+        if obj.output is None:
+            return self.get_empty_value_display()
+        return text_html(shown_text(pretty_json(obj.output), self._url("text", obj.pk, "output")))
 
     @admin.display(description=_("woken by"))
     def woken_by_text(self, obj: AgentRun) -> SafeString | str:
@@ -856,8 +876,11 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         return plain_text_response(result if isinstance(result, str) else pretty_json(result))
 
     def run_text_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
-        """The task, result or error of a run, as plain text."""
+        """The task, result, output (indented JSON) or error of a run, as plain text."""
         if field not in RUN_TEXT_FIELDS:
             raise Http404(gettext("No such text."))
         run = self._run_for_text(request, object_id, field)
-        return plain_text_response(getattr(run, field) or "")
+        value = getattr(run, field)
+        if field == "output":
+            return plain_text_response("" if value is None else pretty_json(value))
+        return plain_text_response(value or "")

@@ -6,7 +6,8 @@ fingerprint, so two processes never disagree silently about what the model was s
 
 The fingerprint covers everything an agent sends besides the messages: the request body's
 parameters (``request_params``: model, system, tools, thinking, ``params`` such as
-``context_management``, and the top-level ``cache_control`` of ``cache=True``) and the agent's own
+``context_management``, the top-level ``cache_control`` of ``cache=True`` and the
+``output_config.format`` of ``output_schema``) and the agent's own
 ``anthropic-beta`` values (``betas``). Changing any of them without a new version is prompt drift.
 
 This module never touches the database: agents are built at import of an app's ``agents.py``.
@@ -24,6 +25,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_agents.declare.output import OutputSchema
 from durable_agents.declare.tools import Tool
 from durable_agents.exceptions import AgentNotFound
 
@@ -57,7 +59,13 @@ def _canonical_json(value: Any) -> str:
 
 
 class Agent:
-    """A versioned agent: model, system prompt, tools and the other request parameters."""
+    """A versioned agent: model, system prompt, tools and the other request parameters.
+
+    ``output_schema``: a JSON Schema the final answer must match. It is sent with every
+    request as structured outputs (``output_config.format``), so it is part of the
+    fingerprint; the answer is parsed and validated, an invalid one is told to the model,
+    which answers again within ``max_turns``, and the valid one is the run's ``output``.
+    """
 
     def __init__(
         self,
@@ -80,6 +88,7 @@ class Agent:
         cache: bool = False,
         concurrency_limit: int | None = None,
         upgrades_from: Iterable[str] = (),
+        output_schema: dict[str, Any] | None = None,
         register: bool = True,
     ) -> None:
         _check_labels(name=name, version=version, model=model)
@@ -100,6 +109,8 @@ class Agent:
         _check_callable(where, on_text=on_text)
         _check_thinking(where, thinking, max_tokens)
         params = _checked_params(where, params, cache)
+        output = None if output_schema is None else OutputSchema(where, output_schema)
+        _check_output_config(where, params, output)
         betas = _checked_betas(where, betas)
         tools_by_name = _tools_by_name(where, tools)
 
@@ -118,6 +129,9 @@ class Agent:
         self.betas: tuple[str, ...] = betas
         self.cache = cache
         self.max_turns = max_turns
+        # The JSON Schema of the final answer (None: a text answer only). Sent with every
+        # request as ``output_config.format``, so it is part of the fingerprint.
+        self.output: OutputSchema | None = output
         self._fingerprints: dict[str, str] = {}
         self._requests: dict[str, dict[str, Any]] = {}
         # Budgets and delivery are checked or used by the worker between and during steps;
@@ -154,6 +168,11 @@ class Agent:
             ) from exc
 
     @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the final answer must match, or None (a copy)."""
+        return None if self.output is None else copy.deepcopy(self.output.schema)
+
+    @property
     def label(self) -> str:
         """``name@version``, as runs and messages show it."""
         return f"{self.name}@{self.version}"
@@ -176,6 +195,11 @@ class Agent:
         if self.cache:
             out["cache_control"] = copy.deepcopy(AUTOMATIC_CACHE_CONTROL)
         out.update(copy.deepcopy(self.params))
+        if self.output is not None:
+            # Merged into an ``output_config`` of ``params`` (its ``effort``), else added: an
+            # agent without an output schema sends exactly what it sent before they existed.
+            config = out.get("output_config") or {}
+            out["output_config"] = {**config, "format": self.output.request_format()}
         if self.betas:
             out["betas"] = list(self.betas)
         return out
@@ -350,6 +374,23 @@ def _checked_params(where: str, params: Any, cache: Any) -> dict[str, Any]:
             "cache_control out of params (or set it there and leave cache off)"
         )
     return params
+
+
+def _check_output_config(where: str, params: dict[str, Any], output: OutputSchema | None) -> None:
+    """With ``output_schema``, an ``output_config`` of ``params`` (its ``effort``) must be an
+    object without a ``format`` of its own: one source of truth for what the answer must be."""
+    config = params.get("output_config")
+    if output is None or config is None:
+        return
+    if not isinstance(config, dict):
+        raise ImproperlyConfigured(
+            f"{where}: params['output_config'] must be a dict, got {config!r}"
+        )
+    if "format" in config:
+        raise ImproperlyConfigured(
+            f"{where}: give the final answer's JSON Schema once, as output_schema=...; "
+            "leave format out of params['output_config']"
+        )
 
 
 def _tools_by_name(where: str, tools: Iterable[Any]) -> dict[str, Tool]:

@@ -450,8 +450,8 @@ def _needs_coercion(hint: Any) -> bool:
 # --------------------------------------------------------------------------- Tool
 
 
-def _path(error: jsonschema.ValidationError) -> str:
-    out = "input"
+def _path(error: jsonschema.ValidationError, root: str = "input") -> str:
+    out = root
     for part in error.absolute_path:
         if isinstance(part, int):
             out += f"[{part}]"
@@ -462,12 +462,12 @@ def _path(error: jsonschema.ValidationError) -> str:
     return out
 
 
-def _leaf_errors(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
-    """(path, message) pairs for one error. "Not valid under any of the given schemas" tells
-    the model nothing: use the errors of the one arm whose type matches the value, or list the
-    types when no arm's type matches."""
+def _leaf_errors(error: jsonschema.ValidationError, root: str = "input") -> list[tuple[str, str]]:
+    """(path, message) pairs for one error, paths from ``root``. "Not valid under any of the
+    given schemas" tells the model nothing: use the errors of the one arm whose type matches
+    the value, or list the types when no arm's type matches."""
     if error.validator not in ("anyOf", "oneOf") or not error.context:
-        return [(_path(error), error.message)]
+        return [(_path(error, root), error.message)]
     arms: dict[Any, list[jsonschema.ValidationError]] = {}
     for sub in error.context:
         arms.setdefault(sub.schema_path[0], []).append(sub)
@@ -478,7 +478,7 @@ def _leaf_errors(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
 
     candidates = [errs for errs in arms.values() if not any(map(type_mismatch, errs))]
     if len(candidates) == 1:
-        return [leaf for sub in candidates[0] for leaf in _leaf_errors(sub)]
+        return [leaf for sub in candidates[0] for leaf in _leaf_errors(sub, root)]
     if not candidates and len(arms) == len(error.validator_value):
         expected: list[str] = []
         for errs in arms.values():
@@ -491,8 +491,8 @@ def _leaf_errors(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
                     )
                     expected.extend(k for k in kinds if k not in expected)
         listed = ", ".join(repr(k) for k in expected)
-        return [(_path(error), f"{error.instance!r} is not of type {listed}")]
-    return [(_path(error), error.message)]
+        return [(_path(error, root), f"{error.instance!r} is not of type {listed}")]
+    return [(_path(error, root), error.message)]
 
 
 def _cap(text: str, limit: int) -> str:

@@ -9,7 +9,7 @@ the same call, with the same idempotency key, is invoked again with ``woken_by``
     {"timer": True}
     {"timeout": True}
     {"event": name, "payload": ..., "at": iso}
-    {"runs": {id: {"status", "result", "error", "task"}}}
+    {"runs": {id: {"status", "result", "error", "task"}}}  (and "output", when a child has one)
     {"answer": text, "answered_by": username, "at": iso}         (ask_person)
 
 The transitions themselves are the store's (``Store.park_on_wait``, ``send_event``,

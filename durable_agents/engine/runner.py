@@ -39,6 +39,7 @@ from durable_agents._internal.interrupt import Interrupt
 from durable_agents._internal.text import json_text, storable_text
 from durable_agents.conf import app_settings
 from durable_agents.declare.agents import Agent, AgentNotFound, registry
+from durable_agents.declare.output import InvalidOutput, correction_text
 from durable_agents.engine import credentials
 from durable_agents.engine.dispatch import ToolCall, ToolDispatch, result_block
 from durable_agents.engine.dispositions import (
@@ -274,7 +275,7 @@ class RunAdvancer(ToolDispatch):
             elif at.last.message.get("stop_reason") == "tool_use":
                 at = self._tool_step(agent, at)
             else:
-                self._end_as_committed(at.last)
+                at = self._end_as_committed(agent, at)
 
     def _resume(self) -> tuple[Agent, dict[str, Any], _Position]:
         """Where this claim starts: a run that stalled too often is dead-lettered, the agent
@@ -345,18 +346,51 @@ class RunAdvancer(ToolDispatch):
             usage=usage,
             cost=cost,
         )
+        refused: InvalidOutput | None = None
         if turn.message.get("stop_reason") in FINAL_STOP_REASONS:
-            # The last turn: commit it and end the run in one statement (which may also claim
-            # the worker's next run).
-            last_step = dataclasses.replace(step, finish=(SUCCEEDED, text_of(turn.message)))
-            self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim)
-            self._settle(grant, turn)
-            raise self._finished(SUCCEEDED)
+            text = text_of(turn.message)
+            try:
+                output = None if agent.output is None else agent.output.parse(text)
+            except InvalidOutput as exc:
+                refused = exc  # committed as a turn like any other, then answered below
+            else:
+                # The last turn: commit it and end the run in one statement (which may also
+                # claim the worker's next run), with the validated answer if there is one.
+                last_step = dataclasses.replace(step, finish=(SUCCEEDED, text), output=output)
+                self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim)
+                self._settle(grant, turn)
+                raise self._finished(SUCCEEDED)
         self._commit(step, ms=turn.elapsed_ms)
         self._settle(grant, turn)
         at.conversation.append(assistant_message(turn.body, turn.content_span))
         last = _Step(step.seq, StepKind.MODEL_TURN, turn.message, fresh=True)
-        return _Position(at.conversation, at.turns + 1, last)
+        after = _Position(at.conversation, at.turns + 1, last)
+        if refused is not None:
+            return self._refuse_answer(agent, after, refused)
+        return after
+
+    def _refuse_answer(self, agent: Agent, at: _Position, refused: InvalidOutput) -> _Position:
+        """The final answer (``at.last``, committed) does not match the agent's output schema.
+        With a turn left, the model is told why in a user message (a step of its own, so a
+        resumed run sends it too) and answers again; without one, the run fails with the
+        validation error."""
+        no_turn_left = self._budget_exceeded(agent, at.turns)
+        if no_turn_left is not None:
+            self._finish(
+                FAILED,
+                error=f"the final answer was refused: {refused} ({no_turn_left}; no turn left "
+                "to correct it)",
+            )
+        # A user message whose content is a string: the API's message rules hold (an answer
+        # that asked for no tool is followed by a user turn), and the signed turns before it
+        # are sent again as they were.
+        payload = json_text(correction_text(refused))
+        step = StepWrite(at.last.seq + 1, StepKind.TOOL_RESULT, payload)
+        self._commit(step)
+        logger.info("run %s: final answer refused, the model is told why: %s", self.run.pk, refused)
+        at.conversation.append(user_message(payload))
+        last = _Step(step.seq, StepKind.TOOL_RESULT, loads_deep(payload))
+        return _Position(at.conversation, at.turns, last)
 
     def _tool_step(self, agent: Agent, at: _Position) -> _Position:
         """Run the calls the last turn asked for and commit their results, now or with the
@@ -404,12 +438,20 @@ class RunAdvancer(ToolDispatch):
             commit()
         return after
 
-    def _end_as_committed(self, last: _Step) -> NoReturn:
+    def _end_as_committed(self, agent: Agent, at: _Position) -> _Position:
         """The last step is a turn that asked for no tool, committed by an earlier claim:
-        the run ends as that turn says."""
-        stop_reason = last.message.get("stop_reason")
+        the run ends as that turn says (or, a final answer the output schema refuses, the
+        model is told why and the run goes on)."""
+        stop_reason = at.last.message.get("stop_reason")
         if stop_reason in FINAL_STOP_REASONS:
-            self._finish(SUCCEEDED, result=text_of(last.message))
+            text = text_of(at.last.message)
+            if agent.output is None:
+                self._finish(SUCCEEDED, result=text)
+            try:
+                output = agent.output.parse(text)
+            except InvalidOutput as refused:
+                return self._refuse_answer(agent, at, refused)
+            self._finish(SUCCEEDED, result=text, output=output)
         self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
 
     # -- pinning ---------------------------------------------------------------------------
@@ -747,13 +789,20 @@ class RunAdvancer(ToolDispatch):
         raise Stop(LOST)
 
     def _finish(
-        self, disposition: Disposition, *, result: str | None = None, error: str = ""
+        self,
+        disposition: Disposition,
+        *,
+        result: str | None = None,
+        error: str = "",
+        output: Any = None,
     ) -> NoReturn:
-        if not self._end(disposition, result=result, error=error):
+        if not self._end(disposition, result=result, error=error, output=output):
             self._fence_failed()
         raise self._finished(disposition, error)
 
-    def _end(self, status: str, *, result: str | None = None, error: str = "") -> bool:
+    def _end(
+        self, status: str, *, result: str | None = None, error: str = "", output: Any = None
+    ) -> bool:
         """``finish_run``, tried again after a lost connection; True too when a try whose
         answer was lost did end the run (it has that status now)."""
         tries = 0
@@ -761,7 +810,9 @@ class RunAdvancer(ToolDispatch):
         def finish() -> bool:
             nonlocal tries
             tries += 1
-            return self.store.finish_run(self.claim, status, result=result, error=error)
+            return self.store.finish_run(
+                self.claim, status, result=result, error=error, output=output
+            )
 
         ended = self.durably(finish, f"end ({status})")
         return ended or (tries > 1 and self.store.current_status(self.run.pk) == status)

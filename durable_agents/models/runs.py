@@ -285,6 +285,16 @@ class AgentRun(models.Model):
         help_text=_("what its model turns cost, in USD, at the PRICES setting"),
     )
     result = models.TextField(null=True, blank=True)
+    # The final answer as a JSON value, for an agent with an output_schema: the result's text
+    # parsed and validated against the schema (NULL otherwise). JSON text, not jsonb: it keeps
+    # the answer's key order and any string the model wrote (jsonb refuses \u0000). Plain at
+    # rest, as the result is.
+    output = JSONTextField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("the final answer as JSON, validated against the agent's output schema"),
+    )
     error = models.TextField(blank=True, default="")
     # A dead run's reason with its variable parts folded away (causes.cause_of), written when
     # the run is dead-lettered and cleared when it leaves the dead letter: what the

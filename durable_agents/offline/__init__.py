@@ -45,6 +45,7 @@ from durable_agents.offline.model import ScriptedModel
 from durable_agents.offline.script import (
     PlanCall,
     Script,
+    answer_directive,
     final_directive,
     parse_script,
     turn_directive,
@@ -66,6 +67,7 @@ __all__ = [
     "Rejection",
     "Script",
     "ScriptedModel",
+    "answer_directive",
     "billed_input_tokens",
     "canonical_bytes",
     "dumps_deep",

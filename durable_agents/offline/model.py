@@ -30,11 +30,12 @@ from durable_agents.offline.limits import (
 )
 from durable_agents.offline.requests import (
     cache_control,
+    check_output_config,
     check_signatures,
     check_structure,
     parse_body,
 )
-from durable_agents.offline.script import Script, script_of
+from durable_agents.offline.script import PlanCall, Script, script_of
 from durable_agents.offline.signatures import Signer, canonical_bytes
 from durable_agents.offline.sse import sse_events
 from durable_agents.offline.wire import (
@@ -264,6 +265,7 @@ class ScriptedModel:
         betas = betas_of(headers)
         compaction = compaction_edit(req.get("context_management"), betas)
         cached = cache_control(req.get("cache_control"))
+        check_output_config(req.get("output_config"))
         messages: list[dict[str, Any]] = req["messages"]
         check_structure(messages)
         view = view_of(self.secret, model, messages, betas)
@@ -351,10 +353,16 @@ class ScriptedModel:
         """The blocks of turn ``turn`` of the script (a thinking block signed by ``signer``,
         the text, the calls) and its stop reason. ``failed``: the error result the model just
         read, under ``@@stop_on_error``: it stops there."""
+        calls: list[PlanCall]
         if failed is not None:
             calls = []
             thought = f"Turn {turn + 1}: a tool call failed, so the plan cannot go on."
             text = f"Stopped: a tool call failed: {failed}"
+            stop_reason = "end_turn"
+        elif turn in script.answers:
+            calls = []
+            thought = f"Turn {turn + 1}: the plan says to answer now."
+            text = script.answers[turn]
             stop_reason = "end_turn"
         elif turn < len(script.plan):
             calls = script.plan[turn]

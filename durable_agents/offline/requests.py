@@ -154,3 +154,24 @@ def cache_control(value: Any) -> bool:
     ):
         raise invalid('cache_control: must be {"type": "ephemeral"} (with an optional "ttl")')
     return True
+
+
+def check_output_config(value: Any) -> None:
+    """``output_config`` checked as the API checks its shape: an object whose ``format``, if
+    given, is ``{"type": "json_schema", "schema": {...}}`` (structured outputs). The offline
+    model plays the script's text whatever the format, so that a test can script an answer
+    that does not match and see what the runtime does with it."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise invalid("output_config: must be an object")
+    fmt = value.get("format")
+    if fmt is None:
+        return
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), dict)
+        or set(fmt) - {"type", "schema"}
+    ):
+        raise invalid('output_config.format: must be {"type": "json_schema", "schema": {...}}')

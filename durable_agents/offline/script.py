@@ -26,6 +26,13 @@ sets the text of the final (``end_turn``) turn; the last one given wins. ``turn_
 surrogates is sent with those escaped (``\ud800``), as valid UTF-8 JSON text: what a real
 hostile provider response would contain.
 
+``@@answer "text"`` is a plan line too: a final (``end_turn``) turn with that text, in order
+with the other plan lines. When the run goes on after it (the runtime refused the answer and
+said why in a user message), the next turn plays the next plan line::
+
+    @@answer "{\"total\": \"twelve\"}"
+    @@answer "{\"total\": 12}"
+
 ``@@repeat N <plan line>`` is N plan lines at once (``@@repeat 4999 @noop {"key": "k"}``): a
 long run's script stays short.
 
@@ -47,6 +54,8 @@ CHUNK_LATENCY_DIRECTIVE = "chunk_latency"
 # A plan line given as JSON (``@@turn [{"name": ..., "input": ...}]``) and the final text.
 TURN_DIRECTIVE = "turn"
 FINAL_DIRECTIVE = "final"
+# A plan line that is a final turn with the given text (``@@answer "..."``).
+ANSWER_DIRECTIVE = "answer"
 CALL_SEPARATOR = " && "
 # ``@@repeat N <plan line>``: N plan lines at once.
 REPEAT_DIRECTIVE = "repeat"
@@ -60,6 +69,11 @@ def turn_directive(calls: list[tuple[str, Any]]) -> str:
     return f"@@{TURN_DIRECTIVE} " + dumps_deep(
         [{"name": name, "input": tool_input} for name, tool_input in calls]
     )
+
+
+def answer_directive(text: str) -> str:
+    """The ``@@answer`` plan line of a final turn whose text is ``text``, all ASCII."""
+    return f"@@{ANSWER_DIRECTIVE} " + dumps_deep(text)
 
 
 def final_directive(text: str) -> str:
@@ -97,6 +111,7 @@ class Script:
         chunk_latency: float = 0.0,
         final_text: str | None = None,
         stop_on_error: bool = False,
+        answers: dict[int, str] | None = None,
     ) -> None:
         self.first_line = first_line
         self.plan = plan
@@ -104,6 +119,8 @@ class Script:
         self.chunk_latency = chunk_latency
         self.final_text = final_text
         self.stop_on_error = stop_on_error
+        # Plan lines that are final turns (``@@answer``): their index, and the turn's text.
+        self.answers: dict[int, str] = answers or {}
 
 
 def _parse_call_args(text: str) -> tuple[Any, str | None]:
@@ -171,13 +188,13 @@ def _parse_turn_directive(value: str, number: int) -> list[PlanCall]:
     return plan_calls
 
 
-def _parse_final_directive(value: str) -> str:
+def _parse_final_directive(value: str, directive: str = FINAL_DIRECTIVE) -> str:
     try:
         text = loads_deep(value)
     except ValueError as e:
-        raise invalid(f"offline script: @@{FINAL_DIRECTIVE} needs a JSON string: {e}") from None
+        raise invalid(f"offline script: @@{directive} needs a JSON string: {e}") from None
     if not isinstance(text, str):
-        raise invalid(f"offline script: @@{FINAL_DIRECTIVE} needs a JSON string")
+        raise invalid(f"offline script: @@{directive} needs a JSON string")
     return text
 
 
@@ -216,6 +233,7 @@ def script_of(task: str) -> Script:
     delays = {LATENCY_DIRECTIVE: 0.0, CHUNK_LATENCY_DIRECTIVE: 0.0}
     final_text: str | None = None
     stop_on_error = False
+    answers: dict[int, str] = {}
     for raw_line in lines:
         line = raw_line.strip()
         if line.startswith("@@"):
@@ -225,6 +243,10 @@ def script_of(task: str) -> Script:
                 continue
             if directive == FINAL_DIRECTIVE:
                 final_text = _parse_final_directive(value)
+                continue
+            if directive == ANSWER_DIRECTIVE:
+                answers[len(plan)] = _parse_final_directive(value, ANSWER_DIRECTIVE)
+                plan.append([])
                 continue
             if directive == STOP_ON_ERROR_DIRECTIVE and not value.strip():
                 stop_on_error = True
@@ -253,4 +275,5 @@ def script_of(task: str) -> Script:
         delays[CHUNK_LATENCY_DIRECTIVE],
         final_text,
         stop_on_error,
+        answers,
     )

@@ -195,6 +195,8 @@ class StepWrite:
     effects: Sequence[ToolEffect] = ()
     # (status, result): the last step of the run, which ends it in the same commit.
     finish: tuple[str, str | None] | None = None
+    # With ``finish``: the run's validated final answer (``agent_run.output``; None: none).
+    output: Any = None
     # Where the turn's content array lies in ``payload`` (the rebuild splices it verbatim).
     content_span: tuple[int, int] | None = None
     tokens: int = 0  # tokens the step billed, added to the run's tokens_used
@@ -305,7 +307,11 @@ def tree_root(parent: AgentRun) -> RunId:
 
 def run_outcome(run: AgentRun) -> dict[str, Any]:
     """What a run waiting on ``run`` learns of it (``woken_by["runs"][id]``)."""
-    return {"status": run.status, "result": run.result, "error": run.error, "task": run.task}
+    outcome = {"status": run.status, "result": run.result, "error": run.error, "task": run.task}
+    if run.output is not None:
+        # Only a run whose agent has an output schema has one: other payloads stay as they were.
+        outcome["output"] = run.output
+    return outcome
 
 
 def timer_woken_by(waiting_for: str) -> dict[str, Any]:
@@ -313,13 +319,15 @@ def timer_woken_by(waiting_for: str) -> dict[str, Any]:
     return {"timer": True} if waiting_for == WaitKind.TIMER else {"timeout": True}
 
 
-def ended(status: str, result: str | None, error: str) -> dict[str, Any]:
+def ended(status: str, result: str | None, error: str, output: Any = None) -> dict[str, Any]:
     """The columns a run's end sets, but ``finished_at`` (each store writes its own clock's
     now). PostgreSQL's ``APPEND_LAST_STEP_SQL`` sets the same columns in SQL, with error ''
-    (a run that succeeds in its last step is never dead: its ``dead_cause`` is already '')."""
+    (a run that succeeds in its last step is never dead: its ``dead_cause`` is already '').
+    ``output``: the validated final answer (a JSON value), written with the status."""
     return {
         "status": status,
         "result": None if result is None else storable_text(result),
+        "output": output,
         "error": storable_text(error, MAX_REASON_CHARS),
         "dead_cause": cause_of(error) if status == RunStatus.DEAD else "",
         "lease_owner": None,
@@ -514,9 +522,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def finish_run(
-        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+        self,
+        claim: Claim,
+        status: str,
+        *,
+        result: str | None = None,
+        error: str = "",
+        output: Any = None,
     ) -> bool:
-        """Finish: end the run (succeeded, failed or dead) and free its lease; fenced."""
+        """Finish: end the run (succeeded, failed or dead) and free its lease; fenced.
+        ``output``: the validated final answer, written by the same statement."""
 
     @abc.abstractmethod
     def release_lease(

@@ -210,8 +210,10 @@ class InMemoryStore(Store):
             claims.append(Claim(_copy(run), owner, run.attempt, lease_seconds, task_payload))
         return claims
 
-    def _end(self, run: AgentRun, status: str, result: str | None, error: str) -> None:
-        for name, value in ended(status, result, error).items():
+    def _end(
+        self, run: AgentRun, status: str, result: str | None, error: str, output: Any = None
+    ) -> None:
+        for name, value in ended(status, result, error, output).items():
             setattr(run, name, value)
         run.finished_at = run.updated_at = self.now()
         self.child_ended(run.parent_id)
@@ -563,7 +565,7 @@ class InMemoryStore(Store):
             if step.finish is None:
                 run.lease_until = self._expiry(claim.lease_seconds)
             else:
-                self._end(run, step.finish[0], step.finish[1], "")
+                self._end(run, step.finish[0], step.finish[1], "", step.output)
             self.steps.setdefault(run.pk, {})[step.seq] = AgentStep(
                 run_id=run.pk,
                 seq=step.seq,
@@ -611,13 +613,19 @@ class InMemoryStore(Store):
     # -- end, hand back, park ------------------------------------------------------------
 
     def finish_run(
-        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+        self,
+        claim: Claim,
+        status: str,
+        *,
+        result: str | None = None,
+        error: str = "",
+        output: Any = None,
     ) -> bool:
         with self.lock:
             run = self._fenced(claim)
             if run is None:
                 return False
-            self._end(run, status, result, error)
+            self._end(run, status, result, error, output)
             return True
 
     def release_lease(

@@ -134,9 +134,9 @@ def fenced(claim: Claim) -> QuerySet[AgentRun]:
     )
 
 
-def ending(status: str, result: str | None, error: str) -> dict[str, Any]:
+def ending(status: str, result: str | None, error: str, output: Any = None) -> dict[str, Any]:
     """The columns a run's end sets, as ORM values (``base.ended`` plus ``finished_at``)."""
-    return {**ended(status, result, error), "finished_at": Now()}
+    return {**ended(status, result, error, output), "finished_at": Now()}
 
 
 def _run_pk(run_id: RunId | str) -> RunId:
@@ -338,7 +338,7 @@ class PortableStore(Store):
                 ToolEffect.objects.bulk_create(step.effects, ignore_conflicts=True)
             changes: dict[str, Any] = {"lease_until": lease_expiry(claim.lease_seconds)}
             if step.finish is not None:
-                changes = ending(step.finish[0], step.finish[1], "")
+                changes = ending(step.finish[0], step.finish[1], "", step.output)
             if step.cost is not None:
                 changes["cost_usd"] = added_cost(step.cost)
             if not (
@@ -371,9 +371,15 @@ class PortableStore(Store):
     # -- end, hand back, park ------------------------------------------------------------
 
     def finish_run(
-        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+        self,
+        claim: Claim,
+        status: str,
+        *,
+        result: str | None = None,
+        error: str = "",
+        output: Any = None,
     ) -> bool:
-        if not fenced(claim).update(updated_at=Now(), **ending(status, result, error)):
+        if not fenced(claim).update(updated_at=Now(), **ending(status, result, error, output)):
             return False
         self.child_ended(claim.run.parent_id)
         return True
@@ -788,7 +794,7 @@ class PortableStore(Store):
 
     def run_outcomes(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         runs = AgentRun.objects.filter(pk__in=list(run_ids)).only(
-            "pk", "status", "result", "error", "task"
+            "pk", "status", "result", "error", "task", "output"
         )
         found = {str(run.pk): run_outcome(run) for run in runs}
         return {str(r): found[str(r)] for r in run_ids if str(r) in found}

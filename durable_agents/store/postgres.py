@@ -310,9 +310,15 @@ class PostgresStore(Store):
         return self.orm.renew_lease(claim)
 
     def finish_run(
-        self, claim: Claim, status: str, *, result: str | None = None, error: str = ""
+        self,
+        claim: Claim,
+        status: str,
+        *,
+        result: str | None = None,
+        error: str = "",
+        output: Any = None,
     ) -> bool:
-        return self.orm.finish_run(claim, status, result=result, error=error)
+        return self.orm.finish_run(claim, status, result=result, error=error, output=output)
 
     def release_lease(
         self,

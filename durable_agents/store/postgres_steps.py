@@ -32,7 +32,14 @@ from django.db import connection
 from durable_agents._internal import encryption
 from durable_agents._internal.text import storable_text
 from durable_agents.flow.pricing import Usage
-from durable_agents.models import STEP_PAYLOAD, IntentStatus, ToolEffect, ToolIntent, step_part
+from durable_agents.models import (
+    STEP_PAYLOAD,
+    AgentRun,
+    IntentStatus,
+    ToolEffect,
+    ToolIntent,
+    step_part,
+)
 from durable_agents.store.base import Claim, NextClaim, RunId, StepWrite
 from durable_agents.store.postgres_claims import (
     ADMITTED,
@@ -96,6 +103,7 @@ WITH fence AS (
            cost_usd = {ADD_COST},
            status = %(status)s,
            result = %(result)s,
+           output = %(output)s,
            error = '',
            lease_owner = NULL,
            lease_until = NULL,
@@ -229,6 +237,8 @@ RETURNING id"""
 # How a tool result is written (JSON text, encrypted under ENCRYPTION_KEYS), as the ORM
 # writes it.
 RESULT_FIELD = ToolEffect._meta.get_field("result")
+# How a run's validated final answer is written (JSON text), as the ORM writes it.
+OUTPUT_FIELD = AgentRun._meta.get_field("output")
 
 
 def _effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
@@ -286,6 +296,7 @@ def step_params(claim: Claim, step: StepWrite) -> dict[str, Any]:
     if finish is not None:
         params["status"] = finish[0]
         params["result"] = None if finish[1] is None else storable_text(finish[1])
+        params["output"] = OUTPUT_FIELD.get_prep_value(step.output)
     return params
 
 

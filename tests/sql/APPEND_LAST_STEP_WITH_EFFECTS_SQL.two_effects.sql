@@ -6,6 +6,7 @@ WITH fence AS (
            cost_usd = coalesce(cost_usd + %(cost)s::numeric, %(cost)s::numeric, cost_usd),
            status = %(status)s,
            result = %(result)s,
+           output = %(output)s,
            error = '',
            lease_owner = NULL,
            lease_until = NULL,
