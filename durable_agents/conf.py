@@ -176,6 +176,12 @@ class DurableAgentsSettings:
         1024 * 1024,
         "The largest payload send_event takes, in bytes of its JSON text (UTF-8).",
     )
+    CALLBACK_MAX_BYTES: Setting[int] = Setting(
+        1024 * 1024,
+        "The largest body a service may POST to a callback URL (Wait(callback=True)), in "
+        "bytes; a larger one is refused with 413. The callback view reads its body itself, so "
+        "Django's DATA_UPLOAD_MAX_MEMORY_SIZE does not bound it: this does.",
+    )
     RATE_LIMITS: Setting[dict[str, Any]] = Setting(
         {},
         'Fleet-wide limits per model ("*" for any other): requests_per_minute, '

@@ -52,6 +52,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "MAX_CHILD_RUNS": (0, True),
     "MAX_TREE_RUNS": (1, True),
     "MAX_EVENT_BYTES": (1, True),
+    "CALLBACK_MAX_BYTES": (1, True),
 }
 
 
