@@ -13,6 +13,8 @@ The signature is the authentication (services POST without a CSRF token or a ses
 is checked before anything else: a forged request costs one HMAC, no body read and no query.
 The body is read by this view up to CALLBACK_MAX_BYTES + 1 bytes, never more, so Django's
 DATA_UPLOAD_MAX_MEMORY_SIZE does not apply to it. Nothing is changed by a refused request.
+No log line holds the token (``durable_agents.callbacks`` names the run and the call; the
+answers are kept out of ``django.request``'s log); a web server's access log would hold it.
 """
 
 from __future__ import annotations
@@ -40,10 +42,20 @@ _ANSWERS: dict[CallbackReceipt, tuple[int, dict[str, str]]] = {
 
 @csrf_exempt
 def receive(request: HttpRequest, token: str) -> HttpResponseBase:
+    response = _answer(request, token)
+    # The URL holds the token, which is as good as a password while the wait lasts: Django
+    # would log the path of every 4xx answer (django.request), so this view's answers are
+    # marked logged, and its own line names the run and the call instead.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+def _answer(request: HttpRequest, token: str) -> HttpResponseBase:
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     target = callback_target(token)
     if target is None:
+        logger.warning("callback refused: a forged or altered URL")
         return JsonResponse({"error": "invalid callback URL"}, status=403)
     run_id, key = target
     limit = int(app_settings.CALLBACK_MAX_BYTES)
@@ -56,6 +68,7 @@ def receive(request: HttpRequest, token: str) -> HttpResponseBase:
             raise BadBody(413, f"the body is at most {limit} bytes (CALLBACK_MAX_BYTES)")
         body = parse_body(request.read(limit + 1), limit)
     except BadBody as bad:
+        logger.warning("run %s: callback of call %s refused (%s)", run_id, key[:12], bad.status)
         return JsonResponse({"error": bad.reason}, status=bad.status)
     receipt = current().receive_callback(run_id, key, body)
     logger.info("run %s: callback of call %s %s", run_id, key[:12], receipt.value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -315,3 +316,17 @@ def test_cancel_ends_the_wait_and_the_url_with_it(fake_api: FakeAnthropic, recei
     assert post(url, {"status": "paid"}).status_code == 409
     assert reload(run).status == RunStatus.CANCELLED
     assert not AgentCallback.objects.exists()
+
+
+def test_no_log_line_holds_the_token(
+    fake_api: FakeAnthropic, receiver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = parked()
+    token = path(url).rsplit("/", 1)[1]
+    with caplog.at_level(logging.DEBUG):
+        assert post(url, raw=b"not json").status_code == 400
+        assert Client().get(path(url)).status_code == 405
+        assert post(url, {"ok": True}).status_code == 200
+        assert post(url, {"ok": True}).status_code == 409
+    assert caplog.records  # the view says what it did
+    assert not [r for r in caplog.records if token in r.getMessage() or token in str(r.args)]
