@@ -46,7 +46,7 @@ def park_on_callbacks(n: int, offset: int) -> list[tuple[Any, str]]:
     from durable_agents.callbacks import callback_token
     from durable_agents.models import AgentRun, RunStatus, WaitKind
 
-    parked = []
+    parked: list[tuple[Any, str]] = []
     for run_id in common.start_runs(n):
         key = f"{offset + len(parked):064x}"
         AgentRun.objects.filter(pk=run_id).update(
