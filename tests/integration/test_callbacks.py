@@ -5,6 +5,7 @@ and ``woken_by``, and each URL it handed out, so each test sees exactly what the
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import logging
@@ -16,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client, override_settings
 
@@ -190,7 +192,7 @@ def test_secret_key_fallbacks_keep_outstanding_urls_valid(
 
 
 def test_bad_bodies_and_methods_are_refused_and_change_nothing(
-    fake_api: FakeAnthropic, receiver: Any
+    fake_api: FakeAnthropic, receiver: Any, da_settings: Any
 ) -> None:
     run, url = parked()
     client = Client()
@@ -204,11 +206,13 @@ def test_bad_bodies_and_methods_are_refused_and_change_nothing(
     assert post(url, raw=b'{"x": "\\ud800"}').status_code == 400  # a lone surrogate
     assert post(url, raw=b"[" * 200 + b"]" * 200).status_code == 400  # too deep
     assert post(url, raw=b"[" * 5000 + b"]" * 5000).status_code == 400  # deeper than json's
-    with override_settings(DURABLE_AGENTS={**_app_settings(), "CALLBACK_MAX_BYTES": 100}):
-        too_large = post(url, {"blob": "x" * 200})
-        assert too_large.status_code == 413
-        assert "CALLBACK_MAX_BYTES" in too_large.json()["error"]
-        assert post(url, {"blob": "x" * 50}).status_code == 200  # within the limit
+    da_settings(CALLBACK_MAX_BYTES=100)
+    too_large = post(url, {"blob": "x" * 200})
+    assert too_large.status_code == 413
+    assert "CALLBACK_MAX_BYTES" in too_large.json()["error"]
+    assert reload(run).status == RunStatus.WAITING
+    assert not AgentCallback.objects.exists()
+    assert post(url, {"blob": "x" * 50}).status_code == 200  # within the limit
     assert reload(run).status == RunStatus.PENDING
     assert AgentCallback.objects.get().body == {"blob": "x" * 50}
 
@@ -222,12 +226,6 @@ def test_a_body_larger_than_djangos_upload_limit_is_taken_up_to_callback_max_byt
         assert post(url, body).status_code == 200
     run_worker()
     assert receiver.calls("await_callback")[-1]["woken_by"]["callback"] == body
-
-
-def _app_settings() -> dict[str, Any]:
-    from django.conf import settings
-
-    return dict(getattr(settings, "DURABLE_AGENTS", {}))
 
 
 def test_the_wait_times_out(fake_api: FakeAnthropic, receiver: Any) -> None:
@@ -330,3 +328,18 @@ def test_no_log_line_holds_the_token(
         assert post(url, {"ok": True}).status_code == 409
     assert caplog.records  # the view says what it did
     assert not [r for r in caplog.records if token in r.getMessage() or token in str(r.args)]
+
+
+def test_the_body_is_encrypted_at_rest(
+    fake_api: FakeAnthropic, receiver: Any, da_settings: Any
+) -> None:
+    da_settings(ENCRYPTION_KEYS=[base64.urlsafe_b64encode(b"A" * 32).decode()])
+    run, url = parked()
+    assert post(url, {"card": "okapi-4242"}).status_code == 200
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT body FROM agent_callback")
+        (stored,) = cursor.fetchone()
+    assert "okapi" not in stored
+    run_worker()
+    assert reload(run).status == RunStatus.SUCCEEDED
+    assert receiver.calls("await_callback")[-1]["woken_by"]["callback"] == {"card": "okapi-4242"}
