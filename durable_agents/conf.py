@@ -206,8 +206,8 @@ class DurableAgentsSettings:
     SITE_URL: Setting[str | None] = Setting(
         None,
         "The site's base URL, e.g. 'https://agents.example.com': every link in a notification "
-        "mail is this followed by the admin page's path. None: mails give paths only (check "
-        "W007 warns while NOTIFY is on).",
+        "mail is this followed by the admin page's path, and so is every callback_url(). None: "
+        "mails and callback URLs give paths only (check W007 warns while NOTIFY is on).",
     )
     PRICES: Setting[dict[str, dict[str, float]]] = Setting(
         {},

@@ -20,6 +20,7 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client, override_settings
+from django.urls import reverse
 
 from durable_agents import api
 from durable_agents.callbacks import callback_token
@@ -343,3 +344,14 @@ def test_the_body_is_encrypted_at_rest(
     run_worker()
     assert reload(run).status == RunStatus.SUCCEEDED
     assert receiver.calls("await_callback")[-1]["woken_by"]["callback"] == {"card": "okapi-4242"}
+
+
+def test_the_admin_shows_a_run_waiting_on_a_callback(
+    fake_api: FakeAnthropic, receiver: Any, admin_client: Any
+) -> None:
+    run, url = parked()
+    page = admin_client.get(reverse("admin:durable_agents_agentrun_change", args=[run.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "a callback" in html
+    assert path(url).rsplit("/", 1)[1] not in html  # the URL is the call's secret
