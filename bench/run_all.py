@@ -127,6 +127,10 @@ QUICK["step_log_upgrade"] = ["--steps", "200000"]
 FULL["upgrade_runs"] = []
 QUICK["upgrade_runs"] = ["--runs", "2000", "--reps", "1"]
 # The database cut in the middle of a burst: needs a private PostgreSQL cluster (below).
+# Calls from services: 1,000 callback URLs completed at once, replayed, forged, posted twice
+# (about 30 s).
+FULL["callbacks"] = []
+QUICK["callbacks"] = ["--runs", "300"]
 FULL["versions"] = []  # 100,000 pending runs, five pairs of 1,000 claims
 QUICK["versions"] = ["--quick"]
 FULL["failover"] = []

@@ -10,7 +10,8 @@ The operations that a view or other async code calls have async twins (``astart_
 ``afork_run``, ...: ``durable_agents.api`` lists them, and those without one). Of the others:
 ``schedule`` is declared from a data migration or ``AppConfig.ready`` (sync code); ``progress``
 is called from tool code, which runs in a worker's thread; ``stream`` is async already (and
-``stream_sync`` its sync twin); ``stream_token`` signs a string, with no database.
+``stream_sync`` its sync twin); ``stream_token`` signs a string, with no database, and so does
+``callback_url`` (called from tool code: the running call's signed URL).
 
 The errors are in ``durable_agents.exceptions``, under ``DurableAgentsError``.
 """
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         start_run,
         upgrade_runs,
     )
+    from durable_agents.callbacks import callback_url
     from durable_agents.live import progress, set_stream_cookie, stream, stream_token
     from durable_agents.schedules.defining import schedule
 
@@ -83,6 +85,7 @@ __all__ = [
     "ask_person",
     "astart_run",
     "aupgrade_runs",
+    "callback_url",
     "cancel_run",
     "carry_over_runs",
     "fork_run",
@@ -110,7 +113,7 @@ __all__ = [
 _LIVE_NAMES = frozenset({"progress", "set_stream_cookie", "stream", "stream_token"})
 _API_NAMES = (
     frozenset(__all__)
-    - {"Agent", "Retry", "RunContext", "tool", "Wait", "ask_person", "schedule"}
+    - {"Agent", "Retry", "RunContext", "tool", "Wait", "ask_person", "schedule", "callback_url"}
     - _LIVE_NAMES
 )
 
@@ -125,6 +128,10 @@ if not TYPE_CHECKING:
             from durable_agents import live
 
             return getattr(live, name)
+        if name == "callback_url":
+            from durable_agents.callbacks import callback_url
+
+            return callback_url
         if name == "schedule":
             from durable_agents.schedules.defining import schedule
 

@@ -176,6 +176,12 @@ class DurableAgentsSettings:
         1024 * 1024,
         "The largest payload send_event takes, in bytes of its JSON text (UTF-8).",
     )
+    CALLBACK_MAX_BYTES: Setting[int] = Setting(
+        1024 * 1024,
+        "The largest body a service may POST to a callback URL (Wait(callback=True)), in "
+        "bytes; a larger one is refused with 413. The callback view reads its body itself, so "
+        "Django's DATA_UPLOAD_MAX_MEMORY_SIZE does not bound it: this does.",
+    )
     RATE_LIMITS: Setting[dict[str, Any]] = Setting(
         {},
         'Fleet-wide limits per model ("*" for any other): requests_per_minute, '
@@ -200,8 +206,8 @@ class DurableAgentsSettings:
     SITE_URL: Setting[str | None] = Setting(
         None,
         "The site's base URL, e.g. 'https://agents.example.com': every link in a notification "
-        "mail is this followed by the admin page's path. None: mails give paths only (check "
-        "W007 warns while NOTIFY is on).",
+        "mail is this followed by the admin page's path, and so is every callback_url(). None: "
+        "mails and callback URLs give paths only (check W007 warns while NOTIFY is on).",
     )
     LINK_MAX_AGE: Setting[float] = Setting(
         7 * 24 * 3600.0,

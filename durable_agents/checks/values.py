@@ -57,6 +57,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "WEBHOOK_MAX_ATTEMPTS": (1, True),
     "WEBHOOK_RETRY_SECONDS": (0, False),
     "WEBHOOK_KEEP_DAYS": (1, True),
+    "CALLBACK_MAX_BYTES": (1, True),
 }
 
 

@@ -11,10 +11,18 @@ the same call, with the same idempotency key, is invoked again with ``woken_by``
     {"event": name, "payload": ..., "at": iso}
     {"runs": {id: {"status", "result", "error", "task"}}}  (and "output", when a child has one)
     {"answer": text, "answered_by": username, "at": iso}         (ask_person)
+    {"callback": body, "at": iso}                                (Wait(callback=True))
+
+A callback is a service's answer by HTTP: ``durable_agents.callback_url()`` in tool code gives
+the current call's signed URL (the same URL every time the call is invoked, in any process),
+which the tool hands to the service before it raises ``Wait(callback=True)``; the service's
+POST of a JSON body to it completes the wait once (``body`` is that JSON value; ``at`` when
+it was received). A call receives one callback: a POST that arrives before the call parked is
+kept, and the park goes on at once with it.
 
 The transitions themselves are the store's (``Store.park_on_wait``, ``send_event``,
-``answer_question``, ``wake_parent``); this module holds only what tool code touches, and
-imports no Django model: an ``agents.py`` imports it at app loading.
+``answer_question``, ``wake_parent``, ``receive_callback``); this module holds only what tool
+code touches, and imports no Django model: an ``agents.py`` imports it at app loading.
 """
 
 from __future__ import annotations
@@ -63,11 +71,12 @@ def event_name_problem(name: object) -> str | None:
 
 
 class Wait(Exception):  # not ...Error: it is control flow, and its name is public API
-    """Raised by tool code to park its run until a timer, an event or child runs.
+    """Raised by tool code to park its run until a timer, an event, child runs or a callback.
 
     Exactly one of ``seconds`` (a durable timer), ``until`` (an aware datetime), ``event`` (a
-    name given to ``send_event``) or ``runs`` (ids of runs this run spawned); ``timeout``
-    (seconds) bounds an event or runs wait. Do not catch it in the tool: it must reach the
+    name given to ``send_event``), ``runs`` (ids of runs this run spawned) or ``callback=True``
+    (a POST to the call's ``callback_url()``); ``timeout`` (seconds) bounds any of them but a
+    timer. Do not catch it in the tool: it must reach the
     runtime (it is an ``Exception`` so that it crosses threads and event loops like any other).
     """
 
@@ -80,16 +89,25 @@ class Wait(Exception):  # not ...Error: it is control flow, and its name is publ
         until: datetime.datetime | None = None,
         event: str | None = None,
         runs: Sequence[Any] | None = None,
+        callback: bool = False,
         timeout: float | None = None,
     ) -> None:
+        if not isinstance(callback, bool):
+            raise ValueError(f"Wait(callback=) is True or False, not {callback!r}")
         given = [
             n
-            for n, v in (("seconds", seconds), ("until", until), ("event", event), ("runs", runs))
+            for n, v in (
+                ("seconds", seconds),
+                ("until", until),
+                ("event", event),
+                ("runs", runs),
+                ("callback", callback or None),
+            )
             if v is not None
         ]
         if len(given) != 1:
             raise ValueError(
-                "Wait takes exactly one of seconds=, until=, event= or runs= "
+                "Wait takes exactly one of seconds=, until=, event=, runs= or callback=True "
                 f"(got {', '.join(given) or 'none'})"
             )
         self.seconds: float | None = None
@@ -111,6 +129,8 @@ class Wait(Exception):  # not ...Error: it is control flow, and its name is publ
                 raise ValueError(f"Wait(event=) needs a valid event name: {problem}")
             self.kind = "event"
             self.event = event
+        elif callback:
+            self.kind = "callback"
         else:
             assert runs is not None
             if isinstance(runs, str | bytes) or not runs:
@@ -131,6 +151,8 @@ class Wait(Exception):  # not ...Error: it is control flow, and its name is publ
             what = f"event {self.event!r}"
         elif self.kind == "runs":
             what = f"{len(self.runs)} run(s) to end"
+        elif self.kind == "callback":
+            what = "a callback"
         else:
             what = "a person's answer"
         if self.timeout is not None:

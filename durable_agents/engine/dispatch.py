@@ -129,6 +129,8 @@ def wait_spec(wait: waits.Wait, key: str) -> WaitSpec:
         if problem is not None:
             raise WaitRefused(f"invalid event name: {problem}")
         return WaitSpec(WaitKind.EVENT, key, seconds=wait.timeout, event=wait.event)
+    if wait.kind == "callback":
+        return WaitSpec(WaitKind.CALLBACK, key, seconds=wait.timeout)
     return WaitSpec(WaitKind.RUNS, key, seconds=wait.timeout, runs=wait.runs)
 
 
@@ -250,6 +252,13 @@ class ToolDispatch:
                 outcome = self._run_tool(agent, tool, call, woken_by, attempt)
             except WaitRaised as raised:
                 try:
+                    if raised.wait.kind == "callback" and woken_by and "callback" in woken_by:
+                        # Its URL is used: a second wait on it would never end (or, once
+                        # parked, go on at once with the same body, again and again).
+                        raise WaitRefused(
+                            "this call received its callback already (a callback URL is "
+                            "single-use); a new callback needs a new tool call"
+                        )
                     woken_by = self._park_on_wait(raised.wait, tool, call)
                     continue
                 except WaitRefused as exc:
@@ -346,6 +355,10 @@ class ToolDispatch:
             # The run stores a reference to the event: its payload is stored once, there.
             event = self.store.sent_event(str(woken_by["event"]))
             woken_by["payload"] = None if event is None else event.payload
+        if run.waiting_for == WaitKind.CALLBACK and "at" in woken_by and "callback" not in woken_by:
+            # The run stores when the callback came; its body is stored once, with it.
+            received = self.store.received_callback(key)
+            woken_by["callback"] = None if received is None else received.body
         return woken_by
 
     def _park_on_wait(self, wait: waits.Wait, tool: Tool, call: ToolCall) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The seventeen tables of durable_agents, one module per group; every name is importable from
+"""The eighteen tables of durable_agents, one module per group; every name is importable from
 here (``from durable_agents.models import AgentRun``), and migrations name the custom fields
 by their path here (``durable_agents.models.JSONTextField``).
 
@@ -9,7 +9,7 @@ by their path here (``durable_agents.models.JSONTextField``).
     forks       agent_step_share: the steps a fork shares, and steps_of (a run's whole log)
     effects     tool_effect: the effect ledger
     intents     tool_intent: irreversible calls decided by a person
-    waits       agent_event, agent_question: what ends a run's wait
+    waits       agent_event, agent_question, agent_callback: what ends a run's wait
     live        agent_progress: what tool code says while it works
     flow        agent_concurrency_key, model_capacity, capacity_event, agent_usage_day
     schedules   agent_schedule: agents on a clock
@@ -54,7 +54,7 @@ from durable_agents.models.schedules import (
     AgentScheduleQuerySet,
 )
 from durable_agents.models.steps import STEP_PAYLOAD, AgentStep, StepKind
-from durable_agents.models.waits import AgentEvent, AgentQuestion, QuestionStatus
+from durable_agents.models.waits import AgentCallback, AgentEvent, AgentQuestion, QuestionStatus
 from durable_agents.models.webhooks import WebhookDelivery, WebhookStatus
 from durable_agents.models.workers import (
     MAX_WORKER_ID,
@@ -76,6 +76,7 @@ __all__ = [
     "STEP_PAYLOAD",
     "USAGE_SHARDS",
     "WORKER_ROWS_KEPT",
+    "AgentCallback",
     "AgentEvent",
     "AgentProgress",
     "AgentQuestion",

@@ -58,6 +58,8 @@ class WaitKind(models.TextChoices):
     EVENT = "event", _("an event")
     RUNS = "runs", _("child runs")
     QUESTION = "question", _("an answer")
+    # ``Wait(callback=True)``: a service's POST to the call's signed URL (``callback_url``).
+    CALLBACK = "callback", _("a callback")
     # A pending run handed back until its model has capacity again (a rate limit, a 429's
     # pause): it holds no slot, no connection and no attempt meanwhile.
     CAPACITY = "capacity", _("model capacity")

@@ -1,5 +1,6 @@
-"""What ends a run's wait besides a timer or its child runs: events by name (``agent_event``)
-and questions to people with their answers (``agent_question``)."""
+"""What ends a run's wait besides a timer or its child runs: events by name (``agent_event``),
+questions to people with their answers (``agent_question``) and the bodies services POST to a
+call's callback URL (``agent_callback``)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,33 @@ class AgentQuestion(models.Model):
             "answered_by": who,
             "at": self.answered_at.isoformat() if self.answered_at else None,
         }
+
+
+class AgentCallback(models.Model):
+    """The body a service POSTed to a call's callback URL (``Wait(callback=True)``): one per
+    call, by the call's idempotency key. Its existence is what makes the URL single-use (the
+    key is unique, and the POST inserts it under the run's lock); a call that parks after the
+    POST arrived (the service answered before the park committed) finds it here and goes on."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="callbacks")
+    # The idempotency key of the call the URL belongs to.
+    key = models.CharField(max_length=64, unique=True)
+    body = JSONTextField(null=True, blank=True, encrypted=True)
+    received_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "agent_callback"
+        ordering: ClassVar[list[str]] = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"callback of run {self.run_id} call {self.key[:12]}"
+
+    def woken_by(self) -> dict[str, Any]:
+        """What the waiting call receives."""
+        return {**self.wake_reference(), "callback": self.body}
+
+    def wake_reference(self) -> dict[str, Any]:
+        """What the woken run stores as its ``woken_by``: the time only; the body (up to
+        CALLBACK_MAX_BYTES) is stored once, here, and the woken call reads it from here."""
+        return {"at": self.received_at.isoformat() if self.received_at else None}

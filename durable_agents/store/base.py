@@ -20,12 +20,13 @@ A run travels through these operations, in this order; each is one method of ``S
     park_on_intent    -> running -> waiting on a person's decision (fenced)
     decide_intent / resolve_intent / complete_intent
                       -> the intent is decided or done, and wake_run: waiting -> pending
-    park_on_wait      -> running -> waiting on a timer, an event, child runs or a question
-                         (fenced); or not parked at all when that is over already
+    park_on_wait      -> running -> waiting on a timer, an event, child runs, a question or
+                         a callback (fenced); or not parked at all when that is over already
     claim_runs        -> also takes waiting runs whose timer or timeout is due -> running,
                          ``woken_by`` = {"timer": true} / {"timeout": true}
     send_event        -> the event stored once; every run waiting on it -> pending (one UPDATE)
     answer_question   -> the question answered; its run -> pending
+    receive_callback  -> a call's callback body stored once; the run waiting on it -> pending
     spawn_run         -> a child run (pending), once per (parent, key)
     wake_parent       -> after a child ends: its parent -> pending once all it waits on ended
     cancel_run, requeue_run, dead_letter
@@ -33,8 +34,9 @@ A run travels through these operations, in this order; each is one method of ``S
                          takes the run's unfinished descendants with it)
 
 No wake-up is lost: a wait and what ends it lock the same row (the event's row, the run's row
-for a question or for children), so whichever commits second sees the first. A wake changes
-only a run that is still ``waiting``, so a timer and an event that race resume the run once.
+for a question, for children or for a callback), so whichever commits second sees the first. A
+wake changes only a run that is still ``waiting``, so a timer and an event that race resume the
+run once.
 
 The fence is the invariant: a worker changes a run only while the run still carries the
 (owner, attempt) of its claim and is running. A claim increments ``attempt``, so a worker whose
@@ -76,6 +78,7 @@ from durable_agents.exceptions import WaitRefused as WaitRefused
 from durable_agents.flow.pricing import Usage
 from durable_agents.models import (
     STEP_PAYLOAD,
+    AgentCallback,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -225,6 +228,15 @@ class Parked(enum.Enum):
     DECIDED = "decided"  # the intent was decided meanwhile: go on, do not park
     READY = "ready"  # what the wait is for happened already: go on (with ``woken_by``)
     FENCE_FAILED = "fence_failed"  # the run is no longer this claim's
+
+
+class CallbackReceipt(enum.Enum):
+    """What ``receive_callback`` did with a body POSTed to a call's callback URL."""
+
+    WOKEN = "woken"  # the run waited on this callback: pending now, the call gets the body
+    KEPT = "kept"  # the call has not parked on it (yet): its park will find the body
+    USED = "used"  # the call received its callback already: nothing changed
+    OVER = "over"  # the call is over (its result recorded), or its run finished, or is gone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -638,6 +650,21 @@ class Store(abc.ABC):
         """Store the event ``name`` once and wake every run waiting on it, in one transaction
         (the wake is one UPDATE). A second send of the name changes nothing and returns the
         first. Returns the stored event and the number of runs woken."""
+
+    @abc.abstractmethod
+    def receive_callback(self, run_id: RunId, key: str, body: Any) -> CallbackReceipt:
+        """Store the callback ``body`` of the call ``key`` of run ``run_id``, once, and wake the
+        run if it waits on that callback (one conditional UPDATE: still waiting, on a
+        callback, of that call), in one transaction that first locks the run's row (which
+        ``park_on_wait`` locks too: a park and a POST that race see each other). Nothing is
+        stored when the call received its callback already (``USED``: the key is unique), when
+        its result is recorded, or when its run finished or does not exist (``OVER``); a
+        dead run keeps the body (it may be requeued)."""
+
+    @abc.abstractmethod
+    def received_callback(self, key: str) -> AgentCallback | None:
+        """The callback the call ``key`` received, if any (a woken call reads its body here:
+        the run stores only when it came)."""
 
     @abc.abstractmethod
     def answer_question(

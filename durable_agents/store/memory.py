@@ -38,6 +38,7 @@ from durable_agents.flow.pricing import add_cost
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     CLAIMABLE_STATUSES,
+    AgentCallback,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -56,6 +57,7 @@ from durable_agents.store.base import (
     MAX_REASON_CHARS,
     RUN_CANCELLED,
     AuthUser,
+    CallbackReceipt,
     Claim,
     ForkWrite,
     LeaseLoss,
@@ -110,6 +112,7 @@ class InMemoryStore(Store):
         self._intent_ids = itertools.count(1)
         self.events: dict[str, AgentEvent] = {}
         self.questions: dict[str, AgentQuestion] = {}  # by the asking call's key
+        self.callbacks: dict[str, AgentCallback] = {}  # by the call's key
         self._row_ids = itertools.count(1)
         # The daily rollup, by (day, concurrency_key, agent, model, shard) as in the table.
         self.usage_days: UsageRows = {}
@@ -802,6 +805,12 @@ class InMemoryStore(Store):
 
     def stranded_parents(self, limit: int) -> list[RunId]:
         return memory_waits.stranded_parents(self, limit)
+
+    def receive_callback(self, run_id: RunId, key: str, body: Any) -> CallbackReceipt:
+        return memory_waits.receive_callback(self, run_id, key, body)
+
+    def received_callback(self, key: str) -> AgentCallback | None:
+        return memory_waits.received_callback(self, key)
 
     def sent_event(self, name: str) -> AgentEvent | None:
         return memory_waits.sent_event(self, name)

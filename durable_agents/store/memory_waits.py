@@ -4,10 +4,12 @@ Plain functions taking the store, which calls them (``InMemoryStore.park_on_wait
 ``park_on_wait(self, ...)``): no mixin. What they use of the store is ``WaitHost``, so this
 module does not import the store that imports it.
 
-    park_on_wait         running -> waiting on a timer, an event, child runs or a question
+    park_on_wait         running -> waiting on a timer, an event, child runs, a question or
+                         a callback
                          (fenced: ``InMemoryStore._fenced``); or ready at once
     send_event           the event sent once; its waiters -> pending
     answer_question      the question answered once; its run -> pending
+    receive_callback     a call's callback body kept once; its waiting run -> pending
     spawn_run            a child run, once per (parent, key), within the limits
     wake_parent          the parent -> pending once all it waits on ended
 """
@@ -26,6 +28,8 @@ from django.db.models import Model
 from durable_agents._internal.text import storable_text
 from durable_agents.models import (
     ENDED_STATUSES,
+    FINISHED_STATUSES,
+    AgentCallback,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -35,6 +39,7 @@ from durable_agents.models import (
 )
 from durable_agents.store.base import (
     AuthUser,
+    CallbackReceipt,
     Claim,
     Parked,
     RunId,
@@ -56,6 +61,8 @@ class WaitHost(Protocol):
     runs: dict[RunId, AgentRun]
     events: dict[str, AgentEvent]
     questions: dict[str, AgentQuestion]
+    callbacks: dict[str, AgentCallback]
+    effects: dict[str, Any]
     _row_ids: itertools.count[int]
 
     def now(self) -> datetime.datetime: ...
@@ -116,6 +123,10 @@ def park_on_wait(
                 store.questions[spec.key] = question
             if question.status == QuestionStatus.ANSWERED:
                 return Parked.READY, question.woken_by()
+        elif spec.kind == WaitKind.CALLBACK:
+            received = store.callbacks.get(spec.key)
+            if received is not None:
+                return Parked.READY, received.woken_by()
         store._park(run, spec.kind, spec.key, **wait)
         return Parked.PARKED, None
 
@@ -194,6 +205,41 @@ def answer_question(
                 run.updated_at = store.now()
             return mark_transitioned(_copy(question))
         return _copy(question)
+
+
+def receive_callback(store: WaitHost, run_id: RunId, key: str, body: Any) -> CallbackReceipt:
+    with store.lock:
+        run = store.runs.get(run_id)
+        if run is None or run.status in FINISHED_STATUSES:
+            return CallbackReceipt.OVER
+        if key in store.callbacks:
+            return CallbackReceipt.USED
+        if key in store.effects:
+            return CallbackReceipt.OVER
+        received = store.callbacks[key] = AgentCallback(
+            pk=next(store._row_ids),
+            run_id=run_id,
+            key=key,
+            body=copy.deepcopy(body),
+            received_at=store.now(),
+        )
+        if not (
+            run.status == RunStatus.WAITING
+            and run.waiting_for == WaitKind.CALLBACK
+            and run.wait_key == key
+        ):
+            return CallbackReceipt.KEPT
+        run.status = RunStatus.PENDING
+        run.woken_by = received.wake_reference()
+        run.wake_at = None
+        run.updated_at = store.now()
+        return CallbackReceipt.WOKEN
+
+
+def received_callback(store: WaitHost, key: str) -> AgentCallback | None:
+    with store.lock:
+        received = store.callbacks.get(key)
+        return None if received is None else _copy(received)
 
 
 def spawn_run(

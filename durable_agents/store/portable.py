@@ -44,6 +44,7 @@ from durable_agents.declare.agents import registry
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     ENDED_STATUSES,
+    AgentCallback,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -61,6 +62,7 @@ from durable_agents.store import (
     concurrency,
     key_rows,
     portable_batch,
+    portable_callbacks,
     portable_debounce,
     portable_logs,
     portable_runs,
@@ -71,6 +73,7 @@ from durable_agents.store import (
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     AuthUser,
+    CallbackReceipt,
     Claim,
     ForkWrite,
     LeaseLoss,
@@ -642,6 +645,12 @@ class PortableStore(Store):
                 )
                 if question.status == QuestionStatus.ANSWERED:
                     return Parked.READY, question.woken_by()
+            elif spec.kind == WaitKind.CALLBACK:
+                # The service may have answered before this park: its POST locked this row
+                # too, and kept the body for the call.
+                received = AgentCallback.objects.filter(key=spec.key).first()
+                if received is not None:
+                    return Parked.READY, received.woken_by()
             # Parking is this claim's outcome, not a stall: the no-progress count starts again.
             fenced(claim).update(
                 status=RunStatus.WAITING,
@@ -785,6 +794,12 @@ class PortableStore(Store):
             .order_by("created_at")
             .values_list("pk", flat=True)[:limit]
         )
+
+    def receive_callback(self, run_id: RunId, key: str, body: Any) -> CallbackReceipt:
+        return portable_callbacks.receive_callback(run_id, key, body)
+
+    def received_callback(self, key: str) -> AgentCallback | None:
+        return portable_callbacks.received_callback(key)
 
     def sent_event(self, name: str) -> AgentEvent | None:
         return AgentEvent.objects.filter(name=name, sent_at__isnull=False).first()

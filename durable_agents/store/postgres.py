@@ -52,6 +52,7 @@ from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from durable_agents.models import (
+    AgentCallback,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -65,6 +66,7 @@ from durable_agents.models import (
 from durable_agents.store import (
     key_rows,
     portable_batch,
+    portable_callbacks,
     portable_logs,
     portable_runs,
     postgres_claims,
@@ -76,6 +78,7 @@ from durable_agents.store import (
 )
 from durable_agents.store.base import (
     AuthUser,
+    CallbackReceipt,
     Claim,
     ForkWrite,
     LeaseLoss,
@@ -388,6 +391,12 @@ class PostgresStore(Store):
 
     def stranded_parents(self, limit: int) -> list[RunId]:
         return self.orm.stranded_parents(limit)
+
+    def receive_callback(self, run_id: RunId, key: str, body: Any) -> CallbackReceipt:
+        return portable_callbacks.receive_callback(run_id, key, body)
+
+    def received_callback(self, key: str) -> AgentCallback | None:
+        return portable_callbacks.received_callback(key)
 
     def sent_event(self, name: str) -> AgentEvent | None:
         return self.orm.sent_event(name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from durable_agents import Agent, Wait, ask_person, spawn_run, tool
+from durable_agents import Agent, Wait, ask_person, callback_url, spawn_run, tool
 from tests.testapp import receiver
 from tests.testapp.agents import lookup
 
@@ -47,6 +47,37 @@ def await_event(
         # the Wait and the commit of the park.
         receiver.pause(float(receiver.env("DA_WAIT_PAUSE", "0")), until="wait-release")
         raise Wait(event=name, timeout=timeout)
+    return woken_by
+
+
+@tool(effect="non_idempotent")
+def await_callback(
+    timeout: float | None = None,
+    answer_first: Any = None,
+    again: bool = False,
+    patient: bool = False,
+    *,
+    idempotency_key: str,
+    woken_by: dict | None = None,
+) -> Any:
+    """Ask a service for something, handing it this call's callback URL, then wait for the
+    service's POST (or the timeout). ``answer_first``: the service answers at once, before the
+    wait is raised. ``again``: wait for a second callback once woken by the first.
+    ``patient``: wait again after a timeout."""
+    receiver.log_call("await_callback", idempotency_key, woken_by)
+    if (
+        woken_by is None
+        or (again and "callback" in woken_by)
+        or (patient and woken_by == {"timeout": True})
+    ):
+        url = callback_url()
+        # The side effect: the service is given the URL (twice: the URL is the call's own).
+        receiver.deliver("callback_url", idempotency_key, {"url": url, "again": callback_url()})
+        if answer_first is not None:
+            from django.test import Client
+
+            Client().post(url, answer_first, content_type="application/json")
+        raise Wait(callback=True, timeout=timeout)
     return woken_by
 
 
@@ -106,6 +137,7 @@ WAIT_TOOLS = [
     nap,
     nap_until,
     await_event,
+    await_callback,
     fan_out,
     spawn_only,
     wait_on_run,

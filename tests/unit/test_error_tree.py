@@ -28,6 +28,7 @@ CONTROL_FLOW = {
     "durable_agents.forks.upgrades._Raced",  # rolls back one batch of an upgrade
     "durable_agents.live.hub.ReaderDropped",  # ends a stream, as StopAsyncIteration would
     "durable_agents.offline.wire.RequestError",  # becomes the offline model's HTTP answer
+    "durable_agents.callbacks.BadBody",  # becomes the callback view's 400 or 413 answer
     "durable_agents.schedules.firing._TogetherRefused",  # private: retries a batch one by one
 }
 

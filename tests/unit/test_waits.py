@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
-from durable_agents import Wait, ask_person
+from durable_agents import Wait, ask_person, callback_url
+from durable_agents.callbacks import callback_target
 from durable_agents.declare.agents import Agent
 from durable_agents.declare.tools import tool
 from durable_agents.declare.waits import AskPerson
 from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.models import RunStatus, WaitKind
 from durable_agents.store import Claim, InMemoryStore
+from durable_agents.store.base import CallbackReceipt
 from durable_agents.store.memory import ManualClock
 from tests.unit.conftest import RegisterAgent, start
 
@@ -50,10 +52,21 @@ def listen(name: str, *, woken_by: dict[str, Any] | None = None) -> Any:
     return woken_by
 
 
+@tool(effect="pure")
+def hear_back(timeout: float = 60, *, woken_by: dict[str, Any] | None = None) -> Any:
+    """Wait on a callback."""
+    CALLS.append(("hear_back", callback_url(), woken_by))
+    if woken_by is None:
+        raise Wait(callback=True, timeout=timeout)
+    return woken_by
+
+
 @pytest.fixture
 def agent(register_agent: RegisterAgent) -> Agent:
     made = register_agent(
-        name="unit-waits", system="You wait.", tools=[count, snooze, listen, ask_person]
+        name="unit-waits",
+        system="You wait.",
+        tools=[count, snooze, listen, ask_person, hear_back],
     )
     CALLS.clear()
     return made
@@ -152,6 +165,11 @@ def test_wait_arguments_are_checked() -> None:
         Wait(event="")
     with pytest.raises(ValueError, match="non-empty question"):
         AskPerson("  ")
+    with pytest.raises(ValueError, match="exactly one"):
+        Wait(callback=True, event="x")
+    with pytest.raises(ValueError, match="True or False"):
+        Wait(callback="yes")  # type: ignore[arg-type]
+    assert Wait(callback=True, timeout=5).kind == "callback"
     run_id = uuid.uuid4()
     assert Wait(runs=[run_id, str(run_id).upper()]).runs == (str(run_id),)
 
@@ -160,3 +178,50 @@ def test_woken_by_is_never_part_of_the_schema() -> None:
     assert "woken_by" not in listen.input_schema["properties"]
     assert ask_person.input_schema["required"] == ["question"]
     assert "woken_by" not in ask_person.input_schema["properties"]
+
+
+def _target_of(url: str | None) -> tuple[Any, str]:
+    assert url is not None
+    target = callback_target(url.rsplit("/", 1)[1])
+    assert target is not None
+    return target
+
+
+def test_a_callback_resumes_the_call_once(store: InMemoryStore, agent: Agent) -> None:
+    run_id = start(store, agent, "Hear back.\n@hear_back {}")
+    assert advance_run(claim(store), store=store) is Disposition.WAITING
+    assert store.run(run_id).waiting_for == WaitKind.CALLBACK
+    url = CALLS[0][1]
+    target_run, key = _target_of(url)
+    assert target_run == run_id
+    assert store.receive_callback(run_id, key, {"paid": True}) is CallbackReceipt.WOKEN
+    assert store.receive_callback(run_id, key, {"paid": False}) is CallbackReceipt.USED
+    assert store.run(run_id).status == RunStatus.PENDING
+    assert advance_run(claim(store), store=store) is Disposition.SUCCEEDED
+    (_, again_url, woken_by) = CALLS[1]
+    assert again_url == url  # the call's own URL, every time it is made
+    assert woken_by["callback"] == {"paid": True}
+    assert woken_by["at"]
+    assert store.receive_callback(run_id, key, {}) is CallbackReceipt.OVER
+
+
+def test_a_callback_for_a_call_not_parked_is_kept(store: InMemoryStore, agent: Agent) -> None:
+    run_id = start(store, agent, 'Count.\n@count {"label": "b"}')
+    assert store.receive_callback(run_id, "ab" * 32, [1]) is CallbackReceipt.KEPT
+    assert store.run(run_id).status == RunStatus.PENDING  # nothing to wake
+    received = store.received_callback("ab" * 32)
+    assert received is not None
+    assert received.body == [1]
+    assert store.receive_callback(run_id, "ab" * 32, [2]) is CallbackReceipt.USED
+    assert store.receive_callback(uuid.uuid4(), "cd" * 32, [3]) is CallbackReceipt.OVER
+
+
+def test_a_callback_timeout(store: InMemoryStore, clock: ManualClock, agent: Agent) -> None:
+    run_id = start(store, agent, "Hear back.\n@hear_back {}")
+    assert advance_run(claim(store), store=store) is Disposition.WAITING
+    clock.advance(61)
+    assert advance_run(claim(store), store=store) is Disposition.SUCCEEDED
+    assert CALLS[-1][2] == {"timeout": True}
+    _, key = _target_of(CALLS[0][1])
+    assert store.receive_callback(run_id, key, {}) is CallbackReceipt.OVER
+    assert store.received_callback(key) is None
