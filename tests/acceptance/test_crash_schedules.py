@@ -32,9 +32,7 @@ EVERY = dt.timedelta(seconds=1)
 # Three kills: each of the three workers is killed once (a fourth added a start-up, the most
 # expensive thing here on a loaded machine, and tested nothing new).
 KILLS = 3
-SLOTS_BETWEEN_# Three kills: each of the three workers is killed once (a fourth added a start-up, the most
-# expensive thing here on a loaded machine, and tested nothing new).
-KILLS = 3
+SLOTS_BETWEEN_KILLS = 3
 SIGKILLED = -9
 
 

@@ -29,6 +29,9 @@ CONTROL_FLOW = {
     "durable_agents.live.hub.ReaderDropped",  # ends a stream, as StopAsyncIteration would
     "durable_agents.offline.wire.RequestError",  # becomes the offline model's HTTP answer
     "durable_agents.callbacks.BadBody",  # becomes the callback view's 400 or 413 answer
+    # The model's answer refused by the output schema: told to the model, or the run's error.
+    "durable_agents.declare.output.InvalidOutput",
+    "durable_agents.webhooks.TemplateProblem",  # becomes a system check's message (E075)
     "durable_agents.schedules.firing._TogetherRefused",  # private: retries a batch one by one
 }
 
