@@ -355,6 +355,11 @@ class Worker:
         worker, and this one refuses to start. With the database away, the worker starts all
         the same: its first beat that reaches the database writes the row."""
         self._versions, self._definitions = defined_versions()
+        # Counted as running from before its row is written: another worker of this process
+        # starting at the same instant under the same id must see this one as live, not as
+        # one that ended here (whose row it would take over).
+        with _RUNNING_LOCK:
+            _RUNNING.add(self.instance)
         try:
             holder = self._register_once()
             if holder is not None and self._stopped_here(holder):
@@ -368,7 +373,13 @@ class Worker:
         except DatabaseError as exc:
             logger.error("worker %s: its row could not be written yet (%s)", self.worker_id, exc)
             holder = None
+        except BaseException:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self.instance)
+            raise
         if holder is not None:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self.instance)
             raise WorkerIdInUse(
                 f"worker id {self.worker_id!r} is in use by a live worker: pid {holder.pid} on "
                 f"host {holder.host!r}, started {holder.started_at:%Y-%m-%d %H:%M:%S %Z}, last "
@@ -376,8 +387,6 @@ class Worker:
                 "--worker-id, or stop that one."
             )
         self._registered = True
-        with _RUNNING_LOCK:
-            _RUNNING.add(self.instance)
 
     def _register_once(self) -> AgentWorker | None:
         return self._store().register_worker(self.presence(), self._definitions)
