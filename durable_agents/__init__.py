@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         aset_key_budget,
         aset_key_limit,
         astart_run,
+        atree_cost,
         aupgrade_runs,
         cancel_run,
         carry_over_runs,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         set_key_limit,
         spawn_run,
         start_run,
+        tree_cost,
         upgrade_runs,
     )
     from durable_agents.callbacks import callback_url
@@ -83,6 +85,7 @@ __all__ = [
     "aset_key_budget",
     "aset_key_limit",
     "ask_person",
+    "atree_cost",
     "astart_run",
     "aupgrade_runs",
     "callback_url",
@@ -105,6 +108,7 @@ __all__ = [
     "stream",
     "stream_token",
     "tool",
+    "tree_cost",
     "upgrade_runs",
 ]
 

@@ -65,6 +65,7 @@ from durable_agents.models import (
     ToolIntent,
     new_run_id,
 )
+from durable_agents.models.trees import FamilyCost, family_cost
 from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
@@ -745,6 +746,20 @@ def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     return rebuild_messages(run_id)
 
 
+@explains_missing_tables
+def tree_cost(run_id: RunId | str) -> FamilyCost:
+    """What a run cost together with all its descendants (its child runs, theirs, ...), in
+    one query: ``.cost`` (USD as a ``Decimal``, or None when no turn of the tree had a price),
+    ``.descendants`` (how many runs under it) and ``.complete`` (False past 10,000
+    descendants: the figures are then lower bounds). The run's own cost is ``run.cost_usd``.
+    ``InvalidArgument`` for an id that is not a UUID, ``RunNotFound`` for no such run."""
+    [wanted] = _run_ids([run_id])
+    run = AgentRun.objects.filter(pk=wanted).only("id", "cost_usd").first()
+    if run is None:
+        raise RunNotFound(f"there is no run {wanted}")
+    return family_cost(run)
+
+
 def _check_permission(user: Person | None) -> None:
     if user is None or not user.has_perm(APPROVE_PERMISSION):
         raise PermissionDenied(f"deciding tool intents needs the {APPROVE_PERMISSION} permission")
@@ -852,6 +867,10 @@ async def aanswer_question(
 async def amessages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """``messages_for`` for async code."""
     return await sync_to_async(messages_for)(run_id)
+
+
+async def atree_cost(run_id: RunId | str) -> FamilyCost:
+    return await sync_to_async(tree_cost)(run_id)
 
 
 async def arequeue_run(run_id: RunId | str) -> bool:
