@@ -131,6 +131,8 @@ QUICK["upgrade_runs"] = ["--runs", "2000", "--reps", "1"]
 # (about 30 s).
 FULL["callbacks"] = []
 QUICK["callbacks"] = ["--runs", "300"]
+FULL["get_result"] = []
+QUICK["get_result"] = ["--runs", "300"]
 FULL["versions"] = []  # 100,000 pending runs, five pairs of 1,000 claims
 QUICK["versions"] = ["--quick"]
 FULL["failover"] = []

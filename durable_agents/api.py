@@ -66,6 +66,7 @@ from durable_agents.models import (
     new_run_id,
 )
 from durable_agents.models.trees import FamilyCost, family_cost
+from durable_agents.results import aget_result, get_result
 from durable_agents.store import current
 from durable_agents.store.base import RunId, WaitRefused
 from durable_agents.store.concurrency import check_concurrency_key
@@ -90,6 +91,7 @@ __all__ = [
     "acancel_run",
     "acarry_over_runs",
     "afork_run",
+    "aget_result",
     "amessages_for",
     "answer_question",
     "approve_intent",
@@ -100,10 +102,12 @@ __all__ = [
     "aset_key_budget",
     "aset_key_limit",
     "astart_run",
+    "atree_cost",
     "aupgrade_runs",
     "cancel_run",
     "carry_over_runs",
     "fork_run",
+    "get_result",
     "made_transition",
     "messages_for",
     "reject_intent",
@@ -114,6 +118,7 @@ __all__ = [
     "set_key_limit",
     "spawn_run",
     "start_run",
+    "tree_cost",
     "upgrade_runs",
 ]
 

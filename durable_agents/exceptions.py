@@ -69,6 +69,7 @@ __all__ = [
     "NotMigrated",
     "PermanentModelError",
     "ReplayError",
+    "ResultTimeout",
     "RunNotFound",
     "SpawnRefused",
     "StoredValueError",
@@ -102,6 +103,11 @@ class WorkerIdInUse(DurableAgentsError):
 
 class RunNotFound(DurableAgentsValueError, LookupError):
     """No run has the id asked for (a ``LookupError``, and the ``ValueError`` it was)."""
+
+
+class ResultTimeout(DurableAgentsError, TimeoutError):
+    """``get_result(..., timeout=)`` passed before the run ended; the run was left alone. Also
+    a ``TimeoutError``."""
 
 
 class SpawnRefused(DurableAgentsValueError):

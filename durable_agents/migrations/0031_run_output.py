@@ -100,6 +100,10 @@ def remove_output(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
+    # Each ALTER in a transaction of its own: one that ran out of lock_timeout is tried again
+    # (inside the migration's transaction the failure would have aborted it).
+    atomic = False
+
     dependencies = [
         ("durable_agents", "0030_webhook_deliveries"),
     ]
