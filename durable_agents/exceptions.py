@@ -113,6 +113,16 @@ class ForkRefused(DurableAgentsValueError):
     """A fork that cannot be made as asked; the message says why. Nothing was created."""
 
 
+class RunFinished(DurableAgentsValueError):
+    """A message sent to a run that has ended (``send_message``): the message says how it
+    ended; start a new run, or fork this one. Nothing was queued."""
+
+
+class RunBusy(DurableAgentsValueError):
+    """``send_message(..., policy="reject")`` to a run that is working (pending or running):
+    the client sends one message at a time. Nothing was queued."""
+
+
 class BadEventId(DurableAgentsValueError):
     """An ``after=`` / ``Last-Event-ID`` that is not an event id of this run."""
 

@@ -271,6 +271,8 @@ class RunAdvancer(ToolDispatch):
             if at.pending is None:
                 self._check_interrupt()
             if self._model_goes_next(at.last):
+                if at.last.kind != StepKind.MODEL_TURN:
+                    at = self._fold_messages(at)
                 at = self._model_step(agent, params, at)
             elif at.last.message.get("stop_reason") == "tool_use":
                 at = self._tool_step(agent, at)
@@ -357,9 +359,11 @@ class RunAdvancer(ToolDispatch):
                 # The last turn: commit it and end the run in one statement (which may also
                 # claim the worker's next run), with the validated answer if there is one.
                 last_step = dataclasses.replace(step, finish=(SUCCEEDED, text), output=output)
-                self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim)
-                self._settle(grant, turn)
-                raise self._finished(SUCCEEDED)
+                if self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim):
+                    self._settle(grant, turn)
+                    raise self._finished(SUCCEEDED)
+                # Messages wait in the run's inbox: the answer is a turn like any other, and
+                # the model answers them next (_end_as_committed folds them).
         self._commit(step, ms=turn.elapsed_ms)
         self._settle(grant, turn)
         at.conversation.append(assistant_message(turn.body, turn.content_span))
@@ -443,6 +447,9 @@ class RunAdvancer(ToolDispatch):
         the run ends as that turn says (or, a final answer the output schema refuses, the
         model is told why and the run goes on)."""
         stop_reason = at.last.message.get("stop_reason")
+        if stop_reason in FINAL_STOP_REASONS and self.store.has_waiting_messages(self.run.pk):
+            # A user wrote while the model answered: the run goes on with their messages.
+            return self._fold_messages(at)
         if stop_reason in FINAL_STOP_REASONS:
             text = text_of(at.last.message)
             if agent.output is None:
@@ -453,6 +460,42 @@ class RunAdvancer(ToolDispatch):
                 return self._refuse_answer(agent, at, refused)
             self._finish(SUCCEEDED, result=text, output=output)
         self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
+
+    # -- the inbox (send_message) -----------------------------------------------------------
+
+    def _fold_messages(self, at: _Position) -> _Position:
+        """Commit the messages waiting in the run's inbox as a ``message`` step, before the
+        next model call: one index probe when none waits. The step marks them folded in its
+        own transaction (``Store.fold_messages``); the tool results still to be committed go
+        first, since the step's seq follows theirs. In the conversation the messages join the
+        user turn they follow, after its tool_result blocks (``history.folded_message``)."""
+        if not self.store.has_waiting_messages(self.run.pk):
+            return at
+        if at.pending is not None:
+            at.pending()
+            at.pending = None
+        waiting = self.store.waiting_messages(self.run.pk)
+        if not waiting:
+            return at
+        blocks = [{"type": "text", "text": message.text} for message in waiting]
+        payload = json_text(blocks)
+        step = StepWrite(at.last.seq + 1, StepKind.MESSAGE, payload)
+        ids = [message.pk for message in waiting]
+        folded = self.durably(
+            lambda: self.store.fold_messages(self.claim, step, ids), f"commit of step {step.seq}"
+        )
+        if not folded:
+            self._fence_failed()
+        self.lease.renewed(time.monotonic())
+        observers.step_committed(StepKind.MESSAGE, 0.0)
+        logger.info(
+            "run %s seq %d message committed (%d message(s) folded)",
+            self.run.pk,
+            step.seq,
+            len(ids),
+        )
+        at.conversation.fold(payload)
+        return _Position(at.conversation, at.turns, _Step(step.seq, StepKind.MESSAGE, blocks))
 
     # -- pinning ---------------------------------------------------------------------------
 
@@ -721,17 +764,27 @@ class RunAdvancer(ToolDispatch):
         ms: float = 0.0,
         tool: str | None = None,
         then_claim: NextClaim | None = None,
-    ) -> None:
+    ) -> bool:
         """Commit ``step`` through ``Store.append_step`` (every step of the run is committed
-        here), or stop: the fence failed, or the database refused what was to be stored."""
+        here), or stop: the fence failed, or the database refused what was to be stored.
+        A step that ends the run goes through ``Store.append_last_step``: False when messages
+        wait in the run's inbox and nothing was committed (the run goes on)."""
         seq, kind = step.seq, step.kind
         started = time.monotonic()
         tries: list[float] = []
+        deferred: list[bool] = []
 
         def append() -> bool:
             tries.append(time.monotonic())
             # A retry claims no next run: the first try may have claimed one already.
-            return self.store.append_step(self.claim, step, then_claim if len(tries) == 1 else None)
+            next_claim = then_claim if len(tries) == 1 else None
+            if step.finish is None:
+                return self.store.append_step(self.claim, step, next_claim)
+            appended = self.store.append_last_step(self.claim, step, next_claim)
+            if appended is None:
+                deferred.append(True)
+                return True
+            return appended
 
         try:
             committed = self.durably(append, f"commit of step {seq}")
@@ -744,6 +797,8 @@ class RunAdvancer(ToolDispatch):
             )
         if not committed:
             self._fence_failed()
+        if deferred:
+            return False
         if step.finish is None:
             self.lease.renewed(tries[-1])  # the step renewed the lease
         observers.step_committed(kind, time.monotonic() - started)
@@ -755,6 +810,7 @@ class RunAdvancer(ToolDispatch):
             f" tool={tool}" if tool else "",
             ms,
         )
+        return True
 
     def durably(self, operation: Callable[[], T], what: str) -> T:
         """``operation``, a fenced write of this claim, tried again on a fresh connection when
