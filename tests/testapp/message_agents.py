@@ -4,9 +4,6 @@ fingerprint changes."""
 
 from __future__ import annotations
 
-import os
-import time
-
 from durable_agents import Agent, RunContext, send_message, tool
 from tests.testapp import receiver
 
@@ -19,11 +16,11 @@ def tell(text: str, run: RunContext) -> str:
 
 
 @tool(effect="pure")
-def pause(seconds: float) -> str:
-    """Wait a little (a crash test kills the worker meanwhile)."""
-    receiver.touch("pause-started")
-    time.sleep(float(os.environ.get("DA_PAUSE_SCALE", "1")) * seconds)
-    return "paused"
+def pause(label: str) -> str:
+    """Wait until told to go on (a crash test kills the worker meanwhile)."""
+    receiver.touch(f"pause-{label}")
+    receiver.pause(60, until=f"go-{label}")
+    return f"went on after {label}"
 
 
 messenger = Agent(
