@@ -91,7 +91,8 @@ def test_a_retry_with_the_same_key_queues_once_and_returns_the_same_row() -> Non
     run = durable_agents.start_run("messenger", "Answer me.")
     first = api.send_message(run.pk, "check March", key="client-1")
     again = api.send_message(run.pk, "check March (retry)", key="client-1")
-    assert again.pk == first.pk and again.text == "check March"
+    assert again.pk == first.pk
+    assert again.text == "check March"
     other = api.send_message(run.pk, "check April", key="client-2")
     assert other.pk != first.pk
     assert AgentMessage.objects.filter(run_id=run.pk).count() == 2
