@@ -774,9 +774,12 @@ def send_message(
 
     ``policy``: ``"queue"`` (the default) as above. ``"reject"`` refuses (``RunBusy``) a run
     that is working, pending or running, and queues for a run that waits: for a client that
-    sends one message at a time. ``"interrupt"`` is taken and, for now, queues as ``"queue"``
-    does: the model call in flight finishes and the message follows it (a tool that runs is
-    never interrupted either way).
+    sends one message at a time. ``"interrupt"`` queues the message and, when a model call of
+    the run is in flight, the worker abandons that call (its turn is never committed: an
+    abandoned call returns no usage to record) and calls again with the message; a tool that
+    runs is never interrupted (the message follows its result). With no model call in flight
+    it is ``"queue"``. The worker hears of it by a PostgreSQL notification; on SQLite, which
+    has none, it is ``"queue"``.
 
     ``key``: a client's idempotency key (a non-empty string of at most 200 characters): a
     retry with it returns the message the first call queued and queues nothing, whatever the
@@ -801,7 +804,8 @@ def send_message(
     message, created = current().queue_message(
         run_pk, text, key, user, busy_refused=policy == "reject"
     )
-    del created  # a retry with the key returns the first message as it is
+    if created and policy == "interrupt":
+        current().interrupt_model_call(run_pk)
     return message
 
 

@@ -35,7 +35,7 @@ from durable_agents import llm, observers, signals
 from durable_agents._internal import db
 from durable_agents._internal.deepjson import loads_deep
 from durable_agents._internal.encryption import UndecryptableValue
-from durable_agents._internal.interrupt import Interrupt
+from durable_agents._internal.interrupt import MESSAGE, Interrupt
 from durable_agents._internal.text import json_text, storable_text
 from durable_agents.conf import app_settings
 from durable_agents.declare.agents import Agent, AgentNotFound, registry
@@ -104,6 +104,10 @@ DRIFT_ADVICE = (
 )
 
 T = TypeVar("T")
+
+
+class _MessageArrived(Exception):
+    """A user's message interrupted the model call in flight (``policy="interrupt"``)."""
 
 
 @dataclass
@@ -329,7 +333,12 @@ class RunAdvancer(ToolDispatch):
         messages = at.conversation.json()
         self._check_key_budget(str(params["model"]), at.pending)
         grant = self._take_capacity(params, messages, at.pending)
-        turn = self._call_model(agent, params, messages, at.pending, grant, at.last.seq + 1)
+        try:
+            turn = self._call_model(agent, params, messages, at.pending, grant, at.last.seq + 1)
+        except _MessageArrived:
+            # The commit that went with the call ran before the call gave up (create_turn).
+            logger.info("run %s: model call abandoned for a user's message", self.run.pk)
+            return dataclasses.replace(at, pending=None)
         credentials.accepted()
         turn_tokens = tokens_of(turn.message)
         self.tokens += turn_tokens
@@ -411,7 +420,7 @@ class RunAdvancer(ToolDispatch):
             payload,
             effects=[final_effect] if final_effect else [],
         )
-        commit = functools.partial(
+        commit_step = functools.partial(
             self._commit,
             step,
             ms=(time.monotonic() - started) * 1000,
@@ -424,6 +433,10 @@ class RunAdvancer(ToolDispatch):
                 200,
             ),
         )
+
+        def commit() -> None:
+            commit_step()
+
         at.conversation.append(user_message(payload))
         after = _Position(at.conversation, at.turns, _Step(step.seq, StepKind.TOOL_RESULT, results))
         if (
@@ -586,17 +599,26 @@ class RunAdvancer(ToolDispatch):
         seq: int,
     ) -> llm.ModelTurn:
         try:
-            return llm.create_turn(
-                params,
-                messages,
-                interrupt=self.interrupt,
-                stream=agent.stream,
-                on_text=observers.text_receivers(
-                    agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
-                ),
-                meanwhile=pending,
-                retry_rate_limits=False,
-            )
+            with self.interrupt.model_call() as call_interrupt:
+                try:
+                    return llm.create_turn(
+                        params,
+                        messages,
+                        interrupt=call_interrupt,
+                        stream=agent.stream,
+                        on_text=observers.text_receivers(
+                            agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
+                        ),
+                        meanwhile=pending,
+                        retry_rate_limits=False,
+                    )
+                except llm.ModelCallInterrupted as exc:
+                    if call_interrupt.reason == MESSAGE and not self.interrupt.is_set():
+                        # A user's message cut the call short: nothing of it is committed
+                        # (an abandoned call returns no usage), and the run calls again.
+                        self._give_back(grant)
+                        raise _MessageArrived from exc
+                    raise
         except llm.PermanentModelError as exc:
             self._give_back(grant)
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))

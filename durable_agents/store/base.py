@@ -763,6 +763,11 @@ class Store(abc.ABC):
 
         return inbox.fold_messages(self, claim, step, ids)
 
+    def interrupt_model_call(self, run_id: RunId) -> None:
+        """Ask the worker holding the run to abandon its model call in flight, if any
+        (``send_message(..., policy="interrupt")``). A store without notifications does
+        nothing: the message waits for the next turn boundary, as a queued one does."""
+
     def append_last_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool | None:

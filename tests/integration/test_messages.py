@@ -6,17 +6,19 @@ Real workers in process, the real SDK over the fake API (which refuses a malform
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import PermissionDenied
+from django.db import connection
 
 import durable_agents
 from durable_agents import api
 from durable_agents.exceptions import InvalidArgument, RunBusy, RunFinished, RunNotFound
-from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus
+from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus, StepKind
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
@@ -209,3 +211,60 @@ def test_the_request_rebuilt_after_a_restart_is_byte_identical(
         resent = json.loads(fake_api.requests[before].body)["messages"]
         original = json.loads(sent[index + 1])["messages"]
         assert json.dumps(resent) == json.dumps(original)
+
+
+@pytest.mark.postgres
+def test_interrupt_abandons_the_model_call_in_flight_and_calls_again_with_the_message(
+    fake_api: FakeAnthropic,
+) -> None:
+    """The first call is held at the fake API; the message (policy interrupt) makes the worker
+    give it up (it is never committed) and call again with the message: the held answer is
+    let go only once the second request arrived."""
+    run = durable_agents.start_run("messenger", "Answer me.")
+    second_request = threading.Event()
+    seen: list[int] = []
+
+    def hold_the_first(body: dict[str, Any]) -> None:
+        seen.append(len(seen))
+        if len(seen) == 1:
+            api.send_message(run.pk, "stop, read this", policy="interrupt")
+            connection.close()  # this thread's, opened by the call
+            assert second_request.wait(15), "the worker never called again"
+        else:
+            second_request.set()
+
+    fake_api.before_answer = hold_the_first
+    run_worker()
+    run = finished(run)
+    # Recorded as answered: the held first request after the second.
+    bodies = sorted((r.json()["messages"] for r in fake_api.requests), key=json.dumps)
+    assert bodies == [
+        [{"role": "user", "content": "Answer me."}],
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Answer me."},
+                    {"type": "text", "text": "stop, read this"},
+                ],
+            }
+        ],
+    ]
+    # One model turn committed: the abandoned call left nothing in the log.
+    kinds = list(AgentStep.objects.filter(run_id=run.pk).values_list("kind", flat=True))
+    assert kinds == [StepKind.TASK, StepKind.MESSAGE, StepKind.MODEL_TURN]
+
+
+@pytest.mark.postgres
+def test_interrupt_while_a_tool_runs_waits_for_its_result(fake_api: FakeAnthropic) -> None:
+    """The tool itself sends the message with policy interrupt: no model call is in flight,
+    so the tool finishes and the message follows its result."""
+    run = durable_agents.start_run(
+        "messenger", plan(("tell", {"text": "x", "policy": "interrupt"}))
+    )
+    run_worker()
+    finished(run)
+    assert [r.status for r in fake_api.requests] == [200, 200]
+    assert block_types(fake_api.requests[1].json()["messages"][-1]) == ["tool_result", "text"]
+    kinds = list(AgentStep.objects.filter(run_id=run.pk).values_list("kind", flat=True))
+    assert kinds == ["task", "model_turn", "tool_result", "message", "model_turn"]

@@ -9,9 +9,9 @@ from tests.testapp import receiver
 
 
 @tool(effect="idempotent")
-def tell(text: str, run: RunContext) -> str:
+def tell(text: str, run: RunContext, policy: str = "queue") -> str:
     """Note something (the person writes ``text`` to the run meanwhile)."""
-    send_message(run.id, text, key=f"tell:{text}")
+    send_message(run.id, text, key=f"tell:{text}", policy=policy)
     return f"noted {text}"
 
 
