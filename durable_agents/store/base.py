@@ -767,6 +767,7 @@ class Store(abc.ABC):
         """Ask the worker holding the run to abandon its model call in flight, if any
         (``send_message(..., policy="interrupt")``). A store without notifications does
         nothing: the message waits for the next turn boundary, as a queued one does."""
+        return None
 
     def append_last_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None

@@ -49,10 +49,9 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import DataError, connection
-
-from durable_agents._internal import db
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from durable_agents._internal import db
 from durable_agents.models import (
     AgentCallback,
     AgentEvent,
