@@ -5,6 +5,7 @@ Real workers in process, the real SDK over the fake API (which refuses a malform
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import uuid
@@ -14,6 +15,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.db import connection
+from django.test import Client
 
 import durable_agents
 from durable_agents import api
@@ -22,6 +24,7 @@ from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus, 
 from durable_agents.testing import plan
 from tests.conftest import run_worker
 from tests.fakeserver import FakeAnthropic
+from tests.integration.test_admin import ESCAPED, SCRIPT, run_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -268,3 +271,30 @@ def test_interrupt_while_a_tool_runs_waits_for_its_result(fake_api: FakeAnthropi
     assert block_types(fake_api.requests[1].json()["messages"][-1]) == ["tool_result", "text"]
     kinds = list(AgentStep.objects.filter(run_id=run.pk).values_list("kind", flat=True))
     assert kinds == ["task", "model_turn", "tool_result", "message", "model_turn"]
+
+
+def test_the_run_page_lists_the_waiting_messages_escaped_until_they_are_folded(
+    admin_client: Client, fake_api: FakeAnthropic
+) -> None:
+    run = durable_agents.start_run("messenger", "Answer me.")
+    api.send_message(run.pk, f"look {SCRIPT}")
+    page = admin_client.get(run_url(run)).content.decode()
+    assert 'id="inbox"' in page
+    assert f"look {ESCAPED}" in page
+    assert SCRIPT not in page
+    run_worker()
+    finished(run)
+    page = admin_client.get(run_url(run)).content.decode()
+    assert 'id="inbox"' not in page
+    assert f"look {ESCAPED}" in page  # a step of the transcript now
+
+
+def test_messages_are_encrypted_at_rest(da_settings: Any) -> None:
+    da_settings(ENCRYPTION_KEYS=[base64.urlsafe_b64encode(b"A" * 32).decode()])
+    run = durable_agents.start_run("messenger", "Answer me.")
+    api.send_message(run.pk, "the secret invoice number 4711")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT text FROM agent_message")
+        (stored,) = cursor.fetchone()
+    assert "4711" not in stored
+    assert AgentMessage.objects.get().text == "the secret invoice number 4711"
