@@ -15,6 +15,8 @@ import them from here, and some name them too (``durable_agents.llm.ModelError``
     │   ├── RunNotFound (also LookupError): no run with that id
     │   ├── SpawnRefused: a child run that cannot be started (limits, its parent is over)
     │   ├── ForkRefused: a fork that cannot be made as asked
+    │   ├── RunFinished: a message sent to a run that has ended
+    │   ├── RunBusy: a message refused (``policy="reject"``) by a run that is working
     │   └── BadEventId: an ``after=`` / ``Last-Event-ID`` that is not an event id of the run
     ├── AgentNotFound (also LookupError)
     ├── ToolInputError (also ValueError)
@@ -69,6 +71,8 @@ __all__ = [
     "NotMigrated",
     "PermanentModelError",
     "ReplayError",
+    "RunBusy",
+    "RunFinished",
     "RunNotFound",
     "SpawnRefused",
     "StoredValueError",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.utils import timezone
 
 from durable_agents.exceptions import RunBusy, RunFinished, RunNotFound
@@ -104,8 +104,19 @@ def fold_messages(store: Store, claim: Claim, step: StepWrite, ids: Sequence[int
 def append_last_step(
     store: Store, claim: Claim, step: StepWrite, then_claim: NextClaim | None
 ) -> bool | None:
-    with transaction.atomic():
-        AgentRun.objects.select_for_update(no_key=True).filter(pk=claim.run_id).exists()
-        if has_waiting(claim.run_id):
-            return None
-        return store.append_step(claim, step, then_claim)
+    try:
+        with transaction.atomic():
+            AgentRun.objects.select_for_update(no_key=True).filter(pk=claim.run_id).exists()
+            if has_waiting(claim.run_id):
+                return None
+            return store.append_step(claim, step, then_claim)
+    except DatabaseError as exc:
+        # The database refused the turn: inside this transaction the store's own count of
+        # the unstored turn failed too (the transaction was aborted), so it is counted here,
+        # after the rollback, and the refusal raised as the store would have raised it.
+        refused = exc.__context__
+        if isinstance(exc, DataError) or not isinstance(refused, DataError):
+            raise
+        if step.usage is not None:
+            store.count_unstored_turn(claim, step)
+        raise refused from None
