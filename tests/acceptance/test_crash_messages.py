@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 import durable_agents
+from durable_agents.engine.history import load_log
 from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus, StepKind
 from durable_agents.testing import plan
 from tests.conftest import Receiver, WorkerProcess, wait_for
@@ -24,6 +25,11 @@ pytestmark = [
 Spawn = Callable[..., WorkerProcess]
 SIGKILLED = -9
 LEASE = "2"
+
+
+def sent_messages(body: bytes) -> bytes:
+    """The raw ``messages`` array of a request body (its last member, never re-encoded)."""
+    return body[body.index(b',"messages":[') + len(b',"messages":') : -1]
 
 
 def user_texts(messages: list[dict[str, object]]) -> list[str]:
@@ -85,6 +91,11 @@ def test_messages_sent_while_workers_are_killed_are_delivered_once_in_order(
     assert [text for text, _ in inbox] == sent
     assert {seq for _, seq in inbox} == set(folds)
     assert [seq for _, seq in inbox] == sorted(seq for _, seq in inbox)
+    # Every request is, byte for byte, the start of the transcript rebuilt from the log: the
+    # workers that resumed after a kill sent what the killed one had built.
+    transcript = load_log(run.pk, trim=False).conversation.json()
+    for request in fake_api.requests:
+        assert transcript.startswith(sent_messages(request.body)[:-1])
     # Each message step follows a user step: folded into the turn it follows.
     kinds = dict(AgentStep.objects.filter(run_id=run.pk).values_list("seq", "kind"))
     assert all(kinds[seq - 1] != StepKind.MODEL_TURN for seq in folds)

@@ -18,6 +18,7 @@ from django.db import connection
 from django.test import Client
 
 import durable_agents
+from durable_agents.engine.history import load_log
 from durable_agents import api
 from durable_agents.exceptions import InvalidArgument, RunBusy, RunFinished, RunNotFound
 from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus, StepKind
@@ -182,38 +183,44 @@ def test_a_fork_after_a_folded_message_includes_it(fake_api: FakeAnthropic) -> N
     run = durable_agents.start_run("messenger", plan(("tell", {"text": "remember me"})))
     run_worker()
     finished(run)
-    fork = durable_agents.fork_run(run.pk, 4)
+    # Steps: 0 task, 1 turn, 2 tool result, 3 the message, 4 the answer.
+    fork = durable_agents.fork_run(run.pk, 3)
     run_worker()
     finished(fork)
-    forked = fake_api.requests[-1].json()["messages"]
+    assert len(fake_api.requests) == 3
+    forked = fake_api.requests[2].json()["messages"]
     assert block_types(forked[2]) == ["tool_result", "text"]
     assert user_texts(forked[2]) == ["remember me"]
-    assert (
-        forked[:4] == fake_api.requests[1].json()["messages"][:4]
-        or forked[:3] == (fake_api.requests[1].json()["messages"][:3])
-    )
+    # The fork's request is the original's after the fold, byte for byte.
+    assert sent_messages(fake_api.requests[2].body) == sent_messages(fake_api.requests[1].body)
 
 
-def test_the_request_rebuilt_after_a_restart_is_byte_identical(
-    fake_api: FakeAnthropic,
-) -> None:
+def sent_messages(body: bytes) -> bytes:
+    """The raw ``messages`` array of a request body (its last member, never re-encoded)."""
+    return body[body.index(b',"messages":[') + len(b',"messages":') : -1]
+
+
+def test_the_log_rebuilds_every_request_byte_for_byte(fake_api: FakeAnthropic) -> None:
+    """The requests were built live, a message folded into the task's turn and into two tool
+    results' turns; the transcript rebuilt from the log (what a resumed worker sends) starts
+    with each of them, byte for byte, and a fork resumed after a fold sends its original's."""
     run = durable_agents.start_run(
         "messenger", plan(("tell", {"text": "first"}), ("tell", {"text": "second"}))
     )
     api.send_message(run.pk, "before the start")
     run_worker()
     finished(run)
-    sent = [r.body for r in fake_api.requests]
-    # The same run again from each point of its log: a fork at each user-side step sends what
-    # the original sent at that point, byte for byte (the messages of the request).
-    for index, seq in enumerate((3, 6)):
-        fork = durable_agents.fork_run(run.pk, seq + 1)
-        AgentRun.objects.filter(pk=fork.pk).update(status=RunStatus.PENDING)
-        before = len(fake_api.requests)
-        run_worker()
-        resent = json.loads(fake_api.requests[before].body)["messages"]
-        original = json.loads(sent[index + 1])["messages"]
-        assert json.dumps(resent) == json.dumps(original)
+    transcript = load_log(run.pk, trim=False).conversation.json()
+    sent = [sent_messages(r.body) for r in fake_api.requests]
+    assert len(sent) == 3
+    for messages in sent:
+        assert transcript.startswith(messages[:-1])
+    # A fork from the second fold (seq 7 is the turn after it) resumes from the log: its
+    # first request is the original's third, byte for byte.
+    fork = durable_agents.fork_run(run.pk, 7)
+    run_worker()
+    finished(fork)
+    assert sent_messages(fake_api.requests[3].body) == sent[2]
 
 
 @pytest.mark.postgres
