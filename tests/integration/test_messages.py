@@ -18,8 +18,8 @@ from django.db import connection
 from django.test import Client
 
 import durable_agents
-from durable_agents.engine.history import load_log
 from durable_agents import api
+from durable_agents.engine.history import load_log
 from durable_agents.exceptions import InvalidArgument, RunBusy, RunFinished, RunNotFound
 from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus, StepKind
 from durable_agents.testing import plan
