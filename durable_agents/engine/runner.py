@@ -460,18 +460,18 @@ class RunAdvancer(ToolDispatch):
         the run ends as that turn says (or, a final answer the output schema refuses, the
         model is told why and the run goes on)."""
         stop_reason = at.last.message.get("stop_reason")
-        if stop_reason in FINAL_STOP_REASONS and self.store.has_waiting_messages(self.run.pk):
-            # A user wrote while the model answered: the run goes on with their messages.
-            return self._fold_messages(at)
         if stop_reason in FINAL_STOP_REASONS:
             text = text_of(at.last.message)
-            if agent.output is None:
-                self._finish(SUCCEEDED, result=text)
-            try:
-                output = agent.output.parse(text)
-            except InvalidOutput as refused:
-                return self._refuse_answer(agent, at, refused)
-            self._finish(SUCCEEDED, result=text, output=output)
+            output = None
+            if agent.output is not None:
+                try:
+                    output = agent.output.parse(text)
+                except InvalidOutput as refused:
+                    return self._refuse_answer(agent, at, refused)
+            if not self._succeed_unless_messages(text, output):
+                # A user wrote while the model answered: the run goes on with their messages.
+                return self._fold_messages(at)
+            raise self._finished(SUCCEEDED)
         self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
 
     # -- the inbox (send_message) -----------------------------------------------------------
@@ -894,6 +894,26 @@ class RunAdvancer(ToolDispatch):
 
         ended = self.durably(finish, f"end ({status})")
         return ended or (tries > 1 and self.store.current_status(self.run.pk) == status)
+
+    def _succeed_unless_messages(self, result: str, output: Any) -> bool:
+        """End the run as succeeded, unless messages wait in its inbox (False: nothing
+        changed); under the run's lock, as ``send_message`` takes it, so that no message is
+        accepted by a run that then ends without it."""
+        tries = 0
+
+        def finish() -> bool | None:
+            nonlocal tries
+            tries += 1
+            return self.store.finish_unless_messages(self.claim, result, output)
+
+        ended = self.durably(finish, f"end ({SUCCEEDED})")
+        if ended is None:
+            return False
+        if not ended and not (
+            tries > 1 and self.store.current_status(self.run.pk) == RunStatus.SUCCEEDED
+        ):
+            self._fence_failed()
+        return True
 
     def _finished(self, disposition: Disposition, error: str = "") -> Stop:
         """The run ended (committed already): log it, signal it, and return the ``Stop`` for

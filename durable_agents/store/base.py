@@ -763,6 +763,16 @@ class Store(abc.ABC):
 
         return inbox.fold_messages(self, claim, step, ids)
 
+    def finish_unless_messages(
+        self, claim: Claim, result: str | None, output: Any = None
+    ) -> bool | None:
+        """End the run as succeeded (``finish_run``) unless messages wait in its inbox (None:
+        nothing changed), under the run's lock as ``append_last_step``: for a run whose final
+        answer an earlier claim committed."""
+        from durable_agents.store import inbox
+
+        return inbox.finish_unless_messages(self, claim, result, output)
+
     def interrupt_model_call(self, run_id: RunId) -> None:
         """Ask the worker holding the run to abandon its model call in flight, if any
         (``send_message(..., policy="interrupt")``). A store without notifications does

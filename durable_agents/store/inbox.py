@@ -120,3 +120,14 @@ def append_last_step(
         if step.usage is not None:
             store.count_unstored_turn(claim, step)
         raise refused from None
+
+
+def finish_unless_messages(
+    store: Store, claim: Claim, result: str | None, output: Any
+) -> bool | None:
+    """``Store.finish_run`` (succeeded) under the run's lock, unless messages wait (None)."""
+    with transaction.atomic():
+        AgentRun.objects.select_for_update(no_key=True).filter(pk=claim.run_id).exists()
+        if has_waiting(claim.run_id):
+            return None
+        return store.finish_run(claim, RunStatus.SUCCEEDED, result=result, output=output)

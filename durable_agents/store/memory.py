@@ -650,6 +650,14 @@ class InMemoryStore(Store):
                     message.folded_at = self.now()
             return all(m.folded_seq == step.seq for m in chosen) and len(chosen) == len(ids)
 
+    def finish_unless_messages(
+        self, claim: Claim, result: str | None, output: Any = None
+    ) -> bool | None:
+        with self.lock:
+            if self.has_waiting_messages(claim.run_id):
+                return None
+            return self.finish_run(claim, RunStatus.SUCCEEDED, result=result, output=output)
+
     def append_last_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool | None:
