@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from django.db.models.functions import Now
 
 import durable_agents
 from durable_agents.engine.history import load_log
@@ -54,6 +55,14 @@ def test_messages_sent_while_workers_are_killed_are_delivered_once_in_order(
     def worker(name: str) -> WorkerProcess:
         return spawn_worker("--burst", "--lease-seconds", LEASE, "--worker-id", name, env=env)
 
+    def lease_expired() -> None:
+        # A burst worker started before the killed one's lease expires finds nothing to do.
+        wait_for(
+            AgentRun.objects.filter(pk=run.pk, lease_until__lt=Now()).exists,
+            timeout=10,
+            what="the killed worker's lease to expire",
+        )
+
     def paused(label: str) -> None:
         marker = receiver.directory / f"pause-{label}"
         wait_for(marker.exists, timeout=30, what=f"the tool call {label}")
@@ -64,6 +73,7 @@ def test_messages_sent_while_workers_are_killed_are_delivered_once_in_order(
     paused("b")
     durable_agents.send_message(run.pk, "m1 during b", key="m1")
     assert first.kill() == SIGKILLED
+    lease_expired()
     # w2 runs call b again (it is pure); m2 arrives, b ends: m1 and m2 follow b's result.
     second = worker("w2")
     paused("b")
@@ -73,6 +83,7 @@ def test_messages_sent_while_workers_are_killed_are_delivered_once_in_order(
     paused("c")
     durable_agents.send_message(run.pk, "m3 during c")
     assert second.kill() == SIGKILLED
+    lease_expired()
     # w3 runs call c again and finishes the run: m3 follows c's result.
     (receiver.directory / "go-c").touch()
     assert worker("w3").wait() == 0
