@@ -494,13 +494,14 @@ class RunAdvancer(ToolDispatch):
         payload = json_text(blocks)
         step = StepWrite(at.last.seq + 1, StepKind.MESSAGE, payload)
         ids = [message.pk for message in waiting]
+        started = time.monotonic()
         folded = self.durably(
             lambda: self.store.fold_messages(self.claim, step, ids), f"commit of step {step.seq}"
         )
         if not folded:
             self._fence_failed()
-        self.lease.renewed(time.monotonic())
-        observers.step_committed(StepKind.MESSAGE, 0.0)
+        self.lease.renewed(started)  # the step renewed the lease (counted from its first try)
+        observers.step_committed(StepKind.MESSAGE, time.monotonic() - started)
         logger.info(
             "run %s seq %d message committed (%d message(s) folded)",
             self.run.pk,
