@@ -20,7 +20,13 @@ from django.test import Client
 import durable_agents
 from durable_agents import api
 from durable_agents.engine.history import load_log
-from durable_agents.exceptions import InvalidArgument, RunBusy, RunFinished, RunNotFound
+from durable_agents.exceptions import (
+    ForkRefused,
+    InvalidArgument,
+    RunBusy,
+    RunFinished,
+    RunNotFound,
+)
 from durable_agents.models import AgentMessage, AgentRun, AgentStep, RunStatus, StepKind
 from durable_agents.testing import plan
 from tests.conftest import run_worker
@@ -305,3 +311,12 @@ def test_messages_are_encrypted_at_rest(da_settings: Any) -> None:
         (stored,) = cursor.fetchone()
     assert "4711" not in stored
     assert AgentMessage.objects.get().text == "the secret invoice number 4711"
+
+
+def test_a_message_step_cannot_be_edited_by_a_fork(fake_api: FakeAnthropic) -> None:
+    run = durable_agents.start_run("messenger", "Answer me.")
+    api.send_message(run.pk, "one")
+    run_worker()
+    finished(run)
+    with pytest.raises(ForkRefused, match="messages a user sent"):
+        durable_agents.fork_run(run.pk, 1, edit=[{"type": "text", "text": "changed"}])
