@@ -36,7 +36,6 @@ from durable_agents.store.base import RunId
 _USER_OPEN = '{"role":"user","content":'
 _ASSISTANT_OPEN = '{"role":"assistant","content":'
 _ASSISTANT_OPEN_BYTES = _ASSISTANT_OPEN.encode()
-_USER_OPEN_BYTES = _USER_OPEN.encode()
 _MODEL_TURN = StepKind.MODEL_TURN.value  # a plain str compares faster than the enum member
 _MESSAGE = StepKind.MESSAGE.value
 
