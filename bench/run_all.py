@@ -133,6 +133,10 @@ FULL["callbacks"] = []
 QUICK["callbacks"] = ["--runs", "300"]
 FULL["get_result"] = []
 QUICK["get_result"] = ["--runs", "300"]
+# A run's inbox: the worker's look before each model call with 100,000 messages stored, a send,
+# a fold (about 30 s).
+FULL["messages"] = []
+QUICK["messages"] = ["--runs", "500", "--sends", "200"]
 FULL["versions"] = []  # 100,000 pending runs, five pairs of 1,000 claims
 QUICK["versions"] = ["--quick"]
 FULL["failover"] = []

@@ -57,6 +57,7 @@ from durable_agents.forks.upgrades import UpgradeReport
 from durable_agents.models import (
     MAX_START_KEY,
     AgentEvent,
+    AgentMessage,
     AgentQuestion,
     AgentRun,
     IntentStatus,
@@ -99,6 +100,7 @@ __all__ = [
     "arequeue_run",
     "aresolve_intent",
     "asend_event",
+    "asend_message",
     "aset_key_budget",
     "aset_key_limit",
     "astart_run",
@@ -114,6 +116,7 @@ __all__ = [
     "requeue_run",
     "resolve_intent",
     "send_event",
+    "send_message",
     "set_key_budget",
     "set_key_limit",
     "spawn_run",
@@ -745,6 +748,97 @@ def _check_fork_permissions(user: Person, *, edits_task: bool) -> None:
         raise PermissionDenied(f"{what} needs the {' and '.join(missing)} permission")
 
 
+# What ``send_message`` does with a run that is working: queue the message (folded at the
+# next turn boundary), cut the model call in flight short for it, or refuse it.
+MESSAGE_POLICIES = ("queue", "interrupt", "reject")
+
+
+@explains_missing_tables
+def send_message(
+    run_id: RunId | str,
+    text: str,
+    *,
+    policy: str = "queue",
+    key: str | None = None,
+    user: Person | None = None,
+) -> AgentMessage:
+    """Send a user's message to a run in flight (a second message while the agent works).
+
+    The message waits in the run's inbox (``agent_message``) until the worker holding the run
+    reaches its next turn boundary: before its next model call it commits the waiting messages,
+    in the order they were sent, as a step of the log (kind ``message``), text blocks after the
+    tool results of the same user turn. From then on it is history like any other step: sent
+    again byte for byte on every later call, in forks, replays and live streams. Only the
+    worker holding the run folds, in the transaction of that step: a worker killed before it
+    leaves the message for the next one, after it the message is folded once.
+
+    A pending run gets it before its first model call. A run that waits (a timer, an event, a
+    person, an approval, child runs) is not woken by it: the message is folded when the run
+    next advances. A run whose model gives its final answer while a message waits goes on
+    and answers the message instead of ending. A run that is over (succeeded, failed,
+    cancelled, dead) refuses it: ``RunFinished``.
+
+    ``policy``: ``"queue"`` (the default) as above. ``"reject"`` refuses (``RunBusy``) a run
+    that is working, pending or running, and queues for a run that waits: for a client that
+    sends one message at a time. ``"interrupt"`` queues the message and, when a model call of
+    the run is in flight, the worker abandons that call (its turn is never committed: an
+    abandoned call returns no usage to record) and calls again with the message; a tool that
+    runs is never interrupted (the message follows its result). With no model call in flight
+    it is ``"queue"``. The worker hears of it by a PostgreSQL notification; on SQLite, which
+    has none, it is ``"queue"``.
+
+    ``key``: a client's idempotency key (a non-empty string of at most 200 characters): a
+    retry with it returns the message the first call queued and queues nothing, whatever the
+    run's status since. ``text``: a non-empty string of at most ``MAX_MESSAGE_BYTES`` bytes
+    as UTF-8, without NUL or lone surrogates; stored encrypted under ``ENCRYPTION_KEYS``.
+    ``user``, when given, needs the ``durable_agents.view_agentrun`` permission and is stored
+    as the sender.
+
+    Raises ``InvalidArgument`` (a bad run id, text, policy or key), ``RunNotFound``,
+    ``RunFinished``, ``RunBusy``, ``PermissionDenied``; nothing is queued then."""
+    if user is not None and not user.has_perm(VIEW_RUN_PERMISSION):
+        raise PermissionDenied(f"sending a message needs the {VIEW_RUN_PERMISSION} permission")
+    if policy not in MESSAGE_POLICIES:
+        raise InvalidArgument(
+            f"policy is one of {', '.join(repr(p) for p in MESSAGE_POLICIES)}, "
+            f"not {storable_text(repr(policy), 80)}"
+        )
+    _check_message(text)
+    if key is not None:
+        _check_start_key(key)
+    run_pk = _run_id(run_id)
+    message, created = current().queue_message(
+        run_pk, text, key, user, busy_refused=policy == "reject"
+    )
+    if created and policy == "interrupt":
+        current().interrupt_model_call(run_pk)
+    return message
+
+
+def _check_message(text: object) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidArgument("a message is a non-empty string")
+    if has_unstorable(text):
+        raise InvalidArgument("a message cannot contain NUL characters or lone surrogates")
+    size = len(text.encode("utf-8"))
+    limit = app_settings.MAX_MESSAGE_BYTES
+    if size > limit:
+        raise InvalidArgument(
+            f"a message is at most {limit} bytes as UTF-8 (MAX_MESSAGE_BYTES); this one is {size}"
+        )
+
+
+def _run_id(run_id: object) -> uuid.UUID:
+    if isinstance(run_id, uuid.UUID):
+        return run_id
+    if isinstance(run_id, str):
+        try:
+            return uuid.UUID(run_id)
+        except ValueError:
+            pass
+    raise InvalidArgument(f"{storable_text(repr(run_id), 80)} is not a run id (a UUID)")
+
+
 @explains_missing_tables
 def messages_for(run_id: RunId | str) -> list[dict[str, Any]]:
     """The message list of a run, rebuilt from its step log exactly as the model was sent it."""
@@ -867,6 +961,18 @@ async def aanswer_question(
 ) -> AgentQuestion:
     """``answer_question`` for async code."""
     return await sync_to_async(answer_question)(run_id, text, user=user, question_id=question_id)
+
+
+async def asend_message(
+    run_id: RunId | str,
+    text: str,
+    *,
+    policy: str = "queue",
+    key: str | None = None,
+    user: Person | None = None,
+) -> AgentMessage:
+    """``send_message`` for async code."""
+    return await sync_to_async(send_message)(run_id, text, policy=policy, key=key, user=user)
 
 
 async def amessages_for(run_id: RunId | str) -> list[dict[str, Any]]:

@@ -176,6 +176,11 @@ class DurableAgentsSettings:
         1024 * 1024,
         "The largest payload send_event takes, in bytes of its JSON text (UTF-8).",
     )
+    MAX_MESSAGE_BYTES: Setting[int] = Setting(
+        256 * 1024,
+        "The largest message send_message takes, in bytes of its text (UTF-8): what a person "
+        "types while the agent works, sent again with every later model call of the run.",
+    )
     CALLBACK_MAX_BYTES: Setting[int] = Setting(
         1024 * 1024,
         "The largest body a service may POST to a callback URL (Wait(callback=True)), in "

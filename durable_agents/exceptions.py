@@ -15,6 +15,8 @@ import them from here, and some name them too (``durable_agents.llm.ModelError``
     │   ├── RunNotFound (also LookupError): no run with that id
     │   ├── SpawnRefused: a child run that cannot be started (limits, its parent is over)
     │   ├── ForkRefused: a fork that cannot be made as asked
+    │   ├── RunFinished: a message sent to a run that has ended
+    │   ├── RunBusy: a message refused (``policy="reject"``) by a run that is working
     │   └── BadEventId: an ``after=`` / ``Last-Event-ID`` that is not an event id of the run
     ├── AgentNotFound (also LookupError)
     ├── ToolInputError (also ValueError)
@@ -70,6 +72,8 @@ __all__ = [
     "PermanentModelError",
     "ReplayError",
     "ResultTimeout",
+    "RunBusy",
+    "RunFinished",
     "RunNotFound",
     "SpawnRefused",
     "StoredValueError",
@@ -117,6 +121,16 @@ class SpawnRefused(DurableAgentsValueError):
 
 class ForkRefused(DurableAgentsValueError):
     """A fork that cannot be made as asked; the message says why. Nothing was created."""
+
+
+class RunFinished(DurableAgentsValueError):
+    """A message sent to a run that has ended (``send_message``): the message says how it
+    ended; start a new run, or fork this one. Nothing was queued."""
+
+
+class RunBusy(DurableAgentsValueError):
+    """``send_message(..., policy="reject")`` to a run that is working (pending or running):
+    the client sends one message at a time. Nothing was queued."""
 
 
 class BadEventId(DurableAgentsValueError):

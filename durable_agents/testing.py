@@ -49,7 +49,7 @@ from durable_agents import api, llm, store
 from durable_agents._internal import calls
 from durable_agents._internal.interrupt import Interrupt
 from durable_agents.conf import app_settings
-from durable_agents.engine.history import Conversation, step_message
+from durable_agents.engine.history import Conversation
 from durable_agents.engine.runner import advance_run
 from durable_agents.forks.replay import ReplayError, ReplayReport, replay
 from durable_agents.models import (
@@ -158,7 +158,7 @@ class RunResult:
     def messages(self) -> list[dict[str, Any]]:
         conversation = Conversation()
         for step in self.steps:
-            conversation.append(step_message(step.kind, step.payload, step.content_span))
+            conversation.append_step(step.kind, step.payload, step.content_span)
         return conversation.messages()
 
     def tool_calls(self) -> list[ToolCall]:

@@ -114,12 +114,15 @@ class Listener:
         on_cancel: Any,
         stopping: Any,
         *,
+        on_message: Any = None,
         alias: str = DEFAULT_DB_ALIAS,
         overrides: dict[str, Any] | None = None,
         retry_seconds: float = 2.0,
     ) -> None:
         self.on_run = on_run
         self.on_cancel = on_cancel
+        # ``on_message(run_id)``: a message asks to interrupt the run's model call.
+        self.on_message = on_message
         self.stopping = stopping
         self.alias = alias
         self.overrides = overrides or {}
@@ -162,5 +165,8 @@ class Listener:
         kind, _, run_id = payload.partition(":")
         if kind == "cancel" and run_id:
             self.on_cancel(run_id)
+        elif kind == "message" and run_id:
+            if self.on_message is not None:
+                self.on_message(run_id)
         else:
             self.on_run()

@@ -9,7 +9,13 @@ whose only work is such a wait is handed back at once rather than at the end of 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+
+# The reason a model call's own interrupt triggers when a user's message asks for it
+# (``send_message(..., policy="interrupt")``): the call is abandoned, the run goes on.
+MESSAGE = "message"
 
 
 class Interrupt(threading.Event):
@@ -22,6 +28,8 @@ class Interrupt(threading.Event):
         self._narrowed: list[tuple[Interrupt, frozenset[str]]] = []
         self._draining = False
         self._drain_wakers: list[threading.Event] = []
+        # The interrupts of the model calls in flight (``model_call``).
+        self._calls: list[Interrupt] = []
         self._lock = threading.Lock()
 
     def trigger(self, reason: str, detail: str = "") -> None:
@@ -33,10 +41,40 @@ class Interrupt(threading.Event):
             self.set()
             wakers = list(self._wakers)
             narrowed = [child for child, reasons in self._narrowed if reason in reasons]
+            narrowed += self._calls
         for waker in wakers:
             waker.set()
         for child in narrowed:
             child.trigger(reason, detail)
+
+    @contextlib.contextmanager
+    def model_call(self) -> Iterator[Interrupt]:
+        """The interrupt of one model call: it triggers when this one does (for any reason),
+        and when a user's message asks to cut the call short (``message_arrived``), which
+        leaves this one unset: the run goes on."""
+        child = Interrupt()
+        with self._lock:
+            self._calls.append(child)
+            already = self.is_set()
+            reason, detail = self.reason, self.detail
+            draining = self._draining
+        if already:
+            child.trigger(reason, detail)
+        if draining:
+            child.drain()
+        try:
+            yield child
+        finally:
+            with self._lock:
+                self._calls = [c for c in self._calls if c is not child]
+
+    def message_arrived(self) -> None:
+        """A message for the run asks to interrupt its model call: the calls in flight are
+        interrupted (reason ``MESSAGE``); nothing else is, and a tool never."""
+        with self._lock:
+            calls = list(self._calls)
+        for call in calls:
+            call.trigger(MESSAGE)
 
     def narrowed(self, *reasons: str) -> Interrupt:
         """An interrupt that triggers when this one does for one of ``reasons`` only (at once
@@ -77,8 +115,11 @@ class Interrupt(threading.Event):
         with self._lock:
             self._draining = True
             wakers = list(self._drain_wakers)
+            calls = list(self._calls)
         for waker in wakers:
             waker.set()
+        for call in calls:
+            call.drain()
 
     @property
     def draining(self) -> bool:

@@ -81,6 +81,7 @@ from durable_agents.forks.upgrades import carries_over
 from durable_agents.models import (
     CANCELLABLE_STATUSES,
     AgentEvent,
+    AgentMessage,
     AgentQuestion,
     AgentRun,
     RunStatus,
@@ -101,6 +102,9 @@ if TYPE_CHECKING:
 
 
 TASK_HEAD_CHARS = 80
+# The messages waiting in a run's inbox that its page lists (send_message); once folded they
+# are steps of the transcript.
+INBOX_SHOWN = 20
 LAST_ERROR_CHARS = 60
 LAST_ERROR_TITLE_CHARS = 500
 # Run fields that can be long, each with a page of its own for the whole text.
@@ -751,7 +755,14 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
             event_pk = (
                 AgentEvent.objects.filter(name=run.wait_event).values_list("pk", flat=True).first()
             )
+        inbox = list(
+            AgentMessage.objects.filter(run_id=run.pk, folded_seq__isnull=True)
+            .select_related("sent_by")
+            .order_by("id")[: INBOX_SHOWN + 1]
+        )
         return {
+            "inbox": [(message, shown_text(message.text)) for message in inbox[:INBOX_SHOWN]],
+            "inbox_more": len(inbox) > INBOX_SHOWN,
             "wait": wait,
             "children": run_children(run),
             "questions": questions,

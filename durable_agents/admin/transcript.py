@@ -131,7 +131,7 @@ def block_text(kind: str, data: Any, block: int | None) -> str | None:
         return pretty_json(data)
     if kind == StepKind.MODEL_TURN and isinstance(data, dict):
         blocks = data.get("content")
-    elif kind == StepKind.TOOL_RESULT:
+    elif kind in (StepKind.TOOL_RESULT, StepKind.MESSAGE):
         blocks = data
     else:
         return None
@@ -413,6 +413,13 @@ def describe_step(
         names_by_call_id.update((call.id, call.name) for call in entry.calls)
     elif step.kind == StepKind.TOOL_RESULT and isinstance(data, list):
         _describe_results(entry, data, names_by_call_id, step_url)
+    elif step.kind == StepKind.MESSAGE and isinstance(data, list):
+        # What a user sent while the run worked (send_message): one text block each.
+        entry.texts = [
+            shown_text(str(block.get("text", "")), step_url(step.seq, index))
+            for index, block in enumerate(data)
+            if isinstance(block, dict)
+        ]
     else:
         entry.unparsed = shown_text(pretty_json(data), step_url(step.seq, None))
     return entry

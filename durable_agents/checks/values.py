@@ -53,6 +53,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "MAX_CHILD_RUNS": (0, True),
     "MAX_TREE_RUNS": (1, True),
     "MAX_EVENT_BYTES": (1, True),
+    "MAX_MESSAGE_BYTES": (1, True),
     "LINK_MAX_AGE": (0, False),
     "WEBHOOK_MAX_ATTEMPTS": (1, True),
     "WEBHOOK_RETRY_SECONDS": (0, False),

@@ -207,6 +207,14 @@ def _blocks(step: AgentStep, data: Any, names: dict[str, str]) -> list[dict[str,
             }
             results.append(result)
         return results
+    if step.kind == StepKind.MESSAGE and isinstance(data, list):
+        # What a user sent while the run worked (send_message): text blocks.
+        return [
+            {"type": "text", "text": str(block.get("text", ""))}
+            if isinstance(block, dict) and block.get("type") == "text"
+            else {"type": "other", "json": dumps_deep(block)}
+            for block in data
+        ]
     return [{"type": "other", "json": dumps_deep(data)}]
 
 
@@ -214,6 +222,7 @@ ROLES: dict[str, str] = {
     StepKind.TASK: "user",
     StepKind.MODEL_TURN: "assistant",
     StepKind.TOOL_RESULT: "user",
+    StepKind.MESSAGE: "user",
 }
 
 

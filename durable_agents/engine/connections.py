@@ -52,6 +52,7 @@ class WorkerConnections:
         on_run: Callable[[], None],
         on_cancel: Callable[[str], None],
         stopping: threading.Event,
+        on_message: Callable[[str], None] | None = None,
     ) -> db.Listener | None:
         """A LISTEN listener to serve on its own thread, or None (nothing to listen to)."""
         return None
@@ -92,6 +93,7 @@ class DatabaseConnections(WorkerConnections):
         on_run: Callable[[], None],
         on_cancel: Callable[[str], None],
         stopping: threading.Event,
+        on_message: Callable[[str], None] | None = None,
     ) -> db.Listener | None:
         """PostgreSQL only: wakes the claimer, interrupts a cancelled run at once."""
         if connection.vendor != "postgresql":
@@ -99,5 +101,9 @@ class DatabaseConnections(WorkerConnections):
         setting = app_settings.LISTEN
         overrides = setting if isinstance(setting, dict) else {}
         return db.Listener(
-            on_run=on_run, on_cancel=on_cancel, stopping=stopping, overrides=overrides
+            on_run=on_run,
+            on_cancel=on_cancel,
+            stopping=stopping,
+            on_message=on_message,
+            overrides=overrides,
         )

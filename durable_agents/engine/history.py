@@ -37,6 +37,7 @@ _USER_OPEN = '{"role":"user","content":'
 _ASSISTANT_OPEN = '{"role":"assistant","content":'
 _ASSISTANT_OPEN_BYTES = _ASSISTANT_OPEN.encode()
 _MODEL_TURN = StepKind.MODEL_TURN.value  # a plain str compares faster than the enum member
+_MESSAGE = StepKind.MESSAGE.value
 
 # Cheap first test for a compaction block: a JSON string "compaction" somewhere in the turn's
 # content (the provider may or may not put spaces around the colon of ``"type": ...``). Only a
@@ -58,6 +59,25 @@ def message_text(kind: str, payload: str, start: int | None = None, end: int | N
             _ASSISTANT_OPEN + json.dumps(content, ensure_ascii=False, separators=(",", ":")) + "}"
         )
     return _ASSISTANT_OPEN + payload[start:end] + "}"
+
+
+def folded_message(previous: str | None, payload: str) -> str:
+    """The message a ``message`` step (``payload``: a JSON array of text blocks, the messages a
+    user sent while the run worked) makes of the message before it, ``previous``.
+
+    The Messages API wants one user turn after the model's: so after a user message (the task,
+    tool results, or messages folded before) the text blocks join that message's content, after
+    its blocks (tool_result blocks first, as the API requires); a task given as a string becomes
+    one text block first. After an assistant message (or none) they are a user message of their
+    own. The same bytes whether the conversation is built live or rebuilt from the log."""
+    if previous is None or not previous.startswith(_USER_OPEN):
+        return _USER_OPEN + payload + "}"
+    content = previous[len(_USER_OPEN) : -1]
+    if content.startswith("["):
+        joined = content[:-1] + ("" if content == "[]" else ",") + payload[1:]
+    else:
+        joined = '[{"type":"text","text":' + content + "}," + payload[1:]
+    return _USER_OPEN + joined + "}"
 
 
 def step_message(kind: str, payload: str, span: tuple[int, int] | None = None) -> bytes:
@@ -145,12 +165,51 @@ class Conversation:
         trim: bool = False,
         head: int | None = None,
         total: int | None = None,
+        last: int | None = None,
     ) -> None:
         self.buffer = bytearray(chunk)
         self.sent = count  # messages in ``buffer``: what the next request sends
         self.count = count if total is None else total  # messages appended in all
         self.trim = trim
         self._head = head
+        # Where the last message of ``buffer`` starts (a fold rewrites it); None: not known
+        # (a chunk given without it), found when first needed.
+        self._last: int | None = 0 if count <= 1 else last
+
+    def append_step(self, kind: str, payload: str, span: tuple[int, int] | None = None) -> None:
+        """Append the message a step contributes (a ``message`` step is folded into the
+        message before it, ``folded_message``)."""
+        if kind == _MESSAGE:
+            self.fold(payload)
+        else:
+            self.append(step_message(kind, payload, span))
+
+    def fold(self, payload: str) -> None:
+        """Fold a ``message`` step's text blocks into the last message (``folded_message``)."""
+        if not self.sent:
+            self.append(folded_message(None, payload).encode("utf-8"))
+            return
+        start = self._last_start()
+        previous = bytes(self.buffer[start:]).decode("utf-8")
+        merged = folded_message(previous, payload).encode("utf-8")
+        if not previous.startswith(_USER_OPEN):
+            self.append(merged)
+            return
+        del self.buffer[start:]
+        self.buffer += merged
+        if self.sent == 1:
+            self._head = len(merged)
+        self.count += 1
+
+    def _last_start(self) -> int:
+        if self._last is None:
+            text = self.buffer.decode("utf-8")
+            position, start = 0, 0
+            while position < len(text):
+                start = position
+                position = value_end(text, position) + 1  # past the comma
+            self._last = len(text[:start].encode("utf-8"))
+        return self._last
 
     def append(self, message: bytes) -> None:
         if self.trim and self.sent and _message_compacts(message):
@@ -161,6 +220,7 @@ class Conversation:
             self.buffer += b","
         else:
             self._head = len(message)
+        self._last = len(self.buffer)
         self.buffer += message
         self.sent += 1
         self.count += 1
@@ -232,15 +292,35 @@ def load_log(
     ``shares=False`` for a run known to be no fork (``Store.load_log_rows``)."""
     rows = (store or current()).load_log_rows(run_id, shares=shares)
     cut = _last_compaction(rows) if trim else None
-    kept = rows if cut is None else [rows[0], *rows[cut:]]
-    texts = [message_text(kind, payload, start, end) for _, kind, payload, start, end in kept]
+    if cut is None:
+        kept = rows
+    else:
+        # The first message is kept whole: the task and the messages folded into it.
+        head_rows = 1
+        while head_rows < cut and rows[head_rows][1] == _MESSAGE:
+            head_rows += 1
+        kept = [*rows[:head_rows], *rows[cut:]]
+    texts: list[str] = []
+    for _, kind, payload, start, end in kept:
+        if kind == _MESSAGE:
+            # Folded into the message before it, as the live conversation did (``fold``).
+            merged = folded_message(texts[-1] if texts else None, payload)
+            if texts and texts[-1].startswith(_USER_OPEN):
+                texts[-1] = merged
+                continue
+            texts.append(merged)
+        else:
+            texts.append(message_text(kind, payload, start, end))
     turns = sum(1 for row in rows if row[1] == _MODEL_TURN)
     first_kind = rows[0][1] if rows and rows[0][0] == 0 else None
     last = StepRow(*rows[-1][:3]) if rows else None
     # Encoded once, as one chunk of the array.
     chunk = ",".join(texts).encode("utf-8")
     head = len(texts[0].encode("utf-8")) if texts and trim else None
-    conversation = Conversation(chunk, len(texts), trim=trim, head=head, total=len(rows))
+    last_start = len(chunk) - len(texts[-1].encode("utf-8")) if texts else 0
+    conversation = Conversation(
+        chunk, len(texts), trim=trim, head=head, total=len(rows), last=last_start
+    )
     return RunLog(conversation, turns, first_kind, last)
 
 

@@ -35,7 +35,7 @@ from durable_agents import llm, observers, signals
 from durable_agents._internal import db
 from durable_agents._internal.deepjson import loads_deep
 from durable_agents._internal.encryption import UndecryptableValue
-from durable_agents._internal.interrupt import Interrupt
+from durable_agents._internal.interrupt import MESSAGE, Interrupt
 from durable_agents._internal.text import json_text, storable_text
 from durable_agents.conf import app_settings
 from durable_agents.declare.agents import Agent, AgentNotFound, registry
@@ -104,6 +104,10 @@ DRIFT_ADVICE = (
 )
 
 T = TypeVar("T")
+
+
+class _MessageArrived(Exception):
+    """A user's message interrupted the model call in flight (``policy="interrupt"``)."""
 
 
 @dataclass
@@ -271,6 +275,8 @@ class RunAdvancer(ToolDispatch):
             if at.pending is None:
                 self._check_interrupt()
             if self._model_goes_next(at.last):
+                if at.last.kind != StepKind.MODEL_TURN:
+                    at = self._fold_messages(at)
                 at = self._model_step(agent, params, at)
             elif at.last.message.get("stop_reason") == "tool_use":
                 at = self._tool_step(agent, at)
@@ -327,7 +333,12 @@ class RunAdvancer(ToolDispatch):
         messages = at.conversation.json()
         self._check_key_budget(str(params["model"]), at.pending)
         grant = self._take_capacity(params, messages, at.pending)
-        turn = self._call_model(agent, params, messages, at.pending, grant, at.last.seq + 1)
+        try:
+            turn = self._call_model(agent, params, messages, at.pending, grant, at.last.seq + 1)
+        except _MessageArrived:
+            # The commit that went with the call ran before the call gave up (create_turn).
+            logger.info("run %s: model call abandoned for a user's message", self.run.pk)
+            return dataclasses.replace(at, pending=None)
         credentials.accepted()
         turn_tokens = tokens_of(turn.message)
         self.tokens += turn_tokens
@@ -357,9 +368,11 @@ class RunAdvancer(ToolDispatch):
                 # The last turn: commit it and end the run in one statement (which may also
                 # claim the worker's next run), with the validated answer if there is one.
                 last_step = dataclasses.replace(step, finish=(SUCCEEDED, text), output=output)
-                self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim)
-                self._settle(grant, turn)
-                raise self._finished(SUCCEEDED)
+                if self._commit(last_step, ms=turn.elapsed_ms, then_claim=self.then_claim):
+                    self._settle(grant, turn)
+                    raise self._finished(SUCCEEDED)
+                # Messages wait in the run's inbox: the answer is a turn like any other, and
+                # the model answers them next (_end_as_committed folds them).
         self._commit(step, ms=turn.elapsed_ms)
         self._settle(grant, turn)
         at.conversation.append(assistant_message(turn.body, turn.content_span))
@@ -407,7 +420,7 @@ class RunAdvancer(ToolDispatch):
             payload,
             effects=[final_effect] if final_effect else [],
         )
-        commit = functools.partial(
+        commit_step = functools.partial(
             self._commit,
             step,
             ms=(time.monotonic() - started) * 1000,
@@ -420,6 +433,10 @@ class RunAdvancer(ToolDispatch):
                 200,
             ),
         )
+
+        def commit() -> None:
+            commit_step()
+
         at.conversation.append(user_message(payload))
         after = _Position(at.conversation, at.turns, _Step(step.seq, StepKind.TOOL_RESULT, results))
         if (
@@ -445,14 +462,54 @@ class RunAdvancer(ToolDispatch):
         stop_reason = at.last.message.get("stop_reason")
         if stop_reason in FINAL_STOP_REASONS:
             text = text_of(at.last.message)
-            if agent.output is None:
-                self._finish(SUCCEEDED, result=text)
-            try:
-                output = agent.output.parse(text)
-            except InvalidOutput as refused:
-                return self._refuse_answer(agent, at, refused)
-            self._finish(SUCCEEDED, result=text, output=output)
+            output = None
+            if agent.output is not None:
+                try:
+                    output = agent.output.parse(text)
+                except InvalidOutput as refused:
+                    return self._refuse_answer(agent, at, refused)
+            if not self._succeed_unless_messages(text, output):
+                # A user wrote while the model answered: the run goes on with their messages.
+                return self._fold_messages(at)
+            raise self._finished(SUCCEEDED)
         self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
+
+    # -- the inbox (send_message) -----------------------------------------------------------
+
+    def _fold_messages(self, at: _Position) -> _Position:
+        """Commit the messages waiting in the run's inbox as a ``message`` step, before the
+        next model call: one index probe when none waits. The step marks them folded in its
+        own transaction (``Store.fold_messages``); the tool results still to be committed go
+        first, since the step's seq follows theirs. In the conversation the messages join the
+        user turn they follow, after its tool_result blocks (``history.folded_message``)."""
+        if not self.store.has_waiting_messages(self.run.pk):
+            return at
+        if at.pending is not None:
+            at.pending()
+            at.pending = None
+        waiting = self.store.waiting_messages(self.run.pk)
+        if not waiting:
+            return at
+        blocks = [{"type": "text", "text": message.text} for message in waiting]
+        payload = json_text(blocks)
+        step = StepWrite(at.last.seq + 1, StepKind.MESSAGE, payload)
+        ids = [message.pk for message in waiting]
+        started = time.monotonic()
+        folded = self.durably(
+            lambda: self.store.fold_messages(self.claim, step, ids), f"commit of step {step.seq}"
+        )
+        if not folded:
+            self._fence_failed()
+        self.lease.renewed(started)  # the step renewed the lease (counted from its first try)
+        observers.step_committed(StepKind.MESSAGE, time.monotonic() - started)
+        logger.info(
+            "run %s seq %d message committed (%d message(s) folded)",
+            self.run.pk,
+            step.seq,
+            len(ids),
+        )
+        at.conversation.fold(payload)
+        return _Position(at.conversation, at.turns, _Step(step.seq, StepKind.MESSAGE, blocks))
 
     # -- pinning ---------------------------------------------------------------------------
 
@@ -543,17 +600,26 @@ class RunAdvancer(ToolDispatch):
         seq: int,
     ) -> llm.ModelTurn:
         try:
-            return llm.create_turn(
-                params,
-                messages,
-                interrupt=self.interrupt,
-                stream=agent.stream,
-                on_text=observers.text_receivers(
-                    agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
-                ),
-                meanwhile=pending,
-                retry_rate_limits=False,
-            )
+            with self.interrupt.model_call() as call_interrupt:
+                try:
+                    return llm.create_turn(
+                        params,
+                        messages,
+                        interrupt=call_interrupt,
+                        stream=agent.stream,
+                        on_text=observers.text_receivers(
+                            agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
+                        ),
+                        meanwhile=pending,
+                        retry_rate_limits=False,
+                    )
+                except llm.ModelCallInterrupted as exc:
+                    if call_interrupt.reason == MESSAGE and not self.interrupt.is_set():
+                        # A user's message cut the call short: nothing of it is committed
+                        # (an abandoned call returns no usage), and the run calls again.
+                        self._give_back(grant)
+                        raise _MessageArrived from exc
+                    raise
         except llm.PermanentModelError as exc:
             self._give_back(grant)
             self._dead(exc.message + (f" (request id {exc.request_id})" if exc.request_id else ""))
@@ -721,17 +787,27 @@ class RunAdvancer(ToolDispatch):
         ms: float = 0.0,
         tool: str | None = None,
         then_claim: NextClaim | None = None,
-    ) -> None:
+    ) -> bool:
         """Commit ``step`` through ``Store.append_step`` (every step of the run is committed
-        here), or stop: the fence failed, or the database refused what was to be stored."""
+        here), or stop: the fence failed, or the database refused what was to be stored.
+        A step that ends the run goes through ``Store.append_last_step``: False when messages
+        wait in the run's inbox and nothing was committed (the run goes on)."""
         seq, kind = step.seq, step.kind
         started = time.monotonic()
         tries: list[float] = []
+        deferred: list[bool] = []
 
         def append() -> bool:
             tries.append(time.monotonic())
             # A retry claims no next run: the first try may have claimed one already.
-            return self.store.append_step(self.claim, step, then_claim if len(tries) == 1 else None)
+            next_claim = then_claim if len(tries) == 1 else None
+            if step.finish is None:
+                return self.store.append_step(self.claim, step, next_claim)
+            appended = self.store.append_last_step(self.claim, step, next_claim)
+            if appended is None:
+                deferred.append(True)
+                return True
+            return appended
 
         try:
             committed = self.durably(append, f"commit of step {seq}")
@@ -744,6 +820,8 @@ class RunAdvancer(ToolDispatch):
             )
         if not committed:
             self._fence_failed()
+        if deferred:
+            return False
         if step.finish is None:
             self.lease.renewed(tries[-1])  # the step renewed the lease
         observers.step_committed(kind, time.monotonic() - started)
@@ -755,6 +833,7 @@ class RunAdvancer(ToolDispatch):
             f" tool={tool}" if tool else "",
             ms,
         )
+        return True
 
     def durably(self, operation: Callable[[], T], what: str) -> T:
         """``operation``, a fenced write of this claim, tried again on a fresh connection when
@@ -816,6 +895,26 @@ class RunAdvancer(ToolDispatch):
 
         ended = self.durably(finish, f"end ({status})")
         return ended or (tries > 1 and self.store.current_status(self.run.pk) == status)
+
+    def _succeed_unless_messages(self, result: str, output: Any) -> bool:
+        """End the run as succeeded, unless messages wait in its inbox (False: nothing
+        changed); under the run's lock, as ``send_message`` takes it, so that no message is
+        accepted by a run that then ends without it."""
+        tries = 0
+
+        def finish() -> bool | None:
+            nonlocal tries
+            tries += 1
+            return self.store.finish_unless_messages(self.claim, result, output)
+
+        ended = self.durably(finish, f"end ({SUCCEEDED})")
+        if ended is None:
+            return False
+        if not ended and not (
+            tries > 1 and self.store.current_status(self.run.pk) == RunStatus.SUCCEEDED
+        ):
+            self._fence_failed()
+        return True
 
     def _finished(self, disposition: Disposition, error: str = "") -> Stop:
         """The run ended (committed already): log it, signal it, and return the ``Stop`` for

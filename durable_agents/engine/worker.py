@@ -844,10 +844,20 @@ class Worker:
     def _start_listener(self) -> None:
         if not self.listen:
             return
-        self.listener = self.connections.listener(self._wake.set, self._cancelled, self.stopping)
+        self.listener = self.connections.listener(
+            self._wake.set, self._cancelled, self.stopping, on_message=self._message_sent
+        )
         if self.listener is None:
             return
         threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
+
+    def _message_sent(self, run_id: str) -> None:
+        """A message asks to interrupt the run's model call (``send_message(...,
+        policy="interrupt")``): the call in flight, if any, is abandoned; a tool goes on."""
+        with self._lock:
+            item = next((i for key, i in self._held.items() if str(key) == run_id), None)
+        if item is not None:
+            item.interrupt.message_arrived()
 
     def _cancelled(self, run_id: str) -> None:
         """A cancellation notified by the database: interrupt its slot now, not at the next

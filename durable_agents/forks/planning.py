@@ -267,6 +267,11 @@ def _edited(step: AgentStep, edit: Any, task: str) -> tuple[str, str]:
             "model sent, and its thinking is signed. Fork at it without edit=, or edit the "
             f"tool results after it (step {step.seq + 1})"
         )
+    if step.kind == StepKind.MESSAGE:
+        raise ForkRefused(
+            f"step {step.seq} holds messages a user sent while the run worked, which cannot be "
+            "edited: fork at it without edit=, or fork before it"
+        )
     if step.kind == StepKind.TASK:
         if not isinstance(edit, str):
             raise ForkRefused(f"the edit of a task is a string, not {type(edit).__name__}")

@@ -1,4 +1,4 @@
-"""The eighteen tables of durable_agents, one module per group; every name is importable from
+"""The nineteen tables of durable_agents, one module per group; every name is importable from
 here (``from durable_agents.models import AgentRun``), and migrations name the custom fields
 by their path here (``durable_agents.models.JSONTextField``).
 
@@ -11,6 +11,7 @@ by their path here (``durable_agents.models.JSONTextField``).
     intents     tool_intent: irreversible calls decided by a person
     waits       agent_event, agent_question, agent_callback: what ends a run's wait
     live        agent_progress: what tool code says while it works
+    messages    agent_message: a run's inbox, what a user sent while the agent worked
     flow        agent_concurrency_key, model_capacity, capacity_event, agent_usage_day
     schedules   agent_schedule: agents on a clock
     metrics     agent_metrics: snapshots of the operations figures
@@ -33,6 +34,7 @@ from durable_agents.models.forks import SharedSteps, steps_of
 from durable_agents.models.ids import new_run_id, short_id, step_part, time_of
 from durable_agents.models.intents import IntentStatus, ToolIntent, ToolIntentQuerySet
 from durable_agents.models.live import AgentProgress
+from durable_agents.models.messages import AgentMessage
 from durable_agents.models.metrics import MetricsSnapshot
 from durable_agents.models.runs import (
     CANCELLABLE_STATUSES,
@@ -78,6 +80,7 @@ __all__ = [
     "WORKER_ROWS_KEPT",
     "AgentCallback",
     "AgentEvent",
+    "AgentMessage",
     "AgentProgress",
     "AgentQuestion",
     "AgentRun",

@@ -17,6 +17,9 @@ class StepKind(models.TextChoices):
     TASK = "task", _("Task")
     MODEL_TURN = "model_turn", _("Model turn")
     TOOL_RESULT = "tool_result", _("Tool result")
+    # Messages a user sent while the run worked (agent_message), folded into the user turn
+    # they follow: after its tool_result blocks, as text blocks (engine/history.py).
+    MESSAGE = "message", _("Message")
 
 
 class AgentStep(models.Model):

@@ -67,7 +67,7 @@ CLAIM_OUTCOMES = (
 MODEL_OUTCOMES = ("ok", "retried", "transient_error", "permanent_error")
 TOOL_OUTCOMES = ("ok", "error", "timeout", "retried")
 EFFECTS = ("pure", "idempotent", "non_idempotent", "irreversible")
-STEP_KINDS = ("model_turn", "tool_result")
+STEP_KINDS = ("model_turn", "tool_result", "message")
 
 # Seconds. A model turn takes from under a second to minutes (long generations, thinking);
 # a step commit about a millisecond; a tool anything up to TOOL_TIMEOUT (600 s).

@@ -87,9 +87,16 @@ def _check_tool_results(messages: list[Any]) -> None:
             previous_ids = [b.get("id") for b in blocks if b["type"] == "tool_use"]
             continue
         answered: set[str] = set()
+        other_before: int | None = None
         for j, b in enumerate(blocks):
             if b["type"] != "tool_result":
+                other_before = j if other_before is None else other_before
                 continue
+            if other_before is not None:
+                raise invalid(
+                    f"messages.{i}.content.{j}: `tool_result` blocks must come first in the "
+                    f"content of a user message; block {other_before} is not one"
+                )
             ref = b.get("tool_use_id")
             if ref not in previous_ids:
                 raise invalid(

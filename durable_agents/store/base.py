@@ -80,6 +80,7 @@ from durable_agents.models import (
     STEP_PAYLOAD,
     AgentCallback,
     AgentEvent,
+    AgentMessage,
     AgentQuestion,
     AgentRun,
     AgentWorker,
@@ -723,6 +724,71 @@ class Store(abc.ABC):
             self.wake_parent(parent_id)
         except Exception:  # the child's end is committed; the sweep repairs
             logger.exception("waking parent run %s failed; housekeeping will", parent_id)
+
+    # -- a run's inbox (store/inbox.py on the database stores) -----------------------------
+
+    def queue_message(
+        self,
+        run_id: RunId,
+        text: str,
+        key: str | None,
+        user: AuthUser = None,
+        *,
+        busy_refused: bool = False,
+    ) -> tuple[AgentMessage, bool]:
+        """Queue ``text`` in the run's inbox, under the run's lock: the message and True, or
+        the message queued before with ``key`` and False (whatever the run's status now).
+        ``RunNotFound``, ``RunFinished`` for a run that is over, and with ``busy_refused``
+        ``RunBusy`` for a pending or running one; nothing is queued then."""
+        from durable_agents.store import inbox
+
+        return inbox.queue_message(run_id, text, key, user, busy_refused=busy_refused)
+
+    def has_waiting_messages(self, run_id: RunId) -> bool:
+        """Whether messages wait in the run's inbox (one index probe, before a model call)."""
+        from durable_agents.store import inbox
+
+        return inbox.has_waiting(run_id)
+
+    def waiting_messages(self, run_id: RunId) -> list[AgentMessage]:
+        """The run's messages not folded yet, in the order they were sent."""
+        from durable_agents.store import inbox
+
+        return inbox.waiting_messages(run_id)
+
+    def fold_messages(self, claim: Claim, step: StepWrite, ids: Sequence[int]) -> bool:
+        """Commit ``step`` (``append_step``, fenced) and mark the messages ``ids`` folded at
+        its seq, in one transaction. False: the fence failed, nothing changed."""
+        from durable_agents.store import inbox
+
+        return inbox.fold_messages(self, claim, step, ids)
+
+    def finish_unless_messages(
+        self, claim: Claim, result: str | None, output: Any = None
+    ) -> bool | None:
+        """End the run as succeeded (``finish_run``) unless messages wait in its inbox (None:
+        nothing changed), under the run's lock as ``append_last_step``: for a run whose final
+        answer an earlier claim committed."""
+        from durable_agents.store import inbox
+
+        return inbox.finish_unless_messages(self, claim, result, output)
+
+    def interrupt_model_call(self, run_id: RunId) -> None:
+        """Ask the worker holding the run to abandon its model call in flight, if any
+        (``send_message(..., policy="interrupt")``). A store without notifications does
+        nothing: the message waits for the next turn boundary, as a queued one does."""
+        return None
+
+    def append_last_step(
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
+    ) -> bool | None:
+        """``append_step`` of a step that ends the run, unless messages wait in its inbox
+        (None: nothing appended, the run goes on to answer them), decided under the run's
+        lock, which ``queue_message`` takes too: no message is accepted by a run that then
+        ends without it."""
+        from durable_agents.store import inbox
+
+        return inbox.append_last_step(self, claim, step, then_claim)
 
     # -- operations on any run -----------------------------------------------------------
 

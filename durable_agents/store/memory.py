@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from durable_agents._internal.text import storable_text
 from durable_agents.declare.agents import registry
+from durable_agents.exceptions import RunNotFound
 from durable_agents.flow.capacity.gate import CapacityGate
 from durable_agents.flow.capacity.memory import InMemoryCapacity
 from durable_agents.flow.pricing import add_cost
@@ -40,6 +41,7 @@ from durable_agents.models import (
     CLAIMABLE_STATUSES,
     AgentCallback,
     AgentEvent,
+    AgentMessage,
     AgentQuestion,
     AgentRun,
     AgentStep,
@@ -52,7 +54,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
-from durable_agents.store import concurrency, memory_waits
+from durable_agents.store import concurrency, inbox, memory_waits
 from durable_agents.store.base import (
     MAX_REASON_CHARS,
     RUN_CANCELLED,
@@ -113,6 +115,7 @@ class InMemoryStore(Store):
         self.events: dict[str, AgentEvent] = {}
         self.questions: dict[str, AgentQuestion] = {}  # by the asking call's key
         self.callbacks: dict[str, AgentCallback] = {}  # by the call's key
+        self.inboxes: dict[RunId, list[AgentMessage]] = {}  # agent_message, by run
         self._row_ids = itertools.count(1)
         # The daily rollup, by (day, concurrency_key, agent, model, shard) as in the table.
         self.usage_days: UsageRows = {}
@@ -596,6 +599,72 @@ class InMemoryStore(Store):
                 else:
                     then_claim.give_back()
             return True
+
+    # -- the inbox (store/inbox.py's operations, with a list per run) -------------------
+
+    def queue_message(
+        self,
+        run_id: RunId,
+        text: str,
+        key: str | None,
+        user: Any = None,
+        *,
+        busy_refused: bool = False,
+    ) -> tuple[AgentMessage, bool]:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is None:
+                raise RunNotFound(f"there is no run {run_id}")
+            box = self.inboxes.setdefault(run_id, [])
+            if key is not None:
+                for earlier in box:
+                    if earlier.key == key:
+                        return earlier, False
+            inbox.refuse(run_id, run.status, busy_refused=busy_refused)
+            message = AgentMessage(
+                id=next(self._row_ids),
+                run_id=run_id,
+                text=text,
+                key=key,
+                sent_by=user,
+                created_at=self.now(),
+            )
+            box.append(message)
+            return message, True
+
+    def waiting_messages(self, run_id: RunId) -> list[AgentMessage]:
+        with self.lock:
+            return [m for m in self.inboxes.get(run_id, []) if m.folded_seq is None]
+
+    def has_waiting_messages(self, run_id: RunId) -> bool:
+        return bool(self.waiting_messages(run_id))
+
+    def fold_messages(self, claim: Claim, step: StepWrite, ids: Sequence[int]) -> bool:
+        with self.lock:
+            if not self.append_step(claim, step):
+                return False
+            chosen = [m for m in self.inboxes.get(claim.run_id, []) if m.id in ids]
+            for message in chosen:
+                if message.folded_seq is None:
+                    message.folded_seq = step.seq
+                    message.folded_at = self.now()
+            return all(m.folded_seq == step.seq for m in chosen) and len(chosen) == len(ids)
+
+    def finish_unless_messages(
+        self, claim: Claim, result: str | None, output: Any = None
+    ) -> bool | None:
+        with self.lock:
+            if self.has_waiting_messages(claim.run_id):
+                return None
+            return self.finish_run(claim, RunStatus.SUCCEEDED, result=result, output=output)
+
+    def append_last_step(
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
+    ) -> bool | None:
+        with self.lock:
+            if self.has_waiting_messages(claim.run_id):
+                return None
+            return self.append_step(claim, step, then_claim)
 
     def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:
         if step.usage is None:

@@ -51,6 +51,7 @@ from typing import Any
 from django.db import DataError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from durable_agents._internal import db
 from durable_agents.models import (
     AgentCallback,
     AgentEvent,
@@ -273,6 +274,13 @@ class PostgresStore(Store):
         appended, poisoned_parent = postgres_steps.finish_and_claim(params, then_claim)
         self.child_ended(poisoned_parent)  # the next run's, if it was dead-lettered as poison
         return appended
+
+    def interrupt_model_call(self, run_id: RunId) -> None:
+        """A notification ``message:<run id>`` on the workers' channel (sent when the caller's
+        transaction commits, after the message it is about): the worker holding the run
+        abandons its model call in flight (engine/worker.py)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [db.CHANNEL, f"message:{run_id}"])
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
         """One statement; the run row stays locked until the intent row is updated."""

@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from durable_agents.declare.agents import Agent, registry
+from durable_agents.exceptions import RunBusy, RunFinished, RunNotFound
 from durable_agents.flow.pricing import Usage, add_cost
 from durable_agents.models import (
     AgentRun,
@@ -700,3 +701,53 @@ def test_a_debounced_start_of_a_key_started_without_debounce_changes_nothing(env
     assert again.pk == plain
     run = env.run(plain)
     assert (run.status, run.task, run.wake_at) == (RunStatus.PENDING, "plain", None)
+
+
+# --------------------------------------------------------------------------- the inbox
+
+
+def test_messages_queue_once_per_key_and_fold_with_the_step_that_carries_them(env: Env) -> None:
+    run_id = env.start()
+    first, created = env.store.queue_message(run_id, "one", "k1")
+    assert created
+    again, created = env.store.queue_message(run_id, "one again", "k1")
+    assert (again.pk, again.text, created) == (first.pk, "one", False)
+    second, _ = env.store.queue_message(run_id, "two", None)
+    assert env.store.has_waiting_messages(run_id)
+    assert [m.text for m in env.store.waiting_messages(run_id)] == ["one", "two"]
+    claim = env.claim(run_id)
+    step = StepWrite(1, StepKind.MESSAGE, '[{"type":"text","text":"one"}]')
+    # A stale claim folds nothing: the messages wait for the lease holder.
+    env.expire(run_id)
+    fresh = env.claim(run_id, "w2")
+    assert not env.store.fold_messages(claim, step, [first.pk])
+    assert [m.text for m in env.store.waiting_messages(run_id)] == ["one", "two"]
+    assert env.store.fold_messages(fresh, step, [first.pk])
+    assert [m.text for m in env.store.waiting_messages(run_id)] == ["two"]
+    # A retry whose first try landed is the same fold, not a second delivery.
+    assert env.store.fold_messages(fresh, step, [first.pk])
+    assert env.seqs(run_id) == [0, 1]
+    # The run cannot end while a message waits; once it is folded it can.
+    last = StepWrite(2, StepKind.MODEL_TURN, "{}", finish=(RunStatus.SUCCEEDED, "done"))
+    assert env.store.append_last_step(fresh, last) is None
+    assert env.run(run_id).status == RunStatus.RUNNING
+    fold = StepWrite(2, StepKind.MESSAGE, '[{"type":"text","text":"two"}]')
+    assert env.store.fold_messages(fresh, fold, [second.pk])
+    assert not env.store.has_waiting_messages(run_id)
+    last = dataclasses.replace(last, seq=3)
+    assert env.store.append_last_step(fresh, last) is True
+    assert env.run(run_id).status == RunStatus.SUCCEEDED
+    with pytest.raises(RunFinished, match=r"has ended \(succeeded\)"):
+        env.store.queue_message(run_id, "late", None)
+    # A retry of a message sent before the end still returns it.
+    assert env.store.queue_message(run_id, "one", "k1")[0].pk == first.pk
+
+
+def test_reject_refuses_a_working_run_and_an_unknown_run_is_not_found(env: Env) -> None:
+    run_id = env.start()
+    with pytest.raises(RunBusy):
+        env.store.queue_message(run_id, "hi", None, busy_refused=True)
+    assert park(env, run_id, WaitSpec(WaitKind.TIMER, "k", seconds=60))[0] == Parked.PARKED
+    assert env.store.queue_message(run_id, "hi", None, busy_refused=True)[1]
+    with pytest.raises(RunNotFound):
+        env.store.queue_message(uuid.uuid4(), "hi", None)

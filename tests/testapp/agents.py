@@ -188,6 +188,7 @@ from tests.testapp import (  # noqa: E402, F401
     context_agents,
     fuzz_agents,
     inflight_agents,
+    message_agents,
     rollout_agents,
     wait_agents,
 )

@@ -74,6 +74,12 @@ TWINS = [
     ("aset_key_budget", "set_key_budget", ("tenant:a", 5), {"user": "u"}),
     ("aset_key_limit", "set_key_limit", ("tenant:a", 2), {"user": "u"}),
     ("aanswer_question", "answer_question", ("r", "yes"), {"user": "u", "question_id": 4}),
+    (
+        "asend_message",
+        "send_message",
+        ("r", "also March"),
+        {"policy": "reject", "key": "k", "user": "u"},
+    ),
     ("aupgrade_runs", "upgrade_runs", ("a", "1", "2"), {"run_ids": ["r"], "user": "u"}),
     ("acarry_over_runs", "carry_over_runs", ("a", "1", "2"), {"run_ids": ["r"], "user": "u"}),
 ]

@@ -33,6 +33,8 @@ CONTROL_FLOW = {
     "durable_agents.declare.output.InvalidOutput",
     "durable_agents.webhooks.TemplateProblem",  # becomes a system check's message (E075)
     "durable_agents.schedules.firing._TogetherRefused",  # private: retries a batch one by one
+    # A user's message cut the model call short: the runner calls again with it.
+    "durable_agents.engine.runner._MessageArrived",
 }
 
 
