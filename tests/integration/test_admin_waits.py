@@ -913,9 +913,9 @@ def test_run_page_queries_do_not_grow_with_children_or_questions(
     assert _queries(admin_client, run_url(many)) == _queries(admin_client, run_url(more))
     # The run page's queries (session, user, run, transcript: 7) plus, at most, the runs
     # awaited, the questions and their count, the children and their count, and the cost of
-    # its descendants (one recursive query), its forks, and (an active run) the newest progress
-    # message, where its live box starts.
-    with django_assert_max_num_queries(15):
+    # its descendants (one recursive query), its forks, (an active run) the newest progress
+    # message, where its live box starts, and the messages waiting in its inbox.
+    with django_assert_max_num_queries(16):
         page = admin_client.get(run_url(many)).content.decode()
     assert "Child runs (150)" in page
     assert "50 more not listed" in page
