@@ -499,6 +499,38 @@ def _cap(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _check_options(func: Callable[..., Any], effect: str, timeout: object, retry: object) -> None:
+    """``@tool``'s timeout and retry policy, checked at definition."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise _definition_error(func, "timeout must be a positive number of seconds")
+    if retry is not None and not isinstance(retry, Retry):
+        raise _definition_error(
+            func, f"retry takes a Retry(attempts=..., backoff=..., on=...), not {retry!r}"
+        )
+    if retry is not None and effect == EffectClass.IRREVERSIBLE:
+        raise _definition_error(
+            func,
+            "an irreversible tool is never retried: a person approves each execution, and a "
+            "failed one is the model's to handle; remove retry=",
+        )
+
+
+def _input_schema(func: Callable[..., Any], given: object) -> dict[str, Any]:
+    """The tool's input schema: the one given (checked, a private copy: the definition is
+    fingerprinted and must not change under us), else derived from the signature."""
+    if given is None:
+        return schema_from_signature(func)
+    if not isinstance(given, dict):
+        raise TypeError(f"tool {_qualname(func)}: input_schema must be a dict")
+    try:
+        jsonschema.Draft202012Validator.check_schema(given)
+    except jsonschema.SchemaError as exc:
+        raise _definition_error(func, f"invalid input_schema: {exc.message}") from exc
+    return copy.deepcopy(given)
+
+
 class Tool:
     """A function the model may call, with its effect and the JSON schema of its input."""
 
@@ -515,24 +547,10 @@ class Tool:
     ) -> None:
         if not callable(func):
             raise TypeError(f"@tool decorates a function, not {func!r}")
-        qualname = _qualname(func)
         if effect not in EFFECTS:
             raise _definition_error(func, f"{effect!r} is not an effect. {_how_to_declare()}")
         signature = _check_signature(func)
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise _definition_error(func, "timeout must be a positive number of seconds")
-        if retry is not None and not isinstance(retry, Retry):
-            raise _definition_error(
-                func, f"retry takes a Retry(attempts=..., backoff=..., on=...), not {retry!r}"
-            )
-        if retry is not None and effect == EffectClass.IRREVERSIBLE:
-            raise _definition_error(
-                func,
-                "an irreversible tool is never retried: a person approves each execution, and a "
-                "failed one is the model's to handle; remove retry=",
-            )
+        _check_options(func, effect, timeout, retry)
 
         self.func = func
         # Seconds one call may take (None: the agent's tool_timeout, else TOOL_TIMEOUT).
@@ -553,17 +571,7 @@ class Tool:
         doc_description, _ = _split_docstring(func.__doc__)
         self.description = doc_description if description is None else description
 
-        if input_schema is None:
-            self.input_schema = schema_from_signature(func)
-        else:
-            if not isinstance(input_schema, dict):
-                raise TypeError(f"tool {qualname}: input_schema must be a dict")
-            try:
-                jsonschema.Draft202012Validator.check_schema(input_schema)
-            except jsonschema.SchemaError as exc:
-                raise _definition_error(func, f"invalid input_schema: {exc.message}") from exc
-            # A private copy: the definition is fingerprinted and must not change under us.
-            self.input_schema = copy.deepcopy(input_schema)
+        self.input_schema = _input_schema(func, input_schema)
 
         self.takes_idempotency_key = IDEMPOTENCY_KEY in signature.parameters
         self._key_has_default = (

@@ -423,38 +423,8 @@ class ToolDispatch:
         retry = False
         failure = ""
         retries_left = tool.retry is not None and attempt < tool.retry.attempts
-        key = call.key
-        sent = call.receiver_key
-        # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
-        context = waits.CallContext(
-            self.run.pk, self.run.depth, key, call.seq, metadata=self.run.metadata
-        )
-        # The run, for a tool with a parameter annotated RunContext (built only for those).
-        run_context = (
-            None
-            if tool.run_context_parameter is None
-            else self.run.run_context(attempt=self.claim.attempt, tool=tool.name)
-        )
-
-        def run_call(abort: threading.Event) -> Any:
-            with waits.calling(context):
-                return tool.invoke(
-                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
-                )
-
-        async def call_async() -> Any:
-            with waits.calling(context):
-                return await tool.invoke(
-                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
-                )
-
         try:
-            if tool.is_async:
-                value = calls.await_abortable(call_async, interrupt, timeout=timeout)
-            else:
-                value = calls.run_abortable(
-                    run_call, interrupt, timeout=timeout, permits=calls.tool_permits()
-                )
+            value = self._invoke_once(tool, call, interrupt, timeout, woken_by)
         except waits.Wait as wait:
             if tool.effect is not EffectClass.IRREVERSIBLE:
                 raise WaitRaised(wait) from None
@@ -509,6 +479,46 @@ class ToolDispatch:
             (time.monotonic() - started) * 1000,
         )
         return CallOutcome(text, is_error, timed_out, retry, failure)
+
+    def _invoke_once(
+        self,
+        tool: Tool,
+        call: ToolCall,
+        interrupt: Interrupt,
+        timeout: float,
+        woken_by: dict[str, Any] | None,
+    ) -> Any:
+        """One attempt of the call: the tool invoked on a caller thread (or the tools' event
+        loop) that the worker can walk away from, with what tool code may ask of its call."""
+        # What spawn_run inside the tool needs: set on the thread (or task) that runs it.
+        context = waits.CallContext(
+            self.run.pk, self.run.depth, call.key, call.seq, metadata=self.run.metadata
+        )
+        # The run, for a tool with a parameter annotated RunContext (built only for those).
+        run_context = (
+            None
+            if tool.run_context_parameter is None
+            else self.run.run_context(attempt=self.claim.attempt, tool=tool.name)
+        )
+        sent = call.receiver_key
+
+        def run_call(abort: threading.Event) -> Any:
+            with waits.calling(context):
+                return tool.invoke(
+                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
+                )
+
+        async def call_async() -> Any:
+            with waits.calling(context):
+                return await tool.invoke(
+                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
+                )
+
+        if tool.is_async:
+            return calls.await_abortable(call_async, interrupt, timeout=timeout)
+        return calls.run_abortable(
+            run_call, interrupt, timeout=timeout, permits=calls.tool_permits()
+        )
 
     def _log_tool_error(self, tool: Tool, exc: BaseException) -> None:
         """A tool's exception is the model's news, not the worker's failure: one line at
