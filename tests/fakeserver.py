@@ -6,6 +6,11 @@ exercised, and the test process sees every body the workers sent.
 
 ``FakeAnthropic(rate_limits=RateLimits(...))`` limits requests as the API does (the offline
 model's limiter): 429s with ``retry-after`` and the ``anthropic-ratelimit-*`` headers.
+
+The Message Batches endpoints (``/v1/messages/batches``, GET and POST) are answered by the
+model's ``BatchDesk`` (``fake.batches``; a new one per fake unless ``batches=`` is given); their
+calls are recorded in ``batch_calls``, not in ``requests`` (the Messages calls), and never take a
+``fail_next`` fault: those are for Messages calls.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from durable_agents._internal.deepjson import loads_deep
-from durable_agents.offline import RateLimits, ScriptedModel
+from durable_agents.offline import BatchDesk, RateLimits, ScriptedModel
+from durable_agents.offline.batches import is_batch_path
 from durable_agents.offline.transport import SHUTDOWN_POLL
 
 Fault = tuple[int, dict[str, str], bytes]
@@ -37,6 +43,8 @@ class Recorded:
     events_sent: int = 0
     cut: bool = False
     client_closed: bool = False
+    method: str = "POST"
+    path: str = "/v1/messages"
 
     def json(self) -> dict[str, Any]:
         return json.loads(self.body)
@@ -57,9 +65,13 @@ def api_error(status: int, error_type: str, message: str, **headers: str) -> Fau
 
 
 class FakeAnthropic:
-    def __init__(self, rate_limits: RateLimits | None = None) -> None:
-        self.model = ScriptedModel(rate_limits=rate_limits)
+    def __init__(
+        self, rate_limits: RateLimits | None = None, batches: BatchDesk | None = None
+    ) -> None:
+        desk = batches if batches is not None else BatchDesk()
+        self.model = ScriptedModel(rate_limits=rate_limits, batches=desk)
         self.requests: list[Recorded] = []
+        self.batch_calls: list[Recorded] = []
         self._faults: list[Fault] = []
         self._cuts: list[int] = []
         self._lock = threading.Lock()
@@ -78,16 +90,25 @@ class FakeAnthropic:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                if fake._is_stream(body):
+                if is_batch_path(self.path):
+                    status, out_headers, out = fake._batch(self.command, self.path, headers, body)
+                elif self.command != "POST":  # no Messages call: the model's 404, no fault
+                    status, out_headers, out = fake.model.respond(
+                        self.command, self.path, headers, body
+                    )
+                elif fake._is_stream(body):
                     fake._stream(self, headers, body)
                     return
-                status, out_headers, out = fake._answer(self.command, self.path, headers, body)
+                else:
+                    status, out_headers, out = fake._answer(self.command, self.path, headers, body)
                 self.send_response(status)
                 for key, value in out_headers.items():
                     self.send_header(key, value)
                 self.send_header("content-length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
+
+            do_GET = do_DELETE = do_POST
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -98,6 +119,11 @@ class FakeAnthropic:
             target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL}, daemon=True
         )
         self._thread.start()
+
+    @property
+    def batches(self) -> BatchDesk:
+        """The model's Message Batches: its knobs, faults and statistics."""
+        return self.model.batches
 
     @property
     def base_url(self) -> str:
@@ -164,6 +190,16 @@ class FakeAnthropic:
         status, out_headers, out = fault or self.model.respond(method, path, headers, body)
         with self._lock:
             self.requests.append(Recorded(body, headers, status, answer_headers=out_headers))
+        return status, out_headers, out
+
+    def _batch(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Fault:
+        """A Message Batches call: answered by the model's desk, recorded in ``batch_calls``."""
+        status, out_headers, out = self.model.respond(method, path, headers, body)
+        record = Recorded(
+            body, headers, status, answer_headers=out_headers, method=method, path=path
+        )
+        with self._lock:
+            self.batch_calls.append(record)
         return status, out_headers, out
 
     def ok_requests(self) -> list[Recorded]:

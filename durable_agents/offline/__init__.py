@@ -18,6 +18,13 @@ it limits requests per minute and input and output tokens per minute as the API 
 buckets, 429 ``rate_limit_error`` answers with ``retry-after``, ``anthropic-ratelimit-*``
 headers on every answer; see ``durable_agents.offline.limits``.
 
+The Message Batches API (``/v1/messages/batches``: create, list, retrieve, results, cancel,
+delete) is answered by a ``BatchDesk`` (``ScriptedModel(batches=...)``; by default one
+process-wide desk shared by every model): each request of a batch is answered by the model as
+a direct request would be, when the batch ends, and its result line holds the answer's exact
+bytes. Its knobs (processing time on a clock, expired and errored shares, a queue limit), its
+faults for tests of bad input and its statistics are in ``durable_agents.offline.batches``.
+
 Long transcripts (server-side compaction, context editing, automatic prompt caching) are
 modelled as the real API documents them; see ``durable_agents.offline.compaction``.
 
@@ -28,6 +35,7 @@ One module per job:
 - ``requests``: a request checked as the API checks it (fields, roles, signatures, caching);
 - ``compaction``: the compaction edit, the block it writes and the view of a request after it;
 - ``model``: ``ScriptedModel``, the answer to one request;
+- ``batches``: ``BatchDesk``, the Message Batches endpoints (batches, results, faults, stats);
 - ``limits``: ``RateLimits``, the API's rate limits (token buckets, 429s, their headers);
 - ``sse``: the answer as server-sent events;
 - ``transport``: ``offline_client`` (in-process) and ``OfflineServer`` (a real HTTP server);
@@ -35,6 +43,7 @@ One module per job:
 """
 
 from durable_agents._internal.deepjson import dumps_deep, loads_deep
+from durable_agents.offline.batches import BatchDesk, BatchStats, shared_batch_desk
 from durable_agents.offline.compaction import (
     COMPACT_BETA,
     CONTEXT_EDITING_BETA,
@@ -61,6 +70,8 @@ __all__ = [
     "OFFLINE_MIN_COMPACTION_TRIGGER",
     "RETIRED_MODELS",
     "Admission",
+    "BatchDesk",
+    "BatchStats",
     "OfflineServer",
     "PlanCall",
     "RateLimits",
@@ -75,6 +86,7 @@ __all__ = [
     "loads_deep",
     "offline_client",
     "parse_script",
+    "shared_batch_desk",
     "sign",
     "turn_directive",
 ]

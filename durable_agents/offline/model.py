@@ -1,11 +1,13 @@
 """The offline model: ``ScriptedModel`` answers ``POST /v1/messages`` as a pure function of the
 request, playing the script written in the task; given ``RateLimits``, it also limits requests
-as the API does (429s, ``anthropic-ratelimit-*`` headers)."""
+as the API does (429s, ``anthropic-ratelimit-*`` headers). The Message Batches endpoints
+(``/v1/messages/batches``) go to its ``BatchDesk``."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import httpx2
 
 from durable_agents._internal.deepjson import loads_deep
+from durable_agents.offline.batches import BatchDesk, is_batch_path, shared_batch_desk
 from durable_agents.offline.compaction import (
     CompactionEdit,
     View,
@@ -105,20 +108,36 @@ class ScriptedModel:
     output tokens when its answer is complete; a request some bucket cannot serve gets a 429
     ``rate_limit_error`` with ``retry-after``, and every answer the ``anthropic-ratelimit-*``
     headers. A task may name its concurrency key with a ``[key:NAME]`` marker, counted in
-    ``rate_limits.stats()``."""
+    ``rate_limits.stats()``.
+
+    ``batches``: the ``BatchDesk`` that answers the Message Batches endpoints (by default the
+    process-wide one, shared by every model not given one); a batch's requests are answered by
+    this model as direct requests are, without the rate limits (batches have limits of their
+    own) or the script's latency. ``direct_calls`` counts the ``POST /v1/messages`` requests
+    (those outside any batch)."""
 
     def __init__(
-        self, secret: bytes = DEFAULT_SECRET, *, rate_limits: RateLimits | None = None
+        self,
+        secret: bytes = DEFAULT_SECRET,
+        *,
+        rate_limits: RateLimits | None = None,
+        batches: BatchDesk | None = None,
     ) -> None:
         self.secret = secret
         self.rate_limits = rate_limits
+        self.batches = batches if batches is not None else shared_batch_desk()
+        self.direct_calls = 0
+        self._calls_lock = threading.Lock()
 
     # -- transport adapters --------------------------------------------------------------
 
     def handle(self, request: httpx2.Request) -> httpx2.Response:
         """Handler for ``httpx2.MockTransport``; streamed requests get a streamed body."""
+        path = request.url.path
+        if is_batch_path(path) and request.url.query:
+            path += "?" + request.url.query.decode("ascii")  # the list's paging
         status, headers, chunks = self.respond_stream(
-            request.method, request.url.path, request.headers, request.read()
+            request.method, path, request.headers, request.read()
         )
         return httpx2.Response(status, headers=headers, content=chunks)
 
@@ -128,6 +147,9 @@ class ScriptedModel:
         """Like ``respond``, but a request with ``"stream": true`` is answered with server-sent
         events (``@@chunk_latency`` seconds apart) that assemble into exactly the message
         ``respond`` would have returned."""
+        if is_batch_path(path):
+            status, out_headers, out = self.respond(method, path, headers, body)
+            return status, out_headers, iter([out])
         try:
             streamed = loads_deep(body).get("stream") is True
         except (ValueError, AttributeError, UnicodeDecodeError):
@@ -135,6 +157,7 @@ class ScriptedModel:
         if not streamed:
             status, out_headers, out = self.respond(method, path, headers, body)
             return status, out_headers, iter([out])
+        self._count_direct(method, path)
         request_id = "req_offline_" + hex24("request", method, path, body)
         try:
             answer = self._answer(method, path, body, request_id, streamed=True, headers=headers)
@@ -167,6 +190,9 @@ class ScriptedModel:
     # -- the API -------------------------------------------------------------------------
 
     def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
+        if is_batch_path(path):
+            return self.batches.respond(method, path, headers, body, self._batch_answer)
+        self._count_direct(method, path)
         request_id = "req_offline_" + hex24("request", method, path, body)
         try:
             answer = self._answer(method, path, body, request_id, headers=headers)
@@ -181,6 +207,22 @@ class ScriptedModel:
             assert self.rate_limits is not None
             self.rate_limits.settle(admission, billed_output_tokens(answer.payload["usage"]))
         return 200, self._headers(request_id), self._dump(answer.payload)
+
+    def _batch_answer(self, headers: Mapping[str, str], body: bytes) -> Response:
+        """The answer to one request of a batch: the bytes ``respond`` gives for it, without the
+        rate limits or the script's latency."""
+        request_id = "req_offline_" + hex24("request", "POST", MESSAGES_PATH, body)
+        try:
+            answer = self._answer("POST", MESSAGES_PATH, body, request_id, headers=headers)
+        except RequestError as e:
+            return self._error(e, request_id)
+        headers = {"content-type": "application/json", "request-id": request_id}
+        return 200, headers, self._dump(answer.payload)
+
+    def _count_direct(self, method: str, path: str) -> None:
+        if method.upper() == "POST" and path.split("?", 1)[0].rstrip("/") == MESSAGES_PATH:
+            with self._calls_lock:
+                self.direct_calls += 1
 
     def _headers(self, request_id: str) -> dict[str, str]:
         headers = {"content-type": "application/json", "request-id": request_id}
