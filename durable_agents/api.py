@@ -163,6 +163,7 @@ def start_run(
     concurrency_key: str | None = None,
     debounce: float | None = None,
     metadata: dict[str, Any] | None = None,
+    batch: bool | None = None,
 ) -> AgentRun:
     """Create a pending run pinned to the agent's version, model and fingerprint, with its
     task as step 0. Raises ``AgentNotFound`` for an unknown agent or version.
@@ -212,6 +213,11 @@ def start_run(
     secrets in it. Its child runs and its forks have it too. At most 64 kB as JSON, 100 levels
     deep, without NUL or lone surrogates. A debounced call replaces it, as it does the task.
 
+    ``batch``: send the run's model turns through Message Batches (True), or directly
+    (False); None (the default) does as its agent says (``Agent(batch=...)``). A turn in a
+    batch costs half and arrives within hours (at most a day); the run waits for it without a
+    worker (``waiting_for == "batch"``), and does not stream, even when its agent does.
+
     A bad key, priority, concurrency key, debounce or metadata is an ``InvalidArgument`` (a
     ``ValueError``), and nothing is created."""
     stored_metadata = {} if metadata is None else check_metadata(metadata)
@@ -227,6 +233,10 @@ def start_run(
     run.priority = priority
     run.concurrency_key = concurrency_key
     run.metadata = stored_metadata
+    if batch is not None:
+        if not isinstance(batch, bool):
+            raise InvalidArgument(f"batch= is True, False or None, not {type(batch).__name__}")
+        run.batch = batch
     task_payload = json.dumps(task, ensure_ascii=False)
     if debounce is not None:
         return current().debounce_run(run, task_payload, float(debounce))
@@ -370,6 +380,7 @@ def _new_run(agent: str, task: str, version: str | None, model: str | None) -> A
         # Every claim of the run joins the caller's trace (a child run: its parent's tool call).
         trace_context=observers.trace_context(),
         concurrency_limit=definition.concurrency_limit,
+        batch=definition.batch,
     )
 
 
@@ -928,6 +939,7 @@ async def astart_run(
     concurrency_key: str | None = None,
     debounce: float | None = None,
     metadata: dict[str, Any] | None = None,
+    batch: bool | None = None,
 ) -> AgentRun:
     """``start_run`` for async code."""
     return await sync_to_async(start_run)(
@@ -940,6 +952,7 @@ async def astart_run(
         concurrency_key=concurrency_key,
         debounce=debounce,
         metadata=metadata,
+        batch=batch,
     )
 
 

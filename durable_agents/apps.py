@@ -25,6 +25,7 @@ class DurableAgentsConfig(AppConfig):
         from durable_agents.housekeeping import serving, sweeps  # noqa: F401
         from durable_agents.live import publish  # noqa: F401
         from durable_agents.observe import telemetry
+        from durable_agents.batches import fleet  # noqa: F401
         from durable_agents.schedules import firing  # noqa: F401
 
         run_logging.install_record_factory()

@@ -248,6 +248,32 @@ class DurableAgentsSettings:
         'run shows "no price".',
     )
 
+    BATCH_WINDOW_SECONDS: Setting[float] = Setting(
+        10.0,
+        "Runs in batches (start_run(..., batch=True)): the longest a waiting model turn stays "
+        "out of a Message Batch. The fleet submits the turns waiting together once the oldest "
+        "has waited this long, or at once when BATCH_MAX_REQUESTS wait.",
+    )
+    BATCH_MAX_REQUESTS: Setting[int] = Setting(
+        10_000,
+        "The most model turns one Message Batch carries (the API takes up to 100,000 and "
+        "256 MB); this many waiting turns are submitted without waiting for the window.",
+    )
+    BATCH_FALLBACK_SECONDS: Setting[float | None] = Setting(
+        None,
+        "A batched turn that came back expired, cancelled by someone else or with an overload "
+        "or server error is sent in a later batch; with this set, once it has waited this many "
+        "seconds it is sent directly instead (at the direct price). None: always in batches.",
+    )
+    BATCH_POLL_SECONDS: Setting[float] = Setting(
+        5.0,
+        "Seconds between the first retrieves of a Message Batch; the wait grows by half after "
+        "each retrieve that finds it in progress, up to BATCH_POLL_MAX_SECONDS.",
+    )
+    BATCH_POLL_MAX_SECONDS: Setting[float] = Setting(
+        120.0, "The longest wait between two retrieves of one Message Batch."
+    )
+
     ENCRYPTION_KEYS: Setting[list[str | None]] = Setting(
         [],
         "Keys that encrypt customers' data at rest (step payloads, tool results and inputs, "

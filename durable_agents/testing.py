@@ -48,6 +48,7 @@ from django.utils import timezone
 from durable_agents import api, llm, store
 from durable_agents._internal import calls
 from durable_agents._internal.interrupt import Interrupt
+from durable_agents.batches import Submitter, poll_due
 from durable_agents.conf import app_settings
 from durable_agents.engine.history import Conversation
 from durable_agents.engine.runner import advance_run
@@ -480,12 +481,24 @@ class _Driver:
                 changed |= self._answer(run)
             elif run.waiting_for in _TIMED and self.timers == "wait":
                 self.notes[run.pk] = 'timers="wait"'
+            elif run.waiting_for == WaitKind.BATCH:
+                changed |= self._answer_batches()
             elif run.waiting_for == WaitKind.RUNS:
                 if self.children == "wait":
                     self.notes[run.pk] = 'children="wait"'
             elif run.waiting_for not in _TIMED:  # an intent
                 changed |= self._decide_intents(run)
         return changed
+
+    @staticmethod
+    def _answer_batches() -> bool:
+        """Submit every request waiting for a batch, whatever the window, and poll every
+        batch at once: the offline model ends a batch at its first retrieve."""
+        submitted = Submitter(OWNER).submit_due(force=True)
+        polled = poll_due(OWNER, force=True)
+        return bool(
+            submitted.batches or polled.committed or polled.resent or polled.failed or polled.direct
+        )
 
     def _decide_intents(self, run: AgentRun) -> bool:
         operator = None

@@ -82,6 +82,7 @@ class Agent:
         max_total_tokens: int | None = None,
         max_wall_seconds: float | None = None,
         stream: bool = False,
+        batch: bool = False,
         on_text: Callable[[Any, str], None] | None = None,
         tool_timeout: float | None = None,
         betas: list[str] | tuple[str, ...] = (),
@@ -107,6 +108,12 @@ class Agent:
             },
         )
         _check_callable(where, on_text=on_text)
+        if batch and stream:
+            raise ImproperlyConfigured(
+                f"{where}: batch=True and stream=True exclude each other: a turn sent through "
+                "Message Batches arrives whole, hours later, and cannot stream (start its runs "
+                "with start_run(..., batch=True) instead, and keep the agent streaming)"
+            )
         _check_thinking(where, thinking, max_tokens)
         params = _checked_params(where, params, cache)
         output = None if output_schema is None else OutputSchema(where, output_schema)
@@ -139,6 +146,9 @@ class Agent:
         self.max_total_tokens = max_total_tokens
         self.max_wall_seconds = max_wall_seconds
         self.stream = bool(stream)
+        # Its runs' model turns go through Message Batches (start_run(..., batch=) overrides
+        # it per run). The requests are the same either way: not part of the fingerprint.
+        self.batch = bool(batch)
         self.on_text = on_text
         # Seconds a call of one of its tools may take when the tool sets no timeout of its
         # own; TOOL_TIMEOUT caps both (see ``timeout_for``).

@@ -70,8 +70,9 @@ from durable_agents.flow import budgets, pricing
 from durable_agents.flow.capacity import Estimate, Grant, observed
 from durable_agents.logging import bind_run
 from durable_agents.models import AgentRun, RunStatus, StepKind, WaitKind
-from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Store, current
+from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Parked, Store, current
 from durable_agents.store.base import StepWrite
+from durable_agents.store.batches import BatchTurn
 
 # Names other modules import from here: the dispositions, and the tool-call value.
 __all__ = [
@@ -332,6 +333,9 @@ class RunAdvancer(ToolDispatch):
             self._check_budgets(agent, at.turns)
         messages = at.conversation.json()
         self._check_key_budget(str(params["model"]), at.pending)
+        if self.run.batch:
+            self._park_on_batch(params, messages, at)  # returns only to send it directly
+            at.pending = None
         grant = self._take_capacity(params, messages, at.pending)
         try:
             turn = self._call_model(agent, params, messages, at.pending, grant, at.last.seq + 1)
@@ -381,6 +385,30 @@ class RunAdvancer(ToolDispatch):
         if refused is not None:
             return self._refuse_answer(agent, after, refused)
         return after
+
+    def _park_on_batch(self, params: dict[str, Any], messages: bytes, at: _Position) -> None:
+        """A run in batches: its next turn goes into a Message Batch. The request (the body a
+        direct call would send) is recorded and the run waits on it without a worker; the
+        batch poller commits the answer as the next step and makes the run pending. Returns
+        only when the request waited past BATCH_FALLBACK_SECONDS: the run sends it itself."""
+        if at.pending is not None:
+            at.pending()  # the tool results before the request that carries them
+        body, betas = llm.batches.batch_request(params, messages)
+        turn = BatchTurn(at.last.seq + 1, body, str(params["model"]), betas)
+        parked = self.durably(
+            lambda: self.store.park_on_batch(self.claim, turn), f"park on turn {turn.seq}"
+        )
+        if parked == Parked.READY:
+            logger.info(
+                "run %s: its batched turn %d waited past BATCH_FALLBACK_SECONDS: sent directly",
+                self.run.pk,
+                turn.seq,
+            )
+            return
+        if parked != Parked.PARKED:
+            self._fence_failed()
+        logger.info("run %s waits for its turn %d in a Message Batch", self.run.pk, turn.seq)
+        raise Stop(WAITING)
 
     def _refuse_answer(self, agent: Agent, at: _Position, refused: InvalidOutput) -> _Position:
         """The final answer (``at.last``, committed) does not match the agent's output schema.
@@ -606,7 +634,8 @@ class RunAdvancer(ToolDispatch):
                         params,
                         messages,
                         interrupt=call_interrupt,
-                        stream=agent.stream,
+                        # A run in batches never streams, even sent directly.
+                        stream=agent.stream and not self.run.batch,
                         on_text=observers.text_receivers(
                             agent, self.run.pk, seq, self.claim.attempt, self.store.sends_live_text
                         ),

@@ -17,6 +17,13 @@ When the server ran several passes for one turn (``usage.iterations``: a compact
 message), the top-level figures cover the last pass only: the passes are priced and summed,
 as ``runner.tokens_of`` sums their tokens.
 
+Turns answered through Message Batches cost half: every price of the entry halved, unless the
+entry gives batch prices of its own under ``"batch"`` (an entry of the same shape, its cache
+prices derived from its input price as above)::
+
+    "PRICES": {"claude-fable-5-1": {"input": 3.0, "output": 15.0,
+                                    "batch": {"input": 1.5, "output": 7.5}}}
+
 A cost is a ``Decimal`` rounded to ``COST_PLACES`` decimal places (a nano-dollar): exact
 arithmetic, so that a run's total and the daily rollup add up to the cent however many turns
 they sum. A model without a price (and no ``"*"``) gives ``None``: "no price", never $0.
@@ -58,6 +65,9 @@ MILLION = Decimal(1_000_000)
 
 REQUIRED_PRICES = ("input", "output")
 OPTIONAL_PRICES = ("cache_read", "cache_write", "cache_write_1h")
+# The key of an entry's own batch prices; without it a batched turn costs half.
+BATCH_PRICES = "batch"
+BATCH_FACTOR = Decimal("0.5")
 # The Messages API's prompt caching prices, relative to the input price.
 CACHE_READ_FACTOR = Decimal("0.1")
 CACHE_WRITE_5M_FACTOR = Decimal("1.25")
@@ -172,7 +182,17 @@ def price_problems(model: Any, entry: Any) -> list[tuple[str, str]]:
             problems.append(("missing", f"[{model!r}] has no {name!r} price"))
     known = (*REQUIRED_PRICES, *OPTIONAL_PRICES)
     for name in entry:
-        if name not in known:
+        if name == BATCH_PRICES:
+            problems.extend(
+                (kind, text.replace(f"[{model!r}]", f"[{model!r}][{BATCH_PRICES!r}]", 1))
+                for kind, text in price_problems(model, entry[name])
+                if kind != "entry" or isinstance(entry[name], dict)
+            )
+            if not isinstance(entry[name], dict):
+                problems.append(
+                    ("entry", f"[{model!r}][{BATCH_PRICES!r}] must be a dict of prices")
+                )
+        elif name not in known:
             problems.append(("unknown", f"[{model!r}] has an unknown key {name!r}"))
     for name in known:
         if name in entry:
@@ -204,9 +224,11 @@ def _price(entry: Mapping[str, Any]) -> Price:
 _warned: set[str] = set()
 
 
-def price_for(model: str) -> Price | None:
+def price_for(model: str, *, batch: bool = False) -> Price | None:
     """The price of ``model`` (or of ``"*"``) in PRICES; None when there is none, or when its
-    entry is unusable (the system checks name the problem; a run is never stopped by it)."""
+    entry is unusable (the system checks name the problem; a run is never stopped by it).
+    ``batch``: the price of a turn answered through Message Batches (the entry's ``"batch"``
+    prices, or half of each of its prices)."""
     prices = app_settings.PRICES
     if not isinstance(prices, dict):
         return None
@@ -219,12 +241,19 @@ def price_for(model: str) -> Price | None:
             _warned.add(key)
             logger.warning("PRICES[%r] is not usable (see manage.py check): not priced", key)
         return None
-    return _price(entry)
+    if not batch:
+        return _price(entry)
+    own: Any = entry.get(BATCH_PRICES)
+    if isinstance(own, dict):
+        return _price(own)
+    direct = _price(entry)
+    return Price(*(getattr(direct, f.name) * BATCH_FACTOR for f in dataclasses.fields(Price)))
 
 
-def cost_of(model: str, usage: Usage) -> Decimal | None:
-    """What ``usage`` cost at ``model``'s price, in USD; None: the model has no price."""
-    price = price_for(model)
+def cost_of(model: str, usage: Usage, *, batch: bool = False) -> Decimal | None:
+    """What ``usage`` cost at ``model``'s price, in USD; None: the model has no price.
+    ``batch``: at the batch price (a turn answered through Message Batches)."""
+    price = price_for(model, batch=batch)
     return None if price is None else price.cost(usage)
 
 

@@ -12,6 +12,7 @@ monkeypatch a name must patch the module that looks it up (``llm.retries._backof
 ``llm._backoff``).
 """
 
+from durable_agents.llm import batches
 from durable_agents.llm.body import content_span, request_body
 from durable_agents.llm.client import MESSAGES_PATH, default_client, get_client, reset_clients
 from durable_agents.llm.errors import (
@@ -33,6 +34,7 @@ __all__ = [
     "ModelTurn",
     "PermanentModelError",
     "TransientModelError",
+    "batches",
     "classify",
     "content_span",
     "create_turn",

@@ -36,6 +36,14 @@ def content_span(body: str) -> tuple[int, int] | None:
     """Where the value of the top-level ``content`` key lies in ``body``, a JSON object, as
     character offsets; None if it has none. Scans the top level only (each value once, by the
     C scanner); with duplicate keys the last wins, as for ``json.loads``."""
+    spans = member_spans(body)
+    return None if spans is None else spans.get("content")
+
+
+def member_spans(body: str, start: int = 0) -> dict[str, tuple[int, int]] | None:
+    """Where the value of each member of the JSON object at ``start`` in ``body`` lies, as
+    character offsets (with duplicate keys the last wins, as for ``json.loads``); None when
+    there is no well-formed object there. Scans that object's level only."""
     # json.decoder.scanstring (the C one, or Python's) is not in typeshed.
     scan, scanstring, size = _scan_once, json.decoder.scanstring, len(body)  # type: ignore[attr-defined]
 
@@ -44,11 +52,11 @@ def content_span(body: str) -> tuple[int, int] | None:
             i += 1
         return i
 
+    spans: dict[str, tuple[int, int]] = {}
     try:
-        i = skip(0)
+        i = skip(start)
         if body[i : i + 1] != "{":
             return None
-        found = None
         i = skip(i + 1)
         while body[i : i + 1] == '"':
             key, i = scanstring(body, i + 1)
@@ -60,13 +68,14 @@ def content_span(body: str) -> tuple[int, int] | None:
                 end = scan(body, i)[1]
             except RecursionError:  # nested past the C scanner's limit
                 end = value_end(body, i)
-            if key == "content":
-                found = (i, end)
+            spans[key] = (i, end)
             i = skip(end)
             if body[i : i + 1] != ",":
                 break
             i = skip(i + 1)
-        return found
+        if body[i : i + 1] != "}":
+            return None
+        return spans
     except (ValueError, StopIteration):
         return None
 

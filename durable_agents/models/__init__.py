@@ -1,4 +1,4 @@
-"""The nineteen tables of durable_agents, one module per group; every name is importable from
+"""The twenty-one tables of durable_agents, one module per group; every name is importable from
 here (``from durable_agents.models import AgentRun``), and migrations name the custom fields
 by their path here (``durable_agents.models.JSONTextField``).
 
@@ -17,9 +17,16 @@ by their path here (``durable_agents.models.JSONTextField``).
     metrics     agent_metrics: snapshots of the operations figures
     workers     agent_worker, agent_version: live workers and the agent versions they define
     webhooks    agent_webhook_delivery: events posted to webhooks, and their attempts
+    batches     agent_batch, agent_batch_request: model turns sent through Message Batches
 
 Status changes live in ``store/``, not here."""
 
+from durable_agents.models.batches import (
+    AgentBatch,
+    AgentBatchRequest,
+    BatchStatus,
+    RequestStatus,
+)
 from durable_agents.models.effects import ToolEffect
 from durable_agents.models.fields import EncryptedTextField, JSONTextField, StepPartField
 from durable_agents.models.flow import (
@@ -78,7 +85,10 @@ __all__ = [
     "STEP_PAYLOAD",
     "USAGE_SHARDS",
     "WORKER_ROWS_KEPT",
+    "AgentBatch",
+    "AgentBatchRequest",
     "AgentCallback",
+    "BatchStatus",
     "AgentEvent",
     "AgentMessage",
     "AgentProgress",
@@ -102,6 +112,7 @@ __all__ = [
     "ModelCapacity",
     "OperationsEntry",
     "QuestionStatus",
+    "RequestStatus",
     "RunStatus",
     "SharedSteps",
     "StepKind",

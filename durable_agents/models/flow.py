@@ -163,6 +163,8 @@ class AgentUsageDay(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     cache_read_tokens = models.BigIntegerField(default=0)
     cache_write_tokens = models.BigIntegerField(default=0)
+    # Of ``turns``, those answered through a Message Batch (the rest were sent directly).
+    batch_turns = models.BigIntegerField(default=0, db_default=0)
     # NULL: none of these turns had a price.
     cost_usd = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
 

@@ -73,6 +73,10 @@ class WaitKind(models.TextChoices):
     # the definition (fingerprint) the run started with. It costs no attempt meanwhile; a
     # worker that defines it claims it as any pending run.
     WORKER = "worker", _("a worker that defines its version")
+    # A run in batches (``start_run(..., batch=True)``): its next model turn is a request in a
+    # Message Batch (``agent_batch_request``, by ``wait_key``); the batch poller commits the
+    # answer and makes it pending. No slot, no connection and no attempt meanwhile.
+    BATCH = "batch", _("a batched model turn")
 
 
 def in_flight_version_index() -> models.Index:
@@ -418,6 +422,16 @@ class AgentRun(models.Model):
         blank=True,
         editable=False,
         help_text=_("what the product attached to the run (a tenant, a user, an order)"),
+    )
+
+    # Whether its model turns go through Message Batches (``start_run(..., batch=...)``, by
+    # default its agent's ``batch``): half the price, answered within hours, and the run waits
+    # for each turn without a worker (``WaitKind.BATCH``). A database default, as for metadata.
+    batch = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text=_("its model turns go through Message Batches"),
     )
 
     objects = AgentRunQuerySet.as_manager()

@@ -19,6 +19,8 @@ and ``error_ratio`` (the share of requests that come back ``expired`` or ``error
 from __future__ import annotations
 
 import dataclasses
+import json
+import json.scanner
 import math
 import re
 import threading
@@ -96,7 +98,9 @@ class _Batch:
     id: str
     created_at: float
     ends_at: float  # when processing ends by itself (created_at + processing_seconds)
-    requests: list[tuple[str, Any]]  # (custom_id, params), in the order sent
+    # (custom_id, params): each request's params as the create's body held them (the bytes
+    # a direct call would have sent), in the order sent.
+    requests: list[tuple[str, bytes]]
     betas: str  # the create's anthropic-beta header: it applies to every request
     answer: Answerer
     expire_ratio: float
@@ -494,7 +498,7 @@ class BatchDesk:
                 error = _error_body("overloaded_error", "Overloaded", request_id)
                 kind, result = "errored", b'{"type":"errored","error":' + error + b"}"
             else:
-                status, _, out = batch.answer(answer_headers, json_bytes(params))
+                status, _, out = batch.answer(answer_headers, params)
                 if status == 200:
                     kind, result = "succeeded", _succeeded(out)
                     succeeded.append(len(lines))
@@ -551,7 +555,7 @@ class _QueueFull(RequestError):
         self.retry_after = retry_after
 
 
-def _checked_requests(body: bytes) -> list[tuple[str, Any]]:
+def _checked_requests(body: bytes) -> list[tuple[str, bytes]]:
     """The requests of a create, checked as the API checks them: (custom_id, params)."""
     try:
         payload = loads_deep(body)
@@ -581,7 +585,55 @@ def _checked_requests(body: bytes) -> list[tuple[str, Any]]:
         if params.get("stream") is True:
             raise invalid(f"requests.{n}.params.stream: streaming is not supported in batches")
         checked.append((custom_id, params))
-    return checked
+    raw = _raw_params(body, len(checked))
+    return [
+        (custom_id, raw[n] if raw is not None else json_bytes(params))
+        for n, (custom_id, params) in enumerate(checked)
+    ]
+
+
+def _raw_params(body: bytes, count: int) -> list[bytes] | None:
+    """Each request's ``params`` as the create's body wrote them, so that a request answers
+    (and bills) exactly as the same body sent directly would; None if the body cannot be cut
+    so (its values then go re-encoded)."""
+    text = body.decode("utf-8", "surrogatepass")
+    scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+    def members(i: int) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        i = _skip(text, i)
+        assert text[i] == "{"
+        i = _skip(text, i + 1)
+        while text[i] == '"':
+            key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+            i = _skip(text, i)
+            i = _skip(text, i + 1)  # the colon
+            end = scan(text, i)[1]
+            found[key] = (i, end)
+            i = _skip(text, end)
+            if text[i] != ",":
+                break
+            i = _skip(text, i + 1)
+        return found
+
+    try:
+        start, _ = members(0)["requests"]
+        i = _skip(text, start + 1)
+        out: list[bytes] = []
+        while len(out) < count:
+            end = scan(text, i)[1]
+            params = members(i)["params"]
+            out.append(text[params[0] : params[1]].encode("utf-8", "surrogatepass"))
+            i = _skip(text, _skip(text, end) + 1)
+        return out
+    except (AssertionError, IndexError, KeyError, ValueError, StopIteration, RecursionError):
+        return None
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
 
 
 _shared: BatchDesk | None = None

@@ -95,6 +95,7 @@ if TYPE_CHECKING:
 
     from durable_agents.flow.capacity.gate import CapacityGate
     from durable_agents.models import AgentSchedule
+    from durable_agents.store.batches import BatchTurn
     from durable_agents.store.rows import DueSchedules, SlotStart
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
@@ -636,6 +637,18 @@ class Store(abc.ABC):
         happen is recorded as its effect and the intent is done; None: it did not happen and
         the intent is approved again (the call runs again). Then wake the run. An intent that
         is not unknown is returned unchanged."""
+
+    # -- batched model turns (store/batches.py on the database stores) ---------------------
+
+    def park_on_batch(self, claim: Claim, turn: BatchTurn) -> Parked:
+        """Park a run in batches on its next model turn: record the request (the body a direct
+        call would send) and make the run ``waiting`` on it (``WaitKind.BATCH``, lease freed,
+        ``stalled_claims`` 0); fenced on the claim and on ``turn.seq`` being ``last_seq + 1``.
+        ``READY`` (nothing changed) when that request waited past BATCH_FALLBACK_SECONDS: the
+        run sends it directly. Only the database stores keep batches."""
+        raise TypeError(
+            f"runs in batches need a database store: {type(self).__name__} keeps no batches"
+        )
 
     # -- waits: timers, events, child runs, questions -------------------------------------
 

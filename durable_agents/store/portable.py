@@ -59,6 +59,7 @@ from durable_agents.models import (
     WaitKind,
 )
 from durable_agents.store import (
+    batches,
     concurrency,
     key_rows,
     portable_batch,
@@ -93,6 +94,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
+from durable_agents.store.batches import BatchTurn
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.rows import DueSchedules, SlotStart
 from durable_agents.store.transitions import mark_transitioned
@@ -613,6 +615,9 @@ class PortableStore(Store):
         return True
 
     # -- waits ---------------------------------------------------------------------------
+
+    def park_on_batch(self, claim: Claim, turn: BatchTurn) -> Parked:
+        return batches.park_on_batch(claim, turn)
 
     def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
         with transaction.atomic():

@@ -44,6 +44,7 @@ DEBOUNCED_FIELDS = (
     "concurrency_limit",
     "trace_context",
     "metadata",
+    "batch",
 )
 
 

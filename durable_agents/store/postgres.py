@@ -93,6 +93,7 @@ from durable_agents.store.base import (
     Store,
     WaitSpec,
 )
+from durable_agents.store.batches import BatchTurn
 from durable_agents.store.portable import PortableStore
 
 # The statements and fragments of the claim and of a step, importable from here as they were
@@ -373,6 +374,9 @@ class PostgresStore(Store):
         self, intent_id: int, user: AuthUser, *, outcome: tuple[str, bool] | None, reason: str
     ) -> ToolIntent:
         return self.orm.resolve_intent(intent_id, user, outcome=outcome, reason=reason)
+
+    def park_on_batch(self, claim: Claim, turn: BatchTurn) -> Parked:
+        return self.orm.park_on_batch(claim, turn)
 
     def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
         return self.orm.park_on_wait(claim, spec)

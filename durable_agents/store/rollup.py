@@ -30,9 +30,10 @@ def added_cost(cost: Decimal) -> Any:
     return Coalesce(F("cost_usd") + value, value, output_field=COST_FIELD)
 
 
-def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None) -> None:
+def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None, *, batch: bool = False) -> None:
     """Count one model turn of ``run`` in today's row of its (agent, model, shard), creating
-    the row with the day's first turn. Inside the caller's transaction."""
+    the row with the day's first turn. Inside the caller's transaction. ``batch``: the turn
+    was answered through a Message Batch (counted in ``batch_turns`` too)."""
     key: dict[str, Any] = {
         "day": utc_day(),
         "concurrency_key": run.concurrency_key or "",
@@ -49,6 +50,8 @@ def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None) -> None:
     }
     if cost is not None:
         counts["cost_usd"] = added_cost(cost)
+    if batch:
+        counts["batch_turns"] = F("batch_turns") + 1
     rows = AgentUsageDay.objects.filter(**key)
     if rows.update(**counts):
         return
@@ -62,6 +65,7 @@ def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None) -> None:
                 cache_read_tokens=usage.cache_read_tokens,
                 cache_write_tokens=usage.cache_write_tokens,
                 cost_usd=cost,
+                batch_turns=int(batch),
             )
     except IntegrityError:  # another commit created the day's row first (PostgreSQL)
         rows.update(**counts)

@@ -22,6 +22,13 @@ from durable_agents.offline import (
     shared_batch_desk,
 )
 from durable_agents.offline.wire import json_bytes
+
+
+def sdk_bytes(params: Any) -> bytes:
+    """``params`` as the SDK (httpx) writes them in a request body: compact JSON, UTF-8. The
+    desk answers each request of a batch from these bytes, as cut from the create's body."""
+    text = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8", "surrogatepass")
 from tests.fakeserver import FakeAnthropic, api_error
 
 MODEL = "claude-sonnet-4-6"
@@ -119,7 +126,7 @@ def test_each_message_is_the_exact_bytes_respond_gives_for_its_request() -> None
     plain = ScriptedModel(batches=BatchDesk())
     for request in sent:
         status, _, expected = plain.respond(
-            "POST", "/v1/messages", {}, json_bytes(request["params"])
+            "POST", "/v1/messages", {}, sdk_bytes(request["params"])
         )
         assert status == 200
         prefix = b'{"custom_id":"' + request["custom_id"].encode() + b'","result":'
@@ -148,7 +155,7 @@ def test_errored_results_hold_the_error_the_model_answered() -> None:
     assert results["no_tokens"].error.error.type == "invalid_request_error"
     by_id = lines_by_id(raw_results(client, batch.id))
     plain = ScriptedModel(batches=BatchDesk())
-    status, _, body = plain.respond("POST", "/v1/messages", {}, json_bytes(sent[1]["params"]))
+    status, _, body = plain.respond("POST", "/v1/messages", {}, sdk_bytes(sent[1]["params"]))
     assert status == 404
     assert by_id["retired"].endswith(b'"result":{"type":"errored","error":' + body + b"}}")
 
@@ -168,7 +175,7 @@ def test_the_betas_of_the_create_apply_to_every_request() -> None:
     assert client.messages.batches.retrieve(batch.id).request_counts.succeeded == 2
     plain = ScriptedModel(batches=BatchDesk())
     _, _, expected = plain.respond(
-        "POST", "/v1/messages", {"anthropic-beta": COMPACT_BETA}, json_bytes(compacting)
+        "POST", "/v1/messages", {"anthropic-beta": COMPACT_BETA}, sdk_bytes(compacting)
     )
     assert expected in lines_by_id(raw_results(client, batch.id))["a"]
     # The SDK's beta resource sends its betas the same way (and ``?beta=true``).
@@ -514,7 +521,7 @@ def test_the_fake_server_answers_the_batch_endpoints_over_http() -> None:
         by_id = lines_by_id(response.content)
         plain = ScriptedModel(batches=BatchDesk())
         _, _, expected = plain.respond(
-            "POST", "/v1/messages", {}, json_bytes(requests(2)[0]["params"])
+            "POST", "/v1/messages", {}, sdk_bytes(requests(2)[0]["params"])
         )
         assert expected in by_id["r0"]
         assert [r.custom_id for r in client.messages.batches.results(batch.id)] == list(by_id)
