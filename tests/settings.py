@@ -39,6 +39,10 @@ SILENCED_SYSTEM_CHECKS = ["durable_agents.W008"]
 if os.environ.get("DURABLE_AGENTS_MAX_ATTEMPTS"):
     DURABLE_AGENTS["MAX_ATTEMPTS"] = int(os.environ["DURABLE_AGENTS_MAX_ATTEMPTS"])
 
+# Any DURABLE_AGENTS keys for worker subprocesses, as a JSON object (tests of batches).
+if os.environ.get("DA_SETTINGS"):
+    DURABLE_AGENTS.update(json.loads(os.environ["DA_SETTINGS"]))
+
 # Worker subprocesses of the in-flight and PgBouncer tests.
 if os.environ.get("DA_DB_POOL_SIZE"):
     DURABLE_AGENTS["DB_POOL_SIZE"] = int(os.environ["DA_DB_POOL_SIZE"])

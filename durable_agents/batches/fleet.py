@@ -44,10 +44,21 @@ from durable_agents.store.batches import Answer, Committed
 
 logger = logging.getLogger("durable_agents.batches")
 
-# How long a worker holds a batch row while it submits or polls it: past this, another worker
-# may take it (its submitter or poller died). Longer than a create or a results download takes.
-SUBMIT_LEASE_SECONDS = 300.0
-POLL_LEASE_SECONDS = 600.0
+
+
+def submit_lease() -> float:
+    """How long a worker holds the batch row it submits: past this, another worker sends its
+    requests again (the submitter died). Longer than a create call can take (it times out
+    after MODEL_TIMEOUT), so that a slow create is never taken for a dead one."""
+    return float(app_settings.MODEL_TIMEOUT) + float(app_settings.LEASE_SECONDS)
+
+
+def poll_lease() -> float:
+    """How long a worker holds a batch it polls, renewed by each chunk of results it commits:
+    past this, another worker polls it (the poller died). Polling a batch twice is harmless:
+    its answers commit once."""
+    return float(app_settings.LEASE_SECONDS)
+
 # Results committed per transaction.
 CHUNK = 500
 # Bodies one batch carries at most (the API takes 256 MB).
@@ -97,7 +108,7 @@ class Submitter:
         for betas in rows.due_groups(window, max_requests):
             while True:
                 draft = rows.take_requests(
-                    betas, self.owner, SUBMIT_LEASE_SECONDS, max_requests, MAX_BATCH_BYTES
+                    betas, self.owner, submit_lease(), max_requests, MAX_BATCH_BYTES
                 )
                 if draft is None:
                     break
@@ -179,7 +190,7 @@ def poll_due(owner: str, *, force: bool = False) -> Tally:
     """Retrieve each batch whose next retrieve is due (``force``: every batch at the API) and
     commit the results of those that ended."""
     tally = Tally()
-    for batch in rows.take_due_batches(owner, POLL_LEASE_SECONDS, POLL_LIMIT, due=not force):
+    for batch in rows.take_due_batches(owner, poll_lease(), POLL_LIMIT, due=not force):
         try:
             _poll(batch, owner, tally)
         except DatabaseError:
@@ -288,6 +299,7 @@ def _commit_results(
                 request_id,
             )
             tally.problems += 1
+        rows.renew_batch(batch, poll_lease())
         cost = add_cost(cost, outcome.cost)
         direct_cost = add_cost(direct_cost, outcome.direct_cost)
         _after(outcome, tally)

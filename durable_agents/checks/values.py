@@ -59,6 +59,11 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     "WEBHOOK_RETRY_SECONDS": (0, False),
     "WEBHOOK_KEEP_DAYS": (1, True),
     "CALLBACK_MAX_BYTES": (1, True),
+    "BATCH_WINDOW_SECONDS": (0, True),
+    "BATCH_MAX_REQUESTS": (1, True),
+    "BATCH_FALLBACK_SECONDS": (0, True),
+    "BATCH_POLL_SECONDS": (0, False),
+    "BATCH_POLL_MAX_SECONDS": (0, False),
 }
 
 
@@ -72,6 +77,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages = [
         *_unknown_keys(user),
         *_bad_numbers(),
+        *_batch_too_large(),
         *_bad_booleans(),
         *_bad_listen(),
         *_bad_retired_models(),
@@ -120,6 +126,24 @@ def _known_keys_hint(key: Any) -> str:
     some), then where the others are."""
     close = difflib.get_close_matches(str(key).upper(), sorted(DEFAULTS), n=CLOSE_KEYS, cutoff=0)
     return f"Did you mean {', '.join(map(repr, close))}? All settings: {SETTINGS_DOC}"
+
+
+# The most requests the Message Batches API takes in one batch.
+API_MAX_BATCH_REQUESTS = 100_000
+
+
+def _batch_too_large() -> list[CheckMessage]:
+    value = app_settings.BATCH_MAX_REQUESTS
+    if isinstance(value, int) and not isinstance(value, bool) and value > API_MAX_BATCH_REQUESTS:
+        return [
+            Error(
+                f"DURABLE_AGENTS['BATCH_MAX_REQUESTS'] is {value}: the Message Batches API "
+                f"takes at most {API_MAX_BATCH_REQUESTS:,} requests in one batch.",
+                hint=f"Set it to {API_MAX_BATCH_REQUESTS} or less.",
+                id="durable_agents.E080",
+            )
+        ]
+    return []
 
 
 def _bad_numbers() -> list[CheckMessage]:

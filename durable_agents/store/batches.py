@@ -387,6 +387,13 @@ def take_due_batches(
     return batches
 
 
+def renew_batch(batch: AgentBatch, seconds: float) -> None:
+    """The poller of ``batch`` is still at it: its lease runs ``seconds`` from now."""
+    AgentBatch.objects.filter(pk=batch.pk, owner=batch.owner).update(
+        owner_until=timezone.now() + datetime.timedelta(seconds=seconds)
+    )
+
+
 def live_requests(batch_id: int) -> int:
     """How many requests of the batch a run still waits on."""
     return _live(

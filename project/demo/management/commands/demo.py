@@ -51,11 +51,14 @@ from django.db.models import Count
 
 import durable_agents
 from durable_agents import llm
+from durable_agents.batches import Submitter, poll_due
 from durable_agents.checks import worker_checks
 from durable_agents.conf import app_settings
 from durable_agents.engine.worker import Worker
 from durable_agents.models import (
     CLAIMABLE_STATUSES,
+    ENDED_STATUSES,
+    AgentBatch,
     AgentRun,
     AgentSchedule,
     AgentStep,
@@ -252,6 +255,7 @@ class Command(BaseCommand):
         elapsed = time.monotonic() - started
         self._report(runs, migration, elapsed)
         self._long_running()
+        self._batched()
         self._time_travel()
         self._on_a_clock()
         self._speed(options["speed_runs"])
@@ -390,6 +394,45 @@ class Command(BaseCommand):
             "--burst`"
         )
         self._expect(question.status == RunStatus.WAITING, "the question run waits")
+
+    def _batched(self) -> None:
+        """Three runs in batches: each model turn waits in a Message Batch, answered at half
+        the price, and the run goes on when the poller commits the answer."""
+        if not app_settings.OFFLINE:
+            self._chapter("Runs in batches: skipped (a real batch may take up to a day)")
+            return
+        runs = [
+            durable_agents.start_run("migrator", SMALLER[i % len(SMALLER)], batch=True)
+            for i in range(3)
+        ]
+        self._chapter("Half-price turns: three runs whose model turns go through Message Batches")
+        submitter = Submitter("demo-batches")
+        deadline = time.monotonic() + 60
+        while (
+            AgentRun.objects.filter(pk__in=[r.pk for r in runs])
+            .exclude(status__in=ENDED_STATUSES)
+            .exists()
+            and time.monotonic() < deadline
+        ):
+            # Each run goes on until it needs the model, and parks on its request...
+            self._burst()
+            # ... the waiting requests of all three go out as one batch, and its answers are
+            # committed as the runs' next steps (the offline model ends a batch at once).
+            submitter.submit_due(force=True)
+            poll_due("demo-batches", force=True)
+        batches = list(AgentBatch.objects.order_by("pk"))
+        sizes = [b.requests for b in batches]
+        for run in runs:
+            run.refresh_from_db()
+        self._line(
+            f"{len(runs)} runs, {sum(sizes)} turns in {len(batches)} batches "
+            f"(requests per batch: {', '.join(map(str, sizes))}); no worker held a run while "
+            "its turn waited in a batch"
+        )
+        self._expect(
+            all(run.status == RunStatus.SUCCEEDED for run in runs),
+            "the three runs in batches succeeded",
+        )
 
     def _time_travel(self) -> None:
         """A run stopped by a failed call, forked at that call's result with the result edited,

@@ -1,0 +1,130 @@
+"""Runs in batches while their workers are SIGKILLed at random (real ``runagents``
+subprocesses of one slot each, on PostgreSQL; the real SDK over HTTP to the fake API, whose
+batches take a few seconds and expire a tenth of their requests).
+
+What must hold, whatever was killed when: every run ends as it should, with each non-idempotent
+effect applied once; no turn goes outside a batch; the API refuses nothing (a turn committed
+other than as the API sent it would break the next request's thinking signatures: a 400);
+batches carry several requests; few turns are paid twice."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+
+import durable_agents
+from durable_agents.models import (
+    AgentBatchRequest,
+    AgentRun,
+    AgentWorker,
+    RunStatus,
+    StepKind,
+)
+from durable_agents.testing import plan
+from tests.conftest import Receiver, WorkerProcess
+from tests.fakeserver import FakeAnthropic
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
+
+Spawn = Callable[..., WorkerProcess]
+RUNS = 30
+WORKERS = 3
+DEADLINE_SECONDS = 180
+
+
+def a_plan(rng: random.Random, number: int) -> str:
+    """3 to 12 tool turns (4 to 13 model turns with the answer), one charge among them."""
+    turns: list[tuple[str, dict[str, object]]] = [
+        ("lookup", {"key": f"r{number}-{turn}"}) for turn in range(rng.randint(3, 12))
+    ]
+    turns[rng.randrange(len(turns))] = ("charge", {"customer": f"c{number}", "cents": 100})
+    return plan(*turns, task=f"Run {number}: follow the plan.")
+
+
+def test_runs_in_batches_survive_workers_killed_at_random(
+    receiver: Receiver, fake_api: FakeAnthropic, spawn_worker: Spawn
+) -> None:
+    rng = random.Random(37)
+    fake_api.batches.processing_seconds = 1.5
+    fake_api.batches.expire_ratio = 0.1
+    env = {
+        "ANTHROPIC_BASE_URL": fake_api.base_url,
+        "ANTHROPIC_API_KEY": "sk-test",
+        "DA_SETTINGS": json.dumps(
+            {
+                "BATCH_WINDOW_SECONDS": 0.5,
+                "BATCH_POLL_SECONDS": 0.25,
+                "BATCH_POLL_MAX_SECONDS": 0.5,
+                "MAX_ATTEMPTS": 10,
+                "MODEL_TIMEOUT": 30,
+            }
+        ),
+    }
+    runs = [
+        durable_agents.start_run("thinker", a_plan(rng, number), batch=True)
+        for number in range(RUNS)
+    ]
+
+    def worker(number: int) -> WorkerProcess:
+        return spawn_worker(
+            "--concurrency", "1", "--lease-seconds", "2", "--worker-id", f"w{number}", env=env
+        )
+
+    names = [f"w{n}" for n in range(WORKERS)]
+    workers = [worker(n) for n in range(WORKERS)]
+    started = time.monotonic()
+    kills = spawned = 0
+    while AgentRun.objects.filter(pk__in=[r.pk for r in runs]).exclude(
+        status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.DEAD]
+    ).exists():
+        assert time.monotonic() - started < DEADLINE_SECONDS, "the runs did not end in time"
+        time.sleep(rng.uniform(1.5, 3.5))
+        # A worker is killed once it is at work (its row is written as it starts): a worker
+        # killed while Python still imports would test nothing.
+        working = set(AgentWorker.objects.filter(pk__in=names).values_list("pk", flat=True))
+        candidates = [n for n, name in enumerate(names) if name in working]
+        if not candidates:
+            continue
+        victim = rng.choice(candidates)
+        workers[victim].kill()
+        kills += 1
+        spawned += 1
+        names[victim] = f"w{WORKERS + spawned}"
+        workers[victim] = worker(WORKERS + spawned)
+    for process in workers:
+        process.kill()
+
+    ended = {run.pk: run for run in AgentRun.objects.filter(pk__in=[r.pk for r in runs])}
+    assert [run.status for run in ended.values()] == [RunStatus.SUCCEEDED] * RUNS, [
+        run.error for run in ended.values() if run.status != RunStatus.SUCCEEDED
+    ]
+    assert kills >= 5
+    # No turn went outside a batch, and the API refused nothing.
+    assert fake_api.requests == []
+    assert [call.status for call in fake_api.batch_calls if call.status >= 400] == []
+    stats = fake_api.batches.stats()
+    turns = sum(
+        run.steps.filter(kind=StepKind.MODEL_TURN).count() for run in ended.values()
+    )
+    assert turns == AgentBatchRequest.objects.filter(status="answered").count()
+    sizes = stats.batch_sizes
+    print(
+        f"{turns} turns in {len(sizes)} batches (mean {sum(sizes) / len(sizes):.1f} requests), "
+        f"{kills} workers killed, {len(stats.paid_twice)} turns paid twice, "
+        f"{sum(stats.succeeded.values())} answers paid"
+    )
+    assert sum(sizes) / len(sizes) >= 3
+    paid_twice = sum(count - 1 for count in stats.succeeded.values())
+    assert paid_twice <= 0.1 * turns
+    # Each charge applied once, whatever was killed while it ran.
+    charges = receiver.applied("charge")
+    assert len(charges) == RUNS
+    assert len({charge["key"] for charge in charges}) == RUNS
