@@ -56,7 +56,7 @@ from durable_agents.models import (
 )
 from durable_agents.models.batches import POLLED_STATUSES
 from durable_agents.store.base import MAX_REASON_CHARS, Claim, Parked, ended
-from durable_agents.store.rollup import added_cost, record_usage
+from durable_agents.store.rollup import added_cost, record_usages
 
 logger = logging.getLogger("durable_agents.batches")
 
@@ -440,13 +440,15 @@ def commit_answers(
     max_tries: int,
     fallback_seconds: float | None,
 ) -> Committed:
-    """Commit a chunk of a batch's results in one transaction (see the module's docstring)."""
+    """Commit a chunk of a batch's results in one transaction (see the module's docstring):
+    one fenced UPDATE per answer (its run), then the chunk's steps in one INSERT, its requests
+    marked in one UPDATE, and the day's rollup in one statement per row it touches."""
     outcome = Committed()
     by_id = {answer.request_id: answer for answer in answers}
     with transaction.atomic():
         requests = {
             request.pk: request
-            for request in AgentBatchRequest.objects.select_for_update()
+            for request in AgentBatchRequest.objects.select_for_update(of=("self",))
             .filter(pk__in=list(by_id))
             .select_related("run")
             .only(
@@ -467,10 +469,11 @@ def commit_answers(
             )
         }
         outcome.unknown = [request_id for request_id in by_id if request_id not in requests]
+        chunk = _Chunk()
         for request_id, request in requests.items():
             answer = by_id[request_id]
             if answer.kind == "succeeded":
-                _commit_answer(batch, request, answer, owner, outcome)
+                _commit_answer(batch, request, answer, owner, outcome, chunk)
             elif request.status != RequestStatus.SUBMITTED or request.batch_id != batch.pk:
                 # An outcome of an earlier batch of a request that moved on: nothing to do.
                 continue
@@ -490,7 +493,31 @@ def commit_answers(
                     fallback_seconds,
                     outcome,
                 )
+        chunk.write(batch)
     return outcome
+
+
+@dataclasses.dataclass
+class _Chunk:
+    """What the answers of one chunk write together once each run's fence was tried."""
+
+    steps: list[AgentStep] = dataclasses.field(default_factory=list)
+    answered: list[int] = dataclasses.field(default_factory=list)
+    dropped: list[int] = dataclasses.field(default_factory=list)
+    paid: list[tuple[AgentRun, Usage, Decimal | None]] = dataclasses.field(default_factory=list)
+
+    def write(self, batch: AgentBatch) -> None:
+        if self.steps:
+            AgentStep.objects.bulk_create(self.steps)
+        if self.answered:
+            AgentBatchRequest.objects.filter(pk__in=self.answered).update(
+                status=RequestStatus.ANSWERED, batch=batch, body="", answered_at=Now()
+            )
+        if self.dropped:
+            AgentBatchRequest.objects.filter(pk__in=self.dropped).update(
+                status=RequestStatus.DROPPED, body="", reason="its run no longer waited on it"
+            )
+        record_usages(self.paid, batch=True)
 
 
 def _commit_answer(
@@ -499,6 +526,7 @@ def _commit_answer(
     answer: Answer,
     owner: str,
     outcome: Committed,
+    chunk: _Chunk,
 ) -> None:
     """One succeeded answer: the run's step, if the run still waits on it; paid either way."""
     run = request.run
@@ -512,6 +540,7 @@ def _commit_answer(
     outcome.cost = add_cost(outcome.cost, cost)
     outcome.direct_cost = add_cost(outcome.direct_cost, pricing.cost_of(request.model, usage))
     outcome.paid.append((run.agent, request.model, cost))
+    chunk.paid.append((run, usage, cost))
     changes: dict[str, Any] = {"tokens_used": F("tokens_used") + answer.tokens}
     if cost is not None:
         changes["cost_usd"] = added_cost(cost)
@@ -526,31 +555,28 @@ def _commit_answer(
         updated_at=Now(),
         **changes,
     )
-    record_usage(run, usage, cost, batch=True)
     if not woken:
         # Paid, but its run moved on (cancelled, answered already by a duplicate or another
         # batch): counted in the run's cost, never in its log.
         AgentRun.objects.filter(pk=request.run_id).update(**changes)
         outcome.ignored += 1
         if request.status == RequestStatus.SUBMITTED and request.batch_id == batch.pk:
-            AgentBatchRequest.objects.filter(pk=request.pk).update(
-                status=RequestStatus.DROPPED, body="", reason="its run no longer waited on it"
-            )
+            chunk.dropped.append(request.pk)
         return
-    AgentStep.objects.create(
-        run_id=request.run_id,
-        seq=request.seq,
-        kind=StepKind.MODEL_TURN,
-        payload=answer.body,
-        content_start=answer.content_span[0] if answer.content_span else None,
-        content_end=answer.content_span[1] if answer.content_span else None,
-        request_id=f"{batch.provider_id}/{request.pk}"[:200],
-        attempt=run.attempt,
-        worker=owner,
+    chunk.steps.append(
+        AgentStep(
+            run_id=request.run_id,
+            seq=request.seq,
+            kind=StepKind.MODEL_TURN,
+            payload=answer.body,
+            content_start=answer.content_span[0] if answer.content_span else None,
+            content_end=answer.content_span[1] if answer.content_span else None,
+            request_id=f"{batch.provider_id}/{request.pk}"[:200],
+            attempt=run.attempt,
+            worker=owner,
+        )
     )
-    AgentBatchRequest.objects.filter(pk=request.pk).update(
-        status=RequestStatus.ANSWERED, batch=batch, body="", answered_at=Now()
-    )
+    chunk.answered.append(request.pk)
     outcome.committed += 1
 
 

@@ -4,7 +4,9 @@ the same in the commit statement itself (``RECORD_USAGE``, ``ADD_COST``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -34,24 +36,52 @@ def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None, *, batch: bo
     """Count one model turn of ``run`` in today's row of its (agent, model, shard), creating
     the row with the day's first turn. Inside the caller's transaction. ``batch``: the turn
     was answered through a Message Batch (counted in ``batch_turns`` too)."""
-    key: dict[str, Any] = {
-        "day": utc_day(),
-        "concurrency_key": run.concurrency_key or "",
-        "agent": run.agent,
-        "model": run.model,
-        "shard": usage_shard(run.pk),
-    }
+    record_usages([(run, usage, cost)], batch=batch)
+
+
+def record_usages(
+    turns: Sequence[tuple[AgentRun, Usage, Decimal | None]], *, batch: bool = False
+) -> None:
+    """Count ``turns`` (run, usage, cost) in today's rows: one statement per row of the rollup
+    they fall in, however many turns (the answers of a batch). Inside the caller's
+    transaction."""
+    day = utc_day()
+    groups: dict[tuple[Any, ...], list[tuple[Usage, Decimal | None]]] = {}
+    for run, usage, cost in turns:
+        key = (run.concurrency_key or "", run.agent, run.model, usage_shard(run.pk))
+        groups.setdefault(key, []).append((usage, cost))
+    for (concurrency_key, agent, model, shard), items in sorted(groups.items()):
+        _count_turns(
+            {
+                "day": day,
+                "concurrency_key": concurrency_key,
+                "agent": agent,
+                "model": model,
+                "shard": shard,
+            },
+            items,
+            batch,
+        )
+
+
+def _count_turns(
+    key: dict[str, Any], items: list[tuple[Usage, Decimal | None]], batch: bool
+) -> None:
+    summed = Usage(*(sum(getattr(usage, name) for usage, _ in items) for name in _USAGE_FIELDS))
+    cost: Decimal | None = None
+    for _, one in items:
+        cost = add_cost(cost, one)
     counts: dict[str, Any] = {
-        "turns": F("turns") + 1,
-        "input_tokens": F("input_tokens") + usage.input_tokens,
-        "output_tokens": F("output_tokens") + usage.output_tokens,
-        "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
-        "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
+        "turns": F("turns") + len(items),
+        "input_tokens": F("input_tokens") + summed.input_tokens,
+        "output_tokens": F("output_tokens") + summed.output_tokens,
+        "cache_read_tokens": F("cache_read_tokens") + summed.cache_read_tokens,
+        "cache_write_tokens": F("cache_write_tokens") + summed.cache_write_tokens,
     }
     if cost is not None:
         counts["cost_usd"] = added_cost(cost)
     if batch:
-        counts["batch_turns"] = F("batch_turns") + 1
+        counts["batch_turns"] = F("batch_turns") + len(items)
     rows = AgentUsageDay.objects.filter(**key)
     if rows.update(**counts):
         return
@@ -59,16 +89,19 @@ def record_usage(run: AgentRun, usage: Usage, cost: Decimal | None, *, batch: bo
         with transaction.atomic():
             AgentUsageDay.objects.create(
                 **key,
-                turns=1,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_read_tokens=usage.cache_read_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
+                turns=len(items),
+                input_tokens=summed.input_tokens,
+                output_tokens=summed.output_tokens,
+                cache_read_tokens=summed.cache_read_tokens,
+                cache_write_tokens=summed.cache_write_tokens,
                 cost_usd=cost,
-                batch_turns=int(batch),
+                batch_turns=len(items) if batch else 0,
             )
     except IntegrityError:  # another commit created the day's row first (PostgreSQL)
         rows.update(**counts)
+
+
+_USAGE_FIELDS = [field.name for field in dataclasses.fields(Usage)]
 
 
 def count_in_rows(
