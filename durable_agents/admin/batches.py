@@ -106,6 +106,8 @@ class AgentBatchAdmin(ReadOnlyAdmin[AgentBatch]):
     )
     list_filter = ("status",)
     search_fields = ("=provider_id",)
+    # Newest first through the primary key's index (ids grow with created_at, which has none).
+    ordering = ("-id",)
     list_per_page = 50
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
