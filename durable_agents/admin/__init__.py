@@ -1,7 +1,7 @@
 """The durable_agents admin: runs and their transcripts (with what a waiting run waits for, its
 parent and children), intents to decide, questions to answer, events to send, schedules, the
-dead letter, an operations page, the fleet's workers and agent versions, and the webhook
-deliveries. One module per
+dead letter, an operations page, the fleet's workers and agent versions, the webhook
+deliveries, and the Message Batches of runs in batches. One module per
 screen; this one registers them.
 
 Runs, steps, intents, questions, events, workers and agent versions are never edited by hand:
@@ -27,6 +27,7 @@ whoever comes later, whatever their language.
 
 from django.contrib import admin
 
+from durable_agents.admin.batches import AgentBatchAdmin
 from durable_agents.admin.budgets import ConcurrencyKeyAdmin
 from durable_agents.admin.entries import DeadLetterEntryAdmin, OperationsEntryAdmin
 from durable_agents.admin.events import AgentEventAdmin
@@ -37,6 +38,7 @@ from durable_agents.admin.schedules import AgentScheduleAdmin
 from durable_agents.admin.webhooks import WebhookDeliveryAdmin
 from durable_agents.admin.workers import AgentVersionAdmin, WorkerAdmin
 from durable_agents.models import (
+    AgentBatch,
     AgentEvent,
     AgentQuestion,
     AgentRun,
@@ -59,8 +61,10 @@ admin.site.register(AgentSchedule, AgentScheduleAdmin)
 admin.site.register(AgentWorker, WorkerAdmin)
 admin.site.register(AgentVersion, AgentVersionAdmin)
 admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)
+admin.site.register(AgentBatch, AgentBatchAdmin)
 
 __all__ = [
+    "AgentBatchAdmin",
     "AgentEventAdmin",
     "AgentQuestionAdmin",
     "AgentRunAdmin",

@@ -234,6 +234,15 @@ def key_cost_rows(figures: Figures) -> list[CostRow]:
     return ranked[:COST_KEYS]
 
 
+def turns_today(figures: Figures) -> tuple[int, int]:
+    """Model turns of the current UTC day sent directly and answered through a Message Batch
+    (from the rollup rows the costs already read)."""
+    today = figures.taken_at.astimezone(datetime.UTC).date()
+    used = [u for u in figures.usage if u.day == today]
+    batched = sum(u.batch_turns for u in used)
+    return sum(u.turns for u in used) - batched, batched
+
+
 def cost_day_bars(figures: Figures) -> list[Bar]:
     """The cost of every agent together on each of the last COST_DAYS UTC days, oldest
     first (a day without a priced turn at 0)."""
@@ -395,6 +404,7 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
     questions = figures.questions or nothing
     steps = figures.steps
     table = table_count()
+    direct_turns, batch_turns = turns_today(figures)
     return {
         "fleet": fleet,
         "fleet_lines": fleet_lines(fleet),
@@ -436,6 +446,8 @@ def operations_stats(now: datetime.datetime | None = None) -> dict[str, Any]:
         "cost_day_bars": cost_day_bars(figures),
         "cost_chart_height": COST_DAYS * 22,
         "cost_days": COST_DAYS,
+        "turns_today_direct": direct_turns,
+        "turns_today_batched": batch_turns,
         "cost_total": format_usd(sum((u.cost for u in figures.usage if u.cost), Decimal(0))),
     }
 

@@ -35,6 +35,7 @@ from durable_agents.admin.base import (
     clean_pk,
     get_or_404,
 )
+from durable_agents.admin.batches import batch_wait
 from durable_agents.admin.capacity import CapacityPage
 from durable_agents.admin.costs import list_cost, run_page_cost
 from durable_agents.admin.dead_letter import DeadLetterPages
@@ -292,6 +293,7 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
         "woken_by_text",
         "concurrency",
         "metadata_text",
+        "batch_mode",
     )
     # Shown on the page of a child run, and of a run that has waited.
     child_fieldset = (_("Child run"), {"fields": ("parent_link", "spawn_key", "depth")})
@@ -354,6 +356,12 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
             # After the task, on the page of a run started with a key only.
             name, options = fieldsets[0]
             fieldsets[0] = (name, {**options, "fields": (*options["fields"], "start_key_shown")})
+        if obj is not None and obj.batch:
+            # Its model turns go through Message Batches: after the model.
+            name, options = fieldsets[0]
+            fields = list(options["fields"])
+            fields.insert(fields.index("model_shown") + 1, "batch_mode")
+            fieldsets[0] = (name, {**options, "fields": tuple(fields)})
         if obj is not None and obj.concurrency_key is not None:
             name, options = fieldsets[0]
             fieldsets[0] = (name, {**options, "fields": (*options["fields"], "concurrency")})
@@ -388,6 +396,10 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
             self._url("change", obj.parent_id),
             obj.parent_id,
         )
+
+    @admin.display(description=_("model turns"))
+    def batch_mode(self, obj: AgentRun) -> str:
+        return gettext("in batches (Message Batches API, at batch prices)") if obj.batch else ""
 
     @admin.display(description=_("concurrency key"))
     def concurrency(self, obj: AgentRun) -> SafeString | str:
@@ -764,6 +776,10 @@ class AgentRunAdmin(RunActions, ReadOnlyAdmin[AgentRun]):
             "inbox": [(message, shown_text(message.text)) for message in inbox[:INBOX_SHOWN]],
             "inbox_more": len(inbox) > INBOX_SHOWN,
             "wait": wait,
+            # The request and batch of a turn it waits for in a batch (a query for those only).
+            "batch_wait": batch_wait(run, self.admin_site.name)
+            if wait is not None and wait.kind == WaitKind.BATCH
+            else None,
             "children": run_children(run),
             "questions": questions,
             "questions_total": questions_total,

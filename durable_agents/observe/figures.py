@@ -144,6 +144,7 @@ class UsageFigure:
     tokens: int  # input, cache and output
     cost: Decimal | None  # None: none of these turns had a price
     key: str = ""  # the runs' concurrency key ('': none)
+    batch_turns: int = 0  # of ``turns``, those answered through a Message Batch
 
 
 @dataclass(frozen=True)
@@ -260,12 +261,13 @@ def usage_by_day(
             cached=Sum("cache_read_tokens"),
             written=Sum("cache_write_tokens"),
             cost=Sum("cost_usd"),
+            batched=Sum("batch_turns"),
         )
         .order_by("day", "agent", "model", "concurrency_key")
     )
     return tuple(
-        UsageFigure(day, agent, model, n, read + out + cached + written, cost, key)
-        for day, agent, model, key, n, read, out, cached, written, cost in rows
+        UsageFigure(day, agent, model, n, read + out + cached + written, cost, key, batched or 0)
+        for day, agent, model, key, n, read, out, cached, written, cost, batched in rows
     )
 
 
