@@ -22,10 +22,10 @@ class DurableAgentsConfig(AppConfig):
         # page's publisher of streamed text (observers.publish_text).
         from durable_agents import checks, notifications, signals, webhooks  # noqa: F401
         from durable_agents import logging as run_logging
+        from durable_agents.batches import fleet  # noqa: F401
         from durable_agents.housekeeping import serving, sweeps  # noqa: F401
         from durable_agents.live import publish  # noqa: F401
         from durable_agents.observe import telemetry
-        from durable_agents.batches import fleet  # noqa: F401
         from durable_agents.schedules import firing  # noqa: F401
 
         run_logging.install_record_factory()

@@ -45,7 +45,6 @@ from durable_agents.store.batches import Answer, Committed
 logger = logging.getLogger("durable_agents.batches")
 
 
-
 def submit_lease() -> float:
     """How long a worker holds the batch row it submits: past this, another worker sends its
     requests again (the submitter died). Longer than a create call can take (it times out
@@ -58,6 +57,7 @@ def poll_lease() -> float:
     past this, another worker polls it (the poller died). Polling a batch twice is harmless:
     its answers commit once."""
     return float(app_settings.LEASE_SECONDS)
+
 
 # Results committed per transaction.
 CHUNK = 500

@@ -86,9 +86,11 @@ def test_runs_in_batches_survive_workers_killed_at_random(
     workers = [worker(n) for n in range(WORKERS)]
     started = time.monotonic()
     kills = spawned = 0
-    while AgentRun.objects.filter(pk__in=[r.pk for r in runs]).exclude(
-        status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.DEAD]
-    ).exists():
+    while (
+        AgentRun.objects.filter(pk__in=[r.pk for r in runs])
+        .exclude(status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.DEAD])
+        .exists()
+    ):
         assert time.monotonic() - started < DEADLINE_SECONDS, "the runs did not end in time"
         time.sleep(rng.uniform(1.5, 3.5))
         # A worker is killed once all three are at work (each writes its row as it starts):
@@ -116,9 +118,7 @@ def test_runs_in_batches_survive_workers_killed_at_random(
     assert fake_api.requests == []
     assert [call.status for call in fake_api.batch_calls if call.status >= 400] == []
     stats = fake_api.batches.stats()
-    turns = sum(
-        run.steps.filter(kind=StepKind.MODEL_TURN).count() for run in ended.values()
-    )
+    turns = sum(run.steps.filter(kind=StepKind.MODEL_TURN).count() for run in ended.values())
     assert turns == AgentBatchRequest.objects.filter(status="answered").count()
     sizes = stats.batch_sizes
     print(

@@ -22,6 +22,7 @@ from durable_agents.offline import (
     shared_batch_desk,
 )
 from durable_agents.offline.wire import json_bytes
+from tests.fakeserver import FakeAnthropic, api_error
 
 
 def sdk_bytes(params: Any) -> bytes:
@@ -29,7 +30,7 @@ def sdk_bytes(params: Any) -> bytes:
     desk answers each request of a batch from these bytes, as cut from the create's body."""
     text = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return text.encode("utf-8", "surrogatepass")
-from tests.fakeserver import FakeAnthropic, api_error
+
 
 MODEL = "claude-sonnet-4-6"
 T0 = 1_700_000_000.0
