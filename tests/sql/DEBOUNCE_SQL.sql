@@ -11,7 +11,8 @@ UPDATE agent_run
        concurrency_key = %(concurrency_key)s,
        concurrency_limit = %(concurrency_limit)s,
        trace_context = %(trace_context)s,
-       metadata = %(metadata)s
+       metadata = %(metadata)s,
+       batch = %(batch)s
  WHERE start_key = %(start_key)s
    AND agent = %(agent)s
    AND status = 'waiting'

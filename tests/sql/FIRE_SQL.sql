@@ -67,7 +67,8 @@ WITH slot AS (
                            forked_from_id,
                            fork_seq,
                            fork_key_run_id,
-                           metadata)
+                           metadata,
+                           batch)
     SELECT s.run_id,
            t.agent,
            t.prompt_version,
@@ -108,7 +109,8 @@ WITH slot AS (
            t.forked_from_id,
            t.fork_seq,
            t.fork_key_run_id,
-           t.metadata
+           t.metadata,
+           t.batch
       FROM slot AS s
       JOIN template AS t ON t.ordinality = s.template
       LEFT JOIN fair AS f ON f.n = s.n

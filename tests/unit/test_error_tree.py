@@ -28,6 +28,9 @@ CONTROL_FLOW = {
     "durable_agents.forks.upgrades._Raced",  # rolls back one batch of an upgrade
     "durable_agents.live.hub.ReaderDropped",  # ends a stream, as StopAsyncIteration would
     "durable_agents.offline.wire.RequestError",  # becomes the offline model's HTTP answer
+    "durable_agents.offline.batches._QueueFull",  # the offline model's 429 of a batch create
+    # A batch endpoint's failure, caught by the batch service (which logs it and goes on).
+    "durable_agents.llm.batches.BatchCallFailed",
     "durable_agents.callbacks.BadBody",  # becomes the callback view's 400 or 413 answer
     # The model's answer refused by the output schema: told to the model, or the run's error.
     "durable_agents.declare.output.InvalidOutput",
