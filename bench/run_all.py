@@ -8,6 +8,7 @@
     python -m bench.run_all --only keys        # concurrency keys: claim cost, fair share
     python -m bench.run_all --only quota       # many runs, one rate-limited model quota
     python -m bench.run_all --only keys_crash  # keys of limit 2, one of 3 workers SIGKILLed
+    python -m bench.run_all --only batches     # runs in batches: commit rate, claim, cost
     python -m bench.run_all --before 14be984   # also measure git ref 14be984 first
     python -m bench.run_all --help             # lists every benchmark --only accepts
 
@@ -139,6 +140,10 @@ FULL["messages"] = []
 QUICK["messages"] = ["--runs", "500", "--sends", "200"]
 FULL["versions"] = []  # 100,000 pending runs, five pairs of 1,000 claims
 QUICK["versions"] = ["--quick"]
+# Runs in batches: 10,000 turns committed from one Message Batch, the claim while they wait,
+# the same workload's cost directly and in batches (about 3 minutes; 45 s with --quick).
+FULL["batches"] = []
+QUICK["batches"] = ["--quick"]
 FULL["failover"] = []
 QUICK["failover"] = [
     "--runs", "60", "--slots", "20", "--outage", "5", "--timeout", "120",
@@ -258,6 +263,7 @@ NOT_BEFORE = {
     "step_log",
     "step_log_upgrade",
     "upgrade_runs",
+    "batches",  # runs in batches are newer than any ref measured before
 }
 
 
