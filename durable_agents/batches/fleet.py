@@ -102,7 +102,6 @@ class Submitter:
         if time.monotonic() < self.not_before:
             return tally
         rows.recover_stale_submissions()
-        rows.drop_orphans()
         max_requests = max(1, int(app_settings.BATCH_MAX_REQUESTS))
         window = 0.0 if force else float(app_settings.BATCH_WINDOW_SECONDS)
         for betas in rows.due_groups(window, max_requests):
@@ -289,7 +288,12 @@ def _commit_results(
     def commit() -> None:
         nonlocal cost, direct_cost
         outcome = rows.commit_answers(
-            batch, list(chunk.values()), owner=owner, max_tries=max_tries, fallback_seconds=fallback
+            batch,
+            list(chunk.values()),
+            owner=owner,
+            max_tries=max_tries,
+            fallback_seconds=fallback,
+            wake=current().wake_batch_answers,
         )
         for request_id in outcome.unknown:
             logger.warning(

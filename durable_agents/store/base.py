@@ -95,7 +95,7 @@ if TYPE_CHECKING:
 
     from durable_agents.flow.capacity.gate import CapacityGate
     from durable_agents.models import AgentSchedule
-    from durable_agents.store.batches import BatchTurn
+    from durable_agents.store.batches import BatchTurn, Candidate
     from durable_agents.store.rows import DueSchedules, SlotStart
 
 # A reason (error) longer than this is cut with a note: it is shown on pages and in e-mails.
@@ -646,6 +646,15 @@ class Store(abc.ABC):
         ``stalled_claims`` 0); fenced on the claim and on ``turn.seq`` being ``last_seq + 1``.
         ``READY`` (nothing changed) when that request waited past BATCH_FALLBACK_SECONDS: the
         run sends it directly. Only the database stores keep batches."""
+        raise TypeError(
+            f"runs in batches need a database store: {type(self).__name__} keeps no batches"
+        )
+
+    def wake_batch_answers(self, candidates: Sequence[Candidate], woken_by: str) -> set[int]:
+        """In the caller's transaction: make the run of each succeeded batch answer pending,
+        its turn's seq its ``last_seq`` and its tokens and cost added, fenced on the run still
+        waiting on that request at that position; the request ids whose run it woke (the
+        batch poller then inserts their steps)."""
         raise TypeError(
             f"runs in batches need a database store: {type(self).__name__} keeps no batches"
         )

@@ -11,9 +11,11 @@
     return_requests     the create failed: its requests wait again (or fail, past their tries)
     take_due_batches    a poller: batches whose next retrieve is due, leased to it (SKIP LOCKED)
     poll_later          the batch is still in progress: its counts, the next retrieve
-    commit_answers      the results: each succeeded answer is committed as its run's step
-                        ``seq``, verbatim, only while the run still waits on that request at
-                        that position (the fence); the run becomes pending. A request error
+    commit_answers      the results, a chunk a transaction: each succeeded answer is committed
+                        as its run's step ``seq``, verbatim, only while the run still waits on
+                        that request at that position (the fence: the store's
+                        ``wake_batch_answers``, one statement for the chunk on PostgreSQL,
+                        store/postgres_batches.py); the run becomes pending. A request error
                         dead-letters the run; an expiry, a cancellation or a transient error
                         sends the request again (or directly, past BATCH_FALLBACK_SECONDS)
     end_batch           every result is in: the batch is ``ended``; the requests it never
@@ -31,18 +33,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import CharField, Count, F, Min, Q, QuerySet
-from django.db.models.functions import Cast, Greatest, Now
+from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
 from durable_agents._internal.text import json_text, storable_text
 from durable_agents.flow import pricing
-from durable_agents.flow.pricing import Usage, add_cost
+from durable_agents.flow.pricing import Price, Usage, add_cost
 from durable_agents.models import (
     AgentBatch,
     AgentBatchRequest,
@@ -208,15 +210,6 @@ def park_on_batch(claim: Claim, turn: BatchTurn) -> Parked:
 # -- the submitter ------------------------------------------------------------------------
 
 
-def _live(requests: QuerySet[AgentBatchRequest]) -> QuerySet[AgentBatchRequest]:
-    """Of ``requests``, those whose run still waits on them."""
-    return requests.filter(
-        run__status=RunStatus.WAITING,
-        run__waiting_for=WaitKind.BATCH,
-        run__wait_key=Cast("id", output_field=CharField()),
-    )
-
-
 def recover_stale_submissions() -> int:
     """Batches whose submitter died between taking their requests and recording the API's
     answer (``owner_until`` passed while ``submitting``): abandoned, their requests waiting
@@ -266,32 +259,42 @@ def due_groups(window_seconds: float, max_requests: int) -> list[str]:
     return due
 
 
-def drop_orphans() -> int:
-    """Requests waiting for a batch whose run no longer waits on them (cancelled, deleted,
-    dead-lettered and requeued elsewhere): dropped, never sent."""
-    live = _live(AgentBatchRequest.objects.filter(status=RequestStatus.WAITING))
-    return (
-        AgentBatchRequest.objects.filter(status=RequestStatus.WAITING)
-        .exclude(pk__in=live.values("pk"))
-        .update(status=RequestStatus.DROPPED, body="", reason="its run no longer waited on it")
-    )
-
-
 def take_requests(
     betas: str, owner: str, lease_seconds: float, max_requests: int, max_bytes: int
 ) -> Draft | None:
     """Lock up to ``max_requests`` waiting requests with header ``betas`` (at most
     ``max_bytes`` of bodies), oldest first, skipping those another submitter holds, and move
-    them into a new batch row (``submitting``, leased to ``owner``); None when none waits."""
+    them into a new batch row (``submitting``, leased to ``owner``); None when none waits.
+    Requests whose run no longer waits on them are dropped on the way. The requests are read
+    from their own index and their runs by primary key: no plan depends on how many runs wait."""
     with transaction.atomic():
         rows = list(
-            _live(AgentBatchRequest.objects.filter(status=RequestStatus.WAITING, betas=betas))
-            .select_for_update(skip_locked=True, of=("self",))
-            .order_by("queued_at", "id")[:max_requests]
+            AgentBatchRequest.objects.filter(
+                status=RequestStatus.WAITING, betas=betas, queued_at__lte=Now()
+            )
+            .select_for_update(skip_locked=True)
+            .order_by("queued_at", "id")
+            .only("id", "run_id", "body")[:max_requests]
         )
+        if not rows:
+            return None
+        waiting_on = dict(
+            AgentRun.objects.filter(
+                pk__in={row.run_id for row in rows},
+                status=RunStatus.WAITING,
+                waiting_for=WaitKind.BATCH,
+            ).values_list("pk", "wait_key")
+        )
+        orphans = [row.pk for row in rows if waiting_on.get(row.run_id) != str(row.pk)]
+        if orphans:
+            AgentBatchRequest.objects.filter(pk__in=orphans).update(
+                status=RequestStatus.DROPPED, body="", reason="its run no longer waited on it"
+            )
         taken: list[AgentBatchRequest] = []
         size = 0
         for row in rows:
+            if waiting_on.get(row.run_id) != str(row.pk):
+                continue
             size += len(row.body) + 64
             if taken and size > max_bytes:
                 break
@@ -395,10 +398,22 @@ def renew_batch(batch: AgentBatch, seconds: float) -> None:
 
 
 def live_requests(batch_id: int) -> int:
-    """How many requests of the batch a run still waits on."""
-    return _live(
-        AgentBatchRequest.objects.filter(batch_id=batch_id, status=RequestStatus.SUBMITTED)
-    ).count()
+    """How many requests of the batch a run still waits on (its runs read by primary key)."""
+    pairs = list(
+        AgentBatchRequest.objects.filter(
+            batch_id=batch_id, status=RequestStatus.SUBMITTED
+        ).values_list("pk", "run_id")
+    )
+    if not pairs:
+        return 0
+    waiting_on = dict(
+        AgentRun.objects.filter(
+            pk__in={run_id for _, run_id in pairs},
+            status=RunStatus.WAITING,
+            waiting_for=WaitKind.BATCH,
+        ).values_list("pk", "wait_key")
+    )
+    return sum(1 for pk, run_id in pairs if waiting_on.get(run_id) == str(pk))
 
 
 def poll_later(
@@ -439,10 +454,12 @@ def commit_answers(
     owner: str,
     max_tries: int,
     fallback_seconds: float | None,
+    wake: Wake,
 ) -> Committed:
     """Commit a chunk of a batch's results in one transaction (see the module's docstring):
-    one fenced UPDATE per answer (its run), then the chunk's steps in one INSERT, its requests
-    marked in one UPDATE, and the day's rollup in one statement per row it touches."""
+    the fenced wake of the answered runs (``wake``: the store's ``wake_batch_answers``, one
+    statement on PostgreSQL), the chunk's steps in one INSERT, its requests marked in one
+    UPDATE, and the day's rollup in one statement per row it touches."""
     outcome = Committed()
     by_id = {answer.request_id: answer for answer in answers}
     with transaction.atomic():
@@ -473,7 +490,7 @@ def commit_answers(
         for request_id, request in requests.items():
             answer = by_id[request_id]
             if answer.kind == "succeeded":
-                _commit_answer(batch, request, answer, owner, outcome, chunk)
+                _commit_answer(batch, request, answer, outcome, chunk)
             elif request.status != RequestStatus.SUBMITTED or request.batch_id != batch.pk:
                 # An outcome of an earlier batch of a request that moved on: nothing to do.
                 continue
@@ -493,42 +510,129 @@ def commit_answers(
                     fallback_seconds,
                     outcome,
                 )
-        chunk.write(batch)
+        chunk.write(batch, owner, wake, outcome)
     return outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A succeeded answer whose run may still wait on it: what the fenced wake is given."""
+
+    request: AgentBatchRequest
+    answer: Answer
+    cost: Decimal | None
+
+
+# The store's fenced wake of a chunk's answered runs: the request ids whose run it woke.
+Wake = Callable[[Sequence[Candidate], str], set[int]]
 
 
 @dataclasses.dataclass
 class _Chunk:
-    """What the answers of one chunk write together once each run's fence was tried."""
+    """What the answers of one chunk write together."""
 
-    steps: list[AgentStep] = dataclasses.field(default_factory=list)
-    answered: list[int] = dataclasses.field(default_factory=list)
-    dropped: list[int] = dataclasses.field(default_factory=list)
+    candidates: list[Candidate] = dataclasses.field(default_factory=list)
     paid: list[tuple[AgentRun, Usage, Decimal | None]] = dataclasses.field(default_factory=list)
+    # Each model's (batch, direct) price, looked up once a chunk.
+    prices: dict[str, tuple[Price | None, Price | None]] = dataclasses.field(default_factory=dict)
 
-    def write(self, batch: AgentBatch) -> None:
-        if self.steps:
-            AgentStep.objects.bulk_create(self.steps)
-        if self.answered:
-            AgentBatchRequest.objects.filter(pk__in=self.answered).update(
+    def prices_of(self, model: str) -> tuple[Price | None, Price | None]:
+        found = self.prices.get(model)
+        if found is None:
+            found = self.prices[model] = (
+                pricing.price_for(model, batch=True),
+                pricing.price_for(model),
+            )
+        return found
+
+    def write(self, batch: AgentBatch, owner: str, wake: Wake, outcome: Committed) -> None:
+        woken = (
+            wake(self.candidates, json_text({"batch": batch.provider_id}))
+            if self.candidates
+            else set()
+        )
+        steps: list[AgentStep] = []
+        answered: list[int] = []
+        dropped: list[int] = []
+        for candidate in self.candidates:
+            request, answer = candidate.request, candidate.answer
+            if request.pk in woken:
+                steps.append(_step_of(batch, request, answer, owner))
+                answered.append(request.pk)
+                continue
+            # Paid, but its run moved on (cancelled, answered already by a duplicate or
+            # another batch): counted in the run's cost, never in its log.
+            AgentRun.objects.filter(pk=request.run_id).update(**_paid_changes(candidate))
+            outcome.ignored += 1
+            if request.status == RequestStatus.SUBMITTED and request.batch_id == batch.pk:
+                dropped.append(request.pk)
+        outcome.committed += len(steps)
+        if steps:
+            AgentStep.objects.bulk_create(steps)
+        if answered:
+            AgentBatchRequest.objects.filter(pk__in=answered).update(
                 status=RequestStatus.ANSWERED, batch=batch, body="", answered_at=Now()
             )
-        if self.dropped:
-            AgentBatchRequest.objects.filter(pk__in=self.dropped).update(
+        if dropped:
+            AgentBatchRequest.objects.filter(pk__in=dropped).update(
                 status=RequestStatus.DROPPED, body="", reason="its run no longer waited on it"
             )
         record_usages(self.paid, batch=True)
+
+
+def _paid_changes(candidate: Candidate) -> dict[str, Any]:
+    """What an answer adds to its run's counters: its tokens, and its cost if priced."""
+    changes: dict[str, Any] = {"tokens_used": F("tokens_used") + candidate.answer.tokens}
+    if candidate.cost is not None:
+        changes["cost_usd"] = added_cost(candidate.cost)
+    return changes
+
+
+def _step_of(
+    batch: AgentBatch, request: AgentBatchRequest, answer: Answer, owner: str
+) -> AgentStep:
+    return AgentStep(
+        run_id=request.run_id,
+        seq=request.seq,
+        kind=StepKind.MODEL_TURN,
+        payload=answer.body,
+        content_start=answer.content_span[0] if answer.content_span else None,
+        content_end=answer.content_span[1] if answer.content_span else None,
+        request_id=f"{batch.provider_id}/{request.pk}"[:200],
+        attempt=request.run.attempt,
+        worker=owner,
+    )
+
+
+def wake_answers(candidates: Sequence[Candidate], woken_by: str) -> set[int]:
+    """The fenced wake through the ORM (``PortableStore.wake_batch_answers``): one UPDATE per
+    answer, each on its run's primary key and the fence; the request ids it woke."""
+    woken: set[int] = set()
+    for candidate in candidates:
+        request = candidate.request
+        if _waiting_on(request).update(
+            status=RunStatus.PENDING,
+            last_seq=request.seq,
+            stalled_claims=0,
+            lease_owner=None,
+            lease_until=None,
+            wait_key=None,
+            woken_by=woken_by,
+            updated_at=Now(),
+            **_paid_changes(candidate),
+        ):
+            woken.add(request.pk)
+    return woken
 
 
 def _commit_answer(
     batch: AgentBatch,
     request: AgentBatchRequest,
     answer: Answer,
-    owner: str,
     outcome: Committed,
     chunk: _Chunk,
 ) -> None:
-    """One succeeded answer: the run's step, if the run still waits on it; paid either way."""
+    """One succeeded answer: a candidate for its run's step; paid either way."""
     run = request.run
     if request.status == RequestStatus.ANSWERED and request.batch_id == batch.pk:
         # This batch's answer, committed already: a results file read again after a failed
@@ -536,48 +640,15 @@ def _commit_answer(
         logger.warning("batch %s: a second result for request %s", batch.provider_id, request.pk)
         return
     usage = answer.usage or Usage()
-    cost = pricing.cost_of(request.model, usage, batch=True)
+    batch_price, direct_price = chunk.prices_of(request.model)
+    cost = None if batch_price is None else batch_price.cost(usage)
     outcome.cost = add_cost(outcome.cost, cost)
-    outcome.direct_cost = add_cost(outcome.direct_cost, pricing.cost_of(request.model, usage))
+    outcome.direct_cost = add_cost(
+        outcome.direct_cost, None if direct_price is None else direct_price.cost(usage)
+    )
     outcome.paid.append((run.agent, request.model, cost))
     chunk.paid.append((run, usage, cost))
-    changes: dict[str, Any] = {"tokens_used": F("tokens_used") + answer.tokens}
-    if cost is not None:
-        changes["cost_usd"] = added_cost(cost)
-    woken = _waiting_on(request).update(
-        status=RunStatus.PENDING,
-        last_seq=request.seq,
-        stalled_claims=0,
-        lease_owner=None,
-        lease_until=None,
-        wait_key=None,
-        woken_by=json_text({"batch": batch.provider_id}),
-        updated_at=Now(),
-        **changes,
-    )
-    if not woken:
-        # Paid, but its run moved on (cancelled, answered already by a duplicate or another
-        # batch): counted in the run's cost, never in its log.
-        AgentRun.objects.filter(pk=request.run_id).update(**changes)
-        outcome.ignored += 1
-        if request.status == RequestStatus.SUBMITTED and request.batch_id == batch.pk:
-            chunk.dropped.append(request.pk)
-        return
-    chunk.steps.append(
-        AgentStep(
-            run_id=request.run_id,
-            seq=request.seq,
-            kind=StepKind.MODEL_TURN,
-            payload=answer.body,
-            content_start=answer.content_span[0] if answer.content_span else None,
-            content_end=answer.content_span[1] if answer.content_span else None,
-            request_id=f"{batch.provider_id}/{request.pk}"[:200],
-            attempt=run.attempt,
-            worker=owner,
-        )
-    )
-    chunk.answered.append(request.pk)
-    outcome.committed += 1
+    chunk.candidates.append(Candidate(request, answer, cost))
 
 
 def _fail(request: AgentBatchRequest, reason: str, outcome: Committed) -> None:

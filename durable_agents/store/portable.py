@@ -94,7 +94,7 @@ from durable_agents.store.base import (
     run_outcome,
     timer_woken_by,
 )
-from durable_agents.store.batches import BatchTurn
+from durable_agents.store.batches import BatchTurn, Candidate
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.rows import DueSchedules, SlotStart
 from durable_agents.store.transitions import mark_transitioned
@@ -618,6 +618,9 @@ class PortableStore(Store):
 
     def park_on_batch(self, claim: Claim, turn: BatchTurn) -> Parked:
         return batches.park_on_batch(claim, turn)
+
+    def wake_batch_answers(self, candidates: Sequence[Candidate], woken_by: str) -> set[int]:
+        return batches.wake_answers(candidates, woken_by)
 
     def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
         with transaction.atomic():

@@ -70,6 +70,7 @@ from durable_agents.store import (
     portable_callbacks,
     portable_logs,
     portable_runs,
+    postgres_batches,
     postgres_claims,
     postgres_debounce,
     postgres_fleet,
@@ -93,12 +94,13 @@ from durable_agents.store.base import (
     Store,
     WaitSpec,
 )
-from durable_agents.store.batches import BatchTurn
+from durable_agents.store.batches import BatchTurn, Candidate
 from durable_agents.store.portable import PortableStore
 
 # The statements and fragments of the claim and of a step, importable from here as they were
 # before they had modules of their own: tests/sql/ pins every ``*_SQL`` of this module, the
 # tests check the fragments (``_FREED`` too) and the benchmarks run the claim and the commit.
+from durable_agents.store.postgres_batches import WAKE_ANSWERED_SQL as WAKE_ANSWERED_SQL
 from durable_agents.store.postgres_claims import _FREED as _FREED
 from durable_agents.store.postgres_claims import ADMITTED as ADMITTED
 from durable_agents.store.postgres_claims import BEAT_SQL as BEAT_SQL
@@ -377,6 +379,9 @@ class PostgresStore(Store):
 
     def park_on_batch(self, claim: Claim, turn: BatchTurn) -> Parked:
         return self.orm.park_on_batch(claim, turn)
+
+    def wake_batch_answers(self, candidates: Sequence[Candidate], woken_by: str) -> set[int]:
+        return postgres_batches.wake_answers(candidates, woken_by)
 
     def park_on_wait(self, claim: Claim, spec: WaitSpec) -> tuple[Parked, dict[str, Any] | None]:
         return self.orm.park_on_wait(claim, spec)
