@@ -388,7 +388,9 @@ class BatchService:
         self.close = close
 
     def serve(self) -> None:
-        wait = 0.0
+        # The first look a tick after the worker starts: a burst worker done sooner (tests,
+        # one-off drains) costs the database nothing.
+        wait = TICK_SECONDS
         try:
             while not self.stopping.wait(wait):
                 wait = self.tick()

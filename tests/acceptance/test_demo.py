@@ -60,7 +60,8 @@ def test_the_demo_tells_its_story_forks_a_run_and_fires_a_schedule(tmp_path: Pat
     assert len(printed) < 80, "\n".join(printed)
     assert not [line for line in printed if "Traceback" in line or " INFO " in line]
     chapters = [line for line in printed if line[:2] in {f"{n}." for n in range(1, 10)}]
-    assert len(chapters) == 5, chapters
+    assert len(chapters) == 6, chapters
+    assert any("Message Batches" in chapter for chapter in chapters), chapters
 
     with sqlite3.connect(database) as db:
         forks = db.execute(
