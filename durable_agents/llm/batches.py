@@ -107,7 +107,10 @@ def result_lines(results_url: str) -> Iterator[bytes]:
     streamed: a batch of ten thousand long answers is never held whole. Raises
     ``BatchCallFailed`` when the download fails (a 404, a 500, a cut connection)."""
     client = _client()
-    headers = {key: str(value) for key, value in client.default_headers.items()}
+    # The client's own headers (its key, the API version); an Omit value means "not sent".
+    headers = {
+        key: value for key, value in client.default_headers.items() if isinstance(value, str)
+    }
     try:
         with client._client.stream("GET", results_url, headers=headers) as response:
             if response.status_code >= 400:

@@ -183,12 +183,19 @@ def park_on_batch(claim: Claim, turn: BatchTurn) -> Parked:
         else:
             # Parked at this position before (claimed again after a crash, requeued): the
             # same request, waiting again; an answer of its earlier batch still matches it.
+            if request.status in (RequestStatus.FAILED, RequestStatus.DROPPED):
+                # A person requeued the run (dead-lettered when its tries ran out, or after a
+                # request error): its tries start again.
+                request.tries = 0
+                request.reason = ""
             request.status = RequestStatus.WAITING
             request.body = turn.body
             request.model = turn.model
             request.betas = turn.betas
             request.batch = None
-            request.save(update_fields=["status", "body", "model", "betas", "batch"])
+            request.save(
+                update_fields=["status", "body", "model", "betas", "batch", "tries", "reason"]
+            )
             AgentBatchRequest.objects.filter(pk=request.pk).update(queued_at=Now())
         fenced.update(
             status=RunStatus.WAITING,

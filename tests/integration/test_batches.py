@@ -221,6 +221,14 @@ def test_tries_run_out_and_the_run_is_dead_lettered_with_why(desk, settings) -> 
     assert "tried in 2 batches" in run.error
     assert "expired" in run.error
     assert the_request(run).status == RequestStatus.FAILED
+    # A person requeues it: the same request waits again, its tries counted from zero.
+    desk.expire_ratio = 0.0
+    assert api.requeue_run(run.pk)
+    park(run)
+    request = the_request(run)
+    assert request.status == RequestStatus.WAITING
+    assert request.tries == 0
+    assert drive(run).status == RunStatus.SUCCEEDED
 
 
 @override_settings()
