@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -355,17 +355,12 @@ def return_requests(
             owner_until=None,
             error=storable_text(reason, MAX_REASON_CHARS),
         )
-        requests = list(
-            AgentBatchRequest.objects.select_for_update()
-            .filter(batch_id=batch_id, status=RequestStatus.SUBMITTED)
-            .select_related("run")
-            .only(*_RESEND_FIELDS)
-        )
+        if not count_try:
+            AgentBatchRequest.objects.filter(
+                batch_id=batch_id, status=RequestStatus.SUBMITTED, tries__gt=0
+            ).update(tries=F("tries") - 1)
         outcome = Committed()
-        for request in requests:
-            if not count_try:
-                request.tries = max(request.tries - 1, 0)
-            _send_again(request, reason, max_tries, None, outcome, not_before=not_before)
+        _send_again_unanswered(batch_id, reason, max_tries, None, outcome, not_before=not_before)
     return outcome
 
 
@@ -730,19 +725,13 @@ def end_batch(
     that got no result in it is sent again."""
     outcome = Committed()
     with transaction.atomic():
-        for request in (
-            AgentBatchRequest.objects.select_for_update()
-            .filter(batch_id=batch.pk, status=RequestStatus.SUBMITTED)
-            .select_related("run")
-            .only(*_RESEND_FIELDS)
-        ):
-            _send_again(
-                request,
-                f"batch {batch.provider_id} ended without a result for it",
-                max_tries,
-                fallback_seconds,
-                outcome,
-            )
+        _send_again_unanswered(
+            batch.pk,
+            f"batch {batch.provider_id} ended without a result for it",
+            max_tries,
+            fallback_seconds,
+            outcome,
+        )
         AgentBatch.objects.filter(pk=batch.pk).update(
             status=BatchStatus.ENDED,
             ended_at=Now(),
@@ -763,13 +752,7 @@ def abandon_batch(
     each request still in it is sent again with ``reason``."""
     outcome = Committed()
     with transaction.atomic():
-        for request in (
-            AgentBatchRequest.objects.select_for_update()
-            .filter(batch_id=batch.pk, status=RequestStatus.SUBMITTED)
-            .select_related("run")
-            .only(*_RESEND_FIELDS)
-        ):
-            _send_again(request, reason, max_tries, fallback_seconds, outcome)
+        _send_again_unanswered(batch.pk, reason, max_tries, fallback_seconds, outcome)
         AgentBatch.objects.filter(pk=batch.pk).update(
             status=BatchStatus.ABANDONED,
             owner=None,
@@ -780,10 +763,21 @@ def abandon_batch(
     return outcome
 
 
-def request_ids(values: Iterable[str]) -> list[int]:
-    """The request ids among ``custom_id`` values (others are not ours)."""
-    out = []
-    for value in values:
-        if value.isdigit() and len(value) < 19:
-            out.append(int(value))
-    return out
+def _send_again_unanswered(
+    batch_id: int,
+    reason: str,
+    max_tries: int,
+    fallback_seconds: float | None,
+    outcome: Committed,
+    *,
+    not_before: float = 0.0,
+) -> None:
+    """In the caller's transaction: send again each request still ``submitted`` in the batch
+    (it got no answer there), with ``reason``."""
+    for request in (
+        AgentBatchRequest.objects.select_for_update(of=("self",))
+        .filter(batch_id=batch_id, status=RequestStatus.SUBMITTED)
+        .select_related("run")
+        .only(*_RESEND_FIELDS)
+    ):
+        _send_again(request, reason, max_tries, fallback_seconds, outcome, not_before=not_before)
