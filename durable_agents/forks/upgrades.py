@@ -365,7 +365,8 @@ class Upgrade:
                 default=F("fingerprint"),
             ),
             "waiting_for": Case(
-                When(waiting_for=WaitKind.WORKER, then=Value("")), default=F("waiting_for")
+                When(waiting_for__in=(WaitKind.WORKER, WaitKind.BATCH), then=Value("")),
+                default=F("waiting_for"),
             ),
             "updated_at": Now(),
         }
@@ -381,10 +382,14 @@ class Upgrade:
         else:
             # A running run whose lease expired is handed back: the fence of the worker that
             # held it (owner, attempt, running) fails from now on, and a claim takes it anew.
-            for_worker = Q(status=RunStatus.WAITING, waiting_for=WaitKind.WORKER)
+            for_worker = Q(
+                status=RunStatus.WAITING, waiting_for__in=(WaitKind.WORKER, WaitKind.BATCH)
+            )
             changes.update(
                 # A run waiting for a worker that defines its old version is claimable at
                 # once (the trigger on agent_run tells the workers that it became pending).
+                # So is a run whose turn waits in a batch: that request was the old version's;
+                # the run asks again as the new one, and the old answer is paid, not used.
                 status=Case(
                     When(running | for_worker, then=Value(RunStatus.PENDING)),
                     default=F("status"),

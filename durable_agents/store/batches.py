@@ -534,6 +534,8 @@ class _Chunk:
     """What the answers of one chunk write together."""
 
     candidates: list[Candidate] = dataclasses.field(default_factory=list)
+    # Answers of requests that are no longer in this batch: paid, never committed.
+    strays: list[Candidate] = dataclasses.field(default_factory=list)
     paid: list[tuple[AgentRun, Usage, Decimal | None]] = dataclasses.field(default_factory=list)
     # Each model's (batch, direct) price, looked up once a chunk.
     prices: dict[str, tuple[Price | None, Price | None]] = dataclasses.field(default_factory=dict)
@@ -556,7 +558,7 @@ class _Chunk:
         steps: list[AgentStep] = []
         answered: list[int] = []
         dropped: list[int] = []
-        for candidate in self.candidates:
+        for candidate in (*self.candidates, *self.strays):
             request, answer = candidate.request, candidate.answer
             if request.pk in woken:
                 steps.append(_step_of(batch, request, answer, owner))
@@ -650,7 +652,14 @@ def _commit_answer(
     )
     outcome.paid.append((run.agent, request.model, cost))
     chunk.paid.append((run, usage, cost))
-    chunk.candidates.append(Candidate(request, answer, cost))
+    candidate = Candidate(request, answer, cost)
+    if request.status == RequestStatus.SUBMITTED and request.batch_id == batch.pk:
+        chunk.candidates.append(candidate)
+    else:
+        # The request is no longer in this batch (its run asked again since: requeued,
+        # upgraded, or the request was sent in a later batch): only the batch it is in now
+        # answers it. Paid, never committed.
+        chunk.strays.append(candidate)
 
 
 def _fail(request: AgentBatchRequest, reason: str, outcome: Committed) -> None:

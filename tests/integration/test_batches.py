@@ -398,3 +398,20 @@ def test_a_streaming_agent_runs_in_batches_without_streaming(desk) -> None:
     run = api.start_run("streamer", plan(("lookup", {"key": "a"})), batch=True)
     assert drive(run).status == RunStatus.SUCCEEDED
     assert desk.stats().creates == 2
+
+
+def test_only_the_batch_a_request_is_in_now_answers_it(desk) -> None:
+    """A run that asked again while its request was in a batch (an upgrade hands it back, as
+    here): the first batch's answer was for the request as it was, and is paid, not used."""
+    run = api.start_run("tester", plan(("lookup", {"key": "a"})), batch=True)
+    park(run)
+    assert Submitter("w").submit_due(force=True).batches == 1
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.PENDING, waiting_for="")
+    park(run)  # the same request, waiting again for a batch
+    tally = poll_due("w", force=True)
+    assert (tally.committed, tally.ignored) == (0, 1)
+    run.refresh_from_db()
+    assert run.last_seq == 0
+    assert run.tokens_used > 0  # the ignored answer was paid for
+    assert submit_and_poll().committed == 1
+    assert drive(run).status == RunStatus.SUCCEEDED
