@@ -23,6 +23,7 @@ from durable_agents.engine.history import Conversation, step_message
 from durable_agents.live import publish as live_publish
 from durable_agents.live.hub import Hub
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, RunStatus, StepKind, ToolIntent
+from durable_agents.offline import BatchDesk
 
 T = TypeVar("T")
 
@@ -195,3 +196,17 @@ def conversation_of(steps: list[AgentStep]) -> Conversation:
     for step in steps:
         conversation.append(step_message(step.kind, step.payload, step.content_span))
     return conversation
+
+
+@pytest.fixture
+def desk() -> Iterator[BatchDesk]:
+    """The offline model's Message Batches (the process-wide desk), fresh for the test, with
+    the offline model in use: runs in batches are driven to their end at once."""
+    from durable_agents.offline import shared_batch_desk
+    from durable_agents.testing import offline_model
+
+    desk = shared_batch_desk()
+    desk.reset()
+    with offline_model():
+        yield desk
+    desk.reset()

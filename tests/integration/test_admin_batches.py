@@ -6,7 +6,6 @@ reason) are escaped; the list's queries do not grow with its rows."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,22 +31,12 @@ from durable_agents.models import (
     WaitKind,
     short_id,
 )
-from durable_agents.offline import shared_batch_desk
-from durable_agents.testing import drive, offline_model, plan
+from durable_agents.testing import drive, plan
 from tests.integration.test_admin import ESCAPED, SCRIPT, run_url
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("desk")]
 
 PRICES = {"claude-test-1": {"input": 3.0, "output": 15.0}}
-
-
-@pytest.fixture(autouse=True)
-def desk() -> Iterator[object]:
-    desk = shared_batch_desk()
-    desk.reset()
-    with offline_model():
-        yield desk
-    desk.reset()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -31,21 +30,11 @@ from durable_agents.models import (
     StepKind,
     WaitKind,
 )
-from durable_agents.offline import shared_batch_desk
-from durable_agents.testing import drive, offline_model, plan
+from durable_agents.testing import drive, plan
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("desk")]
 
 PRICES = {"claude-test-1": {"input": 3.0, "output": 15.0}}
-
-
-@pytest.fixture(autouse=True)
-def desk() -> Iterator[object]:
-    desk = shared_batch_desk()
-    desk.reset()
-    with offline_model():
-        yield desk
-    desk.reset()
 
 
 def turns_of(run: AgentRun) -> list[AgentStep]:
