@@ -384,6 +384,7 @@ class BatchService:
         self.owner = owner
         self.stopping = stopping
         self.submitter = Submitter(owner)
+        self.failures = 0
         self.release = release
         self.close = close
 
@@ -399,14 +400,31 @@ class BatchService:
 
     def tick(self) -> float:
         try:
+            if not rows.has_work():
+                return TICK_SECONDS
             submitted = self.submitter.submit_due()
             polled = poll_due(self.owner)
+        except DatabaseError as exc:
+            # The database is away (a restart, a failover): said once, then quietly retried.
+            self.failures += 1
+            (logger.error if self.failures == 1 else logger.debug)(
+                "the batch service cannot reach the database (%s: %s); trying again every %.0fs",
+                type(exc).__name__,
+                " ".join(str(exc).split()),
+                ERROR_WAIT_SECONDS,
+            )
+            self.close()
+            return ERROR_WAIT_SECONDS
         except Exception:
+            self.failures += 1
             logger.exception("the batch service failed; trying again in %.0fs", ERROR_WAIT_SECONDS)
             self.close()
             return ERROR_WAIT_SECONDS
         finally:
             self.release()
+        if self.failures:
+            logger.info("the batch service works again after %d failures", self.failures)
+            self.failures = 0
         if submitted.batches or polled.committed or polled.resent or polled.failed:
             logger.debug("batches: submitted %s, polled %s", submitted, polled)
         return min(TICK_SECONDS, float(app_settings.BATCH_WINDOW_SECONDS) / 2 or TICK_SECONDS)

@@ -217,6 +217,15 @@ def park_on_batch(claim: Claim, turn: BatchTurn) -> Parked:
 # -- the submitter ------------------------------------------------------------------------
 
 
+def has_work() -> bool:
+    """Whether any request waits for a batch or any batch is at the API (or being submitted):
+    a fleet without runs in batches pays these two indexed looks a tick, and nothing more."""
+    return (
+        AgentBatchRequest.objects.filter(status=RequestStatus.WAITING).exists()
+        or AgentBatch.objects.filter(status__in=(BatchStatus.SUBMITTING, *POLLED_STATUSES)).exists()
+    )
+
+
 def recover_stale_submissions() -> int:
     """Batches whose submitter died between taking their requests and recording the API's
     answer (``owner_until`` passed while ``submitting``): abandoned, their requests waiting
