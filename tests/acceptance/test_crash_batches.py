@@ -36,9 +36,9 @@ pytestmark = [
 ]
 
 Spawn = Callable[..., WorkerProcess]
-# 12 runs keep the test within a minute; DA_CRASH_BATCH_RUNS=30 runs the release target
+# 10 runs keep the test well within a minute; DA_CRASH_BATCH_RUNS=30 runs the release target
 # (30 runs of 4 to 13 turns on three one-slot workers).
-RUNS = int(os.environ.get("DA_CRASH_BATCH_RUNS", "12"))
+RUNS = int(os.environ.get("DA_CRASH_BATCH_RUNS", "10"))
 WORKERS = 3
 # A safety net for a run that never ends, not a bound on speed.
 DEADLINE_SECONDS = 400
@@ -57,14 +57,14 @@ def test_runs_in_batches_survive_workers_killed_at_random(
     receiver: Receiver, fake_api: FakeAnthropic, spawn_worker: Spawn
 ) -> None:
     rng = random.Random(37)
-    fake_api.batches.processing_seconds = 1.5
+    fake_api.batches.processing_seconds = 1.0
     fake_api.batches.expire_ratio = 0.1
     env = {
         "ANTHROPIC_BASE_URL": fake_api.base_url,
         "ANTHROPIC_API_KEY": "sk-test",
         "DA_SETTINGS": json.dumps(
             {
-                "BATCH_WINDOW_SECONDS": 0.5,
+                "BATCH_WINDOW_SECONDS": 0.25,
                 "BATCH_POLL_SECONDS": 0.25,
                 "BATCH_POLL_MAX_SECONDS": 0.5,
                 "MAX_ATTEMPTS": 10,
