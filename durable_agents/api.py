@@ -234,9 +234,7 @@ def start_run(
     run.concurrency_key = concurrency_key
     run.metadata = stored_metadata
     if batch is not None:
-        if not isinstance(batch, bool):
-            raise InvalidArgument(f"batch= is True, False or None, not {type(batch).__name__}")
-        run.batch = batch
+        run.batch = _checked_batch(batch)
     task_payload = json.dumps(task, ensure_ascii=False)
     if debounce is not None:
         return current().debounce_run(run, task_payload, float(debounce))
@@ -247,6 +245,12 @@ def start_run(
 # likely a unit mistake (milliseconds for seconds) than a wish, and would leave the run waiting
 # that long unseen.
 MAX_DEBOUNCE_SECONDS = 86_400
+
+
+def _checked_batch(batch: object) -> bool:
+    if not isinstance(batch, bool):
+        raise InvalidArgument(f"batch= is True, False or None, not {type(batch).__name__}")
+    return batch
 
 
 def _check_debounce(debounce: object, key: str | None) -> None:

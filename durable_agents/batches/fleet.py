@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from django.db import DatabaseError
@@ -273,6 +274,59 @@ def _abandon(batch: AgentBatch, reason: str) -> Committed:
     )
 
 
+class _Results:
+    """The answers of one ended batch as they are read, committed ``CHUNK`` a transaction,
+    with what they cost at batch and at direct prices."""
+
+    def __init__(self, batch: AgentBatch, owner: str, tally: Tally) -> None:
+        self.batch, self.owner, self.tally = batch, owner, tally
+        self.chunk: dict[int, Answer] = {}
+        self.cost: Decimal | None = None
+        self.direct_cost: Decimal | None = None
+
+    def add(self, line: bytes) -> None:
+        read = read_line(line, self.batch.provider_id or "")
+        if isinstance(read, Problem):
+            logger.warning("batch %s: %s", self.batch.provider_id, read.reason)
+            self.tally.problems += 1
+        elif read.request_id in self.chunk:
+            logger.warning(
+                "batch %s: two results for request %s: the first is used",
+                self.batch.provider_id,
+                read.request_id,
+            )
+            self.tally.problems += 1
+        else:
+            self.chunk[read.request_id] = read
+            if len(self.chunk) >= CHUNK:
+                self.commit()
+
+    def commit(self) -> None:
+        if not self.chunk:
+            return
+        outcome = rows.commit_answers(
+            self.batch,
+            list(self.chunk.values()),
+            owner=self.owner,
+            max_tries=int(app_settings.MAX_ATTEMPTS),
+            fallback_seconds=app_settings.BATCH_FALLBACK_SECONDS,
+            wake=current().wake_batch_answers,
+        )
+        for request_id in outcome.unknown:
+            logger.warning(
+                "batch %s: a result for request %s, which is not in the database (its run "
+                "was deleted?): ignored",
+                self.batch.provider_id,
+                request_id,
+            )
+            self.tally.problems += 1
+        rows.renew_batch(self.batch, poll_lease())
+        self.cost = add_cost(self.cost, outcome.cost)
+        self.direct_cost = add_cost(self.direct_cost, outcome.direct_cost)
+        _after(outcome, self.tally)
+        self.chunk.clear()
+
+
 def _commit_results(
     batch: AgentBatch, url: str, counts: dict[str, int], owner: str, tally: Tally
 ) -> None:
@@ -280,58 +334,12 @@ def _commit_results(
     then end the batch. A failed download leaves what was committed, and is tried again at
     the next poll (the answers committed are not paid twice); after
     ``MAX_RESULT_FAILURES`` the batch is given up and its unanswered requests sent again."""
-    max_tries = int(app_settings.MAX_ATTEMPTS)
-    fallback = app_settings.BATCH_FALLBACK_SECONDS
-    cost = direct_cost = None
-    chunk: dict[int, Answer] = {}
-
-    def commit() -> None:
-        nonlocal cost, direct_cost
-        outcome = rows.commit_answers(
-            batch,
-            list(chunk.values()),
-            owner=owner,
-            max_tries=max_tries,
-            fallback_seconds=fallback,
-            wake=current().wake_batch_answers,
-        )
-        for request_id in outcome.unknown:
-            logger.warning(
-                "batch %s: a result for request %s, which is not in the database (its run "
-                "was deleted?): ignored",
-                batch.provider_id,
-                request_id,
-            )
-            tally.problems += 1
-        rows.renew_batch(batch, poll_lease())
-        cost = add_cost(cost, outcome.cost)
-        direct_cost = add_cost(direct_cost, outcome.direct_cost)
-        _after(outcome, tally)
-        chunk.clear()
-
+    results = _Results(batch, owner, tally)
     try:
         for line in endpoints.result_lines(url):
-            read = read_line(line, batch.provider_id or "")
-            if isinstance(read, Problem):
-                logger.warning("batch %s: %s", batch.provider_id, read.reason)
-                tally.problems += 1
-                continue
-            if read.request_id in chunk:
-                logger.warning(
-                    "batch %s: two results for request %s: the first is used",
-                    batch.provider_id,
-                    read.request_id,
-                )
-                tally.problems += 1
-                continue
-            chunk[read.request_id] = read
-            if len(chunk) >= CHUNK:
-                commit()
-        if chunk:
-            commit()
+            results.add(line)
     except BatchCallFailed as exc:
-        if chunk:
-            commit()
+        results.commit()
         if batch.result_failures + 1 >= MAX_RESULT_FAILURES:
             _after(_abandon(batch, f"its results could not be read: {exc}"), tally)
             return
@@ -344,13 +352,14 @@ def _commit_results(
             results_failed=True,
         )
         return
+    results.commit()
     outcome = rows.end_batch(
         batch,
         counts,
-        cost=add_cost(batch.cost_usd, cost),
-        direct_cost=add_cost(batch.direct_cost_usd, direct_cost),
-        max_tries=max_tries,
-        fallback_seconds=fallback,
+        cost=add_cost(batch.cost_usd, results.cost),
+        direct_cost=add_cost(batch.direct_cost_usd, results.direct_cost),
+        max_tries=int(app_settings.MAX_ATTEMPTS),
+        fallback_seconds=app_settings.BATCH_FALLBACK_SECONDS,
     )
     _after(outcome, tally)
     logger.info(

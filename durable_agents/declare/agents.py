@@ -54,6 +54,15 @@ AUTOMATIC_CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
 _MAX_LABEL_CHARS = 200
 
 
+def _check_batch(where: str, batch: bool, stream: bool) -> None:
+    if batch and stream:
+        raise ImproperlyConfigured(
+            f"{where}: batch=True and stream=True exclude each other: a turn sent through "
+            "Message Batches arrives whole, hours later, and cannot stream (start its runs "
+            "with start_run(..., batch=True) instead, and keep the agent streaming)"
+        )
+
+
 def _canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -108,12 +117,7 @@ class Agent:
             },
         )
         _check_callable(where, on_text=on_text)
-        if batch and stream:
-            raise ImproperlyConfigured(
-                f"{where}: batch=True and stream=True exclude each other: a turn sent through "
-                "Message Batches arrives whole, hours later, and cannot stream (start its runs "
-                "with start_run(..., batch=True) instead, and keep the agent streaming)"
-            )
+        _check_batch(where, batch, stream)
         _check_thinking(where, thinking, max_tokens)
         params = _checked_params(where, params, cache)
         output = None if output_schema is None else OutputSchema(where, output_schema)
