@@ -268,7 +268,9 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runagents", *args],
+            # faulthandler: a worker that does not stop in time prints every thread's stack
+            # on SIGABRT (``wait``), so the log says where it hung.
+            [sys.executable, "-X", "faulthandler", str(ROOT / "manage.py"), "runagents", *args],
             cwd=ROOT,
             env=env,
             stdout=self._log,
@@ -287,8 +289,21 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float = 60) -> int:
+        """The exit code; a worker still running after ``timeout`` is aborted with its
+        threads' stacks in its log, and the test fails with the end of that log."""
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            raise AssertionError(
+                f"worker {self.pid} still ran {timeout:.0f} s later; its log ends:\n"
+                + self.output()[-8000:]
+            ) from None
         finally:
             self._log.close()
 

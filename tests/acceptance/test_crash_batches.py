@@ -39,6 +39,9 @@ Spawn = Callable[..., WorkerProcess]
 # 10 runs keep the test well within a minute; DA_CRASH_BATCH_RUNS=30 runs the release target
 # (30 runs of 4 to 13 turns on three one-slot workers).
 RUNS = int(os.environ.get("DA_CRASH_BATCH_RUNS", "10"))
+# Seconds the fake API takes to end a batch: a run's turns go one batch after another, so this
+# sets the test's length (DA_CRASH_BATCH_SECONDS=3 for batches of a few seconds).
+BATCH_SECONDS = float(os.environ.get("DA_CRASH_BATCH_SECONDS", "0.5"))
 WORKERS = 3
 # A safety net for a run that never ends, not a bound on speed.
 DEADLINE_SECONDS = 400
@@ -57,7 +60,7 @@ def test_runs_in_batches_survive_workers_killed_at_random(
     receiver: Receiver, fake_api: FakeAnthropic, spawn_worker: Spawn
 ) -> None:
     rng = random.Random(37)
-    fake_api.batches.processing_seconds = 1.0
+    fake_api.batches.processing_seconds = BATCH_SECONDS
     fake_api.batches.expire_ratio = 0.1
     env = {
         "ANTHROPIC_BASE_URL": fake_api.base_url,

@@ -38,6 +38,10 @@ RUNS = 24
 # Model turns per run: five that call a tool, then the final answer.
 TURNS = 6
 LEASE_SECONDS = "20"
+# Where commits are lost with the old primary, a worker's runs are behind it and it lets them
+# go: they wait out their lease before another claim. A short one keeps that wait short (the
+# test allows turns asked again there).
+LOST_COMMITS_LEASE_SECONDS = "5"
 # Seconds the fake takes to answer each call: the burst lasts long enough to cut in.
 LATENCY = 0.4
 
@@ -160,6 +164,7 @@ def burst(
     hosts: list[Cluster],
     cut: Callable[[], Cluster],
     hold: bool = True,
+    lease_seconds: str = LEASE_SECONDS,
 ) -> tuple[Cluster, list[WorkerProcess], tuple[float, float]]:
     """Start the runs and two workers, call ``cut`` once a third of the turns were answered
     (it returns the primary from then on; with ``hold``, while step commits are held in
@@ -172,7 +177,7 @@ def burst(
     prepare(hosts[0], env)
     workers = [
         WorkerProcess(
-            ["--concurrency", "6", "--lease-seconds", LEASE_SECONDS],
+            ["--concurrency", "6", "--lease-seconds", lease_seconds],
             env,
             tmp_path / f"worker-{n}.log",
         )
@@ -339,7 +344,12 @@ def test_a_failover_to_an_asynchronous_standby_never_repeats_a_call_with_a_new_k
             return standby
 
         primary_now, workers, resumed = burst(
-            tmp_path, slow_api, [primary, standby], fail_over, hold=False
+            tmp_path,
+            slow_api,
+            [primary, standby],
+            fail_over,
+            hold=False,
+            lease_seconds=LOST_COMMITS_LEASE_SECONDS,
         )
         record_property("cut_and_resumed_seconds", [round(t, 2) for t in resumed])
         record_property("reasked", len(reasked(slow_api)))
