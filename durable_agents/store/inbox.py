@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from durable_agents.exceptions import RunBusy, RunFinished, RunNotFound
@@ -81,8 +81,16 @@ def waiting_messages(run_id: RunId) -> list[AgentMessage]:
     return list(AgentMessage.objects.filter(run_id=run_id, folded_seq__isnull=True).order_by("id"))
 
 
+# The probe before every model call of a run (does a message wait?): one lookup in the partial
+# index of waiting messages, written out rather than compiled by the ORM on each call (which
+# cost more CPU than the round trip; the SQL is the same on every database).
+HAS_WAITING_SQL = "SELECT 1 FROM agent_message WHERE run_id = %s AND folded_seq IS NULL LIMIT 1"
+
+
 def has_waiting(run_id: RunId) -> bool:
-    return AgentMessage.objects.filter(run_id=run_id, folded_seq__isnull=True).exists()
+    with connection.cursor() as cursor:
+        cursor.execute(HAS_WAITING_SQL, [AgentRun._meta.pk.get_db_prep_value(run_id, connection)])
+        return cursor.fetchone() is not None
 
 
 def fold_messages(store: Store, claim: Claim, step: StepWrite, ids: Sequence[int]) -> bool:
