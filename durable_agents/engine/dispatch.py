@@ -504,13 +504,13 @@ class ToolDispatch:
 
         def run_call(abort: threading.Event) -> Any:
             with waits.calling(context):
-                return tool.invoke(
+                return tool.invoke_validated(
                     call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
                 )
 
         async def call_async() -> Any:
             with waits.calling(context):
-                return await tool.invoke(
+                return await tool.invoke_validated(
                     call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
                 )
 
