@@ -353,8 +353,10 @@ class ToolDispatch:
             woken_by["runs"] = self.store.run_outcomes(run.wait_runs or [])
         if run.waiting_for == WaitKind.EVENT and "event" in woken_by and "payload" not in woken_by:
             # The run stores a reference to the event: its payload is stored once, there.
-            event = self.store.sent_event(str(woken_by["event"]))
-            woken_by["payload"] = None if event is None else event.payload
+            at = woken_by.get("at")
+            woken_by["payload"] = self.store.sent_event_payload(
+                str(woken_by["event"]), at if isinstance(at, str) else None
+            )
         if run.waiting_for == WaitKind.CALLBACK and "at" in woken_by and "callback" not in woken_by:
             # The run stores when the callback came; its body is stored once, with it.
             received = self.store.received_callback(key)

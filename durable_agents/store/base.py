@@ -89,6 +89,7 @@ from durable_agents.models import (
     ToolIntent,
     WaitKind,
 )
+from durable_agents.store.event_payloads import SentPayloads
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -729,6 +730,15 @@ class Store(abc.ABC):
         """The event ``name`` if it was sent (a woken call reads its payload here: the runs
         it woke store only a reference to it)."""
 
+    @functools.cached_property
+    def _sent_payloads(self) -> SentPayloads:
+        return SentPayloads()
+
+    def sent_event_payload(self, name: str, at: str | None) -> Any:
+        """The payload of the event ``name`` sent at ``at`` (what a woken run stores), read
+        once per process for all the runs it woke (``SentPayloads``); None if not sent."""
+        return self._sent_payloads.payload(self.sent_event, name, at)
+
     @abc.abstractmethod
     def question_for_key(self, key: str) -> AgentQuestion | None:
         """The question asked by the ``ask_person`` call with this idempotency key."""
@@ -794,6 +804,14 @@ class Store(abc.ABC):
         from durable_agents.store import inbox
 
         return inbox.finish_unless_messages(self, claim, result, output)
+
+    def lock_run_row(self, run_id: RunId) -> None:
+        """Lock the run's row until the transaction ends (``SELECT ... FOR NO KEY UPDATE``
+        where the database has it): what ``queue_message`` and a run's last commit both take,
+        so that each sees what the other committed."""
+        from durable_agents.models import AgentRun
+
+        AgentRun.objects.select_for_update(no_key=True).filter(pk=run_id).exists()
 
     def interrupt_model_call(self, run_id: RunId) -> None:
         """Ask the worker holding the run to abandon its model call in flight, if any

@@ -114,7 +114,7 @@ def append_last_step(
 ) -> bool | None:
     try:
         with transaction.atomic():
-            AgentRun.objects.select_for_update(no_key=True).filter(pk=claim.run_id).exists()
+            store.lock_run_row(claim.run_id)
             if has_waiting(claim.run_id):
                 return None
             return store.append_step(claim, step, then_claim)
@@ -135,7 +135,7 @@ def finish_unless_messages(
 ) -> bool | None:
     """``Store.finish_run`` (succeeded) under the run's lock, unless messages wait (None)."""
     with transaction.atomic():
-        AgentRun.objects.select_for_update(no_key=True).filter(pk=claim.run_id).exists()
+        store.lock_run_row(claim.run_id)
         if has_waiting(claim.run_id):
             return None
         return store.finish_run(claim, RunStatus.SUCCEEDED, result=result, output=output)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from django.db import DataError, transaction
+from django.db import DataError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
@@ -100,6 +100,9 @@ from durable_agents.store.rows import DueSchedules, SlotStart
 from durable_agents.store.transitions import mark_transitioned
 
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
+
+# The tool effects recorded for the calls of one model turn (``recorded_effects``).
+RECORDED_EFFECTS_SQL = "SELECT * FROM tool_effect WHERE run_id = %s AND seq = %s"
 
 # ``woken_by`` of a run the claim takes: set for a due wait, kept for any other run (a run
 # claimed again after a crash keeps what woke it). Plain JSON text, as PostgreSQL's claim writes
@@ -852,7 +855,11 @@ class PortableStore(Store):
         return portable_logs.load_steps(run_id, after_seq)
 
     def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
-        return {e.key: e for e in ToolEffect.objects.filter(run_id=run_id, seq=seq)}
+        # Read by the first tool step of every claim that resumes a run: written out, since
+        # the ORM builds a filter's query anew each time (the fields' converters still apply).
+        run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
+        effects = ToolEffect.objects.raw(RECORDED_EFFECTS_SQL, [run, seq])
+        return {e.key: e for e in effects}
 
     def record_effect(self, effect: ToolEffect) -> None:
         ToolEffect.objects.bulk_create([effect], ignore_conflicts=True)

@@ -285,6 +285,12 @@ class PostgresStore(Store):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [db.CHANNEL, f"message:{run_id}"])
 
+    def lock_run_row(self, run_id: RunId) -> None:
+        """``LOCK_RUN_SQL``, written out: a run's last commit takes this lock, and the ORM
+        would build its query anew each time."""
+        with connection.cursor() as cursor:
+            cursor.execute(postgres_steps.LOCK_RUN_SQL, [run_id])
+
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
         """One statement; the run row stays locked until the intent row is updated."""
         return postgres_steps.start_intent_execution(claim, intent)

@@ -11,6 +11,8 @@ plain functions it calls).
                                         (FINISH_TURN_AND_CLAIM_SQL for a model turn)
     unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
     park         START_INTENT_SQL       an approved tool call starts under the fence
+    lock         LOCK_RUN_SQL           the run's row, before its last step looks for
+                                        messages waiting (``store/inbox.py``)
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
 claim carries), ``STEP_FENCE`` (and only as the next step of the log), ``FENCED_STEP`` and
@@ -50,6 +52,11 @@ from durable_agents.store.postgres_claims import (
     read_claim,
 )
 from durable_agents.store.rows import usage_shard
+
+# The run's row locked until the transaction ends, as ``queue_message`` locks it: a run's last
+# commit takes it, then looks for messages in a statement of its own (whose snapshot, taken
+# after the lock, sees every message queued before it).
+LOCK_RUN_SQL = "SELECT 1 FROM agent_run WHERE id = %s FOR NO KEY UPDATE"
 
 # -- Fragments -------------------------------------------------------------------------------
 
