@@ -551,10 +551,16 @@ def _until(url: str, sql: str, params: tuple[Any, ...], want: int, limit: float)
             time.sleep(0.1)
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of process ``pid`` so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_split(pid))
 
 
 def _round(
@@ -581,7 +587,7 @@ def _round(
         raise RuntimeError(f"{label}: only {parked}/{n} runs parked on {event!r} in {limit:.0f} s")
     park_s = time.perf_counter() - t_start
     time.sleep(1.0)  # let the worker go idle
-    cpu_before = cpu_seconds(worker_pid)
+    user_before, sys_before = cpu_split(worker_pid)
     with CaptureQueriesContext(connection) as ctx:
         t_call = time.time()
         durable_agents.send_event(event, {"bench": label})
@@ -595,8 +601,11 @@ def _round(
         limit,
     )
     done_s = time.time() - t_commit
+    user_after, sys_after = cpu_split(worker_pid)
     return {
-        "worker_cpu_s": cpu_seconds(worker_pid) - cpu_before,
+        "worker_cpu_s": user_after + sys_after - user_before - sys_before,
+        "worker_user_s": user_after - user_before,
+        "worker_sys_s": sys_after - sys_before,
         "park_s": park_s,
         "done_s": done_s,
         "event": event,
@@ -673,6 +682,8 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
         "park_s": measured["park_s"],
         "done_s": measured["done_s"],
         "worker_cpu_s": measured["worker_cpu_s"],
+        "worker_user_s": measured["worker_user_s"],
+        "worker_sys_s": measured["worker_sys_s"],
         "send_event_ms": (t_commit - t_call) * 1000,
         "send_event_queries": measured["queries"],
         "agent_run_updates": measured["agent_run_updates"],
@@ -713,7 +724,8 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
         f"{res['p99_ms']:.0f} ms, max {res['max_ms']:.0f} ms, min {res['min_ms']:.0f} ms "
         f"(worker --concurrency {concurrency}, DB_POOL_SIZE {res['pool_size']}, LISTEN, poll "
         f"{poll:g} s); all {n} finished {res['done_s']:.1f} s after the commit, the worker "
-        f"using {res['worker_cpu_s']:.1f} s of CPU meanwhile; parking them took "
+        f"using {res['worker_cpu_s']:.1f} s of CPU meanwhile ({res['worker_user_s']:.1f} s user, "
+        f"{res['worker_sys_s']:.1f} s system); parking them took "
         f"{res['park_s']:.1f} s"
     )
     if res.get("error"):
