@@ -213,9 +213,19 @@ def read_figures(
             .values_list("status")
             .annotate(n=Count("*"))  # COUNT(*): the index agent_run_status answers alone
         )
+    # With the oldest waiting runs, the oldest pending run is read in the same query.
+    pending_with_waits = Part.OLDEST_PENDING in parts and Part.OLDEST_WAITING_RUNS in parts
     if Part.WAITS in parts:
-        values["waits"] = _waits(runs, with_runs=Part.OLDEST_WAITING_RUNS in parts)
-    if Part.OLDEST_PENDING in parts:
+        values["waits"], oldest_pending = _waits(
+            runs,
+            with_runs=Part.OLDEST_WAITING_RUNS in parts,
+            with_pending=pending_with_waits,
+        )
+        if pending_with_waits:
+            values["pending"] = Queue(
+                None, oldest_pending.created_at if oldest_pending else None, oldest_pending
+            )
+    if Part.OLDEST_PENDING in parts and "pending" not in values:
         pending = runs.filter(status=RunStatus.PENDING).order_by("created_at").first()
         values["pending"] = Queue(None, pending.created_at if pending else None, pending)
     if Part.INTENTS in parts:
@@ -271,9 +281,13 @@ def usage_by_day(
     )
 
 
-def _waits(runs: QuerySet[AgentRun], *, with_runs: bool) -> tuple[WaitFigure, ...]:
+def _waits(
+    runs: QuerySet[AgentRun], *, with_runs: bool, with_pending: bool = False
+) -> tuple[tuple[WaitFigure, ...], AgentRun | None]:
     """Waiting runs per kind of wait, each with its oldest wait: one aggregate (and, with
-    ``with_runs``, one query for the oldest runs), whatever the number of waiting runs."""
+    ``with_runs``, one query for the oldest runs), whatever the number of waiting runs. With
+    ``with_pending`` (and ``with_runs``), that query also reads the oldest pending run (its
+    id, agent and creation time), returned second."""
     waiting = runs.filter(status=RunStatus.WAITING)
     aggregated = list(
         waiting.order_by()
@@ -290,16 +304,26 @@ def _waits(runs: QuerySet[AgentRun], *, with_runs: bool) -> tuple[WaitFigure, ..
             # of the value read back, so equality never holds there. No wait is older than
             # the oldest, so this still matches only it (and its ties).
             oldest_filter |= Q(waiting_for=kind, waiting_since__lte=oldest)
-    if with_runs and oldest_filter:
+    wanted = Q(status=RunStatus.WAITING) & oldest_filter if oldest_filter else None
+    if with_runs and with_pending:
+        oldest_pending = runs.filter(status=RunStatus.PENDING).order_by("created_at")
+        pending_pk = Q(pk=Subquery(oldest_pending.values("pk")[:1]))
+        wanted = pending_pk if wanted is None else wanted | pending_pk
+    pending: AgentRun | None = None
+    if with_runs and wanted is not None:
         for run in (
-            waiting.filter(oldest_filter)
+            runs.filter(wanted)
             .order_by("waiting_since", "pk")
-            .only("pk", "agent", "status", "waiting_for", "waiting_since")
+            .only("pk", "agent", "status", "waiting_for", "waiting_since", "created_at")
         ):
-            oldest_runs.setdefault(run.waiting_for, run)
-    return tuple(
+            if run.status == RunStatus.PENDING:
+                pending = run
+            else:
+                oldest_runs.setdefault(run.waiting_for, run)
+    waits = tuple(
         WaitFigure(kind or "", n, oldest, oldest_runs.get(kind)) for kind, n, oldest in aggregated
     )
+    return waits, pending
 
 
 def scalar(queryset: QuerySet[Any], function: str, column: str, output: Any) -> Subquery:

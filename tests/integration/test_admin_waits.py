@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents
-from durable_agents import api
+from durable_agents import api, housekeeping
 from durable_agents.models import (
     AgentEvent,
     AgentQuestion,
@@ -776,6 +776,29 @@ def test_operations_page_queries_are_bounded(admin_client: Client) -> None:
     for label in "bcdef":
         park_one_of_each(label)
     assert count() == small
+
+
+def test_operations_page_reads_the_oldest_pending_run_with_the_oldest_waits(
+    admin_client: Client,
+) -> None:
+    park_one_of_each("a")
+    durable_agents.start_run("tester", "Pending, not claimed yet")
+    durable_agents.start_run("tester", "Pending too")
+    oldest = AgentRun.objects.filter(status=RunStatus.PENDING).order_by("created_at").first()
+    assert oldest is not None
+    # The table's total comes from the latest metrics snapshot, as housekeeping takes them
+    # every few minutes (without one, the page counts up to 10,000 runs: a query more).
+    housekeeping.snapshot_metrics()
+    admin_client.get(operations_url())  # caches (content types) warmed
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(operations_url())
+    assert response.context["oldest_pending"].pk == oldest.pk
+    assert run_url(oldest) in response.content.decode()
+    timer = {row.kind: row for row in response.context["wait_rows"]}[WaitKind.TIMER]
+    assert timer.oldest_run is not None
+    assert timer.oldest_run.status == RunStatus.WAITING
+    # Every panel, the session's and the user's reads included.
+    assert len(ctx) <= 15, "\n".join(q["sql"][:150] for q in ctx.captured_queries)
 
 
 # ---------------------------------------------------------------------------------------------
