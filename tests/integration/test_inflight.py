@@ -8,6 +8,7 @@ tools are awaited on the event loop (and cancelled when abandoned).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -248,6 +249,11 @@ def test_a_worker_holds_many_model_calls_in_flight_on_its_small_pool(
             "ANTHROPIC_BASE_URL": fake_api.base_url,
             "ANTHROPIC_API_KEY": "sk-test",
             "DA_DB_POOL_SIZE": "3",
+            # The model's limits known: no probing ramp (ten calls, then one a second until the
+            # first answer, which the fake holds here) between the runs and their calls.
+            "DA_SETTINGS": json.dumps(
+                {"RATE_LIMITS": {"claude-test-1": {"requests_per_minute": 60_000}}}
+            ),
         },
     )
     try:
