@@ -635,28 +635,14 @@ class Tool:
         idempotency_key: str | None = None,
         woken_by: dict[str, Any] | None = None,
         run_context: RunContext | None = None,
+        validated: bool = False,
     ) -> Any:
         """Validate the model's input, then call the function with it (and with the runtime's
         ``idempotency_key``, ``woken_by`` and ``RunContext``, for a function that declares
-        them)."""
-        self.validate(tool_input)
-        return self.invoke_validated(
-            tool_input,
-            idempotency_key=idempotency_key,
-            woken_by=woken_by,
-            run_context=run_context,
-        )
-
-    def invoke_validated(
-        self,
-        tool_input: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        woken_by: dict[str, Any] | None = None,
-        run_context: RunContext | None = None,
-    ) -> Any:
-        """``invoke`` for an input ``validate`` accepted already (the worker validates before
-        it decides how to call a tool, and does not check the schema twice)."""
+        them). ``validated=True``: ``validate`` accepted this input already (the worker checks
+        it before it decides how to call the tool, and not twice)."""
+        if not validated:
+            self.validate(tool_input)
         kwargs = dict(tool_input)
         if self.run_context_parameter is not None:
             if self.run_context_parameter in kwargs:

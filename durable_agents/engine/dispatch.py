@@ -506,14 +506,22 @@ class ToolDispatch:
 
         def run_call(abort: threading.Event) -> Any:
             with waits.calling(context):
-                return tool.invoke_validated(
-                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
+                return tool.invoke(
+                    call.input,
+                    idempotency_key=sent,
+                    woken_by=woken_by,
+                    run_context=run_context,
+                    validated=True,
                 )
 
         async def call_async() -> Any:
             with waits.calling(context):
-                return await tool.invoke_validated(
-                    call.input, idempotency_key=sent, woken_by=woken_by, run_context=run_context
+                return await tool.invoke(
+                    call.input,
+                    idempotency_key=sent,
+                    woken_by=woken_by,
+                    run_context=run_context,
+                    validated=True,
                 )
 
         if tool.is_async:

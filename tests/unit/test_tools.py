@@ -713,3 +713,23 @@ def test_enum_conversion_with_explicit_schema_reports_bad_values() -> None:
     assert f.invoke({"color": "red"}) is Color.RED
     with pytest.raises(ToolInputError, match=r"input\.color: 'green' is not a valid Color"):
         f.invoke({"color": "green"})
+
+
+def test_invoke_checks_the_input_unless_told_it_was_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    @tool(effect="pure")
+    def double(n: int) -> int:
+        """Double n."""
+        return n * 2
+
+    with pytest.raises(ToolInputError, match="Invalid input for tool 'double'"):
+        double.invoke({"n": "two"})
+    checks: list[Any] = []
+    real = double.validate
+    monkeypatch.setattr(double, "validate", lambda value: checks.append(value) or real(value))
+    assert double.invoke({"n": 2}) == 4
+    assert checks == [{"n": 2}]
+    # The worker validated the input before it chose how to call the tool: not again.
+    assert double.invoke({"n": 3}, validated=True) == 6
+    assert checks == [{"n": 2}]
