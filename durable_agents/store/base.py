@@ -809,8 +809,6 @@ class Store(abc.ABC):
         """Lock the run's row until the transaction ends (``SELECT ... FOR NO KEY UPDATE``
         where the database has it): what ``queue_message`` and a run's last commit both take,
         so that each sees what the other committed."""
-        from durable_agents.models import AgentRun
-
         AgentRun.objects.select_for_update(no_key=True).filter(pk=run_id).exists()
 
     def interrupt_model_call(self, run_id: RunId) -> None:
