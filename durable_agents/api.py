@@ -220,7 +220,32 @@ def start_run(
 
     A bad key, priority, concurrency key, debounce or metadata is an ``InvalidArgument`` (a
     ``ValueError``), and nothing is created."""
-    stored_metadata = {} if metadata is None else check_metadata(metadata)
+    options = _start_options(key, priority, concurrency_key, debounce, metadata, batch)
+    run = _new_run(agent, task, version, model)
+    for field, value in options.items():
+        setattr(run, field, value)
+    task_payload = json.dumps(task, ensure_ascii=False)
+    if debounce is not None:
+        return current().debounce_run(run, task_payload, float(debounce))
+    return current().create_run(run, task_payload)
+
+
+def _start_options(
+    key: str | None,
+    priority: int,
+    concurrency_key: str | None,
+    debounce: float | None,
+    metadata: dict[str, Any] | None,
+    batch: bool | None,
+) -> dict[str, Any]:
+    """The run's fields ``start_run``'s options set, each checked (``InvalidArgument``) before
+    anything is created."""
+    options: dict[str, Any] = {
+        "metadata": {} if metadata is None else check_metadata(metadata),
+        "start_key": key,
+        "priority": priority,
+        "concurrency_key": concurrency_key,
+    }
     if key is not None:
         _check_start_key(key)
     if debounce is not None:
@@ -228,17 +253,9 @@ def start_run(
     check_priority(priority)
     if concurrency_key is not None:
         check_concurrency_key(concurrency_key)
-    run = _new_run(agent, task, version, model)
-    run.start_key = key
-    run.priority = priority
-    run.concurrency_key = concurrency_key
-    run.metadata = stored_metadata
     if batch is not None:
-        run.batch = _checked_batch(batch)
-    task_payload = json.dumps(task, ensure_ascii=False)
-    if debounce is not None:
-        return current().debounce_run(run, task_payload, float(debounce))
-    return current().create_run(run, task_payload)
+        options["batch"] = _checked_batch(batch)
+    return options
 
 
 # The longest quiet window ``start_run(..., debounce=)`` takes: one day. A longer one is more

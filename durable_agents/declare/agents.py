@@ -103,8 +103,6 @@ class Agent:
     ) -> None:
         _check_labels(name=name, version=version, model=model)
         where = f"agent {name}@{version}"
-        upgrades = _checked_upgrades(where, version, upgrades_from)
-        _check_concurrency_limit(where, concurrency_limit)
         _check_limits(
             where,
             system=system,
@@ -116,12 +114,10 @@ class Agent:
                 "tool_timeout": tool_timeout,
             },
         )
-        _check_callable(where, on_text=on_text)
-        _check_batch(where, batch, stream)
+        _check_options(where, concurrency_limit, on_text, batch, stream)
         _check_thinking(where, thinking, max_tokens)
         params = _checked_params(where, params, cache)
-        output = None if output_schema is None else OutputSchema(where, output_schema)
-        _check_output_config(where, params, output)
+        output = _checked_output(where, params, output_schema)
         betas = _checked_betas(where, betas)
         tools_by_name = _tools_by_name(where, tools)
 
@@ -145,8 +141,36 @@ class Agent:
         self.output: OutputSchema | None = output
         self._fingerprints: dict[str, str] = {}
         self._requests: dict[str, dict[str, Any]] = {}
-        # Budgets and delivery are checked or used by the worker between and during steps;
-        # they are not part of the request, so they are left out of the fingerprint.
+        self._digests: dict[str, Any] | None = None
+        self._keep_run_options(
+            max_total_tokens=max_total_tokens,
+            max_wall_seconds=max_wall_seconds,
+            stream=stream,
+            batch=batch,
+            on_text=on_text,
+            tool_timeout=tool_timeout,
+            concurrency_limit=concurrency_limit,
+            upgrades_from=_checked_upgrades(where, version, upgrades_from),
+        )
+        self._check_serialisable(where)
+        if register:
+            registry.register(self)
+
+    def _keep_run_options(
+        self,
+        *,
+        max_total_tokens: int | None,
+        max_wall_seconds: float | None,
+        stream: bool,
+        batch: bool,
+        on_text: Callable[[Any, str], None] | None,
+        tool_timeout: float | None,
+        concurrency_limit: int | None,
+        upgrades_from: tuple[str, ...],
+    ) -> None:
+        """What the worker uses around the requests, not in them: left out of the
+        fingerprint."""
+        # Budgets and delivery are checked or used by the worker between and during steps.
         self.max_total_tokens = max_total_tokens
         self.max_wall_seconds = max_wall_seconds
         self.stream = bool(stream)
@@ -164,12 +188,7 @@ class Agent:
         # Versions whose runs a worker of this code moves to this one (``upgrade_runs``) when
         # no live worker defines theirs, where their history allows it. Not part of the
         # request: left out of the fingerprint.
-        self.upgrades_from: tuple[str, ...] = upgrades
-        self._digests: dict[str, Any] | None = None
-
-        self._check_serialisable(where)
-        if register:
-            registry.register(self)
+        self.upgrades_from: tuple[str, ...] = upgrades_from
 
     def _check_serialisable(self, where: str) -> None:
         """The fingerprint is the canonical JSON of the request: it must be computable now,
@@ -347,6 +366,15 @@ def _check_concurrency_limit(where: str, limit: Any) -> None:
         )
 
 
+def _check_options(
+    where: str, concurrency_limit: Any, on_text: Any, batch: bool, stream: bool
+) -> None:
+    """The options of how the agent's runs are carried out (not of its requests)."""
+    _check_concurrency_limit(where, concurrency_limit)
+    _check_callable(where, on_text=on_text)
+    _check_batch(where, batch, stream)
+
+
 def _check_callable(where: str, **callbacks: Any) -> None:
     for label, value in callbacks.items():
         if value is not None and not callable(value):
@@ -388,6 +416,15 @@ def _checked_params(where: str, params: Any, cache: Any) -> dict[str, Any]:
             "cache_control out of params (or set it there and leave cache off)"
         )
     return params
+
+
+def _checked_output(
+    where: str, params: dict[str, Any], output_schema: dict[str, Any] | None
+) -> OutputSchema | None:
+    """The answer's schema (None: a text answer), checked against ``params``."""
+    output = None if output_schema is None else OutputSchema(where, output_schema)
+    _check_output_config(where, params, output)
+    return output
 
 
 def _check_output_config(where: str, params: dict[str, Any], output: OutputSchema | None) -> None:

@@ -217,6 +217,11 @@ class Worker:
         )
         self.listen = bool(app_settings.LISTEN) if listen is None else listen
         self.schedules = (not burst and store is None) if schedules is None else schedules
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """What the worker keeps while it runs: its stop signals, its slots' claims and
+        runs, what it learned of capacity, its listener and heartbeat."""
         # Set by the first signal: claim nothing new, stop each run after its current step.
         self.stopping = threading.Event()
         # Set by a second signal (or the end of the grace period): abandon what is in flight.

@@ -369,7 +369,8 @@ def return_requests(
                 batch_id=batch_id, status=RequestStatus.SUBMITTED, tries__gt=0
             ).update(tries=F("tries") - 1)
         outcome = Committed()
-        _send_again_unanswered(batch_id, reason, max_tries, None, outcome, not_before=not_before)
+        for request in _unanswered(batch_id):
+            _send_again(request, reason, max_tries, None, outcome, not_before=not_before)
     return outcome
 
 
@@ -743,13 +744,9 @@ def end_batch(
     that got no result in it is sent again."""
     outcome = Committed()
     with transaction.atomic():
-        _send_again_unanswered(
-            batch.pk,
-            f"batch {batch.provider_id} ended without a result for it",
-            max_tries,
-            fallback_seconds,
-            outcome,
-        )
+        reason = f"batch {batch.provider_id} ended without a result for it"
+        for request in _unanswered(batch.pk):
+            _send_again(request, reason, max_tries, fallback_seconds, outcome)
         AgentBatch.objects.filter(pk=batch.pk).update(
             status=BatchStatus.ENDED,
             ended_at=Now(),
@@ -770,7 +767,8 @@ def abandon_batch(
     each request still in it is sent again with ``reason``."""
     outcome = Committed()
     with transaction.atomic():
-        _send_again_unanswered(batch.pk, reason, max_tries, fallback_seconds, outcome)
+        for request in _unanswered(batch.pk):
+            _send_again(request, reason, max_tries, fallback_seconds, outcome)
         AgentBatch.objects.filter(pk=batch.pk).update(
             status=BatchStatus.ABANDONED,
             owner=None,
@@ -781,21 +779,12 @@ def abandon_batch(
     return outcome
 
 
-def _send_again_unanswered(
-    batch_id: int,
-    reason: str,
-    max_tries: int,
-    fallback_seconds: float | None,
-    outcome: Committed,
-    *,
-    not_before: float = 0.0,
-) -> None:
-    """In the caller's transaction: send again each request still ``submitted`` in the batch
-    (it got no answer there), with ``reason``."""
-    for request in (
+def _unanswered(batch_id: int) -> QuerySet[AgentBatchRequest]:
+    """The requests still ``submitted`` in the batch (it gave them no answer), locked for the
+    caller's transaction, with what ``_send_again`` reads."""
+    return (
         AgentBatchRequest.objects.select_for_update(of=("self",))
         .filter(batch_id=batch_id, status=RequestStatus.SUBMITTED)
         .select_related("run")
         .only(*_RESEND_FIELDS)
-    ):
-        _send_again(request, reason, max_tries, fallback_seconds, outcome, not_before=not_before)
+    )
