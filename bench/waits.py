@@ -515,9 +515,20 @@ def worker_main(argv: list[str]) -> None:
     p.add_argument("--concurrency", type=int, required=True)
     p.add_argument("--poll-interval", type=float, required=True)
     a = p.parse_args(argv)
-    call_command(
-        "runagents", concurrency=a.concurrency, poll_interval=a.poll_interval, lease_seconds=60
-    )
+    profile_to = os.environ.get("BENCH_YAPPI")  # a file: the worker's CPU profile, all threads
+    if profile_to:
+        import yappi
+
+        yappi.set_clock_type("cpu")
+        yappi.start()
+    try:
+        call_command(
+            "runagents", concurrency=a.concurrency, poll_interval=a.poll_interval, lease_seconds=60
+        )
+    finally:
+        if profile_to:
+            yappi.stop()
+            yappi.get_func_stats().save(profile_to, type="pstat")
 
 
 def _wait_listening(url: str, worker: subprocess.Popen[bytes], limit: float = 60.0) -> float:

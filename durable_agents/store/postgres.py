@@ -150,11 +150,14 @@ from durable_agents.store.postgres_steps import FINISH_AND_CLAIM_SQL as FINISH_A
 from durable_agents.store.postgres_steps import (
     FINISH_TURN_AND_CLAIM_SQL as FINISH_TURN_AND_CLAIM_SQL,
 )
+from durable_agents.store.postgres_steps import LOCK_RUN_SQL as LOCK_RUN_SQL
+from durable_agents.store.postgres_steps import NO_MESSAGE_WAITING as NO_MESSAGE_WAITING
 from durable_agents.store.postgres_steps import RECORD_EFFECTS as RECORD_EFFECTS
 from durable_agents.store.postgres_steps import RECORD_USAGE as RECORD_USAGE
 from durable_agents.store.postgres_steps import START_INTENT_SQL as START_INTENT_SQL
 from durable_agents.store.postgres_steps import STEP_FENCE as STEP_FENCE
 from durable_agents.store.postgres_steps import STEP_INSERT as STEP_INSERT
+from durable_agents.store.postgres_steps import UNLESS_MESSAGES as UNLESS_MESSAGES
 from durable_agents.store.postgres_steps import UNSTORED_TURN_SQL as UNSTORED_TURN_SQL
 from durable_agents.store.rows import DueSchedules, SlotStart
 
@@ -230,10 +233,27 @@ class PostgresStore(Store):
         """This is where a step gets committed on PostgreSQL: one statement that checks the
         fence, renews the lease (or ends the run), inserts the step and records its effects
         (store/postgres_steps.py)."""
+        appended = self._commit_step(claim, step, then_claim, unless_messages=False)
+        assert appended is not None  # None only unless_messages
+        return appended
+
+    def append_last_step(
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
+    ) -> bool | None:
+        """One round trip on PostgreSQL: the run's lock and the step's statement, which ends
+        the run only while no message waits in its inbox, sent together (``locked_first`` in
+        store/postgres_steps.py), where the portable way takes four (the lock, the inbox's
+        probe, the step, the commit). Only when nothing was appended does the inbox's probe
+        tell a waiting message (None) from a failed fence (False)."""
+        return self._commit_step(claim, step, then_claim, unless_messages=True)
+
+    def _commit_step(
+        self, claim: Claim, step: StepWrite, then_claim: NextClaim | None, unless_messages: bool
+    ) -> bool | None:
         params = postgres_steps.step_params(claim, step)
         finish = step.finish
         try:
-            appended = self._append(params, step.effects, finish, then_claim)
+            appended = self._append(params, step.effects, finish, then_claim, unless_messages)
         except DataError:
             if step.usage is not None:
                 self.count_unstored_turn(claim, step)
@@ -241,6 +261,8 @@ class PostgresStore(Store):
         if not appended and self.committed_by(claim, step.seq):
             # A retry whose first try landed (outage.py): this claim's own step, committed.
             appended = True
+        elif not appended and unless_messages and self.has_waiting_messages(claim.run_id):
+            return None  # the turn is committed as a plain step next: not counted here
         elif not appended and step.usage is not None:
             self.count_unstored_turn(claim, step)
         if appended and finish is not None:
@@ -256,25 +278,34 @@ class PostgresStore(Store):
         effects: Sequence[ToolEffect],
         finish: tuple[str, str | None] | None,
         then_claim: NextClaim | None,
+        unless_messages: bool = False,
     ) -> bool:
-        """The step's statement sent: a finish-and-claim, or one of the APPEND_* family."""
+        """The step's statement sent: a finish-and-claim, or one of the APPEND_* family (a
+        last step with ``unless_messages`` guarded by the inbox, right behind the run's lock)."""
         if finish is not None and then_claim is not None and not effects:
-            return self._finish_and_claim(params, then_claim)
+            return self._finish_and_claim(params, then_claim, unless_messages)
         return self._execute_append(
-            postgres_steps.append_statement(params, effects, finish), params
+            postgres_steps.append_statement(params, effects, finish, unless_messages),
+            params,
+            lock_run=unless_messages and finish is not None,
         )
 
     @staticmethod
-    def _execute_append(sql: str, params: dict[str, Any]) -> bool:
+    def _execute_append(sql: str, params: dict[str, Any], lock_run: bool = False) -> bool:
         # A method of its own: the statement tests keep what it would send instead.
-        return postgres_steps.execute_append(sql, params)
+        return postgres_steps.execute_append(sql, params, lock_run)
 
-    def _finish_and_claim(self, params: dict[str, Any], then_claim: NextClaim) -> bool:
+    def _finish_and_claim(
+        self, params: dict[str, Any], then_claim: NextClaim, unless_messages: bool
+    ) -> bool:
         """``append_step`` of a run's last step that also claims the next run, if the slot
         may (``then_claim.take()``); a model turn (its rollup parameters) is counted too."""
         if not then_claim.take():
-            return self._execute_append(postgres_steps.last_step_statement(params), params)
-        appended, poisoned_parent = postgres_steps.finish_and_claim(params, then_claim)
+            statement = postgres_steps.last_step_statement(params, unless_messages)
+            return self._execute_append(statement, params, lock_run=unless_messages)
+        appended, poisoned_parent = postgres_steps.finish_and_claim(
+            params, then_claim, unless_messages
+        )
         self.child_ended(poisoned_parent)  # the next run's, if it was dead-lettered as poison
         return appended
 
@@ -289,7 +320,7 @@ class PostgresStore(Store):
         """``LOCK_RUN_SQL``, written out: a run's last commit takes this lock, and the ORM
         would build its query anew each time."""
         with connection.cursor() as cursor:
-            cursor.execute(postgres_steps.LOCK_RUN_SQL, [run_id])
+            cursor.execute(LOCK_RUN_SQL, {"run_id": run_id})
 
     def start_intent_execution(self, claim: Claim, intent: ToolIntent) -> bool:
         """One statement; the run row stays locked until the intent row is updated."""

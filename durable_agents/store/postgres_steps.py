@@ -11,8 +11,10 @@ plain functions it calls).
                                         (FINISH_TURN_AND_CLAIM_SQL for a model turn)
     unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
     park         START_INTENT_SQL       an approved tool call starts under the fence
-    lock         LOCK_RUN_SQL           the run's row, before its last step looks for
-                                        messages waiting (``store/inbox.py``)
+    last step    UNLESS_MESSAGES[...]   a last step that ends the run only while no
+                                        message waits in its inbox (NO_MESSAGE_WAITING),
+                                        sent right behind LOCK_RUN_SQL (``locked_first``)
+    lock         LOCK_RUN_SQL           the run's row, as ``queue_message`` locks it
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
 claim carries), ``STEP_FENCE`` (and only as the next step of the log), ``FENCED_STEP`` and
@@ -25,8 +27,9 @@ placeholder tuple per effect).
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connection
@@ -56,7 +59,7 @@ from durable_agents.store.rows import usage_shard
 # The run's row locked until the transaction ends, as ``queue_message`` locks it: a run's last
 # commit takes it, then looks for messages in a statement of its own (whose snapshot, taken
 # after the lock, sees every message queued before it).
-LOCK_RUN_SQL = "SELECT 1 FROM agent_run WHERE id = %s FOR NO KEY UPDATE"
+LOCK_RUN_SQL = "SELECT 1 FROM agent_run WHERE id = %(run_id)s FOR NO KEY UPDATE"
 
 # -- Fragments -------------------------------------------------------------------------------
 
@@ -119,6 +122,20 @@ WITH fence AS (
 {STEP_FENCE}
  RETURNING id, agent, model, concurrency_key
 )"""
+
+# What a run's last step adds to its fence when ``append_last_step`` sends it: the run ends only
+# while no message waits in its inbox. On its own this guard would race with ``queue_message``:
+# an UPDATE that waited for the run's row lock checks its WHERE again on the new row, but its
+# subquery keeps the snapshot taken before the wait and misses the message just queued. So the
+# statement goes out right behind LOCK_RUN_SQL, in the same round trip and transaction
+# (``locked_first``): its snapshot is taken once the lock is held.
+NO_MESSAGE_WAITING = """\
+       AND NOT EXISTS (SELECT 1 FROM agent_message
+                        WHERE run_id = %(run_id)s AND folded_seq IS NULL)"""
+
+FENCED_LAST_STEP_UNLESS_MESSAGES = FENCED_LAST_STEP.replace(
+    STEP_FENCE, f"{STEP_FENCE}\n{NO_MESSAGE_WAITING}", 1
+)
 
 # The tool effects of a step, recorded whatever the fence says (the CTE does not read it): they
 # describe calls that happened. ``{rows}`` is the VALUES list, one placeholder tuple per effect
@@ -209,6 +226,18 @@ FINISH_AND_CLAIM_SQL = _finish_and_claim("")
 # The same for a run's last model turn, counted in the day's rollup too: what a busy worker
 # sends at the end of every run.
 FINISH_TURN_AND_CLAIM_SQL = _finish_and_claim(f"{RECORD_USAGE}, ")
+
+# Every statement of a last step, and the same statement guarded by NO_MESSAGE_WAITING.
+UNLESS_MESSAGES: dict[str, str] = {
+    sql: sql.replace(FENCED_LAST_STEP, FENCED_LAST_STEP_UNLESS_MESSAGES, 1)
+    for sql in (
+        APPEND_LAST_STEP_SQL,
+        APPEND_LAST_TURN_SQL,
+        APPEND_LAST_STEP_WITH_EFFECTS_SQL,
+        FINISH_AND_CLAIM_SQL,
+        FINISH_TURN_AND_CLAIM_SQL,
+    )
+}
 
 # A model turn that was paid for but not committed (its fence failed: the run was taken over
 # or cancelled meanwhile; or the step was refused): its tokens and cost still count, on the
@@ -311,45 +340,76 @@ def append_statement(
     params: dict[str, Any],
     effects: Sequence[ToolEffect],
     finish: tuple[str, str | None] | None,
+    unless_messages: bool = False,
 ) -> str:
     """The APPEND_* statement of a step whose parameters are ``params`` (``step_params``),
-    the last step's when ``finish``: with the step's tool effects (their VALUES list written
-    into ``{rows}``, their values added to ``params``), else a model turn's (counted in the
-    rollup) or a plain step's."""
+    the last step's when ``finish`` (guarded by NO_MESSAGE_WAITING with ``unless_messages``):
+    with the step's tool effects (their VALUES list written into ``{rows}``, their values
+    added to ``params``), else a model turn's (counted in the rollup) or a plain step's."""
     if effects:
         if finish is None:
-            template = APPEND_STEP_WITH_EFFECTS_SQL
-        else:
-            template = APPEND_LAST_STEP_WITH_EFFECTS_SQL
+            return APPEND_STEP_WITH_EFFECTS_SQL.format(rows=_effect_rows(effects, params))
+        template = _last(APPEND_LAST_STEP_WITH_EFFECTS_SQL, unless_messages)
         return template.format(rows=_effect_rows(effects, params))
-    if "shard" in params:  # a model turn: counted in the rollup too
-        return APPEND_TURN_SQL if finish is None else APPEND_LAST_TURN_SQL
-    return APPEND_STEP_SQL if finish is None else APPEND_LAST_STEP_SQL
+    if finish is not None:
+        return last_step_statement(params, unless_messages)
+    return APPEND_TURN_SQL if "shard" in params else APPEND_STEP_SQL
 
 
-def execute_append(sql: str, params: dict[str, Any]) -> bool:
-    """Send a step's statement: whether its step was appended (the fence held)."""
+def _last(sql: str, unless_messages: bool) -> str:
+    return UNLESS_MESSAGES[sql] if unless_messages else sql
+
+
+def execute_append(sql: str, params: dict[str, Any], lock_run: bool = False) -> bool:
+    """Send a step's statement (right behind the run's lock with ``lock_run``: ``locked_first``):
+    whether its step was appended (the fence held)."""
     with binding_cursor() as cursor:
-        cursor.execute(sql, params)
+        with locked_first(params["run_id"]) if lock_run else contextlib.nullcontext():
+            cursor.execute(sql, params)
         return bool(cursor.rowcount == 1)
 
 
-def last_step_statement(params: dict[str, Any]) -> str:
-    """The statement of a run's last step that claims nothing next (a model turn's counts it)."""
-    return APPEND_LAST_TURN_SQL if "shard" in params else APPEND_LAST_STEP_SQL
+@contextlib.contextmanager
+def locked_first(run_id: RunId) -> Iterator[None]:
+    """LOCK_RUN_SQL, then the statements the block sends, in one round trip (psycopg's
+    pipeline): one transaction, the caller's or the implicit one that ends at the pipeline's
+    Sync, in which each statement after the lock takes its snapshot once the lock is held.
+    Their results (and errors, as Django's errors) come when the block ends."""
+    # Left to right: binding_cursor() connects before connection.connection is read.
+    with (
+        binding_cursor() as lock,
+        connection.wrap_database_errors,
+        connection.connection.pipeline(),
+    ):
+        lock.execute(LOCK_RUN_SQL, {"run_id": run_id})
+        yield
 
 
-def finish_and_claim(params: dict[str, Any], then_claim: NextClaim) -> tuple[bool, RunId | None]:
+def last_step_statement(params: dict[str, Any], unless_messages: bool = False) -> str:
+    """The statement of a run's last step that claims nothing next (a model turn's counts it;
+    guarded by NO_MESSAGE_WAITING with ``unless_messages``)."""
+    return _last(
+        APPEND_LAST_TURN_SQL if "shard" in params else APPEND_LAST_STEP_SQL, unless_messages
+    )
+
+
+def finish_and_claim(
+    params: dict[str, Any], then_claim: NextClaim, unless_messages: bool = False
+) -> tuple[bool, RunId | None]:
     """The last step of a run that also claims the next run, once the slot took its place
     (``then_claim.take()``, asked by the caller; the claim, if any, is set on it); a model
-    turn (its rollup parameters) is counted too. Returns whether the step was appended, and
-    the parent of the next run if its row could not be decoded and it was dead-lettered as
-    poison instead: the caller tells it (``child_ended``)."""
+    turn (its rollup parameters) is counted too. With ``unless_messages`` the step is guarded
+    by NO_MESSAGE_WAITING and sent right behind the run's lock (``locked_first``). Returns
+    whether the step was appended, and the parent of the next run if its row could not be
+    decoded and it was dead-lettered as poison instead: the caller tells it
+    (``child_ended``)."""
     turn = "shard" in params
+    sql = _last(FINISH_TURN_AND_CLAIM_SQL if turn else FINISH_AND_CLAIM_SQL, unless_messages)
     params = {**params, **key_limits(), "lease": float(then_claim.lease_seconds), "limit": 1}
     with binding_cursor() as cursor:
         try:
-            cursor.execute(FINISH_TURN_AND_CLAIM_SQL if turn else FINISH_AND_CLAIM_SQL, params)
+            with locked_first(params["run_id"]) if unless_messages else contextlib.nullcontext():
+                cursor.execute(sql, params)
             row = cursor.fetchone()
         except BaseException:
             then_claim.give_back()

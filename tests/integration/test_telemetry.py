@@ -350,8 +350,8 @@ def test_a_run_claimed_with_the_last_step_of_another_joins_its_own_trace(
 
         finish_and_claim = PostgresStore._finish_and_claim
 
-        def spy(store: Any, params: Any, then_claim: Any) -> bool:
-            appended = finish_and_claim(store, params, then_claim)
+        def spy(store: Any, params: Any, then_claim: Any, unless_messages: bool) -> bool:
+            appended = finish_and_claim(store, params, then_claim, unless_messages)
             chained.append(then_claim.claim)
             return appended
 

@@ -40,10 +40,14 @@ class Capturing(postgres.PostgresStore):
 
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.locked: list[bool] = []  # whether each went right behind the run's lock
 
-    def _execute_append(self, sql: str, params: dict[str, Any]) -> bool:  # type: ignore[override]
+    def _execute_append(  # type: ignore[override]
+        self, sql: str, params: dict[str, Any], lock_run: bool = False
+    ) -> bool:
         # An instance method where the store's is static: it needs ``self.sent``.
         self.sent.append(sql)
+        self.locked.append(lock_run)
         return True
 
 
@@ -55,18 +59,29 @@ def built_with_effects() -> dict[str, str]:
         for i in range(2)
     ]
     built = {}
-    for name, finish in (
-        ("APPEND_STEP_WITH_EFFECTS_SQL", None),
-        ("APPEND_LAST_STEP_WITH_EFFECTS_SQL", ("succeeded", "done")),
+    for name, finish, unless_messages in (
+        ("APPEND_STEP_WITH_EFFECTS_SQL", None, False),
+        ("APPEND_LAST_STEP_WITH_EFFECTS_SQL", ("succeeded", "done"), False),
+        ("APPEND_LAST_STEP_WITH_EFFECTS_SQL.unless_messages", ("succeeded", "done"), True),
     ):
         store = Capturing()
-        store._append({}, effects, finish, None)
+        store._append({}, effects, finish, None, unless_messages)
         (built[f"{name}.two_effects"],) = store.sent
+        assert store.locked == [unless_messages]
     return built
 
 
+def unless_messages() -> dict[str, str]:
+    """The last steps as ``append_last_step`` sends them (guarded by the inbox)."""
+    return {
+        f"{name}.unless_messages": postgres.UNLESS_MESSAGES[sql]
+        for name, sql in constants().items()
+        if sql in postgres.UNLESS_MESSAGES
+    }
+
+
 def statements() -> dict[str, str]:
-    return {**constants(), **built_with_effects()}
+    return {**constants(), **unless_messages(), **built_with_effects()}
 
 
 def rewrite_golden_files() -> None:
@@ -251,3 +266,41 @@ def test_an_unstored_turn_changes_counters_only() -> None:
     assert "SET tokens_used = tokens_used + %(tokens)s," in sql
     for never in ("status", "lease_", "last_seq", "attempt", "agent_step"):
         assert never not in sql.split("RETURNING")[0]
+
+
+def test_a_last_step_sent_by_append_last_step_only_adds_the_inbox_guard() -> None:
+    guard = postgres.NO_MESSAGE_WAITING
+    assert " ".join(guard.split()) == (
+        "AND NOT EXISTS (SELECT 1 FROM agent_message"
+        " WHERE run_id = %(run_id)s AND folded_seq IS NULL)"
+    )
+    assert len(postgres.UNLESS_MESSAGES) == 5  # every statement that contains a last step
+    for sql in WRITES_OF_A_STEP:
+        if postgres.FENCED_LAST_STEP not in sql:
+            assert sql not in postgres.UNLESS_MESSAGES
+            continue
+        guarded = postgres.UNLESS_MESSAGES[sql]
+        # Right after the step's fence, inside the run's UPDATE, and nothing else changed.
+        assert guarded.count(f"{postgres.STEP_FENCE}\n{guard}\n RETURNING") == 1
+        assert guarded.replace(f"\n{guard}", "", 1) == sql
+    # The lock the guard needs in front of it (locked_first) is the one queue_message takes.
+    assert postgres.LOCK_RUN_SQL == (
+        "SELECT 1 FROM agent_run WHERE id = %(run_id)s FOR NO KEY UPDATE"
+    )
+
+
+@pytest.mark.parametrize("finish", [None, ("succeeded", "done")])
+@pytest.mark.parametrize("unless_messages", [False, True])
+def test_only_a_guarded_last_step_goes_out_behind_the_runs_lock(
+    finish: tuple[str, str] | None, unless_messages: bool
+) -> None:
+    store = Capturing()
+    store._append({"shard": 3}, [], finish, None, unless_messages)
+    guarded = finish is not None and unless_messages
+    assert store.locked == [guarded]
+    if finish is None:
+        assert store.sent == [postgres.APPEND_TURN_SQL]
+    elif guarded:
+        assert store.sent == [postgres.UNLESS_MESSAGES[postgres.APPEND_LAST_TURN_SQL]]
+    else:
+        assert store.sent == [postgres.APPEND_LAST_TURN_SQL]

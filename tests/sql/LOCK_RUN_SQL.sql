@@ -1,0 +1,1 @@
+SELECT 1 FROM agent_run WHERE id = %(run_id)s FOR NO KEY UPDATE
