@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -75,7 +76,56 @@ def use_pool(size: int, alias: str = DEFAULT_DB_ALIAS) -> bool:
     existing = connections[alias]
     if existing.connection is not None and not existing.in_atomic_block:
         existing.close()
+    skip_check_when_just_released(getattr(existing, "pool", None))
     return True
+
+
+# A connection that ``release()`` handed back less than this long ago goes out again without
+# the pool's health check (CONN_HEALTH_CHECKS). A busy worker hands its few connections back
+# and forth between slots every few milliseconds, and the check is a round trip each time (it
+# was a quarter of the statements of a resumed run). A connection that died within that
+# moment fails its next statement like any connection lost mid-use: the commit is tried again
+# on a fresh one (engine/outage.py), a failed claim again at the next poll or notification.
+# Longer pauses (a worker waiting on the model, a database back from a restart) keep the check.
+JUST_RELEASED_SECONDS = 0.5
+
+
+class _CheckUnlessJustReleased:
+    """The pool's ``check``, skipped for a connection ``release()`` handed back within
+    JUST_RELEASED_SECONDS that is idle and not known to be broken."""
+
+    def __init__(self, check: Any) -> None:
+        from psycopg.pq import TransactionStatus  # a pool is PostgreSQL's: psycopg is there
+
+        self.check = check
+        self.idle = TransactionStatus.IDLE
+        self.released: dict[int, float] = {}  # id(driver connection) -> when release() gave it
+
+    def __call__(self, conn: Any) -> None:
+        released = self.released.pop(id(conn), None)
+        if (
+            released is not None
+            and time.monotonic() - released < JUST_RELEASED_SECONDS
+            and not conn.broken
+            and conn.info.transaction_status == self.idle
+        ):
+            return
+        self.check(conn)
+
+
+def skip_check_when_just_released(pool: Any) -> None:
+    """Wrap the health check of Django's pool (psycopg_pool keeps it as ``_check``; when it
+    has none, CONN_HEALTH_CHECKS is off and there is nothing to skip)."""
+    check = getattr(pool, "_check", None)
+    if callable(check) and not isinstance(check, _CheckUnlessJustReleased):
+        pool._check = _CheckUnlessJustReleased(check)
+
+
+def _note_release(conn: Any) -> None:
+    """Before ``conn`` (Django's wrapper) hands its driver connection back to the pool."""
+    check = getattr(getattr(conn, "pool", None), "_check", None)
+    if isinstance(check, _CheckUnlessJustReleased):
+        check.released[id(conn.connection)] = time.monotonic()
 
 
 def release(alias: str = DEFAULT_DB_ALIAS) -> None:
@@ -85,6 +135,7 @@ def release(alias: str = DEFAULT_DB_ALIAS) -> None:
     if conn.connection is None or conn.in_atomic_block:
         return
     if conn.vendor == "postgresql" and conn.settings_dict.get("OPTIONS", {}).get("pool"):
+        _note_release(conn)
         conn.close()
 
 
