@@ -141,24 +141,33 @@ def set_budget(key: str, usd_per_day: Decimal | None) -> int:
 # How long a process trusts the limits staff set in the admin before it reads them again: a
 # raised limit reaches every worker's claims within this time.
 LIMIT_OVERRIDES_TTL = 2.0
-_limit_cache: dict[str, Any] = {"at": None, "limits": {}}
+_limit_cache: dict[str, Any] = {"at": None, "limits": {}, "reading": False}
 _limit_lock = threading.Lock()
 
 
 def limit_overrides() -> dict[str, int]:
     """The concurrency limits staff set per key (``ConcurrencyKey.concurrency_limit``), read
-    at most once per LIMIT_OVERRIDES_TTL per process: the claims' hot path stays one statement."""
+    at most once per LIMIT_OVERRIDES_TTL per process: the claims' hot path stays one statement.
+    One thread reads them again when they are due; the others meanwhile take the last ones
+    read (a slot that ends a run claims the next with them: a thousand slots ending together
+    would otherwise each read them)."""
     now = time.monotonic()
     with _limit_lock:
-        if _limit_cache["at"] is not None and now - _limit_cache["at"] < LIMIT_OVERRIDES_TTL:
+        at = _limit_cache["at"]
+        if at is not None and (now - at < LIMIT_OVERRIDES_TTL or _limit_cache["reading"]):
             return dict(_limit_cache["limits"])
-    limits = {
-        key: limit
-        for key, limit in ConcurrencyKey.objects.filter(
-            concurrency_limit__isnull=False
-        ).values_list("key", "concurrency_limit")
-        if limit is not None
-    }
+        _limit_cache["reading"] = True
+    try:
+        limits = {
+            key: limit
+            for key, limit in ConcurrencyKey.objects.filter(
+                concurrency_limit__isnull=False
+            ).values_list("key", "concurrency_limit")
+            if limit is not None
+        }
+    finally:
+        with _limit_lock:
+            _limit_cache["reading"] = False
     with _limit_lock:
         _limit_cache.update(at=now, limits=limits)
     return dict(limits)

@@ -166,3 +166,45 @@ def test_limits_hold_while_runs_end_park_and_go_back_concurrently() -> None:
     assert len(seen) > THREADS * rounds
     assert max(count for _, count in seen) <= LIMIT, max(seen, key=lambda s: s[1])
     assert most_holders()[1] <= LIMIT
+
+
+def test_one_thread_reads_the_keys_limits_again_while_the_others_take_the_last_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slots that end runs together each claim the next with the keys' limits: when the
+    limits are due to be read again, one of them reads while the others go on with the last
+    read, instead of a thousand reads at once."""
+    import psycopg
+
+    from durable_agents.models import ConcurrencyKey
+    from durable_agents.store import key_rows
+    from tests.conftest import backend_waits_on_lock, database_url, wait_for
+
+    key_rows.set_limit("tenant:x", 3)
+    assert key_rows.limit_overrides() == {"tenant:x": 3}
+    monkeypatch.setattr(key_rows, "LIMIT_OVERRIDES_TTL", 0.0)  # every call finds them due
+    ConcurrencyKey.objects.filter(key="tenant:x").update(concurrency_limit=5)
+    results: dict[str, Any] = {}
+
+    def read(name: str) -> threading.Thread:
+        def body() -> None:
+            try:
+                results[name] = key_rows.limit_overrides()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        return thread
+
+    with psycopg.connect(database_url()) as locker:
+        locker.execute("LOCK TABLE agent_concurrency_key IN ACCESS EXCLUSIVE MODE")
+        reader = read("reader")
+        wait_for(lambda: backend_waits_on_lock("agent_concurrency_key"), what="the reader")
+        other = read("other")
+        other.join(30)  # not held by the reader's read
+        assert results == {"other": {"tenant:x": 3}}
+    reader.join(30)
+    assert results["reader"] == {"tenant:x": 5}
+    assert key_rows.limit_overrides() == {"tenant:x": 5}
+    key_rows.forget_limit_overrides()
