@@ -517,18 +517,20 @@ def worker_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     profile_to = os.environ.get("BENCH_YAPPI")  # a file: the worker's CPU profile, all threads
     if profile_to:
+        import signal
+
         import yappi
 
-        yappi.set_clock_type("cpu")
-        yappi.start()
-    try:
-        call_command(
-            "runagents", concurrency=a.concurrency, poll_interval=a.poll_interval, lease_seconds=60
-        )
-    finally:
-        if profile_to:
+        def save(*_: Any) -> None:  # SIGUSR2, sent by wake_bench before it stops the worker
             yappi.stop()
             yappi.get_func_stats().save(profile_to, type="pstat")
+
+        signal.signal(signal.SIGUSR2, save)
+        yappi.set_clock_type("cpu")
+        yappi.start()
+    call_command(
+        "runagents", concurrency=a.concurrency, poll_interval=a.poll_interval, lease_seconds=60
+    )
 
 
 def _wait_listening(url: str, worker: subprocess.Popen[bytes], limit: float = 60.0) -> float:
@@ -664,6 +666,11 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
             measured = _round(url, "Wait", "bench-wake", n, limit, worker.pid)
             arrivals = common.get_json(base_url, "/_arrivals")
         finally:
+            if os.environ.get("BENCH_YAPPI"):
+                import signal
+
+                worker.send_signal(signal.SIGUSR2)
+                time.sleep(20)  # the profile of 2,000 threads takes a while to save
             code = common.stop(worker, 60)
     with psycopg.connect(url, autocommit=True) as conn:
         statuses = dict(
