@@ -64,7 +64,8 @@ def use_pool(size: int, alias: str = DEFAULT_DB_ALIAS) -> bool:
     pool = options.get("pool")
     pool = dict(pool) if isinstance(pool, dict) else {}
     pool["max_size"] = size
-    pool.setdefault("min_size", min(2, size))
+    # The project's min_size is kept unless it is over the pool's size (which psycopg refuses).
+    pool["min_size"] = min(pool.get("min_size", 2), size)
     # How long a statement may wait for a free connection before it fails like any database
     # error (the run is handed back, the worker goes on).
     pool.setdefault("timeout", 60.0)

@@ -4,6 +4,7 @@ checked, as psycopg's pool checks it."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from typing import Any
@@ -24,32 +25,52 @@ def _drop_pool() -> None:
         connection.close_pool()  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def checks() -> Iterator[list[Any]]:
-    """A worker's pool of one with CONN_HEALTH_CHECKS on; the connections the pool's own
-    check was asked about, in order."""
+@contextlib.contextmanager
+def saved_settings() -> Iterator[dict[str, Any]]:
+    """The default database's settings, restored (and the pool dropped) on the way out."""
     settings = connections.settings["default"]
     saved = copy.deepcopy(
         {k: settings.get(k) for k in ("OPTIONS", "CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
     )
-    _drop_pool()
-    settings["CONN_HEALTH_CHECKS"] = True
-    assert db.use_pool(1)  # one connection: each checkout takes the one handed back last
-    wrapper = connection.pool._check  # type: ignore[attr-defined]
-    assert isinstance(wrapper, db._CheckUnlessJustReleased)
-    asked: list[Any] = []
-    check = wrapper.check
-
-    def spy(conn: Any) -> None:
-        asked.append(conn)
-        check(conn)
-
-    wrapper.check = spy
     try:
-        yield asked
+        _drop_pool()
+        yield settings
     finally:
         _drop_pool()
         settings.update(saved)
+
+
+@pytest.fixture
+def checks() -> Iterator[list[Any]]:
+    """A worker's pool of one with CONN_HEALTH_CHECKS on; the connections the pool's own
+    check was asked about, in order."""
+    asked: list[Any] = []
+    with saved_settings() as settings:
+        settings["CONN_HEALTH_CHECKS"] = True
+        assert db.use_pool(1)  # one connection: each checkout takes the one handed back last
+        wrapper = connection.pool._check  # type: ignore[attr-defined]
+        assert isinstance(wrapper, db._CheckUnlessJustReleased)
+        check = wrapper.check
+
+        def spy(conn: Any) -> None:
+            asked.append(conn)
+            check(conn)
+
+        wrapper.check = spy
+        yield asked
+
+
+def test_the_projects_pool_options_are_kept_but_the_size() -> None:
+    with saved_settings() as settings:
+        settings.setdefault("OPTIONS", {})["pool"] = {"min_size": 4, "max_idle": 30.0}
+        assert db.use_pool(2)
+        assert settings["OPTIONS"]["pool"] == {
+            "min_size": 2,  # at most the pool's size, which psycopg requires
+            "max_size": 2,
+            "max_idle": 30.0,
+            "timeout": 60.0,
+        }
+        select_one()  # the pool opens with them
 
 
 def select_one() -> None:
