@@ -244,7 +244,10 @@ class PostgresStore(Store):
         the run only while no message waits in its inbox, sent together (``locked_first`` in
         store/postgres_steps.py), where the portable way takes four (the lock, the inbox's
         probe, the step, the commit). Only when nothing was appended does the inbox's probe
-        tell a waiting message (None) from a failed fence (False)."""
+        tell a waiting message (None) from a failed fence (False). A libpq older than 14 has no
+        pipeline: then the portable way."""
+        if not postgres_steps.pipelines():
+            return super().append_last_step(claim, step, then_claim)
         return self._commit_step(claim, step, then_claim, unless_messages=True)
 
     def _commit_step(

@@ -28,6 +28,7 @@ placeholder tuple per effect).
 from __future__ import annotations
 
 import contextlib
+import functools
 import textwrap
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -367,6 +368,14 @@ def execute_append(sql: str, params: dict[str, Any], lock_run: bool = False) -> 
         with locked_first(params["run_id"]) if lock_run else contextlib.nullcontext():
             cursor.execute(sql, params)
         return bool(cursor.rowcount == 1)
+
+
+@functools.cache
+def pipelines() -> bool:
+    """Whether psycopg can send a pipeline here (libpq 14 or later)."""
+    import psycopg  # only on PostgreSQL: SQLite installs need not have it
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 @contextlib.contextmanager

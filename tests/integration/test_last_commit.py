@@ -134,3 +134,33 @@ def test_a_last_turn_the_database_refuses_ends_the_run_and_is_still_counted(
     assert len(fake_api.requests) == 1
     # The refused turn was paid for: its tokens count on the run all the same.
     assert run.tokens_used > 0
+
+
+def test_without_a_pipeline_the_last_commit_takes_the_portable_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """psycopg over a libpq older than 14 sends no pipeline: the lock, the probe and the step
+    go out one by one in a transaction, with the same outcomes."""
+    import psycopg
+
+    from durable_agents.store import postgres_steps
+
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    postgres_steps.pipelines.cache_clear()
+    sent: list[bool] = []
+    monkeypatch.setattr(postgres_steps, "locked_first", lambda run_id: sent.append(True))
+    try:
+        store = current()
+        run = start_run("tester", "hello")
+        claim = store.claim_run(run.pk, "w1", 30)
+        assert claim is not None
+        store.queue_message(run.pk, "wait for me", None)
+        assert store.append_last_step(claim, StepWrite(1, **_final())) is None
+        waiting = store.waiting_messages(run.pk)
+        fold = StepWrite(1, StepKind.MESSAGE, '[{"type":"text","text":"wait for me"}]')
+        assert store.fold_messages(claim, fold, [m.pk for m in waiting])
+        assert store.append_last_step(claim, StepWrite(2, **_final())) is True
+        assert reload(run).status == RunStatus.SUCCEEDED
+        assert sent == []
+    finally:
+        postgres_steps.pipelines.cache_clear()
