@@ -55,6 +55,7 @@ from durable_agents.engine import services as worker_services
 from durable_agents.engine.connections import DatabaseConnections, WorkerConnections
 from durable_agents.engine.outage import LeaseClock
 from durable_agents.engine.runner import SHUTDOWN, Disposition, advance_run
+from durable_agents.engine.shutdown_signals import SignalRelay
 from durable_agents.exceptions import InvalidArgument, WorkerIdInUse
 from durable_agents.logging import bind_run
 from durable_agents.models import MAX_WORKER_ID, AgentWorker
@@ -279,9 +280,17 @@ class Worker:
                 _RUNNING.discard(self.instance)
 
     def _run(self) -> int:
+        relay: SignalRelay | None = None
         if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
+            relay = SignalRelay(self._on_signal)
+            relay.install()
+        try:
+            return self._work_until_stopped()
+        finally:
+            if relay is not None:
+                relay.uninstall()
+
+    def _work_until_stopped(self) -> int:
         logger.info(
             "worker %s started: concurrency=%d lease=%.1fs heartbeat=%.1fs burst=%s%s",
             self.worker_id,
@@ -441,12 +450,12 @@ class Worker:
         self._registered = False
 
     def stop(self) -> None:
-        # Called from the signal handler: it only sets events (the handler may run while the
-        # main thread holds ``_lock``).
+        # Called from the signals' relay thread (engine/shutdown_signals.py), never from a
+        # signal handler: it only sets events.
         self.stopping.set()
         self._wake.set()
 
-    def _on_signal(self, signum: int, frame: object) -> None:
+    def _on_signal(self, signum: int) -> None:
         if self.stopping.is_set():
             logger.info("worker %s: second signal, abandoning the steps in flight", self.worker_id)
             self.abandon.set()
