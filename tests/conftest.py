@@ -366,6 +366,35 @@ def worker_thread() -> Iterator[Callable[..., Worker]]:
         assert not thread.is_alive(), "the worker did not stop"
 
 
+@contextlib.contextmanager
+def steps_refused(kind: str) -> Iterator[None]:
+    """PostgreSQL refuses every step of ``kind`` inside (a trigger raises "value out of
+    range", SQLSTATE 22003, a DataError): what the database does with a value it cannot store."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION da_refuse_step() RETURNS trigger AS $$
+            BEGIN
+                IF NEW.kind = '"""
+            + kind
+            + """' THEN
+                    RAISE EXCEPTION 'value out of range' USING ERRCODE = '22003';
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER da_refuse_step BEFORE INSERT ON agent_step
+                FOR EACH ROW EXECUTE FUNCTION da_refuse_step();
+            """
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DROP TRIGGER da_refuse_step ON agent_step; DROP FUNCTION da_refuse_step();"
+            )
+
+
 def backend_waits_on_lock(query_part: str = "") -> bool:
     """Some session of the test database is blocked on a lock, running a statement that
     contains ``query_part`` (read from a connection of its own)."""

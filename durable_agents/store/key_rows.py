@@ -165,11 +165,12 @@ def limit_overrides() -> dict[str, int]:
             ).values_list("key", "concurrency_limit")
             if limit is not None
         }
-    finally:
+    except BaseException:
         with _limit_lock:
-            _limit_cache["reading"] = False
+            _limit_cache["reading"] = False  # the next caller reads them
+        raise
     with _limit_lock:
-        _limit_cache.update(at=now, limits=limits)
+        _limit_cache.update(at=now, limits=limits, reading=False)
     return dict(limits)
 
 

@@ -242,8 +242,8 @@ class PostgresStore(Store):
     ) -> bool | None:
         """One round trip on PostgreSQL: the run's lock and the step's statement, which ends
         the run only while no message waits in its inbox, sent together (``locked_first`` in
-        store/postgres_steps.py), where the portable way takes four (the lock, the inbox's
-        probe, the step, the commit). Only when nothing was appended does the inbox's probe
+        store/postgres_steps.py), where the portable way takes five (BEGIN, the lock, the
+        inbox's probe, the step, COMMIT). Only when nothing was appended does the inbox's probe
         tell a waiting message (None) from a failed fence (False). A libpq older than 14 has no
         pipeline: then the portable way."""
         if not postgres_steps.pipelines():
@@ -288,15 +288,13 @@ class PostgresStore(Store):
         if finish is not None and then_claim is not None and not effects:
             return self._finish_and_claim(params, then_claim, unless_messages)
         return self._execute_append(
-            postgres_steps.append_statement(params, effects, finish, unless_messages),
-            params,
-            lock_run=unless_messages and finish is not None,
+            postgres_steps.append_statement(params, effects, finish, unless_messages), params
         )
 
     @staticmethod
-    def _execute_append(sql: str, params: dict[str, Any], lock_run: bool = False) -> bool:
+    def _execute_append(sql: str, params: dict[str, Any]) -> bool:
         # A method of its own: the statement tests keep what it would send instead.
-        return postgres_steps.execute_append(sql, params, lock_run)
+        return postgres_steps.execute_append(sql, params)
 
     def _finish_and_claim(
         self, params: dict[str, Any], then_claim: NextClaim, unless_messages: bool
@@ -305,7 +303,7 @@ class PostgresStore(Store):
         may (``then_claim.take()``); a model turn (its rollup parameters) is counted too."""
         if not then_claim.take():
             statement = postgres_steps.last_step_statement(params, unless_messages)
-            return self._execute_append(statement, params, lock_run=unless_messages)
+            return self._execute_append(statement, params)
         appended, poisoned_parent = postgres_steps.finish_and_claim(
             params, then_claim, unless_messages
         )

@@ -361,13 +361,20 @@ def _last(sql: str, unless_messages: bool) -> str:
     return UNLESS_MESSAGES[sql] if unless_messages else sql
 
 
-def execute_append(sql: str, params: dict[str, Any], lock_run: bool = False) -> bool:
-    """Send a step's statement (right behind the run's lock with ``lock_run``: ``locked_first``):
-    whether its step was appended (the fence held)."""
+def execute_append(sql: str, params: dict[str, Any]) -> bool:
+    """Send a step's statement (``behind_lock_if_guarded``): whether its step was appended
+    (the fence held)."""
     with binding_cursor() as cursor:
-        with locked_first(params["run_id"]) if lock_run else contextlib.nullcontext():
+        with behind_lock_if_guarded(sql, params["run_id"]):
             cursor.execute(sql, params)
         return bool(cursor.rowcount == 1)
+
+
+def behind_lock_if_guarded(sql: str, run_id: RunId) -> contextlib.AbstractContextManager[None]:
+    """``locked_first`` for a statement guarded by NO_MESSAGE_WAITING, which is only right
+    behind the run's lock; nothing for any other. Decided by the statement itself, so that a
+    guarded one never goes out alone."""
+    return locked_first(run_id) if NO_MESSAGE_WAITING in sql else contextlib.nullcontext()
 
 
 @functools.cache
@@ -408,7 +415,7 @@ def finish_and_claim(
     """The last step of a run that also claims the next run, once the slot took its place
     (``then_claim.take()``, asked by the caller; the claim, if any, is set on it); a model
     turn (its rollup parameters) is counted too. With ``unless_messages`` the step is guarded
-    by NO_MESSAGE_WAITING and sent right behind the run's lock (``locked_first``). Returns
+    by NO_MESSAGE_WAITING, and so sent right behind the run's lock. Returns
     whether the step was appended, and the parent of the next run if its row could not be
     decoded and it was dead-lettered as poison instead: the caller tells it
     (``child_ended``)."""
@@ -417,7 +424,7 @@ def finish_and_claim(
     params = {**params, **key_limits(), "lease": float(then_claim.lease_seconds), "limit": 1}
     with binding_cursor() as cursor:
         try:
-            with locked_first(params["run_id"]) if unless_messages else contextlib.nullcontext():
+            with behind_lock_if_guarded(sql, params["run_id"]):
                 cursor.execute(sql, params)
             row = cursor.fetchone()
         except BaseException:

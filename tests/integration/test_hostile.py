@@ -26,7 +26,13 @@ from durable_agents.engine import effects
 from durable_agents.engine import worker as worker_module
 from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, IntentStatus, ToolEffect, ToolIntent
-from tests.conftest import backend_waits_on_lock, database_url, run_worker, wait_for
+from tests.conftest import (
+    backend_waits_on_lock,
+    database_url,
+    run_worker,
+    steps_refused,
+    wait_for,
+)
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -338,28 +344,9 @@ def test_a_step_the_database_refuses_ends_the_run_at_once(
 ) -> None:
     # Strict commits: no model call is in flight while the results commit.
     da_settings(OVERLAP_SAFE_COMMITS=False)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            CREATE FUNCTION da_refuse_step() RETURNS trigger AS $$
-            BEGIN
-                IF NEW.kind = 'tool_result' THEN
-                    RAISE EXCEPTION 'value out of range' USING ERRCODE = '22003';
-                END IF;
-                RETURN NEW;
-            END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER da_refuse_step BEFORE INSERT ON agent_step
-                FOR EACH ROW EXECUTE FUNCTION da_refuse_step();
-            """
-        )
-    try:
+    with steps_refused("tool_result"):
         run = start_run("hostile", "@leak_secret {}")
         worker = run_worker(max_runs=5)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "DROP TRIGGER da_refuse_step ON agent_step; DROP FUNCTION da_refuse_step();"
-            )
     run = reload(run)
     assert (worker.stats.claims, run.status) == (1, "dead")
     assert run.error.startswith("step 2 (tool_result) could not be stored: value out of range")

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from durable_agents import start_run
 from durable_agents.models import AgentRun, RunStatus, StepKind
 from durable_agents.store import StepWrite, current
-from tests.conftest import backend_waits_on_lock, run_worker, wait_for
+from tests.conftest import backend_waits_on_lock, run_worker, steps_refused, wait_for
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = [
@@ -106,28 +106,9 @@ def test_a_stale_claims_last_step_is_refused_and_no_message_is_invented() -> Non
 def test_a_last_turn_the_database_refuses_ends_the_run_and_is_still_counted(
     fake_api: FakeAnthropic,
 ) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            CREATE FUNCTION da_refuse_turn() RETURNS trigger AS $$
-            BEGIN
-                IF NEW.kind = 'model_turn' THEN
-                    RAISE EXCEPTION 'value out of range' USING ERRCODE = '22003';
-                END IF;
-                RETURN NEW;
-            END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER da_refuse_turn BEFORE INSERT ON agent_step
-                FOR EACH ROW EXECUTE FUNCTION da_refuse_turn();
-            """
-        )
-    try:
+    with steps_refused("model_turn"):
         run = start_run("tester", "hello")
         run_worker(max_runs=1)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "DROP TRIGGER da_refuse_turn ON agent_step; DROP FUNCTION da_refuse_turn();"
-            )
     run = reload(run)
     assert run.status == RunStatus.DEAD
     assert run.error.startswith("step 1 (model_turn) could not be stored: value out of range")

@@ -11,16 +11,18 @@ The other checks say what a snapshot cannot: which clauses the statements must s
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from durable_agents.models import ToolEffect
-from durable_agents.store import postgres
+from durable_agents.store import postgres, postgres_steps
 
 GOLDEN = Path(__file__).resolve().parent.parent / "sql"
 UPDATE = os.environ.get("UPDATE_SQL_SNAPSHOTS") == "1"
@@ -42,12 +44,12 @@ class Capturing(postgres.PostgresStore):
         self.sent: list[str] = []
         self.locked: list[bool] = []  # whether each went right behind the run's lock
 
-    def _execute_append(  # type: ignore[override]
-        self, sql: str, params: dict[str, Any], lock_run: bool = False
-    ) -> bool:
+    def _execute_append(self, sql: str, params: dict[str, Any]) -> bool:  # type: ignore[override]
         # An instance method where the store's is static: it needs ``self.sent``.
         self.sent.append(sql)
-        self.locked.append(lock_run)
+        # Whether execute_append would send it right behind the run's lock.
+        behind = postgres_steps.behind_lock_if_guarded(sql, uuid.uuid4())
+        self.locked.append(not isinstance(behind, contextlib.nullcontext))
         return True
 
 
