@@ -143,8 +143,19 @@ class ToolDispatch:
     run: AgentRun
     interrupt: Interrupt
 
+    # The calls recorded at the run's last step, read with the claim's batch: (seq, by key).
+    ahead_effects: tuple[int, dict[str, ToolEffect]] | None = None
+
     def _check_interrupt(self) -> None:
         raise NotImplementedError
+
+    def _recorded_effects(self, seq: int) -> dict[str, ToolEffect]:
+        """The calls of turn ``seq`` that completed: read with the claim's batch the first
+        time (when it is the step they were read at), from the store otherwise."""
+        ahead, self.ahead_effects = self.ahead_effects, None
+        if ahead is not None and ahead[0] == seq:
+            return ahead[1]
+        return self.store.recorded_effects(self.run.pk, seq)
 
     def durably(self, operation: Callable[[], T], what: str) -> T:
         raise NotImplementedError
@@ -165,7 +176,7 @@ class ToolDispatch:
         tool_result step. ``fresh``: the turn was committed by this claim just now, so none of
         its calls can have run yet (the ledger need not be read)."""
         calls = [b for b in turn.get("content") or [] if b.get("type") == "tool_use"]
-        recorded = {} if fresh else self.store.recorded_effects(self.run.pk, seq)
+        recorded = {} if fresh else self._recorded_effects(seq)
         results: list[dict[str, Any]] = []
         final_effect: ToolEffect | None = None
         for index, call in enumerate(calls):

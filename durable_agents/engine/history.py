@@ -290,7 +290,12 @@ def load_log(
     the messages before the turn holding the last compaction block are left out, but the
     first (see the module docstring); ``trim=False`` gives the whole transcript.
     ``shares=False`` for a run known to be no fork (``Store.load_log_rows``)."""
-    rows = (store or current()).load_log_rows(run_id, shares=shares)
+    return log_of_rows((store or current()).load_log_rows(run_id, shares=shares), trim=trim)
+
+
+def log_of_rows(rows: list[Any], *, trim: bool = True) -> RunLog:
+    """``load_log`` of rows read already (``Store.load_log_rows``'s, or a claim's
+    ``ahead.log``)."""
     cut = _last_compaction(rows) if trim else None
     if cut is None:
         kept = rows

@@ -61,6 +61,7 @@ from durable_agents.engine.history import (
     assistant_message,
     load_log,
     load_steps,
+    log_of_rows,
     task_log,
     user_message,
 )
@@ -69,7 +70,7 @@ from durable_agents.exceptions import StoredValueError
 from durable_agents.flow import budgets, pricing
 from durable_agents.flow.capacity import Estimate, Grant, observed
 from durable_agents.logging import bind_run
-from durable_agents.models import AgentRun, RunStatus, StepKind, WaitKind
+from durable_agents.models import AgentRun, RunStatus, StepKind, ToolEffect, WaitKind
 from durable_agents.store import MAX_REASON_CHARS, Claim, NextClaim, Parked, Store, current
 from durable_agents.store.base import StepWrite
 from durable_agents.store.batches import BatchTurn
@@ -251,6 +252,13 @@ class RunAdvancer(ToolDispatch):
         self.tokens: int = claim.run.tokens_used
         # The size of what every call sends besides the messages (system, tools, ...).
         self._request_bytes: int | None = None
+        # Read with the claim's batch (``Claim.ahead``), each used once: whether messages
+        # waited, and the calls recorded at the run's last step.
+        ahead = claim.ahead
+        self._ahead_messages: bool | None = None if ahead is None else ahead.messages_waiting
+        self.ahead_effects: tuple[int, dict[str, ToolEffect]] | None = (
+            None if ahead is None else (ahead.last_seq, ahead.effects)
+        )
 
         # -- entry -----------------------------------------------------------------------------
 
@@ -305,6 +313,8 @@ class RunAdvancer(ToolDispatch):
 
         if self.claim.task_payload is not None:
             log = task_log(self.claim.task_payload)
+        elif self.claim.ahead is not None:
+            log = log_of_rows(self.claim.ahead.log)  # read with the claim's batch
         else:
             log = load_log(run.pk, store=self.store, shares=run.fork_seq is not None)
         if log.last is None or log.first_kind != StepKind.TASK:
@@ -510,7 +520,7 @@ class RunAdvancer(ToolDispatch):
         own transaction (``Store.fold_messages``); the tool results still to be committed go
         first, since the step's seq follows theirs. In the conversation the messages join the
         user turn they follow, after its tool_result blocks (``history.folded_message``)."""
-        if not self.store.has_waiting_messages(self.run.pk):
+        if not self._messages_may_wait():
             return at
         if at.pending is not None:
             at.pending()
@@ -538,6 +548,15 @@ class RunAdvancer(ToolDispatch):
         )
         at.conversation.fold(payload)
         return _Position(at.conversation, at.turns, _Step(step.seq, StepKind.MESSAGE, blocks))
+
+    def _messages_may_wait(self) -> bool:
+        """The inbox's probe, or, the first time in a claim read ahead, what its batch saw
+        (a message queued since is folded at the next call, or keeps the run going at its
+        last commit, which looks again)."""
+        ahead, self._ahead_messages = self._ahead_messages, None
+        if ahead is not None:
+            return ahead
+        return self.store.has_waiting_messages(self.run.pk)
 
     # -- pinning ---------------------------------------------------------------------------
 

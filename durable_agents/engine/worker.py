@@ -609,6 +609,8 @@ class Worker:
                     # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests.
                     self.connections.refresh()
                 claims = self._store().claim_runs(self.worker_id, self.lease_seconds, wanted)
+                # Claimed again (woken, handed back): their resumes' first reads, per batch.
+                claims = self._store().read_ahead(claims)
             except DatabaseError as exc:
                 self._forget_tickets(wanted)
                 failed_claims += 1

@@ -151,6 +151,18 @@ class Presence:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReadAhead:
+    """What the resume of a claimed run reads first, read with its claim's batch
+    (``Store.read_ahead``): its log, the calls recorded at its last step, and whether a
+    message waited in its inbox. Each is used once, by the claim's first read of it."""
+
+    log: list[LogRow]  # decrypted, in seq order
+    last_seq: int
+    effects: dict[str, ToolEffect]  # the calls recorded at last_seq, by key
+    messages_waiting: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
     """A run leased to one worker for one attempt; the (owner, attempt) pair is the fence."""
 
@@ -166,6 +178,8 @@ class Claim:
     # When the lease was taken (monotonic, as the claim came back): where the worker starts
     # counting how long the lease holds (outage.LeaseClock).
     leased_at: float = dataclasses.field(default_factory=time.monotonic, compare=False)
+    # What its resume reads first, read with its batch (``Store.read_ahead``), or None.
+    ahead: ReadAhead | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def run_id(self) -> RunId:
@@ -816,6 +830,15 @@ class Store(abc.ABC):
         (``send_message(..., policy="interrupt")``). A store without notifications does
         nothing: the message waits for the next turn boundary, as a queued one does."""
         return None
+
+    def read_ahead(self, claims: Sequence[Claim]) -> list[Claim]:
+        """``claims`` (just claimed, as ``claim_runs`` returned them), those of runs claimed
+        again with what their resume reads first (``Claim.ahead``): their logs, the calls
+        recorded at their last steps and whether messages wait, one statement each for the
+        whole batch (store/read_ahead.py). A claim it cannot help comes back as it was."""
+        from durable_agents.store import read_ahead
+
+        return read_ahead.read_ahead(claims)
 
     def append_last_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None

@@ -540,6 +540,10 @@ class InMemoryStore(Store):
         step = self.steps.get(claim.run_id, {}).get(seq)
         return step is not None and (step.attempt, step.worker) == (claim.attempt, claim.owner)
 
+    def read_ahead(self, claims: Sequence[Claim]) -> list[Claim]:
+        """Nothing to save in memory: each resume reads the store itself."""
+        return list(claims)
+
     def append_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None
     ) -> bool:

@@ -1,0 +1,120 @@
+"""What the resume of claimed runs reads first, read for a whole claim batch at once.
+
+A run claimed again (woken from a wait, handed back by a draining worker, taken over after a
+crash) begins by reading its log, then the effects its last turn's calls recorded, then
+whether a message waits in its inbox: three round trips of its own, each taking a pooled
+connection from a slot among hundreds. When a thousand runs wake together the worker claims
+them by the hundred; right after each claim it reads all three for the whole batch, one
+statement each:
+
+    LOGS_SQL       the steps of every run of the batch, in (run, seq) order
+    EFFECTS_SQL    the recorded calls of the batch's runs at their last step
+    MESSAGES_SQL   which of the batch's runs have a message waiting
+
+and hands each claim what is its own (``Claim.ahead``, used once by the runner). Only runs
+that are no fork (a fork also reads stretches of other runs' logs) and whose log is short
+(``MAX_STEPS``: a long log is read by its slot, which keeps the claimer free). Nothing here
+can change what a run does: no other worker writes a claimed run's log or its effects (the
+fence), and a message queued after the look is folded at the next model call, or keeps the
+run going at its last commit (which looks again, under the run's lock), as one queued just
+after the slot's own look would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+
+from django.db import DatabaseError, connection
+
+from durable_agents._internal.encryption import UndecryptableValue
+from durable_agents.models import AgentRun, ToolEffect, step_part
+from durable_agents.store.base import Claim, LogRow, ReadAhead, unsealed_log
+
+logger = logging.getLogger("durable_agents.store")
+
+# Runs whose log holds more steps than this are left to their slots.
+MAX_STEPS = 200
+
+LOGS_SQL = """\
+SELECT run_id, seq, kind, payload, content_start, content_end
+  FROM agent_step
+ WHERE run_id IN ({runs}) AND part IN ({parts})
+ ORDER BY run_id, seq"""
+EFFECTS_SQL = "SELECT * FROM tool_effect WHERE run_id IN ({runs}) AND seq IN ({seqs})"
+MESSAGES_SQL = (
+    "SELECT DISTINCT run_id FROM agent_message WHERE run_id IN ({runs}) AND folded_seq IS NULL"
+)
+
+
+def wanted(claim: Claim) -> bool:
+    """Whether the resume of ``claim`` is read ahead: a run claimed again (not one whose only
+    step is its task, which the claim carries), no fork, a short log, readable."""
+    run = claim.run
+    return (
+        claim.task_payload is None
+        and claim.unreadable is None
+        and run.fork_seq is None
+        and 0 < run.last_seq <= MAX_STEPS
+    )
+
+
+def read_ahead(claims: Sequence[Claim]) -> list[Claim]:
+    """``claims``, those that qualify (``wanted``) with their ``ahead``; on a database error
+    the claims as they were (each slot then reads for itself)."""
+    chosen = [claim for claim in claims if wanted(claim)]
+    if not chosen:
+        return list(claims)
+    try:
+        ahead = _read(chosen)
+    except DatabaseError:
+        logger.debug("reading ahead for %d claims failed", len(chosen), exc_info=True)
+        return list(claims)
+    except Exception:  # a saving, never a reason to lose claims just taken
+        logger.exception("reading ahead for %d claims failed", len(chosen))
+        return list(claims)
+    return [
+        dataclasses.replace(claim, ahead=ahead[claim.run_id]) if claim.run_id in ahead else claim
+        for claim in claims
+    ]
+
+
+def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
+    prep = AgentRun._meta.pk.get_db_prep_value
+    ids = [claim.run_id for claim in claims]
+    runs = [prep(run_id, connection) for run_id in ids]
+    keys = dict(zip(runs, ids, strict=True))  # the database's value of an id -> the id
+    marks = ", ".join(["%s"] * len(runs))
+    parts = sorted({step_part(run_id) for run_id in ids})
+    seqs = sorted({claim.run.last_seq for claim in claims})
+    rows: dict[object, list[LogRow]] = defaultdict(list)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            LOGS_SQL.format(runs=marks, parts=", ".join(["%s"] * len(parts))), [*runs, *parts]
+        )
+        for run, seq, kind, payload, start, end in cursor.fetchall():
+            rows[keys.get(run, run)].append((seq, kind, payload, start, end))
+        cursor.execute(MESSAGES_SQL.format(runs=marks), runs)
+        waiting = {keys.get(run, run) for (run,) in cursor.fetchall()}
+    last_seq = {claim.run_id: claim.run.last_seq for claim in claims}
+    effects: dict[object, dict[str, ToolEffect]] = defaultdict(dict)
+    sql = EFFECTS_SQL.format(runs=marks, seqs=", ".join(["%s"] * len(seqs)))
+    for effect in ToolEffect.objects.raw(sql, [*runs, *seqs]):
+        if effect.seq == last_seq.get(effect.run_id):
+            effects[effect.run_id][effect.key] = effect
+    ahead: dict[object, ReadAhead] = {}
+    for claim in claims:
+        run_id = claim.run_id
+        own = rows.get(run_id, [])
+        if not own or own[-1][0] != claim.run.last_seq:
+            continue  # not the log the claim says (it cannot be): the slot reads it
+        try:
+            log = unsealed_log(own)
+        except UndecryptableValue:
+            continue  # the slot meets it, and dead-letters the run as it should
+        ahead[run_id] = ReadAhead(
+            log, claim.run.last_seq, effects.get(run_id, {}), run_id in waiting
+        )
+    return ahead
