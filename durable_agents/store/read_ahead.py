@@ -7,13 +7,15 @@ connection from a slot among hundreds. When a thousand runs wake together the wo
 them by the hundred; right after each claim it reads all three for the whole batch, one
 statement each:
 
-    LOGS_SQL       the steps of every run of the batch, in (run, seq) order
+    LOGS_SQL       the steps of every run of the batch whose log is not too big, in (run,
+                   seq) order
     EFFECTS_SQL    the recorded calls of the batch's runs at their last step
     MESSAGES_SQL   which of the batch's runs have a message waiting
 
 and hands each claim what is its own (``Claim.ahead``, used once by the runner). Only runs
 that are no fork (a fork also reads stretches of other runs' logs) and whose log is short
-(``MAX_STEPS``: a long log is read by its slot, which keeps the claimer free). Nothing here
+(``MAX_STEPS``, ``MAX_CHARS``: a long log is read by its slot, which keeps the claimer free
+and what a batch holds at once bounded). Nothing here
 can change what a run does: no other worker writes a claimed run's log or its effects (the
 fence), and a message queued after the look is folded at the next model call, or keeps the
 run going at its last commit (which looks again, under the run's lock), as one queued just
@@ -35,13 +37,18 @@ from durable_agents.store.base import Claim, LogRow, ReadAhead, unsealed_log
 
 logger = logging.getLogger("durable_agents.store")
 
-# Runs whose log holds more steps than this are left to their slots.
+# Runs whose log holds more steps, or more characters of payload, than this are left to their
+# slots.
 MAX_STEPS = 200
+MAX_CHARS = 1_000_000
 
 LOGS_SQL = """\
 SELECT run_id, seq, kind, payload, content_start, content_end
-  FROM agent_step
- WHERE run_id IN ({runs}) AND part IN ({parts})
+  FROM (SELECT run_id, seq, kind, payload, content_start, content_end,
+               sum(length(payload)) OVER (PARTITION BY run_id) AS chars
+          FROM agent_step
+         WHERE run_id IN ({runs}) AND part IN ({parts})) AS steps
+ WHERE chars <= %s
  ORDER BY run_id, seq"""
 EFFECTS_SQL = "SELECT * FROM tool_effect WHERE run_id IN ({runs}) AND seq IN ({seqs})"
 MESSAGES_SQL = (
@@ -92,7 +99,8 @@ def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
     rows: dict[object, list[LogRow]] = defaultdict(list)
     with connection.cursor() as cursor:
         cursor.execute(
-            LOGS_SQL.format(runs=marks, parts=", ".join(["%s"] * len(parts))), [*runs, *parts]
+            LOGS_SQL.format(runs=marks, parts=", ".join(["%s"] * len(parts))),
+            [*runs, *parts, MAX_CHARS],
         )
         for run, seq, kind, payload, start, end in cursor.fetchall():
             rows[keys.get(run, run)].append((seq, kind, payload, start, end))
@@ -109,7 +117,7 @@ def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
         run_id = claim.run_id
         own = rows.get(run_id, [])
         if not own or own[-1][0] != claim.run.last_seq:
-            continue  # not the log the claim says (it cannot be): the slot reads it
+            continue  # too big, or not the log the claim says (it cannot be): the slot reads it
         try:
             log = unsealed_log(own)
         except UndecryptableValue:

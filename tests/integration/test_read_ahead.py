@@ -143,6 +143,15 @@ def test_a_batch_read_that_fails_leaves_each_slot_to_read_for_itself(
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
 
 
+def test_a_log_too_big_is_left_to_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    small, big = handed_back(), handed_back('@lookup {"key": "%s"}' % ("x" * 300))
+    # The task and turn of the small run fit; the big run's task does not.
+    monkeypatch.setattr(read_ahead, "MAX_CHARS", len(TURN) + 100)
+    by_run = {claim.run_id: claim for claim in claim_all(2)}
+    assert by_run[small.pk].ahead is not None
+    assert by_run[big.pk].ahead is None
+
+
 @pytest.mark.parametrize(
     ("changes", "read"),
     [
