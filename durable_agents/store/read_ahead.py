@@ -50,7 +50,7 @@ SELECT run_id, seq, kind, payload, content_start, content_end
          WHERE run_id IN ({runs}) AND part IN ({parts})) AS steps
  WHERE chars <= %s
  ORDER BY run_id, seq"""
-EFFECTS_SQL = "SELECT * FROM tool_effect WHERE run_id IN ({runs}) AND seq IN ({seqs})"
+EFFECTS_SQL = "SELECT * FROM tool_effect WHERE (run_id, seq) IN ({pairs})"
 MESSAGES_SQL = (
     "SELECT DISTINCT run_id FROM agent_message WHERE run_id IN ({runs}) AND folded_seq IS NULL"
 )
@@ -95,7 +95,6 @@ def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
     keys = dict(zip(runs, ids, strict=True))  # the database's value of an id -> the id
     marks = ", ".join(["%s"] * len(runs))
     parts = sorted({step_part(run_id) for run_id in ids})
-    seqs = sorted({claim.run.last_seq for claim in claims})
     rows: dict[object, list[LogRow]] = defaultdict(list)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -106,12 +105,16 @@ def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
             rows[keys.get(run, run)].append((seq, kind, payload, start, end))
         cursor.execute(MESSAGES_SQL.format(runs=marks), runs)
         waiting = {keys.get(run, run) for (run,) in cursor.fetchall()}
-    last_seq = {claim.run_id: claim.run.last_seq for claim in claims}
+    # Each run's own last step only: (run, seq) pairs, not every seq of every run.
     effects: dict[object, dict[str, ToolEffect]] = defaultdict(dict)
-    sql = EFFECTS_SQL.format(runs=marks, seqs=", ".join(["%s"] * len(seqs)))
-    for effect in ToolEffect.objects.raw(sql, [*runs, *seqs]):
-        if effect.seq == last_seq.get(effect.run_id):
-            effects[effect.run_id][effect.key] = effect
+    sql = EFFECTS_SQL.format(pairs=", ".join(["(%s, %s)"] * len(runs)))
+    pairs = [
+        value
+        for run, claim in zip(runs, claims, strict=True)
+        for value in (run, claim.run.last_seq)
+    ]
+    for effect in ToolEffect.objects.raw(sql, pairs):
+        effects[effect.run_id][effect.key] = effect
     ahead: dict[object, ReadAhead] = {}
     for claim in claims:
         run_id = claim.run_id
