@@ -8,6 +8,7 @@ works on and keeps the leases of the runs it holds alive. The whole flow:
                                while runs wait, or POLL_INTERVAL passes; queues the claims
     slots (``concurrency``)    each advances one run at a time (``runner.advance_run``); the
                                statement that commits a run's last step may claim its next run
+                               (while runs may be waiting: ``claimable.py``)
     heartbeat                  one statement per beat renews every lease the worker holds and
                                its row in agent_worker (idle or not), and names the runs that
                                were cancelled or taken over: their slots are interrupted
@@ -52,6 +53,7 @@ from durable_agents.conf import app_settings
 from durable_agents.declare.agents import registry
 from durable_agents.engine import credentials
 from durable_agents.engine import services as worker_services
+from durable_agents.engine.claimable import ClaimableHint
 from durable_agents.engine.connections import DatabaseConnections, WorkerConnections
 from durable_agents.engine.outage import LeaseClock
 from durable_agents.engine.runner import SHUTDOWN, Disposition, advance_run
@@ -249,6 +251,8 @@ class Worker:
         self._wake = threading.Event()
         # The last claim filled every free slot: more runs may be claimable right now.
         self._backlog = False
+        # Whether a slot's last step should try to claim the next run (``claimable.py``).
+        self._claimable = ClaimableHint(self._hears_notifications)
         # A burst worker whose key the API refuses stops claiming for good.
         self._burst_over = False
         self.listener: db.Listener | None = None
@@ -604,6 +608,7 @@ class Worker:
                 continue
             # Cleared before the claim: a notification during it wakes the wait below at once.
             self._wake.clear()
+            epoch = self._claimable.epoch()
             try:
                 if idle:
                     # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests.
@@ -640,6 +645,7 @@ class Worker:
                     self._claims.put(claim)
             idle = not claims
             self._backlog = len(claims) == wanted
+            self._claimable.claimed(epoch, asked=wanted, got=len(claims))
             if self._backlog:
                 continue  # more may be claimable: fill the remaining slots now
             if self.burst:
@@ -747,16 +753,26 @@ class Worker:
     def _work(self, claim: Claim) -> Claim | None:
         """Advance ``claim``; returns the run claimed with its last step, if any."""
         self._saw_models([claim])
-        then_claim = NextClaim(
-            self.worker_id,
-            self.lease_seconds,
-            # The next run comes with the last step only while capacity is plentiful; else the
-            # claimer takes runs as the buckets have room, highest priority first.
-            take=lambda: (
-                not self.stopping.is_set() and not self._capacity_short and self._take_ticket()
-            ),
-            give_back=self._forget_ticket,
-        )
+        epoch = 0
+
+        def take() -> bool:
+            # The next run comes with the last step only while capacity is plentiful (else the
+            # claimer takes runs as the buckets have room, highest priority first) and while
+            # runs may be waiting (else the claim would be sent for nothing).
+            nonlocal epoch
+            epoch = self._claimable.epoch()
+            return (
+                not self.stopping.is_set()
+                and not self._capacity_short
+                and self._claimable.may_wait()
+                and self._take_ticket()
+            )
+
+        def give_back() -> None:  # the claim found no run
+            self._forget_ticket()
+            self._claimable.found_none(epoch)
+
+        then_claim = NextClaim(self.worker_id, self.lease_seconds, take=take, give_back=give_back)
         with bind_run(claim.run_id):
             self._advance(claim, then_claim)
         return then_claim.claim
@@ -861,11 +877,20 @@ class Worker:
         if not self.listen:
             return
         self.listener = self.connections.listener(
-            self._wake.set, self._cancelled, self.stopping, on_message=self._message_sent
+            self._run_claimable, self._cancelled, self.stopping, on_message=self._message_sent
         )
         if self.listener is None:
             return
         threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
+
+    def _run_claimable(self) -> None:
+        """A run may have become claimable (notified, or the listener is back after a gap)."""
+        self._claimable.notified()
+        self._wake.set()
+
+    def _hears_notifications(self) -> bool:
+        listener = self.listener
+        return listener is not None and listener.listening.is_set()
 
     def _message_sent(self, run_id: str) -> None:
         """A message asks to interrupt the run's model call (``send_message(...,

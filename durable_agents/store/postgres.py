@@ -301,6 +301,9 @@ class PostgresStore(Store):
     ) -> bool:
         """``append_step`` of a run's last step that also claims the next run, if the slot
         may (``then_claim.take()``); a model turn (its rollup parameters) is counted too."""
+        # The connection first: a slot that waited for one in a busy pool decides whether to
+        # claim with what the claims sent meanwhile found.
+        connection.ensure_connection()
         if not then_claim.take():
             statement = postgres_steps.last_step_statement(params, unless_messages)
             return self._execute_append(statement, params)

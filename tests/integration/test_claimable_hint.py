@@ -1,0 +1,125 @@
+"""A slot's last step claims the next run only while runs may wait (engine/claimable.py).
+
+A real worker with its listener on PostgreSQL, the real SDK over the fake API. The store is
+the real PostgresStore, which also notes each last step's choice: whether it sent the claim
+along (``NextClaim.take``) and whether that claim found a run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+import durable_agents
+from durable_agents.engine.worker import Worker
+from durable_agents.models import AgentRun, RunStatus
+from durable_agents.store.base import NextClaim
+from durable_agents.store.postgres import PostgresStore
+from tests.conftest import wait_for
+from tests.fakeserver import FakeAnthropic
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+class NotingStore(PostgresStore):
+    """PostgresStore, noting (claim sent along, run found) for every last step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_steps: list[tuple[bool, bool]] = []
+        self._lock = threading.Lock()
+
+    def _finish_and_claim(
+        self, params: dict[str, Any], then_claim: NextClaim, unless_messages: bool
+    ) -> bool:
+        took: list[bool] = []
+        take = then_claim.take
+
+        def noted_take() -> bool:
+            took.append(take())
+            return took[-1]
+
+        then_claim.take = noted_take
+        try:
+            return super()._finish_and_claim(params, then_claim, unless_messages)
+        finally:
+            with self._lock:
+                self.last_steps.append((bool(took and took[0]), then_claim.claim is not None))
+
+
+@pytest.fixture
+def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[Worker]:
+    listen = getattr(request, "param", True)
+    w = Worker(
+        concurrency=2, poll_interval=30, handle_signals=False, store=NotingStore(), listen=listen
+    )
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    if listen:
+        wait_for(lambda: w.listener is not None and w.listener.listening.is_set())
+    try:
+        yield w
+    finally:
+        w.stop()
+        thread.join(30)
+        # Their own connections close with them: none outlives the test.
+        wait_for(
+            lambda: (
+                not any(t.name in ("da-listener", "da-heartbeat") for t in threading.enumerate())
+            ),
+            what="the worker's listener and heartbeat to end",
+        )
+
+
+def noted(w: Worker) -> list[tuple[bool, bool]]:
+    assert isinstance(w.store, NotingStore)
+    return w.store.last_steps
+
+
+def run_alone(w: Worker, task: str) -> None:
+    """Start one run, with the worker idle, and wait for it to end."""
+    run = durable_agents.start_run("tester", task)
+    wait_for(lambda: AgentRun.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED)
+    # Its slot has ended it (the status is committed by the last step itself).
+    wait_for(lambda: w.in_flight() == 0)
+
+
+def test_runs_ending_while_nothing_is_claimable_send_no_claim(worker: Worker) -> None:
+    # Each run alone: the claimer asked for two and found one, so nothing else waited.
+    for i in range(3):
+        run_alone(worker, f"Run {i}.")
+    assert noted(worker) == [(False, False)] * 3
+
+
+@pytest.mark.parametrize("worker", [False], indirect=True)
+def test_without_the_listener_every_last_step_tries_to_claim(worker: Worker) -> None:
+    # With no notifications to hear of new runs, the hint never says "nothing waits".
+    for i in range(3):
+        durable_agents.start_run("tester", f"Run {i}.")
+        worker._wake.set()  # no listener: the claimer is told, as a poll would
+        wait_for(lambda: worker.in_flight() == 0 and not AgentRun.objects.exclude(
+            status=RunStatus.SUCCEEDED).exists())  # fmt: skip
+    assert noted(worker) == [(True, False)] * 3
+
+
+def test_a_backlog_is_claimed_with_the_last_step(worker: Worker) -> None:
+    # Three runs at once for two slots: the claimer's batch comes back full, so the first
+    # slot to end its run takes the third run with its last step.
+    with transaction.atomic():
+        runs = [durable_agents.start_run("tester", f"Run {i}.") for i in range(3)]
+    wait_for(
+        lambda: (
+            AgentRun.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.SUCCEEDED).count()
+            == 3
+        )
+    )
+    wait_for(lambda: worker.in_flight() == 0)
+    steps = noted(worker)
+    assert len(steps) == 3
+    # (Two slots ending at once may both send it; one of them gets the run.)
+    assert (True, True) in steps[:2]
+    # Once a claim found nothing, the last run to end sends none.
+    assert steps[-1] == (False, False)
