@@ -88,6 +88,12 @@ class DurableAgentsSettings:
         "Plain ``def`` tools run on threads, each with its own database connection: at most "
         "this many tool calls of one worker run at once (the others wait their turn).",
     )
+    WORKER_GC_THRESHOLD: Setting[int] = Setting(
+        10_000,
+        "runagents: objects allocated and not yet freed between two young collections of "
+        "Python's garbage collector (the interpreter's default is 700); the objects loaded "
+        "at start-up are frozen out of its collections. 0 leaves the collector as it is.",
+    )
     CLIENT_FACTORY: Setting[str] = Setting(
         "durable_agents.llm.default_client",
         "Dotted path of a callable that returns the ``anthropic.Anthropic`` client.",

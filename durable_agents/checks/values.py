@@ -49,6 +49,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool]] = {
     # The heartbeat, the listener and a pool of at least one.
     "DB_POOL_SIZE": (3, True),
     "TOOL_THREADS": (1, True),
+    "WORKER_GC_THRESHOLD": (0, True),
     "MAX_RUN_DEPTH": (0, True),
     "MAX_CHILD_RUNS": (0, True),
     "MAX_TREE_RUNS": (1, True),
