@@ -37,6 +37,7 @@ PostgreSQL only: without a reachable PostgreSQL server (``BENCH_PG``), it says s
     python -m bench.waits                          # about 2.5 minutes on 2 CPUs
     python -m bench.waits --claims 600 --blocks 3  # fewer claims (run_all --quick)
     python -m bench.waits --skip wake              # the claim only (or --skip claim)
+    BENCH_PERF=/tmp/perf python -m bench.waits --skip claim   # and where the worker's CPU goes
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -576,6 +578,29 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_split(pid))
 
 
+def _py_spy(worker_pid: int, label: str) -> subprocess.Popen[bytes] | None:
+    """A sampling profile of the worker during the wake alone (not the parking), when asked:
+    ``BENCH_PYSPY=DIR`` writes py-spy's collapsed stacks to ``DIR/<label>.txt`` (with
+    ``BENCH_PYSPY_GIL=1``, only the thread holding the interpreter lock); ``BENCH_PERF=DIR``
+    writes ``perf record -g`` to ``DIR/<label>.data`` (where the CPU goes outside Python: the
+    kernel, libpq). py-spy or perf must be installed."""
+    to = os.environ.get("BENCH_PYSPY") or os.environ.get("BENCH_PERF")
+    if not to or label == "Warm-up":
+        return None
+    Path(to).mkdir(parents=True, exist_ok=True)
+    pid = str(worker_pid)
+    if os.environ.get("BENCH_PERF"):
+        command = ["perf", "record", "-F", "999", "-g", "-p", pid, "-o", f"{to}/{label}.data"]
+    else:
+        command = ["py-spy", "record", "--pid", pid, "--rate", "250", "--format", "raw"]
+        command += ["--output", f"{to}/{label}.txt", "--nonblocking"]
+        if os.environ.get("BENCH_PYSPY_GIL"):
+            command.append("--gil")
+    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # the profiler attaches
+    return spy
+
+
 def _round(
     url: str, label: str, event: str, n: int, limit: float, worker_pid: int
 ) -> dict[str, Any]:
@@ -600,6 +625,7 @@ def _round(
         raise RuntimeError(f"{label}: only {parked}/{n} runs parked on {event!r} in {limit:.0f} s")
     park_s = time.perf_counter() - t_start
     time.sleep(1.0)  # let the worker go idle
+    spy = _py_spy(worker_pid, label)
     user_before, sys_before = cpu_split(worker_pid)
     with CaptureQueriesContext(connection) as ctx:
         t_call = time.time()
@@ -615,6 +641,9 @@ def _round(
     )
     done_s = time.time() - t_commit
     user_after, sys_after = cpu_split(worker_pid)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # the profiler writes its file when interrupted
+        spy.wait(60)
     return {
         "worker_cpu_s": user_after + sys_after - user_before - sys_before,
         "worker_user_s": user_after - user_before,
@@ -667,8 +696,6 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
             arrivals = common.get_json(base_url, "/_arrivals")
         finally:
             if os.environ.get("BENCH_YAPPI"):
-                import signal
-
                 worker.send_signal(signal.SIGUSR2)
                 time.sleep(20)  # the profile of 2,000 threads takes a while to save
             code = common.stop(worker, 60)
