@@ -137,6 +137,8 @@ FIRST_CLAIMS = 10
 NO_LIMIT = 1 << 30
 # The claimer waiting for model capacity looks again after at least this long.
 MIN_CAPACITY_WAIT = 0.02
+# How long after a timer comes due an idle worker claims (the database clock's resolution).
+TIMER_MARGIN_SECONDS = 0.002
 # How often a claimer short of capacity marks the first claimable run's priority (the mark
 # lasts buckets.PRIORITY_HOLD_SECONDS, longer than this).
 FIRST_IN_LINE_SECONDS = 0.5
@@ -652,7 +654,24 @@ class Worker:
                 with self._lock:
                     if self._busy == 0:
                         return
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(self._idle_wait())
+
+    def _idle_wait(self) -> float:
+        """How long the claimer waits after a claim that found too few runs: POLL_INTERVAL,
+        or until the first timer or timeout of a waiting run comes due if that is sooner (a
+        notification ends the wait earlier). A wait due already that the claim did not take
+        is not this worker's to take now (another worker's agent version, a full key): the
+        claimer does not spin on it."""
+        try:
+            due_in = self._store().next_wake_in()
+        except DatabaseError:
+            return self.poll_interval  # the next claim says what is wrong
+        finally:
+            self.connections.release()
+        if due_in is None or due_in <= 0:
+            return self.poll_interval
+        # Just past it: the claim compares wake_at <= now().
+        return min(self.poll_interval, due_in + TIMER_MARGIN_SECONDS)
 
     def _paused_for_credentials(self, busy: int) -> bool:
         """The API refuses this process's key (``credentials``): wait out the pause instead of

@@ -894,6 +894,12 @@ class Store(abc.ABC):
         that wait for their budget; returns how many."""
 
     @abc.abstractmethod
+    def next_wake_in(self) -> float | None:
+        """Seconds until the first timer or timeout of a waiting run comes due, by the
+        clock the claim compares ``wake_at`` with (negative: one is due already), or None when
+        no waiting run has one. An idle worker sleeps until then rather than a whole poll."""
+
+    @abc.abstractmethod
     def first_claimable(self) -> tuple[str, int] | None:
         """The model and priority of the pending run a claim would take first (due waits
         aside), or None: whom the next room for a model call is for."""

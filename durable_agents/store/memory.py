@@ -997,6 +997,15 @@ class InMemoryStore(Store):
                     woken += 1
             return woken
 
+    def next_wake_in(self) -> float | None:
+        with self.lock:
+            due = [
+                run.wake_at
+                for run in self.runs.values()
+                if run.status == RunStatus.WAITING and run.wake_at is not None
+            ]
+            return (min(due) - self.now()).total_seconds() if due else None
+
     def first_claimable(self) -> tuple[str, int] | None:
         with self.lock:
             now = self.now()

@@ -38,6 +38,7 @@ from django.db.models import (
 )
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest, Now
+from django.utils import timezone
 
 from durable_agents._internal.text import json_text, storable_text
 from durable_agents.declare.agents import registry
@@ -838,6 +839,17 @@ class PortableStore(Store):
 
     def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
         return key_rows.set_budget(key, usd_per_day)
+
+    def next_wake_in(self) -> float | None:
+        # The first row of agent_run_wake. This database compares wake_at with this process's
+        # clock (the claim's ``Now()`` on SQLite is the same machine's).
+        first = (
+            AgentRun.objects.filter(status=RunStatus.WAITING, wake_at__isnull=False)
+            .order_by("wake_at")
+            .values_list("wake_at", flat=True)
+            .first()
+        )
+        return None if first is None else (first - timezone.now()).total_seconds()
 
     def first_claimable(self) -> tuple[str, int] | None:
         # The claim's own order, read from its index (agent_run_claim_priority).

@@ -21,7 +21,8 @@ The life of a run, and what moves it along on PostgreSQL:
                                         answer or its children; START_INTENT_SQL starts an
                                         approved tool call under the fence
     wake         CLAIM_SQL (due)        a due timer or timeout, or the end of a debounced
-                                        start's quiet window: the claim takes the run;
+                                        start's quiet window: the claim takes the run
+                                        (NEXT_WAKE_SQL: when an idle worker claims again);
                  PortableStore          an event, an answer, a child's end: pending again
 
 The statements live by job, each beside the named fragments it is composed from and the plain
@@ -111,6 +112,7 @@ from durable_agents.store.postgres_claims import (
 )
 from durable_agents.store.postgres_claims import CLAIMABLE_SQL as CLAIMABLE_SQL
 from durable_agents.store.postgres_claims import KEY_LIMIT as KEY_LIMIT
+from durable_agents.store.postgres_claims import NEXT_WAKE_SQL as NEXT_WAKE_SQL
 from durable_agents.store.postgres_claims import (
     RENEW_ALL_AND_BEAT_SQL as RENEW_ALL_AND_BEAT_SQL,
 )
@@ -485,6 +487,13 @@ class PostgresStore(Store):
 
     def set_key_budget(self, key: str, usd_per_day: Decimal | None) -> int:
         return key_rows.set_budget(key, usd_per_day)
+
+    def next_wake_in(self) -> float | None:
+        """NEXT_WAKE_SQL: by the database's clock, which the claim compares wake_at with."""
+        with connection.cursor() as cursor:
+            cursor.execute(NEXT_WAKE_SQL)
+            row = cursor.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def first_claimable(self) -> tuple[str, int] | None:
         return self.orm.first_claimable()

@@ -10,6 +10,8 @@ lease it holds (``PostgresStore``'s claim and heartbeat: plain functions it call
     wake    CLAIM_SQL (due)   a due timer or timeout, or the end of a debounced start's
                               quiet window: the claim takes the run and says what ended
                               its wait (``woken_by``)
+    next    NEXT_WAKE_SQL     how soon the first timer or timeout comes due: an idle
+                              worker claims again then, not a whole poll later
     renew   RENEW_ALL_SQL     the heartbeat: every lease of a worker, one statement, and
                               the runs it held that are no longer its own; with the
                               worker's row (RENEW_ALL_AND_BEAT_SQL: ``WORKER_BEAT``), or
@@ -275,6 +277,15 @@ RENEW_ALL_AND_BEAT_SQL = RENEW_ALL_SQL.replace(
 )
 # The beat of a worker that holds no run.
 BEAT_SQL = "WITH" + WORKER_BEAT + "\nSELECT 1"
+
+# Seconds until the first wake_at of a waiting run, by the clock the claim compares it with
+# (the database's): the first entry of agent_run_wake, one index probe.
+NEXT_WAKE_SQL = """
+SELECT EXTRACT(EPOCH FROM wake_at - now())::float8
+  FROM agent_run
+ WHERE status = 'waiting' AND wake_at IS NOT NULL
+ ORDER BY wake_at
+ LIMIT 1"""
 
 # Claims in a row of one ``claim_runs`` while concurrency keys were lost to other claims.
 CLAIM_TRIES = 4

@@ -113,6 +113,37 @@ def test_a_worker_picks_a_due_timer_up_by_itself(
     assert [c["woken_by"] for c in receiver.calls("nap")] == [None, {"timer": True}]
 
 
+def test_an_idle_worker_claims_when_a_timer_comes_due_not_a_poll_later(
+    fake_api: FakeAnthropic, receiver: Any, worker_thread: Any
+) -> None:
+    run = start('@nap {"seconds": 1}')
+    # A poll of five minutes: only a claim timed by the run's own timer ends it within one.
+    worker_thread(poll_interval=300)
+    wait_for(lambda: reload(run).status == RunStatus.SUCCEEDED, timeout=60)
+    assert [c["woken_by"] for c in receiver.calls("nap")] == [None, {"timer": True}]
+
+
+def test_the_claimer_waits_for_the_first_timer_or_a_poll_whichever_is_sooner(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    from durable_agents.engine.worker import Worker
+
+    napping = start('@nap {"seconds": 3600}')
+    later = start('@nap {"seconds": 7000}')
+    run_worker()
+    assert reload(napping).status == reload(later).status == RunStatus.WAITING
+    worker = Worker(poll_interval=7200, handle_signals=False)
+    assert 3500 < worker._idle_wait() <= 3600.01
+    assert Worker(poll_interval=60, handle_signals=False)._idle_wait() == 60
+    # Due already, yet the claim did not take it (another worker's version, a full key):
+    # the claimer does not spin on it, it polls.
+    AgentRun.objects.filter(pk=napping.pk).update(wake_at=Now() - datetime.timedelta(seconds=5))
+    assert worker._idle_wait() == 7200
+    # No timer at all (both wait for something else now): a poll.
+    AgentRun.objects.filter(pk__in=[napping.pk, later.pk]).update(wake_at=None)
+    assert worker._idle_wait() == 7200
+
+
 def test_wait_until_a_datetime(fake_api: FakeAnthropic, receiver: Any) -> None:
     until = (timezone.now() + datetime.timedelta(days=2)).replace(microsecond=0)
     run = start(f'@nap_until {{"at": "{until.isoformat()}"}}')
