@@ -29,7 +29,9 @@
    first model request after the wake (the request that carries turn 1) minus the time
    send_event returned, i.e. just after its commit; p50, p99, max over the 1,000 runs. A
    warm-up round of 50 runs comes first, not counted. Also kept: how long parking took, when
-   the last run finished, and the worker's CPU time (/proc) meanwhile.
+   the last run finished, and the worker's CPU time (/proc) meanwhile. With ``--timer-in S``
+   the 1,000 runs park instead on one timer (``await_bench_timer``: ``Wait(until=...)``) due
+   S seconds after they start parking, and every time is counted from its due time.
 
 PostgreSQL only: without a reachable PostgreSQL server (``BENCH_PG``), it says so and writes
 ``{"skipped": ...}``.
@@ -38,6 +40,7 @@ PostgreSQL only: without a reachable PostgreSQL server (``BENCH_PG``), it says s
     python -m bench.waits --claims 600 --blocks 3  # fewer claims (run_all --quick)
     python -m bench.waits --skip wake              # the claim only (or --skip claim)
     BENCH_PERF=/tmp/perf python -m bench.waits --skip claim   # and where the worker's CPU goes
+    python -m bench.waits --skip claim --timer-in 40 --poll-interval 1   # woken by one timer
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -75,18 +79,29 @@ def await_bench_event(name: str, *, woken_by: dict[str, Any] | None = None) -> A
     return woken_by
 
 
+@tool(effect="pure")
+def await_bench_timer(at: str, *, woken_by: dict[str, Any] | None = None) -> Any:
+    """Wait until ``at`` (an ISO 8601 time with its offset), then return what woke the run."""
+    if woken_by is None:
+        raise Wait(until=datetime.datetime.fromisoformat(at))
+    return woken_by
+
+
 bench_wait = Agent(
     name="bench_wait",
     version="1",
     model=MODEL,
     system="You are a benchmark agent.",
-    tools=[await_bench_event],
+    tools=[await_bench_event, await_bench_timer],
     max_tokens=256,
 )
 
 
-def wait_task(label: str, i: int, event: str) -> str:
-    """A run that waits on ``event`` in its first turn and ends in its second."""
+def wait_task(label: str, i: int, event: str, at: str | None = None) -> str:
+    """A run that waits on ``event`` (or until ``at``) in its first turn and ends in its
+    second."""
+    if at is not None:
+        return f'{label} run {i}.\n@await_bench_timer {{"at": "{at}"}}'
     return f'{label} run {i}.\n@await_bench_event {{"name": "{event}"}}'
 
 
@@ -602,35 +617,54 @@ def _py_spy(worker_pid: int, label: str) -> subprocess.Popen[bytes] | None:
 
 
 def _round(
-    url: str, label: str, event: str, n: int, limit: float, worker_pid: int
+    url: str,
+    label: str,
+    event: str,
+    n: int,
+    limit: float,
+    worker_pid: int,
+    timer_in: float | None = None,
 ) -> dict[str, Any]:
-    """Park ``n`` runs on ``event``, send it, and time each run's first request after it."""
+    """Park ``n`` runs on ``event``, send it, and time each run's first request after it.
+    With ``timer_in`` (seconds), the runs park on one timer due that long after the first is
+    started instead, and the times are counted from the timer's due time."""
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
     import durable_agents
 
     t_start = time.perf_counter()
+    due = None if timer_in is None else time.time() + timer_in
+    at = None if due is None else datetime.datetime.fromtimestamp(due, datetime.UTC).isoformat()
     with transaction.atomic():  # one commit: the worker hears of all of them at once
         for i in range(n):
-            durable_agents.start_run("bench_wait", wait_task(label, i, event))
+            durable_agents.start_run("bench_wait", wait_task(label, i, event, at))
     parked = _until(
         url,
-        "SELECT count(*) FROM agent_run WHERE status = 'waiting' AND wait_event = %s",
-        (event,),
+        "SELECT count(*) FROM agent_run WHERE status = 'waiting' AND task LIKE %s",
+        (f"{label} run %",),
         n,
         limit,
     )
     if parked < n:
-        raise RuntimeError(f"{label}: only {parked}/{n} runs parked on {event!r} in {limit:.0f} s")
+        raise RuntimeError(f"{label}: only {parked}/{n} runs parked in {limit:.0f} s")
     park_s = time.perf_counter() - t_start
+    if due is not None and time.time() > due - 1.5:
+        raise RuntimeError(
+            f"{label}: parking took {park_s:.1f} s, past the timer: raise --timer-in"
+        )
     time.sleep(1.0)  # let the worker go idle
     spy = _py_spy(worker_pid, label)
+    if due is not None:
+        time.sleep(max(0.0, due - 0.5 - time.time()))
     user_before, sys_before = cpu_split(worker_pid)
     with CaptureQueriesContext(connection) as ctx:
-        t_call = time.time()
-        durable_agents.send_event(event, {"bench": label})
-        t_commit = time.time()
+        if due is None:
+            t_call = time.time()
+            durable_agents.send_event(event, {"bench": label})
+            t_commit = time.time()
+        else:
+            t_call = t_commit = due
     updates = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith('UPDATE "agent_run"')]
     done = _until(
         url,
@@ -662,7 +696,14 @@ def _round(
     }
 
 
-def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float) -> dict[str, Any]:
+def wake_bench(
+    n: int,
+    concurrency: int,
+    poll: float,
+    warmup: int,
+    limit: float,
+    timer_in: float | None = None,
+) -> dict[str, Any]:
     import psycopg
 
     from durable_agents.conf import app_settings
@@ -692,7 +733,7 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
             warm = None
             if warmup:
                 warm = _round(url, "Warm-up", "bench-warmup", warmup, limit, worker.pid)
-            measured = _round(url, "Wait", "bench-wake", n, limit, worker.pid)
+            measured = _round(url, "Wait", "bench-wake", n, limit, worker.pid, timer_in)
             arrivals = common.get_json(base_url, "/_arrivals")
         finally:
             if os.environ.get("BENCH_YAPPI"):
@@ -703,8 +744,10 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
         statuses = dict(
             conn.execute("SELECT status, count(*) FROM agent_run GROUP BY status").fetchall()
         )
+        woken_by = '{"event": "bench-wake"%' if timer_in is None else '{"timer"%'
         woken = conn.execute(
-            "SELECT count(*) FROM agent_run WHERE woken_by LIKE %s", ('{"event": "bench-wake"%',)
+            "SELECT count(*) FROM agent_run WHERE woken_by LIKE %s AND task LIKE 'Wait run %%'",
+            (woken_by,),
         ).fetchone()[0]
     # Each run's first request for turn 1 (the one after the wake), by the task's first line.
     first: dict[str, float] = {}
@@ -750,7 +793,7 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
         "log_scan": scan_log(LOGFILE),
     }
     problems = []
-    if res["agent_run_updates"] != 1:
+    if timer_in is None and res["agent_run_updates"] != 1:
         problems.append(f"send_event ran {res['agent_run_updates']} UPDATE agent_run statements")
     if woken != n or len(lat) != n or measured["succeeded"] != n:
         problems.append(
@@ -761,14 +804,21 @@ def wake_bench(n: int, concurrency: int, poll: float, warmup: int, limit: float)
         problems.append(f"worker exit code {code} after SIGTERM")
     if problems:
         res["error"] = "; ".join(problems)
-    res["met"] = res["agent_run_updates"] == 1
-    log(
-        f"[waits] send_event woke {woken} runs with {res['agent_run_updates']} UPDATE agent_run "
+    res["met"] = timer_in is not None or res["agent_run_updates"] == 1
+    res["woken_by"] = "event" if timer_in is None else "timer"
+    how = (
+        f"send_event woke {woken} runs with {res['agent_run_updates']} UPDATE agent_run "
         f"statement(s) ({res['send_event_queries']} queries, {res['send_event_ms']:.1f} ms); "
-        f"event commit -> each run's first model request: p50 {res['p50_ms']:.0f} ms, p99 "
+        "event commit"
+        if timer_in is None
+        else f"one timer woke {woken} runs; the timer's due time"
+    )
+    log(
+        f"[waits] {how} -> each run's first model request: p50 {res['p50_ms']:.0f} ms, p99 "
         f"{res['p99_ms']:.0f} ms, max {res['max_ms']:.0f} ms, min {res['min_ms']:.0f} ms "
         f"(worker --concurrency {concurrency}, DB_POOL_SIZE {res['pool_size']}, LISTEN, poll "
-        f"{poll:g} s); all {n} finished {res['done_s']:.1f} s after the commit, the worker "
+        f"{poll:g} s); all {n} finished {res['done_s']:.1f} s after "
+        f"{'the commit' if timer_in is None else 'it'}, the worker "
         f"using {res['worker_cpu_s']:.1f} s of CPU meanwhile ({res['worker_user_s']:.1f} s user, "
         f"{res['worker_sys_s']:.1f} s system); parking them took "
         f"{res['park_s']:.1f} s"
@@ -807,6 +857,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--wake-runs", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--poll-interval", type=float, default=30.0)
+    p.add_argument(
+        "--timer-in",
+        type=float,
+        default=None,
+        help="wake the runs by one timer due this many seconds after they start parking "
+        "(more than parking takes), not by send_event",
+    )
     p.add_argument("--warmup", type=int, default=50, help="uncounted runs woken first")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per wait for runs")
     p.add_argument("--skip", default="", help="comma list of: claim, wake")
@@ -832,7 +889,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         common.write_result("waits", res)
     if "wake" not in skip:
         t = time.perf_counter()
-        res["wake"] = wake_bench(a.wake_runs, a.concurrency, a.poll_interval, a.warmup, a.timeout)
+        res["wake"] = wake_bench(
+            a.wake_runs, a.concurrency, a.poll_interval, a.warmup, a.timeout, a.timer_in
+        )
         res["wake"]["seconds"] = time.perf_counter() - t
     res["seconds"] = time.perf_counter() - t0
     path = common.write_result("waits", res)
