@@ -364,6 +364,9 @@ def worker_thread() -> Iterator[Callable[..., Worker]]:
         worker.stop()
         thread.join(30)
         assert not thread.is_alive(), "the worker did not stop"
+        # Their connections close with them: none outlives the test (nor the test database).
+        for background in worker.background_threads:
+            background.join(30)
 
 
 @contextlib.contextmanager

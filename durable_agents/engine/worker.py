@@ -258,6 +258,9 @@ class Worker:
         # A burst worker whose key the API refuses stops claiming for good.
         self._burst_over = False
         self.listener: db.Listener | None = None
+        # The heartbeat's and the listener's threads, once started: they end shortly after
+        # ``run`` returns (whoever embeds a worker may join them).
+        self.background_threads: list[threading.Thread] = []
         # Heartbeats in a row that failed (the database is away): the next is tried sooner.
         self._failed_beats = 0
 
@@ -311,7 +314,7 @@ class Worker:
         services = worker_services.registered()
         for service in services:
             service.starting(self)
-        threading.Thread(target=self._heartbeat, name="da-heartbeat", daemon=True).start()
+        self._start_background(self._heartbeat, "da-heartbeat")
         self._start_listener()
         threads = [t for service in services if (t := service.start(self)) is not None]
         slots = [
@@ -900,7 +903,12 @@ class Worker:
         )
         if self.listener is None:
             return
-        threading.Thread(target=self.listener.serve, name="da-listener", daemon=True).start()
+        self._start_background(self.listener.serve, "da-listener")
+
+    def _start_background(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self.background_threads.append(thread)
+        thread.start()
 
     def _run_claimable(self) -> None:
         """A run may have become claimable (notified, or the listener is back after a gap)."""

@@ -66,12 +66,8 @@ def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[
         w.stop()
         thread.join(30)
         # Their own connections close with them: none outlives the test.
-        wait_for(
-            lambda: (
-                not any(t.name in ("da-listener", "da-heartbeat") for t in threading.enumerate())
-            ),
-            what="the worker's listener and heartbeat to end",
-        )
+        for background in w.background_threads:
+            background.join(30)
 
 
 def noted(w: Worker) -> list[tuple[bool, bool]]:
