@@ -5,9 +5,9 @@ nothing is claimable that claim is pure cost: the claim statement is the longest
 sends, and a thousand runs ending together would each send it for nothing. So the worker
 keeps a hint, and a slot claims with its last step only while the hint says runs may wait:
 
-    may wait (the start)   every claim is tried, as before
+    may wait (the start)   every last step sends the claim along
     -> nothing waits       a claim (the claimer's batch, or a slot's) found fewer runs than it
-                           asked for, and no notification came since it was sent
+                           asked for (or failed), and no notification came since it was sent
     -> may wait again      a notification that a run became claimable (LISTEN), a batch that
                            came back full, or FORGET_SECONDS after the claim that found none
 
