@@ -119,8 +119,8 @@ from durable_agents.store.postgres_claims import (
 from durable_agents.store.postgres_claims import RENEW_ALL_SQL as RENEW_ALL_SQL
 from durable_agents.store.postgres_claims import ROUTED as ROUTED
 from durable_agents.store.postgres_claims import TAKE_CLAIMABLE_RUNS as TAKE_CLAIMABLE_RUNS
-from durable_agents.store.postgres_claims import binding_cursor as binding_cursor
 from durable_agents.store.postgres_claims import key_limits as key_limits
+from durable_agents.store.postgres_cursor import binding_cursor as binding_cursor
 from durable_agents.store.postgres_debounce import (
     DEBOUNCE_SQL as DEBOUNCE_SQL,  # one of this store's statements, pinned in tests/sql/ too
 )

@@ -26,10 +26,9 @@ dead-lettered as poison rather than failing the claim.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection
@@ -43,6 +42,7 @@ from durable_agents.models.ids import part_of_day
 from durable_agents.models.step_partitions import part_of_run
 from durable_agents.store import concurrency, key_rows, portable_trees
 from durable_agents.store.base import Claim, LeaseLoss, Presence, RunId, lease_losses
+from durable_agents.store.postgres_cursor import binding_cursor
 
 # -- Fragments -------------------------------------------------------------------------------
 
@@ -432,28 +432,3 @@ def _claim_from(columns: dict[str | None, Any], owner: str, lease_seconds: float
     run = AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
     unreadable = problems[0] if problems else None
     return Claim(run, owner, run.attempt, lease_seconds, task_payload, unreadable)
-
-
-@contextlib.contextmanager
-def binding_cursor() -> Iterator[Any]:
-    """The cursor of the claim and of the step commit (store/postgres_steps.py): a
-    server-side-binding psycopg cursor (Django's own binds on the client), so that psycopg can
-    prepare the statement once the database OPTIONS set a ``prepare_threshold`` (that saves the
-    parse and plan of every step; Django leaves it off by default for poolers that cannot keep
-    prepared statements), wrapped as Django wraps its own cursors:
-    ``connection.execute_wrapper`` hooks (Sentry, OpenTelemetry's Django instrumentation),
-    ``connection.queries`` under DEBUG and Django's error classes all see the commit. The
-    wrapper costs about a microsecond (docs/howto/database.md)."""
-    import psycopg  # only on PostgreSQL: SQLite installs need not have it
-
-    connection.ensure_connection()
-    # The stubs type these as taking Django's own wrapper; at run time they take the driver's
-    # cursor, which is what Django passes them itself (BaseDatabaseWrapper._prepare_cursor).
-    raw: Any = psycopg.Cursor(connection.connection)
-    wrapped = (
-        connection.make_debug_cursor(raw)
-        if connection.queries_logged
-        else connection.make_cursor(raw)
-    )
-    with wrapped as cursor:
-        yield cursor

@@ -51,10 +51,10 @@ from durable_agents.store.postgres_claims import (
     ADMITTED,
     CLAIMABLE_RUNS_IF_FENCED,
     TAKE_CLAIMABLE_RUNS,
-    binding_cursor,
     key_limits,
     read_claim,
 )
+from durable_agents.store.postgres_cursor import binding_cursor
 from durable_agents.store.rows import usage_shard
 
 # The run's row locked until the transaction ends, as ``queue_message`` locks it: a run's last

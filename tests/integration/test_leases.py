@@ -330,6 +330,53 @@ def test_database_instrumentation_sees_every_step_commit() -> None:
     assert AgentRun.objects.get(pk=first.id).status == "succeeded"
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("logged", [False, True])
+def test_the_claim_and_the_commit_go_out_positional_unless_queries_are_logged(
+    logged: bool,
+) -> None:
+    """psycopg numbers named placeholders at every execution and keeps the result for short
+    statements only; the claim and the finish-and-claim are longer. They go out numbered once
+    ($1, $2, ...) with their parameters in a list, and as written while Django logs queries
+    (with server_side_binding on, its record of a query composes the named form)."""
+    import contextlib
+
+    from django.test.utils import CaptureQueriesContext
+
+    first, second = _runs(2)
+    seen: list[tuple[str, Any]] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    next_claim = NextClaim("w", 30, take=lambda: True, give_back=lambda: None)
+    capture = CaptureQueriesContext(connection) if logged else contextlib.nullcontext()
+    with connection.execute_wrapper(spy), capture:
+        [claim] = current().claim_runs("w", 30)
+        assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
+        assert current().append_step(
+            claim,
+            StepWrite(2, StepKind.MODEL_TURN, "{}", finish=("succeeded", "ok")),
+            then_claim=next_claim,
+        )
+    assert claim.run_id == first.id
+    assert next_claim.claim is not None
+    assert next_claim.claim.run_id == second.id
+    run = AgentRun.objects.get(pk=first.id)
+    assert (run.status, run.result, run.last_seq) == ("succeeded", "ok", 2)
+    sent = [(sql, params) for sql, params in seen if "SKIP LOCKED" in sql or "agent_step" in sql]
+    assert len(sent) == 3  # the claim, the step, and the last step with the next claim
+    for sql, params in sent:
+        if logged:
+            assert "%(run_id)s" in sql or "%(owner)s" in sql
+            assert isinstance(params, dict)
+        else:
+            assert "%(" not in sql
+            assert "$1" in sql
+            assert isinstance(params, list)
+
+
 def test_the_last_step_ends_the_run_in_the_same_statement() -> None:
     run = _runs(1)[0]
     [stale] = current().claim_runs("slow-worker", 30)

@@ -1,0 +1,114 @@
+"""The cursor of the claim and of the step commit on PostgreSQL (``binding_cursor``), and the
+form in which it sends their statements.
+
+    binding_cursor   a server-side-binding psycopg cursor wrapped as Django wraps its own:
+                     ``connection.execute_wrapper`` hooks, ``connection.queries`` under DEBUG
+                     and Django's error classes all see the claim and every commit
+    positional       a statement's named placeholders, ``%(name)s``, as PostgreSQL's own
+                     ``$1, $2, ...``: once per statement and process
+
+Why positional: the statements are written with named placeholders (readable, and pinned as
+written by tests/sql/), and psycopg turns them into ``$n`` on every execution. It keeps that
+work for a statement of at most 4,096 bytes and 50 parameters only; the claim (CLAIM_SQL) and
+the last step that claims the next run (FINISH_AND_CLAIM_SQL, FINISH_TURN_AND_CLAIM_SQL) are 5
+to 8 KB, and were split by a regular expression again at every execution: 0.14 ms of CPU each
+on a shared 2-CPU VM, against 4 microseconds for the ready text. Here the conversion is done
+once and the text goes out on psycopg's ``RawCursor``, which sends it as it is.
+
+Under DEBUG (``connection.queries_logged``: DEBUG, or a test capturing queries) the named
+statement goes out on psycopg's ``Cursor`` as written: with ``server_side_binding`` on, Django
+records a query by composing its text with its parameters, which only the named form allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from django.db import connection
+
+# A named placeholder, the escaped percent sign, or a character that has no place in a
+# statement made positional: a bare % (psycopg's %s, %b, %t) or $ (a $n already, or dollar
+# quoting, which the conversion would confuse with its own).
+_TOKEN = re.compile(r"%\((\w+)\)s|%%|%|\$")
+
+
+@functools.lru_cache(maxsize=256)
+def positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` placeholders numbered ``$1, $2, ...`` in the order each
+    name first appears (a name used twice is one parameter), ``%%`` as ``%``; and the names in
+    parameter order. Cached per statement text (the effects' VALUES lists make a few texts per
+    statement; a cache of 256 holds every one a worker sends)."""
+    numbers: dict[str, int] = {}
+
+    def replace(match: re.Match[str]) -> str:
+        token, name = match.group(0), match.group(1)
+        if token == "%%":
+            return "%"
+        if name is None:
+            raise ValueError(
+                f"only %(name)s placeholders can be made positional, not {token!r}: {sql[:80]!r}..."
+            )
+        number = numbers.setdefault(name, len(numbers) + 1)
+        return f"${number}"
+
+    text = _TOKEN.sub(replace, sql)
+    return text, tuple(numbers)
+
+
+class StatementCursor:
+    """What ``binding_cursor`` yields: Django's wrapper of a psycopg cursor whose ``execute``
+    takes a statement with named placeholders and its parameters as a mapping, and sends it
+    positional (or as written, under DEBUG)."""
+
+    __slots__ = ("_cursor", "_positional")
+
+    def __init__(self, cursor: Any, send_positional: bool) -> None:
+        self._cursor = cursor
+        self._positional = send_positional
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None:
+        if self._positional:
+            text, names = positional(sql)
+            self._cursor.execute(text, [params[name] for name in names])
+        else:
+            self._cursor.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return list(self._cursor.fetchall())
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+
+@contextlib.contextmanager
+def binding_cursor() -> Iterator[StatementCursor]:
+    """The cursor of the claim and of the step commit (store/postgres_steps.py): a
+    server-side-binding psycopg cursor (Django's own binds on the client), so that psycopg can
+    prepare the statement once the database OPTIONS set a ``prepare_threshold`` (that saves the
+    parse and plan of every step; Django leaves it off by default for poolers that cannot keep
+    prepared statements), wrapped as Django wraps its own cursors:
+    ``connection.execute_wrapper`` hooks (Sentry, OpenTelemetry's Django instrumentation),
+    ``connection.queries`` under DEBUG and Django's error classes all see the commit. The
+    wrapper costs about a microsecond (docs/howto/database.md)."""
+    import psycopg  # only on PostgreSQL: SQLite installs need not have it
+
+    connection.ensure_connection()
+    logged = connection.queries_logged
+    # The stubs type these as taking Django's own wrapper; at run time they take the driver's
+    # cursor, which is what Django passes them itself (BaseDatabaseWrapper._prepare_cursor).
+    raw: Any = (psycopg.Cursor if logged else psycopg.RawCursor)(connection.connection)
+    wrapped = connection.make_debug_cursor(raw) if logged else connection.make_cursor(raw)
+    with wrapped as cursor:
+        yield StatementCursor(cursor, send_positional=not logged)
