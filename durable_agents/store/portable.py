@@ -96,6 +96,7 @@ from durable_agents.store.base import (
     timer_woken_by,
 )
 from durable_agents.store.batches import BatchTurn, Candidate
+from durable_agents.store.effect_rows import EFFECT_COLUMNS, effects_from
 from durable_agents.store.rollup import added_cost, record_usage
 from durable_agents.store.rows import DueSchedules, SlotStart
 from durable_agents.store.transitions import mark_transitioned
@@ -103,7 +104,7 @@ from durable_agents.store.transitions import mark_transitioned
 _AWAITING_PERSON = (IntentStatus.PENDING, IntentStatus.UNKNOWN)
 
 # The tool effects recorded for the calls of one model turn (``recorded_effects``).
-RECORDED_EFFECTS_SQL = "SELECT * FROM tool_effect WHERE run_id = %s AND seq = %s"
+RECORDED_EFFECTS_SQL = f"SELECT {EFFECT_COLUMNS} FROM tool_effect WHERE run_id = %s AND seq = %s"
 
 # ``woken_by`` of a run the claim takes: set for a due wait, kept for any other run (a run
 # claimed again after a crash keeps what woke it). Plain JSON text, as PostgreSQL's claim writes
@@ -868,10 +869,12 @@ class PortableStore(Store):
 
     def recorded_effects(self, run_id: RunId, seq: int) -> dict[str, ToolEffect]:
         # Read by the first tool step of every claim that resumes a run: written out, since
-        # the ORM builds a filter's query anew each time (the fields' converters still apply).
+        # the ORM sets a query up anew each time (the fields' converters still apply).
         run = AgentRun._meta.pk.get_db_prep_value(run_id, connection)
-        effects = ToolEffect.objects.raw(RECORDED_EFFECTS_SQL, [run, seq])
-        return {e.key: e for e in effects}
+        with connection.cursor() as cursor:
+            cursor.execute(RECORDED_EFFECTS_SQL, [run, seq])
+            rows = cursor.fetchall()
+        return {e.key: e for e in effects_from(rows, connection)}
 
     def record_effect(self, effect: ToolEffect) -> None:
         ToolEffect.objects.bulk_create([effect], ignore_conflicts=True)

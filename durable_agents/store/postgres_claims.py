@@ -318,7 +318,7 @@ def _claim_once(
     with binding_cursor() as cursor:
         cursor.execute(CLAIM_SQL, params)
         rows = cursor.fetchall()
-        names = [column.name for column in cursor.description or ()]
+        names = cursor.column_names()
     claims = []
     for row in rows:
         taken = dict(zip(names[1:], row[1:], strict=True))

@@ -430,7 +430,7 @@ def finish_and_claim(
         except BaseException:
             then_claim.give_back()
             raise
-        names = [column.name for column in cursor.description or ()]
+        names = cursor.column_names()
     assert row is not None
     appended, taken = bool(row[0]), dict(zip(names[1:], row[1:], strict=True))
     if taken["id"] is None:

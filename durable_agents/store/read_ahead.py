@@ -34,6 +34,7 @@ from django.db import DatabaseError, connection
 from durable_agents._internal.encryption import UndecryptableValue
 from durable_agents.models import AgentRun, ToolEffect, step_part
 from durable_agents.store.base import Claim, LogRow, ReadAhead, unsealed_log
+from durable_agents.store.effect_rows import EFFECT_COLUMNS, effects_from
 
 logger = logging.getLogger("durable_agents.store")
 
@@ -50,7 +51,7 @@ SELECT run_id, seq, kind, payload, content_start, content_end
          WHERE run_id IN ({runs}) AND part IN ({parts})) AS steps
  WHERE chars <= %s
  ORDER BY run_id, seq"""
-EFFECTS_SQL = "SELECT * FROM tool_effect WHERE (run_id, seq) IN ({pairs})"
+EFFECTS_SQL = f"SELECT {EFFECT_COLUMNS} FROM tool_effect WHERE (run_id, seq) IN ({{pairs}})"
 MESSAGES_SQL = (
     "SELECT DISTINCT run_id FROM agent_message WHERE run_id IN ({runs}) AND folded_seq IS NULL"
 )
@@ -113,8 +114,10 @@ def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
         for run, claim in zip(runs, claims, strict=True)
         for value in (run, claim.run.last_seq)
     ]
-    for effect in ToolEffect.objects.raw(sql, pairs):
-        effects[effect.run_id][effect.key] = effect
+    with connection.cursor() as cursor:
+        cursor.execute(sql, pairs)
+        for effect in effects_from(cursor.fetchall(), connection):
+            effects[effect.run_id][effect.key] = effect
     ahead: dict[object, ReadAhead] = {}
     for claim in claims:
         run_id = claim.run_id

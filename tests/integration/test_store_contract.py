@@ -228,6 +228,35 @@ def test_effects_are_recorded_even_when_the_fence_fails(env: Env) -> None:
     assert env.seqs(run_id) == [0, 1, 2]
 
 
+def test_recorded_effects_read_back_every_field_as_the_orm_loads_it(env: Env) -> None:
+    """The store reads the ledger with its own statement, not the ORM: every field comes back
+    as the ORM would load it (the result decrypted, the flag a bool, the time aware)."""
+    run_id = env.start()
+    claim = env.claim(run_id)
+    assert env.store.append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
+    calls = [
+        ToolEffect(key="k0", run_id=run_id, seq=1, call_index=0, tool="t", result="ok \u00e9"),
+        ToolEffect(
+            key="k1", run_id=run_id, seq=1, call_index=1, tool="u", result="", is_error=True
+        ),
+    ]
+    assert env.store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, "[]", effects=calls))
+    read = env.store.recorded_effects(run_id, 1)
+    assert sorted(read) == ["k0", "k1"]
+    assert env.store.recorded_effects(run_id, 2) == {}
+    if isinstance(env.store, InMemoryStore):
+        return
+    fields = ToolEffect._meta.concrete_fields
+    for key, got in read.items():
+        loaded = ToolEffect.objects.get(pk=key)
+        assert [getattr(got, f.attname) for f in fields] == [
+            getattr(loaded, f.attname) for f in fields
+        ]
+        assert got._state.adding is False
+    assert (read["k0"].result, read["k1"].is_error) == ("ok \u00e9", True)
+    assert read["k0"].created_at.tzinfo is not None
+
+
 def test_a_claim_skips_a_live_lease_and_takes_the_oldest_first(env: Env) -> None:
     first, second = env.start("a"), env.start("b")
     [one] = env.store.claim_runs("w1", 30)
