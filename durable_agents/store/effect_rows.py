@@ -23,7 +23,7 @@ _FIELDS = tuple(ToolEffect._meta.concrete_fields)
 _ATTNAMES = [field.attname for field in _FIELDS]
 
 # What a statement that reads effects selects, in this order.
-EFFECT_COLUMNS = ", ".join(field.column for field in _FIELDS)
+EFFECT_COLUMNS = ", ".join(str(field.column) for field in _FIELDS)
 
 _Converters = list[tuple[Any, list[Callable[..., Any]]]]
 # Per database backend (its operations class): each field's column expression and converters.

@@ -321,7 +321,7 @@ def _claim_once(
         names = cursor.column_names()
     claims = []
     for row in rows:
-        taken = dict(zip(names[1:], row[1:], strict=True))
+        taken: dict[str | None, Any] = dict(zip(names[1:], row[1:], strict=True))
         if taken["id"] is None:
             continue
         claim, parent_id = read_claim(taken, owner, lease_seconds)

@@ -432,7 +432,8 @@ def finish_and_claim(
             raise
         names = cursor.column_names()
     assert row is not None
-    appended, taken = bool(row[0]), dict(zip(names[1:], row[1:], strict=True))
+    appended = bool(row[0])
+    taken: dict[str | None, Any] = dict(zip(names[1:], row[1:], strict=True))
     if taken["id"] is None:
         then_claim.give_back()
         return appended, None
