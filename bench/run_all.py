@@ -144,6 +144,9 @@ QUICK["versions"] = ["--quick"]
 # the same workload's cost directly and in batches (about 3 minutes; 45 s with --quick).
 FULL["batches"] = []
 QUICK["batches"] = ["--quick"]
+# The CPU of one resume: a woken run's last two steps in one slot (about 30 s).
+FULL["resume"] = []
+QUICK["resume"] = ["--runs", "100"]
 FULL["failover"] = []
 QUICK["failover"] = [
     "--runs", "60", "--slots", "20", "--outage", "5", "--timeout", "120",
@@ -264,6 +267,7 @@ NOT_BEFORE = {
     "step_log_upgrade",
     "upgrade_runs",
     "batches",  # runs in batches are newer than any ref measured before
+    "resume",  # newer than any ref measured before
 }
 
 
