@@ -77,6 +77,7 @@ from durable_agents.store import (
     postgres_fleet,
     postgres_schedules,
     postgres_steps,
+    read_ahead,
     workers,
 )
 from durable_agents.store.base import (
@@ -238,6 +239,10 @@ class PostgresStore(Store):
         appended = self._commit_step(claim, step, then_claim, unless_messages=False)
         assert appended is not None  # None only unless_messages
         return appended
+
+    def read_ahead(self, claims: Sequence[Claim]) -> list[Claim]:
+        """As every store reads ahead, the three statements in one round trip (a pipeline)."""
+        return read_ahead.read_ahead(claims, together=postgres_steps.sent_together)
 
     def append_last_step(
         self, claim: Claim, step: StepWrite, then_claim: NextClaim | None = None

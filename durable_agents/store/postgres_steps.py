@@ -401,6 +401,20 @@ def locked_first(run_id: RunId) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def sent_together() -> Iterator[None]:
+    """The statements the block sends, in one round trip (psycopg's pipeline) where libpq can
+    (14 or later), one by one otherwise. Their results, and errors as Django's error classes,
+    come when the block ends. For reads: outside a transaction they share the pipeline's
+    implicit one, and an error in one fails the others."""
+    if not pipelines():
+        yield
+        return
+    connection.ensure_connection()
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield
+
+
 def last_step_statement(params: dict[str, Any], unless_messages: bool = False) -> str:
     """The statement of a run's last step that claims nothing next (a model turn's counts it;
     guarded by NO_MESSAGE_WAITING with ``unless_messages``)."""

@@ -5,14 +5,15 @@ crash) begins by reading its log, then the effects its last turn's calls recorde
 whether a message waits in its inbox: three round trips of its own, each taking a pooled
 connection from a slot among hundreds. When a thousand runs wake together the worker claims
 them by the hundred; right after each claim it reads all three for the whole batch, one
-statement each:
+statement each, sent together (on PostgreSQL in one pipeline: one round trip):
 
     LOGS_SQL       the steps of every run of the batch whose log is not too big, in (run,
                    seq) order
     EFFECTS_SQL    the recorded calls of the batch's runs at their last step
     MESSAGES_SQL   which of the batch's runs have a message waiting
 
-and hands each claim what is its own (``Claim.ahead``, used once by the runner). Only runs
+and hands each claim what is its own (``Claim.ahead``, used once by the runner). A run claimed
+by the last commit of another (one at a time, in a busy slot) is read ahead the same way. Only runs
 that are no fork (a fork also reads stretches of other runs' logs) and whose log is short
 (``MAX_STEPS``, ``MAX_CHARS``: a long log is read by its slot, which keeps the claimer free
 and what a batch holds at once bounded). Nothing here
@@ -24,10 +25,12 @@ after the slot's own look would.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 from django.db import DatabaseError, connection
 
@@ -69,14 +72,18 @@ def wanted(claim: Claim) -> bool:
     )
 
 
-def read_ahead(claims: Sequence[Claim]) -> list[Claim]:
+def read_ahead(
+    claims: Sequence[Claim],
+    together: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+) -> list[Claim]:
     """``claims``, those that qualify (``wanted``) with their ``ahead``; on a database error
-    the claims as they were (each slot then reads for itself)."""
+    the claims as they were (each slot then reads for itself). The three statements are sent
+    inside ``together()``: on PostgreSQL a pipeline, so that they take one round trip."""
     chosen = [claim for claim in claims if wanted(claim)]
     if not chosen:
         return list(claims)
     try:
-        ahead = _read(chosen)
+        ahead = _read(chosen, together)
     except DatabaseError:
         logger.debug("reading ahead for %d claims failed", len(chosen), exc_info=True)
         return list(claims)
@@ -89,34 +96,35 @@ def read_ahead(claims: Sequence[Claim]) -> list[Claim]:
     ]
 
 
-def _read(claims: Sequence[Claim]) -> dict[object, ReadAhead]:
+def _read(
+    claims: Sequence[Claim], together: Callable[[], AbstractContextManager[object]]
+) -> dict[object, ReadAhead]:
     prep = AgentRun._meta.pk.get_db_prep_value
     ids = [claim.run_id for claim in claims]
     runs = [prep(run_id, connection) for run_id in ids]
     keys = dict(zip(runs, ids, strict=True))  # the database's value of an id -> the id
     marks = ", ".join(["%s"] * len(runs))
     parts = sorted({step_part(run_id) for run_id in ids})
-    rows: dict[object, list[LogRow]] = defaultdict(list)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            LOGS_SQL.format(runs=marks, parts=", ".join(["%s"] * len(parts))),
-            [*runs, *parts, MAX_CHARS],
-        )
-        for run, seq, kind, payload, start, end in cursor.fetchall():
-            rows[keys.get(run, run)].append((seq, kind, payload, start, end))
-        cursor.execute(MESSAGES_SQL.format(runs=marks), runs)
-        waiting = {keys.get(run, run) for (run,) in cursor.fetchall()}
     # Each run's own last step only: (run, seq) pairs, not every seq of every run.
-    effects: dict[object, dict[str, ToolEffect]] = defaultdict(dict)
-    sql = EFFECTS_SQL.format(pairs=", ".join(["(%s, %s)"] * len(runs)))
     pairs = [
         value
         for run, claim in zip(runs, claims, strict=True)
         for value in (run, claim.run.last_seq)
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, pairs)
-        for effect in effects_from(cursor.fetchall(), connection):
+    with connection.cursor() as logs, connection.cursor() as inbox, connection.cursor() as calls:
+        with together():
+            logs.execute(
+                LOGS_SQL.format(runs=marks, parts=", ".join(["%s"] * len(parts))),
+                [*runs, *parts, MAX_CHARS],
+            )
+            inbox.execute(MESSAGES_SQL.format(runs=marks), runs)
+            calls.execute(EFFECTS_SQL.format(pairs=", ".join(["(%s, %s)"] * len(runs))), pairs)
+        rows: dict[object, list[LogRow]] = defaultdict(list)
+        for run, seq, kind, payload, start, end in logs.fetchall():
+            rows[keys.get(run, run)].append((seq, kind, payload, start, end))
+        waiting = {keys.get(run, run) for (run,) in inbox.fetchall()}
+        effects: dict[object, dict[str, ToolEffect]] = defaultdict(dict)
+        for effect in effects_from(calls.fetchall(), connection):
             effects[effect.run_id][effect.key] = effect
     ahead: dict[object, ReadAhead] = {}
     for claim in claims:
