@@ -797,12 +797,7 @@ class Worker:
         then_claim = NextClaim(self.worker_id, self.lease_seconds, take=take, give_back=give_back)
         with bind_run(claim.run_id):
             self._advance(claim, then_claim)
-        if then_claim.claim is None:
-            return None
-        # A run claimed again (woken, handed back) reads what its resume reads first in one
-        # round trip, as the claimer's batches do; any other run comes back as it was.
-        [next_claim] = self._store().read_ahead([then_claim.claim])
-        return next_claim
+        return then_claim.claim
 
     def _advance(self, claim: Claim, then_claim: NextClaim) -> None:
         held = _Held(claim)

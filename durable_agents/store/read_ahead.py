@@ -13,10 +13,11 @@ statement each, sent together (on PostgreSQL in one pipeline: one round trip):
     MESSAGES_SQL   which of the batch's runs have a message waiting
 
 and hands each claim what is its own (``Claim.ahead``, used once by the runner). A run claimed
-by the last commit of another (one at a time, in a busy slot) is read ahead the same way. Only runs
-that are no fork (a fork also reads stretches of other runs' logs) and whose log is short
-(``MAX_STEPS``, ``MAX_CHARS``: a long log is read by its slot, which keeps the claimer free
-and what a batch holds at once bounded). Nothing here
+alone, by the last commit of another, reads for itself: for one run, the slot's three plain
+reads cost less (0.38-0.48 ms of CPU for a log of six steps, against 0.44-0.65 ms in this
+batch's form, pipelined or not). Only runs that are no fork (a fork also reads stretches of
+other runs' logs) and whose log is short (``MAX_STEPS``, ``MAX_CHARS``: a long log is read by
+its slot, which keeps the claimer free and what a batch holds at once bounded). Nothing here
 can change what a run does: no other worker writes a claimed run's log or its effects (the
 fence), and a message queued after the look is folded at the next model call, or keeps the
 run going at its last commit (which looks again, under the run's lock), as one queued just

@@ -188,38 +188,6 @@ def test_a_worker_reads_ahead_for_each_claim_batch(
     assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {RunStatus.SUCCEEDED}
 
 
-def test_a_run_claimed_with_another_runs_last_step_is_read_ahead_too(
-    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One slot: the claimer claims the first run, each run's last commit claims the next,
-    and each of those reads what its resume reads first in one go, as a batch does: no
-    resume reads its log, its recorded calls or its inbox itself."""
-    runs = [handed_back() for _ in range(3)]
-    store = current()
-    read_ahead_for: list[list[bool]] = []
-    read = store.read_ahead
-
-    def kept(claims: Any) -> Any:
-        done = read(claims)
-        read_ahead_for.append([claim.ahead is not None for claim in done])
-        return done
-
-    own_reads: list[str] = []
-    for name in ("load_log_rows", "recorded_effects", "has_waiting_messages"):
-
-        def counted(*args: Any, _name: str = name, **kwargs: Any) -> Any:
-            own_reads.append(_name)
-            return getattr(type(store), _name)(store, *args, **kwargs)
-
-        monkeypatch.setattr(store, name, counted)
-    monkeypatch.setattr(store, "read_ahead", kept)
-    run_worker(concurrency=1)
-    assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {RunStatus.SUCCEEDED}
-    # The claimer's first claim, then the two last commits' (the burst's last claim finds none).
-    assert [claims for claims in read_ahead_for if claims] == [[True], [True], [True]]
-    assert own_reads == []
-
-
 @pytest.mark.postgres
 def test_on_postgresql_the_three_reads_go_out_in_one_pipeline() -> None:
     """One round trip for the three statements of a read ahead (libpq 14 or later)."""
