@@ -81,7 +81,8 @@ class StatementCursor:
         return self._cursor.fetchone()
 
     def fetchall(self) -> list[Any]:
-        return list(self._cursor.fetchall())
+        rows: list[Any] = self._cursor.fetchall()
+        return rows
 
     @property
     def rowcount(self) -> int:
