@@ -664,7 +664,10 @@ class Worker:
         or until the first timer or timeout of a waiting run comes due if that is sooner (a
         notification ends the wait earlier). A wait due already that the claim did not take
         is not this worker's to take now (another worker's agent version, a full key): the
-        claimer does not spin on it."""
+        claimer does not spin on it. No wait once stopping: stop() sets ``stopping`` before it
+        wakes the claimer, and that wake-up may be the one cleared before the claim."""
+        if self.stopping.is_set():
+            return 0.0
         try:
             due_in = self._store().next_wake_in()
         except DatabaseError:

@@ -225,3 +225,14 @@ def test_a_shutdown_says_why_to_the_calls_that_wait_it_out() -> None:
     assert (call.is_set(), call.detail) == (True, "the grace of 10s ran out")
     late = interrupt.narrowed(SHUTDOWN)
     assert (late.is_set(), late.detail) == (True, "the grace of 10s ran out")
+
+
+def test_a_stopping_claimer_does_not_wait_a_poll_after_its_claim() -> None:
+    """stop() sets ``stopping`` then wakes the claimer; the claimer clears its wake-up before
+    each claim, so a stop that lands just before that clear must still end the wait after the
+    claim (a worker with a five-minute poll would otherwise linger that long)."""
+    worker = Worker(store=InMemoryStore(), concurrency=1, handle_signals=False, poll_interval=300)
+    assert worker._idle_wait() == 300  # no timer waits: the poll
+    worker.stop()
+    worker._wake.clear()  # the claim's clear, just after the stop's wake-up
+    assert worker._idle_wait() == 0.0
