@@ -131,7 +131,10 @@ def run_abortable(
         if meanwhile is not None:
             meanwhile()
         return call(threading.Event())
-    _prepare_start(interrupt, permits)
+    # A commit to run meanwhile takes a connection at once: the one this thread holds (the
+    # inbox's probe before a model call took it) is kept for it rather than handed back to the
+    # pool and taken again, and handed back once the commit is done, before the wait.
+    _prepare_start(interrupt, permits, keep_connection=meanwhile is not None and permits is None)
     caller = _this_caller()
     outcome: dict[str, Any] = {}
     wake = threading.Event()
@@ -180,10 +183,14 @@ def run_abortable(
     raise CallInterrupted(f"call abandoned: {interrupt.reason or 'interrupted'}")
 
 
-def _prepare_start(interrupt: Interrupt, permits: threading.Semaphore | None) -> None:
-    """Before a call is handed over: no connection kept while it runs, a permit taken (with
+def _prepare_start(
+    interrupt: Interrupt, permits: threading.Semaphore | None, *, keep_connection: bool = False
+) -> None:
+    """Before a call is handed over: no connection kept while it runs (unless
+    ``keep_connection``: the caller releases it before it waits), a permit taken (with
     ``permits``), and ``CallInterrupted`` if the run was interrupted meanwhile."""
-    db.release()
+    if not keep_connection:
+        db.release()
     if permits is not None:
         _acquire(permits, interrupt)
     if interrupt.is_set():

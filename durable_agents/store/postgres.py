@@ -153,6 +153,9 @@ from durable_agents.store.postgres_steps import FINISH_AND_CLAIM_SQL as FINISH_A
 from durable_agents.store.postgres_steps import (
     FINISH_TURN_AND_CLAIM_SQL as FINISH_TURN_AND_CLAIM_SQL,
 )
+from durable_agents.store.postgres_steps import (
+    HAS_WAITING_MESSAGE_SQL as HAS_WAITING_MESSAGE_SQL,
+)
 from durable_agents.store.postgres_steps import LOCK_RUN_SQL as LOCK_RUN_SQL
 from durable_agents.store.postgres_steps import NO_MESSAGE_WAITING as NO_MESSAGE_WAITING
 from durable_agents.store.postgres_steps import RECORD_EFFECTS as RECORD_EFFECTS
@@ -239,6 +242,11 @@ class PostgresStore(Store):
         appended = self._commit_step(claim, step, then_claim, unless_messages=False)
         assert appended is not None  # None only unless_messages
         return appended
+
+    def has_waiting_messages(self, run_id: RunId) -> bool:
+        """The probe as the step commits go out (store/postgres_steps.py): numbered once, and
+        prepared where the connection prepares its frequent statements."""
+        return postgres_steps.has_waiting_message(run_id)
 
     def read_ahead(self, claims: Sequence[Claim]) -> list[Claim]:
         """As every store reads ahead, the three statements in one round trip (a pipeline)."""

@@ -15,6 +15,7 @@ plain functions it calls).
                                         message waits in its inbox (NO_MESSAGE_WAITING),
                                         sent right behind LOCK_RUN_SQL (``locked_first``)
     lock         LOCK_RUN_SQL           the run's row, as ``queue_message`` locks it
+    inbox        HAS_WAITING_MESSAGE_SQL  does a message wait (the probe before a model call)
 
 The statements are composed from the named fragments below: ``FENCE`` (what every write of a
 claim carries), ``STEP_FENCE`` (and only as the next step of the log), ``FENCED_STEP`` and
@@ -61,6 +62,13 @@ from durable_agents.store.rows import usage_shard
 # commit takes it, then looks for messages in a statement of its own (whose snapshot, taken
 # after the lock, sees every message queued before it).
 LOCK_RUN_SQL = "SELECT 1 FROM agent_run WHERE id = %(run_id)s FOR NO KEY UPDATE"
+
+# The inbox's probe before each model call (one lookup in the partial index of waiting
+# messages), sent as the step commits are: numbered once, and prepared by a connection that
+# prepares (written out in store/inbox.py for the other databases).
+HAS_WAITING_MESSAGE_SQL = (
+    "SELECT 1 FROM agent_message WHERE run_id = %(run_id)s AND folded_seq IS NULL LIMIT 1"
+)
 
 # -- Fragments -------------------------------------------------------------------------------
 
@@ -375,6 +383,13 @@ def behind_lock_if_guarded(sql: str, run_id: RunId) -> contextlib.AbstractContex
     behind the run's lock; nothing for any other. Decided by the statement itself, so that a
     guarded one never goes out alone."""
     return locked_first(run_id) if NO_MESSAGE_WAITING in sql else contextlib.nullcontext()
+
+
+def has_waiting_message(run_id: RunId) -> bool:
+    """Whether a message waits in the run's inbox (HAS_WAITING_MESSAGE_SQL)."""
+    with binding_cursor() as cursor:
+        cursor.execute(HAS_WAITING_MESSAGE_SQL, {"run_id": run_id})
+        return cursor.fetchone() is not None
 
 
 @functools.cache

@@ -354,6 +354,7 @@ def test_the_claim_and_the_commit_go_out_positional_unless_queries_are_logged(
     capture = CaptureQueriesContext(connection) if logged else contextlib.nullcontext()
     with connection.execute_wrapper(spy), capture:
         [claim] = current().claim_runs("w", 30)
+        assert not current().has_waiting_messages(claim.run_id)  # the probe before a call
         assert current().append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
         assert current().append_step(
             claim,
@@ -365,8 +366,13 @@ def test_the_claim_and_the_commit_go_out_positional_unless_queries_are_logged(
     assert next_claim.claim.run_id == second.id
     run = AgentRun.objects.get(pk=first.id)
     assert (run.status, run.result, run.last_seq) == ("succeeded", "ok", 2)
-    sent = [(sql, params) for sql, params in seen if "SKIP LOCKED" in sql or "agent_step" in sql]
-    assert len(sent) == 3  # the claim, the step, and the last step with the next claim
+    sent = [
+        (sql, params)
+        for sql, params in seen
+        if "SKIP LOCKED" in sql or "agent_step" in sql or "FROM agent_message" in sql
+    ]
+    # The claim, the inbox's probe, the step, and the last step with the next claim.
+    assert len(sent) == 4
     for sql, params in sent:
         if logged:
             assert "%(run_id)s" in sql or "%(owner)s" in sql

@@ -42,12 +42,14 @@ def test_anything_but_named_placeholders_is_refused(sql: str) -> None:
         positional(sql)
 
 
-# Every statement the binding cursor sends: the claim, and the step commits in every variant
-# (with effects, with the inbox guard, finishing, finishing and claiming). The others
-# (the heartbeat's, the fleet's, the schedules') go through Django's cursor as written.
+# Every statement the binding cursor sends: the claim, the inbox's probe, and the step commits
+# in every variant (with effects, with the inbox guard, finishing, finishing and claiming).
+# The others (the heartbeat's, the fleet's, the schedules') go through Django's cursor as
+# written.
 BINDING_CURSOR_SENDS = {
     "CLAIM_SQL",
     "LOCK_RUN_SQL",
+    "HAS_WAITING_MESSAGE_SQL",
     "APPEND_STEP_SQL",
     "APPEND_STEP_WITH_EFFECTS_SQL",
     "APPEND_TURN_SQL",

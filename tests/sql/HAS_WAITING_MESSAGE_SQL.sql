@@ -1,0 +1,1 @@
+SELECT 1 FROM agent_message WHERE run_id = %(run_id)s AND folded_seq IS NULL LIMIT 1
