@@ -447,6 +447,9 @@ class RunAdvancer(ToolDispatch):
         """Run the calls the last turn asked for and commit their results, now or with the
         next model call."""
         turn = at.last
+        # What the claim's batch saw in the inbox is older than anything sent while these
+        # calls run: from here on the next model call looks for itself.
+        self._ahead_messages = None
         started = time.monotonic()
         results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
         # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is storable
@@ -550,9 +553,9 @@ class RunAdvancer(ToolDispatch):
         return _Position(at.conversation, at.turns, _Step(step.seq, StepKind.MESSAGE, blocks))
 
     def _messages_may_wait(self) -> bool:
-        """The inbox's probe, or, the first time in a claim read ahead, what its batch saw
-        (a message queued since is folded at the next call, or keeps the run going at its
-        last commit, which looks again)."""
+        """The inbox's probe, or, at the first model call of a claim read ahead when no tool
+        ran before it, what its batch saw (a message queued since is folded at the next call,
+        or keeps the run going at its last commit, which looks again)."""
         ahead, self._ahead_messages = self._ahead_messages, None
         if ahead is not None:
             return ahead

@@ -21,7 +21,9 @@ its slot, which keeps the claimer free and what a batch holds at once bounded). 
 can change what a run does: no other worker writes a claimed run's log or its effects (the
 fence), and a message queued after the look is folded at the next model call, or keeps the
 run going at its last commit (which looks again, under the run's lock), as one queued just
-after the slot's own look would.
+after the slot's own look would. The look stands for the slot's own only at a first model
+call that no tool call precedes: a resume that begins with its tools (a woken wait) looks
+again after them, so that a message sent while they run follows their results.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ SDK against the fake API."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,8 +13,9 @@ from django.db import DatabaseError
 
 from durable_agents.api import start_run
 from durable_agents.engine.runner import Disposition, advance_run
-from durable_agents.models import AgentRun, RunStatus, StepKind, ToolEffect
+from durable_agents.models import AgentMessage, AgentRun, RunStatus, StepKind, ToolEffect
 from durable_agents.store import Claim, StepWrite, current, read_ahead
+from durable_agents.testing import plan
 from tests.conftest import own_steps, run_worker
 from tests.fakeserver import FakeAnthropic
 
@@ -25,18 +27,27 @@ TURN = (
     '"input": {"key": "a"}}], "stop_reason": "tool_use", "stop_sequence": null, '
     '"usage": {"input_tokens": 10, "output_tokens": 5}}'
 )
-CONTENT = (TURN.index("["), TURN.index(', "stop_reason"'))
 
 
-def handed_back(task: str = '@lookup {"key": "a"}') -> AgentRun:
+def handed_back(
+    task: str = '@lookup {"key": "a"}',
+    agent: str = "tester",
+    turn_json: str = TURN,
+    result: str | None = None,
+) -> AgentRun:
     """A run whose first turn (asking for lookup) is committed, handed back: claimable again
-    with two steps in its log, as a woken or handed-back run is."""
-    run = start_run("tester", task)
+    with two steps in its log, as a woken or handed-back run is; with ``result``, its call's
+    result committed too (the run goes on with a model call)."""
+    run = start_run(agent, task)
     store = current()
     claim = store.claim_run(run.pk, "w0", 30)
     assert claim is not None
-    turn = StepWrite(1, StepKind.MODEL_TURN, TURN, "req_1", content_span=CONTENT)
+    span = (turn_json.index("["), turn_json.index(', "stop_reason"'))
+    turn = StepWrite(1, StepKind.MODEL_TURN, turn_json, "req_1", content_span=span)
     assert store.append_step(claim, turn)
+    if result is not None:
+        block = {"type": "tool_result", "tool_use_id": "toolu_1", "content": result}
+        assert store.append_step(claim, StepWrite(2, StepKind.TOOL_RESULT, json.dumps([block])))
     store.release_lease(claim, count_claim=False)
     return AgentRun.objects.get(pk=run.pk)
 
@@ -71,7 +82,7 @@ def test_a_batch_reads_what_each_resume_would_read_itself() -> None:
     assert by_run[fresh.pk].ahead is None
 
 
-def test_a_resume_with_its_reads_done_asks_the_database_for_none_of_them(
+def test_a_resume_with_its_reads_done_reads_neither_its_log_nor_its_calls_again(
     fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = handed_back('@lookup {"key": "a"}')
@@ -82,9 +93,19 @@ def test_a_resume_with_its_reads_done_asks_the_database_for_none_of_them(
     def not_again(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("read again although read with the batch")
 
-    for name in ("load_log_rows", "recorded_effects", "has_waiting_messages"):
+    for name in ("load_log_rows", "recorded_effects"):
         monkeypatch.setattr(store, name, not_again)
+    looks: list[Any] = []
+    has_waiting = store.has_waiting_messages
+
+    def look(run_id: Any) -> bool:
+        looks.append(run_id)
+        return has_waiting(run_id)
+
+    monkeypatch.setattr(store, "has_waiting_messages", look)
     assert advance_run(claim, store=store) is Disposition.SUCCEEDED
+    # The inbox is looked into again once, after the tool call the resume began with.
+    assert looks == [run.pk]
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == RunStatus.SUCCEEDED
     assert [step.kind for step in own_steps(run)] == [
@@ -116,16 +137,45 @@ def test_a_recorded_call_read_ahead_is_not_made_again(fake_api: FakeAnthropic) -
 
 
 def test_a_message_seen_by_the_batch_is_folded_before_the_next_call(
-    fake_api: FakeAnthropic,
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = handed_back('@lookup {"key": "a"}')
-    current().queue_message(run.pk, "also check b", None)
+    """A resume that begins with a model call takes the batch's look as its own."""
+    run = handed_back('@lookup {"key": "a"}', result="value-of-a")
+    store = current()
+    store.queue_message(run.pk, "also check b", None)
     [claim] = claim_all(1)
     assert claim.ahead is not None
     assert claim.ahead.messages_waiting is True
+
+    def not_again(run_id: Any) -> bool:
+        raise AssertionError("looked into the inbox again although the batch did")
+
+    monkeypatch.setattr(store, "has_waiting_messages", not_again)
+    assert advance_run(claim, store=store) is Disposition.SUCCEEDED
+    first_call = fake_api.requests[0].json()["messages"]
+    assert [block["type"] for block in first_call[-1]["content"]] == ["tool_result", "text"]
+    assert first_call[-1]["content"][1]["text"] == "also check b"
+
+
+def test_a_message_sent_while_the_first_tool_of_the_resume_runs_goes_with_the_next_call(
+    fake_api: FakeAnthropic,
+) -> None:
+    """The batch's look into the inbox stands for the slot's own look only until a tool runs:
+    a message the person sends while the resumed run's tool runs (``tell`` sends it) follows
+    that tool's result in the very next call, as at any turn boundary."""
+    turn = TURN.replace('"name": "lookup", "input": {"key": "a"}', '"name": "tell", '
+                        '"input": {"text": "sent during the tool"}')  # fmt: skip
+    run = handed_back(
+        plan(("tell", {"text": "sent during the tool"})), agent="messenger", turn_json=turn
+    )
+    [claim] = claim_all(1)
+    assert claim.ahead is not None
+    assert claim.ahead.messages_waiting is False  # nothing waited when the batch looked
     assert advance_run(claim, store=current()) is Disposition.SUCCEEDED
     first_call = fake_api.requests[0].json()["messages"]
-    assert "also check b" in str(first_call[-1]["content"])
+    assert [block["type"] for block in first_call[-1]["content"]] == ["tool_result", "text"]
+    assert first_call[-1]["content"][1]["text"] == "sent during the tool"
+    assert AgentMessage.objects.get(run_id=run.pk).folded_seq == 3  # after the result (seq 2)
 
 
 def test_a_batch_read_that_fails_leaves_each_slot_to_read_for_itself(
