@@ -83,7 +83,8 @@ def waiting_messages(run_id: RunId) -> list[AgentMessage]:
 
 # The probe before every model call of a run (does a message wait?): one lookup in the partial
 # index of waiting messages, written out rather than compiled by the ORM on each call (which
-# cost more CPU than the round trip; the SQL is the same on every database).
+# cost more CPU than the round trip; the SQL is the same on every database). PostgreSQL sends
+# its own copy, with a named parameter, as its step commits go out (store/postgres_steps.py).
 HAS_WAITING_SQL = "SELECT 1 FROM agent_message WHERE run_id = %s AND folded_seq IS NULL LIMIT 1"
 
 
