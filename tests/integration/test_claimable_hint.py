@@ -6,6 +6,7 @@ along (``NextClaim.take``) and whether that claim found a run."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -56,6 +57,10 @@ def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[
     w = Worker(
         concurrency=2, poll_interval=30, handle_signals=False, store=NotingStore(), listen=listen
     )
+    # A claim that found nothing is believed for as long as a test may take on a busy
+    # machine (the hint forgets it after a second otherwise, and a slow run's last step
+    # would then send the claim after all).
+    w._claimable._forget_seconds = 120
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     if listen:
@@ -101,11 +106,21 @@ def test_without_the_listener_every_last_step_tries_to_claim(worker: Worker) -> 
     assert noted(worker) == [(True, False)] * 3
 
 
-def test_a_backlog_is_claimed_with_the_last_step(worker: Worker) -> None:
+def test_a_backlog_is_claimed_with_the_last_step(
+    worker: Worker, fake_api: FakeAnthropic
+) -> None:
     # Three runs at once for two slots: the claimer's batch comes back full, so the first
-    # slot to end its run takes the third run with its last step.
+    # slot to end its run takes the third run with its last step. "Run 1." is held at the
+    # model until two runs have ended, so the last step of the third to end cannot overlap
+    # the one whose claim found nothing (two last steps at once may both send the claim).
+    two_ended = threading.Event()
+    fake_api.before_answer = lambda body: (
+        two_ended.wait(60) if "Run 1." in json.dumps(body["messages"][0]) else None
+    )
     with transaction.atomic():
         runs = [durable_agents.start_run("tester", f"Run {i}.") for i in range(3)]
+    wait_for(lambda: len(noted(worker)) == 2)
+    two_ended.set()
     wait_for(
         lambda: (
             AgentRun.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.SUCCEEDED).count()
@@ -113,9 +128,6 @@ def test_a_backlog_is_claimed_with_the_last_step(worker: Worker) -> None:
         )
     )
     wait_for(lambda: worker.in_flight() == 0)
-    steps = noted(worker)
-    assert len(steps) == 3
-    # (Two slots ending at once may both send it; one of them gets the run.)
-    assert (True, True) in steps[:2]
-    # Once a claim found nothing, the last run to end sends none.
-    assert steps[-1] == (False, False)
+    # The first to end took the third run; the third's claim found nothing; the held run's
+    # last step, after that, sends none.
+    assert noted(worker) == [(True, True), (True, False), (False, False)]
