@@ -106,9 +106,7 @@ def test_without_the_listener_every_last_step_tries_to_claim(worker: Worker) -> 
     assert noted(worker) == [(True, False)] * 3
 
 
-def test_a_backlog_is_claimed_with_the_last_step(
-    worker: Worker, fake_api: FakeAnthropic
-) -> None:
+def test_a_backlog_is_claimed_with_the_last_step(worker: Worker, fake_api: FakeAnthropic) -> None:
     # Three runs at once for two slots: the claimer's batch comes back full, so the first
     # slot to end its run takes the third run with its last step. "Run 1." is held at the
     # model until two runs have ended, so the last step of the third to end cannot overlap
