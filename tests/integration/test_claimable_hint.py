@@ -112,9 +112,11 @@ def test_a_backlog_is_claimed_with_the_last_step(worker: Worker, fake_api: FakeA
     # model until two runs have ended, so the last step of the third to end cannot overlap
     # the one whose claim found nothing (two last steps at once may both send the claim).
     two_ended = threading.Event()
-    fake_api.before_answer = lambda body: (
-        two_ended.wait(60) if "Run 1." in json.dumps(body["messages"][0]) else None
-    )
+    def hold_run_1(body: dict[str, Any]) -> None:
+        if "Run 1." in json.dumps(body["messages"][0]):
+            two_ended.wait(60)
+
+    fake_api.before_answer = hold_run_1
     with transaction.atomic():
         runs = [durable_agents.start_run("tester", f"Run {i}.") for i in range(3)]
     wait_for(lambda: len(noted(worker)) == 2)
