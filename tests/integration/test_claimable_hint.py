@@ -112,6 +112,7 @@ def test_a_backlog_is_claimed_with_the_last_step(worker: Worker, fake_api: FakeA
     # model until two runs have ended, so the last step of the third to end cannot overlap
     # the one whose claim found nothing (two last steps at once may both send the claim).
     two_ended = threading.Event()
+
     def hold_run_1(body: dict[str, Any]) -> None:
         if "Run 1." in json.dumps(body["messages"][0]):
             two_ended.wait(60)
