@@ -156,9 +156,11 @@ def dedicated(alias: str = DEFAULT_DB_ALIAS, **overrides: Any) -> Any:
 class Listener:
     """The one LISTEN connection of a worker (PostgreSQL). ``on_run`` is called when a run may
     have become claimable (created, woken, handed back); ``on_cancel(run_id)`` when a run was
-    cancelled. Polling stays the fallback: while the listener is down (database restart, a
-    transaction pooler that cannot LISTEN) the worker still claims every POLL_INTERVAL, and
-    after a reconnection it calls ``on_run`` once, for what it may have missed."""
+    cancelled; ``on_inbox(run_id)`` when a message was queued for a run. Polling stays the
+    fallback: while the listener is down (database restart, a transaction pooler that cannot
+    LISTEN) the worker still claims every POLL_INTERVAL, and after a reconnection it calls
+    ``on_run`` once, for what it may have missed. ``generation`` counts the connections that
+    listened: what was heard on one says nothing of what was sent before the next listened."""
 
     def __init__(
         self,
@@ -167,6 +169,7 @@ class Listener:
         stopping: Any,
         *,
         on_message: Any = None,
+        on_inbox: Any = None,
         alias: str = DEFAULT_DB_ALIAS,
         overrides: dict[str, Any] | None = None,
         retry_seconds: float = 2.0,
@@ -175,12 +178,16 @@ class Listener:
         self.on_cancel = on_cancel
         # ``on_message(run_id)``: a message asks to interrupt the run's model call.
         self.on_message = on_message
+        # ``on_inbox(run_id)``: a message was queued for the run (any policy).
+        self.on_inbox = on_inbox
         self.stopping = stopping
         self.alias = alias
         self.overrides = overrides or {}
         self.retry_seconds = retry_seconds
         # Set once LISTEN has been executed (tests and the bench wait for it).
         self.listening = threading.Event()
+        # Incremented before ``listening`` is set, on every connection that listens.
+        self.generation = 0
 
     def serve(self) -> None:
         failures = 0
@@ -194,6 +201,7 @@ class Listener:
                     logger.info("listening for notifications again")
                     self.on_run()  # a run may have been created while we were deaf
                 failures = 0
+                self.generation += 1
                 self.listening.set()
                 while not self.stopping.is_set():
                     for notify in raw.notifies(timeout=0.5):
@@ -217,7 +225,14 @@ class Listener:
         kind, _, run_id = payload.partition(":")
         if kind == "cancel" and run_id:
             self.on_cancel(run_id)
+        elif kind == "inbox" and run_id:
+            if self.on_inbox is not None:
+                self.on_inbox(run_id)
         elif kind == "message" and run_id:
+            # An interrupt is sent after its message, which the trigger announced already;
+            # heard here too, in case this process's listener connected in between.
+            if self.on_inbox is not None:
+                self.on_inbox(run_id)
             if self.on_message is not None:
                 self.on_message(run_id)
         else:

@@ -53,6 +53,7 @@ class WorkerConnections:
         on_cancel: Callable[[str], None],
         stopping: threading.Event,
         on_message: Callable[[str], None] | None = None,
+        on_inbox: Callable[[str], None] | None = None,
     ) -> db.Listener | None:
         """A LISTEN listener to serve on its own thread, or None (nothing to listen to)."""
         return None
@@ -94,6 +95,7 @@ class DatabaseConnections(WorkerConnections):
         on_cancel: Callable[[str], None],
         stopping: threading.Event,
         on_message: Callable[[str], None] | None = None,
+        on_inbox: Callable[[str], None] | None = None,
     ) -> db.Listener | None:
         """PostgreSQL only: wakes the claimer, interrupts a cancelled run at once."""
         if connection.vendor != "postgresql":
@@ -105,5 +107,6 @@ class DatabaseConnections(WorkerConnections):
             on_cancel=on_cancel,
             stopping=stopping,
             on_message=on_message,
+            on_inbox=on_inbox,
             overrides=overrides,
         )

@@ -65,6 +65,7 @@ from durable_agents.engine.history import (
     task_log,
     user_message,
 )
+from durable_agents.engine.inbox_hint import InboxHint
 from durable_agents.engine.outage import LeaseClock, retry_while_leased
 from durable_agents.exceptions import StoredValueError
 from durable_agents.flow import budgets, pricing
@@ -141,6 +142,7 @@ def advance_run(
     then_claim: NextClaim | None = None,
     store: Store | None = None,
     lease: LeaseClock | None = None,
+    inbox: InboxHint | None = None,
 ) -> Disposition:
     """Advance one claimed run until it is parked or over; returns its disposition.
 
@@ -150,8 +152,10 @@ def advance_run(
     ``store``: where the run lives (default: ``store.current()``, chosen now for the whole
     claim); unit tests pass an ``InMemoryStore``. ``lease``: how long the claim's lease holds,
     as the worker's heartbeat renews it (a commit cut by a lost connection is retried so long).
+    ``inbox``: the worker's knowledge of messages queued since a look (each model call looks
+    without it).
     """
-    advancer = RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store, lease)
+    advancer = RunAdvancer(claim, interrupt or Interrupt(), drain, then_claim, store, lease, inbox)
     with bind_run(claim.run_id), observers.agent_span(claim) as span:
         disposition = advancer.advance()
         span.finish(disposition)
@@ -237,6 +241,7 @@ class RunAdvancer(ToolDispatch):
         then_claim: NextClaim | None = None,
         store: Store | None = None,
         lease: LeaseClock | None = None,
+        inbox: InboxHint | None = None,
     ) -> None:
         # Every read and write of the run goes through this store.
         self.store: Store = store or current()
@@ -248,6 +253,8 @@ class RunAdvancer(ToolDispatch):
         self.interrupt = interrupt
         self.drain = drain
         self.then_claim = then_claim
+        # Whether a message may have been queued since the last look (the worker's listener).
+        self.inbox = inbox
         # Tokens billed to the run so far (the budgets read it); each turn adds its own.
         self.tokens: int = claim.run.tokens_used
         # The size of what every call sends besides the messages (system, tools, ...).
@@ -553,13 +560,22 @@ class RunAdvancer(ToolDispatch):
         return _Position(at.conversation, at.turns, _Step(step.seq, StepKind.MESSAGE, blocks))
 
     def _messages_may_wait(self) -> bool:
-        """The inbox's probe, or, at the first model call of a claim read ahead when no tool
-        ran before it, what its batch saw (a message queued since is folded at the next call,
-        or keeps the run going at its last commit, which looks again)."""
+        """Whether the inbox may hold a message: what the worker has heard since the last look
+        (``InboxHint``: no statement while nothing was queued), at the first model call of a
+        claim read ahead when no tool ran before it what its batch saw, else the inbox's
+        probe. A message queued after a look is folded at the next call that looks, or keeps
+        the run going at its last commit, which looks again under the run's lock."""
         ahead, self._ahead_messages = self._ahead_messages, None
+        if self.inbox is not None and not self.inbox.may_wait(self.run.pk):
+            return False
         if ahead is not None:
             return ahead
-        return self.store.has_waiting_messages(self.run.pk)
+        if self.inbox is None:
+            return self.store.has_waiting_messages(self.run.pk)
+        mark = self.inbox.mark()
+        found = self.store.has_waiting_messages(self.run.pk)
+        self.inbox.looked(self.run.pk, mark, found=found)
+        return found
 
     # -- pinning ---------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from durable_agents import observers
-from durable_agents._internal import calls, db
+from durable_agents._internal import calls, db, inbox_bell
 from durable_agents._internal.interrupt import Interrupt
 from durable_agents.conf import app_settings
 from durable_agents.declare.agents import registry
@@ -55,6 +55,7 @@ from durable_agents.engine import credentials
 from durable_agents.engine import services as worker_services
 from durable_agents.engine.claimable import ClaimableHint
 from durable_agents.engine.connections import DatabaseConnections, WorkerConnections
+from durable_agents.engine.inbox_hint import InboxHint, Mark
 from durable_agents.engine.outage import LeaseClock
 from durable_agents.engine.runner import SHUTDOWN, Disposition, advance_run
 from durable_agents.engine.shutdown_signals import SignalRelay
@@ -255,6 +256,8 @@ class Worker:
         self._backlog = False
         # Whether a slot's last step should try to claim the next run (``claimable.py``).
         self._claimable = ClaimableHint(self._hears_notifications)
+        # Whether a message may wait in a held run's inbox since its last look (inbox_hint.py).
+        self.inbox = InboxHint(self._listening_generation)
         # A burst worker whose key the API refuses stops claiming for good.
         self._burst_over = False
         self.listener: db.Listener | None = None
@@ -315,6 +318,7 @@ class Worker:
         for service in services:
             service.starting(self)
         self._start_background(self._heartbeat, "da-heartbeat")
+        inbox_bell.listen(self.inbox.heard)
         self._start_listener()
         threads = [t for service in services if (t := service.start(self)) is not None]
         slots = [
@@ -343,6 +347,7 @@ class Worker:
             # A service's thread looks at ``stopping`` often (the firer: every TICK_SECONDS):
             # a second is plenty.
             thread.join(timeout=1.0)
+        inbox_bell.stop_listening(self.inbox.heard)
         self.unregister()
         self.connections.close()
         logger.info(
@@ -614,6 +619,8 @@ class Worker:
             # Cleared before the claim: a notification during it wakes the wait below at once.
             self._wake.clear()
             epoch = self._claimable.epoch()
+            # Before the claim's inbox look (read_ahead): a message heard after it is news.
+            inbox_mark = self.inbox.mark()
             try:
                 if idle:
                     # CONN_MAX_AGE and CONN_HEALTH_CHECKS, as between two requests.
@@ -643,11 +650,7 @@ class Worker:
                 failed_claims = 0
             self._forget_tickets(wanted - len(claims))
             if claims:
-                self._saw_models(claims)
-                with self._lock:
-                    self._busy += len(claims)
-                for claim in claims:
-                    self._claims.put(claim)
+                self._hand_out(claims, inbox_mark)
             idle = not claims
             self._backlog = len(claims) == wanted
             self._claimable.claimed(epoch, asked=wanted, got=len(claims))
@@ -658,6 +661,18 @@ class Worker:
                     if self._busy == 0:
                         return
             self._wake.wait(self._idle_wait())
+
+    def _hand_out(self, claims: list[Claim], inbox_mark: Mark) -> None:
+        """Queue ``claims`` for the slots; the inbox looks of those read ahead count as the
+        runs' last looks (taken at ``inbox_mark``)."""
+        self._saw_models(claims)
+        for claim in claims:
+            if claim.ahead is not None:
+                self.inbox.looked(claim.run_id, inbox_mark, found=claim.ahead.messages_waiting)
+        with self._lock:
+            self._busy += len(claims)
+        for claim in claims:
+            self._claims.put(claim)
 
     def _idle_wait(self) -> float:
         """How long the claimer waits after a claim that found too few runs: POLL_INTERVAL,
@@ -818,6 +833,7 @@ class Worker:
                 then_claim=then_claim,
                 store=self.store,
                 lease=held.lease,
+                inbox=self.inbox,
             )
         except Exception as exc:  # a bug or a database outage: never take the worker down
             logger.exception("run %s: unexpected error", claim.run_id)
@@ -829,6 +845,7 @@ class Worker:
             except DatabaseError:
                 logger.warning("run %s: could not release; its lease will expire", claim.run_id)
         finally:
+            self.inbox.forget(claim.run_id)
             with self._lock:
                 self._held.pop(claim.run_id, None)
                 self.stats.dispositions[disposition] = (
@@ -902,7 +919,11 @@ class Worker:
         if not self.listen:
             return
         self.listener = self.connections.listener(
-            self._run_claimable, self._cancelled, self.stopping, on_message=self._message_sent
+            self._run_claimable,
+            self._cancelled,
+            self.stopping,
+            on_message=self._message_sent,
+            on_inbox=self.inbox.heard,
         )
         if self.listener is None:
             return
@@ -921,6 +942,13 @@ class Worker:
     def _hears_notifications(self) -> bool:
         listener = self.listener
         return listener is not None and listener.listening.is_set()
+
+    def _listening_generation(self) -> int | None:
+        """The listener's connection while it listens (``InboxHint``), else None."""
+        listener = self.listener
+        if listener is None or not listener.listening.is_set():
+            return None
+        return listener.generation
 
     def _message_sent(self, run_id: str) -> None:
         """A message asks to interrupt the run's model call (``send_message(...,

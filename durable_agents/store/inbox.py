@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from durable_agents._internal import inbox_bell
 from durable_agents.exceptions import RunBusy, RunFinished, RunNotFound
 from durable_agents.models import AgentMessage, AgentRun, RunStatus
 
@@ -74,6 +75,9 @@ def queue_message(
             if key is None:
                 raise
             return AgentMessage.objects.get(run_id=run_id, key=key), False
+        # A worker of this process holding the run folds it at its next model call for
+        # certain; the others hear of it by the database's notification (PostgreSQL).
+        transaction.on_commit(lambda: inbox_bell.ring(run_id))
     return message, True
 
 

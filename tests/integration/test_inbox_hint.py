@@ -1,0 +1,142 @@
+"""A worker skips the inbox's look while it has heard of no message for the run
+(engine/inbox_hint.py), and looks again when one is queued.
+
+PostgreSQL with a real worker and its listener, the real SDK over the fake API. The store is
+the real PostgresStore, which also counts the inbox looks the runner sends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+import durable_agents
+from durable_agents import api
+from durable_agents._internal import inbox_bell
+from durable_agents.engine.worker import Worker
+from durable_agents.models import AgentMessage, AgentRun, RunStatus
+from durable_agents.store.base import RunId
+from durable_agents.store.postgres import PostgresStore
+from durable_agents.testing import plan
+from tests.conftest import wait_for
+from tests.fakeserver import FakeAnthropic
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+THREE_TURNS = plan(("lookup", {"key": "a"}), ("lookup", {"key": "b"}), ("lookup", {"key": "c"}))
+
+
+class CountingStore(PostgresStore):
+    """PostgresStore, counting the runner's looks at an inbox."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    def has_waiting_messages(self, run_id: RunId) -> bool:
+        self.looks += 1
+        return super().has_waiting_messages(run_id)
+
+
+@pytest.fixture
+def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[Worker]:
+    listen = getattr(request, "param", True)
+    w = Worker(
+        concurrency=2, poll_interval=30, handle_signals=False, store=CountingStore(), listen=listen
+    )
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    if listen:
+        wait_for(lambda: w.listener is not None and w.listener.listening.is_set())
+    try:
+        yield w
+    finally:
+        w.stop()
+        thread.join(30)
+        for background in w.background_threads:
+            background.join(30)
+
+
+def looks(w: Worker) -> int:
+    assert isinstance(w.store, CountingStore)
+    return w.store.looks
+
+
+def ended(run: AgentRun) -> AgentRun:
+    wait_for(lambda: AgentRun.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED)
+    return AgentRun.objects.get(pk=run.pk)
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    content = body["messages"][-1]["content"]
+    return [b["text"] for b in content if isinstance(b, dict) and b["type"] == "text"]
+
+
+@pytest.mark.parametrize("worker", [True, False], indirect=True, ids=["listening", "deaf"])
+def test_a_run_looks_once_while_nothing_is_queued_unless_the_worker_cannot_hear(
+    worker: Worker, fake_api: FakeAnthropic
+) -> None:
+    run = durable_agents.start_run("tester", THREE_TURNS)
+    worker._wake.set()  # without a listener the claimer is told, as a poll would
+    ended(run)
+    wait_for(lambda: worker.in_flight() == 0)
+    assert len(fake_api.ok_requests()) == 4
+    # Listening: the first model call looks, the next three know nothing came since.
+    assert looks(worker) == (1 if worker.listen else 4)
+
+
+def test_a_message_queued_elsewhere_is_heard_and_folded_at_the_next_call(
+    worker: Worker, fake_api: FakeAnthropic
+) -> None:
+    # As if sent by another process: this process's own bell is not rung for the worker,
+    # only the database's notification (the trigger on agent_message) tells it.
+    inbox_bell.stop_listening(worker.inbox.heard)
+    sent = threading.Event()
+    run = durable_agents.start_run("tester", THREE_TURNS)
+
+    def hold_the_second_call(body: dict[str, Any]) -> None:
+        if len(fake_api.requests) == 1 and not sent.is_set():  # the second request
+            api.send_message(run.pk, "one more thing")
+            connection.close()  # this thread's, opened by the call
+            # Released once the worker heard it: it had looked at the first call.
+            wait_for(lambda: worker.inbox.may_wait(run.pk))
+            sent.set()
+
+    fake_api.before_answer = hold_the_second_call
+    ended(run)
+    assert sent.is_set()
+    bodies = [r.json() for r in fake_api.ok_requests()]
+    assert len(bodies) == 4
+    assert user_texts(bodies[2]) == ["one more thing"]
+    assert AgentMessage.objects.get(run_id=run.pk).folded_seq == 5
+    # The first call looked, and the third (a message was heard), and the fourth (the look
+    # before it found one); the second did not.
+    assert looks(worker) == 3
+
+
+def test_a_message_a_tool_of_the_run_queues_is_folded_at_the_next_call(
+    worker: Worker, fake_api: FakeAnthropic
+) -> None:
+    # This process's bell: heard as the tool's transaction commits, before the tool returns.
+    run = durable_agents.start_run("messenger", plan(("tell", {"text": "from the tool"})))
+    ended(run)
+    bodies = [r.json() for r in fake_api.ok_requests()]
+    assert user_texts(bodies[1]) == ["from the tool"]
+
+
+def test_a_new_listening_connection_is_a_new_generation(worker: Worker) -> None:
+    listener = worker.listener
+    assert listener is not None
+    first = listener.generation
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+        )
+    wait_for(lambda: listener.generation > first and listener.listening.is_set(), timeout=30)
+    run = "01a25050-7871-7477-bb48-983a951d76b3"
+    worker.inbox.looked(run, worker.inbox.mark(), found=False)
+    assert not worker.inbox.may_wait(run)
