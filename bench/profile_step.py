@@ -1,7 +1,8 @@
 """Where the time of a durable step goes.
 
 Runs the standard workload in this process, one run at a time, the way a worker slot does
-(``Store.claim_runs``, then ``runner.advance_run`` whose last step claims the next run), with:
+(``Store.claim_runs``, then ``runner.advance_run`` whose last step claims the next run, with a
+listener feeding the inbox hint as a worker's does), with:
   * the CPU time of this process per step, nothing patched (the fake API answers from a
     process of its own, so this is the worker path's CPU: claim, rebuild, request body, the
     SDK call, parsing, commit), the least of three passes;
@@ -17,6 +18,7 @@ Runs the standard workload in this process, one run at a time, the way a worker 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import logging
@@ -24,8 +26,10 @@ import os
 import pstats
 import re
 import tempfile
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from bench import common
@@ -82,6 +86,35 @@ def _unpatch(undo: list[tuple[Any, str, Any]]) -> None:
         setattr(obj, attr, orig)
 
 
+# The worker's knowledge of queued messages, fed by a real listener (``_listening``): a
+# model call skips the inbox's look while nothing was heard for the run, as in a worker.
+_INBOX: Any = None
+
+
+@contextlib.contextmanager
+def _listening() -> Iterator[None]:
+    """A LISTEN connection on its own thread and an ``InboxHint`` it feeds, as a worker has."""
+    global _INBOX
+    from durable_agents._internal import db
+    from durable_agents.engine.inbox_hint import InboxHint
+
+    stopping = threading.Event()
+    listener = db.Listener(on_run=lambda: None, on_cancel=lambda run_id: None, stopping=stopping)
+    hint = InboxHint(lambda: listener.generation if listener.listening.is_set() else None)
+    listener.on_inbox = hint.heard
+    thread = threading.Thread(target=listener.serve, name="bench-listener", daemon=True)
+    thread.start()
+    if not listener.listening.wait(30):
+        raise RuntimeError("the listener never listened")
+    _INBOX = hint
+    try:
+        yield
+    finally:
+        _INBOX = None
+        stopping.set()
+        thread.join(10)
+
+
 def _drain(owner: str) -> int:
     from durable_agents import store
     from durable_agents.engine import runner
@@ -96,7 +129,9 @@ def _drain(owner: str) -> int:
             claim = claims[0]
         # As a worker slot does: the last step of a run may claim the next one.
         then = store.NextClaim(owner, 60, take=lambda: True, give_back=lambda: None)
-        disposition = runner.advance_run(claim, then_claim=then)
+        disposition = runner.advance_run(claim, then_claim=then, inbox=_INBOX)
+        if _INBOX is not None:
+            _INBOX.forget(claim.run_id)
         assert disposition == "succeeded", disposition
         done += 1
         claim = then.claim
@@ -217,8 +252,9 @@ def _classify(sql: str) -> str:
 
 def run(runs: int) -> dict[str, Any]:
     url = common.fresh_db(DB)
-    with common.fake_api() as base_url:
+    with common.fake_api() as base_url, contextlib.ExitStack() as stack:
         common.setup_django(url, base_url)
+        stack.enter_context(_listening())
         common.start_runs(3)
         _drain("warm")  # imports, connection, SDK client
 

@@ -296,9 +296,12 @@ class Worker:
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             relay = SignalRelay(self._on_signal)
             relay.install()
+        # Messages this process queues are heard at once (as they commit), not only notified.
+        inbox_bell.listen(self.inbox.heard)
         try:
             return self._work_until_stopped()
         finally:
+            inbox_bell.stop_listening(self.inbox.heard)
             if relay is not None:
                 relay.uninstall()
 
@@ -318,7 +321,6 @@ class Worker:
         for service in services:
             service.starting(self)
         self._start_background(self._heartbeat, "da-heartbeat")
-        inbox_bell.listen(self.inbox.heard)
         self._start_listener()
         threads = [t for service in services if (t := service.start(self)) is not None]
         slots = [
@@ -347,7 +349,6 @@ class Worker:
             # A service's thread looks at ``stopping`` often (the firer: every TICK_SECONDS):
             # a second is plenty.
             thread.join(timeout=1.0)
-        inbox_bell.stop_listening(self.inbox.heard)
         self.unregister()
         self.connections.close()
         logger.info(

@@ -23,7 +23,9 @@ fence), and a message queued after the look is folded at the next model call, or
 run going at its last commit (which looks again, under the run's lock), as one queued just
 after the slot's own look would. The look stands for the slot's own only at a first model
 call that no tool call precedes: a resume that begins with its tools (a woken wait) looks
-again after them, so that a message sent while they run follows their results.
+again after them, so that a message sent while they run follows their results. A worker
+whose listener heard no message for the run since the batch's look knows that none came
+(engine/inbox_hint.py): it takes that look as the run's last and skips the one after the tools.
 """
 
 from __future__ import annotations
