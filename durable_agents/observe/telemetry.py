@@ -15,10 +15,11 @@ by ``start_run`` and ``spawn_run``), and every claim's ``invoke_agent`` span is 
 all the claims of a run, by any worker, before and after a crash, are one trace.
 
 Without ``opentelemetry-api`` (the ``otel`` extra) nothing is subscribed, and the engine's
-reports cost what a report to nobody costs; with the API but no SDK, spans are the API's
-non-recording ones and no attribute is computed. Prompts, completions and tool arguments and
-results are recorded only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` asks for
-them.
+reports cost what a report to nobody costs; with the API but no SDK's provider, a claim's
+``invoke_agent`` span is the API's non-recording one (it carries the run's trace context to
+the code under it) and model and tool calls make no span at all. Prompts, completions and
+tool arguments and results are recorded only when
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` asks for them.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def _get_tracer() -> Any:
         # A proxy until the application sets its provider, which it then follows.
         _tracer = trace.get_tracer("durable_agents")
     return _tracer
+
+
+def _no_provider() -> bool:
+    """Whether no SDK's provider is set, neither the global one nor ``use_tracer_provider``'s.
+    The API's tracer then hands out every span non-recording, with its parent's context: a
+    ``chat`` or ``execute_tool`` span would change nothing the code under it sees (the claim's
+    ``invoke_agent`` span, whose parent is the run's stored context, is still made current, so
+    that a tool's outgoing request carries the run's trace)."""
+    tracer = _tracer
+    if tracer is not None and not isinstance(tracer, trace.ProxyTracer):
+        return False
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def capture_content() -> bool:
@@ -543,10 +556,12 @@ class Tracing(observers.Observer):
         return _AgentSpan(claim) if AVAILABLE else None
 
     def model_call(self, request: observers.ModelRequest) -> ModelCall | None:
-        return _ModelCall(request) if AVAILABLE else None
+        # No span at all while nothing could record it: a model call and a tool call cost
+        # what a report to nobody costs until an SDK is configured.
+        return _ModelCall(request) if AVAILABLE and not _no_provider() else None
 
     def tool_span(self, request: observers.ToolRequest) -> ToolSpan | None:
-        return _ToolSpan(request) if AVAILABLE else None
+        return _ToolSpan(request) if AVAILABLE and not _no_provider() else None
 
     def trace_context(self) -> str | None:
         return current_trace_context()

@@ -540,3 +540,59 @@ def test_tool_labels_are_bounded_and_plain() -> None:
     assert tool_label("fine-name.v2", known) == "fine-name.v2"
     assert tool_label("invented", known) == "unknown_tool"
     assert tool_label(None, known) == "unknown_tool"
+
+
+# --------------------------------------------------------------------------- the API, no SDK
+
+
+def test_with_the_api_but_no_provider_only_the_claim_makes_a_span(
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The global provider is the API's proxy (never set in the tests): as in a process that
+    # installed opentelemetry-api and configured no SDK.
+    telemetry.use_tracer_provider(None)
+    made: list[str] = []
+
+    def noting(name: str) -> Any:
+        cls = getattr(telemetry, name)
+
+        def make(request: Any) -> Any:
+            made.append(name)
+            return cls(request)
+
+        return make
+
+    for name in ("_ModelCall", "_ToolSpan", "_AgentSpan"):
+        monkeypatch.setattr(telemetry, name, noting(name))
+    seen: list[Any] = []
+
+    @tool(effect="pure")
+    def trace_of_the_run() -> str:
+        """What a tool's outgoing request would carry."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        seen.append(carrier.get("traceparent"))
+        return "ok"
+
+    agent = Agent(
+        name="no_sdk_agent",
+        version="v1",
+        model="claude-test-1",
+        system="s",
+        tools=[trace_of_the_run],
+        max_tokens=64,
+    )
+    try:
+        _run, caller = started_in_a_trace(agent.name, "@trace_of_the_run {}")
+        assert run_worker().stats.dispositions == {"succeeded": 1}
+    finally:
+        registry.unregister(agent.name, agent.version)
+        telemetry.use_tracer_provider(PROVIDER)
+    trace_id = caller.get_span_context().trace_id
+    # One claim: its invoke_agent span, and no chat or execute_tool span for its two model
+    # calls and its tool call.
+    assert made == ["_AgentSpan"]
+    # The tool still ran inside the run's trace (the claim's non-recording span carries it).
+    (traceparent,) = seen
+    assert traceparent is not None
+    assert traceparent.split("-")[1] == f"{trace_id:032x}"
