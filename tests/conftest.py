@@ -241,6 +241,26 @@ def keep_signal_handlers() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def worker_in_a_thread(**options: Any) -> Iterator[Worker]:
+    """A ``Worker(**options)`` running on a thread of its own (its listener listening, unless
+    ``listen=False``) until the block ends; then stopped, with every thread it started joined
+    (their connections close with them: none outlives the test)."""
+    options.setdefault("handle_signals", False)
+    worker = Worker(**options)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    if options.get("listen", True):
+        wait_for(lambda: worker.listener is not None and worker.listener.listening.is_set())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+        for background in worker.background_threads:
+            background.join(30)
+
+
 def run_worker(**options: Any) -> Worker:
     """Run an in-process worker in burst mode until nothing is claimable."""
     options.setdefault("burst", True)

@@ -19,7 +19,7 @@ from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, RunStatus
 from durable_agents.store.base import NextClaim
 from durable_agents.store.postgres import PostgresStore
-from tests.conftest import wait_for
+from tests.conftest import wait_for, worker_in_a_thread
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -54,25 +54,14 @@ class NotingStore(PostgresStore):
 @pytest.fixture
 def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[Worker]:
     listen = getattr(request, "param", True)
-    w = Worker(
-        concurrency=2, poll_interval=30, handle_signals=False, store=NotingStore(), listen=listen
-    )
-    # A claim that found nothing is believed for as long as a test may take on a busy
-    # machine (the hint forgets it after a second otherwise, and a slow run's last step
-    # would then send the claim after all).
-    w._claimable._forget_seconds = 120
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    if listen:
-        wait_for(lambda: w.listener is not None and w.listener.listening.is_set())
-    try:
+    with worker_in_a_thread(
+        concurrency=2, poll_interval=30, store=NotingStore(), listen=listen
+    ) as w:
+        # A claim that found nothing is believed for as long as a test may take on a busy
+        # machine (the hint forgets it after a second otherwise, and a slow run's last step
+        # would then send the claim after all).
+        w._claimable._forget_seconds = 120
         yield w
-    finally:
-        w.stop()
-        thread.join(30)
-        # Their own connections close with them: none outlives the test.
-        for background in w.background_threads:
-            background.join(30)
 
 
 def noted(w: Worker) -> list[tuple[bool, bool]]:

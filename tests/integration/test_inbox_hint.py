@@ -21,7 +21,7 @@ from durable_agents.models import AgentMessage, AgentRun, RunStatus
 from durable_agents.store.base import RunId
 from durable_agents.store.postgres import PostgresStore
 from durable_agents.testing import plan
-from tests.conftest import wait_for
+from tests.conftest import wait_for, worker_in_a_thread
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -44,20 +44,10 @@ class CountingStore(PostgresStore):
 @pytest.fixture
 def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[Worker]:
     listen = getattr(request, "param", True)
-    w = Worker(
-        concurrency=2, poll_interval=30, handle_signals=False, store=CountingStore(), listen=listen
-    )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    if listen:
-        wait_for(lambda: w.listener is not None and w.listener.listening.is_set())
-    try:
+    with worker_in_a_thread(
+        concurrency=2, poll_interval=30, store=CountingStore(), listen=listen
+    ) as w:
         yield w
-    finally:
-        w.stop()
-        thread.join(30)
-        for background in w.background_threads:
-            background.join(30)
 
 
 def looks(w: Worker) -> int:
