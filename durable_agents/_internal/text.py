@@ -35,6 +35,9 @@ SURROGATE_MARKER = "\ufffd"  # � REPLACEMENT CHARACTER
 # tool inputs are a few levels deep; the limit stays far below Python's recursion limit, so
 # json, jsonschema and the database driver never meet a value they cannot walk.
 MAX_DEPTH = 100
+# Texts up to this many characters have their brackets counted rather than their value walked
+# (``json_text``).
+_SCAN_LIMIT = 65_536
 
 _UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")
 
@@ -107,13 +110,18 @@ def json_text(value: Any, limit: int = MAX_DEPTH) -> str:
     """``value`` as JSON text that any column can hold and that decodes back to ``value``
     exactly: NUL is escaped by JSON itself, and lone surrogates are written as ``\\udxxx``
     escapes. Raises ``Unstorable`` (too deep, not serialisable) with the reason."""
-    check_depth(value, limit)
     try:
         text = json.dumps(value, ensure_ascii=False)
         if not text.isascii() and has_unstorable(text):
             text = json.dumps(value, ensure_ascii=True)
     except (TypeError, ValueError, RecursionError) as exc:
+        check_depth(value, limit)  # too deep is the reason given first
         raise Unstorable(f"is not JSON-serialisable: {storable_text(exc, 300)}") from exc
+    # A value nests no deeper than its text has brackets (those inside strings count too, so
+    # never fewer): most texts are measured by two scans, not a walk of the value. A long
+    # text is walked (its few containers cost less than scanning it).
+    if len(text) > _SCAN_LIMIT or text.count("[") + text.count("{") > limit:
+        check_depth(value, limit)
     return text
 
 
