@@ -23,6 +23,7 @@ records a query by composing its text with its parameters, which only the named 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
 from collections.abc import Iterator, Mapping
@@ -97,6 +98,21 @@ class StatementCursor:
         return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
 
 
+@dataclasses.dataclass
+class _Kept:
+    """The cursor a thread's connection keeps between statements (``binding_cursor``)."""
+
+    driver_connection: Any  # the psycopg connection it belongs to
+    statement: StatementCursor  # what the blocks get
+    wrapped: Any  # Django's wrapper of the RawCursor, which the statement cursor calls
+    busy: bool = False
+
+
+# Where a thread's Django connection keeps its cursor (an attribute of the DatabaseWrapper,
+# which is the thread's own).
+_KEPT = "_durable_agents_binding_cursor"
+
+
 @contextlib.contextmanager
 def binding_cursor() -> Iterator[StatementCursor]:
     """The cursor of the claim and of the step commit (store/postgres_steps.py): a
@@ -106,14 +122,51 @@ def binding_cursor() -> Iterator[StatementCursor]:
     prepared statements), wrapped as Django wraps its own cursors:
     ``connection.execute_wrapper`` hooks (Sentry, OpenTelemetry's Django instrumentation),
     ``connection.queries`` under DEBUG and Django's error classes all see the commit. The
-    wrapper costs about a microsecond (docs/howto/database.md)."""
+    wrapper costs about a microsecond (docs/howto/database.md).
+
+    The thread's connection keeps its cursor from one statement to the next (a new psycopg
+    cursor and its wrapper cost about 25 microseconds a statement): while the driver's
+    connection is the same one, unused by an enclosing block (the lock sent before a step is
+    a cursor of its own), and nothing went wrong on it; under DEBUG every block has a new one."""
     import psycopg  # only on PostgreSQL: SQLite installs need not have it
 
     connection.ensure_connection()
     logged = connection.queries_logged
-    # The stubs type these as taking Django's own wrapper; at run time they take the driver's
-    # cursor, which is what Django passes them itself (BaseDatabaseWrapper._prepare_cursor).
-    raw: Any = (psycopg.Cursor if logged else psycopg.RawCursor)(connection.connection)
-    wrapped = connection.make_debug_cursor(raw) if logged else connection.make_cursor(raw)
-    with wrapped as cursor:
-        yield StatementCursor(cursor, send_positional=not logged)
+    driver_connection = connection.connection
+    if logged:
+        # The stubs type these as taking Django's own wrapper; at run time they take the
+        # driver's cursor, which is what Django passes them (BaseDatabaseWrapper._prepare_cursor).
+        logging_cursor: Any = psycopg.Cursor(driver_connection)
+        with connection.make_debug_cursor(logging_cursor) as cursor:
+            yield StatementCursor(cursor, send_positional=False)
+        return
+    kept: _Kept | None = getattr(connection, _KEPT, None)
+    if kept is None or kept.driver_connection is not driver_connection or kept.wrapped.closed:
+        if kept is not None and not kept.busy:
+            _drop(kept)
+        raw: Any = psycopg.RawCursor(driver_connection)
+        wrapped = connection.make_cursor(raw)
+        kept = _Kept(driver_connection, StatementCursor(wrapped, True), wrapped)
+        setattr(connection, _KEPT, kept)
+    elif kept.busy:  # an enclosing block holds it: a cursor of this block's own
+        own: Any = psycopg.RawCursor(driver_connection)
+        with connection.make_cursor(own) as cursor:
+            yield StatementCursor(cursor, send_positional=True)
+        return
+    held: _Kept = kept
+    held.busy = True
+    try:
+        yield held.statement
+    except BaseException:
+        # Whatever state an error left it in, the next statement gets a new cursor.
+        if getattr(connection, _KEPT, None) is held:
+            delattr(connection, _KEPT)
+        _drop(held)
+        raise
+    finally:
+        held.busy = False
+
+
+def _drop(kept: _Kept) -> None:
+    with contextlib.suppress(Exception):  # a cursor of a connection already gone
+        kept.wrapped.close()
