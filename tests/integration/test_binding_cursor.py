@@ -43,9 +43,11 @@ def test_a_block_inside_another_gets_a_cursor_of_its_own() -> None:
 def test_after_an_error_or_a_new_connection_the_cursor_is_new() -> None:
     with binding_cursor() as before:
         one(before, 1)
-    with pytest.raises(DatabaseError), binding_cursor() as failing:
-        assert failing is before
-        failing.execute("SELECT 1 / %(zero)s", {"zero": 0})
+    failing: list[StatementCursor] = []
+    with pytest.raises(DatabaseError), binding_cursor() as cursor:  # noqa: PT012
+        failing.append(cursor)
+        cursor.execute("SELECT 1 / %(zero)s", {"zero": 0})
+    assert failing == [before]
     with binding_cursor() as after_error:
         assert after_error is not before
         assert one(after_error, 3) == 3
