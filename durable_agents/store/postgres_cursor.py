@@ -86,6 +86,13 @@ class StatementCursor:
         return rows
 
     @property
+    def closed(self) -> bool:
+        return bool(self._cursor.closed)
+
+    def close(self) -> None:
+        self._cursor.close()
+
+    @property
     def rowcount(self) -> int:
         return int(self._cursor.rowcount)
 
@@ -104,7 +111,6 @@ class _Kept:
 
     driver_connection: Any  # the psycopg connection it belongs to
     statement: StatementCursor  # what the blocks get
-    wrapped: Any  # Django's wrapper of the RawCursor, which the statement cursor calls
     busy: bool = False
 
 
@@ -141,12 +147,11 @@ def binding_cursor() -> Iterator[StatementCursor]:
             yield StatementCursor(cursor, send_positional=False)
         return
     kept: _Kept | None = getattr(connection, _KEPT, None)
-    if kept is None or kept.driver_connection is not driver_connection or kept.wrapped.closed:
+    if kept is None or kept.driver_connection is not driver_connection or kept.statement.closed:
         if kept is not None and not kept.busy:
             _drop(kept)
         raw: Any = psycopg.RawCursor(driver_connection)
-        wrapped = connection.make_cursor(raw)
-        kept = _Kept(driver_connection, StatementCursor(wrapped, True), wrapped)
+        kept = _Kept(driver_connection, StatementCursor(connection.make_cursor(raw), True))
         setattr(connection, _KEPT, kept)
     elif kept.busy:  # an enclosing block holds it: a cursor of this block's own
         own: Any = psycopg.RawCursor(driver_connection)
@@ -169,4 +174,4 @@ def binding_cursor() -> Iterator[StatementCursor]:
 
 def _drop(kept: _Kept) -> None:
     with contextlib.suppress(Exception):  # a cursor of a connection already gone
-        kept.wrapped.close()
+        kept.statement.close()
