@@ -220,8 +220,9 @@ def test_an_end_while_the_listener_was_cut_off_is_not_missed() -> None:
     wait_for(service.ready.is_set, what="the service listening")
     with connection.cursor() as cursor:
         cursor.execute(
+            # Only this test database's: other test processes listen on the same cluster.
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE query = %s AND pid <> pg_backend_pid()",
+            "WHERE datname = current_database() AND query = %s AND pid <> pg_backend_pid()",
             [f"LISTEN {results.END_CHANNEL}"],
         )
         assert cursor.fetchone() is not None  # the service's connection was found and cut

@@ -126,8 +126,10 @@ def test_a_new_listening_connection_is_a_new_generation(worker: Worker) -> None:
     first = listener.generation
     with connections["default"].cursor() as cursor:
         cursor.execute(
+            # Only this test database's: other test processes listen on the same cluster.
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+            "WHERE datname = current_database() AND query LIKE 'LISTEN %%' "
+            "AND pid <> pg_backend_pid()"
         )
     wait_for(lambda: listener.generation > first and listener.listening.is_set(), timeout=30)
     run = "01a25050-7871-7477-bb48-983a951d76b3"
