@@ -43,17 +43,39 @@ RUNS = int(os.environ.get("DA_CRASH_BATCH_RUNS", "10"))
 # sets the test's length (DA_CRASH_BATCH_SECONDS=3 for batches of a few seconds).
 BATCH_SECONDS = float(os.environ.get("DA_CRASH_BATCH_SECONDS", "0.5"))
 WORKERS = 3
+# Workers killed at least while the runs are at work.
+KILLS = 3
 # A safety net for a run that never ends, not a bound on speed.
 DEADLINE_SECONDS = 400
 
 
-def a_plan(rng: random.Random, number: int) -> str:
-    """3 to 12 tool turns (4 to 13 model turns with the answer), one charge among them."""
+def a_plan(rng: random.Random, number: int) -> tuple[str, int]:
+    """3 to 12 tool turns (4 to 13 model turns with the answer), one charge among them; and
+    the number of model turns."""
     turns: list[tuple[str, dict[str, object]]] = [
         ("lookup", {"key": f"r{number}-{turn}"}) for turn in range(rng.randint(3, 12))
     ]
     turns[rng.randrange(len(turns))] = ("charge", {"customer": f"c{number}", "cents": 100})
-    return plan(*turns, task=f"Run {number}: follow the plan.")
+    return plan(*turns, task=f"Run {number}: follow the plan."), len(turns) + 1
+
+
+class KillPacedClock:
+    """The fake batches' clock: real time, but until ``KILLS`` workers were killed at most
+    ``pace`` seconds past its start for each worker killed so far, and one more. A run's
+    turns go one batch after another, each ending ``BATCH_SECONDS`` after its create by this
+    clock: with ``pace`` the longest run's batch time shared into ``KILLS`` + 1, the runs
+    cannot all end before ``KILLS`` workers were killed among them, however slowly a loaded
+    machine starts the workers again."""
+
+    def __init__(self, pace: float) -> None:
+        self.pace = pace
+        self.start = time.time()
+        self.kills = 0
+
+    def __call__(self) -> float:
+        if self.kills >= KILLS:
+            return time.time()
+        return min(time.time(), self.start + (self.kills + 1) * self.pace)
 
 
 def test_runs_in_batches_survive_workers_killed_at_random(
@@ -75,10 +97,10 @@ def test_runs_in_batches_survive_workers_killed_at_random(
             }
         ),
     }
-    runs = [
-        durable_agents.start_run("thinker", a_plan(rng, number), batch=True)
-        for number in range(RUNS)
-    ]
+    plans = [a_plan(rng, number) for number in range(RUNS)]
+    clock = KillPacedClock(max(turns for _, turns in plans) * BATCH_SECONDS / (KILLS + 1))
+    fake_api.batches.clock = clock
+    runs = [durable_agents.start_run("thinker", task, batch=True) for task, _ in plans]
 
     def worker(number: int) -> WorkerProcess:
         return spawn_worker(
@@ -106,6 +128,7 @@ def test_runs_in_batches_survive_workers_killed_at_random(
         victim = rng.choice(candidates)
         workers[victim].kill()
         kills += 1
+        clock.kills = kills
         spawned += 1
         names[victim] = f"w{WORKERS + spawned}"
         workers[victim] = worker(WORKERS + spawned)
@@ -116,7 +139,7 @@ def test_runs_in_batches_survive_workers_killed_at_random(
     assert [run.status for run in ended.values()] == [RunStatus.SUCCEEDED] * RUNS, [
         run.error for run in ended.values() if run.status != RunStatus.SUCCEEDED
     ]
-    assert kills >= 3
+    assert kills >= KILLS
     # No turn went outside a batch, and the API refused nothing.
     assert fake_api.requests == []
     assert [call.status for call in fake_api.batch_calls if call.status >= 400] == []
