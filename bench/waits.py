@@ -29,7 +29,8 @@
    first model request after the wake (the request that carries turn 1) minus the time
    send_event returned, i.e. just after its commit; p50, p99, max over the 1,000 runs. A
    warm-up round of 50 runs comes first, not counted. Also kept: how long parking took, when
-   the last run finished, and the worker's CPU time (/proc) meanwhile. With ``--timer-in S``
+   the last run finished, and the CPU time meanwhile of the worker, of the fake API and of the
+   PostgreSQL server's processes (which share this machine's cores). With ``--timer-in S``
    the 1,000 runs park instead on one timer (``await_bench_timer``: ``Wait(until=...)``) due
    S seconds after they start parking, and every time is counted from its due time.
 
@@ -481,7 +482,8 @@ def claim_bench(
 
 def api_main(argv: list[str]) -> None:
     """``python -m bench.waits api``: the zero-latency fake, recording every request's arrival
-    (``GET /_arrivals``: [[first line of the task, time.time(), turn], ...])."""
+    (``GET /_arrivals``: [[first line of the task, time.time(), turn], ...]; ``GET /_cpu``: its
+    own CPU time so far, in seconds)."""
     from bench.gate import Gate
     from bench.slowapi import SlowAPI, first_line, raise_nofile
 
@@ -495,6 +497,9 @@ def api_main(argv: list[str]) -> None:
         ) -> tuple[int, dict[str, str], bytes]:
             if method == "GET" and path == "/_arrivals":
                 data = json.dumps(self.arrivals).encode()
+                return 200, {"content-type": "application/json"}, data
+            if method == "GET" and path == "/_cpu":
+                data = json.dumps(time.process_time()).encode()
                 return 200, {"content-type": "application/json"}, data
             if method == "POST":
                 # The turn the request asks for: the assistant turns it carries.
@@ -588,6 +593,23 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def postgres_cpu_seconds() -> float:
+    """User + system CPU time so far of every process of this machine named ``postgres`` (the
+    server's backends and helpers). A backend that exits meanwhile takes its time with it: the
+    worker's pooled connections stay, the benchmark's polling connection (a count every 0.1 s)
+    is left out."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() == "postgres":
+                total += cpu_seconds(int(entry.name))
+        except OSError:
+            continue  # it exited meanwhile
+    return total
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` so far (its threads included)."""
     return sum(cpu_split(pid))
@@ -618,6 +640,7 @@ def _py_spy(worker_pid: int, label: str) -> subprocess.Popen[bytes] | None:
 
 def _round(
     url: str,
+    url_of_api: str,
     label: str,
     event: str,
     n: int,
@@ -658,6 +681,7 @@ def _round(
     if due is not None:
         time.sleep(max(0.0, due - 0.5 - time.time()))
     user_before, sys_before = cpu_split(worker_pid)
+    api_before, pg_before = common.get_json(url_of_api, "/_cpu"), postgres_cpu_seconds()
     with CaptureQueriesContext(connection) as ctx:
         if due is None:
             t_call = time.time()
@@ -675,11 +699,14 @@ def _round(
     )
     done_s = time.time() - t_commit
     user_after, sys_after = cpu_split(worker_pid)
+    api_after, pg_after = common.get_json(url_of_api, "/_cpu"), postgres_cpu_seconds()
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # the profiler writes its file when interrupted
         spy.wait(60)
     return {
         "worker_cpu_s": user_after + sys_after - user_before - sys_before,
+        "api_cpu_s": api_after - api_before,
+        "postgres_cpu_s": pg_after - pg_before,
         "worker_user_s": user_after - user_before,
         "worker_sys_s": sys_after - sys_before,
         "park_s": park_s,
@@ -732,8 +759,8 @@ def wake_bench(
             log(f"  worker (concurrency {concurrency}) LISTENing after {ready_s:.1f} s")
             warm = None
             if warmup:
-                warm = _round(url, "Warm-up", "bench-warmup", warmup, limit, worker.pid)
-            measured = _round(url, "Wait", "bench-wake", n, limit, worker.pid, timer_in)
+                warm = _round(url, base_url, "Warm-up", "bench-warmup", warmup, limit, worker.pid)
+            measured = _round(url, base_url, "Wait", "bench-wake", n, limit, worker.pid, timer_in)
             arrivals = common.get_json(base_url, "/_arrivals")
         finally:
             if os.environ.get("BENCH_YAPPI"):
@@ -770,6 +797,8 @@ def wake_bench(
         "park_s": measured["park_s"],
         "done_s": measured["done_s"],
         "worker_cpu_s": measured["worker_cpu_s"],
+        "api_cpu_s": measured["api_cpu_s"],
+        "postgres_cpu_s": measured["postgres_cpu_s"],
         "worker_user_s": measured["worker_user_s"],
         "worker_sys_s": measured["worker_sys_s"],
         "send_event_ms": (t_commit - t_call) * 1000,
@@ -820,7 +849,8 @@ def wake_bench(
         f"{poll:g} s); all {n} finished {res['done_s']:.1f} s after "
         f"{'the commit' if timer_in is None else 'it'}, the worker "
         f"using {res['worker_cpu_s']:.1f} s of CPU meanwhile ({res['worker_user_s']:.1f} s user, "
-        f"{res['worker_sys_s']:.1f} s system); parking them took "
+        f"{res['worker_sys_s']:.1f} s system), the fake API {res['api_cpu_s']:.1f} s, the "
+        f"PostgreSQL server {res['postgres_cpu_s']:.1f} s; parking them took "
         f"{res['park_s']:.1f} s"
     )
     if res.get("error"):
