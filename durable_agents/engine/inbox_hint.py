@@ -5,8 +5,9 @@ them is a statement of its own, one a turn. On PostgreSQL every message queued n
 workers' channel when it commits (``inbox:<run id>``, a trigger on agent_message), so a worker
 whose listener has heard every notification since a look knows whether anything came since:
 
-    unknown (a claim's start)  the next model call looks (a statement, or the claim batch's
-                               look: ``Store.read_ahead``)
+    unknown (a claim's start)  the next model call looks (a statement), or the claim did
+                               (on PostgreSQL the claim statement says whether a message
+                               waited; elsewhere the batch's ``Store.read_ahead``)
     -> none since the look     the look found none: the calls after it send no statement
     -> unknown again           a message for the run was heard (a notification, or queued by
                                this process: ``_internal.inbox_bell``), the listener lost its

@@ -259,10 +259,12 @@ class RunAdvancer(ToolDispatch):
         self.tokens: int = claim.run.tokens_used
         # The size of what every call sends besides the messages (system, tools, ...).
         self._request_bytes: int | None = None
-        # Read with the claim's batch (``Claim.ahead``), each used once: whether messages
-        # waited, and the calls recorded at the run's last step.
+        # Read with the claim's batch (``Claim.ahead``) or by the claim itself, each used
+        # once: whether messages waited, and the calls recorded at the run's last step.
         ahead = claim.ahead
-        self._ahead_messages: bool | None = None if ahead is None else ahead.messages_waiting
+        self._ahead_messages: bool | None = (
+            claim.messages_waiting if ahead is None else ahead.messages_waiting
+        )
         self.ahead_effects: tuple[int, dict[str, ToolEffect]] | None = (
             None if ahead is None else (ahead.last_seq, ahead.effects)
         )
@@ -454,8 +456,8 @@ class RunAdvancer(ToolDispatch):
         """Run the calls the last turn asked for and commit their results, now or with the
         next model call."""
         turn = at.last
-        # What the claim's batch saw in the inbox is older than anything sent while these
-        # calls run: from here on the next model call looks for itself.
+        # What the claim (or its batch) saw in the inbox is older than anything sent while
+        # these calls run: from here on the next model call looks for itself.
         self._ahead_messages = None
         started = time.monotonic()
         results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
@@ -517,20 +519,25 @@ class RunAdvancer(ToolDispatch):
                 except InvalidOutput as refused:
                     return self._refuse_answer(agent, at, refused)
             if not self._succeed_unless_messages(text, output):
-                # A user wrote while the model answered: the run goes on with their messages.
-                return self._fold_messages(at)
+                # A user wrote while the model answered: the run goes on with their messages
+                # (found under the run's lock: whatever the inbox hint says, they are read).
+                return self._fold_messages(at, found=True)
             raise self._finished(SUCCEEDED)
         self._finish(FAILED, error=f"the model stopped with stop_reason={stop_reason!r}")
 
     # -- the inbox (send_message) -----------------------------------------------------------
 
-    def _fold_messages(self, at: _Position) -> _Position:
+    def _fold_messages(self, at: _Position, found: bool = False) -> _Position:
         """Commit the messages waiting in the run's inbox as a ``message`` step, before the
-        next model call: one index probe when none waits. The step marks them folded in its
-        own transaction (``Store.fold_messages``); the tool results still to be committed go
-        first, since the step's seq follows theirs. In the conversation the messages join the
-        user turn they follow, after its tool_result blocks (``history.folded_message``)."""
-        if not self._messages_may_wait():
+        next model call: one index probe when none waits (none at all when the inbox hint
+        knows that none came; with ``found`` a look found some already). The step marks them
+        folded in its own transaction (``Store.fold_messages``); the tool results still to be
+        committed go first, since the step's seq follows theirs. In the conversation the
+        messages join the user turn they follow, after its tool_result blocks
+        (``history.folded_message``)."""
+        if found:
+            self._ahead_messages = None  # the claim's look is older than this one
+        elif not self._messages_may_wait():
             return at
         if at.pending is not None:
             at.pending()
@@ -562,7 +569,7 @@ class RunAdvancer(ToolDispatch):
     def _messages_may_wait(self) -> bool:
         """Whether the inbox may hold a message: what the worker has heard since the last look
         (``InboxHint``: no statement while nothing was queued), at the first model call of a
-        claim read ahead when no tool ran before it what its batch saw, else the inbox's
+        claim when no tool ran before it what the claim or its batch saw, else the inbox's
         probe. A message queued after a look is folded at the next call that looks, or keeps
         the run going at its last commit, which looks again under the run's lock."""
         ahead, self._ahead_messages = self._ahead_messages, None

@@ -664,16 +664,22 @@ class Worker:
             self._wake.wait(self._idle_wait())
 
     def _hand_out(self, claims: list[Claim], inbox_mark: Mark) -> None:
-        """Queue ``claims`` for the slots; the inbox looks of those read ahead count as the
-        runs' last looks (taken at ``inbox_mark``)."""
+        """Queue ``claims`` for the slots; the inbox looks of the claim and of its read-ahead
+        count as the runs' last looks (taken at ``inbox_mark``)."""
         self._saw_models(claims)
         for claim in claims:
-            if claim.ahead is not None:
-                self.inbox.looked(claim.run_id, inbox_mark, found=claim.ahead.messages_waiting)
+            self._claim_looked(claim, inbox_mark)
         with self._lock:
             self._busy += len(claims)
         for claim in claims:
             self._claims.put(claim)
+
+    def _claim_looked(self, claim: Claim, inbox_mark: Mark) -> None:
+        """What the claim (or its read-ahead, after it) saw in the run's inbox, as the run's
+        last look, begun at ``inbox_mark`` (taken before the claim was sent)."""
+        found = claim.messages_waiting if claim.ahead is None else claim.ahead.messages_waiting
+        if found is not None:
+            self.inbox.looked(claim.run_id, inbox_mark, found=found)
 
     def _idle_wait(self) -> float:
         """How long the claimer waits after a claim that found too few runs: POLL_INTERVAL,
@@ -795,13 +801,15 @@ class Worker:
         """Advance ``claim``; returns the run claimed with its last step, if any."""
         self._saw_models([claim])
         epoch = 0
+        inbox_mark: Mark | None = None
 
         def take() -> bool:
             # The next run comes with the last step only while capacity is plentiful (else the
             # claimer takes runs as the buckets have room, highest priority first) and while
             # runs may be waiting (else the claim would be sent for nothing).
-            nonlocal epoch
+            nonlocal epoch, inbox_mark
             epoch = self._claimable.epoch()
+            inbox_mark = self.inbox.mark()  # before the claim's look into the inbox
             return (
                 not self.stopping.is_set()
                 and not self._capacity_short
@@ -816,6 +824,8 @@ class Worker:
         then_claim = NextClaim(self.worker_id, self.lease_seconds, take=take, give_back=give_back)
         with bind_run(claim.run_id):
             self._advance(claim, then_claim)
+        if then_claim.claim is not None and inbox_mark is not None:
+            self._claim_looked(then_claim.claim, inbox_mark)
         return then_claim.claim
 
     def _advance(self, claim: Claim, then_claim: NextClaim) -> None:

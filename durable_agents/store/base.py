@@ -180,6 +180,9 @@ class Claim:
     leased_at: float = dataclasses.field(default_factory=time.monotonic, compare=False)
     # What its resume reads first, read with its batch (``Store.read_ahead``), or None.
     ahead: ReadAhead | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Whether a message waited in the run's inbox when the claim took it (PostgreSQL claims;
+    # None: not looked). Stands for the look before its first model call, as ``ahead`` does.
+    messages_waiting: bool | None = dataclasses.field(default=None, compare=False)
 
     @property
     def run_id(self) -> RunId:

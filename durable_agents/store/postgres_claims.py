@@ -204,7 +204,13 @@ RETURNING run.*,
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
               AND part = {RUN_PART}
               AND part BETWEEN %(recent_from)s AND %(recent_to)s
-          ) AS task_payload""".replace("{RUN_PART}", part_of_run("run.id"))
+          ) AS task_payload,
+          -- Whether a message waits in its inbox: the look before its first model call,
+          -- made by the claim (an index probe of agent_message_waiting) instead of a
+          -- statement of its own.
+          EXISTS (SELECT 1 FROM agent_message AS message
+                   WHERE message.run_id = run.id AND message.folded_seq IS NULL
+          ) AS messages_waiting""".replace("{RUN_PART}", part_of_run("run.id"))
 
 # -- Statements ------------------------------------------------------------------------------
 
@@ -414,10 +420,10 @@ def read_claim(
 
 def _claim_from(columns: dict[str | None, Any], owner: str, lease_seconds: float) -> Claim:
     """The claim of a row of ``agent_run``'s columns as the driver returned them (and the
-    ``task_payload``), each column through its field's own conversion as the ORM would (JSON
-    text columns such as woken_by are parsed, encrypted ones decrypted). A value that does not
-    decrypt does not fail the claim, which may take other runs: the claim says why
-    (``unreadable``) and the runner dead-letters the run."""
+    ``task_payload`` and ``messages_waiting``), each column through its field's own
+    conversion as the ORM would (JSON text columns such as woken_by are parsed, encrypted ones
+    decrypted). A value that does not decrypt does not fail the claim, which may take other
+    runs: the claim says why (``unreadable``) and the runner dead-letters the run."""
     fields = AgentRun._meta.concrete_fields
     with encryption.lenient() as problems:
         values = [
@@ -431,4 +437,12 @@ def _claim_from(columns: dict[str | None, Any], owner: str, lease_seconds: float
             task_payload = encryption.unseal_field(task_payload, STEP_PAYLOAD)
     run = AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
     unreadable = problems[0] if problems else None
-    return Claim(run, owner, run.attempt, lease_seconds, task_payload, unreadable)
+    return Claim(
+        run,
+        owner,
+        run.attempt,
+        lease_seconds,
+        task_payload,
+        unreadable,
+        messages_waiting=columns.get("messages_waiting"),
+    )

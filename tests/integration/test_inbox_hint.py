@@ -18,10 +18,10 @@ from durable_agents import api
 from durable_agents._internal import inbox_bell
 from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentMessage, AgentRun, RunStatus
-from durable_agents.store.base import RunId
+from durable_agents.store.base import NextClaim, RunId
 from durable_agents.store.postgres import PostgresStore
 from durable_agents.testing import plan
-from tests.conftest import wait_for, worker_in_a_thread
+from tests.conftest import run_worker, wait_for, worker_in_a_thread
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -74,8 +74,9 @@ def test_a_run_looks_once_while_nothing_is_queued_unless_the_worker_cannot_hear(
     ended(run)
     wait_for(lambda: worker.in_flight() == 0)
     assert len(fake_api.ok_requests()) == 4
-    # Listening: the first model call looks, the next three know nothing came since.
-    assert looks(worker) == (1 if worker.listen else 4)
+    # The claim looked into the inbox (and found nothing): the first model call sends no
+    # look. Listening, the next three know nothing came since; deaf, each looks.
+    assert looks(worker) == (0 if worker.listen else 3)
 
 
 def test_a_message_queued_elsewhere_is_heard_and_folded_at_the_next_call(
@@ -102,9 +103,9 @@ def test_a_message_queued_elsewhere_is_heard_and_folded_at_the_next_call(
     assert len(bodies) == 4
     assert user_texts(bodies[2]) == ["one more thing"]
     assert AgentMessage.objects.get(run_id=run.pk).folded_seq == 5
-    # The first call looked, and the third (a message was heard), and the fourth (the look
-    # before it found one); the second did not.
-    assert looks(worker) == 3
+    # The claim looked for the first call; the third call looked (a message was heard), and
+    # the fourth (the look before it found one); the second did not.
+    assert looks(worker) == 2
 
 
 def test_a_message_a_tool_of_the_run_queues_is_folded_at_the_next_call(
@@ -135,3 +136,40 @@ def test_a_new_listening_connection_is_a_new_generation(worker: Worker) -> None:
     run = "01a25050-7871-7477-bb48-983a951d76b3"
     worker.inbox.looked(run, worker.inbox.mark(), found=False)
     assert not worker.inbox.may_wait(run)
+
+
+class ClaimNotingStore(CountingStore):
+    """CountingStore, noting the runs the last steps claimed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed_by_last_steps: list[RunId] = []
+
+    def _finish_and_claim(
+        self, params: dict[str, Any], then_claim: NextClaim, unless_messages: bool
+    ) -> bool:
+        try:
+            return super()._finish_and_claim(params, then_claim, unless_messages)
+        finally:
+            if then_claim.claim is not None:
+                self.claimed_by_last_steps.append(then_claim.claim.run_id)
+
+
+def test_the_claim_looks_into_the_inbox_for_the_first_model_call(fake_api: FakeAnthropic) -> None:
+    """Whether the claimer or another run's last step claims it, the claim statement says
+    whether a message waits: the run's first model call sends no look of its own, and folds
+    a message queued before the claim."""
+    first = durable_agents.start_run("tester", "Say hello.")
+    second = durable_agents.start_run("tester", "Say hello again.")
+    api.send_message(second.pk, "and say goodbye")
+    store = ClaimNotingStore()
+    run_worker(concurrency=1, store=store)
+    assert AgentRun.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
+    assert ended(second).status == RunStatus.SUCCEEDED
+    assert store.claimed_by_last_steps == [second.pk]
+    [to_first, to_second] = [r.json() for r in fake_api.ok_requests()]
+    assert to_first["messages"] == [{"role": "user", "content": "Say hello."}]
+    # The message joins the task's user turn.
+    assert user_texts(to_second) == ["Say hello again.", "and say goodbye"]
+    assert AgentMessage.objects.get(run_id=second.pk).folded_seq == 1
+    assert store.looks == 0

@@ -5,6 +5,7 @@ SDK against the fake API."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -239,23 +240,43 @@ def test_a_worker_reads_ahead_for_each_claim_batch(
 
 
 @pytest.mark.postgres
-def test_on_postgresql_the_three_reads_go_out_in_one_pipeline() -> None:
-    """One round trip for the three statements of a read ahead (libpq 14 or later)."""
+def test_on_postgresql_the_reads_go_out_in_one_pipeline_and_the_claim_looks_for_them() -> None:
+    """The claim statement looks into each run's inbox: the batch reads the log and the calls
+    (two statements in one round trip, libpq 14 or later); for a claim that did not look, the
+    inbox's statement goes in the same pipeline."""
     from django.db import connection
 
     from durable_agents.store import postgres_steps
 
     if not postgres_steps.pipelines():
         pytest.skip("libpq older than 14: no pipeline")
-    handed_back()
-    claims = current().claim_runs("w1", 30, 1)
-    in_pipeline: list[bool] = []
+    quiet, told = handed_back(), handed_back()
+    current().queue_message(told.pk, "one more thing", None)
+    claims = current().claim_runs("w1", 30, 2)
+    assert {claim.run_id: claim.messages_waiting for claim in claims} == {
+        quiet.pk: False,
+        told.pk: True,
+    }
+    sent: list[tuple[str, bool]] = []
 
     def seen(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        in_pipeline.append(bool(connection.connection.pgconn.pipeline_status))
+        table = next(name for name in ("agent_step", "agent_message", "tool_effect") if name in sql)
+        sent.append((table, bool(connection.connection.pgconn.pipeline_status)))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(seen):
-        [claim] = current().read_ahead(claims)
-    assert claim.ahead is not None
-    assert in_pipeline == [True, True, True]
+        done = current().read_ahead(claims)
+    assert sent == [("agent_step", True), ("tool_effect", True)]
+    assert {claim.run_id: claim.ahead.messages_waiting for claim in done if claim.ahead} == {
+        quiet.pk: False,
+        told.pk: True,
+    }
+    sent.clear()
+    unlooked = [dataclasses.replace(claim, messages_waiting=None) for claim in claims]
+    with connection.execute_wrapper(seen):
+        done = current().read_ahead(unlooked)
+    assert sent == [("agent_step", True), ("agent_message", True), ("tool_effect", True)]
+    assert {claim.run_id: claim.ahead.messages_waiting for claim in done if claim.ahead} == {
+        quiet.pk: False,
+        told.pk: True,
+    }

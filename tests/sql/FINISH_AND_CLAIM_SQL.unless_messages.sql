@@ -110,7 +110,13 @@ RETURNING run.*,
             WHERE run_id = run.id AND seq = 0 AND kind = 'task' AND run.last_seq = 0
               AND part = CASE WHEN substr(run.id::text, 15, 1) = '7' AND substr(run.id::text, 20, 1) IN ('8', '9', 'a', 'b') THEN (('x' || translate(left(run.id::text, 13), '-', ''))::bit(48)::bigint / 86400000)::integer ELSE 0 END
               AND part BETWEEN %(recent_from)s AND %(recent_to)s
-          ) AS task_payload
+          ) AS task_payload,
+          -- Whether a message waits in its inbox: the look before its first model call,
+          -- made by the claim (an index probe of agent_message_waiting) instead of a
+          -- statement of its own.
+          EXISTS (SELECT 1 FROM agent_message AS message
+                   WHERE message.run_id = run.id AND message.folded_seq IS NULL
+          ) AS messages_waiting
 )
 SELECT (SELECT count(*) FROM appended) AS appended, taken.*
   FROM (SELECT 1) AS one LEFT JOIN taken ON true
