@@ -3,7 +3,11 @@ clock, and a run that waits for capacity (handed back, uncounted, claimed again 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import threading
+import time
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -209,6 +213,48 @@ def test_a_model_whose_answers_carry_no_limits_costs_nothing(clock: ManualClock)
     assert gate._known_absent(MODEL)  # the next calls do not even read the row
     assert gate.outlook({MODEL}) == Outlook({MODEL: None}, 0.0)
     assert gate.outlook({MODEL}).room is None
+
+
+def test_once_its_time_is_over_one_call_reads_the_row_while_the_others_go_on(
+    clock: ManualClock,
+) -> None:
+    """Past ABSENT_TTL_SECONDS one call reads the row again; the calls that come while it
+    reads are granted on what was known, without queueing on the row."""
+
+    class SlowRow(InMemoryCapacity):
+        def __init__(self) -> None:
+            super().__init__(clock)
+            self.reads = 0
+            self.reading = threading.Event()
+            self.release = threading.Event()
+
+        @contextlib.contextmanager
+        def _locked(self, model: str, create: bool) -> Iterator[Any]:
+            self.reads += 1
+            self.reading.set()
+            assert self.release.wait(30)
+            with super()._locked(model, create) as locked:
+                yield locked
+
+    gate = SlowRow()
+    gate.release.set()
+    gate.settle(gate.acquire(MODEL, Estimate(100, 100), 0), (100, 10), None)
+    assert gate.acquire(MODEL, Estimate(100, 100), 0).granted
+    assert gate._known_absent(MODEL)
+    reads = gate.reads
+    gate._absent[MODEL] = time.monotonic() - 1  # its time is over
+    gate.release.clear()
+    gate.reading.clear()
+    rereader = threading.Thread(target=gate.acquire, args=(MODEL, Estimate(100, 100), 0))
+    rereader.start()
+    assert gate.reading.wait(30)
+    others = [gate.acquire(MODEL, Estimate(100, 100), 0) for _ in range(5)]
+    assert [(grant.granted, grant.limited) for grant in others] == [(True, False)] * 5
+    assert gate.reads == reads + 1  # only the rereader's
+    gate.release.set()
+    rereader.join(30)
+    assert gate._absent[MODEL] > time.monotonic()  # known again, for another while
+    assert gate._rereading == set()
 
 
 def test_a_short_wait_is_reserved_a_long_one_refused(clock: ManualClock, limits: Any) -> None:

@@ -39,7 +39,10 @@ from durable_agents.models import CapacityEventKind, ModelCapacity
 T = TypeVar("T")
 
 # How long a worker trusts that a model has no row (no limits configured or learned): a
-# worker that learns limits creates the row, and the others see it within this time.
+# worker that learns limits creates the row, and the others see it within this time. When it
+# is over, one call of the process reads the row again; the calls that come meanwhile go on
+# trusting it until that read is done (a thousand calls at once would otherwise all queue on
+# the row's lock, each holding a pooled connection while it waits).
 ABSENT_TTL_SECONDS = 2.0
 # The longest a run refused for want of room is held back before it is claimable again (a
 # paused model holds its runs until the pause ends).
@@ -84,6 +87,8 @@ class CapacityGate(abc.ABC):
 
     def __init__(self) -> None:
         self._absent: dict[str, float] = {}
+        # The models whose row one call of this process is reading again (``_known_absent``).
+        self._rereading: set[str] = set()
         self._absent_lock = threading.Lock()
 
     # -- what a store provides ---------------------------------------------------------------
@@ -244,12 +249,16 @@ class CapacityGate(abc.ABC):
         create: bool,
         then: Callable[[ModelCapacity | None, datetime.datetime], T],
     ) -> T:
-        with self._locked(model, create) as (row, now):
-            if row is None:
-                self._mark_absent(model)
-            else:
-                self._forget_absent(model)
-            return then(row, now)
+        try:
+            with self._locked(model, create) as (row, now):
+                if row is None:
+                    self._mark_absent(model)
+                else:
+                    self._forget_absent(model)
+                return then(row, now)
+        finally:
+            with self._absent_lock:
+                self._rereading.discard(model)
 
     @staticmethod
     def _configure(row: ModelCapacity, limits: ModelLimits | None) -> None:
@@ -263,9 +272,17 @@ class CapacityGate(abc.ABC):
                 setattr(row, limit_field, None)
 
     def _known_absent(self, model: str) -> bool:
+        """Whether ``model`` is known to have no limits. Past ``ABSENT_TTL_SECONDS`` the first
+        call to ask reads the row again (False: it goes on to ``_with_row``); until that read
+        ends, the others are told what was known."""
         with self._absent_lock:
             until = self._absent.get(model)
-            return until is not None and until > time.monotonic()
+            if until is None:
+                return False
+            if until > time.monotonic() or model in self._rereading:
+                return True
+            self._rereading.add(model)
+            return False
 
     def _mark_absent(self, model: str) -> None:
         with self._absent_lock:
