@@ -19,15 +19,15 @@ cost less (0.38-0.48 ms of CPU for the three of a log of six steps, against 0.44
 this batch's form, pipelined or not); its inbox its claim looked into already. Only runs
 that are no fork (a fork also reads stretches of other runs' logs) and whose log is short
 (``MAX_STEPS``, ``MAX_CHARS``: a long log is read by its slot, which keeps the claimer free
-and what a batch holds at once bounded). Nothing here
-can change what a run does: no other worker writes a claimed run's log or its effects (the
-fence), and a message queued after the look is folded at the next model call, or keeps the
-run going at its last commit (which looks again, under the run's lock), as one queued just
-after the slot's own look would. The look stands for the slot's own only at a first model
-call that no tool call precedes: a resume that begins with its tools (a woken wait) looks
-again after them, so that a message sent while they run follows their results. A worker
-whose listener heard no message for the run since the batch's look knows that none came
-(engine/inbox_hint.py): it takes that look as the run's last and skips the one after the tools.
+and what a batch holds at once bounded). Nothing here can change what a run does: no other
+worker writes a claimed run's log or its effects (the fence), and a message queued after the
+look is folded at the next model call, or keeps the run going at its last commit (which looks
+again, under the run's lock), as one queued just after the slot's own look would. The look
+stands for the slot's own only at a first model call that no tool call precedes: a resume
+that begins with its tools (a woken wait) looks again after them, so that a message sent
+while they run follows their results. A worker whose listener heard no message for the run
+since the batch's look knows that none came (engine/inbox_hint.py): it takes that look as the
+run's last and skips the one after the tools.
 """
 
 from __future__ import annotations
