@@ -115,26 +115,47 @@ def _listening() -> Iterator[None]:
         thread.join(10)
 
 
+def _marking(marks: list[Any]) -> Any:
+    """A ``NextClaim.take`` that notes the inbox hint's mark before the claim goes out."""
+
+    def take() -> bool:
+        marks.append(None if _INBOX is None else _INBOX.mark())
+        return True
+
+    return take
+
+
 def _drain(owner: str) -> int:
     from durable_agents import store
     from durable_agents.engine import runner
+
+    def looked(claim: Any, mark: Any) -> None:
+        # As the worker does: what the claim saw in the inbox is the run's last look, begun
+        # at the mark taken before the claim went out.
+        if _INBOX is not None and mark is not None and claim.messages_waiting is not None:
+            _INBOX.looked(claim.run_id, mark, found=claim.messages_waiting)
 
     done = 0
     claim = None
     while True:
         if claim is None:
+            mark = None if _INBOX is None else _INBOX.mark()
             claims = store.current().claim_runs(owner, 60, 1)
             if not claims:
                 return done
             claim = claims[0]
+            looked(claim, mark)
         # As a worker slot does: the last step of a run may claim the next one.
-        then = store.NextClaim(owner, 60, take=lambda: True, give_back=lambda: None)
+        marks: list[Any] = []
+        then = store.NextClaim(owner, 60, take=_marking(marks), give_back=lambda: None)
         disposition = runner.advance_run(claim, then_claim=then, inbox=_INBOX)
         if _INBOX is not None:
             _INBOX.forget(claim.run_id)
         assert disposition == "succeeded", disposition
         done += 1
         claim = then.claim
+        if claim is not None and marks:
+            looked(claim, marks[-1])
 
 
 def _ts(text: str) -> float:
