@@ -132,7 +132,7 @@ def _drain(owner: str) -> int:
     def looked(claim: Any, mark: Any) -> None:
         # As the worker does: what the claim saw in the inbox is the run's last look, begun
         # at the mark taken before the claim went out.
-        if _INBOX is not None and mark is not None and claim.messages_waiting is not None:
+        if _INBOX is not None and mark is not None:
             _INBOX.looked(claim.run_id, mark, found=claim.messages_waiting)
 
     done = 0

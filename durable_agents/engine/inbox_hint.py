@@ -70,8 +70,11 @@ class InboxHint:
                 self._forgotten = self._heard
             self._heard_at[key] = self._heard
 
-    def looked(self, run_id: Any, mark: Mark, *, found: bool) -> None:
-        """A look begun at ``mark`` found messages (``found``; they are folded next) or none."""
+    def looked(self, run_id: Any, mark: Mark, *, found: bool | None) -> None:
+        """A look begun at ``mark`` found messages (``found``; they are folded next) or none;
+        ``found=None``: nothing was looked at (a claim that did not look), nothing changes."""
+        if found is None:
+            return
         key = str(run_id)
         with self._lock:
             if found or mark.generation is None:

@@ -678,8 +678,7 @@ class Worker:
         """What the claim (or its read-ahead, after it) saw in the run's inbox, as the run's
         last look, begun at ``inbox_mark`` (taken before the claim was sent)."""
         found = claim.messages_waiting if claim.ahead is None else claim.ahead.messages_waiting
-        if found is not None:
-            self.inbox.looked(claim.run_id, inbox_mark, found=found)
+        self.inbox.looked(claim.run_id, inbox_mark, found=found)
 
     def _idle_wait(self) -> float:
         """How long the claimer waits after a claim that found too few runs: POLL_INTERVAL,

@@ -107,3 +107,12 @@ def test_too_many_runs_heard_forgets_them_all_and_every_run_looks_again(monkeypa
     assert h.may_wait(RUN)
     looked_and_found_none(h)
     assert not h.may_wait(RUN)
+
+
+def test_a_claim_that_did_not_look_changes_nothing() -> None:
+    h = InboxHint(Listener())
+    h.looked(RUN, h.mark(), found=None)
+    assert h.may_wait(RUN)  # still unknown: the next model call looks
+    looked_and_found_none(h)
+    h.looked(RUN, h.mark(), found=None)
+    assert not h.may_wait(RUN)  # the look that found none still stands
