@@ -41,6 +41,9 @@ PostgreSQL only: without a reachable PostgreSQL server (``BENCH_PG``), it says s
     python -m bench.waits --claims 600 --blocks 3  # fewer claims (run_all --quick)
     python -m bench.waits --skip wake              # the claim only (or --skip claim)
     BENCH_PERF=/tmp/perf python -m bench.waits --skip claim   # and where the worker's CPU goes
+    BENCH_PGSS=1 python -m bench.waits --skip claim   # and the server's time by statement
+                                                     # (shared_preload_libraries must hold
+                                                     # pg_stat_statements)
     python -m bench.waits --skip claim --timer-in 40 --poll-interval 1   # woken by one timer
 """
 
@@ -610,6 +613,39 @@ def postgres_cpu_seconds() -> float:
     return total
 
 
+def statement_times(url: str, reset: bool) -> list[dict[str, Any]] | None:
+    """The server's time by statement since the last reset (``reset``: reset it now, answer
+    nothing), when the server preloads ``pg_stat_statements`` (``BENCH_PGSS=1`` asks for it);
+    None otherwise. The ten costliest statements, each its calls, total and mean ms."""
+    if not os.environ.get("BENCH_PGSS"):
+        return None
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            if reset:
+                conn.execute("SELECT pg_stat_statements_reset()")
+                return None
+            rows = conn.execute(
+                "SELECT calls, total_exec_time, query FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " ORDER BY total_exec_time DESC LIMIT 10"
+            ).fetchall()
+    except psycopg.Error as exc:
+        log(f"  (pg_stat_statements: {type(exc).__name__}: {exc})")
+        return None
+    return [
+        {
+            "calls": calls,
+            "total_ms": round(total, 1),
+            "mean_ms": round(total / max(calls, 1), 3),
+            "query": " ".join(query.split())[:160],
+        }
+        for calls, total, query in rows
+    ]
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` so far (its threads included)."""
     return sum(cpu_split(pid))
@@ -682,6 +718,7 @@ def _round(
         time.sleep(max(0.0, due - 0.5 - time.time()))
     user_before, sys_before = cpu_split(worker_pid)
     api_before, pg_before = common.get_json(url_of_api, "/_cpu"), postgres_cpu_seconds()
+    statement_times(url, reset=True)
     with CaptureQueriesContext(connection) as ctx:
         if due is None:
             t_call = time.time()
@@ -700,6 +737,7 @@ def _round(
     done_s = time.time() - t_commit
     user_after, sys_after = cpu_split(worker_pid)
     api_after, pg_after = common.get_json(url_of_api, "/_cpu"), postgres_cpu_seconds()
+    statements = statement_times(url, reset=False)
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # the profiler writes its file when interrupted
         spy.wait(60)
@@ -707,6 +745,7 @@ def _round(
         "worker_cpu_s": user_after + sys_after - user_before - sys_before,
         "api_cpu_s": api_after - api_before,
         "postgres_cpu_s": pg_after - pg_before,
+        "statements": statements,
         "worker_user_s": user_after - user_before,
         "worker_sys_s": sys_after - sys_before,
         "park_s": park_s,
@@ -799,6 +838,7 @@ def wake_bench(
         "worker_cpu_s": measured["worker_cpu_s"],
         "api_cpu_s": measured["api_cpu_s"],
         "postgres_cpu_s": measured["postgres_cpu_s"],
+        "statements": measured["statements"],
         "worker_user_s": measured["worker_user_s"],
         "worker_sys_s": measured["worker_sys_s"],
         "send_event_ms": (t_commit - t_call) * 1000,
@@ -853,6 +893,11 @@ def wake_bench(
         f"PostgreSQL server {res['postgres_cpu_s']:.1f} s; parking them took "
         f"{res['park_s']:.1f} s"
     )
+    for row in res["statements"] or []:
+        log(
+            f"  server {row['total_ms']:8.1f} ms in {row['calls']:5d} calls "
+            f"({row['mean_ms']:.3f} ms each): {row['query'][:110]}"
+        )
     if res.get("error"):
         log(f"  !! wake: {res['error']}")
     if res["log_scan"]["counts"]:
