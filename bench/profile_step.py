@@ -73,6 +73,7 @@ def _patch(buckets: Buckets) -> list[tuple[Any, str, Any]]:
     patch(runner, "load_log", "load_log")
     patch(llm, "create_turn", "model_call")
     patch(chosen, "append_step", "commit")
+    patch(chosen, "append_turn_and_results", "commit")
     patch(chosen, "finish_run", "finish")
     patch(chosen, "recorded_effects", "tool:recorded_effects")
     patch(runner.RunAdvancer, "_call_tool", "tool:call")

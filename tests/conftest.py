@@ -461,6 +461,32 @@ def free_port() -> int:
         return port
 
 
+def before_commit_of(
+    monkeypatch: pytest.MonkeyPatch, seq: int, action: Callable[[Any], None]
+) -> None:
+    """Run ``action(claim)`` just before the runner commits step ``seq``: alone
+    (``append_step``), or as the results that go with their turn
+    (``append_turn_and_results``). The runner commits through the chosen store."""
+    from durable_agents import store
+
+    chosen = store.current()
+    append_step = chosen.append_step
+    together = chosen.append_turn_and_results
+
+    def one(claim: Any, step: Any, *args: Any, **kwargs: Any) -> bool:
+        if step.seq == seq:
+            action(claim)
+        return append_step(claim, step, *args, **kwargs)
+
+    def two(claim: Any, turn: Any, results: Any) -> bool:
+        if seq in (turn.seq, results.seq):
+            action(claim)
+        return together(claim, turn, results)
+
+    monkeypatch.setattr(chosen, "append_step", one)
+    monkeypatch.setattr(chosen, "append_turn_and_results", two)
+
+
 def own_steps(run: AgentRun | uuid.UUID) -> list[AgentStep]:
     """The rows of agent_step that are a run's own (the run is given, or its id), in seq
     order: for a fork, not the stretches it shares (durable_agents.models.steps_of reads

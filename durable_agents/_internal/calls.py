@@ -120,13 +120,17 @@ def run_abortable(
     timeout: float | None = None,
     meanwhile: Callable[[], None] | None = None,
     permits: threading.Semaphore | None = None,
+    meanwhile_after: float | None = None,
 ) -> T:
     """Run ``call(abort)`` on this thread's caller thread and return its value or raise what it
     raised. Raises ``CallInterrupted`` as soon as ``interrupt`` triggers and ``CallTimedOut``
     after ``timeout`` seconds; either way ``abort`` is set and the call is left to finish on
     its own. ``meanwhile`` runs on this thread while the call is in flight; if it raises, the
-    call is walked away from and its exception propagates. With ``permits``, the call starts
-    once it holds one (waiting is interruptible) and gives it back when it really ends."""
+    call is walked away from and its exception propagates. With ``meanwhile_after``
+    (seconds), ``meanwhile`` runs only if the call is still in flight that long after it was
+    handed over (not at all when it ended, or the run was interrupted, first). With
+    ``permits``, the call starts once it holds one (waiting is interruptible) and gives it
+    back when it really ends."""
     if _inline():
         if meanwhile is not None:
             meanwhile()
@@ -134,7 +138,15 @@ def run_abortable(
     # A commit to run meanwhile takes a connection at once: the one this thread holds (the
     # inbox's probe before a model call took it) is kept for it rather than handed back to the
     # pool and taken again, and handed back once the commit is done, before the wait.
-    _prepare_start(interrupt, permits, keep_connection=meanwhile is not None and permits is None)
+    waited = _prepare_start(
+        interrupt,
+        permits,
+        keep_connection=meanwhile is not None and permits is None,
+        # What must not wait for the call must not wait for its permit either.
+        before_waiting=meanwhile if meanwhile_after is not None else None,
+    )
+    if waited:
+        meanwhile = None  # it ran while no permit was free
     caller = _this_caller()
     outcome: dict[str, Any] = {}
     wake = threading.Event()
@@ -162,7 +174,7 @@ def run_abortable(
     interrupt.wakes(wake)
     try:
         caller.jobs.put(job)
-        if meanwhile is not None:
+        if meanwhile is not None and (meanwhile_after is None or not wake.wait(meanwhile_after)):
             try:
                 meanwhile()
             except BaseException:
@@ -184,20 +196,27 @@ def run_abortable(
 
 
 def _prepare_start(
-    interrupt: Interrupt, permits: threading.Semaphore | None, *, keep_connection: bool = False
-) -> None:
+    interrupt: Interrupt,
+    permits: threading.Semaphore | None,
+    *,
+    keep_connection: bool = False,
+    before_waiting: Callable[[], None] | None = None,
+) -> bool:
     """Before a call is handed over: no connection kept while it runs (unless
     ``keep_connection``: the caller releases it before it waits), a permit taken (with
-    ``permits``), and ``CallInterrupted`` if the run was interrupted meanwhile."""
+    ``permits``; ``before_waiting`` runs if none is free at once), and ``CallInterrupted`` if
+    the run was interrupted meanwhile. Whether ``before_waiting`` ran."""
     if not keep_connection:
         db.release()
+    waited = False
     if permits is not None:
-        _acquire(permits, interrupt)
+        waited = _acquire(permits, interrupt, before_waiting)
     if interrupt.is_set():
         # Not even started: a call handed over now would begin while nobody waits for it.
         if permits is not None:
             permits.release()
         raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
+    return waited
 
 
 def _this_caller() -> _Caller:
@@ -208,11 +227,23 @@ def _this_caller() -> _Caller:
     return caller
 
 
-def _acquire(permits: threading.Semaphore, interrupt: Interrupt) -> None:
-    """Take a permit, or raise ``CallInterrupted`` if the run is interrupted first."""
+def _acquire(
+    permits: threading.Semaphore,
+    interrupt: Interrupt,
+    before_waiting: Callable[[], None] | None = None,
+) -> bool:
+    """Take a permit, or raise ``CallInterrupted`` if the run is interrupted first. When none
+    is free at once, ``before_waiting`` runs first (its connection handed back before the
+    wait): whether it ran."""
+    if permits.acquire(blocking=False):
+        return False
+    if before_waiting is not None:
+        before_waiting()
+        db.release()
     while not permits.acquire(timeout=0.25):
         if interrupt.is_set():
             raise CallInterrupted(f"not started: {interrupt.reason or 'interrupted'}")
+    return before_waiting is not None
 
 
 _tool_permits: threading.BoundedSemaphore | None = None

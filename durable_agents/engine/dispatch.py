@@ -102,6 +102,26 @@ class WaitRaised(Exception):
         self.wait = wait
 
 
+class _SlotWorkFailed(Exception):
+    """What the slot's own work raised while a call ran or waited for its permit (the commit
+    of the turn that asked for it): carried past the handling of the tool's failures, which
+    it is not, and raised as it was."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _slot_work(work: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            work()
+        except Exception as exc:
+            raise _SlotWorkFailed(exc) from exc
+
+    return run
+
+
 def result_block(tool_use_id: str, effect: ToolEffect) -> dict[str, Any]:
     text = effect.result
     limit = app_settings.MAX_RESULT_CHARS
@@ -159,6 +179,15 @@ class ToolDispatch:
 
     def durably(self, operation: Callable[[], T], what: str) -> T:
         raise NotImplementedError
+
+    def _store_unstored_turn(self) -> None:
+        """Commit the model turn whose calls are running, if it is not committed yet (it may
+        wait to go with their results): before anything else of the run is written."""
+
+    def _while_a_pure_call_runs(self) -> tuple[Callable[[], None] | None, float | None]:
+        """What the slot does while a plain pure call runs, and after how many seconds of it
+        (``run_abortable``'s ``meanwhile`` and ``meanwhile_after``): nothing by default."""
+        return None, None
 
     def _fence_failed(self) -> NoReturn:
         raise NotImplementedError
@@ -378,6 +407,7 @@ class ToolDispatch:
         """Park the run on ``wait`` and stop (raises ``Stop``), or return ``woken_by`` when
         what it waits for is over already (an event sent, children ended, an answer)."""
         spec = wait_spec(wait, call.key)
+        self._store_unstored_turn()  # the wait belongs to a call of a committed turn
         outcome, woken_by = self.store.park_on_wait(self.claim, spec)
         if outcome is Parked.FENCE_FAILED:
             self._fence_failed()
@@ -463,6 +493,8 @@ class ToolDispatch:
             )
             if retries_left and tool.retry is not None and tool.retry.retries_timeouts:
                 retry, failure = True, f"timed out after {timeout:g}s"
+        except _SlotWorkFailed as failed:
+            raise failed.error from None  # the slot's own commit failed, not the tool
         # The tool's failure is the model's news: catch everything (logged just below).
         except BaseException as exc:  # noqa: BLE001
             error_type = type(exc).__qualname__
@@ -537,8 +569,16 @@ class ToolDispatch:
 
         if tool.is_async:
             return calls.await_abortable(call_async, interrupt, timeout=timeout)
+        meanwhile, meanwhile_after = (
+            self._while_a_pure_call_runs() if tool.effect is EffectClass.PURE else (None, None)
+        )
         return calls.run_abortable(
-            run_call, interrupt, timeout=timeout, permits=calls.tool_permits()
+            run_call,
+            interrupt,
+            timeout=timeout,
+            permits=calls.tool_permits(),
+            meanwhile=None if meanwhile is None else _slot_work(meanwhile),
+            meanwhile_after=meanwhile_after,
         )
 
     def _log_tool_error(self, tool: Tool, exc: BaseException) -> None:

@@ -10,11 +10,14 @@ log, then repeats until the run is parked or over:
 
 The tool calls themselves, by effect class, are in ``dispatch.py``. Each step is committed in
 ``RunAdvancer._commit`` through ``Store.append_step`` (a ``StepWrite``), only while this
-worker's fence holds, and in seq order: a model turn before any of its calls runs; tool results
-before the next model call goes out, except that results of pure and idempotent calls are
-committed while that call is in flight (OVERLAP_SAFE_COMMITS; always before the turn it
-returns). Nothing is kept in memory that the log does not also hold, so a new worker that claims
-the run after a crash continues at the first uncommitted step.
+worker's fence holds, and in seq order: a model turn before any call with a side effect runs;
+tool results before the next model call goes out, except that results of pure and idempotent
+calls are committed while that call is in flight (OVERLAP_SAFE_COMMITS; always before the turn
+it returns). A turn whose calls are all plain pure ones waits for them, FUSE_WITHIN_SECONDS at
+most, and is committed with their results in one statement (``Store.append_turn_and_results``);
+anything else the run writes meanwhile, or a slower call, has it committed first. Nothing is
+kept in memory that the log does not also hold, so a new worker that claims the run after a
+crash continues at the first uncommitted step.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from durable_agents._internal.text import json_text, storable_text
 from durable_agents.conf import app_settings
 from durable_agents.declare.agents import Agent, AgentNotFound, registry
 from durable_agents.declare.output import InvalidOutput, correction_text
+from durable_agents.declare.tools import EffectClass
 from durable_agents.engine import credentials
 from durable_agents.engine.dispatch import ToolCall, ToolDispatch, result_block
 from durable_agents.engine.dispositions import (
@@ -108,6 +112,14 @@ DRIFT_ADVICE = (
 
 T = TypeVar("T")
 
+# How long a model turn whose calls are all plain pure ones (sync, no Retry policy) may wait,
+# answered but not committed, for those calls to end: then it is committed with their results
+# in one statement, as one commit where there would be two. A call still running at this point
+# has the turn committed while it runs, as any turn is. A crash within the window loses the
+# paid turn, as a crash before any turn's commit lands does (its calls, being pure, just run
+# again). Short enough that the window adds little to that of the commit itself.
+FUSE_WITHIN_SECONDS = 0.005
+
 
 class _MessageArrived(Exception):
     """A user's message interrupted the model call in flight (``policy="interrupt"``)."""
@@ -121,6 +133,15 @@ class _Step:
     # Committed by this claim just now: no call of this turn can have run yet, so the
     # effect ledger need not be read for it.
     fresh: bool = False
+
+
+@dataclass(frozen=True)
+class _UnstoredTurn:
+    """A model turn answered and not committed yet: it may go with its calls' results."""
+
+    step: StepWrite
+    ms: float  # how long its call took
+    deadline: float  # time.monotonic() by which it is committed, whatever its calls do
 
 
 @dataclass
@@ -268,6 +289,8 @@ class RunAdvancer(ToolDispatch):
         self.ahead_effects: tuple[int, dict[str, ToolEffect]] | None = (
             None if ahead is None else (ahead.last_seq, ahead.effects)
         )
+        # The model turn whose pure calls are running, while it waits to go with their results.
+        self._unstored_turn: _UnstoredTurn | None = None
 
         # -- entry -----------------------------------------------------------------------------
 
@@ -351,7 +374,7 @@ class RunAdvancer(ToolDispatch):
         if at.pending is None:
             self._check_budgets(agent, at.turns)
         messages = at.conversation.json()
-        self._check_key_budget(str(params["model"]), at.pending)
+        self._check_key_budget(str(params["model"]), at)
         if self.run.batch:
             self._park_on_batch(params, messages, at)  # returns only to send it directly
             at.pending = None
@@ -396,7 +419,13 @@ class RunAdvancer(ToolDispatch):
                     raise self._finished(SUCCEEDED)
                 # Messages wait in the run's inbox: the answer is a turn like any other, and
                 # the model answers them next (_end_as_committed folds them).
-        self._commit(step, ms=turn.elapsed_ms)
+        if refused is None and self._may_go_with_results(agent, turn.message):
+            # Committed with its calls' results (_tool_step), or before anything else the run
+            # writes, or within FUSE_WITHIN_SECONDS while a call runs, whichever comes first.
+            deadline = time.monotonic() + FUSE_WITHIN_SECONDS
+            self._unstored_turn = _UnstoredTurn(step, turn.elapsed_ms, deadline)
+        else:
+            self._commit(step, ms=turn.elapsed_ms)
         self._settle(grant, turn)
         at.conversation.append(assistant_message(turn.body, turn.content_span))
         last = _Step(step.seq, StepKind.MODEL_TURN, turn.message, fresh=True)
@@ -460,7 +489,13 @@ class RunAdvancer(ToolDispatch):
         # these calls run: from here on the next model call looks for itself.
         self._ahead_messages = None
         started = time.monotonic()
-        results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
+        try:
+            results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
+        except BaseException:
+            self._store_turn_on_the_way_out()
+            raise
+        # Still unstored: its calls all ended within the window; it goes with their results.
+        with_turn, self._unstored_turn = self._unstored_turn, None
         # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is storable
         # and decodes to exactly what the model sent.
         payload = json_text(results)
@@ -473,6 +508,7 @@ class RunAdvancer(ToolDispatch):
         commit_step = functools.partial(
             self._commit,
             step,
+            with_turn=with_turn,
             ms=(time.monotonic() - started) * 1000,
             tool=storable_text(
                 ",".join(
@@ -654,6 +690,58 @@ class RunAdvancer(ToolDispatch):
                 return False
         return True
 
+    @staticmethod
+    def _may_go_with_results(agent: Agent, turn: dict[str, Any]) -> bool:
+        """Whether the turn may wait for its calls to go with their results: it asks for
+        tools, and each call is to a plain pure tool (sync, no Retry policy) or to no tool
+        at all (an error result), so that its results may be committed while the next model
+        call is in flight (OVERLAP_SAFE_COMMITS)."""
+        if not app_settings.OVERLAP_SAFE_COMMITS or turn.get("stop_reason") != "tool_use":
+            return False
+        for block in turn.get("content") or []:
+            if block.get("type") != "tool_use":
+                continue
+            name = block.get("name")
+            tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
+            if tool is None:
+                continue
+            if tool.effect is not EffectClass.PURE or tool.is_async or tool.retry is not None:
+                return False
+        return True
+
+    def _store_unstored_turn(self) -> None:
+        """Commit the turn that waits for its calls' results, alone (dispatch.py calls this
+        before the run parks; ``durably`` before every other write)."""
+        unstored, self._unstored_turn = self._unstored_turn, None
+        if unstored is not None:
+            self._commit(unstored.step, ms=unstored.ms)
+
+    def _while_a_pure_call_runs(self) -> tuple[Callable[[], None] | None, float | None]:
+        """While a plain pure call runs: the unstored turn is committed once its window is
+        over (at once if it is over already), unless the call ended first."""
+        unstored = self._unstored_turn
+        if unstored is None:
+            return None, None
+        return self._store_unstored_turn, max(0.0, unstored.deadline - time.monotonic())
+
+    def _store_turn_on_the_way_out(self) -> None:
+        """The calls of an unstored turn did not come to results (the run stops, or something
+        failed): the paid turn is committed if the fence still holds, else counted as unstored
+        by the store. Whatever that meets, the caller's exception is what propagates."""
+        if self._unstored_turn is None:
+            return
+        try:
+            self._store_unstored_turn()
+        except Stop:
+            pass  # the fence failed: the store counted the turn
+        except Exception:
+            # The exception already on its way out wins; this one is only logged.
+            logger.warning(
+                "run %s: committing the model turn on the way out failed",
+                self.run.pk,
+                exc_info=True,
+            )
+
     def _between_steps_reason(self, agent: Agent, turns: int) -> str | None:
         """Why the run would stop before its next step (what _check_interrupt and
         _check_budgets act on), or None."""
@@ -768,18 +856,21 @@ class RunAdvancer(ToolDispatch):
             )
         return grant
 
-    def _check_key_budget(self, model: str, pending: Callable[[], None] | None) -> None:
+    def _check_key_budget(self, model: str, at: _Position) -> None:
         """A run whose concurrency key spent its budget today waits for the next UTC day
-        (or for its budget to be raised), pending, before it pays for another turn."""
+        (or for its budget to be raised), pending, before it pays for another turn. The turn
+        before is counted first: one that went with its results is committed now, not while
+        the next call is in flight."""
         key = self.run.concurrency_key
         if key is None or budgets.configured_budget(key) is None:
             return
+        if at.pending is not None:
+            at.pending()
+            at.pending = None
         spent, override = self.store.spent_today(key)
         budget = budgets.in_force(key, override)
         if budget is None or spent < budget:
             return
-        if pending is not None:
-            pending()
         self._wait_for_capacity(
             model,
             budgets.seconds_to_next_day(self.store.now()),
@@ -861,11 +952,14 @@ class RunAdvancer(ToolDispatch):
         ms: float = 0.0,
         tool: str | None = None,
         then_claim: NextClaim | None = None,
+        with_turn: _UnstoredTurn | None = None,
     ) -> bool:
         """Commit ``step`` through ``Store.append_step`` (every step of the run is committed
         here), or stop: the fence failed, or the database refused what was to be stored.
         A step that ends the run goes through ``Store.append_last_step``: False when messages
-        wait in the run's inbox and nothing was committed (the run goes on)."""
+        wait in the run's inbox and nothing was committed (the run goes on). ``with_turn``:
+        the tool results go with the model turn that asked for them, not committed yet
+        (``Store.append_turn_and_results``)."""
         seq, kind = step.seq, step.kind
         started = time.monotonic()
         tries: list[float] = []
@@ -875,6 +969,8 @@ class RunAdvancer(ToolDispatch):
             tries.append(time.monotonic())
             # A retry claims no next run: the first try may have claimed one already.
             next_claim = then_claim if len(tries) == 1 else None
+            if with_turn is not None:
+                return self.store.append_turn_and_results(self.claim, with_turn.step, step)
             if step.finish is None:
                 return self.store.append_step(self.claim, step, next_claim)
             appended = self.store.append_last_step(self.claim, step, next_claim)
@@ -898,6 +994,15 @@ class RunAdvancer(ToolDispatch):
             return False
         if step.finish is None:
             self.lease.renewed(tries[-1])  # the step renewed the lease
+        if with_turn is not None:
+            observers.step_committed(with_turn.step.kind, time.monotonic() - started)
+            logger.info(
+                "run %s seq %d %s committed (%.1f ms)",
+                self.run.pk,
+                with_turn.step.seq,
+                with_turn.step.kind,
+                with_turn.ms,
+            )
         observers.step_committed(kind, time.monotonic() - started)
         logger.info(
             "run %s seq %d %s%s committed (%.1f ms)",
@@ -911,7 +1016,9 @@ class RunAdvancer(ToolDispatch):
 
     def durably(self, operation: Callable[[], T], what: str) -> T:
         """``operation``, a fenced write of this claim, tried again on a fresh connection when
-        the connection is lost, for as long as the lease holds (outage.py)."""
+        the connection is lost, for as long as the lease holds (outage.py); a model turn still
+        unstored is committed first."""
+        self._store_unstored_turn()
         return retry_while_leased(
             operation, lease=self.lease, what=f"run {self.run.pk}: {what}", interrupt=self.interrupt
         )
@@ -921,6 +1028,9 @@ class RunAdvancer(ToolDispatch):
         return self.drain is not None and self.drain.is_set() and not self.interrupt.is_set()
 
     def _check_interrupt(self) -> None:
+        if self._unstored_turn is not None and (self._only_draining() or self.interrupt.is_set()):
+            # Stopping between a turn and its results: the paid turn is kept if the fence holds.
+            self._store_turn_on_the_way_out()
         if self._only_draining():
             # The worker is draining: the last step is committed; hand the run back now.
             self.store.release_lease(self.claim, count_claim=False)

@@ -532,6 +532,17 @@ class Store(abc.ABC):
         turn is still counted (``count_unstored_turn``) in the run's ``tokens_used`` and
         ``cost_usd`` and in the rollup, though not in its log."""
 
+    def append_turn_and_results(self, claim: Claim, turn: StepWrite, results: StepWrite) -> bool:
+        """Commit the model turn ``turn`` and its tool_result step ``results`` (seq + 1), each
+        as ``append_step`` commits it; False when the fence failed (a paid turn not appended is
+        counted as ``append_step`` counts it). The runner sends a turn this way when every call
+        it asked for was pure and ended at once. This default commits them one after the other
+        (the turn may land alone, as when they go one by one); PostgreSQL sends one statement
+        that appends both or neither. Unlike ``append_step``'s, the results' effects are
+        recorded only with the turn: a claim that commits a turn of its own at that seq later
+        reads no ledger for it (the turn is fresh), and the calls, pure, may simply run again."""
+        return self.append_step(claim, turn) and self.append_step(claim, results)
+
     def committed_by(self, claim: Claim, seq: int) -> bool:
         """Whether step ``seq`` of the run is in the log as this claim's (its attempt and its
         worker). ``append_step`` asks when its fence fails: a commit tried again after a lost

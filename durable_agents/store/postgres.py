@@ -145,6 +145,12 @@ from durable_agents.store.postgres_steps import APPEND_STEP_SQL as APPEND_STEP_S
 from durable_agents.store.postgres_steps import (
     APPEND_STEP_WITH_EFFECTS_SQL as APPEND_STEP_WITH_EFFECTS_SQL,
 )
+from durable_agents.store.postgres_steps import (
+    APPEND_TURN_AND_RESULTS_SQL as APPEND_TURN_AND_RESULTS_SQL,
+)
+from durable_agents.store.postgres_steps import (
+    APPEND_TURN_AND_RESULTS_WITH_EFFECTS_SQL as APPEND_TURN_AND_RESULTS_WITH_EFFECTS_SQL,
+)
 from durable_agents.store.postgres_steps import APPEND_TURN_SQL as APPEND_TURN_SQL
 from durable_agents.store.postgres_steps import FENCE as FENCE
 from durable_agents.store.postgres_steps import FENCED_LAST_STEP as FENCED_LAST_STEP
@@ -289,6 +295,27 @@ class PostgresStore(Store):
 
     def count_unstored_turn(self, claim: Claim, step: StepWrite) -> None:
         postgres_steps.count_unstored_turn(claim, step)
+
+    def append_turn_and_results(self, claim: Claim, turn: StepWrite, results: StepWrite) -> bool:
+        """One statement on PostgreSQL (APPEND_TURN_AND_RESULTS_SQL): the fence on the turn's
+        seq, the renewed lease, the turn counted, the last call recorded, both steps; nothing
+        but the paid turn's count (``count_unstored_turn``) when the fence fails."""
+        sql, params = postgres_steps.turn_and_results_params(claim, turn, results)
+        try:
+            appended = self._execute_turn_and_results(sql, params)
+        except DataError:
+            self.count_unstored_turn(claim, turn)
+            raise
+        if not appended and self.committed_by(claim, results.seq):
+            return True  # a retry whose first try landed (outage.py)
+        if not appended:
+            self.count_unstored_turn(claim, turn)
+        return appended
+
+    @staticmethod
+    def _execute_turn_and_results(sql: str, params: dict[str, Any]) -> bool:
+        # A method of its own: the statement tests keep what it would send instead.
+        return postgres_steps.execute_turn_and_results(sql, params)
 
     def _append(
         self,

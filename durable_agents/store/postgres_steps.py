@@ -9,6 +9,9 @@ plain functions it calls).
                                         APPEND_LAST_TURN_SQL);
                  FINISH_AND_CLAIM_SQL   the same, and the claim of the worker's next run
                                         (FINISH_TURN_AND_CLAIM_SQL for a model turn)
+    turn+results APPEND_TURN_AND_RESULTS_SQL  a model turn whose calls were all pure and
+                                        their results, one statement (and
+                                        _WITH_EFFECTS_SQL: the last call's ledger row)
     unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
     park         START_INTENT_SQL       an approved tool call starts under the fence
     last step    UNLESS_MESSAGES[...]   a last step that ends the run only while no
@@ -193,6 +196,34 @@ SELECT id, %(seq)s, %(part)s, %(kind)s, %(payload)s, %(content_start)s, %(conten
        %(request_id)s, %(attempt)s, %(owner)s
   FROM fence"""
 
+# A model turn and the results of its calls, committed together (``append_turn_and_results``):
+# the fence holds the turn's seq (``STEP_FENCE``), the run moves on to the results' seq.
+FENCED_TURN_AND_RESULTS = FENCED_STEP.replace(
+    "SET last_seq = %(seq)s,", "SET last_seq = %(results_seq)s,", 1
+)
+
+# The turn and its results, two rows if the fence held, none otherwise. A tool_result step has
+# no content span and no request id (typed: a NULL parameter of the turn's would otherwise
+# leave the column's type to the UNION, which takes text).
+TURN_AND_RESULTS_INSERT = f"""\
+{STEP_INSERT}
+UNION ALL
+SELECT id, %(results_seq)s, %(part)s, %(results_kind)s, %(results_payload)s, NULL::integer,
+       NULL::integer, NULL::text, %(attempt)s, %(owner)s
+  FROM fence"""
+
+# The effects of a turn's results, recorded only if the fence held (unlike RECORD_EFFECTS: the
+# calls were pure, and a turn never committed leaves no ledger behind for a later claim's own
+# turn at that seq). ``{rows}``: typed tuples (``_fenced_effect_rows``).
+RECORD_FENCED_EFFECTS = """\
+recorded AS (
+    INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
+    SELECT effect.key, fence.id, effect.seq, effect.call_index, effect.tool, effect.result,
+           effect.is_error
+      FROM fence, (VALUES {rows}) AS effect (key, seq, call_index, tool, result, is_error)
+    ON CONFLICT (key) DO NOTHING
+)"""
+
 # -- Statements ------------------------------------------------------------------------------
 
 # A step that keeps the run going: fence, renewed lease and the step, in one statement.
@@ -208,6 +239,17 @@ APPEND_LAST_TURN_SQL = f"{FENCED_LAST_STEP},\n{RECORD_USAGE}\n{STEP_INSERT}"
 # The same two with the tool effects of the step (``{rows}`` filled in by ``append_statement``).
 APPEND_STEP_WITH_EFFECTS_SQL = f"{FENCED_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
 APPEND_LAST_STEP_WITH_EFFECTS_SQL = f"{FENCED_LAST_STEP},\n{RECORD_EFFECTS}\n{STEP_INSERT}"
+
+# A model turn whose calls were all pure and its tool_result step, in one statement: the turn
+# counted in the rollup, the last call recorded in the ledger (``{rows}``), both steps appended,
+# all only if the fence held.
+APPEND_TURN_AND_RESULTS_SQL = (
+    f"{FENCED_TURN_AND_RESULTS},\n{RECORD_USAGE}\n{TURN_AND_RESULTS_INSERT}"
+)
+APPEND_TURN_AND_RESULTS_WITH_EFFECTS_SQL = (
+    f"{FENCED_TURN_AND_RESULTS},\n{RECORD_USAGE},\n{RECORD_FENCED_EFFECTS}\n"
+    f"{TURN_AND_RESULTS_INSERT}"
+)
 
 
 # The last step of a run and the claim of the worker's next run, in one statement: a busy
@@ -305,6 +347,28 @@ def _effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
     return ", ".join(rows)
 
 
+def _fenced_effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
+    """The VALUES list for RECORD_FENCED_EFFECTS: typed, since a VALUES list outside an INSERT
+    takes its columns' types from its values, and a parameter's would be text."""
+    rows = []
+    for i, effect in enumerate(effects):
+        rows.append(
+            f"(%(k{i})s::varchar, %(s{i})s::integer, %(c{i})s::integer, %(t{i})s::varchar,"
+            f" %(r{i})s::text, %(e{i})s::boolean)"
+        )
+        params.update(
+            {
+                f"k{i}": effect.key,
+                f"s{i}": effect.seq,
+                f"c{i}": effect.call_index,
+                f"t{i}": effect.tool,
+                f"r{i}": RESULT_FIELD.get_prep_value(effect.result),
+                f"e{i}": effect.is_error,
+            }
+        )
+    return ", ".join(rows)
+
+
 def _usage_params(claim: Claim, usage: Usage) -> dict[str, Any]:
     """The parameters of the rollup's upsert (``RECORD_USAGE``) for one model turn."""
     return {
@@ -363,6 +427,28 @@ def append_statement(
     if finish is not None:
         return last_step_statement(params, unless_messages)
     return APPEND_TURN_SQL if "shard" in params else APPEND_STEP_SQL
+
+
+def turn_and_results_params(
+    claim: Claim, turn: StepWrite, results: StepWrite
+) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters that commit the model turn ``turn`` and its tool_result
+    step ``results`` (the next seq) together."""
+    params = step_params(claim, turn)
+    params["results_seq"] = results.seq
+    params["results_kind"] = results.kind
+    params["results_payload"] = encryption.seal(results.payload, STEP_PAYLOAD)
+    if results.effects:
+        rows = _fenced_effect_rows(results.effects, params)
+        return APPEND_TURN_AND_RESULTS_WITH_EFFECTS_SQL.format(rows=rows), params
+    return APPEND_TURN_AND_RESULTS_SQL, params
+
+
+def execute_turn_and_results(sql: str, params: dict[str, Any]) -> bool:
+    """Send the statement of a turn and its results: whether both were appended."""
+    with binding_cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount == 2)
 
 
 def _last(sql: str, unless_messages: bool) -> str:

@@ -29,7 +29,7 @@ from durable_agents.engine.runner import advance_run
 from durable_agents.housekeeping import rekey
 from durable_agents.models import AgentEvent, AgentQuestion, AgentRun, ToolEffect
 from durable_agents.store import StepWrite
-from tests.conftest import own_steps, run_worker, wait_for
+from tests.conftest import before_commit_of, own_steps, run_worker, wait_for
 from tests.fakeserver import FakeAnthropic
 from tests.integration.conftest import conversation_of
 
@@ -75,14 +75,7 @@ def interrupted_then_resumed(
     run = api.start_run("thinker", THREE_TURNS)
     drain = threading.Event()
     chosen = store.current()
-    append_step = chosen.append_step
-
-    def drain_after_the_tool_results(claim: Any, step: StepWrite, *a: Any, **k: Any) -> bool:
-        if step.seq == 2:
-            drain.set()
-        return append_step(claim, step, *a, **k)
-
-    monkeypatch.setattr(chosen, "append_step", drain_after_the_tool_results)
+    before_commit_of(monkeypatch, 2, lambda claim: drain.set())
     first = chosen.claim_run(run.pk, "w1", 30)
     assert first is not None
     assert advance_run(first, drain=drain) == "released"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import threading
-from typing import Any
 
 import pytest
 from django.apps import apps as django_apps
@@ -22,7 +21,7 @@ from durable_agents.engine.history import load_log, user_message
 from durable_agents.engine.runner import advance_run, tokens_of
 from durable_agents.models import AgentRun, AgentStep
 from durable_agents.store import StepWrite
-from tests.conftest import own_steps, run_worker
+from tests.conftest import before_commit_of, own_steps, run_worker
 from tests.fakeserver import FakeAnthropic
 from tests.integration.conftest import conversation_of
 
@@ -158,17 +157,8 @@ def test_a_claim_rebuilds_from_the_log_and_sends_the_same_bytes(
     # it sends must extend the first claim's last request by exactly the committed steps.
     run = start_run("thinker", THREE_TURNS)
     drain = threading.Event()
-    chosen = store.current()  # the runner commits through the chosen store
-    append_step = chosen.append_step
-
-    def drain_after_the_tool_results(
-        claim: Any, step: StepWrite, *args: Any, **kwargs: Any
-    ) -> bool:
-        if step.seq == 2:
-            drain.set()  # the worker stops before its next step
-        return append_step(claim, step, *args, **kwargs)
-
-    monkeypatch.setattr(chosen, "append_step", drain_after_the_tool_results)
+    # The worker stops before its next step once the tool results commit.
+    before_commit_of(monkeypatch, 2, lambda claim: drain.set())
     first = store.current().claim_run(run.pk, "w1", 30)
     assert first is not None
     # Seq 2 commits while the second call is in flight: the claim ends after that turn.

@@ -40,17 +40,27 @@ class RowLock:
         # ``append_step``).
         chosen = store.current()
         append_step = chosen.append_step
+        append_together = chosen.append_turn_and_results
 
-        def locked_append(claim: Any, step: StepWrite, *args: Any, **kwargs: Any) -> bool:
+        def lock(claim: Any, step: StepWrite) -> None:
             if step.seq == seq and self.conn is None:
                 self.conn = psycopg.connect(database_url())
                 self.conn.execute(
                     "SELECT 1 FROM agent_run WHERE id = %s FOR UPDATE", (claim.run_id,)
                 )
                 self.taken.set()
+
+        def locked_append(claim: Any, step: StepWrite, *args: Any, **kwargs: Any) -> bool:
+            lock(claim, step)
             return append_step(claim, step, *args, **kwargs)
 
+        # The results of a turn whose calls were all pure go with the turn.
+        def locked_together(claim: Any, turn: StepWrite, results: StepWrite) -> bool:
+            lock(claim, results)
+            return append_together(claim, turn, results)
+
         monkeypatch.setattr(chosen, "append_step", locked_append)
+        monkeypatch.setattr(chosen, "append_turn_and_results", locked_together)
 
     def release(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
         assert self.conn is not None
@@ -90,7 +100,8 @@ def test_pure_results_commit_while_the_next_call_is_in_flight(
     fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run, lock, thread = second_call_sent_while_results_wait(fake_api, monkeypatch)
-    assert AgentRun.objects.get(pk=run.pk).last_seq == 1  # the results are not committed yet
+    # The results are not committed yet (nor the turn, when it waited to go with them).
+    assert AgentRun.objects.get(pk=run.pk).last_seq < 2
     lock.release()
     thread.join(30)
     run = AgentRun.objects.get(pk=run.pk)
@@ -139,7 +150,8 @@ def test_a_failed_commit_abandons_the_call_in_flight(
 ) -> None:
     run, lock, thread = second_call_sent_while_results_wait(fake_api, monkeypatch)
     # A person cancels the run while its results wait to commit: the fence fails, and the
-    # turn the in-flight call returned is never committed.
+    # turn the in-flight call returned is never committed. (The turn that asked for the
+    # lookup went with its results: neither is in the log; the turn still counts as paid.)
     lock.release(
         "UPDATE agent_run SET status = 'cancelled', lease_owner = NULL WHERE id = %s", (run.pk,)
     )
@@ -147,7 +159,9 @@ def test_a_failed_commit_abandons_the_call_in_flight(
     assert not thread.is_alive()
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "cancelled"
-    assert seqs(run.pk) == [0, 1]
+    assert seqs(run.pk) == [0]
+    assert run.tokens_used > 0
     assert len(fake_api.requests) == 2
-    # The call that ran is recorded all the same: it happened.
-    assert ToolEffect.objects.filter(run_id=run.pk, seq=1, tool="lookup").count() == 1
+    # The pure call's result went with the turn: nothing of it is recorded (a later claim's
+    # own turn would run it again, harmlessly).
+    assert ToolEffect.objects.filter(run_id=run.pk, seq=1, tool="lookup").count() == 0

@@ -27,7 +27,7 @@ from durable_agents._internal.interrupt import Interrupt
 from durable_agents.api import approve_intent, cancel_run, messages_for, requeue_run, start_run
 from durable_agents.declare.agents import Agent, registry
 from durable_agents.declare.tools import tool
-from durable_agents.engine import effects
+from durable_agents.engine import effects, runner
 from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.engine.worker import Worker
 from durable_agents.housekeeping import serving
@@ -746,8 +746,9 @@ def test_cancel_while_a_tool_runs_commits_nothing_more(
     run = start_run("tester", '@slow {"seconds": 3600}\n@lookup {"key": "a"}\n@lookup {"key": "b"}')
     worker, thread = background_worker(heartbeat_seconds=0.3)
     wait_for(lambda: receiver.marker("slow-started"), timeout=10)
+    # The turn that asked for the call is committed while it runs (it did not end at once).
+    wait_for(lambda: len(own_steps(run)) == 2, timeout=10)
     before = len(own_steps(run))
-    assert before == 2
     assert cancel_run(run.pk) is True
 
     thread.join(60)
@@ -866,8 +867,13 @@ def chatty_agent() -> Iterator[Agent]:
 
 
 def test_log_records_inside_a_run_carry_its_id(
-    fake_api: FakeAnthropic, chatty_agent: Agent, caplog: pytest.LogCaptureFixture
+    fake_api: FakeAnthropic,
+    chatty_agent: Agent,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The turn waits for its pure call and goes with its result, whatever the scheduling.
+    monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
     caplog.set_level(logging.INFO, logger="durable_agents")
     caplog.set_level(logging.INFO, logger=TOOL_LOGGER)
     run = start_run("test-runner-chatty", '@chatty {"word": "hello"}')
@@ -882,8 +888,8 @@ def test_log_records_inside_a_run_carry_its_id(
     from_runner = [r for r in caplog.records if r.name == "durable_agents.runner"]
     assert [vars(r)["run_id"] for r in from_runner] == [str(run.pk)] * 5
     messages = [r.getMessage() for r in from_runner]
-    assert messages[0].startswith(f"run {run.pk} seq 1 model_turn committed (")
-    assert messages[1].startswith(f"run {run.pk} tool chatty (pure) call 0 of turn 1: ok in ")
+    assert messages[0].startswith(f"run {run.pk} tool chatty (pure) call 0 of turn 1: ok in ")
+    assert messages[1].startswith(f"run {run.pk} seq 1 model_turn committed (")
     assert messages[2].startswith(f"run {run.pk} seq 2 tool_result tool=chatty committed (")
     assert messages[3].startswith(f"run {run.pk} seq 3 model_turn committed (")
     assert messages[4] == f"run {run.pk} succeeded"
@@ -916,6 +922,8 @@ def test_heartbeat_records_about_a_run_carry_its_id(
     # Not LISTENing: the heartbeat, not a notification, is what notices the cancel here.
     worker, thread = background_worker(heartbeat_seconds=0.3, listen=False)
     wait_for(lambda: receiver.marker("slow-started"), timeout=10)
+    # The turn is committed while the call runs; then only the heartbeat hears of the cancel.
+    wait_for(lambda: len(own_steps(run)) == 2, timeout=10)
     cancel_run(run.pk)
     thread.join(60)
     (receiver.directory / "slow-release").touch()  # the abandoned tool may end now

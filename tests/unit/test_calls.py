@@ -86,3 +86,59 @@ def test_an_interrupted_run_starts_no_call() -> None:
 def test_the_call_sees_the_slots_run_id() -> None:
     with bind_run("run-42"):
         assert calls.run_abortable(lambda abort: current_run_id.get(), Interrupt()) == "run-42"
+
+
+def test_meanwhile_after_a_delay_does_not_run_for_a_call_that_ended_first() -> None:
+    ran: list[str] = []
+    value = calls.run_abortable(
+        lambda abort: "quick",
+        Interrupt(),
+        meanwhile=lambda: ran.append("meanwhile"),
+        meanwhile_after=30.0,
+    )
+    assert (value, ran) == ("quick", [])
+
+
+def test_meanwhile_after_a_delay_runs_while_the_call_is_still_in_flight() -> None:
+    order: list[str] = []
+    release = threading.Event()
+
+    def lasts(abort: threading.Event) -> str:
+        # Ends only once ``meanwhile`` has run: it must run while this call is in flight.
+        assert release.wait(30)
+        order.append("call ended")
+        return "done"
+
+    def meanwhile() -> None:
+        order.append("meanwhile")
+        release.set()
+
+    value = calls.run_abortable(lasts, Interrupt(), meanwhile=meanwhile, meanwhile_after=0.01)
+    assert (value, order) == ("done", ["meanwhile", "call ended"])
+
+
+def test_meanwhile_after_a_delay_runs_before_waiting_for_a_permit() -> None:
+    order: list[str] = []
+    permits = threading.BoundedSemaphore(1)
+    permits.acquire()  # another call holds the only permit
+
+    def meanwhile() -> None:
+        order.append("meanwhile")
+        permits.release()  # that other call ends
+
+    def call(abort: threading.Event) -> str:
+        order.append("call")
+        return "done"
+
+    # Were ``meanwhile`` not run before the wait, the other call would end only after 10 s.
+    fallback = threading.Timer(10.0, lambda: order.append("fallback") or permits.release())
+    fallback.start()
+    try:
+        value = calls.run_abortable(
+            call, Interrupt(), meanwhile=meanwhile, meanwhile_after=30.0, permits=permits
+        )
+    finally:
+        fallback.cancel()
+    # It ran once, before the wait for the permit, not again while the call ran.
+    assert (value, order) == ("done", ["meanwhile", "call"])
+    assert permits.acquire(blocking=False)  # the call gave its permit back

@@ -24,6 +24,8 @@ CONTROL_FLOW = {
     "durable_agents._internal.calls.CallInterrupted",
     "durable_agents._internal.calls.CallTimedOut",
     "durable_agents.engine.dispatch.WaitRaised",  # a tool's Wait on its way to the park
+    # The slot's own commit failed while a call ran: raised again past the tool's handling.
+    "durable_agents.engine.dispatch._SlotWorkFailed",
     "durable_agents.engine.dispositions.Stop",  # unwinds the runner's step loop
     "durable_agents.forks.upgrades._Raced",  # rolls back one batch of an upgrade
     "durable_agents.live.hub.ReaderDropped",  # ends a stream, as StopAsyncIteration would

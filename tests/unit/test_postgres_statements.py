@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from durable_agents.models import ToolEffect
-from durable_agents.store import postgres, postgres_steps
+from durable_agents.flow.pricing import Usage
+from durable_agents.models import AgentRun, StepKind, ToolEffect
+from durable_agents.store import Claim, StepWrite, postgres, postgres_steps
 
 GOLDEN = Path(__file__).resolve().parent.parent / "sql"
 UPDATE = os.environ.get("UPDATE_SQL_SNAPSHOTS") == "1"
@@ -70,6 +71,14 @@ def built_with_effects() -> dict[str, str]:
         store._append({}, effects, finish, None, unless_messages)
         (built[f"{name}.two_effects"],) = store.sent
         assert store.locked == [unless_messages]
+    # A turn and its results, as ``append_turn_and_results`` builds the statement.
+    run = AgentRun(id=uuid.UUID(int=7))
+    claim = Claim(run, "w", 1, 60)
+    turn = StepWrite(3, StepKind.MODEL_TURN, "{}", usage=Usage(1, 1, 0, 0))
+    results = StepWrite(4, StepKind.TOOL_RESULT, "[]", effects=effects)
+    sql, params = postgres_steps.turn_and_results_params(claim, turn, results)
+    built["APPEND_TURN_AND_RESULTS_WITH_EFFECTS_SQL.two_effects"] = sql
+    assert {"results_seq", "results_kind", "results_payload", "k1", "shard"} <= set(params)
     return built
 
 

@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 
 from durable_agents.declare.agents import Agent
 from durable_agents.declare.tools import tool
+from durable_agents.engine import runner
 from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.models import IntentStatus, RunStatus, StepKind, WaitKind
 from durable_agents.store import Claim, InMemoryStore
@@ -125,31 +126,68 @@ def test_an_unknown_tool_gets_an_error_result(
     assert block["content"] == "unknown tool 'nope'; the tools are: hook, launch, lookup"
 
 
+# A turn whose calls are all pure waits for them to go with their results (runner.py's
+# FUSE_WITHIN_SECONDS, made long enough here that no scheduling outlasts it); with
+# OVERLAP_SAFE_COMMITS off it is committed before they run.
+
+
+@pytest.fixture
+def together(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> bool:
+    if request.param:
+        monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
+    else:
+        settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "OVERLAP_SAFE_COMMITS": False}
+    return bool(request.param)
+
+
+@pytest.mark.parametrize("together", [True, False], indirect=True, ids=["together", "turn-first"])
 def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
-    store: InMemoryStore, clock: ManualClock, agents: dict[str, Agent]
+    store: InMemoryStore, clock: ManualClock, agents: dict[str, Agent], together: bool
 ) -> None:
     run_id = start(store, agents["main"], '@hook {"name": "steal"}')
     stolen: list[Claim] = []
 
     def steal() -> None:
-        # The lease expires while the call runs and another worker claims the run.
-        clock.advance(31)
-        stolen.append(claimed(store, run_id, "thief"))
+        # The lease expires while the call runs and another worker claims the run (once).
+        if not stolen:
+            clock.advance(31)
+            stolen.append(claimed(store, run_id, "thief"))
 
     HOOKS["steal"] = steal
     assert advance_run(claimed(store, run_id), store=store) is Disposition.LOST
-    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]  # nothing appended
     run = store.run(run_id)
-    assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 1)
-    # The call happened: its effect is recorded although the commit was refused ...
-    assert [e.result for e in store.recorded_effects(run_id, 1).values()] == ["hooked steal"]
-    # ... so the new holder continues from the log and does not run it again.
-    assert advance_run(stolen[0], store=store) is Disposition.SUCCEEDED
-    assert HOOKED == ["steal"]
-    assert [step.worker for step in store.steps_of(run_id)][2:] == ["thief", "thief"]
+    if together:
+        # The turn waited for its call's result: neither is appended; the turn counts as paid.
+        assert kinds(store, run_id) == [StepKind.TASK]
+        assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 0)
+        assert run.tokens_used > 0
+    else:
+        assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]  # nothing appended
+        assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 1)
+    recorded = [e.result for e in store.recorded_effects(run_id, 1).values()]
+    if together:
+        # Its result went nowhere: the new holder's model asks again, and the call, pure, runs
+        # again.
+        assert recorded == []
+        assert advance_run(stolen[0], store=store) is Disposition.SUCCEEDED
+        assert HOOKED == ["steal", "steal"]
+    else:
+        # The call happened: its effect is recorded although the commit was refused ...
+        assert recorded == ["hooked steal"]
+        # ... so the new holder continues from the log and does not run it again.
+        assert advance_run(stolen[0], store=store) is Disposition.SUCCEEDED
+        assert HOOKED == ["steal"]
+    first_of_thief = 1 if together else 2
+    workers = [step.worker for step in store.steps_of(run_id)]
+    assert workers[first_of_thief:] == ["thief"] * (4 - first_of_thief)
 
 
-def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent]) -> None:
+@pytest.mark.parametrize("together", [True, False], indirect=True, ids=["together", "turn-first"])
+def test_a_cancel_mid_run_stops_it(
+    store: InMemoryStore, agents: dict[str, Agent], together: bool
+) -> None:
     run_id = start(store, agents["main"], '@hook {"name": "cancel"}\n@lookup {"key": "b"}')
 
     def cancel() -> None:
@@ -158,9 +196,11 @@ def test_a_cancel_mid_run_stops_it(store: InMemoryStore, agents: dict[str, Agent
     HOOKS["cancel"] = cancel
     assert advance_run(claimed(store, run_id), store=store) is Disposition.CANCELLED
     run = store.run(run_id)
-    assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, 1)
+    last = 0 if together else 1
+    assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, last)
     assert run.finished_at is not None
-    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]
+    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN][: last + 1]
+    assert run.tokens_used > 0  # the turn was paid for, committed or not
 
 
 def test_a_run_over_its_turn_budget_fails(store: InMemoryStore, agents: dict[str, Agent]) -> None:

@@ -1,0 +1,178 @@
+"""A model turn whose calls are all plain pure ones is committed with their results.
+
+The turn waits, answered but not committed, for its calls (``FUSE_WITHIN_SECONDS`` at most),
+then goes with their results in one commit (``Store.append_turn_and_results``; one statement on
+PostgreSQL). A call that runs longer has the turn committed while it runs, as any turn is. A real
+worker, the real SDK against the fake API, on both databases.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from durable_agents.api import start_run
+from durable_agents.engine import runner
+from durable_agents.engine.worker import Worker
+from durable_agents.flow.pricing import Usage
+from durable_agents.models import AgentRun, AgentStep, StepKind, ToolEffect
+from durable_agents.store import Claim, StepWrite, current
+from tests.conftest import Receiver, wait_for
+from tests.fakeserver import FakeAnthropic
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TWO_TURNS_PURE = '@lookup {"key": "a"}\n@lookup {"key": "b"}'
+
+
+class Commits:
+    """Which store method committed which seqs, in order (the worker's commits all go
+    through the store the runner uses)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[tuple[str, tuple[int, ...]]] = []
+        chosen = current()
+        append_step = chosen.append_step
+        together = chosen.append_turn_and_results
+
+        inside = threading.local()  # a store may commit the two through its append_step
+
+        def one(claim: Any, step: StepWrite, *args: Any, **kwargs: Any) -> bool:
+            if not getattr(inside, "two", False):
+                self.made.append(("append_step", (step.seq,)))
+            return append_step(claim, step, *args, **kwargs)
+
+        def two(claim: Any, turn: StepWrite, results: StepWrite) -> bool:
+            self.made.append(("append_turn_and_results", (turn.seq, results.seq)))
+            inside.two = True
+            try:
+                return together(claim, turn, results)
+            finally:
+                inside.two = False
+
+        monkeypatch.setattr(chosen, "append_step", one)
+        monkeypatch.setattr(chosen, "append_turn_and_results", two)
+
+
+def kinds(run_id: Any) -> list[tuple[int, str]]:
+    return list(AgentStep.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "kind"))
+
+
+def work() -> Worker:
+    worker = Worker(burst=True, handle_signals=False)
+    worker.run()
+    return worker
+
+
+def test_a_pure_turn_goes_with_its_results(
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A window no thread scheduling can outlast: the calls end within it on any machine.
+    monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
+    commits = Commits(monkeypatch)
+    run = start_run("tester", TWO_TURNS_PURE)
+    work()
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "succeeded", run.error
+    assert commits.made[:2] == [
+        ("append_turn_and_results", (1, 2)),
+        ("append_turn_and_results", (3, 4)),
+    ]
+    assert ("append_step", (1,)) not in commits.made
+    assert kinds(run.pk) == [
+        (0, StepKind.TASK),
+        (1, StepKind.MODEL_TURN),
+        (2, StepKind.TOOL_RESULT),
+        (3, StepKind.MODEL_TURN),
+        (4, StepKind.TOOL_RESULT),
+        (5, StepKind.MODEL_TURN),
+    ]
+    # The second call sent the results as they were committed with the turn, and the turns
+    # were counted.
+    sent = json.loads(fake_api.requests[1].body)["messages"]
+    stored = AgentStep.objects.get(run_id=run.pk, seq=2).payload
+    assert sent[2] == {"role": "user", "content": json.loads(stored)}
+    assert run.tokens_used > 0
+    assert ToolEffect.objects.filter(run_id=run.pk, seq__in=[1, 3]).count() == 2
+
+
+def test_a_slow_pure_call_has_its_turn_committed_while_it_runs(
+    fake_api: FakeAnthropic, receiver: Receiver
+) -> None:
+    run = start_run("tester", '@slow {"seconds": 3600}')
+    done: list[Worker] = []
+    thread = threading.Thread(target=lambda: done.append(work()), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: receiver.marker("slow-started"), timeout=30)
+        # The call goes on; its turn does not wait for it.
+        wait_for(lambda: AgentStep.objects.filter(run_id=run.pk, seq=1).exists(), timeout=30)
+        assert not AgentStep.objects.filter(run_id=run.pk, seq=2).exists()
+    finally:
+        (receiver.directory / "slow-release").touch()
+    thread.join(60)
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "succeeded", run.error
+    assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2, 3]
+
+
+def _claimed() -> Claim:
+    start_run("tester", "t")
+    [claim] = current().claim_runs("w1", 30)
+    return claim
+
+
+def _turn_and_results(claim: Claim) -> tuple[StepWrite, StepWrite]:
+    turn = StepWrite(
+        1,
+        StepKind.MODEL_TURN,
+        '{"role": "assistant", "content": [], "stop_reason": "tool_use"}',
+        request_id="req_1",
+        tokens=30,
+        usage=Usage(input_tokens=20, output_tokens=10),
+    )
+    effect = ToolEffect(
+        key="k-1", run_id=claim.run_id, seq=1, call_index=0, tool="lookup", result="v"
+    )
+    results = StepWrite(2, StepKind.TOOL_RESULT, "[]", effects=[effect])
+    return turn, results
+
+
+def test_both_steps_are_committed_together_and_a_retry_finds_them() -> None:
+    claim = _claimed()
+    turn, results = _turn_and_results(claim)
+    with CaptureQueriesContext(connection) as ctx:
+        assert current().append_turn_and_results(claim, turn, results) is True
+    if connection.vendor == "postgresql":
+        inserts = [q for q in ctx.captured_queries if "INSERT INTO agent_step" in q["sql"]]
+        assert len(inserts) == 1, "one statement for both steps"
+    run = AgentRun.objects.get(pk=claim.run_id)
+    assert (run.last_seq, run.tokens_used) == (2, 30)
+    assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2]
+    assert AgentStep.objects.get(run_id=run.pk, seq=1).request_id == "req_1"
+    assert AgentStep.objects.get(run_id=run.pk, seq=2).request_id is None
+    assert ToolEffect.objects.filter(key="k-1").count() == 1
+    # Sent again (a retry whose first try landed): this claim's own steps, nothing doubled.
+    assert current().append_turn_and_results(claim, turn, results) is True
+    run = AgentRun.objects.get(pk=claim.run_id)
+    assert (run.last_seq, run.tokens_used) == (2, 30)
+    assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2]
+
+
+def test_a_failed_fence_appends_neither_and_counts_the_paid_turn() -> None:
+    claim = _claimed()
+    turn, results = _turn_and_results(claim)
+    stale = Claim(claim.run, claim.owner, claim.attempt + 1, claim.lease_seconds)
+    assert current().append_turn_and_results(stale, turn, results) is False
+    run = AgentRun.objects.get(pk=claim.run_id)
+    assert [seq for seq, _ in kinds(run.pk)] == [0]
+    assert run.last_seq == 0
+    # Paid for whatever the fence says. The pure call's result goes only with its turn: a
+    # later claim's own turn at this seq reads no ledger (it is fresh) and runs it again.
+    assert run.tokens_used == 30
+    assert ToolEffect.objects.filter(key="k-1").count() == 0
