@@ -131,7 +131,11 @@ def test_meanwhile_after_a_delay_runs_before_waiting_for_a_permit() -> None:
         return "done"
 
     # Were ``meanwhile`` not run before the wait, the other call would end only after 10 s.
-    fallback = threading.Timer(10.0, lambda: order.append("fallback") or permits.release())
+    def fallback_release() -> None:
+        order.append("fallback")
+        permits.release()
+
+    fallback = threading.Timer(10.0, fallback_release)
     fallback.start()
     try:
         value = calls.run_abortable(
