@@ -313,16 +313,23 @@ class RunAdvancer(ToolDispatch):
         """The step loop: each step returns the position after it, or stops the run."""
         agent, params, at = self._resume()
         while True:
-            if at.pending is None:
-                self._check_interrupt()
-            if self._model_goes_next(at.last):
-                if at.last.kind != StepKind.MODEL_TURN:
-                    at = self._fold_messages(at)
-                at = self._model_step(agent, params, at)
-            elif at.last.message.get("stop_reason") == "tool_use":
-                at = self._tool_step(agent, at)
-            else:
-                at = self._end_as_committed(agent, at)
+            try:
+                if at.pending is None:
+                    self._check_interrupt()
+                if self._model_goes_next(at.last):
+                    if at.last.kind != StepKind.MODEL_TURN:
+                        at = self._fold_messages(at)
+                    at = self._model_step(agent, params, at)
+                elif at.last.message.get("stop_reason") == "tool_use":
+                    at = self._tool_step(agent, at)
+                else:
+                    at = self._end_as_committed(agent, at)
+            except BaseException:
+                # Whatever stops the run, the results (and the turn that went with them) that
+                # were to commit with the next call are committed if the fence still holds: a
+                # paid turn is not asked for again because a read failed after it.
+                self._commit_on_the_way_out(at.pending)
+                raise
 
     def _resume(self) -> tuple[Agent, dict[str, Any], _Position]:
         """Where this claim starts: a run that stalled too often is dead-lettered, the agent
@@ -520,8 +527,13 @@ class RunAdvancer(ToolDispatch):
             ),
         )
 
+        committed: list[bool] = []
+
         def commit() -> None:
-            commit_step()
+            # Once: a run that stops on the way tries it again (_loop).
+            if not committed:
+                committed.append(True)
+                commit_step()
 
         at.conversation.append(user_message(payload))
         after = _Position(at.conversation, at.turns, _Step(step.seq, StepKind.TOOL_RESULT, results))
@@ -727,20 +739,21 @@ class RunAdvancer(ToolDispatch):
     def _store_turn_on_the_way_out(self) -> None:
         """The calls of an unstored turn did not come to results (the run stops, or something
         failed): the paid turn is committed if the fence still holds, else counted as unstored
-        by the store. Whatever that meets, the caller's exception is what propagates."""
-        if self._unstored_turn is None:
+        by the store."""
+        if self._unstored_turn is not None:
+            self._commit_on_the_way_out(self._store_unstored_turn)
+
+    def _commit_on_the_way_out(self, commit: Callable[[], None] | None) -> None:
+        """``commit`` (a commit still to make) as the run stops. Whatever that meets, the
+        exception already on its way out is what propagates; this one is only logged."""
+        if commit is None:
             return
         try:
-            self._store_unstored_turn()
+            commit()
         except Stop:
-            pass  # the fence failed: the store counted the turn
+            pass  # the fence failed: nothing to keep (a paid turn is counted by the store)
         except Exception:
-            # The exception already on its way out wins; this one is only logged.
-            logger.warning(
-                "run %s: committing the model turn on the way out failed",
-                self.run.pk,
-                exc_info=True,
-            )
+            logger.warning("run %s: committing on the way out failed", self.run.pk, exc_info=True)
 
     def _between_steps_reason(self, agent: Agent, turns: int) -> str | None:
         """Why the run would stop before its next step (what _check_interrupt and

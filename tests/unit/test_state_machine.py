@@ -314,3 +314,27 @@ def test_the_last_step_claims_the_next_run_in_memory_too(
     assert then.claim.run_id == second
     assert then.claim.task_payload == json.dumps("Say goodbye.")
     assert advance_run(then.claim, store=store) is Disposition.SUCCEEDED
+
+
+def test_a_read_that_fails_after_a_turn_went_with_its_results_loses_neither(
+    store: InMemoryStore, agents: dict[str, Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The turn waits for its pure call; the two are to commit while the next call is in
+    # flight. The inbox's probe before that call fails (a lost connection, say): the run
+    # stops, but the two are committed first, so the next claim does not ask for the turn again.
+    monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
+    run_id = start(store, agents["main"], '@lookup {"key": "a"}\n@lookup {"key": "b"}')
+
+    probes: list[Any] = []
+
+    def probe_fails(run_id: Any) -> bool:
+        probes.append(run_id)
+        if len(probes) == 2:  # the first is before the first call
+            raise RuntimeError("the probe failed")
+        return False
+
+    monkeypatch.setattr(store, "has_waiting_messages", probe_fails)
+    with pytest.raises(RuntimeError, match="the probe failed"):
+        advance_run(claimed(store, run_id), store=store)
+    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN, StepKind.TOOL_RESULT]
+    assert store.run(run_id).last_seq == 2
