@@ -13,9 +13,10 @@ The tool calls themselves, by effect class, are in ``dispatch.py``. Each step is
 worker's fence holds, and in seq order: a model turn before any call with a side effect runs;
 tool results before the next model call goes out, except that results of pure and idempotent
 calls are committed while that call is in flight (OVERLAP_SAFE_COMMITS; always before the turn
-it returns). A turn whose calls are all plain pure ones waits for them, FUSE_WITHIN_SECONDS at
-most, and is committed with their results in one statement (``Store.append_turn_and_results``);
-anything else the run writes meanwhile, or a slower call, has it committed first. Nothing is
+it returns). A turn whose calls are all plain pure ones (but a claim's first) waits for them,
+FUSE_WITHIN_SECONDS at most, and is committed with their results in one statement
+(``Store.append_turn_and_results``); anything else the run writes meanwhile, or a slower call,
+has it committed first. Nothing is
 kept in memory that the log does not also hold, so a new worker that claims the run after a
 crash continues at the first uncommitted step.
 """
@@ -291,6 +292,8 @@ class RunAdvancer(ToolDispatch):
         )
         # The model turn whose pure calls are running, while it waits to go with their results.
         self._unstored_turn: _UnstoredTurn | None = None
+        # Whether this claim has committed a step (a turn may go with its results only then).
+        self._committed_here = False
 
         # -- entry -----------------------------------------------------------------------------
 
@@ -702,13 +705,17 @@ class RunAdvancer(ToolDispatch):
                 return False
         return True
 
-    @staticmethod
-    def _may_go_with_results(agent: Agent, turn: dict[str, Any]) -> bool:
+    def _may_go_with_results(self, agent: Agent, turn: dict[str, Any]) -> bool:
         """Whether the turn may wait for its calls to go with their results: it asks for
         tools, and each call is to a plain pure tool (sync, no Retry policy) or to no tool
         at all (an error result), so that its results may be committed while the next model
-        call is in flight (OVERLAP_SAFE_COMMITS)."""
+        call is in flight (OVERLAP_SAFE_COMMITS). Only once this claim has committed a step:
+        a claim's first turn is committed before its calls, so that a call that kills its
+        process (a poison run) costs no paid turn again at each claim, and its dead letter
+        names the call."""
         if not app_settings.OVERLAP_SAFE_COMMITS or turn.get("stop_reason") != "tool_use":
+            return False
+        if not self._committed_here:
             return False
         for block in turn.get("content") or []:
             if block.get("type") != "tool_use":
@@ -1007,6 +1014,7 @@ class RunAdvancer(ToolDispatch):
             return False
         if step.finish is None:
             self.lease.renewed(tries[-1])  # the step renewed the lease
+        self._committed_here = True
         if with_turn is not None:
             observers.step_committed(with_turn.step.kind, time.monotonic() - started)
             logger.info(

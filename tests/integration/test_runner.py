@@ -27,7 +27,7 @@ from durable_agents._internal.interrupt import Interrupt
 from durable_agents.api import approve_intent, cancel_run, messages_for, requeue_run, start_run
 from durable_agents.declare.agents import Agent, registry
 from durable_agents.declare.tools import tool
-from durable_agents.engine import effects, runner
+from durable_agents.engine import effects
 from durable_agents.engine.runner import Disposition, advance_run
 from durable_agents.engine.worker import Worker
 from durable_agents.housekeeping import serving
@@ -867,13 +867,8 @@ def chatty_agent() -> Iterator[Agent]:
 
 
 def test_log_records_inside_a_run_carry_its_id(
-    fake_api: FakeAnthropic,
-    chatty_agent: Agent,
-    caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
+    fake_api: FakeAnthropic, chatty_agent: Agent, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The turn waits for its pure call and goes with its result, whatever the scheduling.
-    monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
     caplog.set_level(logging.INFO, logger="durable_agents")
     caplog.set_level(logging.INFO, logger=TOOL_LOGGER)
     run = start_run("test-runner-chatty", '@chatty {"word": "hello"}')
@@ -888,8 +883,8 @@ def test_log_records_inside_a_run_carry_its_id(
     from_runner = [r for r in caplog.records if r.name == "durable_agents.runner"]
     assert [vars(r)["run_id"] for r in from_runner] == [str(run.pk)] * 5
     messages = [r.getMessage() for r in from_runner]
-    assert messages[0].startswith(f"run {run.pk} tool chatty (pure) call 0 of turn 1: ok in ")
-    assert messages[1].startswith(f"run {run.pk} seq 1 model_turn committed (")
+    assert messages[0].startswith(f"run {run.pk} seq 1 model_turn committed (")
+    assert messages[1].startswith(f"run {run.pk} tool chatty (pure) call 0 of turn 1: ok in ")
     assert messages[2].startswith(f"run {run.pk} seq 2 tool_result tool=chatty committed (")
     assert messages[3].startswith(f"run {run.pk} seq 3 model_turn committed (")
     assert messages[4] == f"run {run.pk} succeeded"

@@ -27,7 +27,7 @@ from tests.fakeserver import FakeAnthropic
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TWO_TURNS_PURE = '@lookup {"key": "a"}\n@lookup {"key": "b"}'
+THREE_TURNS_PURE = '@lookup {"key": "a"}\n@lookup {"key": "b"}\n@lookup {"key": "c"}'
 
 
 class Commits:
@@ -75,50 +75,56 @@ def test_a_pure_turn_goes_with_its_results(
     # A window no thread scheduling can outlast: the calls end within it on any machine.
     monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
     commits = Commits(monkeypatch)
-    run = start_run("tester", TWO_TURNS_PURE)
+    run = start_run("tester", THREE_TURNS_PURE)
     work()
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
-    assert commits.made[:2] == [
-        ("append_turn_and_results", (1, 2)),
+    # A claim's first turn is committed before its calls; the later ones go with theirs.
+    assert commits.made[:4] == [
+        ("append_step", (1,)),
+        ("append_step", (2,)),
         ("append_turn_and_results", (3, 4)),
+        ("append_turn_and_results", (5, 6)),
     ]
-    assert ("append_step", (1,)) not in commits.made
+    turn, results = StepKind.MODEL_TURN, StepKind.TOOL_RESULT
     assert kinds(run.pk) == [
         (0, StepKind.TASK),
-        (1, StepKind.MODEL_TURN),
-        (2, StepKind.TOOL_RESULT),
-        (3, StepKind.MODEL_TURN),
-        (4, StepKind.TOOL_RESULT),
-        (5, StepKind.MODEL_TURN),
+        (1, turn),
+        (2, results),
+        (3, turn),
+        (4, results),
+        (5, turn),
+        (6, results),
+        (7, turn),
     ]
-    # The second call sent the results as they were committed with the turn, and the turns
+    # The third call sent the results as they were committed with their turn, and the turns
     # were counted.
-    sent = json.loads(fake_api.requests[1].body)["messages"]
-    stored = AgentStep.objects.get(run_id=run.pk, seq=2).payload
-    assert sent[2] == {"role": "user", "content": json.loads(stored)}
+    sent = json.loads(fake_api.requests[2].body)["messages"]
+    stored = AgentStep.objects.get(run_id=run.pk, seq=4).payload
+    assert sent[4] == {"role": "user", "content": json.loads(stored)}
     assert run.tokens_used > 0
-    assert ToolEffect.objects.filter(run_id=run.pk, seq__in=[1, 3]).count() == 2
+    assert ToolEffect.objects.filter(run_id=run.pk, seq__in=[1, 3, 5]).count() == 3
 
 
 def test_a_slow_pure_call_has_its_turn_committed_while_it_runs(
     fake_api: FakeAnthropic, receiver: Receiver
 ) -> None:
-    run = start_run("tester", '@slow {"seconds": 3600}')
+    # The second turn calls the slow tool (a claim's first turn never waits for its calls).
+    run = start_run("tester", '@lookup {"key": "a"}\n@slow {"seconds": 3600}')
     done: list[Worker] = []
     thread = threading.Thread(target=lambda: done.append(work()), daemon=True)
     thread.start()
     try:
         wait_for(lambda: receiver.marker("slow-started"), timeout=30)
         # The call goes on; its turn does not wait for it.
-        wait_for(lambda: AgentStep.objects.filter(run_id=run.pk, seq=1).exists(), timeout=30)
-        assert not AgentStep.objects.filter(run_id=run.pk, seq=2).exists()
+        wait_for(lambda: AgentStep.objects.filter(run_id=run.pk, seq=3).exists(), timeout=30)
+        assert not AgentStep.objects.filter(run_id=run.pk, seq=4).exists()
     finally:
         (receiver.directory / "slow-release").touch()
     thread.join(60)
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
-    assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2, 3]
+    assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2, 3, 4, 5]
 
 
 def _claimed() -> Claim:

@@ -146,7 +146,9 @@ def together(
 def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
     store: InMemoryStore, clock: ManualClock, agents: dict[str, Agent], together: bool
 ) -> None:
-    run_id = start(store, agents["main"], '@hook {"name": "steal"}')
+    # The second turn calls the hook: a claim's first turn is always committed before its
+    # calls, a later one may wait to go with their results.
+    run_id = start(store, agents["main"], '@lookup {"key": "a"}\n@hook {"name": "steal"}')
     stolen: list[Claim] = []
 
     def steal() -> None:
@@ -158,15 +160,16 @@ def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
     HOOKS["steal"] = steal
     assert advance_run(claimed(store, run_id), store=store) is Disposition.LOST
     run = store.run(run_id)
+    before = [StepKind.TASK, StepKind.MODEL_TURN, StepKind.TOOL_RESULT]
     if together:
         # The turn waited for its call's result: neither is appended; the turn counts as paid.
-        assert kinds(store, run_id) == [StepKind.TASK]
-        assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 0)
+        assert kinds(store, run_id) == before
+        assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 2)
         assert run.tokens_used > 0
     else:
-        assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN]  # nothing appended
-        assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 1)
-    recorded = [e.result for e in store.recorded_effects(run_id, 1).values()]
+        assert kinds(store, run_id) == [*before, StepKind.MODEL_TURN]  # nothing appended
+        assert (run.lease_owner, run.attempt, run.last_seq) == ("thief", 2, 3)
+    recorded = [e.result for e in store.recorded_effects(run_id, 3).values()]
     if together:
         # Its result went nowhere: the new holder's model asks again, and the call, pure, runs
         # again.
@@ -179,16 +182,20 @@ def test_a_fence_lost_mid_run_appends_nothing_and_the_new_holder_goes_on(
         # ... so the new holder continues from the log and does not run it again.
         assert advance_run(stolen[0], store=store) is Disposition.SUCCEEDED
         assert HOOKED == ["steal"]
-    first_of_thief = 1 if together else 2
+    first_of_thief = 3 if together else 4
     workers = [step.worker for step in store.steps_of(run_id)]
-    assert workers[first_of_thief:] == ["thief"] * (4 - first_of_thief)
+    assert workers[first_of_thief:] == ["thief"] * (6 - first_of_thief)
 
 
 @pytest.mark.parametrize("together", [True, False], indirect=True, ids=["together", "turn-first"])
 def test_a_cancel_mid_run_stops_it(
     store: InMemoryStore, agents: dict[str, Agent], together: bool
 ) -> None:
-    run_id = start(store, agents["main"], '@hook {"name": "cancel"}\n@lookup {"key": "b"}')
+    run_id = start(
+        store,
+        agents["main"],
+        '@lookup {"key": "a"}\n@hook {"name": "cancel"}\n@lookup {"key": "b"}',
+    )
 
     def cancel() -> None:
         store.cancel_run(run_id)
@@ -196,11 +203,24 @@ def test_a_cancel_mid_run_stops_it(
     HOOKS["cancel"] = cancel
     assert advance_run(claimed(store, run_id), store=store) is Disposition.CANCELLED
     run = store.run(run_id)
-    last = 0 if together else 1
+    last = 2 if together else 3
     assert (run.status, run.lease_owner, run.last_seq) == (RunStatus.CANCELLED, None, last)
     assert run.finished_at is not None
-    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN][: last + 1]
-    assert run.tokens_used > 0  # the turn was paid for, committed or not
+    every = [StepKind.TASK, StepKind.MODEL_TURN, StepKind.TOOL_RESULT, StepKind.MODEL_TURN]
+    assert kinds(store, run_id) == every[: last + 1]
+
+
+def test_a_claims_first_turn_is_committed_before_its_pure_calls(
+    store: InMemoryStore, agents: dict[str, Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call that kills its process (a poison run) must find its turn committed, whatever
+    # the window: the next claim neither pays for the turn again nor loses its name.
+    monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
+    run_id = start(store, agents["main"], '@hook {"name": "look"}')
+    seen: list[list[str]] = []
+    HOOKS["look"] = lambda: seen.append(kinds(store, run_id))
+    assert advance_run(claimed(store, run_id), store=store) is Disposition.SUCCEEDED
+    assert seen == [[StepKind.TASK, StepKind.MODEL_TURN]]
 
 
 def test_a_run_over_its_turn_budget_fails(store: InMemoryStore, agents: dict[str, Agent]) -> None:
@@ -323,18 +343,19 @@ def test_a_read_that_fails_after_a_turn_went_with_its_results_loses_neither(
     # flight. The inbox's probe before that call fails (a lost connection, say): the run
     # stops, but the two are committed first, so the next claim does not ask for the turn again.
     monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
-    run_id = start(store, agents["main"], '@lookup {"key": "a"}\n@lookup {"key": "b"}')
+    task = '@lookup {"key": "a"}\n@lookup {"key": "b"}\n@lookup {"key": "c"}'
+    run_id = start(store, agents["main"], task)
 
     probes: list[Any] = []
 
     def probe_fails(run_id: Any) -> bool:
         probes.append(run_id)
-        if len(probes) == 2:  # the first is before the first call
+        if len(probes) == 3:  # before the third call: turn 3 and its results are to go with it
             raise RuntimeError("the probe failed")
         return False
 
     monkeypatch.setattr(store, "has_waiting_messages", probe_fails)
     with pytest.raises(RuntimeError, match="the probe failed"):
         advance_run(claimed(store, run_id), store=store)
-    assert kinds(store, run_id) == [StepKind.TASK, StepKind.MODEL_TURN, StepKind.TOOL_RESULT]
-    assert store.run(run_id).last_seq == 2
+    assert kinds(store, run_id) == [StepKind.TASK] + [StepKind.MODEL_TURN, StepKind.TOOL_RESULT] * 2
+    assert store.run(run_id).last_seq == 4
