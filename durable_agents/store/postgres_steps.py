@@ -214,7 +214,7 @@ SELECT id, %(results_seq)s, %(part)s, %(results_kind)s, %(results_payload)s, NUL
 
 # The effects of a turn's results, recorded only if the fence held (unlike RECORD_EFFECTS: the
 # calls were pure, and a turn never committed leaves no ledger behind for a later claim's own
-# turn at that seq). ``{rows}``: typed tuples (``_fenced_effect_rows``).
+# turn at that seq). ``{rows}``: typed tuples (``_FENCED_EFFECT_ROW``).
 RECORD_FENCED_EFFECTS = """\
 recorded AS (
     INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
@@ -328,34 +328,24 @@ RESULT_FIELD = ToolEffect._meta.get_field("result")
 OUTPUT_FIELD = AgentRun._meta.get_field("output")
 
 
-def _effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
-    """The VALUES list for ``{rows}``: one placeholder tuple per effect, its values added to
-    ``params``."""
-    rows = []
-    for i, effect in enumerate(effects):
-        rows.append(f"(%(k{i})s, %(run_id)s, %(s{i})s, %(c{i})s, %(t{i})s, %(r{i})s, %(e{i})s)")
-        params.update(
-            {
-                f"k{i}": effect.key,
-                f"s{i}": effect.seq,
-                f"c{i}": effect.call_index,
-                f"t{i}": effect.tool,
-                f"r{i}": RESULT_FIELD.get_prep_value(effect.result),
-                f"e{i}": effect.is_error,
-            }
-        )
-    return ", ".join(rows)
+# One effect's placeholder tuple in RECORD_EFFECTS's VALUES list (``{i}``: its index), and in
+# RECORD_FENCED_EFFECTS's, typed: a VALUES list outside an INSERT takes its columns' types from
+# its values, and a parameter's would be text.
+_EFFECT_ROW = "(%(k{i})s, %(run_id)s, %(s{i})s, %(c{i})s, %(t{i})s, %(r{i})s, %(e{i})s)"
+_FENCED_EFFECT_ROW = (
+    "(%(k{i})s::varchar, %(s{i})s::integer, %(c{i})s::integer, %(t{i})s::varchar,"
+    " %(r{i})s::text, %(e{i})s::boolean)"
+)
 
 
-def _fenced_effect_rows(effects: Sequence[ToolEffect], params: dict[str, Any]) -> str:
-    """The VALUES list for RECORD_FENCED_EFFECTS: typed, since a VALUES list outside an INSERT
-    takes its columns' types from its values, and a parameter's would be text."""
+def _effect_rows(
+    effects: Sequence[ToolEffect], params: dict[str, Any], row: str = _EFFECT_ROW
+) -> str:
+    """The VALUES list for ``{rows}``: one placeholder tuple per effect (``row``), its values
+    added to ``params``."""
     rows = []
     for i, effect in enumerate(effects):
-        rows.append(
-            f"(%(k{i})s::varchar, %(s{i})s::integer, %(c{i})s::integer, %(t{i})s::varchar,"
-            f" %(r{i})s::text, %(e{i})s::boolean)"
-        )
+        rows.append(row.format(i=i))
         params.update(
             {
                 f"k{i}": effect.key,
@@ -439,7 +429,7 @@ def turn_and_results_params(
     params["results_kind"] = results.kind
     params["results_payload"] = encryption.seal(results.payload, STEP_PAYLOAD)
     if results.effects:
-        rows = _fenced_effect_rows(results.effects, params)
+        rows = _effect_rows(results.effects, params, _FENCED_EFFECT_ROW)
         return APPEND_TURN_AND_RESULTS_WITH_EFFECTS_SQL.format(rows=rows), params
     return APPEND_TURN_AND_RESULTS_SQL, params
 
