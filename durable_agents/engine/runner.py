@@ -292,8 +292,8 @@ class RunAdvancer(ToolDispatch):
         )
         # The model turn whose pure calls are running, while it waits to go with their results.
         self._unstored_turn: _UnstoredTurn | None = None
-        # Whether this claim has committed a step (a turn may go with its results only then).
-        self._committed_here = False
+        # Whether this claim has committed a model turn (a later turn may go with its results).
+        self._turn_committed_here = False
 
         # -- entry -----------------------------------------------------------------------------
 
@@ -709,13 +709,14 @@ class RunAdvancer(ToolDispatch):
         """Whether the turn may wait for its calls to go with their results: it asks for
         tools, and each call is to a plain pure tool (sync, no Retry policy) or to no tool
         at all (an error result), so that its results may be committed while the next model
-        call is in flight (OVERLAP_SAFE_COMMITS). Only once this claim has committed a step:
-        a claim's first turn is committed before its calls, so that a call that kills its
-        process (a poison run) costs no paid turn again at each claim, and its dead letter
-        names the call."""
+        call is in flight (OVERLAP_SAFE_COMMITS). Only once this claim has committed a model
+        turn: a claim's first turn is committed before its calls, so that a call that kills
+        its process (a poison run) costs no paid turn again at each claim, its dead letter
+        names the call, and a worker that resumes a run after a crash runs its first turn's
+        calls only once that turn is in the log."""
         if not app_settings.OVERLAP_SAFE_COMMITS or turn.get("stop_reason") != "tool_use":
             return False
-        if not self._committed_here:
+        if not self._turn_committed_here:
             return False
         for block in turn.get("content") or []:
             if block.get("type") != "tool_use":
@@ -1014,7 +1015,8 @@ class RunAdvancer(ToolDispatch):
             return False
         if step.finish is None:
             self.lease.renewed(tries[-1])  # the step renewed the lease
-        self._committed_here = True
+        if kind == StepKind.MODEL_TURN or with_turn is not None:
+            self._turn_committed_here = True
         if with_turn is not None:
             observers.step_committed(with_turn.step.kind, time.monotonic() - started)
             logger.info(
