@@ -302,7 +302,7 @@ class PostgresStore(Store):
         but the paid turn's count (``count_unstored_turn``) when the fence fails."""
         sql, params = postgres_steps.turn_and_results_params(claim, turn, results)
         try:
-            appended = self._execute_turn_and_results(sql, params)
+            appended = postgres_steps.execute_turn_and_results(sql, params)
         except DataError:
             self.count_unstored_turn(claim, turn)
             raise
@@ -311,11 +311,6 @@ class PostgresStore(Store):
         if not appended:
             self.count_unstored_turn(claim, turn)
         return appended
-
-    @staticmethod
-    def _execute_turn_and_results(sql: str, params: dict[str, Any]) -> bool:
-        # A method of its own: the statement tests keep what it would send instead.
-        return postgres_steps.execute_turn_and_results(sql, params)
 
     def _append(
         self,
