@@ -328,9 +328,11 @@ class RunAdvancer(ToolDispatch):
                 else:
                     at = self._end_as_committed(agent, at)
             except BaseException:
-                # Whatever stops the run, the results (and the turn that went with them) that
-                # were to commit with the next call are committed if the fence still holds: a
-                # paid turn is not asked for again because a read failed after it.
+                # Whatever stops the run, what it has not committed yet is committed if the
+                # fence still holds: a turn waiting for its calls' results, or the results (and
+                # the turn that went with them) that were to commit with the next call. A paid
+                # turn is not asked for again because something failed after it.
+                self._store_turn_on_the_way_out()
                 self._commit_on_the_way_out(at.pending)
                 raise
 
@@ -499,11 +501,7 @@ class RunAdvancer(ToolDispatch):
         # these calls run: from here on the next model call looks for itself.
         self._ahead_messages = None
         started = time.monotonic()
-        try:
-            results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
-        except BaseException:
-            self._store_turn_on_the_way_out()
-            raise
+        results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
         # Still unstored: its calls all ended within the window; it goes with their results.
         with_turn, self._unstored_turn = self._unstored_turn, None
         # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is storable

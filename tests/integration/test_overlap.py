@@ -14,12 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from durable_agents import store
 from durable_agents.api import start_run
 from durable_agents.engine.worker import Worker
 from durable_agents.models import AgentRun, AgentStep, ToolEffect
-from durable_agents.store import StepWrite
-from tests.conftest import backend_waits_on_lock, database_url, wait_for
+from tests.conftest import backend_waits_on_lock, before_commit_of, database_url, wait_for
 from tests.fakeserver import FakeAnthropic
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -36,31 +34,16 @@ class RowLock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, seq: int) -> None:
         self.conn: psycopg.Connection | None = None
         self.taken = threading.Event()
-        # The store the worker's runs use (the runner commits every step through its
-        # ``append_step``).
-        chosen = store.current()
-        append_step = chosen.append_step
-        append_together = chosen.append_turn_and_results
 
-        def lock(claim: Any, step: StepWrite) -> None:
-            if step.seq == seq and self.conn is None:
+        def lock(claim: Any) -> None:
+            if self.conn is None:
                 self.conn = psycopg.connect(database_url())
                 self.conn.execute(
                     "SELECT 1 FROM agent_run WHERE id = %s FOR UPDATE", (claim.run_id,)
                 )
                 self.taken.set()
 
-        def locked_append(claim: Any, step: StepWrite, *args: Any, **kwargs: Any) -> bool:
-            lock(claim, step)
-            return append_step(claim, step, *args, **kwargs)
-
-        # The results of a turn whose calls were all pure go with the turn.
-        def locked_together(claim: Any, turn: StepWrite, results: StepWrite) -> bool:
-            lock(claim, results)
-            return append_together(claim, turn, results)
-
-        monkeypatch.setattr(chosen, "append_step", locked_append)
-        monkeypatch.setattr(chosen, "append_turn_and_results", locked_together)
+        before_commit_of(monkeypatch, seq, lock)
 
     def release(self, sql: str | None = None, params: tuple[Any, ...] = ()) -> None:
         assert self.conn is not None
