@@ -9,7 +9,9 @@ its own process. Printed: this process's CPU time (all its threads: the slot, it
 thread, the heartbeat, the listener) and the wall time, per resume. ``--profile`` runs the
 resume under yappi (CPU clock, every thread; yappi must be installed) and writes the functions
 by total and by own time to bench/out/resume_profile_*.txt; its figures are yappi's, several
-times the unprofiled ones.
+times the unprofiled ones. ``BENCH_PYSPY=DIR`` samples the timed part alone with py-spy instead
+(``DIR/resume.txt``, collapsed stacks; py-spy must be installed): close to the unprofiled
+figures, and where the CPU goes outside Python functions too.
 
 One slot on purpose: the figure is the work of a resume, without the thread switching of a
 thousand slots (``python -m bench.waits`` measures the burst). Compare two commits side by
@@ -22,6 +24,8 @@ side, alternating, in one session (a worktree and ``PYTHONPATH``): this machine'
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import time
 from typing import Any
 
@@ -76,9 +80,13 @@ def _measure(runs: int, profile: bool) -> dict[str, Any]:
 
         yappi.set_clock_type("cpu")
         yappi.start()
+    spy = waits.py_spy(os.getpid(), "resume")
     cpu, wall = time.process_time(), time.perf_counter()
     worker.run()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled and ends
+        spy.wait()
     if profile:
         yappi.stop()
         _write_profile(yappi)

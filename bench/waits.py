@@ -651,7 +651,7 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_split(pid))
 
 
-def _py_spy(worker_pid: int, label: str) -> subprocess.Popen[bytes] | None:
+def py_spy(worker_pid: int, label: str) -> subprocess.Popen[bytes] | None:
     """A sampling profile of the worker during the wake alone (not the parking), when asked:
     ``BENCH_PYSPY=DIR`` writes py-spy's collapsed stacks to ``DIR/<label>.txt`` (with
     ``BENCH_PYSPY_GIL=1``, only the thread holding the interpreter lock); ``BENCH_PERF=DIR``
@@ -713,7 +713,7 @@ def _round(
             f"{label}: parking took {park_s:.1f} s, past the timer: raise --timer-in"
         )
     time.sleep(1.0)  # let the worker go idle
-    spy = _py_spy(worker_pid, label)
+    spy = py_spy(worker_pid, label)
     if due is not None:
         time.sleep(max(0.0, due - 0.5 - time.time()))
     user_before, sys_before = cpu_split(worker_pid)

@@ -8,7 +8,8 @@ works on and keeps the leases of the runs it holds alive. The whole flow:
                                while runs wait, or POLL_INTERVAL passes; queues the claims
     slots (``concurrency``)    each advances one run at a time (``runner.advance_run``); the
                                statement that commits a run's last step may claim its next run
-                               (while runs may be waiting: ``claimable.py``)
+                               (while every other slot is busy and runs may be waiting:
+                               ``claimable.py``; with a slot idle it wakes the claimer instead)
     heartbeat                  one statement per beat renews every lease the worker holds and
                                its row in agent_worker (idle or not), and names the runs that
                                were cancelled or taken over: their slots are interrupted
@@ -769,6 +770,12 @@ class Worker:
             for claim in claims:
                 self._models_seen[claim.run.model] = now
 
+    def _slots_idle(self) -> bool:
+        """Whether a slot has no run and none is queued for it (the slot asking counts as
+        busy until its run is over)."""
+        with self._lock:
+            return self._busy < self.concurrency
+
     def _slot_freed(self) -> None:
         with self._lock:
             self._busy -= 1
@@ -804,17 +811,20 @@ class Worker:
 
         def take() -> bool:
             # The next run comes with the last step only while capacity is plentiful (else the
-            # claimer takes runs as the buckets have room, highest priority first) and while
-            # runs may be waiting (else the claim would be sent for nothing).
+            # claimer takes runs as the buckets have room, highest priority first), while runs
+            # may be waiting (else the claim would be sent for nothing) and while every other
+            # slot is busy: with a slot idle the claimer is woken instead, and takes the
+            # waiting runs for all the idle slots, up to a hundred a statement, so that they
+            # start at once rather than each waiting for a run in a busy slot to end.
             nonlocal epoch, inbox_mark
+            if self.stopping.is_set() or self._capacity_short or not self._claimable.may_wait():
+                return False
+            if self._slots_idle():
+                self._wake.set()
+                return False
             epoch = self._claimable.epoch()
             inbox_mark = self.inbox.mark()  # before the claim's look into the inbox
-            return (
-                not self.stopping.is_set()
-                and not self._capacity_short
-                and self._claimable.may_wait()
-                and self._take_ticket()
-            )
+            return self._take_ticket()
 
         def give_back() -> None:  # the claim found no run
             self._forget_ticket()

@@ -53,10 +53,8 @@ class NotingStore(PostgresStore):
 
 @pytest.fixture
 def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[Worker]:
-    listen = getattr(request, "param", True)
-    with worker_in_a_thread(
-        concurrency=2, poll_interval=30, store=NotingStore(), listen=listen
-    ) as w:
+    options = {"concurrency": 2, "listen": True, **getattr(request, "param", {})}
+    with worker_in_a_thread(poll_interval=30, store=NotingStore(), **options) as w:
         # A claim that found nothing is believed for as long as a test may take on a busy
         # machine (the hint forgets it after a second otherwise, and a slow run's last step
         # would then send the claim after all).
@@ -84,15 +82,31 @@ def test_runs_ending_while_nothing_is_claimable_send_no_claim(worker: Worker) ->
     assert noted(worker) == [(False, False)] * 3
 
 
-@pytest.mark.parametrize("worker", [False], indirect=True)
+def run_unheard(w: Worker, task: str) -> None:
+    """Start one run with the worker idle and no listener, tell the claimer as a poll would,
+    and wait for it to end."""
+    durable_agents.start_run("tester", task)
+    w._wake.set()
+    wait_for(lambda: w.in_flight() == 0 and not AgentRun.objects.exclude(
+        status=RunStatus.SUCCEEDED).exists())  # fmt: skip
+
+
+@pytest.mark.parametrize("worker", [{"listen": False, "concurrency": 1}], indirect=True)
 def test_without_the_listener_every_last_step_tries_to_claim(worker: Worker) -> None:
-    # With no notifications to hear of new runs, the hint never says "nothing waits".
+    # With no notifications to hear of new runs, the hint never says "nothing waits": the one
+    # slot's last step sends the claim every time.
     for i in range(3):
-        durable_agents.start_run("tester", f"Run {i}.")
-        worker._wake.set()  # no listener: the claimer is told, as a poll would
-        wait_for(lambda: worker.in_flight() == 0 and not AgentRun.objects.exclude(
-            status=RunStatus.SUCCEEDED).exists())  # fmt: skip
+        run_unheard(worker, f"Run {i}.")
     assert noted(worker) == [(True, False)] * 3
+
+
+@pytest.mark.parametrize("worker", [{"listen": False}], indirect=True)
+def test_with_a_slot_idle_the_claimer_claims_instead(worker: Worker) -> None:
+    # Runs may wait (no listener), but the other slot is idle: the last step sends no claim
+    # and wakes the claimer, which takes any waiting runs for every idle slot in one batch.
+    for i in range(3):
+        run_unheard(worker, f"Run {i}.")
+    assert noted(worker) == [(False, False)] * 3
 
 
 def test_a_backlog_is_claimed_with_the_last_step(worker: Worker, fake_api: FakeAnthropic) -> None:
