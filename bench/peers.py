@@ -27,6 +27,9 @@ from typing import Any
 from bench import common
 from bench.common import log
 
+# How many times faster than DBOS Transact the app must be on this workload (median of ten runs).
+DBOS_TARGET = 2.5
+
 DB = "da_bench_peers"
 DBOS_DB = "da_bench_dbos"
 
@@ -232,8 +235,8 @@ def run(runs: int, reps: int, q2_n: int) -> dict[str, Any]:
         "durable_steps_per_s": steps / d,
         "dbos_steps_per_s": steps / b,
         "dbos_speedup": b / d,
-        "dbos_target": "durable_agents at least 2x faster than DBOS",
-        "dbos_met": b / d >= 2,
+        "dbos_target": f"durable_agents at least {DBOS_TARGET:g}x faster than DBOS",
+        "dbos_met": b / d >= DBOS_TARGET,
         "q2": q2,
         "q2_tasks_per_s": q2_n / q2["span_s"],
         "q2_tasks_per_s_wall": q2_n / q2["wall_s"],
@@ -247,7 +250,7 @@ def run(runs: int, reps: int, q2_n: int) -> dict[str, Any]:
     log(
         f"[peers] DBOS {res['dbos_steps_per_s']:.0f} steps/s vs durable "
         f"{res['durable_steps_per_s']:.0f} steps/s: durable {res['dbos_speedup']:.2f}x faster -> "
-        f"{common.verdict(res['dbos_met'])} (>= 2x)"
+        f"{common.verdict(res['dbos_met'])} (>= {DBOS_TARGET:g}x)"
     )
     log(
         f"[peers] one-step runs: django-q2 {res['q2_tasks_per_s']:.1f} tasks/s "
