@@ -652,7 +652,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def py_spy(worker_pid: int, label: str) -> subprocess.Popen[bytes] | None:
-    """A sampling profile of the worker during the wake alone (not the parking), when asked:
+    """A sampling profile of process ``worker_pid`` from now until the caller interrupts it
+    (here the worker during the wake alone, not the parking; bench/resume.py its own timed
+    part), when asked:
     ``BENCH_PYSPY=DIR`` writes py-spy's collapsed stacks to ``DIR/<label>.txt`` (with
     ``BENCH_PYSPY_GIL=1``, only the thread holding the interpreter lock); ``BENCH_PERF=DIR``
     writes ``perf record -g`` to ``DIR/<label>.data`` (where the CPU goes outside Python: the

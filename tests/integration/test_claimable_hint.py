@@ -53,8 +53,9 @@ class NotingStore(PostgresStore):
 
 @pytest.fixture
 def worker(fake_api: FakeAnthropic, request: pytest.FixtureRequest) -> Iterator[Worker]:
-    options = {"concurrency": 2, "listen": True, **getattr(request, "param", {})}
-    with worker_in_a_thread(poll_interval=30, store=NotingStore(), **options) as w:
+    options = {"concurrency": 2, "listen": True, "poll_interval": 30}
+    options.update(getattr(request, "param", {}))
+    with worker_in_a_thread(store=NotingStore(), **options) as w:
         # A claim that found nothing is believed for as long as a test may take on a busy
         # machine (the hint forgets it after a second otherwise, and a slow run's last step
         # would then send the claim after all).
@@ -107,6 +108,38 @@ def test_with_a_slot_idle_the_claimer_claims_instead(worker: Worker) -> None:
     for i in range(3):
         run_unheard(worker, f"Run {i}.")
     assert noted(worker) == [(False, False)] * 3
+
+
+@pytest.mark.parametrize("worker", [{"listen": False, "poll_interval": 600}], indirect=True)
+def test_a_run_ending_with_a_slot_idle_wakes_the_claimer(
+    worker: Worker, fake_api: FakeAnthropic
+) -> None:
+    # Run 0 is held at the model while run 1 is started, unheard (no listener, and the next
+    # poll is ten minutes away). Run 0's end sends no claim (the other slot is idle) but wakes
+    # the claimer, which takes run 1 at once.
+    release = threading.Event()
+
+    def hold_run_0(body: dict[str, Any]) -> None:
+        if "Run 0." in json.dumps(body["messages"][0]):
+            release.wait(60)
+
+    fake_api.before_answer = hold_run_0
+    first = durable_agents.start_run("tester", "Run 0.")
+    worker._wake.set()
+    wait_for(lambda: worker.in_flight() == 1)
+    second = durable_agents.start_run("tester", "Run 1.")
+    release.set()
+    wait_for(
+        lambda: (
+            AgentRun.objects.filter(
+                pk__in=[first.pk, second.pk], status=RunStatus.SUCCEEDED
+            ).count()
+            == 2
+        ),
+        timeout=20,
+        what="run 1 claimed after run 0 ended",
+    )
+    assert noted(worker)[0] == (False, False)
 
 
 def test_a_backlog_is_claimed_with_the_last_step(worker: Worker, fake_api: FakeAnthropic) -> None:
