@@ -15,8 +15,11 @@ A tool with a ``Retry`` policy (any class but irreversible) is called again, wit
 idempotency key, after a failure the policy names and its pause (``_invoke``); the model
 reads what the last attempt came to.
 
-Each call travels as one ``ToolCall`` value. Every completed call is recorded at once, but
-the last, which is committed with the tool_result step (``RunAdvancer._commit``).
+Each call travels as one ``ToolCall`` value. A completed call with a side effect (idempotent,
+non-idempotent, irreversible) is recorded at once, so that it never runs again; a completed
+pure call (and the error result of a call to no tool) is recorded with the tool_result step
+(``RunAdvancer._commit``), as the last call of the turn always is: running it again after a
+crash costs nothing, and a turn of several pure calls commits once, not once a call.
 """
 
 from __future__ import annotations
@@ -154,6 +157,13 @@ def wait_spec(wait: waits.Wait, key: str) -> WaitSpec:
     return WaitSpec(WaitKind.RUNS, key, seconds=wait.timeout, runs=wait.runs)
 
 
+def _free_to_run_again(agent: Agent, name: Any) -> bool:
+    """Whether a completed call costs nothing to run again: a call to a pure tool, or to no
+    tool at all (its error result is computed again)."""
+    tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
+    return tool is None or tool.effect is EffectClass.PURE
+
+
 class ToolDispatch:
     """The tool half of ``RunAdvancer``: what it needs of the advancer is declared here (the
     claim, its store and interrupt, and three ways to stop), defined there."""
@@ -165,6 +175,9 @@ class ToolDispatch:
 
     # The calls recorded at the run's last step, read with the claim's batch: (seq, by key).
     ahead_effects: tuple[int, dict[str, ToolEffect]] | None = None
+    # Completed calls of the turn being dispatched that are free to run again, not recorded
+    # yet: they go with the tool_result step, or before a recorded call or a park.
+    unrecorded: tuple[ToolEffect, ...] = ()
 
     def _check_interrupt(self) -> None:
         raise NotImplementedError
@@ -199,15 +212,17 @@ class ToolDispatch:
 
     def _dispatch(
         self, agent: Agent, seq: int, turn: dict[str, Any], fresh: bool
-    ) -> tuple[list[dict[str, Any]], ToolEffect | None]:
-        """Run the calls of the model turn ``turn`` (step ``seq``) in order. Every completed
-        call is recorded at once, but the last, which is committed together with the
-        tool_result step. ``fresh``: the turn was committed by this claim just now, so none of
-        its calls can have run yet (the ledger need not be read)."""
+    ) -> tuple[list[dict[str, Any]], list[ToolEffect]]:
+        """Run the calls of the model turn ``turn`` (step ``seq``) in order; their results,
+        and the calls to record with the tool_result step: the last one, and the pure ones
+        not recorded on the way (a completed call with a side effect is recorded at once).
+        ``fresh``: the turn was committed by this claim just now, so none of its calls can
+        have run yet (the ledger need not be read)."""
         calls = [b for b in turn.get("content") or [] if b.get("type") == "tool_use"]
         recorded = {} if fresh else self._recorded_effects(seq)
         results: list[dict[str, Any]] = []
         final_effect: ToolEffect | None = None
+        self.unrecorded = ()
         for index, call in enumerate(calls):
             name = call.get("name", "")
             tool_input = call.get("input")
@@ -227,17 +242,34 @@ class ToolDispatch:
                         agent, ToolCall(seq, index, name, tool_input, key, sent)
                     )
                     span.result(effect.result, effect.is_error)
-                if index < len(calls) - 1:
-                    # Recorded at once (again after a lost connection): a completed call
-                    # must not run again in the next claim.
-                    self.durably(
-                        functools.partial(self.store.record_effect, effect),
-                        f"recording call {index} of step {seq}",
-                    )
-                else:
+                if index == len(calls) - 1:
                     final_effect = effect
+                elif _free_to_run_again(agent, name):
+                    self.unrecorded = (*self.unrecorded, effect)
+                else:
+                    # Recorded at once (again after a lost connection): a completed call
+                    # with a side effect must not run again in the next claim.
+                    self._record_unrecorded()
+                    self._record(effect)
             results.append(result_block(call.get("id", ""), effect))
-        return results, final_effect
+        to_record, self.unrecorded = list(self.unrecorded), ()
+        if final_effect is not None:
+            to_record.append(final_effect)
+        return results, to_record
+
+    def _record(self, effect: ToolEffect) -> None:
+        self.durably(
+            functools.partial(self.store.record_effect, effect),
+            f"recording call {effect.call_index} of step {effect.seq}",
+        )
+
+    def _record_unrecorded(self) -> None:
+        """Record the completed pure calls of the turn not recorded yet (before a call with
+        a side effect is recorded, or the run parks: their results are kept, not computed
+        again)."""
+        pending, self.unrecorded = self.unrecorded, ()
+        for effect in pending:
+            self._record(effect)
 
     def _effect(self, call: ToolCall, text: str, is_error: bool) -> ToolEffect:
         # Names and texts come from the model and from tool code: made storable here, the one
@@ -408,6 +440,7 @@ class ToolDispatch:
         what it waits for is over already (an event sent, children ended, an answer)."""
         spec = wait_spec(wait, call.key)
         self._store_unstored_turn()  # the wait belongs to a call of a committed turn
+        self._record_unrecorded()  # the turn's pure calls before it are not run again
         outcome, woken_by = self.store.park_on_wait(self.claim, spec)
         if outcome is Parked.FENCE_FAILED:
             self._fence_failed()
@@ -685,6 +718,7 @@ class ToolDispatch:
         """Park the run on ``intent`` and stop (raises ``Stop``), or return when the intent
         was decided meanwhile (``intent`` is re-read: the caller goes on with it). ``unknown``:
         the intent was left executing; it becomes unknown, with ``why`` as its reason."""
+        self._record_unrecorded()  # the turn's pure calls before it are not run again
         outcome = self.store.park_on_intent(
             self.claim, intent, new=new, unknown_because=why if unknown else None
         )

@@ -501,7 +501,7 @@ class RunAdvancer(ToolDispatch):
         # these calls run: from here on the next model call looks for itself.
         self._ahead_messages = None
         started = time.monotonic()
-        results, final_effect = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
+        results, to_record = self._dispatch(agent, turn.seq, turn.message, turn.fresh)
         # Still unstored: its calls all ended within the window; it goes with their results.
         with_turn, self._unstored_turn = self._unstored_turn, None
         # Escapes instead of raw lone surrogates (a hostile tool_use id): the text is storable
@@ -511,7 +511,7 @@ class RunAdvancer(ToolDispatch):
             turn.seq + 1,
             StepKind.TOOL_RESULT,
             payload,
-            effects=[final_effect] if final_effect else [],
+            effects=to_record,
         )
         commit_step = functools.partial(
             self._commit,

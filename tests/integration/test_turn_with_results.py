@@ -59,6 +59,20 @@ class Commits:
         monkeypatch.setattr(chosen, "append_turn_and_results", two)
 
 
+def records_on_their_own(monkeypatch: pytest.MonkeyPatch) -> list[ToolEffect]:
+    """The calls the store records in statements of their own (``record_effect``), in order."""
+    recorded: list[ToolEffect] = []
+    chosen = current()
+    record_effect = chosen.record_effect
+
+    def record(effect: ToolEffect) -> None:
+        recorded.append(effect)
+        record_effect(effect)
+
+    monkeypatch.setattr(chosen, "record_effect", record)
+    return recorded
+
+
 def kinds(run_id: Any) -> list[tuple[int, str]]:
     return list(AgentStep.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "kind"))
 
@@ -104,6 +118,68 @@ def test_a_pure_turn_goes_with_its_results(
     assert sent[4] == {"role": "user", "content": json.loads(stored)}
     assert run.tokens_used > 0
     assert ToolEffect.objects.filter(run_id=run.pk, seq__in=[1, 3, 5]).count() == 3
+
+
+def test_a_turn_of_several_pure_calls_commits_once(
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "FUSE_WITHIN_SECONDS", 60.0)
+    commits = Commits(monkeypatch)
+    recorded = records_on_their_own(monkeypatch)
+    # The second turn asks for three pure calls and one to a tool that does not exist.
+    run = start_run(
+        "tester",
+        '@lookup {"key": "a"}\n'
+        '@lookup {"key": "b"} && lookup {"key": "c"} && no_such_tool {} && lookup {"key": "d"}',
+    )
+    work()
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "succeeded", run.error
+    # No call recorded on its own: the turn, its results and its four calls, one statement.
+    assert recorded == []
+    assert commits.made[:3] == [
+        ("append_step", (1,)),
+        ("append_step", (2,)),
+        ("append_turn_and_results", (3, 4)),
+    ]
+    ledger = ToolEffect.objects.filter(run_id=run.pk, seq=3).order_by("call_index")
+    assert [(e.call_index, e.tool, e.is_error) for e in ledger] == [
+        (0, "lookup", False),
+        (1, "lookup", False),
+        (2, "no_such_tool", True),
+        (3, "lookup", False),
+    ]
+    stored = json.loads(AgentStep.objects.get(run_id=run.pk, seq=4).payload)
+    assert [block["content"] for block in stored] == [e.result for e in ledger]
+
+
+def test_a_call_with_a_side_effect_is_recorded_at_once_after_the_pure_ones_before_it(
+    fake_api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = records_on_their_own(monkeypatch)
+    run = start_run(
+        "tester",
+        '@lookup {"key": "a"} && set_flag {"name": "f", "value": true} && lookup {"key": "b"}',
+    )
+    work()
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "succeeded", run.error
+    # The idempotent call is recorded as soon as it completes, the pure call before it first;
+    # the last call goes with the tool_result step.
+    assert [(e.seq, e.call_index) for e in recorded] == [(1, 0), (1, 1)]
+    assert ToolEffect.objects.filter(run_id=run.pk, seq=1).count() == 3
+
+
+def test_the_pure_calls_before_an_intent_are_recorded_as_the_run_parks(
+    fake_api: FakeAnthropic,
+) -> None:
+    run = start_run("tester", '@lookup {"key": "a"} && drop_table {"table": "t1"}')
+    work()
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "waiting", run.error
+    assert list(
+        ToolEffect.objects.filter(run_id=run.pk).values_list("seq", "call_index", "tool")
+    ) == [(1, 0, "lookup")]
 
 
 def test_a_slow_pure_call_has_its_turn_committed_while_it_runs(

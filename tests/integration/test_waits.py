@@ -104,6 +104,28 @@ def test_a_timer_parks_the_run_without_a_worker_and_calls_the_tool_again(
     assert done.woken_by == {"timer": True}
 
 
+def test_the_pure_calls_before_a_wait_are_recorded_as_the_run_parks(
+    fake_api: FakeAnthropic, receiver: Any
+) -> None:
+    # A completed pure call goes with its turn's results, but a run that parks before they are
+    # committed keeps it: the resumed run reads it from the ledger instead of calling again.
+    run = start('@lookup {"key": "a"} && nap {"seconds": 3600}')
+    run_worker()
+    parked = reload(run)
+    assert parked.status == RunStatus.WAITING
+    assert list(
+        ToolEffect.objects.filter(run_id=run.pk).values_list("seq", "call_index", "tool")
+    ) == [(1, 0, "lookup")]
+    time_passes(run)
+    run_worker()
+    done = reload(run)
+    assert done.status == RunStatus.SUCCEEDED, done.error
+    assert [block["content"] for block in tool_results(done)] == [
+        "value-of-a",
+        json.dumps({"timer": True}),
+    ]
+
+
 def test_a_worker_picks_a_due_timer_up_by_itself(
     fake_api: FakeAnthropic, receiver: Any, worker_thread: Any
 ) -> None:
