@@ -16,10 +16,12 @@ idempotency key, after a failure the policy names and its pause (``_invoke``); t
 reads what the last attempt came to.
 
 Each call travels as one ``ToolCall`` value. A completed call with a side effect (idempotent,
-non-idempotent, irreversible) is recorded at once, so that it never runs again; a completed
-pure call (and the error result of a call to no tool) is recorded with the tool_result step
-(``RunAdvancer._commit``), as the last call of the turn always is: running it again after a
-crash costs nothing, and a turn of several pure calls commits once, not once a call.
+non-idempotent, irreversible) is recorded at once, so that it never runs again. A completed
+pure call (or the error result of a call to no tool) waits to be recorded with the tool_result
+step (``RunAdvancer._commit``), as the last call of the turn always is, so that a turn of
+several quick pure calls commits once; it is recorded earlier if anything else is about to take
+time: before a call that is not a plain (sync) pure one starts, when a plain pure call outlasts
+the turn's window (``_while_a_pure_call_runs``), and before the run parks.
 """
 
 from __future__ import annotations
@@ -164,6 +166,14 @@ def _free_to_run_again(agent: Agent, name: Any) -> bool:
     return tool is None or tool.effect is EffectClass.PURE
 
 
+def _quick_to_fuse(agent: Agent, name: Any) -> bool:
+    """Whether a call may start while the turn's completed pure calls are not recorded yet: a
+    plain (sync) pure call, whose wait records them once it outlasts the turn's window, or a
+    call to no tool at all (an error result at once)."""
+    tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
+    return tool is None or (tool.effect is EffectClass.PURE and not tool.is_async)
+
+
 class ToolDispatch:
     """The tool half of ``RunAdvancer``: what it needs of the advancer is declared here (the
     claim, its store and interrupt, and three ways to stop), defined there."""
@@ -176,7 +186,7 @@ class ToolDispatch:
     # The calls recorded at the run's last step, read with the claim's batch: (seq, by key).
     ahead_effects: tuple[int, dict[str, ToolEffect]] | None = None
     # Completed calls of the turn being dispatched that are free to run again, not recorded
-    # yet: they go with the tool_result step, or before a recorded call or a park.
+    # yet: they go with the tool_result step, or earlier (see the module's docstring).
     unrecorded: tuple[ToolEffect, ...] = ()
 
     def _check_interrupt(self) -> None:
@@ -237,6 +247,10 @@ class ToolDispatch:
                     if keys_of == self.run.pk
                     else effects.idempotency_key(keys_of, seq, index, name, tool_input)
                 )
+                if not _quick_to_fuse(agent, name):
+                    # What may take long, or has a side effect, starts with the turn's
+                    # completed calls recorded: a crash meanwhile does not run them again.
+                    self._record_unrecorded()
                 with observers.tool_span(agent, call, key) as span:
                     effect = self._call_tool(
                         agent, ToolCall(seq, index, name, tool_input, key, sent)
@@ -264,9 +278,8 @@ class ToolDispatch:
         )
 
     def _record_unrecorded(self) -> None:
-        """Record the completed pure calls of the turn not recorded yet (before a call with
-        a side effect is recorded, or the run parks: their results are kept, not computed
-        again)."""
+        """Record the completed pure calls of the turn not recorded yet: their results are
+        kept, not computed again, whatever happens next."""
         pending, self.unrecorded = self.unrecorded, ()
         for effect in pending:
             self._record(effect)

@@ -735,12 +735,20 @@ class RunAdvancer(ToolDispatch):
             self._commit(unstored.step, ms=unstored.ms)
 
     def _while_a_pure_call_runs(self) -> tuple[Callable[[], None] | None, float | None]:
-        """While a plain pure call runs: the unstored turn is committed once its window is
-        over (at once if it is over already), unless the call ended first."""
+        """While a plain pure call runs: the unstored turn is committed, and the turn's
+        completed calls not recorded yet are recorded, once the turn's window is over (at once
+        if it is over already; FUSE_WITHIN_SECONDS from now when the turn is committed
+        already), unless the call ended first."""
         unstored = self._unstored_turn
-        if unstored is None:
+        if unstored is None and not self.unrecorded:
             return None, None
-        return self._store_unstored_turn, max(0.0, unstored.deadline - time.monotonic())
+        now = time.monotonic()
+        deadline = now + FUSE_WITHIN_SECONDS if unstored is None else unstored.deadline
+        return self._keep_what_the_turn_did, max(0.0, deadline - now)
+
+    def _keep_what_the_turn_did(self) -> None:
+        self._store_unstored_turn()
+        self._record_unrecorded()
 
     def _store_turn_on_the_way_out(self) -> None:
         """The calls of an unstored turn did not come to results (the run stops, or something

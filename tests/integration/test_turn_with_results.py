@@ -203,6 +203,32 @@ def test_a_slow_pure_call_has_its_turn_committed_while_it_runs(
     assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_slow_pure_call_has_the_calls_before_it_recorded_while_it_runs(
+    fake_api: FakeAnthropic, receiver: Receiver
+) -> None:
+    run = start_run(
+        "tester",
+        '@lookup {"key": "a"}\n@lookup {"key": "b"} && slow {"seconds": 3600}',
+    )
+    done: list[Worker] = []
+    thread = threading.Thread(target=lambda: done.append(work()), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: receiver.marker("slow-started"), timeout=30)
+        # The slow call goes on; its turn, and the call that ended before it, do not wait.
+        wait_for(lambda: ToolEffect.objects.filter(run_id=run.pk, seq=3).exists(), timeout=30)
+        assert AgentStep.objects.filter(run_id=run.pk, seq=3).exists()
+        assert list(
+            ToolEffect.objects.filter(run_id=run.pk, seq=3).values_list("call_index", "tool")
+        ) == [(0, "lookup")]
+    finally:
+        (receiver.directory / "slow-release").touch()
+    thread.join(60)
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "succeeded", run.error
+    assert ToolEffect.objects.filter(run_id=run.pk, seq=3).count() == 2
+
+
 def _claimed() -> Claim:
     start_run("tester", "t")
     [claim] = current().claim_runs("w1", 30)
