@@ -28,9 +28,13 @@ K = TypeVar("K")
 TURNS = 10
 
 
-def task_text(i: int, turns: int = TURNS) -> str:
+def task_text(i: int, turns: int = TURNS, calls: int = 1) -> str:
+    """The script of run ``i``: ``turns`` model turns, each but the last asking for ``calls``
+    calls of the pure ``noop`` tool."""
     lines = [f"Benchmark run {i}."]
-    lines += [f'@noop {{"key": "k{i}-{t}"}}' for t in range(turns - 1)]
+    for t in range(turns - 1):
+        keys = [f"k{i}-{t}" if calls == 1 else f"k{i}-{t}-{c}" for c in range(calls)]
+        lines.append("@" + " && ".join(f'noop {{"key": "{key}"}}' for key in keys))
     return "\n".join(lines)
 
 
@@ -324,11 +328,11 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
     }
 
 
-def start_runs(n: int, agent: str = "bench", turns: int = TURNS) -> list[Any]:
+def start_runs(n: int, agent: str = "bench", turns: int = TURNS, calls: int = 1) -> list[Any]:
     """Create ``n`` pending runs through the public API (after django.setup())."""
     import durable_agents
 
-    return [durable_agents.start_run(agent, task_text(i, turns)).pk for i in range(n)]
+    return [durable_agents.start_run(agent, task_text(i, turns, calls)).pk for i in range(n)]
 
 
 # A time-ordered run id made in SQL (as models.ids.new_run_id makes them: the millisecond, the

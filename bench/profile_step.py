@@ -13,6 +13,9 @@ listener feeding the inbox hint as a worker's does), with:
     protocol trace (each Query or Sync message from the client is one round trip);
   * cProfile of the whole, top functions by cumulative and by own time;
   * the cost of the INFO log line per step (the default level outside the benchmarks).
+
+``--calls N``: each turn but the last asks for N calls of the pure tool instead of one (a turn
+of several calls still makes one tool_result step, so the figures stay per step).
 """
 
 from __future__ import annotations
@@ -211,11 +214,11 @@ def parse_trace(text: str) -> tuple[int, dict[str, int], dict[str, float]]:
     return total, dict(count), dict(ms)
 
 
-def count_round_trips(runs: int) -> dict[str, Any]:
+def count_round_trips(runs: int, calls: int = 1) -> dict[str, Any]:
     """Trace libpq on the Django connection while ``runs`` runs execute."""
     from django.db import connection
 
-    common.start_runs(runs)
+    common.start_runs(runs, calls=calls)
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
     fd, path = tempfile.mkstemp(prefix="da_bench_trace")
@@ -272,7 +275,7 @@ def _classify(sql: str) -> str:
     return sql[:50]
 
 
-def run(runs: int) -> dict[str, Any]:
+def run(runs: int, calls: int = 1) -> dict[str, Any]:
     url = common.fresh_db(DB)
     with common.fake_api() as base_url, contextlib.ExitStack() as stack:
         common.setup_django(url, base_url)
@@ -284,14 +287,14 @@ def run(runs: int) -> dict[str, Any]:
         # nothing patched; the least of three passes.
         cpu_passes = []
         for n in range(3):
-            common.start_runs(runs)
+            common.start_runs(runs, calls=calls)
             cpu = time.process_time()
             _drain(f"bench-cpu-{n}")
             cpu_passes.append(time.process_time() - cpu)
 
         # 1. buckets
         buckets = Buckets()
-        common.start_runs(runs)
+        common.start_runs(runs, calls=calls)
         undo = _patch(buckets)
         t = time.perf_counter()
         _drain("bench-buckets")
@@ -299,10 +302,10 @@ def run(runs: int) -> dict[str, Any]:
         _unpatch(undo)
 
         # 2. round trips
-        trips = count_round_trips(max(5, runs // 10))
+        trips = count_round_trips(max(5, runs // 10), calls)
 
         # 3. cProfile
-        common.start_runs(runs)
+        common.start_runs(runs, calls=calls)
         prof = cProfile.Profile()
         prof.enable()
         _drain("bench-cprofile")
@@ -327,7 +330,7 @@ def run(runs: int) -> dict[str, Any]:
         handler.addFilter(RunIdFilter())
         timings = {}
         for level in ("WARNING", "INFO", "WARNING", "INFO"):
-            common.start_runs(runs)
+            common.start_runs(runs, calls=calls)
             da_logger.setLevel(level)
             saved = da_logger.handlers[:]
             da_logger.handlers = [handler]
@@ -351,6 +354,7 @@ def run(runs: int) -> dict[str, Any]:
     ) / steps
     res = {
         "runs": runs,
+        "calls_per_turn": calls,
         "steps": steps,
         "wall_ms_per_run": total_ms / runs,
         "wall_ms_per_step": total_ms / steps,
@@ -364,7 +368,9 @@ def run(runs: int) -> dict[str, Any]:
         "log_runs_s": timings,
     }
     log(
-        f"[profile] CPU of the worker path {res['cpu_ms_per_step']:.3f} ms/step (least of "
+        f"[profile] CPU of the worker path {res['cpu_ms_per_step']:.3f} ms/step"
+        + (f" ({calls} calls a turn)" if calls != 1 else "")
+        + " (least of "
         + ", ".join(f"{c:.3f}" for c in res["cpu_ms_per_step_passes"])
         + ")"
     )
@@ -383,8 +389,9 @@ def run(runs: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--calls", type=int, default=1, help="pure calls a turn asks for")
     a = p.parse_args(argv)
-    res = run(a.runs)
+    res = run(a.runs, a.calls)
     return common.finish("profile_step", res, DB)
 
 
