@@ -8,8 +8,10 @@ worker, the real SDK against the fake API, on both databases.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -71,6 +73,20 @@ def records_on_their_own(monkeypatch: pytest.MonkeyPatch) -> list[ToolEffect]:
 
     monkeypatch.setattr(chosen, "record_effect", record)
     return recorded
+
+
+@contextlib.contextmanager
+def slow_call_running(receiver: Receiver) -> Iterator[None]:
+    """A burst worker on a thread of its own; inside, its run's ``slow`` call has started. On
+    the way out the call is let go and the worker is waited for."""
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: receiver.marker("slow-started"), timeout=30)
+        yield
+    finally:
+        (receiver.directory / "slow-release").touch()
+        thread.join(60)
 
 
 def kinds(run_id: Any) -> list[tuple[int, str]]:
@@ -187,17 +203,10 @@ def test_a_slow_pure_call_has_its_turn_committed_while_it_runs(
 ) -> None:
     # The second turn calls the slow tool (a claim's first turn never waits for its calls).
     run = start_run("tester", '@lookup {"key": "a"}\n@slow {"seconds": 3600}')
-    done: list[Worker] = []
-    thread = threading.Thread(target=lambda: done.append(work()), daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: receiver.marker("slow-started"), timeout=30)
+    with slow_call_running(receiver):
         # The call goes on; its turn does not wait for it.
         wait_for(lambda: AgentStep.objects.filter(run_id=run.pk, seq=3).exists(), timeout=30)
         assert not AgentStep.objects.filter(run_id=run.pk, seq=4).exists()
-    finally:
-        (receiver.directory / "slow-release").touch()
-    thread.join(60)
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
     assert [seq for seq, _ in kinds(run.pk)] == [0, 1, 2, 3, 4, 5]
@@ -210,20 +219,13 @@ def test_a_slow_pure_call_has_the_calls_before_it_recorded_while_it_runs(
         "tester",
         '@lookup {"key": "a"}\n@lookup {"key": "b"} && slow {"seconds": 3600}',
     )
-    done: list[Worker] = []
-    thread = threading.Thread(target=lambda: done.append(work()), daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: receiver.marker("slow-started"), timeout=30)
+    with slow_call_running(receiver):
         # The slow call goes on; its turn, and the call that ended before it, do not wait.
         wait_for(lambda: ToolEffect.objects.filter(run_id=run.pk, seq=3).exists(), timeout=30)
         assert AgentStep.objects.filter(run_id=run.pk, seq=3).exists()
         assert list(
             ToolEffect.objects.filter(run_id=run.pk, seq=3).values_list("call_index", "tool")
         ) == [(0, "lookup")]
-    finally:
-        (receiver.directory / "slow-release").touch()
-    thread.join(60)
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
     assert ToolEffect.objects.filter(run_id=run.pk, seq=3).count() == 2
