@@ -164,6 +164,7 @@ from durable_agents.store.postgres_steps import (
 )
 from durable_agents.store.postgres_steps import LOCK_RUN_SQL as LOCK_RUN_SQL
 from durable_agents.store.postgres_steps import NO_MESSAGE_WAITING as NO_MESSAGE_WAITING
+from durable_agents.store.postgres_steps import RECORD_EFFECT_SQL as RECORD_EFFECT_SQL
 from durable_agents.store.postgres_steps import RECORD_EFFECTS as RECORD_EFFECTS
 from durable_agents.store.postgres_steps import RECORD_USAGE as RECORD_USAGE
 from durable_agents.store.postgres_steps import START_INTENT_SQL as START_INTENT_SQL
@@ -543,7 +544,8 @@ class PostgresStore(Store):
         return self.orm.recorded_effects(run_id, seq)
 
     def record_effect(self, effect: ToolEffect) -> None:
-        self.orm.record_effect(effect)
+        """One statement (RECORD_EFFECT_SQL), sent and prepared as the step commits are."""
+        postgres_steps.record_effect(effect)
 
     def intent_for_key(self, key: str) -> ToolIntent | None:
         return self.orm.intent_for_key(key)

@@ -12,6 +12,8 @@ plain functions it calls).
     turn+results APPEND_TURN_AND_RESULTS_SQL  a model turn whose calls were all pure and
                                         their results, one statement (and
                                         _WITH_EFFECTS_SQL: the last call's ledger row)
+    record       RECORD_EFFECT_SQL      one completed call recorded on its own (a call with a
+                                        side effect, before the turn's results)
     unstored     UNSTORED_TURN_SQL      a paid turn whose commit failed still counts
     park         START_INTENT_SQL       an approved tool call starts under the fence
     last step    UNLESS_MESSAGES[...]   a last step that ends the run only while no
@@ -336,6 +338,23 @@ _FENCED_EFFECT_ROW = (
     "(%(k{i})s::varchar, %(s{i})s::integer, %(c{i})s::integer, %(t{i})s::varchar,"
     " %(r{i})s::text, %(e{i})s::boolean)"
 )
+
+
+# One completed call recorded on its own, whatever the fence says (as RECORD_EFFECTS: it
+# describes a call that happened), in one statement rather than the ORM's BEGIN, INSERT and
+# COMMIT; a key already recorded is kept as it is.
+RECORD_EFFECT_SQL = f"""\
+INSERT INTO tool_effect (key, run_id, seq, call_index, tool, result, is_error)
+VALUES {_EFFECT_ROW.format(i=0)}
+    ON CONFLICT (key) DO NOTHING"""
+
+
+def record_effect(effect: ToolEffect) -> None:
+    """Send RECORD_EFFECT_SQL for ``effect``."""
+    params: dict[str, Any] = {"run_id": effect.run_id}
+    _effect_rows([effect], params)
+    with binding_cursor() as cursor:
+        cursor.execute(RECORD_EFFECT_SQL, params)
 
 
 def _effect_rows(

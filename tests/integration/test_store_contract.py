@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from durable_agents.declare.agents import Agent, registry
 from durable_agents.exceptions import RunBusy, RunFinished, RunNotFound
@@ -36,10 +37,12 @@ from durable_agents.store import (
     PostgresStore,
     StepWrite,
     Store,
+    postgres_steps,
     store_for,
 )
 from durable_agents.store.base import ForkWrite, Parked, WaitRefused, WaitSpec
 from durable_agents.store.memory import ManualClock
+from durable_agents.store.postgres_cursor import positional
 from durable_agents.store.transitions import made_transition
 
 
@@ -255,6 +258,38 @@ def test_recorded_effects_read_back_every_field_as_the_orm_loads_it(env: Env) ->
         assert got._state.adding is False
     assert (read["k0"].result, read["k1"].is_error) == ("ok \u00e9", True)
     assert read["k0"].created_at.tzinfo is not None
+
+
+def test_a_call_recorded_on_its_own_reads_back_and_is_recorded_once(env: Env) -> None:
+    run_id = env.start()
+    claim = env.claim(run_id)
+    assert env.store.append_step(claim, StepWrite(1, StepKind.MODEL_TURN, "{}"))
+    charged = ToolEffect(
+        key="k-charge", run_id=run_id, seq=1, call_index=0, tool="charge", result="ch_1 \u00e9"
+    )
+    if isinstance(env.store, PostgresStore):
+        # One statement of its own, sent as the step commits are (not the ORM's INSERT).
+        with CaptureQueriesContext(connection) as sent:
+            env.store.record_effect(charged)
+        assert [q["sql"] for q in sent.captured_queries] == [
+            positional(postgres_steps.RECORD_EFFECT_SQL)[0]
+        ]
+    else:
+        env.store.record_effect(charged)
+    again = ToolEffect(
+        key="k-charge", run_id=run_id, seq=1, call_index=0, tool="charge", result="again"
+    )
+    env.store.record_effect(again)
+    read = env.store.recorded_effects(run_id, 1)
+    assert list(read) == ["k-charge"]
+    got = read["k-charge"]
+    assert (got.seq, got.call_index, got.tool, got.result, got.is_error) == (
+        1,
+        0,
+        "charge",
+        "ch_1 \u00e9",
+        False,
+    )
 
 
 def test_a_claim_skips_a_live_lease_and_takes_the_oldest_first(env: Env) -> None:

@@ -60,6 +60,7 @@ BINDING_CURSOR_SENDS = {
     "APPEND_LAST_TURN_SQL",
     "FINISH_AND_CLAIM_SQL",
     "FINISH_TURN_AND_CLAIM_SQL",
+    "RECORD_EFFECT_SQL",
 }
 SENT_POSITIONAL = sorted(
     name for name in statements() if name.split(".")[0] in BINDING_CURSOR_SENDS
