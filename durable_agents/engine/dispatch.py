@@ -159,19 +159,17 @@ def wait_spec(wait: waits.Wait, key: str) -> WaitSpec:
     return WaitSpec(WaitKind.RUNS, key, seconds=wait.timeout, runs=wait.runs)
 
 
-def _free_to_run_again(agent: Agent, name: Any) -> bool:
+def _free_to_run_again(tool: Tool | None) -> bool:
     """Whether a completed call costs nothing to run again: a call to a pure tool, or to no
     tool at all (its error result is computed again)."""
-    tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
     return tool is None or tool.effect is EffectClass.PURE
 
 
-def _quick_to_fuse(agent: Agent, name: Any) -> bool:
+def _quick_to_fuse(tool: Tool | None) -> bool:
     """Whether a call may start while the turn's completed pure calls are not recorded yet: a
     plain (sync) pure call, whose wait records them once it outlasts the turn's window, or a
     call to no tool at all (an error result at once)."""
-    tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
-    return tool is None or (tool.effect is EffectClass.PURE and not tool.is_async)
+    return _free_to_run_again(tool) and not (tool is not None and tool.is_async)
 
 
 class ToolDispatch:
@@ -235,6 +233,7 @@ class ToolDispatch:
         self.unrecorded = ()
         for index, call in enumerate(calls):
             name = call.get("name", "")
+            tool = agent.tools_by_name.get(name) if isinstance(name, str) else None
             tool_input = call.get("input")
             key = effects.idempotency_key(self.run.pk, seq, index, name, tool_input)
             effect = recorded.get(key)
@@ -247,7 +246,7 @@ class ToolDispatch:
                     if keys_of == self.run.pk
                     else effects.idempotency_key(keys_of, seq, index, name, tool_input)
                 )
-                if not _quick_to_fuse(agent, name):
+                if not _quick_to_fuse(tool):
                     # What may take long, or has a side effect, starts with the turn's
                     # completed calls recorded: a crash meanwhile does not run them again.
                     self._record_unrecorded()
@@ -258,7 +257,7 @@ class ToolDispatch:
                     span.result(effect.result, effect.is_error)
                 if index == len(calls) - 1:
                     final_effect = effect
-                elif _free_to_run_again(agent, name):
+                elif _free_to_run_again(tool):
                     self.unrecorded = (*self.unrecorded, effect)
                 else:
                     # Recorded at once (again after a lost connection): a completed call

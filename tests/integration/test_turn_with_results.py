@@ -175,15 +175,17 @@ def test_a_call_with_a_side_effect_is_recorded_at_once_after_the_pure_ones_befor
     recorded = records_on_their_own(monkeypatch)
     run = start_run(
         "tester",
-        '@lookup {"key": "a"} && set_flag {"name": "f", "value": true} && lookup {"key": "b"}',
+        '@lookup {"key": "a"} && set_flag {"name": "f", "value": true} && lookup {"key": "b"}'
+        ' && set_flag {"name": "g", "value": true}',
     )
     work()
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "succeeded", run.error
-    # The idempotent call is recorded as soon as it completes, the pure call before it first;
-    # the last call goes with the tool_result step.
-    assert [(e.seq, e.call_index) for e in recorded] == [(1, 0), (1, 1)]
-    assert ToolEffect.objects.filter(run_id=run.pk, seq=1).count() == 3
+    # The idempotent call is recorded as soon as it completes, the pure call before it first
+    # (before the side effect starts); the pure call before the last call is recorded before
+    # that call starts; the last call goes with the tool_result step.
+    assert [(e.seq, e.call_index) for e in recorded] == [(1, 0), (1, 1), (1, 2)]
+    assert ToolEffect.objects.filter(run_id=run.pk, seq=1).count() == 4
 
 
 def test_the_pure_calls_before_an_intent_are_recorded_as_the_run_parks(
